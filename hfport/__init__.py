@@ -1,0 +1,17 @@
+"""hfport: lean PyTorch encoders that load HF checkpoints and match transformers numerically."""
+
+from .config import EncoderConfig
+from .errors import CheckpointError, ConfigError, HfportError, ModelNotFoundError
+from .modeling import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
+                       AutoModelForSequenceClassification, AutoModelForTokenClassification, EncoderForMaskedLM,
+                       EncoderForQuestionAnswering, EncoderForSequenceClassification, EncoderForTokenClassification,
+                       EncoderModel, LoadReport, PreTrainedEncoder, load_any)
+from .registry import supported
+
+__version__ = "0.1.0"
+
+__all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering", "AutoModelForSequenceClassification",
+           "AutoModelForTokenClassification", "CheckpointError", "ConfigError", "EncoderConfig", "EncoderForMaskedLM",
+           "EncoderForQuestionAnswering", "EncoderForSequenceClassification", "EncoderForTokenClassification",
+           "EncoderModel", "HfportError", "LoadReport", "ModelNotFoundError", "PreTrainedEncoder", "load_any",
+           "supported", "__version__"]

@@ -1,0 +1,270 @@
+"""Where checkpoints come from and go to: local folders, the local HF cache, safetensors (single or sharded).
+
+Every safetensors header is parsed and checked against the file size before a tensor is read, so a truncated
+or forged file fails with its name instead of a crash or a huge allocation. Pickle files are never opened.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .errors import CheckpointError, ConfigError, ModelNotFoundError
+
+SAFE_WEIGHTS = "model.safetensors"
+SAFE_INDEX = "model.safetensors.index.json"
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+# Only these are fetched from a hub cache: config, tokenizer files and safetensors, never pickles.
+ALLOWED_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.md"]
+
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+MAX_HEADER_BYTES = 100 * 2**20  # the safetensors library's own limit
+
+
+def resolve(path_or_repo_id: str | os.PathLike[str], *, revision: str | None = None,
+            cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """A local folder as is; otherwise a repo id looked up in the local HF cache (HF_HOME honoured).
+
+    Nothing is downloaded while HF_HUB_OFFLINE is set; without it, only config, tokenizer and safetensors
+    files would be fetched."""
+    path = Path(path_or_repo_id).expanduser()
+    if path.is_dir():
+        return path
+    name = str(path_or_repo_id)
+    if path.exists():
+        raise ModelNotFoundError(f"{name}: is a file; give the folder that holds config.json")
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or not name.strip():
+        raise ModelNotFoundError(f"{name}: no such folder")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
+        raise ModelNotFoundError(f"{name}: not a folder, and huggingface_hub is not installed") from e
+    try:
+        return Path(snapshot_download(name, revision=revision, cache_dir=cache_dir, local_files_only=True,
+                                      allow_patterns=ALLOWED_PATTERNS))
+    except LocalEntryNotFoundError:
+        pass
+    except Exception as e:  # invalid repo id and the like
+        raise ModelNotFoundError(f"{name}: not a folder and not a repo id in the local HF cache ({e})") from e
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise ModelNotFoundError(
+            f"{name}: not a local folder and not in the local HF cache ({constants.HF_HUB_CACHE}); "
+            "HF_HUB_OFFLINE is set, so nothing is downloaded")
+    try:
+        return Path(snapshot_download(name, revision=revision, cache_dir=cache_dir, allow_patterns=ALLOWED_PATTERNS))
+    except Exception as e:
+        raise ModelNotFoundError(f"{name}: not a local folder, not in the local HF cache, and the download "
+                                 f"failed: {e}") from e
+
+
+def read_config(folder: Path) -> tuple[dict[str, Any], str]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{folder}: no config.json")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object")
+    return raw, str(path)
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+
+def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
+    """The tensor table of a safetensors file, checked entry by entry against the file size."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path}: truncated ({size} bytes); not a safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise CheckpointError(f"{path}: header length {n} is larger than the file ({size} bytes); "
+                                  "truncated or corrupt")
+        if n > MAX_HEADER_BYTES:
+            raise CheckpointError(f"{path}: header length {n} exceeds {MAX_HEADER_BYTES} bytes")
+        blob = f.read(n)
+    try:
+        header = json.loads(blob.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: the header is not JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the header is not a JSON object")
+    data_size = size - 8 - n
+    tensors = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+            raise CheckpointError(f"{path}: tensor {key!r}: entry needs dtype, shape and data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in DTYPE_SIZES:
+            raise CheckpointError(f"{path}: tensor {key!r}: unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise CheckpointError(f"{path}: tensor {key!r}: bad shape {shape!r}")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise CheckpointError(f"{path}: tensor {key!r}: bad data_offsets {offsets!r}")
+        if offsets[1] > data_size:
+            raise CheckpointError(f"{path}: tensor {key!r} ends at byte {offsets[1]} but the data section has "
+                                  f"{data_size} bytes; the file is truncated")
+        if offsets[1] - offsets[0] != math.prod(shape) * DTYPE_SIZES[dtype]:
+            raise CheckpointError(f"{path}: tensor {key!r}: {offsets[1] - offsets[0]} bytes do not hold "
+                                  f"{dtype} {shape}")
+        tensors[key] = entry
+    return tensors
+
+
+@dataclass
+class Checkpoint:
+    """The tensors of a folder, by name, read lazily from their (validated) files."""
+
+    folder: Path
+    files: dict[str, Path] = field(default_factory=dict)  # tensor name -> file
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # tensor name -> header entry
+
+    @classmethod
+    def open(cls, folder: Path) -> Checkpoint:
+        ckpt = cls(folder)
+        index = folder / SAFE_INDEX
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{index}: not a safetensors index (needs a 'weight_map' object): {e}") from e
+            shards = sorted(set(weight_map.values()))
+            for shard in shards:
+                shard_path = (folder / shard).resolve()
+                if shard_path.parent != folder.resolve():
+                    raise CheckpointError(f"{index}: shard {shard!r} lies outside the folder")
+                if not shard_path.is_file():
+                    raise CheckpointError(f"{index}: shard {shard!r} is missing")
+                ckpt._add(shard_path)
+            missing = sorted(set(weight_map) - set(ckpt.files))
+            if missing:
+                raise CheckpointError(f"{index}: tensors listed but not in their shard: {missing[:5]}")
+        elif (folder / SAFE_WEIGHTS).is_file():
+            ckpt._add(folder / SAFE_WEIGHTS)
+        else:
+            pickles = [p for p in PICKLE_WEIGHTS if (folder / p).exists()]
+            if pickles:
+                raise CheckpointError(
+                    f"{folder}: holds only {', '.join(pickles)}; hfport reads safetensors only and never unpickles "
+                    "files. If you trust the file, convert it once with transformers: "
+                    "`AutoModel.from_pretrained(folder, use_safetensors=False).save_pretrained(out)` "
+                    "(it writes model.safetensors).")
+            raise CheckpointError(f"{folder}: no {SAFE_WEIGHTS} or {SAFE_INDEX}")
+        return ckpt
+
+    def _add(self, path: Path) -> None:
+        for key, entry in read_safetensors_header(path).items():
+            if key in self.files:
+                raise CheckpointError(f"{path}: tensor {key!r} also appears in {self.files[key]}")
+            self.files[key] = path
+            self.entries[key] = entry
+
+    def keys(self) -> list[str]:
+        return list(self.files)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.entries[key]["shape"])
+
+    def tensors(self, keys: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, tensor) file by file, each file opened once."""
+        by_file: dict[Path, list[str]] = {}
+        for key in keys:
+            by_file.setdefault(self.files[key], []).append(key)
+        for path, names in by_file.items():
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for name in names:
+                        yield name, f.get_tensor(name)
+            except (OSError, RuntimeError, ValueError) as e:
+                raise CheckpointError(f"{path}: cannot be read: {e}") from e
+
+
+# --- writing -------------------------------------------------------------------------------------------------
+
+
+def parse_size(size: int | str) -> int:
+    if isinstance(size, int):
+        return size
+    s = size.strip().upper()
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "B": 1}
+    for unit, mult in sorted(units.items(), key=lambda u: -len(u[0])):
+        if s.endswith(unit):
+            return int(float(s[: -len(unit)]) * mult)
+    return int(s)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def save_weights(state: dict[str, torch.Tensor], folder: Path, max_shard_size: int | str = "5GB") -> list[str]:
+    """Write `state` (already in HF names) as model.safetensors or shards + index. Each file is written
+    under a temporary name and renamed into place, so a crash never leaves a half-written weights file."""
+    limit = parse_size(max_shard_size)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    used = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and used + nbytes > limit:
+            shards.append({})
+            used = 0
+        shards[-1][name] = tensor.detach().contiguous().cpu()
+        used += nbytes
+    names = [SAFE_WEIGHTS] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for shard, name in zip(shards, names):
+        tmp = folder / f".{name}.tmp"
+        save_file(shard, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, folder / name)
+    stale = [SAFE_INDEX] if len(shards) == 1 else [SAFE_WEIGHTS]
+    if len(shards) > 1:
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        weight_map = {k: n for shard, n in zip(shards, names) for k in shard}
+        write_json_atomic(folder / SAFE_INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    for name in stale:
+        (folder / name).unlink(missing_ok=True)
+    return names
+
+
+def staging_dir(target: Path) -> Path:
+    """A fresh sibling folder to write into before the final rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+
+
+def publish(staging: Path, target: Path) -> None:
+    """Move a fully written staging folder into place: a rename for a new target, file by file otherwise."""
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    written = {item.name for item in staging.iterdir()}
+    for item in staging.iterdir():
+        os.replace(item, target / item.name)
+    shutil.rmtree(staging, ignore_errors=True)
+    for old in target.glob("model*.safetensors*"):  # weights of an earlier save in another layout
+        if old.name not in written:
+            old.unlink()

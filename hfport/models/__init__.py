@@ -1,0 +1,3 @@
+"""One family a file; importing this package registers them all."""
+
+from . import albert, bert, distilbert, roberta, xlm_roberta  # noqa: F401

@@ -1,0 +1,6 @@
+"""XLM-RoBERTa: RoBERTa under another model_type (its difference is the tokenizer, not the network)."""
+
+from ..registry import register
+from .roberta import roberta_family
+
+XLM_ROBERTA = register(roberta_family("xlm-roberta", "XLMRoberta"))

@@ -1,0 +1,82 @@
+"""Multi-head self-attention: one module, the kernel chosen through a backend slot.
+
+Backends take q, k, v as (B, H, T, D), a boolean key mask (B, 1, 1, T) where True means "attend" (or None
+when nothing is padded), and an optional additive score bias (B|1, H|1, T, T) for families that add
+relative-position terms (DeBERTa). A padding-free backend can be registered later without touching families.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class AttentionBackend(Protocol):
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+                 dropout_p: float, scale: float) -> Tensor: ...
+
+
+def _merge_mask_and_bias(mask: Tensor | None, bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    if bias is None:
+        return mask
+    if mask is None:
+        return bias.to(dtype)
+    return bias.to(dtype).masked_fill(~mask, torch.finfo(dtype).min)  # (B, H, T, T)
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+                   dropout_p: float, scale: float) -> Tensor:
+    attn_mask = _merge_mask_and_bias(mask, bias, q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+
+
+def eager_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+                    dropout_p: float, scale: float) -> Tensor:
+    """The textbook form; kept as a readable reference and for debugging."""
+    scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, T, T)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = F.dropout(scores.softmax(dim=-1), p=dropout_p)
+    return probs @ v  # (B, H, T, D)
+
+
+ATTENTION_BACKENDS: dict[str, Callable[..., Tensor]] = {"sdpa": sdpa_attention, "eager": eager_attention}
+
+
+class SelfAttention(nn.Module):
+    """Projections q, k, v, o around a pluggable attention kernel."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float, backend: str = "sdpa"):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.dropout = dropout
+        self.backend = backend
+        self.q = nn.Linear(hidden_size, hidden_size)
+        self.k = nn.Linear(hidden_size, hidden_size)
+        self.v = nn.Linear(hidden_size, hidden_size)
+        self.o = nn.Linear(hidden_size, hidden_size)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None = None,
+               scale: float | None = None) -> Tensor:
+        """Kernel + output projection on already split heads; families with extra score terms call this."""
+        b, _, t, _ = q.shape
+        out = ATTENTION_BACKENDS[self.backend](
+            q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale if scale is None else scale)  # (B, H, T, D)
+        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, C)
+        return self.o(out)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
+        return self.attend(q, k, v, mask)

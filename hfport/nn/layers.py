@@ -1,0 +1,158 @@
+"""The shared encoder blocks: embeddings, feed-forward, the post-LN layer, encoders, pooler."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .activations import Activation
+from .attention import SelfAttention
+
+
+def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
+    """(B, T) 1/0 mask -> boolean key mask (B, 1, 1, T), or None when nothing is padded."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask.bool()
+    if bool(mask.all()):
+        return None  # lets SDPA take its unmasked fast path
+    return mask[:, None, None, :]
+
+
+def positions_from_padding(input_ids: Tensor, pad_token_id: int) -> Tensor:
+    """RoBERTa's position ids: real tokens count from pad_token_id + 1, padding stays at pad_token_id."""
+    real = input_ids.ne(pad_token_id).long()  # (B, T)
+    return torch.cumsum(real, dim=1) * real + pad_token_id
+
+
+class Embeddings(nn.Module):
+    """word + position (+ token type) -> LayerNorm -> dropout (-> projection to hidden_size, ALBERT)."""
+
+    def __init__(self, vocab_size: int, dim: int, max_positions: int, type_vocab_size: int, eps: float,
+                 dropout: float, pad_token_id: int | None, hidden_size: int | None = None,
+                 positions_offset_by_padding: bool = False):
+        super().__init__()
+        self.word = nn.Embedding(vocab_size, dim, padding_idx=pad_token_id)
+        # RoBERTa's padding positions all sit at pad_token_id: that row gets no gradient, as in transformers
+        self.position = nn.Embedding(max_positions, dim,
+                                     padding_idx=pad_token_id if positions_offset_by_padding else None)
+        self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size > 0 else None
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.project = nn.Linear(dim, hidden_size) if hidden_size is not None else None
+        self.pad_token_id = pad_token_id
+        self.positions_offset_by_padding = positions_offset_by_padding
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        b, t = input_ids.shape
+        if position_ids is None:
+            if self.positions_offset_by_padding:
+                position_ids = positions_from_padding(input_ids, self.pad_token_id)  # (B, T)
+            else:
+                position_ids = torch.arange(t, device=input_ids.device)[None, :]  # (1, T)
+        x = self.word(input_ids) + self.position(position_ids)  # (B, T, E)
+        if self.token_type is not None:
+            if token_type_ids is None:
+                x = x + self.token_type.weight[0]
+            else:
+                x = x + self.token_type(token_type_ids)
+        x = self.dropout(self.norm(x))
+        return self.project(x) if self.project is not None else x  # (B, T, C)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str):
+        super().__init__()
+        self.up = nn.Linear(hidden_size, intermediate_size)
+        self.act = Activation(act)
+        self.down = nn.Linear(intermediate_size, hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.act(self.up(x)))  # (B, T, C)
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN transformer layer. The two residual dropouts are separate because families differ:
+    DistilBERT has none after attention, ALBERT none after the feed-forward."""
+
+    def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, act: str, eps: float,
+                 attention_dropout: float, attn_out_dropout: float, ffn_out_dropout: float):
+        super().__init__()
+        self.attn = SelfAttention(hidden_size, num_heads, attention_dropout)
+        self.attn_norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.ffn = FeedForward(hidden_size, intermediate_size, act)
+        self.ffn_norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.attn_dropout = nn.Dropout(attn_out_dropout)
+        self.ffn_dropout = nn.Dropout(ffn_out_dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        x = self.attn_norm(x + self.attn_dropout(self.attn(x, mask)))  # (B, T, C)
+        return self.ffn_norm(x + self.ffn_dropout(self.ffn(x)))  # (B, T, C)
+
+
+class Encoder(nn.Module):
+    """A stack of distinct layers."""
+
+    def __init__(self, layers: list[nn.Module]):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+class LayerGroup(nn.Module):
+    def __init__(self, layers: list[nn.Module]):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+
+class SharedEncoder(nn.Module):
+    """ALBERT: num_layers steps, each running every layer of one of the shared groups in turn."""
+
+    def __init__(self, groups: list[list[nn.Module]], num_layers: int):
+        super().__init__()
+        self.groups = nn.ModuleList(LayerGroup(g) for g in groups)
+        self.num_layers = num_layers
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        n_groups = len(self.groups)
+        for i in range(self.num_layers):
+            group = self.groups[int(i / (self.num_layers / n_groups))]  # same rounding as transformers
+            for layer in group.layers:
+                x = layer(x, mask)
+        return x
+
+
+class Pooler(nn.Module):
+    """tanh(dense(first token)): BERT's and ALBERT's pooled output."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))  # (B, C)
+
+
+class EncoderBody(nn.Module):
+    """embeddings -> encoder (-> pooler): the base model every head sits on."""
+
+    def __init__(self, embeddings: nn.Module, encoder: nn.Module, pooler: nn.Module | None):
+        super().__init__()
+        self.embeddings = embeddings
+        self.encoder = encoder
+        self.pooler = pooler
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
+        x = self.encoder(x, padding_mask(attention_mask))  # (B, T, C)
+        return x, self.pooler(x) if self.pooler is not None else None
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word

@@ -1,0 +1,46 @@
+"""Model outputs, with transformers' field names. Attribute access, and `out["logits"]` as well."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from torch import Tensor
+
+
+class _Output:
+    def __getitem__(self, key: str) -> Tensor | None:
+        return getattr(self, key)
+
+    def keys(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]  # type: ignore[arg-type]
+
+
+@dataclass
+class BaseModelOutput(_Output):
+    last_hidden_state: Tensor
+    pooler_output: Tensor | None = None
+
+
+@dataclass
+class SequenceClassifierOutput(_Output):
+    logits: Tensor
+    loss: Tensor | None = None
+
+
+@dataclass
+class TokenClassifierOutput(_Output):
+    logits: Tensor
+    loss: Tensor | None = None
+
+
+@dataclass
+class QuestionAnsweringOutput(_Output):
+    start_logits: Tensor
+    end_logits: Tensor
+    loss: Tensor | None = None
+
+
+@dataclass
+class MaskedLMOutput(_Output):
+    logits: Tensor
+    loss: Tensor | None = None
