@@ -1,0 +1,87 @@
+"""Tiny random transformers models, built with transformers' own config classes and saved with
+save_pretrained: the exact HF layouts hfport must read. Seeded, so every run sees the same weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HEADS = {
+    "base": "AutoModel",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "masked-lm": "AutoModelForMaskedLM",
+}
+
+VOCAB = 99
+# Each family's smallest interesting shape; max_position_embeddings leaves room for a > 64-token sequence.
+FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "bert": ("BertConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=37, max_position_embeddings=128, type_vocab_size=3)),
+    "roberta": ("RobertaConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=37, max_position_embeddings=130, type_vocab_size=1)),
+    "xlm-roberta": ("XLMRobertaConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=37, max_position_embeddings=130,
+                                             type_vocab_size=1, hidden_act="gelu_new")),
+    "distilbert": ("DistilBertConfig", dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+                                            max_position_embeddings=128, activation="relu")),
+    "albert": ("AlbertConfig", dict(vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=3,
+                                    num_hidden_groups=2, inner_group_num=2, num_attention_heads=4,
+                                    intermediate_size=37, max_position_embeddings=128)),
+}
+NUM_LABELS = 3
+
+
+def hf_config(family: str, **overrides: Any):
+    import transformers
+
+    cls_name, kwargs = FAMILY_CONFIGS[family]
+    return getattr(transformers, cls_name)(**{**kwargs, **overrides})
+
+
+def build_hf(family: str, task: str, seed: int = 0, **overrides: Any):
+    """A seeded random transformers model of `family` with the `task` head, in eval mode."""
+    import transformers
+
+    config = hf_config(family, **overrides)
+    if task in ("sequence-classification", "token-classification") and "num_labels" not in overrides \
+            and "id2label" not in overrides:
+        config.id2label = {i: f"L{i}" for i in range(NUM_LABELS)}
+        config.label2id = {f"L{i}": i for i in range(NUM_LABELS)}
+    torch.manual_seed(seed)
+    model = getattr(transformers, HEADS[task]).from_config(config)
+    # transformers zero-initialises some biases; random values make the parity check see every term
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.02)
+    return model.eval()
+
+
+def save_hf(family: str, task: str, folder: Path, seed: int = 0, **overrides: Any):
+    model = build_hf(family, task, seed=seed, **overrides)
+    model.save_pretrained(folder)
+    return model
+
+
+def batch(family: str, seed: int = 1, lengths: tuple[int, ...] = (70, 41, 9), pairs: bool = True,
+          vocab: int = VOCAB) -> dict[str, torch.Tensor]:
+    """A padded batch: different lengths, one over 64 tokens, token types where the family has them."""
+    g = torch.Generator().manual_seed(seed)
+    t = max(lengths)
+    pad = 1 if family in ("roberta", "xlm-roberta") else 0
+    ids = torch.randint(3, vocab, (len(lengths), t), generator=g)
+    mask = torch.zeros(len(lengths), t, dtype=torch.long)
+    types = torch.zeros(len(lengths), t, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+        if pairs:
+            types[row, n // 2:n] = 1  # second segment
+    ids = ids.masked_fill(mask == 0, pad)
+    out = {"input_ids": ids, "attention_mask": mask}
+    if family in ("bert", "albert"):
+        out["token_type_ids"] = types
+    return out
