@@ -197,9 +197,12 @@ class PreTrainedEncoder(nn.Module):
             raise CheckpointError(f"{checkpoint.folder}: shape mismatch{hint}: " + "; ".join(bad))
         missing = [n for n in params if n not in chosen]
         required = [n for n in missing if not n.startswith(FRESH_OK_PREFIXES)]
-        if required:
-            raise CheckpointError(f"{checkpoint.folder}: the checkpoint lacks body weights "
-                                  f"({len(required)}): {', '.join(required[:10])}")
+        if required:  # named as the checkpoint would name them, with hfport's name alongside
+            prefix = self.family.prefix + "."
+            prefixed = any(k.startswith(prefix) for k in checkpoint.keys())
+            hf = {n: (prefix if prefixed else "") + k.removeprefix(prefix) for n, k in self.hf_names().items()}
+            raise CheckpointError(f"{checkpoint.folder}: the checkpoint lacks body weights ({len(required)}): "
+                                  + ", ".join(f"{hf[n]} ({n})" for n in required[:10]))
         by_key = {key: name for name, key in chosen.items()}
         for key, tensor in checkpoint.tensors(list(by_key)):
             params[by_key[key]].copy_(tensor)
@@ -220,19 +223,24 @@ class PreTrainedEncoder(nn.Module):
 
     # --- saving -------------------------------------------------------------------------------------------
 
-    def hf_state_dict(self) -> dict[str, Tensor]:
-        """Parameters under the names transformers uses for this family and task."""
+    def hf_names(self) -> dict[str, str]:
+        """hfport name -> the name transformers gives the same tensor for this family and task."""
         family = self.family
         body_prefix = "" if self.task == "base" else family.prefix + "."
         head_map = family.head_keys.get(self.task)
-        out: dict[str, Tensor] = {}
-        for name, tensor in self.state_dict().items():
+        out: dict[str, str] = {}
+        for name in self.state_dict():
             part, local = name.split(".", 1)
             hf = family.body_keys.to_hf(local) if part == "body" else head_map.to_hf(local) if head_map else None
             if hf is None:
                 raise KeyError(f"{family.model_type} key map has no HF name for {name!r}")
-            out[(body_prefix if part == "body" else "") + hf] = tensor
+            out[name] = (body_prefix if part == "body" else "") + hf
         return out
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """Parameters under the names transformers uses for this family and task."""
+        names = self.hf_names()
+        return {names[name]: tensor for name, tensor in self.state_dict().items()}
 
     def save_pretrained(self, save_directory: str | os.PathLike[str], max_shard_size: int | str = "5GB") -> Path:
         """config.json + model.safetensors (or shards + index) in the layout transformers writes."""
@@ -355,7 +363,7 @@ AutoModelForMaskedLM = EncoderForMaskedLM
 
 def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrainedEncoder:
     """Load with the head the checkpoint's config.json names in `architectures` (base if none)."""
-    folder = hub.resolve(path_or_repo_id)
+    folder = hub.resolve(path_or_repo_id, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
     raw, source = hub.read_config(folder)
     family = get_family(raw.get("model_type"), source)
     task = task_of(family, raw.get("architectures") or [])

@@ -22,3 +22,12 @@ def minilm_path() -> Path:
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests import grid
+
+    text = grid.render()
+    if text:
+        terminalreporter.write_sep("-", "parity grid")
+        terminalreporter.write_line(text)

@@ -1,0 +1,23 @@
+"""Collects the parity matrix while tests run; conftest prints it at the end of the session."""
+
+from __future__ import annotations
+
+RESULTS: dict[tuple[str, str], float] = {}
+
+
+def record(family: str, task: str, diff: float) -> None:
+    RESULTS[(family, task)] = max(diff, RESULTS.get((family, task), 0.0))
+
+
+def render() -> str:
+    if not RESULTS:
+        return ""
+    families = sorted({f for f, _ in RESULTS})
+    tasks = list(dict.fromkeys(t for _, t in RESULTS))
+    width = max(len(t) for t in tasks) + 2
+    lines = ["parity vs transformers: max |diff| over outputs, loss and gradients (fp32)",
+             "family".ljust(14) + "".join(t.rjust(width) for t in tasks)]
+    for f in families:
+        cells = [f"{RESULTS[(f, t)]:.1e}" if (f, t) in RESULTS else "-" for t in tasks]
+        lines.append(f.ljust(14) + "".join(c.rjust(width) for c in cells))
+    return "\n".join(lines)
