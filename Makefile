@@ -1,0 +1,28 @@
+# Two entry points: `make demo` and `make test`. Each sets everything up from a fresh clone first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup demo test bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned to the CPU wheel on disk: a looser spec would pull a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(PY) examples/demo.py
+
+test: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(PY) scripts/bench_deberta.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
