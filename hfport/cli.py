@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -68,8 +69,84 @@ def info(model: Annotated[str, typer.Argument(help="A model folder or a repo id 
     typer.echo(f"{'load':<{width}}  " + report.summary().replace("\n", "\n" + " " * (width + 2)))
 
 
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def finetune(
+    config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML or JSON file of options.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model folder or repo id in the local HF cache.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="sequence-classification | token-classification | "
+                                                     "question-answering | masked-lm")] = None,
+    train: Annotated[Optional[str], typer.Option(help="Training data (CSV or JSONL).")] = None,
+    eval: Annotated[Optional[str], typer.Option("--eval", help="Evaluation data; else a held-out fraction.")] = None,
+    output_dir: Annotated[Optional[str], typer.Option(help="Where the run goes.")] = None,
+    epochs: Annotated[Optional[float], typer.Option()] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps; overrides --epochs.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option()] = None,
+    grad_accum: Annotated[Optional[int], typer.Option()] = None,
+    lr: Annotated[Optional[float], typer.Option()] = None,
+    precision: Annotated[Optional[str], typer.Option(help="auto | bf16 | fp16 | fp32")] = None,
+    max_grad_norm: Annotated[Optional[float], typer.Option()] = None,
+    save_steps: Annotated[Optional[int], typer.Option()] = None,
+    eval_steps: Annotated[Optional[int], typer.Option()] = None,
+    seed: Annotated[Optional[int], typer.Option()] = None,
+    freeze: Annotated[Optional[str], typer.Option(help="Comma-separated parameter-name prefixes.")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue a run: 'latest' (the default when no value "
+                                                       "follows) or a checkpoint folder.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a run already in --output-dir.")] = False,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Any other option as KEY=VALUE "
+                                                                    "(e.g. --set scheduler=cosine).")] = None,
+    print_config: Annotated[bool, typer.Option("--print-config", help="Show the resolved config and where "
+                                                                      "each value came from, then exit.")] = False,
+    verbose: Verbose = 0, quiet: Quiet = False,
+) -> None:
+    """Fine-tune MODEL on a data file; writes checkpoints, best/, final/, metrics.jsonl, report.html."""
+    setup_logging(verbose, quiet)
+    from .errors import HfportError
+    from .train.config import read_config_file, resolve_config
+
+    flags = {"model": model, "task": task, "train": train, "eval": eval, "output_dir": output_dir, "epochs": epochs,
+             "max_steps": max_steps, "batch_size": batch_size, "grad_accum": grad_accum, "lr": lr,
+             "precision": precision, "max_grad_norm": max_grad_norm, "save_steps": save_steps,
+             "eval_steps": eval_steps, "seed": seed, "freeze": freeze, "resume": resume,
+             "overwrite": overwrite or None}
+    try:
+        for item in set_ or []:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise HfportError(f"--set {item!r}: expected KEY=VALUE")
+            flags[key.strip()] = _parse_value(value)
+        file_values = read_config_file(config_file) if config_file else None
+        config, sources = resolve_config(file_values, flags, str(config_file or "config file"))
+        if print_config:
+            for name, value in config.model_dump().items():
+                typer.echo(f"{name:<24} {json.dumps(value):<40} ({sources[name]})")
+            return
+        from .train.loop import finetune as run
+
+        summary = run(config, progress=not quiet)
+    except (HfportError, ValueError) as e:
+        fail(str(e))
+        return
+    if not quiet:
+        typer.echo(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
+
+
+def _parse_value(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def main() -> None:
-    app()
+    import sys
+
+    # `--resume` with no value means the latest checkpoint (typer options always take a value)
+    argv = sys.argv[1:]
+    for i, arg in enumerate(argv):
+        if arg == "--resume" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            argv.insert(i + 1, "latest")
+            break
+    app(args=argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Fine-tuning: data, the accelerate loop, checkpoints, metrics, reports."""

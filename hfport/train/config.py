@@ -1,0 +1,129 @@
+"""FinetuneConfig: every knob of a fine-tuning run, validated; flags override a YAML/JSON file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import ConfigError
+
+Task = Literal["sequence-classification", "token-classification", "question-answering", "masked-lm"]
+
+
+class FinetuneConfig(BaseModel):
+    """One run. Field names are the CLI flags with dashes turned into underscores."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # what and where
+    model: str = Field(description="model folder or repo id in the local HF cache")
+    task: Task = "sequence-classification"
+    train: str = Field(description="training data file (CSV or JSONL)")
+    eval: str | None = Field(None, description="evaluation data file; else a seeded eval_fraction of train")
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    output_dir: str = "hfport-run"
+    overwrite: bool = False
+    resume: str | None = Field(None, description="'latest' or a checkpoint folder")
+    # data
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    problem_type: Literal["single_label_classification", "multi_label_classification", "regression"] | None = None
+    max_length: int = Field(256, ge=8)
+    # schedule
+    epochs: float = Field(3.0, gt=0)
+    max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
+    batch_size: int = Field(16, ge=1, description="examples per optimizer step per process, before accumulation")
+    grad_accum: int = Field(1, ge=1)
+    # optimisation
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    momentum: float = Field(0.9, ge=0, description="SGD only")
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    layer_lr_decay: float = Field(1.0, gt=0, le=1.0, description="lr multiplier per layer going down the stack")
+    scheduler: Literal["linear", "cosine", "constant", "one_cycle", "plateau"] = "linear"
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    warmup_steps: int = Field(0, ge=0, description="overrides warmup_ratio when > 0")
+    plateau_factor: float = Field(0.5, gt=0, lt=1)
+    plateau_patience: int = Field(1, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    class_weights: list[float] | Literal["balanced"] | None = None
+    freeze: list[str] = Field(default_factory=list, description="parameter-name prefixes to freeze")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    # evaluation, checkpoints, logging
+    eval_strategy: Literal["epoch", "steps", "no"] = "epoch"
+    eval_steps: int | None = Field(None, ge=1)
+    metric: str | None = Field(None, description="metric that picks the best model; default by task")
+    metric_mode: Literal["max", "min"] | None = None
+    early_stopping_patience: int | None = Field(None, ge=1)
+    early_stopping_threshold: float = Field(0.0, ge=0)
+    save_steps: int | None = Field(None, ge=1)
+    save_total_limit: int = Field(2, ge=1)
+    logging_steps: int = Field(10, ge=1)
+    seed: int = 42
+
+    @field_validator("freeze", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        return [p for p in v.split(",") if p] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _check(self) -> FinetuneConfig:
+        if self.eval_strategy == "steps" and self.eval_steps is None:
+            raise ValueError("eval_strategy 'steps' needs eval_steps")
+        return self
+
+    def default_metric(self) -> tuple[str, str]:
+        if self.metric:
+            return self.metric, self.metric_mode or ("min" if self.metric in ("loss", "mse", "mae", "perplexity")
+                                                     else "max")
+        by_task = {"sequence-classification": ("regression" == self.problem_type and "mse") or "accuracy",
+                   "token-classification": "f1", "question-answering": "f1", "masked-lm": "perplexity"}
+        name = by_task[self.task]
+        return name, self.metric_mode or ("min" if name in ("mse", "perplexity") else "max")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read ({e})") from e
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as e:  # yaml.YAMLError / JSONDecodeError carry the line
+        raise ConfigError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of option names to values")
+    return data
+
+
+def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], file_name: str = "config file"
+                   ) -> tuple[FinetuneConfig, dict[str, str]]:
+    """Defaults < file < flags. Returns the config and, for each field, where its value came from."""
+    file_values = dict(file_values or {})
+    valid = set(FinetuneConfig.model_fields)
+    for origin, values in ((file_name, file_values), ("flags", flags)):
+        unknown = sorted(set(values) - valid)
+        if unknown:
+            raise ConfigError(f"{origin}: unknown option(s) {unknown}; valid options: {sorted(valid)}")
+    merged = {**file_values, **{k: v for k, v in flags.items() if v is not None}}
+    try:
+        config = FinetuneConfig(**merged)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"invalid fine-tune config: {problems}") from e
+    sources = {name: "flag" if flags.get(name) is not None else file_name if name in file_values else "default"
+               for name in FinetuneConfig.model_fields}
+    return config, sources

@@ -1,0 +1,373 @@
+"""`finetune(config)`: the training loop on accelerate, meant to be read top to bottom.
+
+Per optimizer step: zero_grad(set_to_none) -> [forward -> loss -> backward] x grad_accum -> unscale + clip by
+global norm (the norm is logged) -> optimizer step -> scheduler step. Evaluation every epoch or every N steps;
+checkpoints every N steps and at epoch ends; `resume` continues bit-exactly on CPU.
+
+Data order is a pure function of (seed, epoch), the position inside the epoch is checkpointed, and RNG states
+are restored just before training continues; that is what makes a resumed run identical to an unbroken one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import hub
+from ..errors import ConfigError
+from ..heads import question_answering_loss
+from ..modeling import TASK_CLASSES
+from .checkpoint import latest_checkpoint, load_checkpoint, prune, restore_rng, save_checkpoint
+from .config import FinetuneConfig
+from .data import EncodedData, collate, epoch_batches, read_classification, steps_per_epoch
+from .optim import build_optimizer, build_scheduler, freeze, PlateauWithWarmup
+
+log = logging.getLogger("hfport.train")
+
+READERS: dict[str, Callable[..., EncodedData]] = {"sequence-classification": read_classification}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "spm.model", "added_tokens.json")
+RUN_FILES = ("metrics.jsonl", "summary.json", "report.html", "checkpoints", "best", "final")
+
+
+def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
+             on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train, evaluate and save. Returns the run summary (also written to summary.json)."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    from ..tokenizer import AutoTokenizer
+    from .metrics import compute_metrics
+
+    if isinstance(config, dict):
+        config = FinetuneConfig(**config)
+    out = Path(config.output_dir)
+    accelerator = Accelerator(mixed_precision=mixed_precision(config.precision))
+    main = accelerator.is_main_process
+    rank, world = accelerator.process_index, accelerator.num_processes
+    emit = on_event if (on_event and main) else (lambda event: None)
+    if main:
+        prepare_output_dir(out, config)
+    accelerator.wait_for_everyone()
+
+    # 1. data and model (every data error surfaces here, before any training)
+    set_seed(config.seed)
+    source = hub.resolve(config.model)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model_cls = TASK_CLASSES[config.task]
+    head_labels = _source_labels(source)
+    data = READERS[config.task](config, tokenizer, head_labels)
+    global_batch = config.batch_size * world
+    n_batches = len(epoch_batches(len(data.train), global_batch, config.seed, 0))
+    if len(data.train) < global_batch:
+        raise ConfigError(f"{config.train}: {len(data.train)} training examples, fewer than one batch "
+                          f"(batch_size {config.batch_size} x {world} process(es)); lower --batch-size")
+    label_kwargs = {}
+    if data.space is not None:
+        label_kwargs = {"id2label": data.space.id2label, "problem_type": data.space.problem_type}
+    model = model_cls.from_pretrained(source, ignore_mismatched_sizes=True, **label_kwargs)
+    frozen = freeze(model, config.freeze)
+    model.train()
+    metric_name, metric_mode = config.default_metric()
+    class_weights = _class_weights(config, data)
+
+    # 2. optimisation
+    optimizer = build_optimizer(model, config)
+    n_steps_epoch = steps_per_epoch(len(data.train), global_batch, config.grad_accum)
+    total_steps = config.max_steps or math.ceil(config.epochs * n_steps_epoch)
+    scheduler = build_scheduler(optimizer, config, total_steps, metric_mode)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    unwrapped = accelerator.unwrap_model(model)
+    scaler = accelerator.scaler
+
+    # 3. state, fresh or resumed
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "history": [], "best": None,
+                             "best_step": None, "bad_evals": 0, "examples_seen": 0}
+    if config.resume:
+        ckpt = latest_checkpoint(out / "checkpoints") if config.resume == "latest" else Path(config.resume)
+        if ckpt is None or not (ckpt / "trainer_state.json").is_file():
+            raise ConfigError(f"resume: no checkpoint found ({config.resume!r} in {out / 'checkpoints'})")
+        state = load_checkpoint(ckpt, unwrapped, optimizer, scheduler, scaler)
+        log.info("resuming from %s (step %d)", ckpt, state["step"])
+    metrics_file = MetricsLog(out / "metrics.jsonl", keep_through_step=state["step"] if config.resume else None,
+                              enabled=main)
+    if config.resume:
+        restore_rng(state.pop("rng"), state.pop("rng_tensors"))  # last: nothing may draw after this but training
+
+    def log_event(kind: str, values: dict[str, Any]) -> None:
+        entry = {"type": kind, "step": state["step"], "epoch": round(state["epoch"] + state["batch_in_epoch"]
+                                                                     / max(1, n_batches), 4), **values}
+        metrics_file.write(entry)
+        emit(entry)
+
+    def evaluate() -> dict[str, float]:
+        """Loss weighted by example count, then the task metrics; model.eval() + inference_mode, then back."""
+        model.eval()
+        mine = list(range(rank, len(data.eval), world))
+        rows: list[tuple[int, Any, Any, float, int]] = []
+        with torch.inference_mode():
+            for start in range(0, len(mine), config.batch_size):
+                idx = mine[start:start + config.batch_size]
+                batch = to_device(collate([data.eval[i] for i in idx], data.pad_token_id, _problem(data)),
+                                  accelerator.device)
+                with accelerator.autocast():
+                    outputs = model(**model_inputs(batch))
+                loss = task_loss(config.task, _problem(data), outputs, batch, None, 0.0)
+                logits = outputs.logits.float().cpu()
+                for k, i in enumerate(idx):
+                    rows.append((i, logits[k].numpy(), batch["labels"][k].cpu().numpy(), loss.item(), len(idx)))
+        everything = sorted(sum(accelerator.gather_object([rows]), []) if world > 1 else rows, key=lambda r: r[0])
+        model.train()
+        n = len(everything)
+        mean_loss = sum(r[3] for r in everything) / n  # each row carries its batch's mean: example-weighted
+        import numpy as np
+
+        predictions, labels = np.stack([r[1] for r in everything]), np.stack([r[2] for r in everything])
+        if _problem(data) == "regression":
+            predictions = predictions.reshape(-1)  # (N, 1) logits -> (N,) values
+        names = [unwrapped.config.id2label[i] for i in range(unwrapped.config.num_labels)]
+        metrics = compute_metrics(config.task, _problem(data), predictions=predictions, labels=labels,
+                                  num_labels=len(names), label_names=names)
+        return {"loss": mean_loss, **metrics}
+
+    def checkpoint() -> None:
+        if main:
+            snapshot = {k: v for k, v in state.items()}
+            save_checkpoint(out / "checkpoints", state["step"], unwrapped, optimizer, scheduler, scaler, snapshot)
+            protect = {state["best_step"]} if state["best_step"] is not None else set()
+            prune(out / "checkpoints", config.save_total_limit, protect)
+        accelerator.wait_for_everyone()
+
+    def after_eval(metrics: dict[str, float]) -> bool:
+        """Record, keep the best model, step plateau schedules; True when early stopping says stop."""
+        value = metrics.get(metric_name)
+        if value is None:
+            raise ConfigError(f"metric {metric_name!r} is not computed for this task; available: {sorted(metrics)}")
+        state["history"].append([state["step"], value])
+        log_event("eval", {f"eval_{k}": v for k, v in metrics.items()})
+        better = state["best"] is None or (value - state["best"] > config.early_stopping_threshold
+                                           if metric_mode == "max" else
+                                           state["best"] - value > config.early_stopping_threshold)
+        if better:
+            state["best"], state["best_step"], state["bad_evals"] = value, state["step"], 0
+            if main:
+                save_model_folder(unwrapped, source, out / "best")
+        else:
+            state["bad_evals"] += 1
+        if isinstance(scheduler, PlateauWithWarmup):
+            scheduler.on_eval(value)
+        return bool(config.early_stopping_patience and state["bad_evals"] >= config.early_stopping_patience)
+
+    # 4. the loop
+    bar = make_progress(total_steps, state["step"], enabled=progress and main)
+    stop = False
+    started, tokens_done = time.perf_counter(), 0
+    while state["step"] < total_steps and not stop:
+        batches = epoch_batches(len(data.train), global_batch, config.seed, state["epoch"])
+        while state["batch_in_epoch"] < len(batches) and state["step"] < total_steps and not stop:
+            group = batches[state["batch_in_epoch"]:state["batch_in_epoch"] + config.grad_accum]
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for k, global_idx in enumerate(group):
+                mine = global_idx[rank::world]  # this process's share of the global batch
+                batch = to_device(collate([data.train[i] for i in mine], data.pad_token_id, _problem(data)),
+                                  accelerator.device)
+                sync = k == len(group) - 1
+                with (accelerator.no_sync(model) if not sync and world > 1 else _null()):
+                    with accelerator.autocast():
+                        outputs = model(**model_inputs(batch))
+                        loss = task_loss(config.task, _problem(data), outputs, batch, class_weights,
+                                         config.label_smoothing)
+                    accelerator.backward(loss / len(group))
+                step_loss += loss.detach().float().item() / len(group)
+                tokens_done += int(batch["attention_mask"].sum()) * world
+                state["examples_seen"] += len(global_idx)
+            params = [p for p in model.parameters() if p.requires_grad]
+            grad_norm = accelerator.clip_grad_norm_(params, config.max_grad_norm or float("inf"))
+            optimizer.step()
+            scheduler.step()
+            state["step"] += 1
+            state["batch_in_epoch"] += len(group)
+            lr = scheduler.get_last_lr()[-1]
+            if state["step"] % config.logging_steps == 0 or state["step"] == 1:
+                log_event("train", {"loss": round(step_loss, 6), "lr": lr, "grad_norm": float(grad_norm)})
+            elapsed = time.perf_counter() - started
+            bar.update(1, loss=step_loss, lr=lr, tps=tokens_done / elapsed if elapsed else 0.0)
+            epoch_done = state["batch_in_epoch"] >= len(batches)
+            if epoch_done:
+                state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
+            due_eval = data.eval and ((config.eval_strategy == "steps" and state["step"] % config.eval_steps == 0)
+                                      or (config.eval_strategy == "epoch" and epoch_done))
+            if due_eval:
+                stop = after_eval(evaluate())
+            if (config.save_steps and state["step"] % config.save_steps == 0) or epoch_done:
+                checkpoint()
+    bar.close()
+
+    # 5. the end: final eval if the last step had none, final/ and best/, summary and report
+    if data.eval and (not state["history"] or state["history"][-1][0] != state["step"]):
+        after_eval(evaluate())
+    summary = {}
+    if main:
+        save_model_folder(unwrapped, source, out / "final")
+        if not (out / "best").exists():
+            save_model_folder(unwrapped, source, out / "final", copy_to=out / "best")
+        summary = {"steps": state["step"], "epochs": state["epoch"], "best_metric": {metric_name: state["best"]},
+                   "best_step": state["best_step"], "metric_mode": metric_mode, "frozen": len(frozen),
+                   "train_examples": len(data.train), "eval_examples": len(data.eval),
+                   "labels": unwrapped.config.id2label if data.space else None,
+                   "problem_type": _problem(data), "config": config.model_dump()}
+        last_eval = [e for e in metrics_file.read() if e["type"] == "eval"]
+        if last_eval:
+            summary["final_eval"] = {k: v for k, v in last_eval[-1].items() if k.startswith("eval_")}
+        hub.write_json_atomic(out / "summary.json", summary)
+        from .report import write_report
+
+        write_report(out, metrics_file.read(), summary)
+        emit({"type": "done", **summary})
+    accelerator.wait_for_everyone()
+    return summary
+
+
+# --- helpers, in the order the loop uses them ---------------------------------------------------------------
+
+
+def mixed_precision(choice: str) -> str:
+    """auto: bf16 where the GPU supports it, fp16 (with loss scaling) on older GPUs, fp32 on CPU."""
+    if choice == "auto":
+        if torch.cuda.is_available():
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "no"
+    return {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[choice]
+
+
+def prepare_output_dir(out: Path, config: FinetuneConfig) -> None:
+    """Refuse to overwrite an earlier run unless asked to (--overwrite) or continuing it (--resume)."""
+    existing = [name for name in RUN_FILES if (out / name).exists()]
+    if existing and not config.resume:
+        if not config.overwrite:
+            raise ConfigError(f"{out}: already holds a run ({', '.join(existing)}); pass --overwrite to replace "
+                              "it or --resume to continue it")
+        for name in existing:
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _source_labels(folder: Path) -> dict[int, str] | None:
+    raw, _ = hub.read_config(folder)
+    labels = raw.get("id2label")
+    return {int(k): v for k, v in labels.items()} if isinstance(labels, dict) else None
+
+
+def _problem(data: EncodedData) -> str | None:
+    return data.space.problem_type if data.space else None
+
+
+def _class_weights(config: FinetuneConfig, data: EncodedData) -> torch.Tensor | None:
+    if config.class_weights is None or data.space is None:
+        return None
+    n = len(data.space.id2label)
+    if config.class_weights == "balanced":  # n_examples / (n_classes * count), as sklearn defines it
+        counts = torch.zeros(n)
+        for x in data.train:
+            counts[x.target] += 1
+        return len(data.train) / (n * counts.clamp(min=1))
+    if len(config.class_weights) != n:
+        raise ConfigError(f"class_weights has {len(config.class_weights)} values for {n} labels "
+                          f"({list(data.space.id2label.values())})")
+    return torch.tensor(config.class_weights, dtype=torch.float)
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Everything but the targets: the loss is computed here, with the run's smoothing and weights."""
+    return {k: v for k, v in batch.items() if k not in ("labels", "start_positions", "end_positions")}
+
+
+def task_loss(task: str, problem_type: str | None, outputs: Any, batch: dict[str, torch.Tensor],
+              class_weights: torch.Tensor | None, label_smoothing: float) -> torch.Tensor:
+    if task == "question-answering":
+        return question_answering_loss(outputs.start_logits, outputs.end_logits, batch["start_positions"],
+                                       batch["end_positions"])
+    logits, labels = outputs.logits.float(), batch["labels"]
+    if problem_type == "regression":
+        return F.mse_loss(logits.squeeze(-1), labels)
+    if problem_type == "multi_label_classification":
+        return F.binary_cross_entropy_with_logits(logits, labels, pos_weight=None)
+    weight = class_weights.to(logits.device) if class_weights is not None else None
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), weight=weight,
+                           ignore_index=-100, label_smoothing=label_smoothing)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON line per logged step and per eval. On resume, lines past the checkpoint's step
+    are dropped first so the file ends exactly as an unbroken run's would."""
+
+    def __init__(self, path: Path, keep_through_step: int | None, enabled: bool):
+        self.path, self.enabled = path, enabled
+        if enabled and keep_through_step is not None and path.exists():
+            kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= keep_through_step]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, entry: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+def save_model_folder(model: Any, source: Path, target: Path, copy_to: Path | None = None) -> None:
+    """An HF model folder (weights + config) with the source's tokenizer files beside it."""
+    if copy_to is not None:
+        if copy_to.exists():
+            shutil.rmtree(copy_to)
+        shutil.copytree(target, copy_to)
+        return
+    model.save_pretrained(target)
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+
+
+class make_progress:
+    """A tqdm bar with loss, lr and tokens/s (ETA comes with tqdm); silent when disabled."""
+
+    def __init__(self, total: int, initial: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="fine-tune", unit="step", dynamic_ncols=True)
+
+    def update(self, n: int, loss: float, lr: float, tps: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
