@@ -11,13 +11,13 @@ import math
 import os
 import shutil
 import struct
-import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .errors import CheckpointError, ConfigError, ModelNotFoundError
@@ -63,7 +63,7 @@ def resolve(path_or_repo_id: str | os.PathLike[str], *, revision: str | None = N
 
     if constants.HF_HUB_OFFLINE:
         raise ModelNotFoundError(
-            f"{name}: not a local folder and not in the local HF cache ({constants.HF_HUB_CACHE}); "
+            f"{name}: not a local folder and not in the local HF cache ({cache_dir or constants.HF_HUB_CACHE}); "
             "HF_HUB_OFFLINE is set, so nothing is downloaded")
     try:
         return Path(snapshot_download(name, revision=revision, cache_dir=cache_dir, allow_patterns=ALLOWED_PATTERNS))
@@ -150,11 +150,14 @@ class Checkpoint:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
                 raise CheckpointError(f"{index}: not a safetensors index (needs a 'weight_map' object): {e}") from e
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
             shards = sorted(set(weight_map.values()))
             for shard in shards:
-                shard_path = (folder / shard).resolve()
-                if shard_path.parent != folder.resolve():
+                # Checked by name, not by resolved path: HF cache snapshots hold symlinks into ../../blobs.
+                if Path(shard).name != shard or shard in (".", ".."):
                     raise CheckpointError(f"{index}: shard {shard!r} lies outside the folder")
+                shard_path = folder / shard
                 if not shard_path.is_file():
                     raise CheckpointError(f"{index}: shard {shard!r} is missing")
                 ckpt._add(shard_path)
@@ -197,7 +200,7 @@ class Checkpoint:
                 with safe_open(str(path), framework="pt") as f:
                     for name in names:
                         yield name, f.get_tensor(name)
-            except (OSError, RuntimeError, ValueError) as e:
+            except (OSError, RuntimeError, ValueError, SafetensorError) as e:  # SafetensorError: an Exception only
                 raise CheckpointError(f"{path}: cannot be read: {e}") from e
 
 
@@ -253,7 +256,9 @@ def save_weights(state: dict[str, torch.Tensor], folder: Path, max_shard_size: i
 def staging_dir(target: Path) -> Path:
     """A fresh sibling folder to write into before the final rename."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
+    staging.mkdir()  # plain mkdir, not mkdtemp: a new target gets the umask's mode, not 0700
+    return staging
 
 
 def publish(staging: Path, target: Path) -> None:
