@@ -45,12 +45,14 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     from accelerate.utils import set_seed
 
     from ..tokenizer import AutoTokenizer
-    from .metrics import compute_metrics
+    from .metrics import EarlyStopping, compute_metrics
 
     if isinstance(config, dict):
         config = FinetuneConfig(**config)
     out = Path(config.output_dir)
-    accelerator = Accelerator(mixed_precision=mixed_precision(config.precision))
+    # cpu=True on a machine without CUDA lets `accelerate launch --multi_gpu --num_processes N` run N CPU
+    # processes over gloo (accelerate only picks MULTI_CPU when told the run is on the CPU)
+    accelerator = Accelerator(mixed_precision=mixed_precision(config.precision), cpu=not torch.cuda.is_available())
     main = accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
     emit = on_event if (on_event and main) else (lambda event: None)
@@ -89,13 +91,17 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     scaler = accelerator.scaler
 
     # 3. state, fresh or resumed
-    state: dict[str, Any] = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "history": [], "best": None,
-                             "best_step": None, "bad_evals": 0, "examples_seen": 0}
+    # the best model and early stopping share one tracker; without a patience it never says stop
+    tracker = EarlyStopping(metric_name, metric_mode, patience=config.early_stopping_patience or 2**31,
+                            threshold=config.early_stopping_threshold)
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "history": [], "examples_seen": 0,
+                             "tracker": tracker.state_dict()}
     if config.resume:
         ckpt = latest_checkpoint(out / "checkpoints") if config.resume == "latest" else Path(config.resume)
         if ckpt is None or not (ckpt / "trainer_state.json").is_file():
             raise ConfigError(f"resume: no checkpoint found ({config.resume!r} in {out / 'checkpoints'})")
         state = load_checkpoint(ckpt, unwrapped, optimizer, scheduler, scaler)
+        tracker.load_state_dict(state["tracker"])
         log.info("resuming from %s (step %d)", ckpt, state["step"])
     metrics_file = MetricsLog(out / "metrics.jsonl", keep_through_step=state["step"] if config.resume else None,
                               enabled=main)
@@ -142,7 +148,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         if main:
             snapshot = {k: v for k, v in state.items()}
             save_checkpoint(out / "checkpoints", state["step"], unwrapped, optimizer, scheduler, scaler, snapshot)
-            protect = {state["best_step"]} if state["best_step"] is not None else set()
+            protect = {tracker.best_step} if tracker.best_step is not None else set()
             prune(out / "checkpoints", config.save_total_limit, protect)
         accelerator.wait_for_everyone()
 
@@ -153,18 +159,12 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
             raise ConfigError(f"metric {metric_name!r} is not computed for this task; available: {sorted(metrics)}")
         state["history"].append([state["step"], value])
         log_event("eval", {f"eval_{k}": v for k, v in metrics.items()})
-        better = state["best"] is None or (value - state["best"] > config.early_stopping_threshold
-                                           if metric_mode == "max" else
-                                           state["best"] - value > config.early_stopping_threshold)
-        if better:
-            state["best"], state["best_step"], state["bad_evals"] = value, state["step"], 0
-            if main:
-                save_model_folder(unwrapped, source, out / "best")
-        else:
-            state["bad_evals"] += 1
+        if tracker.update(value, state["step"]) and main:
+            save_model_folder(unwrapped, source, out / "best")
+        state["tracker"] = tracker.state_dict()
         if isinstance(scheduler, PlateauWithWarmup):
             scheduler.on_eval(value)
-        return bool(config.early_stopping_patience and state["bad_evals"] >= config.early_stopping_patience)
+        return tracker.should_stop
 
     # 4. the loop
     bar = make_progress(total_steps, state["step"], enabled=progress and main)
@@ -175,7 +175,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         while state["batch_in_epoch"] < len(batches) and state["step"] < total_steps and not stop:
             group = batches[state["batch_in_epoch"]:state["batch_in_epoch"] + config.grad_accum]
             optimizer.zero_grad(set_to_none=True)
-            step_loss = 0.0
+            step_loss = torch.zeros((), device=accelerator.device)
             for k, global_idx in enumerate(group):
                 mine = global_idx[rank::world]  # this process's share of the global batch
                 batch = to_device(collate([data.train[i] for i in mine], data.pad_token_id, _problem(data)),
@@ -187,13 +187,14 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                         loss = task_loss(config.task, _problem(data), outputs, batch, class_weights,
                                          config.label_smoothing)
                     accelerator.backward(loss / len(group))
-                step_loss += loss.detach().float().item() / len(group)
+                step_loss += loss.detach().float() / len(group)
                 tokens_done += int(batch["attention_mask"].sum()) * world
                 state["examples_seen"] += len(global_idx)
             params = [p for p in model.parameters() if p.requires_grad]
             grad_norm = accelerator.clip_grad_norm_(params, config.max_grad_norm or float("inf"))
             optimizer.step()
             scheduler.step()
+            step_loss = accelerator.reduce(step_loss, "mean").item()  # the global batch's loss, every process
             state["step"] += 1
             state["batch_in_epoch"] += len(group)
             lr = scheduler.get_last_lr()[-1]
@@ -220,8 +221,8 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         save_model_folder(unwrapped, source, out / "final")
         if not (out / "best").exists():
             save_model_folder(unwrapped, source, out / "final", copy_to=out / "best")
-        summary = {"steps": state["step"], "epochs": state["epoch"], "best_metric": {metric_name: state["best"]},
-                   "best_step": state["best_step"], "metric_mode": metric_mode, "frozen": len(frozen),
+        summary = {"steps": state["step"], "epochs": state["epoch"], "best_metric": {metric_name: tracker.best},
+                   "best_step": tracker.best_step, "stopped_early": stop, "metric_mode": metric_mode, "frozen": len(frozen),
                    "train_examples": len(data.train), "eval_examples": len(data.eval),
                    "labels": unwrapped.config.id2label if data.space else None,
                    "problem_type": _problem(data), "config": config.model_dump()}

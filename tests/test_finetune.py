@@ -1,0 +1,270 @@
+"""The fine-tuning engine: it learns, resumes bit-exactly after SIGKILL, accumulates gradients exactly,
+runs under `accelerate launch` with 2 processes, and refuses bad data before training."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import hfport
+from hfport.train.config import FinetuneConfig
+from hfport.train.data import DataError
+from hfport.train.loop import finetune
+from tests.tiny import save_hf
+
+POS = ["great", "wonderful", "excellent", "lovely", "superb", "brilliant"]
+NEG = ["awful", "terrible", "bad", "horrible", "poor", "dreadful"]
+
+
+def write_sentiment(path: Path, n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            label = rng.choice(["negative", "positive"])
+            word = rng.choice(POS if label == "positive" else NEG)
+            thing = rng.choice(["film", "plot", "acting", "soundtrack", "ending"])
+            f.write(json.dumps({"text": f"the {thing} was {word} overall", "label": label}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, minilm_path) -> Path:
+    """A tiny random BERT with the real MiniLM WordPiece tokenizer, and a generated sentiment dataset."""
+    root = tmp_path_factory.mktemp("ft")
+    for name, dropout in (("model", 0.1), ("model_nodrop", 0.0)):
+        save_hf("bert", "base", root / name, vocab_size=30522, hidden_dropout_prob=dropout,
+                attention_probs_dropout_prob=dropout)
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+            shutil.copy(minilm_path / f, root / name / f)
+    write_sentiment(root / "train.jsonl", 192, seed=0)
+    write_sentiment(root / "eval.jsonl", 48, seed=1)
+    return root
+
+
+def base_config(workdir: Path, out: Path, **overrides) -> FinetuneConfig:
+    values = dict(model=str(workdir / "model"), train=str(workdir / "train.jsonl"), eval=str(workdir / "eval.jsonl"),
+                  output_dir=str(out), batch_size=16, lr=3e-3, warmup_ratio=0.1, logging_steps=1, seed=7)
+    return FinetuneConfig(**{**values, **overrides})
+
+
+def test_classification_learns(workdir, tmp_path):
+    out = tmp_path / "run"
+    summary = finetune(base_config(workdir, out, epochs=4), progress=False)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [x["loss"] for x in lines if x["type"] == "train"]
+    evals = [x for x in lines if x["type"] == "eval"]
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, "training loss did not fall"
+    assert evals[-1]["eval_accuracy"] >= 0.9, evals[-1]
+    assert summary["labels"] == {0: "negative", 1: "positive"}
+    for folder in ("best", "final"):  # HF folders with the tokenizer beside the weights
+        assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt"} <= {
+            p.name for p in (out / folder).iterdir()}
+    trained = hfport.AutoModelForSequenceClassification.from_pretrained(out / "best")
+    assert trained.config.id2label == {0: "negative", 1: "positive"} and not trained.load_report.initialized
+    assert "<svg" in (out / "report.html").read_text()
+    assert json.loads((out / "summary.json").read_text())["best_metric"]["accuracy"] >= 0.9
+
+
+def _run_cli(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "hfport", "finetune", "-q", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+_FORKSERVER = None
+
+
+def _train_in_child(config: FinetuneConfig):
+    """A child process runs the fine-tune so it can be SIGKILLed. Children come from a fork server that has
+    imported torch and hfport but never run an op: a fast start, without the OpenMP-after-fork hang that
+    forking this (already computing) test process would risk."""
+    global _FORKSERVER
+    import multiprocessing
+
+    if _FORKSERVER is None:
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["torch", "accelerate", "hfport.train.loop", "hfport.tokenizer"])
+    child = _FORKSERVER.Process(target=finetune, args=(config,), kwargs={"progress": False})
+    child.start()
+    return child
+
+
+def test_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
+    """SIGKILL at seeded random steps (sometimes mid-checkpoint), resume: same weights bit for bit, same metrics."""
+    def config(out: Path, **kw) -> FinetuneConfig:
+        return base_config(workdir, out, max_steps=16, batch_size=8, save_steps=2, eval_strategy="steps",
+                           eval_steps=5, **kw)
+
+    ref = _train_in_child(config(tmp_path / "ref"))
+    ref.join(300)
+    assert ref.exitcode == 0
+    ref_metrics = (tmp_path / "ref" / "metrics.jsonl").read_text()
+    ref_weights = load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
+
+    rng = random.Random(1234)
+    for trial in range(5):
+        kill_at = rng.randint(3, 15)
+        out = tmp_path / f"trial{trial}"
+        child = _train_in_child(config(out))
+        deadline = time.time() + 300
+        while time.time() < deadline and child.is_alive():
+            log = out / "metrics.jsonl"
+            if log.exists() and f'"step": {kill_at},' in log.read_text():
+                break
+            time.sleep(0.005)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        assert child.exitcode == -signal.SIGKILL, f"trial {trial}: the run ended before it could be killed"
+        resumed = _train_in_child(config(out, resume="latest"))
+        resumed.join(300)
+        assert resumed.exitcode == 0
+        assert (out / "metrics.jsonl").read_text() == ref_metrics, f"trial {trial} (killed at step {kill_at})"
+        weights = load_file(str(out / "final" / "model.safetensors"))
+        assert weights.keys() == ref_weights.keys()
+        for key in weights:
+            assert torch.equal(weights[key], ref_weights[key]), f"trial {trial}: {key} differs"
+        assert not list((out / "checkpoints").glob(".tmp-*")), "a half-written checkpoint was left behind"
+
+
+def test_resume_through_the_cli(workdir, tmp_path):
+    """`hfport finetune --resume` (no value: latest) finishes a run whose checkpoints exist."""
+    common = ["--model", str(workdir / "model"), "--train", str(workdir / "train.jsonl"), "--eval",
+              str(workdir / "eval.jsonl"), "--batch-size", "8", "--save-steps", "2", "--lr", "3e-3",
+              "--output-dir", str(tmp_path / "run")]
+    first = _run_cli([*common, "--max-steps", "4"])
+    assert first.wait(timeout=300) == 0, first.stderr.read().decode()
+    again = _run_cli([*common, "--max-steps", "6", "--resume"])
+    assert again.wait(timeout=300) == 0, again.stderr.read().decode()
+    steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 6
+    refused = _run_cli(common + ["--max-steps", "4"])
+    assert refused.wait(timeout=300) != 0 and b"already holds a run" in refused.stderr.read()
+
+
+def test_gradient_accumulation_matches_big_batch(workdir, tmp_path):
+    """4 x 8 with accumulation == 32 in one batch (dropout off; only fp32 summation order differs)."""
+    common = dict(model=str(workdir / "model_nodrop"), max_steps=4, eval=None, eval_fraction=0.0,
+                  eval_strategy="no", scheduler="constant", max_grad_norm=None)
+    finetune(base_config(workdir, tmp_path / "big", batch_size=32, grad_accum=1, **common), progress=False)
+    finetune(base_config(workdir, tmp_path / "acc", batch_size=8, grad_accum=4, **common), progress=False)
+    a = load_file(str(tmp_path / "big" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "acc" / "final" / "model.safetensors"))
+    for key in a:
+        # Adam normalises updates, so tiny fp32 differences in the gradient can move weights by ~lr * 1e-4
+        torch.testing.assert_close(b[key], a[key], atol=2e-5, rtol=1e-4, msg=lambda m: f"{key}: {m}")
+
+
+def test_two_processes_follow_one(workdir, tmp_path):
+    """`accelerate launch` with 2 CPU processes (gloo), 2 x 4 per step == 1 x 8: the same loss curve."""
+    common = ["--model", str(workdir / "model_nodrop"), "--train", str(workdir / "train.jsonl"), "--max-steps", "6",
+              "--set", "eval_strategy=no", "--set", "eval_fraction=0.0", "--set", "logging_steps=1",
+              "--set", "scheduler=constant", "-q"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "hfport", "finetune", *common, "--batch-size", "8",
+                          "--output-dir", str(tmp_path / "one")], env=env, capture_output=True, timeout=300)
+    assert one.returncode == 0, one.stderr.decode()
+    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                          "-m", "hfport", "finetune", *common, "--batch-size", "4",
+                          "--output-dir", str(tmp_path / "two")], env=env, capture_output=True, timeout=300)
+    assert two.returncode == 0, two.stderr.decode()[-3000:]
+    curve = [[json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+             for d in ("one", "two")]
+    # the 2-process loss is the mean of two half-batch means: equal up to fp32 rounding in the all-reduce
+    assert len(curve[0]) == len(curve[1]) == 6
+    torch.testing.assert_close(torch.tensor(curve[1]), torch.tensor(curve[0]), atol=1e-4, rtol=1e-4)
+
+
+# --- bad input: clear errors before training, naming file, line and field --------------------------------------
+
+
+def _bad(workdir: Path, tmp_path: Path, content: bytes | str, suffix: str = ".jsonl", **overrides) -> str:
+    path = tmp_path / f"bad{suffix}"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises((DataError, hfport.ConfigError)) as info:
+        finetune(base_config(workdir, tmp_path / "out", train=str(path), **overrides), progress=False)
+    assert not (tmp_path / "out" / "checkpoints").exists(), "training started despite bad data"
+    return str(info.value)
+
+
+def test_empty_file(workdir, tmp_path):
+    assert "no examples" in _bad(workdir, tmp_path, "")
+
+
+def test_missing_column(workdir, tmp_path):
+    msg = _bad(workdir, tmp_path, '{"text": "fine", "label": "positive"}\n{"text": "oops"}\n')
+    assert "bad.jsonl, line 2, field 'label'" in msg
+
+
+def test_unknown_eval_label(workdir, tmp_path):
+    path = tmp_path / "eval.jsonl"
+    path.write_text('{"text": "hmm", "label": "neutral"}\n')
+    with pytest.raises(DataError, match=r"eval.jsonl, line 1, field 'label': unknown label 'neutral'"):
+        finetune(base_config(workdir, tmp_path / "out", eval=str(path)), progress=False)
+
+
+def test_mixed_label_types(workdir, tmp_path):
+    msg = _bad(workdir, tmp_path, '{"text": "a", "label": "positive"}\n{"text": "b", "label": ["x"]}\n')
+    assert "mixed label types" in msg and "line 2" in msg
+
+
+def test_huge_line(workdir, tmp_path):
+    msg = _bad(workdir, tmp_path, '{"text": "ok", "label": "a"}\n{"text": "' + "x" * 1_100_000 + '", "label": "b"}\n')
+    assert "line 2" in msg and "limit" in msg
+
+
+def test_non_utf8(workdir, tmp_path):
+    msg = _bad(workdir, tmp_path, b'{"text": "ok", "label": "a"}\n{"text": "caf\xe9", "label": "b"}\n')
+    assert "line 2" in msg and "UTF-8" in msg
+
+
+def test_fewer_rows_than_a_batch(workdir, tmp_path):
+    msg = _bad(workdir, tmp_path, '{"text": "a b", "label": "x"}\n{"text": "c d", "label": "y"}\n', batch_size=16,
+               eval=None, eval_fraction=0.0)
+    assert "fewer than one batch" in msg
+
+
+def test_csv_errors_name_the_line(workdir, tmp_path):
+    msg = _bad(workdir, tmp_path, "text,label\nfine,positive\nno label here\n", suffix=".csv")
+    assert "bad.csv, line 3" in msg
+
+
+def test_existing_run_is_not_overwritten(workdir, tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(hfport.ConfigError, match="already holds a run"):
+        finetune(base_config(workdir, out), progress=False)
+    assert (out / "metrics.jsonl").read_text() == "{}\n"
+
+
+def test_print_config_shows_sources(workdir, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("lr: 0.001\nepochs: 2\n")
+    res = subprocess.run([sys.executable, "-m", "hfport", "finetune", "--config", str(cfg), "--model", "m",
+                          "--train", "t.jsonl", "--epochs", "5", "--print-config"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    rows = {line.split()[0]: line for line in res.stdout.splitlines()}
+    assert "(flag)" in rows["epochs"] and "5.0" in rows["epochs"]
+    assert str(cfg) in rows["lr"] and "0.001" in rows["lr"]
+    assert "(default)" in rows["batch_size"]
+    bad = subprocess.run([sys.executable, "-m", "hfport", "finetune", "--model", "m", "--train", "t",
+                          "--set", "learning_rate=1"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown option" in bad.stderr and "'lr'" in bad.stderr
+
+
+def test_early_stopping_stops(workdir, tmp_path):
+    """patience 1 with a threshold nothing can beat: the second eval stops the run."""
+    summary = finetune(base_config(workdir, tmp_path / "run", epochs=10, eval_strategy="steps", eval_steps=2,
+                                   early_stopping_patience=1, early_stopping_threshold=10.0), progress=False)
+    assert summary["stopped_early"] and summary["steps"] == 4 and summary["best_step"] == 2
