@@ -6,7 +6,9 @@ from .modeling import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnsw
                        AutoModelForSequenceClassification, AutoModelForTokenClassification, EncoderForMaskedLM,
                        EncoderForQuestionAnswering, EncoderForSequenceClassification, EncoderForTokenClassification,
                        EncoderModel, LoadReport, PreTrainedEncoder, load_any)
+from .pipelines import pipeline
 from .registry import supported
+from .tokenizer import AutoTokenizer, BatchEncoding, PreTrainedTokenizer, TokenizerError
 
 __version__ = "0.1.0"
 
@@ -14,4 +16,6 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            "AutoModelForTokenClassification", "CheckpointError", "ConfigError", "EncoderConfig", "EncoderForMaskedLM",
            "EncoderForQuestionAnswering", "EncoderForSequenceClassification", "EncoderForTokenClassification",
            "EncoderModel", "HfportError", "LoadReport", "ModelNotFoundError", "PreTrainedEncoder", "load_any",
-           "supported", "__version__"]
+           "supported", "__version__",
+           # tokenizers and pipelines
+           "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline"]

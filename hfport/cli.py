@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -135,6 +136,78 @@ def _parse_value(text: str) -> object:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def _option(pair: str) -> tuple[str, object]:
+    """KEY=VALUE with VALUE read as JSON when it parses (3, true, null, ["a","b"]), else as a string."""
+    key, sep, value = pair.partition("=")
+    if not sep or not key.strip():
+        raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE, e.g. top_k=3")
+    return key.strip().replace("-", "_"), _parse_value(value)
+
+
+def _read_inputs(texts: list[str], input_file: Optional[str]) -> list[object]:
+    """TEXT arguments, then the lines of --input (JSON per line). A TEXT that is a JSON object is used as one
+    ({"text", "text_pair"} or {"question", "context"}); a line that cannot be read stays an error in its place."""
+    from .pipelines import InvalidInput
+
+    items: list[object] = []
+    for text in texts:
+        try:
+            value = json.loads(text) if text.lstrip().startswith("{") else text
+        except json.JSONDecodeError:
+            value = text
+        items.append(value)
+    if input_file is not None:
+        try:
+            raw = sys.stdin.buffer.read() if input_file == "-" else Path(input_file).read_bytes()
+        except OSError as e:
+            fail(f"--input {input_file}: {e.strerror or e}")
+        for number, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                items.append(json.loads(line.decode("utf-8")))
+            except UnicodeDecodeError as e:
+                items.append(InvalidInput(f"{input_file} line {number}: not UTF-8 ({e.reason} at byte {e.start})"))
+            except json.JSONDecodeError as e:
+                items.append(InvalidInput(f"{input_file} line {number}: not JSON ({e.msg})"))
+    return items
+
+
+@app.command()
+def predict(
+    model: Annotated[str, typer.Argument(help="A model folder or a repo id in the local HF cache.")],
+    texts: Annotated[Optional[list[str]], typer.Argument(
+        help="Inputs; a JSON object is one structured input, e.g. a question and its context.")] = None,
+    task: Annotated[str, typer.Option("--task", "-t", help="text-classification, token-classification, "
+                                      "question-answering, fill-mask or feature-extraction.")] = ...,
+    input_file: Annotated[Optional[str], typer.Option(
+        "--input", "-i", help="A JSONL file (- for stdin): one input per line, a JSON string or object.")] = None,
+    options: Annotated[Optional[list[str]], typer.Option(
+        "--set", "-o", help="A pipeline option as KEY=VALUE (JSON value), e.g. -o top_k=3 "
+        "-o aggregation_strategy=simple; repeatable.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Rows per forward pass.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ...")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="float32, float16, bfloat16 or auto.")] = None,
+    verbose: Verbose = 0, quiet: Quiet = False,
+) -> None:
+    """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input)."""
+    setup_logging(verbose, quiet)
+    from . import HfportError, pipeline
+
+    items = _read_inputs(texts or [], input_file)
+    if not items:
+        fail("no inputs: give TEXT arguments or --input FILE.jsonl")
+    parsed = dict(_option(o) for o in options or [])
+    try:
+        pipe = pipeline(task, model=model, device=device, dtype=dtype, batch_size=batch_size)
+        results = pipe.predict(items, **parsed)
+    except (HfportError, ValueError, TypeError) as e:
+        fail(str(e))
+        return
+    for result in results:
+        typer.echo(json.dumps(result, ensure_ascii=False))
 
 
 def main() -> None:

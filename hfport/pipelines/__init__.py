@@ -1,0 +1,83 @@
+"""hfport.pipeline(task, model=...): transformers' pipelines for encoder tasks, on hfport models and tokenizers.
+
+Tasks, with transformers' option names, defaults and output shapes:
+  text-classification   top_k, function_to_apply                      (TextClassificationPipeline)
+  token-classification  aggregation_strategy, ignore_labels, stride   (TokenClassificationPipeline; alias "ner")
+  question-answering    top_k, doc_stride, max_answer_len, max_seq_len, max_question_len,
+                        handle_impossible_answer, align_to_words       (transformers 4.57's QuestionAnsweringPipeline)
+  fill-mask             top_k, targets                                 (FillMaskPipeline)
+  feature-extraction    per-token hidden states; pooling="mean"|"cls", normalize=True give sentence embeddings
+
+Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
+given), longest first; results come back in input order. A list input answers every item it can: an item that
+cannot be answered (empty text, no mask token, too long, ...) gets `{"error", "error_type", "index"}` in its place.
+A single input raises PipelineInputError instead.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..modeling import TASK_CLASSES, PreTrainedEncoder
+from ..tokenizer import AutoTokenizer, PreTrainedTokenizer
+from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError
+from .classification import TextClassificationPipeline
+from .features import FeatureExtractionPipeline
+from .fill_mask import FillMaskPipeline
+from .qa import QuestionAnsweringPipeline
+from .tokens import TokenClassificationPipeline
+
+PIPELINES: dict[str, type[Pipeline]] = {
+    cls.task: cls for cls in (TextClassificationPipeline, TokenClassificationPipeline, QuestionAnsweringPipeline,
+                              FillMaskPipeline, FeatureExtractionPipeline)}
+ALIASES = {"sentiment-analysis": "text-classification", "ner": "token-classification"}
+
+
+def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
+             tokenizer: str | os.PathLike[str] | PreTrainedTokenizer | None = None, device: Any = None,
+             dtype: Any = None, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+             **options: Any) -> Pipeline:
+    """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
+
+    tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
+    batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
+    the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple")."""
+    name = ALIASES.get(task, task)
+    if name not in PIPELINES:
+        raise ValueError(f"task {task!r} is not supported; supported: {sorted(PIPELINES) + sorted(ALIASES)}")
+    cls = PIPELINES[name]
+    if isinstance(model, PreTrainedEncoder):
+        if model.task != cls.model_task:
+            raise ValueError(f"{name} needs a {TASK_CLASSES[cls.model_task].__name__}, got a "
+                             f"{type(model).__name__} ({model.task} head)")
+        if tokenizer is None:
+            raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
+        if device is not None or dtype is not None:
+            from ..modeling import resolve_dtype
+
+            model = model.to(device=device, dtype=resolve_dtype(dtype) if dtype is not None else None)
+    elif isinstance(model, (str, os.PathLike)):
+        loaded = TASK_CLASSES[cls.model_task].from_pretrained(model, dtype=dtype, device=device)
+        tokenizer = model if tokenizer is None else tokenizer
+        model = loaded
+    else:
+        raise TypeError(f"model must be a folder, a repo id or an hfport model, got {type(model).__name__}")
+    if not isinstance(tokenizer, PreTrainedTokenizer):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+    return cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens, **options)
+
+
+__all__ = [
+    "PIPELINES",
+    "Feature",
+    "FeatureExtractionPipeline",
+    "FillMaskPipeline",
+    "InvalidInput",
+    "Pipeline",
+    "PipelineInputError",
+    "QuestionAnsweringPipeline",
+    "TextClassificationPipeline",
+    "TokenClassificationPipeline",
+    "pipeline",
+]

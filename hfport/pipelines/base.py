@@ -1,0 +1,311 @@
+"""What every task pipeline shares: options, per-item errors, and batching under a token budget.
+
+A call runs in four steps, each task filling in the parts marked (task):
+  1. normalize: the call's inputs become a list of items, and whether the caller gave a single one (task).
+  2. preprocess: each item becomes one or more Features, the token rows the model sees (task). A bad item (empty
+     text, no mask token, too long for the model, ...) becomes an error for that item only.
+  3. forward: every Feature of the call is sorted by length and packed into batches of at most `batch_size` rows
+     and `max_batch_tokens` padded tokens; each batch runs through the model once (task: which outputs) and the
+     outputs are cut back to each row's own length, so a result never depends on its batch-mates.
+  4. postprocess: each item's outputs become its result, in input order (task).
+Items that failed come back as `{"error": ..., "error_type": ..., "index": i}` in their place when the call gave a
+list; a single input raises its error instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ..errors import HfportError
+from ..modeling import PreTrainedEncoder
+from ..tokenizer import PreTrainedTokenizer, TokenizerError
+
+log = logging.getLogger("hfport")
+
+DEFAULT_MAX_BATCH_TOKENS = 16384  # padded tokens per forward pass: bounds activation memory, not row count
+
+
+class PipelineInputError(HfportError, ValueError):
+    """One input the pipeline cannot answer; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class InvalidInput:
+    """Stands in for an input its reader could not decode, so it keeps its place and gets its error."""
+
+    reason: str
+
+
+@dataclass
+class Feature:
+    """One row for the model: an item's tokens (an item with a long text or context may have several rows)."""
+
+    item: int  # index of the input this row belongs to
+    input_ids: list[int]
+    attention_mask: list[int]
+    token_type_ids: list[int] | None
+    data: dict[str, Any] = field(default_factory=dict)  # what postprocess needs: offsets, encodings, masks
+    outputs: dict[str, Tensor] = field(default_factory=dict)  # filled by the forward step, CPU float32
+
+
+def check_text(text: Any, what: str = "text") -> str:
+    if not isinstance(text, str):
+        raise PipelineInputError(f"{what} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise PipelineInputError(f"{what} is empty or only whitespace")
+    return text
+
+
+class Pipeline:
+    """Base class: a task model, its tokenizer, and the batching settings."""
+
+    task: ClassVar[str]
+    model_task: ClassVar[str]  # the hfport task class the pipeline loads (modeling.TASK_CLASSES key)
+    defaults: ClassVar[dict[str, Any]]  # call options and their defaults, as transformers names them
+    token_outputs: ClassVar[tuple[str, ...]] = ()  # forward outputs with a token axis, cut to each row's length
+
+    def __init__(self, model: PreTrainedEncoder, tokenizer: PreTrainedTokenizer, *, batch_size: int | None = None,
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, **options: Any):
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) or max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be a positive integer, got {max_batch_tokens!r}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.options = self.check_options(options)  # pipeline-level defaults for every call
+        self.max_positions = model_max_positions(model)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(task={self.task!r}, model={self.model.family.model_type}, "
+                f"device={self.model.device}, dtype={self.model.dtype}, batch_size={self.batch_size})")
+
+    # --- options ------------------------------------------------------------------------------------------
+
+    def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise ValueError(f"{self.task}: unknown option(s) {unknown}; valid: {sorted(self.defaults)}")
+        return options
+
+    def resolve_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Defaults < pipeline-level options < call options, then the task's own checks (given: what was set)."""
+        self.check_options(options)
+        given = {**self.options, **options}
+        return self.validate({**self.defaults, **given}, given)
+
+    def validate(self, opts: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+        return opts
+
+    # --- the steps a task fills in ------------------------------------------------------------------------
+
+    def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
+        raise NotImplementedError
+
+    def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
+        raise NotImplementedError
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def assemble(self, results: list[Any], items: list[Any], single: bool, opts: dict[str, Any]) -> Any:
+        return results[0] if single else results
+
+    # --- the call -----------------------------------------------------------------------------------------
+
+    def __call__(self, inputs: Any = None, **options: Any) -> Any:
+        opts = self.resolve_options(options)
+        items, single = self.normalize(inputs, opts)
+        results = self.run(items, opts)
+        if single and isinstance(results[0], _Failed):
+            raise results[0].error
+        return self.assemble([r.entry if isinstance(r, _Failed) else r for r in results], items, single, opts)
+
+    def predict(self, items: list[Any], **options: Any) -> list[Any]:
+        """One result per item, in order, with list semantics for every task (no single-input unwrapping): a
+        failed item is its `{"error", "error_type", "index"}` entry. What the CLI and a server call."""
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"predict takes a list of inputs, got {type(items).__name__}")
+        opts = self.resolve_options(options)
+        return [r.entry if isinstance(r, _Failed) else r for r in self.run(list(items), opts)]
+
+    def run(self, items: list[Any], opts: dict[str, Any]) -> list[Any]:
+        """Results (or _Failed) in input order. Any error while preparing or reading one item fails that item
+        only: expected ones (PipelineInputError, TokenizerError) quietly, anything else with its traceback logged."""
+        failed: dict[int, Exception] = {}
+        features: list[Feature] = []
+        for i, item in enumerate(items):
+            try:
+                if isinstance(item, InvalidInput):  # rejected before it got here (e.g. an unreadable line)
+                    raise PipelineInputError(item.reason)
+                rows = self.preprocess(item, opts)
+                for row in rows:
+                    row.item = i
+                    self.check_length(row, i)
+                features.extend(rows)
+            except Exception as e:  # noqa: BLE001 - one bad item must not sink the batch
+                failed[i] = self._item_error(i, e)
+        features = [f for f in features if f.item not in failed]
+        for f, error in self.forward_all(features):
+            failed.setdefault(f.item, error)
+        by_item: dict[int, list[Feature]] = {}
+        for f in features:
+            by_item.setdefault(f.item, []).append(f)
+        results: list[Any] = []
+        for i, item in enumerate(items):
+            if i not in failed:
+                try:
+                    results.append(self.postprocess(item, by_item.get(i, []), opts))
+                    continue
+                except Exception as e:  # noqa: BLE001
+                    failed[i] = self._item_error(i, e)
+            error = failed[i]
+            if not str(error).startswith(f"input {i}:"):
+                error = PipelineInputError(f"input {i}: {error}")
+            results.append(_Failed(error, {"error": str(error), "error_type": type(failed[i]).__name__, "index": i}))
+        return results
+
+    def _item_error(self, index: int, error: Exception) -> Exception:
+        if not isinstance(error, (PipelineInputError, TokenizerError)):
+            log.warning("%s: input %d failed unexpectedly", self.task, index, exc_info=error)
+        return error
+
+    def check_length(self, row: Feature, index: int) -> None:
+        n = len(row.input_ids)
+        if self.max_positions is not None and n > self.max_positions:
+            raise PipelineInputError(
+                f"input {index}: {n} tokens, but the model takes at most {self.max_positions}; "
+                f"{self.too_long_hint()}")
+
+    def too_long_hint(self) -> str:
+        return "pass truncation=True (and max_length=...) to cut it"
+
+    # --- batching -----------------------------------------------------------------------------------------
+
+    def batches(self, features: list[Feature]) -> list[list[Feature]]:
+        """Longest rows first; a batch stops at batch_size rows or max_batch_tokens padded tokens."""
+        order = sorted(features, key=lambda f: len(f.input_ids), reverse=True)
+        out: list[list[Feature]] = []
+        for f in order:
+            if out:
+                batch = out[-1]
+                rows = len(batch) + 1
+                padded = rows * len(batch[0].input_ids)  # the first row is the batch's longest
+                if (self.batch_size is None or rows <= self.batch_size) and padded <= self.max_batch_tokens:
+                    batch.append(f)
+                    continue
+            out.append([f])
+        return out
+
+    def forward_all(self, features: list[Feature]) -> list[tuple[Feature, Exception]]:
+        """Run every row; fill f.outputs. A batch that fails is retried row by row, so one bad row fails alone."""
+        errors: list[tuple[Feature, Exception]] = []
+        for batch in self.batches(features):
+            try:
+                self.forward_batch(batch)
+                continue
+            except (RuntimeError, IndexError, ValueError) as e:
+                if len(batch) > 1:
+                    log.warning("%s: a batch of %d rows failed (%s); retrying row by row", self.task, len(batch), e)
+                else:
+                    errors.append((batch[0], PipelineInputError(f"the model failed on this input: {e}")))
+                    continue
+            for f in batch:
+                try:
+                    self.forward_batch([f])
+                except (RuntimeError, IndexError, ValueError) as e:
+                    errors.append((f, PipelineInputError(f"the model failed on this input: {e}")))
+        return errors
+
+    @torch.no_grad()
+    def forward_batch(self, batch: list[Feature]) -> None:
+        device = self.model.device
+        t = max(len(f.input_ids) for f in batch)
+        pad = self.model.config.pad_token_id
+        if pad is None:
+            pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(batch), t), pad, dtype=torch.long)  # (B, T), right-padded
+        mask = torch.zeros(len(batch), t, dtype=torch.long)  # (B, T)
+        with_types = batch[0].token_type_ids is not None
+        types = torch.zeros(len(batch), t, dtype=torch.long) if with_types else None  # (B, T)
+        for row, f in enumerate(batch):
+            n = len(f.input_ids)
+            ids[row, :n] = torch.tensor(f.input_ids)
+            mask[row, :n] = torch.tensor(f.attention_mask)
+            if types is not None:
+                types[row, :n] = torch.tensor(f.token_type_ids)
+        outputs = self.forward(ids.to(device), mask.to(device), types.to(device) if types is not None else None)
+        for row, f in enumerate(batch):
+            n = len(f.input_ids)
+            f.outputs = {k: (v[row, :n] if k in self.token_outputs else v[row]).float().cpu()
+                         for k, v in outputs.items()}
+
+    # --- helpers for tasks --------------------------------------------------------------------------------
+
+    def encode(self, *args: Any, **kwargs: Any) -> list[Feature]:
+        """Tokenize one item into its rows (several when it overflows into windows)."""
+        enc = self.tokenizer(*args, return_token_type_ids="token_type_ids" in self.tokenizer.model_input_names,
+                             return_attention_mask=True, **kwargs)
+        rows = enc["input_ids"]
+        if rows and isinstance(rows[0], int):  # one row, no batch axis
+            enc = {k: [v] for k, v in enc.items()} | {"_encodings": enc.encodings}
+        else:
+            enc = dict(enc) | {"_encodings": enc.encodings}
+        out = []
+        for r in range(len(enc["input_ids"])):
+            data = {k: enc[k][r] for k in ("offset_mapping", "special_tokens_mask") if k in enc}
+            data["encoding"] = enc["_encodings"][r]
+            out.append(Feature(item=-1, input_ids=enc["input_ids"][r], attention_mask=enc["attention_mask"][r],
+                               token_type_ids=enc["token_type_ids"][r] if "token_type_ids" in enc else None,
+                               data=data))
+        return out
+
+
+@dataclass
+class _Failed:
+    error: PipelineInputError
+    entry: dict[str, Any]
+
+
+def model_max_positions(model: PreTrainedEncoder) -> int | None:
+    """How many tokens the model's absolute position table holds (None: no such limit)."""
+    embeddings = getattr(model.body, "embeddings", None)
+    table = getattr(embeddings, "position", None)
+    if table is None or not hasattr(table, "num_embeddings"):
+        return None
+    offset = 0
+    if getattr(embeddings, "positions_offset_by_padding", False):  # RoBERTa: positions start at pad_token_id + 1
+        offset = (getattr(embeddings, "pad_token_id", 0) or 0) + 1
+    return table.num_embeddings - offset
+
+
+def softmax_np(x: Any) -> Any:
+    """transformers' numpy softmax over the last axis (max-shifted)."""
+    import numpy as np
+
+    shifted = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def sigmoid_np(x: Any) -> Any:
+    import numpy as np
+
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def positive_int(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
+

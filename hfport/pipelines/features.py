@@ -1,0 +1,69 @@
+"""feature-extraction: per-token hidden states as transformers' FeatureExtractionPipeline returns them, or
+sentence embeddings with pooling="mean"|"cls" (+ normalize=True): sentence-transformers' Pooling + Normalize."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .base import Feature, Pipeline, check_text
+
+POOLINGS = (None, "mean", "cls")
+
+
+class FeatureExtractionPipeline(Pipeline):
+    task = "feature-extraction"
+    model_task = "base"
+    token_outputs = ("last_hidden_state",)
+    # truncation/max_length/tokenize_kwargs go to the tokenizer; return_tensors gives tensors instead of lists
+    defaults: ClassVar[dict[str, Any]] = {"truncation": None, "max_length": None, "tokenize_kwargs": None,
+                                          "return_tensors": False, "pooling": None, "normalize": False}
+
+    def validate(self, opts: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+        if opts["pooling"] not in POOLINGS:
+            raise ValueError(f"pooling={opts['pooling']!r}: use one of {list(POOLINGS)}")
+        if opts["normalize"] and opts["pooling"] is None:
+            raise ValueError("normalize=True normalizes sentence embeddings: give pooling='mean' or 'cls' too")
+        kwargs = dict(opts["tokenize_kwargs"] or {})
+        allowed = {"truncation", "max_length", "padding", "add_special_tokens", "stride"}
+        if set(kwargs) - allowed:
+            raise ValueError(f"tokenize_kwargs: unknown {sorted(set(kwargs) - allowed)}; valid: {sorted(allowed)}")
+        for name in ("truncation", "max_length"):
+            if opts[name] is not None:
+                if name in kwargs:
+                    raise ValueError(f"{name} given twice (as an option and in tokenize_kwargs)")
+                kwargs[name] = opts[name]
+        opts["_tokenize"] = kwargs
+        return opts
+
+    def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
+        if isinstance(inputs, str):
+            return [inputs], True
+        if isinstance(inputs, (list, tuple)):
+            return list(inputs), False
+        raise ValueError(f"feature-extraction takes a text or a list of texts; got {type(inputs).__name__}")
+
+    def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
+        return self.encode(check_text(item), **opts["_tokenize"])[:1]
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return {"last_hidden_state": out.last_hidden_state}  # (B, T, C)
+
+    def postprocess(self, item: str, features: list[Feature], opts: dict[str, Any]) -> Any:
+        f = features[0]
+        hidden = f.outputs["last_hidden_state"]  # (T, C), this row's own tokens
+        if opts["pooling"] is None:
+            out = hidden[None]  # (1, T, C): transformers keeps the batch axis of one
+        else:
+            if opts["pooling"] == "cls":
+                out = hidden[0]  # (C,)
+            else:  # mean over the attended tokens, as sentence-transformers' Pooling
+                mask = torch.tensor(f.attention_mask, dtype=hidden.dtype)[:, None]  # (T, 1)
+                out = (hidden * mask).sum(0) / mask.sum(0).clamp(min=1e-9)  # (C,)
+            if opts["normalize"]:
+                out = F.normalize(out, p=2, dim=-1)
+        return out if opts["return_tensors"] else out.tolist()
