@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -134,7 +134,7 @@ def _label_kind(value: Any) -> str:
 
 @dataclass
 class LabelSpace:
-    problem_type: str
+    problem_type: str | None  # None outside sequence classification
     id2label: dict[int, str]
 
     @property
@@ -210,6 +210,7 @@ class Features:
     token_type_ids: list[int] | None
     target: Any
     source: tuple[str, int] = ("", 0)  # file, line
+    meta: dict[str, Any] = field(default_factory=dict)  # what evaluation needs besides the target (offsets...)
 
 
 @dataclass
@@ -219,43 +220,6 @@ class EncodedData:
     space: LabelSpace | None
     pad_token_id: int
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def read_classification(config: Any, tokenizer: Callable, model_id2label: dict[int, str] | None) -> EncodedData:
-    """Text classification: text (+ text_pair) and label (name, id, float, or list of names)."""
-    train_path = Path(config.train)
-    train_records = read_records(train_path)
-    if config.eval:
-        eval_path: Path | None = Path(config.eval)
-        eval_records = read_records(eval_path)
-    else:
-        eval_path, eval_records = None, []
-    columns = [config.text_column, config.label_column] + ([config.text_pair_column] if config.text_pair_column else [])
-    for path, records in ((train_path, train_records), (eval_path, eval_records)):
-        for r in records:
-            for c in columns:
-                value = field_of(r, c, path)
-                if c != config.label_column and (not isinstance(value, str) or not value.strip()):
-                    raise DataError(f"{where(path, r.line, c)}: expected non-empty text, got {value!r}")
-    space = infer_label_space([(r.values[config.label_column], r.line) for r in train_records], train_path,
-                              config.label_column, config.problem_type, model_id2label)
-
-    def encode(path: Path, records: list[Record]) -> list[Features]:
-        targets = [encode_label(r.values[config.label_column], space, path, r.line, config.label_column)
-                   for r in records]
-        texts = [r.values[config.text_column] for r in records]
-        pairs = [r.values[config.text_pair_column] for r in records] if config.text_pair_column else None
-        enc = tokenizer(texts, text_pair=pairs, truncation=True, max_length=config.max_length)
-        types = enc.get("token_type_ids")
-        return [Features(enc["input_ids"][i], types[i] if types is not None else None, targets[i], (str(path), r.line))
-                for i, r in enumerate(records)]
-
-    train = encode(train_path, train_records)
-    if eval_path is not None:
-        evaluation = encode(eval_path, eval_records)
-    else:
-        train, evaluation = split_off(train, config.eval_fraction, config.seed)
-    return EncodedData(train, evaluation, space, tokenizer.pad_token_id)
 
 
 def split_off(items: list[Features], fraction: float, seed: int) -> tuple[list[Features], list[Features]]:
@@ -278,8 +242,8 @@ def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool 
     return [order[i:i + batch_size] for i in range(0, n, batch_size)]
 
 
-def collate(items: list[Features], pad_token_id: int, problem_type: str | None) -> dict[str, torch.Tensor]:
-    """Dynamic padding to the longest example in the batch."""
+def pad_ids(items: list[Features], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask (and token_type_ids) padded to the longest example in the batch."""
     t = max(len(x.input_ids) for x in items)
     b = len(items)
     ids = torch.full((b, t), pad_token_id, dtype=torch.long)  # (B, T)
@@ -294,8 +258,6 @@ def collate(items: list[Features], pad_token_id: int, problem_type: str | None) 
     batch = {"input_ids": ids, "attention_mask": mask}
     if types is not None:
         batch["token_type_ids"] = types
-    dtype = torch.float if problem_type in ("regression", "multi_label_classification") else torch.long
-    batch["labels"] = torch.tensor([x.target for x in items], dtype=dtype)
     return batch
 
 

@@ -19,20 +19,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from .. import hub
 from ..errors import ConfigError
-from ..heads import question_answering_loss
 from ..modeling import TASK_CLASSES
 from .checkpoint import latest_checkpoint, load_checkpoint, prune, restore_rng, save_checkpoint
 from .config import FinetuneConfig
-from .data import EncodedData, collate, epoch_batches, read_classification, steps_per_epoch
-from .optim import build_optimizer, build_scheduler, freeze, PlateauWithWarmup
+from .data import EncodedData, epoch_batches, steps_per_epoch
+from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
+from .tasks import get_task
 
 log = logging.getLogger("hfport.train")
 
-READERS: dict[str, Callable[..., EncodedData]] = {"sequence-classification": read_classification}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "spiece.model", "sentencepiece.bpe.model", "spm.model", "added_tokens.json")
 RUN_FILES = ("metrics.jsonl", "summary.json", "report.html", "checkpoints", "best", "final")
@@ -45,7 +43,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     from accelerate.utils import set_seed
 
     from ..tokenizer import AutoTokenizer
-    from .metrics import EarlyStopping, compute_metrics
+    from .metrics import EarlyStopping
 
     if isinstance(config, dict):
         config = FinetuneConfig(**config)
@@ -65,8 +63,8 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     source = hub.resolve(config.model)
     tokenizer = AutoTokenizer.from_pretrained(source)
     model_cls = TASK_CLASSES[config.task]
-    head_labels = _source_labels(source)
-    data = READERS[config.task](config, tokenizer, head_labels)
+    task = get_task(config.task)
+    data = task.read(config, tokenizer, _source_labels(source))
     global_batch = config.batch_size * world
     n_batches = len(epoch_batches(len(data.train), global_batch, config.seed, 0))
     if len(data.train) < global_batch:
@@ -74,7 +72,9 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                           f"(batch_size {config.batch_size} x {world} process(es)); lower --batch-size")
     label_kwargs = {}
     if data.space is not None:
-        label_kwargs = {"id2label": data.space.id2label, "problem_type": data.space.problem_type}
+        label_kwargs = {"id2label": data.space.id2label}
+        if data.space.problem_type:
+            label_kwargs["problem_type"] = data.space.problem_type
     model = model_cls.from_pretrained(source, ignore_mismatched_sizes=True, **label_kwargs)
     frozen = freeze(model, config.freeze)
     model.train()
@@ -118,31 +118,20 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         """Loss weighted by example count, then the task metrics; model.eval() + inference_mode, then back."""
         model.eval()
         mine = list(range(rank, len(data.eval), world))
-        rows: list[tuple[int, Any, Any, float, int]] = []
+        rows: list[tuple[int, float, Any]] = []  # (example index, its batch's mean loss, task row)
         with torch.inference_mode():
             for start in range(0, len(mine), config.batch_size):
                 idx = mine[start:start + config.batch_size]
-                batch = to_device(collate([data.eval[i] for i in idx], data.pad_token_id, _problem(data)),
-                                  accelerator.device)
+                items = [data.eval[i] for i in idx]
+                batch = to_device(task.collate(items, data, seed=config.seed + start), accelerator.device)
                 with accelerator.autocast():
                     outputs = model(**model_inputs(batch))
-                loss = task_loss(config.task, _problem(data), outputs, batch, None, 0.0)
-                logits = outputs.logits.float().cpu()
-                for k, i in enumerate(idx):
-                    rows.append((i, logits[k].numpy(), batch["labels"][k].cpu().numpy(), loss.item(), len(idx)))
+                loss = task.loss(outputs, batch, data, None, 0.0).item()
+                rows += [(i, loss, row) for i, row in zip(idx, task.eval_rows(outputs, batch, items, data))]
         everything = sorted(sum(accelerator.gather_object([rows]), []) if world > 1 else rows, key=lambda r: r[0])
         model.train()
-        n = len(everything)
-        mean_loss = sum(r[3] for r in everything) / n  # each row carries its batch's mean: example-weighted
-        import numpy as np
-
-        predictions, labels = np.stack([r[1] for r in everything]), np.stack([r[2] for r in everything])
-        if _problem(data) == "regression":
-            predictions = predictions.reshape(-1)  # (N, 1) logits -> (N,) values
-        names = [unwrapped.config.id2label[i] for i in range(unwrapped.config.num_labels)]
-        metrics = compute_metrics(config.task, _problem(data), predictions=predictions, labels=labels,
-                                  num_labels=len(names), label_names=names)
-        return {"loss": mean_loss, **metrics}
+        mean_loss = sum(r[1] for r in everything) / len(everything)
+        return {"loss": mean_loss, **task.metrics([r[2] for r in everything], data, unwrapped.config.id2label)}
 
     def checkpoint() -> None:
         if main:
@@ -178,14 +167,14 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
             step_loss = torch.zeros((), device=accelerator.device)
             for k, global_idx in enumerate(group):
                 mine = global_idx[rank::world]  # this process's share of the global batch
-                batch = to_device(collate([data.train[i] for i in mine], data.pad_token_id, _problem(data)),
-                                  accelerator.device)
+                # the seed names the micro-batch (and rank), so masking repeats exactly after a resume
+                seed = ((config.seed * 1_000_003 + state["step"]) * 1009 + k) * 1009 + rank
+                batch = to_device(task.collate([data.train[i] for i in mine], data, seed), accelerator.device)
                 sync = k == len(group) - 1
                 with (accelerator.no_sync(model) if not sync and world > 1 else _null()):
                     with accelerator.autocast():
                         outputs = model(**model_inputs(batch))
-                        loss = task_loss(config.task, _problem(data), outputs, batch, class_weights,
-                                         config.label_smoothing)
+                        loss = task.loss(outputs, batch, data, class_weights, config.label_smoothing)
                     accelerator.backward(loss / len(group))
                 step_loss += loss.detach().float() / len(group)
                 tokens_done += int(batch["attention_mask"].sum()) * world
@@ -295,21 +284,6 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Everything but the targets: the loss is computed here, with the run's smoothing and weights."""
     return {k: v for k, v in batch.items() if k not in ("labels", "start_positions", "end_positions")}
-
-
-def task_loss(task: str, problem_type: str | None, outputs: Any, batch: dict[str, torch.Tensor],
-              class_weights: torch.Tensor | None, label_smoothing: float) -> torch.Tensor:
-    if task == "question-answering":
-        return question_answering_loss(outputs.start_logits, outputs.end_logits, batch["start_positions"],
-                                       batch["end_positions"])
-    logits, labels = outputs.logits.float(), batch["labels"]
-    if problem_type == "regression":
-        return F.mse_loss(logits.squeeze(-1), labels)
-    if problem_type == "multi_label_classification":
-        return F.binary_cross_entropy_with_logits(logits, labels, pos_weight=None)
-    weight = class_weights.to(logits.device) if class_weights is not None else None
-    return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), weight=weight,
-                           ignore_index=-100, label_smoothing=label_smoothing)
 
 
 class _null:
