@@ -33,6 +33,18 @@ class FinetuneConfig(BaseModel):
     label_column: str = "label"
     problem_type: Literal["single_label_classification", "multi_label_classification", "regression"] | None = None
     max_length: int = Field(256, ge=8)
+    # token classification
+    tokens_column: str = "tokens"
+    tags_column: str = "tags"
+    label_all_subtokens: bool = Field(False, description="label every sub-token of a word, not only the first")
+    # question answering
+    question_column: str = "question"
+    context_column: str = "context"
+    answers_column: str = "answers"
+    doc_stride: int = Field(128, ge=0, description="tokens shared by consecutive windows of a long context")
+    max_answer_length: int = Field(30, ge=1, description="longest answer span (tokens) evaluation may pick")
+    # masked LM
+    mlm_probability: float = Field(0.15, gt=0, lt=1, description="fraction of tokens chosen for masking")
     # schedule
     epochs: float = Field(3.0, gt=0)
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
@@ -77,6 +89,8 @@ class FinetuneConfig(BaseModel):
     def _check(self) -> FinetuneConfig:
         if self.eval_strategy == "steps" and self.eval_steps is None:
             raise ValueError("eval_strategy 'steps' needs eval_steps")
+        if self.task == "question-answering" and self.doc_stride >= self.max_length:
+            raise ValueError(f"doc_stride ({self.doc_stride}) must be smaller than max_length ({self.max_length})")
         return self
 
     def default_metric(self) -> tuple[str, str]:

@@ -1,0 +1,132 @@
+"""Masked language modelling: raw text, masked afresh in every batch (BERT's 15% with 80/10/10).
+
+The masking draws from a torch.Generator seeded with the batch's seed, which the loop derives from (run seed,
+step, micro-batch, rank): the same batch is masked the same way after a resume, and evaluation, whose batch
+seeds are fixed, sees the same masks at every eval, so its perplexities are comparable across the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...errors import ConfigError
+from ..data import DataError, EncodedData, Features, _decoded_lines, field_of, pad_ids, read_records, split_off, \
+    where
+from ..metrics import compute_metrics
+from . import TrainTask, register
+
+IGNORE = -100
+
+
+def read_texts(path: Path, text_column: str) -> list[tuple[str, int]]:
+    """(text, line): a .txt file's non-blank lines, or a JSONL/CSV file's text column."""
+    if path.suffix.lower() != ".txt":
+        return [(_checked(field_of(r, text_column, path), path, r.line, text_column), r.line)
+                for r in read_records(path)]
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    texts = [(text.strip(), number) for number, text in _decoded_lines(path) if text.strip()]
+    if not texts:
+        raise DataError(f"{path}: the file has no examples")
+    return texts
+
+
+def _checked(value: Any, path: Path, line: int, column: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where(path, line, column)}: expected non-empty text, got {value!r}")
+    return value
+
+
+def mask_tokens(input_ids: torch.Tensor, maskable: torch.Tensor, generator: torch.Generator, mask_token_id: int,
+                vocab_size: int, probability: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's masking: each maskable token is chosen with `probability`; of the chosen, 80% become [MASK], 10% a
+    random token, 10% stay. Every row with a maskable token gets at least one chosen, so no row (and no
+    batch) is left with nothing to predict.
+
+    input_ids, maskable: (B, T); returns (corrupted ids (B, T), labels (B, T): the original id where chosen,
+    else -100)."""
+    chosen = (torch.rand(input_ids.shape, generator=generator) < probability) & maskable  # (B, T)
+    # a row that drew nothing gets one of its maskable tokens, picked uniformly
+    empty = ~chosen.any(dim=1) & maskable.any(dim=1)  # (B,)
+    if empty.any():
+        noise = torch.rand(input_ids.shape, generator=generator).masked_fill(~maskable, -1.0)  # (B, T)
+        pick = F.one_hot(noise.argmax(dim=1), input_ids.shape[1]).bool()  # (B, T)
+        chosen |= pick & empty[:, None]
+    labels = input_ids.masked_fill(~chosen, IGNORE)  # (B, T)
+    roll = torch.rand(input_ids.shape, generator=generator)  # (B, T): one draw decides mask / random / keep
+    to_mask = chosen & (roll < 0.8)
+    to_random = chosen & (roll >= 0.8) & (roll < 0.9)
+    random_ids = torch.randint(vocab_size, input_ids.shape, generator=generator)  # (B, T)
+    corrupted = input_ids.masked_fill(to_mask, mask_token_id)
+    corrupted = torch.where(to_random, random_ids, corrupted)
+    return corrupted, labels
+
+
+class MaskedLM(TrainTask):
+    name = "masked-lm"
+
+    def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
+        if tokenizer.mask_token_id is None:
+            raise ConfigError(f"{config.model}: the tokenizer has no mask token, so it cannot be trained as a masked "
+                              "LM")
+        encoded = []
+        for path in [Path(config.train)] + ([Path(config.eval)] if config.eval else []):
+            texts = read_texts(path, config.text_column)
+            enc = tokenizer([t for t, _ in texts], truncation=True, max_length=config.max_length,
+                            return_special_tokens_mask=True)
+            types = enc.get("token_type_ids")
+            encoded.append([Features(enc["input_ids"][i], types[i] if types is not None else None, None,
+                                     (str(path), line), {"special": enc["special_tokens_mask"][i]})
+                            for i, (_, line) in enumerate(texts)])
+        train = encoded[0]
+        evaluation = encoded[1] if config.eval else []
+        if not config.eval:
+            train, evaluation = split_off(train, config.eval_fraction, config.seed)
+        extra = {"mask_token_id": tokenizer.mask_token_id, "vocab_size": len(tokenizer),
+                 "probability": config.mlm_probability}
+        return EncodedData(train, evaluation, None, tokenizer.pad_token_id, extra)
+
+    def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
+        batch = pad_ids(items, data.pad_token_id)
+        special = torch.ones_like(batch["input_ids"], dtype=torch.bool)  # (B, T): padding counts as special
+        for i, x in enumerate(items):
+            special[i, :len(x.input_ids)] = torch.tensor(x.meta["special"], dtype=torch.bool)
+        generator = torch.Generator().manual_seed(seed % 2**63)
+        batch["input_ids"], batch["labels"] = mask_tokens(batch["input_ids"], ~special, generator,
+                                                          data.extra["mask_token_id"], data.extra["vocab_size"],
+                                                          data.extra["probability"])
+        return batch
+
+    def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
+             label_smoothing: float) -> torch.Tensor:
+        logits = outputs.logits.float()  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE,
+                               label_smoothing=label_smoothing)
+
+    def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                  data: EncodedData) -> list[Any]:
+        """(summed loss, masked count, correct predictions) per example: no (T, V) logits kept."""
+        logits = outputs.logits.float()  # (B, T, V)
+        labels = batch["labels"]  # (B, T)
+        token_loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
+                                     reduction="none").view(labels.shape)  # (B, T), 0 where ignored
+        masked = labels != IGNORE  # (B, T)
+        correct = (logits.argmax(-1) == labels) & masked  # (B, T)
+        return [(float(token_loss[i].sum()), int(masked[i].sum()), int(correct[i].sum())) for i in range(len(items))]
+
+    def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
+        # token-weighted: every masked token counts the same, however the batches fell
+        total_loss = sum(r[0] for r in rows)
+        count = sum(r[1] for r in rows)
+        if count == 0:
+            raise DataError("masked-lm evaluation masked no token: the eval texts hold only special tokens")
+        out = compute_metrics(self.name, loss=total_loss / count)
+        out["accuracy"] = sum(r[2] for r in rows) / count
+        return out
+
+
+register(MaskedLM())

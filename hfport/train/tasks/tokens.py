@@ -1,0 +1,228 @@
+"""Token classification (NER, POS...): JSONL with token and tag lists, or CoNLL files; entity-level metrics.
+
+Tags belong to words; the model sees sub-tokens. Each word's tag goes to its first sub-token (or, with
+`label_all_subtokens`, to all of them, a B- tag turning into I- after the first, as transformers' run_ner
+does); special tokens and the other sub-tokens get -100, which the loss ignores. Evaluation always scores
+one tag per word (the first sub-token's), so the entity counts do not depend on how words split.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...errors import ConfigError
+from ..data import DataError, EncodedData, Features, LabelSpace, _decoded_lines, field_of, pad_ids, read_records, \
+    split_off, where
+from ..metrics import compute_metrics
+from . import TrainTask, register
+
+log = logging.getLogger("hfport.train")
+
+IGNORE = -100
+CONLL_SUFFIXES = (".conll", ".txt")
+
+
+# --- reading ---------------------------------------------------------------------------------------------------
+
+
+class Sentence:
+    """One example: words, their tags, and where each tag was read (for errors that point at it)."""
+
+    def __init__(self, tokens: list[str], tags: list[str], line: int, tag_lines: list[int], tag_field: str):
+        self.tokens, self.tags, self.line = tokens, tags, line
+        self.tag_lines = tag_lines  # the line each tag came from (CoNLL: one per token; JSONL: the record's)
+        self.tag_field = tag_field
+
+
+def read_conll(path: Path) -> list[Sentence]:
+    """One token per line, its tag in the last column; a blank line ends a sentence; -DOCSTART- lines skipped."""
+    sentences: list[Sentence] = []
+    tokens: list[str] = []
+    tags: list[str] = []
+    lines: list[int] = []
+
+    def flush() -> None:
+        if tokens:
+            sentences.append(Sentence(list(tokens), list(tags), lines[0], list(lines), "tag"))
+        tokens.clear(), tags.clear(), lines.clear()
+
+    for number, text in _decoded_lines(path):
+        columns = text.split()
+        if not columns:
+            flush()
+            continue
+        if columns[0] == "-DOCSTART-":
+            flush()
+            continue
+        if len(columns) < 2:
+            raise DataError(f"{where(path, number, 'tag')}: expected a token and a tag (whitespace-separated), "
+                            f"got {text.strip()!r}")
+        tokens.append(columns[0])
+        tags.append(columns[-1])
+        lines.append(number)
+    flush()
+    if not sentences:
+        raise DataError(f"{path}: the file has no examples")
+    return sentences
+
+
+def read_jsonl(path: Path, tokens_column: str, tags_column: str) -> list[Sentence]:
+    sentences = []
+    for r in read_records(path):
+        tokens = field_of(r, tokens_column, path, list)
+        tags = field_of(r, tags_column, path, list)
+        if not tokens:
+            raise DataError(f"{where(path, r.line, tokens_column)}: the token list is empty")
+        if len(tokens) != len(tags):
+            raise DataError(f"{where(path, r.line, tags_column)}: {len(tags)} tags for {len(tokens)} tokens")
+        for k, token in enumerate(tokens):
+            # a blank word would get no sub-token, and its tag nowhere to go
+            if not isinstance(token, str) or not token.strip():
+                raise DataError(f"{where(path, r.line, tokens_column)}: token {k} must be a non-empty string, "
+                                f"got {token!r}")
+        for k, tag in enumerate(tags):
+            if isinstance(tag, bool) or not isinstance(tag, (str, int)) or (isinstance(tag, str) and not tag.strip()):
+                raise DataError(f"{where(path, r.line, tags_column)}: tag {k} must be a name or an id, got {tag!r}")
+        sentences.append(Sentence(tokens, [str(t).strip() for t in tags], r.line, [r.line] * len(tags),
+                                  tags_column))
+    return sentences
+
+
+def read_sentences(path: Path, config: Any) -> list[Sentence]:
+    if path.suffix.lower() in CONLL_SUFFIXES:
+        if not path.is_file():
+            raise DataError(f"{path}: no such file")
+        return read_conll(path)
+    return read_jsonl(path, config.tokens_column, config.tags_column)
+
+
+def tag_space(sentences: list[Sentence], model_id2label: dict[int, str] | None) -> tuple[LabelSpace, dict[str, int]]:
+    """(label space, tag as written -> id). Tag names are sorted; integer tags (a datasets export) keep their
+    ids, named by the model's labels when it has as many non-default ones, else by the ids themselves."""
+    names = sorted({t for s in sentences for t in s.tags})
+    if all(t.isdigit() for t in names):
+        n = max(int(t) for t in names) + 1
+        tag_ids = {str(i): i for i in range(n)}
+        if model_id2label and len(model_id2label) == n and any(v != f"LABEL_{k}" for k, v in model_id2label.items()):
+            return LabelSpace(None, dict(model_id2label)), tag_ids
+        return LabelSpace(None, {i: str(i) for i in range(n)}), tag_ids
+    return LabelSpace(None, dict(enumerate(names))), {name: i for i, name in enumerate(names)}
+
+
+# --- alignment -------------------------------------------------------------------------------------------------
+
+
+def align_labels(word_ids: list[int | None], word_labels: list[int], label_all_subtokens: bool = False,
+                 b_to_i: dict[int, int] | None = None) -> tuple[list[int], list[int]]:
+    """(labels per sub-token, positions of each word's first sub-token).
+
+    word_ids: the tokenizer's word index per token (None for special tokens); word_labels: one id per word.
+    Sub-tokens after a word's first get -100, or with label_all_subtokens the word's label (B- -> I- via b_to_i)."""
+    labels, first = [], []
+    previous = None
+    for position, word in enumerate(word_ids):
+        if word is None:
+            labels.append(IGNORE)
+        elif word != previous:
+            labels.append(word_labels[word])
+            first.append(position)
+        elif label_all_subtokens:
+            label = word_labels[word]
+            labels.append((b_to_i or {}).get(label, label))
+        else:
+            labels.append(IGNORE)
+        previous = word
+    return labels, first
+
+
+def _b_to_i(id2label: dict[int, str]) -> dict[int, int]:
+    """B-X id -> I-X id, where the tag set has both."""
+    label2id = {v: k for k, v in id2label.items()}
+    return {i: label2id["I-" + name[2:]] for i, name in id2label.items()
+            if name.startswith("B-") and "I-" + name[2:] in label2id}
+
+
+# --- the task --------------------------------------------------------------------------------------------------
+
+
+class TokenClassification(TrainTask):
+    name = "token-classification"
+
+    def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
+        if config.class_weights == "balanced":
+            # the loop's "balanced" counts one label per example; per-token counts would need the task's own
+            raise ConfigError("class_weights 'balanced' is for sequence classification; for token classification "
+                              "pass one weight per tag, in id2label order")
+        train_path = Path(config.train)
+        train = read_sentences(train_path, config)
+        eval_path = Path(config.eval) if config.eval else None
+        evaluation = read_sentences(eval_path, config) if eval_path else []
+        space, label2id = tag_space(train, model_id2label)
+        b_to_i = _b_to_i(space.id2label)
+
+        def encode(path: Path, sentences: list[Sentence]) -> list[Features]:
+            for s in sentences:  # every unknown tag found before any encoding
+                for tag, line in zip(s.tags, s.tag_lines):
+                    if tag not in label2id:
+                        raise DataError(f"{where(path, line, s.tag_field)}: unknown tag {tag!r}; the training "
+                                        f"tags are {sorted(label2id)}")
+            enc = tokenizer([s.tokens for s in sentences], is_split_into_words=True, truncation=True,
+                            max_length=config.max_length)
+            types = enc.get("token_type_ids")
+            out = []
+            cut = 0
+            for i, s in enumerate(sentences):
+                cut += len(s.tokens) - 1 not in enc.word_ids(i)
+                labels, first = align_labels(enc.word_ids(i), [label2id[t] for t in s.tags],
+                                             config.label_all_subtokens, b_to_i)
+                out.append(Features(enc["input_ids"][i], types[i] if types is not None else None, labels,
+                                    (str(path), s.line), {"first": first}))
+            if cut:  # their last words are neither trained on nor scored
+                log.warning("%s: %d of %d sentences are longer than max_length %d tokens and were cut", path, cut,
+                            len(sentences), config.max_length)
+            return out
+
+        train_features = encode(train_path, train)
+        if eval_path is not None:
+            eval_features = encode(eval_path, evaluation)
+        else:
+            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
+        return EncodedData(train_features, eval_features, space, tokenizer.pad_token_id)
+
+    def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
+        batch = pad_ids(items, data.pad_token_id)
+        labels = torch.full_like(batch["input_ids"], IGNORE)  # (B, T): padding is ignored too
+        for i, x in enumerate(items):
+            labels[i, :len(x.target)] = torch.tensor(x.target)
+        batch["labels"] = labels
+        return batch
+
+    def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
+             label_smoothing: float) -> torch.Tensor:
+        logits = outputs.logits.float()  # (B, T, L)
+        weight = class_weights.to(logits.device) if class_weights is not None else None
+        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), weight=weight,  # (B*T, L), (B*T,)
+                               ignore_index=IGNORE, label_smoothing=label_smoothing)
+
+    def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                  data: EncodedData) -> list[Any]:
+        """(predicted ids, gold ids) at each word's first sub-token: small, whatever the vocabulary of tags."""
+        predicted = outputs.logits.argmax(-1).cpu().numpy()  # (B, T)
+        rows = []
+        for i, x in enumerate(items):
+            first = x.meta["first"]
+            rows.append((predicted[i, first], np.asarray(x.target)[first]))
+        return rows
+
+    def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
+        return compute_metrics(self.name, predictions=[r[0] for r in rows], labels=[r[1] for r in rows],
+                               id2label=id2label)
+
+
+register(TokenClassification())
