@@ -267,7 +267,7 @@ def test_question_answering_v2_learns_to_abstain(model_dir, tmp_path):
     assert 8 <= n_impossible <= 28
     cfg = config(model_dir, tmp_path, "question-answering", tmp_path / "train.json", tmp_path / "eval.json",
                  epochs=4, max_length=32, doc_stride=8)
-    summary = finetune(cfg, progress=False)
+    finetune(cfg, progress=False)
     losses, evals = curves(tmp_path / "run")
     print(f"question-answering v2: loss {mean(losses[:5]):.3f} -> {mean(losses[-5:]):.3f}, eval {evals[-1]}")
     assert mean(losses[-5:]) < 0.5 * mean(losses[:5]), losses

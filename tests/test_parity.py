@@ -13,7 +13,7 @@ import torch
 
 import hfport
 from tests import grid
-from tests.tiny import FAMILY_CONFIGS, HEADS, NUM_LABELS, VOCAB, batch, save_hf
+from tests.tiny import FAMILY_CONFIGS, HEADS, NUM_LABELS, batch, save_hf
 
 ATOL, RTOL = 1e-5, 1.3e-6
 FAMILIES = list(FAMILY_CONFIGS)

@@ -106,8 +106,16 @@ class Pipeline:
 
     # --- the steps a task fills in ------------------------------------------------------------------------
 
+    single_input: tuple[type, ...] = (str,)  # what one input is; a list or tuple of them is a batch
+    input_description = "a text or a list of texts"
+
     def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
-        raise NotImplementedError
+        """(items, whether the caller gave a single input)."""
+        if isinstance(inputs, self.single_input):
+            return [inputs], True
+        if isinstance(inputs, (list, tuple)):
+            return list(inputs), False
+        raise ValueError(f"{self.task} takes {self.input_description}; got {type(inputs).__name__}")
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         raise NotImplementedError

@@ -28,13 +28,8 @@ class TextClassificationPipeline(Pipeline):
         opts["_legacy"] = "top_k" not in given  # transformers' output shape depends on whether top_k was given
         return opts
 
-    def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
-        if isinstance(inputs, (str, dict)):
-            return [inputs], True
-        if isinstance(inputs, (list, tuple)):
-            return list(inputs), False
-        raise ValueError("text-classification takes a text, a {'text', 'text_pair'} dict, or a list of them; got "
-                         f"{type(inputs).__name__}")
+    single_input = (str, dict)
+    input_description = "a text, a {'text', 'text_pair'} dict, or a list of them"
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         kwargs = {"truncation": opts["truncation"], "max_length": opts["max_length"]}

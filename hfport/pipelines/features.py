@@ -39,13 +39,6 @@ class FeatureExtractionPipeline(Pipeline):
         opts["_tokenize"] = kwargs
         return opts
 
-    def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
-        if isinstance(inputs, str):
-            return [inputs], True
-        if isinstance(inputs, (list, tuple)):
-            return list(inputs), False
-        raise ValueError(f"feature-extraction takes a text or a list of texts; got {type(inputs).__name__}")
-
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         return self.encode(check_text(item), **opts["_tokenize"])[:1]
 

@@ -51,13 +51,6 @@ class FillMaskPipeline(Pipeline):
             raise ValueError(f"targets {targets!r}: none of them maps to a token")
         return ids
 
-    def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
-        if isinstance(inputs, str):
-            return [inputs], True
-        if isinstance(inputs, (list, tuple)):
-            return list(inputs), False
-        raise ValueError(f"fill-mask takes a text or a list of texts; got {type(inputs).__name__}")
-
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         text = check_text(item)
         rows = self.encode(text)

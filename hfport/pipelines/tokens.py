@@ -44,13 +44,6 @@ class TokenClassificationPipeline(Pipeline):
                                  'aggregation_strategy "simple", "first", "average" or "max", not "none"')
         return opts
 
-    def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
-        if isinstance(inputs, str):
-            return [inputs], True
-        if isinstance(inputs, (list, tuple)):
-            return list(inputs), False
-        raise ValueError(f"token-classification takes a text or a list of texts; got {type(inputs).__name__}")
-
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         text = check_text(item)
         extra: dict[str, Any] = {}
