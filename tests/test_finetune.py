@@ -268,3 +268,10 @@ def test_early_stopping_stops(workdir, tmp_path):
     summary = finetune(base_config(workdir, tmp_path / "run", epochs=10, eval_strategy="steps", eval_steps=2,
                                    early_stopping_patience=1, early_stopping_threshold=10.0), progress=False)
     assert summary["stopped_early"] and summary["steps"] == 4 and summary["best_step"] == 2
+
+
+def test_stops_when_the_metric_has_converged(workdir, tmp_path):
+    """converged_window 2 with a generous tolerance: stop as soon as two evals agree."""
+    summary = finetune(base_config(workdir, tmp_path / "run", epochs=10, eval_strategy="steps", eval_steps=2,
+                                   converged_window=2, converged_tolerance=1.0), progress=False)
+    assert summary["steps"] == 4

@@ -75,6 +75,9 @@ class FinetuneConfig(BaseModel):
     metric_mode: Literal["max", "min"] | None = None
     early_stopping_patience: int | None = Field(None, ge=1)
     early_stopping_threshold: float = Field(0.0, ge=0)
+    converged_window: int | None = Field(None, ge=2, description="stop once the last N evals of the metric "
+                                         "span at most converged_tolerance")
+    converged_tolerance: float = Field(1e-4, ge=0)
     save_steps: int | None = Field(None, ge=1)
     save_total_limit: int = Field(2, ge=1)
     logging_steps: int = Field(10, ge=1)

@@ -43,7 +43,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     from accelerate.utils import set_seed
 
     from ..tokenizer import AutoTokenizer
-    from .metrics import EarlyStopping
+    from .metrics import EarlyStopping, MetricHistory
 
     if isinstance(config, dict):
         config = FinetuneConfig(**config)
@@ -153,7 +153,10 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         state["tracker"] = tracker.state_dict()
         if isinstance(scheduler, PlateauWithWarmup):
             scheduler.on_eval(value)
-        return tracker.should_stop
+        history = MetricHistory([tuple(p) for p in state["history"]])
+        converged = bool(config.converged_window and history.converged(config.converged_window,
+                                                                       config.converged_tolerance))
+        return tracker.should_stop or converged
 
     # 4. the loop
     bar = make_progress(total_steps, state["step"], enabled=progress and main)
