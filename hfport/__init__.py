@@ -2,6 +2,7 @@
 
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError, HfportError, ModelNotFoundError
+from .export import ExportError, ExportResult, VerifyReport, export, verify
 from .modeling import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
                        AutoModelForSequenceClassification, AutoModelForTokenClassification, EncoderForMaskedLM,
                        EncoderForQuestionAnswering, EncoderForSequenceClassification, EncoderForTokenClassification,
@@ -22,4 +23,6 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            # tokenizers and pipelines
            "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline",
            # fine-tuning
-           "FinetuneConfig", "finetune"]
+           "FinetuneConfig", "finetune",
+           # export to an HF folder, with proof
+           "ExportError", "ExportResult", "VerifyReport", "export", "verify"]

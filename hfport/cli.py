@@ -210,6 +210,84 @@ def predict(
         typer.echo(json.dumps(result, ensure_ascii=False))
 
 
+def _print_report(report, json_path: Optional[Path]) -> None:
+    typer.echo(report.table())
+    if json_path is not None:
+        typer.echo(f"report written to {json_path}")
+
+
+@app.command()
+def export(
+    src: Annotated[str, typer.Argument(help="A fine-tune output folder (its best/ unless --final), a checkpoint "
+                                            "folder, or a model folder.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The HF folder to write.")],
+    verify: Annotated[bool, typer.Option("--verify", help="Prove the export against SRC with transformers before "
+                                                          "DIR appears; non-zero exit on any failure.")] = False,
+    atol: Annotated[Optional[float], typer.Option(help="Absolute tolerance (default by dtype: fp32 1e-5, fp16 1e-2, "
+                                                       "bf16 5e-2).")] = None,
+    rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2, "
+                                                       "bf16 5e-2).")] = None,
+    dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16: the dtype the weights are stored in.")] = "fp32",
+    max_shard_size: Annotated[str, typer.Option(help="Shard the weights above this size, e.g. 500MB, 2GB.")] = "5GB",
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the verify report here as JSON.")] = None,
+    final: Annotated[bool, typer.Option("--final", help="Export a fine-tune run's final/ instead of best/.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing DIR.")] = False,
+    verbose: Verbose = 0, quiet: Quiet = False,
+) -> None:
+    """Write SRC as a folder transformers loads: config, safetensors weights, tokenizer files and a model card."""
+    setup_logging(verbose, quiet)
+    from .errors import HfportError
+    from .export import VerifyFailed
+    from .export import export as run
+
+    if json_path is not None and not verify:
+        fail("--json writes the verify report: add --verify")
+    try:
+        result = run(src, out, which="final" if final else "best", dtype=dtype, max_shard_size=max_shard_size,
+                     force=force, verify=verify, atol=atol, rtol=rtol, json_path=json_path)
+    except VerifyFailed as e:
+        _print_report(e.report, json_path)
+        fail(f"{out}: the export does not match {e.report.source}; nothing was written")
+        return
+    except (HfportError, ValueError) as e:
+        fail(str(e))
+        return
+    if result.report is not None:
+        _print_report(result.report, json_path)
+    if not quiet:
+        typer.echo(f"exported {result.source} ({result.family}, {result.task}, {result.dtype}) to {result.out}: "
+                   + ", ".join(result.files))
+
+
+@app.command()
+def verify(
+    folder: Annotated[str, typer.Argument(metavar="DIR", help="An exported HF folder.")],
+    source: Annotated[str, typer.Option("--source", help="What DIR was exported from (a fine-tune output folder, "
+                                                          "a checkpoint or a model folder).")],
+    atol: Annotated[Optional[float], typer.Option(help="Absolute tolerance (default by DIR's dtype: fp32 1e-5, "
+                                                       "fp16 1e-2, bf16 5e-2).")] = None,
+    rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by DIR's dtype: fp32 1e-4, "
+                                                       "fp16 1e-2, bf16 5e-2).")] = None,
+    final: Annotated[bool, typer.Option("--final", help="SOURCE is a run: compare with its final/, not best/.")]
+    = False,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report here as JSON.")] = None,
+    verbose: Verbose = 0, quiet: Quiet = False,
+) -> None:
+    """Check that transformers loads DIR cleanly and computes what hfport computes from SOURCE; exit 1 on any FAIL."""
+    setup_logging(verbose, quiet)
+    from .errors import HfportError
+    from .export import verify as run
+
+    try:
+        report = run(folder, source, atol=atol, rtol=rtol, json_path=json_path, which="final" if final else "best")
+    except (HfportError, ValueError, OSError) as e:  # the report itself could not be written
+        fail(str(e))
+        return
+    _print_report(report, json_path)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     import sys
 

@@ -1,0 +1,667 @@
+"""Export to an HF folder that transformers loads, and verify that it computes what hfport computed.
+
+`export(src, out)` reads SRC (a fine-tune output folder, one of its checkpoints, or any model folder hfport loads)
+and writes OUT in the layout transformers writes: config.json (the source config with the trained head's metadata
+and the hfport version), model.safetensors (or shards + index) under transformers' key names, the tokenizer files,
+and a README.md model card. Everything is written into a hidden sibling folder and renamed into place at the end,
+so no failure (a full disk included) leaves a half-written OUT; an existing OUT is only replaced with `force`.
+
+`verify(dir, source)` is the proof, and fails closed: every check that cannot run counts as a failure.
+    load       transformers' AutoModelFor<head> loads DIR (never trust_remote_code) with no missing, unexpected or
+               mismatched keys, as the class config.json names;
+    labels     DIR's id2label / label2id / num_labels equal the source model's;
+    weights    every tensor in DIR equals the source's tensor rounded to DIR's dtype, bit for bit;
+    tokenizer  the exported tokenizer gives the same ids, masks and token types in transformers and in hfport;
+    outputs    hfport's model from SOURCE and transformers' model from DIR run the same probe batches (texts of
+               different lengths with padding; question/context pairs where the tokenizer returns token types or
+               the head is QA); every output is compared at atol/rtol: logits, start/end logits,
+               last_hidden_state and pooler_output. Per-token outputs are compared at real (unpadded) positions
+               only: what a model puts at padding is not part of its contract.
+
+Both models run in float32 on the CPU, so the comparison isolates what the export changed. Tolerances
+(|transformers - hfport| <= atol + rtol * |hfport|, element-wise), with the max abs diffs measured on the real
+all-MiniLM-L6-v2 (6 layers, hidden 384) and on the tiny test models:
+    float32    atol 1e-5, rtol 1e-4: the same weights; only the two implementations' summation order differs
+               (MiniLM 2.6e-6; tiny models <= 1e-6).
+    float16    atol 1e-2, rtol 1e-2: each weight is rounded to 11 significant bits (unit roundoff 2^-11 ~ 4.9e-4);
+               the rounding errors of hundreds of products per output add up layer by layer (MiniLM 3.1e-3).
+    bfloat16   atol 5e-2, rtol 5e-2: 8 significant bits (unit roundoff 2^-8 ~ 3.9e-3), eight times coarser
+               (MiniLM 2.8e-2 on last_hidden_state). Deeper models drift further: pass looser values if needed.
+The `weights` check stays exact at every dtype, so a tampered tensor is caught even where the output tolerance is
+loose. transformers is imported here only, inside verify().
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import hub
+from .errors import HfportError
+from .modeling import PreTrainedEncoder, load_any, resolve_dtype, task_of
+from .registry import get_family
+from .tokenizer import SLOW_FILES, TOKENIZER_FILE
+
+log = logging.getLogger("hfport")
+
+WHICH = ("best", "final")
+EXPORT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+# (atol, rtol) by the dtype DIR's weights are stored in; the module docstring says why
+TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-5, 1e-4), "float16": (1e-2, 1e-2),
+                                              "bfloat16": (5e-2, 5e-2)}
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   *SLOW_FILES)
+PIPELINE_TAGS = {"base": "feature-extraction", "sequence-classification": "text-classification",
+                 "token-classification": "token-classification", "question-answering": "question-answering",
+                 "masked-lm": "fill-mask"}
+TRANSFORMERS_AUTO = {"base": "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
+                     "token-classification": "AutoModelForTokenClassification",
+                     "question-answering": "AutoModelForQuestionAnswering", "masked-lm": "AutoModelForMaskedLM"}
+OUTPUTS = {"base": ("last_hidden_state", "pooler_output"), "sequence-classification": ("logits",),
+           "token-classification": ("logits",), "question-answering": ("start_logits", "end_logits"),
+           "masked-lm": ("logits",)}
+PER_SEQUENCE = {"pooler_output"}  # (B, H); with sequence-classification logits, all else is per token
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+PROBE_TEXTS = ["The film was wonderful.",
+               ("Paris is the capital of France, and Berlin is the capital of Germany; both cities are large, old "
+                "and full of museums."),
+               "ok",
+               "Who wrote Moby-Dick? Herman Melville wrote it in 1851."]
+PROBE_PAIRS = [("Who wrote the book?", "Herman Melville wrote Moby-Dick in 1851, a long time ago."),
+               ("Where is Berlin?", "Berlin is in Germany."),
+               ("What is the capital of France, the country west of Germany?", "Paris.")]
+PROBE_MAX_LENGTH = 64
+
+
+class ExportError(HfportError):
+    """SRC or DIR is not usable, or writing the export failed; nothing was left at DIR."""
+
+
+class VerifyFailed(ExportError):
+    """`export(verify=True)` found the export does not match its source; DIR was not written."""
+
+    def __init__(self, message: str, report: VerifyReport):
+        super().__init__(message)
+        self.report = report
+
+
+# --- where things are ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    """The model folder SRC names, and the fine-tune run it belongs to (if any)."""
+
+    given: Path
+    model: Path  # the folder with config.json + weights
+    run: Path | None = None  # the fine-tune output folder (summary.json, best/, final/, checkpoints/)
+
+
+def _is_run(folder: Path) -> bool:
+    return not (folder / "config.json").is_file() and (
+        (folder / "summary.json").is_file() or any((folder / n).is_dir() for n in (*WHICH, "checkpoints")))
+
+
+def resolve_source(src: str | os.PathLike[str], which: str = "best") -> Source:
+    """SRC as a model folder: a run's best/ (or final/), a checkpoint, a model folder, or a repo id in the cache."""
+    if which not in WHICH:
+        raise ExportError(f"which={which!r}: expected one of {list(WHICH)}")
+    path = Path(src).expanduser()
+    if not path.exists():
+        return Source(path, hub.resolve(str(src)))  # a repo id in the local HF cache, or a clear error
+    if not path.is_dir():
+        raise ExportError(f"{path}: is a file; give a fine-tune output folder or a model folder")
+    if _is_run(path):
+        model = path / which
+        if not (model / "config.json").is_file():
+            have = [n for n in WHICH if (path / n / "config.json").is_file()]
+            raise ExportError(f"{path}: a fine-tune output folder without a {which}/ model (no {model}/config.json)"
+                              + (f"; it has {', '.join(h + '/' for h in have)}" if have else ""))
+        return Source(path, model, path)
+    if not (path / "config.json").is_file():
+        raise ExportError(f"{path}: not a model folder (no config.json) and not a fine-tune output folder "
+                          "(no summary.json, best/, final/ or checkpoints/)")
+    run = None
+    if path.name in WHICH and _is_run(path.parent):
+        run = path.parent
+    elif path.parent.name == "checkpoints" and _is_run(path.parent.parent):
+        run = path.parent.parent
+    return Source(path, path, run)
+
+
+def _tokenizer_folder(source: Source) -> Path | None:
+    """The first of: the model folder, the run's final/ and best/, the run's base model, that has a tokenizer."""
+    candidates = [source.model]
+    if source.run is not None:
+        candidates += [source.run / "final", source.run / "best"]
+        base = (_summary(source) or {}).get("config", {}).get("model")
+        if base:
+            try:
+                candidates.append(hub.resolve(base))
+            except HfportError:
+                pass
+    for folder in candidates:
+        if any((folder / name).is_file() for name in (TOKENIZER_FILE, *SLOW_FILES)):
+            return folder
+    return None
+
+
+def _summary(source: Source) -> dict[str, Any] | None:
+    if source.run is None or not (source.run / "summary.json").is_file():
+        return None
+    try:
+        data = json.loads((source.run / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ExportError(f"{source.run / 'summary.json'}: cannot be read ({e})") from e
+    return data if isinstance(data, dict) else None
+
+
+def _check_places(source: Source, out: Path) -> None:
+    out_r = out.resolve()
+    for place in dict.fromkeys(p.resolve() for p in (source.given, source.model, source.run) if p is not None):
+        if out_r == place or place in out_r.parents:
+            raise ExportError(f"--out {out} lies inside the source {place}; choose a folder outside it")
+        if out_r in place.parents:
+            raise ExportError(f"--out {out} contains the source {place}; replacing it would delete the source")
+
+
+# --- export -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    source: Path  # the model folder that was exported
+    family: str
+    task: str
+    dtype: str
+    files: list[str]  # everything in OUT
+    weights: list[str]  # model.safetensors, or the shards
+    tokenizer_from: Path
+    report: VerifyReport | None = None
+
+
+def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: str = "best", dtype: str = "fp32",
+           max_shard_size: int | str = "5GB", force: bool = False, verify: bool = False, atol: float | None = None,
+           rtol: float | None = None, json_path: str | os.PathLike[str] | None = None) -> ExportResult:
+    """Write SRC as an HF folder at OUT; with verify=True, prove it against SRC before OUT appears."""
+    if dtype not in EXPORT_DTYPES:
+        raise ExportError(f"dtype {dtype!r}: expected one of {list(EXPORT_DTYPES)}")
+    try:
+        limit = hub.parse_size(max_shard_size)
+    except (ValueError, AttributeError) as e:
+        raise ExportError(f"max_shard_size {max_shard_size!r}: expected bytes or a size like '500MB', '2GB'") from e
+    if limit <= 0:
+        raise ExportError(f"max_shard_size {max_shard_size!r}: must be positive")
+    source = resolve_source(src, which)
+    out = Path(out).expanduser()
+    _check_places(source, out)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: exists and is not a folder")
+    if out.exists() and not force:
+        raise ExportError(f"{out}: already exists; pass --force (force=True) to replace it")
+
+    model = load_any(source.model, dtype=torch.float32)
+    report = model.load_report
+    if report is not None and report.initialized:
+        raise ExportError(f"{source.model}: lacks weights the {model.family.architectures.get(model.task)} model "
+                          f"needs ({', '.join(report.initialized[:8])}); hfport would initialise them randomly, so "
+                          "the export would not be the trained model")
+    if report is not None and report.unexpected:
+        log.warning("%s: not exported (the %s head does not use them): %s", source.model, model.task,
+                    ", ".join(report.unexpected[:8]))
+    architecture = model.family.architectures.get(model.task)
+    if architecture is None:
+        raise ExportError(f"{source.model}: the {model.family.model_type} family has no transformers class for "
+                          f"the {model.task} head")
+    tok_folder = _tokenizer_folder(source)
+    if tok_folder is None:
+        raise ExportError(f"{source.model}: no tokenizer files ({TOKENIZER_FILE} or one of {', '.join(SLOW_FILES)}) "
+                          "beside the model" + (f" or in {source.run}/final, {source.run}/best or the run's base "
+                                                "model" if source.run else ""))
+    torch_dtype = EXPORT_DTYPES[dtype]
+    task = model.task
+    model = model.to(torch_dtype)
+
+    staging = hub.staging_dir(out)
+    result = None
+    try:
+        files = hub.save_weights(export_state_dict(model), staging, limit)
+        config = _export_config(model, architecture, torch_dtype)
+        del model  # verify loads the source afresh, in float32
+        hub.write_json_atomic(staging / "config.json", config)
+        for name in TOKENIZER_FILES:
+            if (tok_folder / name).is_file():
+                shutil.copyfile(tok_folder / name, staging / name)
+        (staging / "README.md").write_text(model_card(source, config, task, out.name), encoding="utf-8")
+        result = ExportResult(out, source.model, config["model_type"], task, DTYPE_NAMES[torch_dtype],
+                              sorted(p.name for p in staging.iterdir()), files, tok_folder)
+        if verify:
+            result.report = _verify_folder(staging, source.model, atol=atol, rtol=rtol, json_path=json_path,
+                                                label=str(out))
+            if not result.report.passed:
+                raise VerifyFailed(f"{out}: the export does not match {source.model}; nothing was written\n"
+                                   + result.report.table(), result.report)
+        _replace(staging, out)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ExportError(f"{out}: writing the export failed ({e.strerror or e}); "
+                          + ("the previous folder is unchanged" if out.exists() else "nothing was left there")) from e
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return result
+
+
+def export_state_dict(model: PreTrainedEncoder) -> dict[str, Tensor]:
+    """The tensors under transformers' names, as transformers 5 writes them.
+
+    hf_state_dict() covers every hfport parameter. One more name is needed for an untied masked-LM decoder:
+    transformers 5 then keeps the decoder's own bias (e.g. `cls.predictions.decoder.bias`) apart from the head's
+    `bias` and computes with the decoder's, so a folder without it loads with that bias missing. hfport has one
+    bias; it is written under both names (the key map lists both as aliases of it)."""
+    state = model.hf_state_dict()
+    names = model.hf_names()
+    decoder = names.get("head.decoder.weight")  # present only when the decoder is untied
+    head_map = model.family.head_map(model.config, model.task)
+    if decoder is None or head_map is None or not decoder.endswith(".weight"):
+        return state
+    alias = decoder.removesuffix("weight") + "bias"
+    matched, name = head_map.to_hfport(alias)
+    if matched and name == "bias" and alias not in state:
+        state[alias] = state[names["head.bias"]].clone()  # a copy: safetensors refuses shared storage
+    return state
+
+
+def _export_config(model: PreTrainedEncoder, architecture: str, dtype: torch.dtype) -> dict[str, Any]:
+    """The source config.json, with the head's metadata as the loaded model has it, the dtype and hfport version."""
+    from . import __version__
+
+    out = model.config.to_hf_dict(architecture)
+    out.pop("torch_dtype", None)
+    out["dtype"] = DTYPE_NAMES[dtype]
+    out["hfport_version"] = __version__
+    return out
+
+
+def _replace(staging: Path, out: Path) -> None:
+    """Rename the finished staging folder to OUT; an old OUT is moved aside first and restored if that fails."""
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    aside = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.old"
+    os.replace(out, aside)
+    try:
+        os.replace(staging, out)
+    except BaseException:
+        os.replace(aside, out)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+# --- the model card -----------------------------------------------------------------------------------------
+
+
+def model_card(source: Source, config: dict[str, Any], task: str, name: str) -> str:
+    """README.md: task, labels, base model, training config and eval metrics (from the run's summary.json)."""
+    summary = _summary(source) or {}
+    train_config = summary.get("config") or {}
+    base = train_config.get("model")
+    base_is_repo = isinstance(base, str) and not Path(base).expanduser().exists() and base.count("/") <= 1 \
+        and not base.startswith((".", "/", "~"))
+    front = ["---", "library_name: transformers", f"pipeline_tag: {PIPELINE_TAGS[task]}",
+             f"tags: [hfport, {json.dumps(config['model_type'])}]"]
+    if base_is_repo:
+        front.append(f"base_model: {json.dumps(base)}")
+    front.append("---")
+    lines = [*front, "", f"# {name}", "",
+             (f"A `{config['architectures'][0]}` ({config['model_type']}, {task}) exported by hfport "
+              f"{config.get('hfport_version')} from `{source.model}`; weights in {config['dtype']}."), "",
+             "## Task", "", f"{task} (transformers pipeline `{PIPELINE_TAGS[task]}`)", ""]
+    if task in ("sequence-classification", "token-classification"):
+        lines += ["## Labels", "", "| id | label |", "|---:|---|"]
+        lines += [f"| {i} | {label} |" for i, label in sorted(config["id2label"].items(), key=lambda kv: int(kv[0]))]
+        if config.get("problem_type"):
+            lines += ["", f"problem_type: `{config['problem_type']}`"]
+        lines.append("")
+    lines += ["## Base model", "", f"`{base}`" if base else "not recorded (no fine-tune summary.json beside SRC)", ""]
+    if summary:
+        lines += ["## Training", "", f"{summary.get('steps')} steps, {summary.get('epochs')} epochs, "
+                  f"{summary.get('train_examples')} training and {summary.get('eval_examples')} evaluation examples; "
+                  f"best step {summary.get('best_step')}"
+                  + (" (stopped early)" if summary.get("stopped_early") else "") + ".", "",
+                  "```json", json.dumps(train_config, indent=2, sort_keys=True), "```", ""]
+        lines += ["## Evaluation", ""]
+        metrics = {**{f"best {k}": v for k, v in (summary.get("best_metric") or {}).items()},
+                   **(summary.get("final_eval") or {})}
+        if metrics:
+            lines += ["| metric | value |", "|---|---:|"]
+            lines += [f"| {k} | {_fmt(v)} |" for k, v in metrics.items()]
+        else:
+            lines.append("no evaluation was run")
+        lines.append("")
+    auto = TRANSFORMERS_AUTO[task]
+    lines += ["## Use", "", "```python", f"from transformers import AutoTokenizer, {auto}", "",
+              f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+              f'model = {auto}.from_pretrained("{name}")', "```", ""]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+# --- verify -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    check: str  # load | labels | weights | tokenizer | outputs
+    output: str
+    shape: str = ""
+    max_abs_diff: float | None = None
+    tolerance: str = ""
+    passed: bool = False
+    detail: str = ""
+
+
+@dataclass
+class VerifyReport:
+    dir: str
+    source: str
+    dtype: str | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and all(r.passed for r in self.rows)
+
+    @property
+    def failures(self) -> list[Row]:
+        return [r for r in self.rows if not r.passed]
+
+    def add(self, check: str, output: str, passed: bool, *, shape: Any = "", diff: float | None = None,
+            tolerance: str = "", detail: str = "") -> Row:
+        shape = "x".join(map(str, shape)) if isinstance(shape, (tuple, list, torch.Size)) else str(shape)
+        row = Row(check, output, shape, diff, tolerance, bool(passed), detail)
+        self.rows.append(row)
+        return row
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = []
+        for r in self.rows:
+            d = asdict(r)
+            if d["max_abs_diff"] is not None and not math.isfinite(d["max_abs_diff"]):
+                d["max_abs_diff"] = str(d["max_abs_diff"])  # JSON has no NaN/inf
+            rows.append(d)
+        return {"dir": self.dir, "source": self.source, "dtype": self.dtype, "atol": self.atol, "rtol": self.rtol,
+                "passed": self.passed, "failures": len(self.failures), "rows": rows}
+
+    def write_json(self, path: str | os.PathLike[str]) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        hub.write_json_atomic(path, self.to_dict())
+
+    def table(self) -> str:
+        header = ("check", "output", "shape", "max abs diff", "tolerance", "result")
+        body = [(r.check, r.output, r.shape, "" if r.max_abs_diff is None else f"{r.max_abs_diff:.3g}",
+                 r.tolerance, "PASS" if r.passed else "FAIL") for r in self.rows]
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
+        lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in (header, *body)]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        for r in self.failures:
+            if r.detail:
+                lines.append(f"FAIL {r.check} {r.output}: {r.detail}")
+        n, bad = len(self.rows), len(self.failures)
+        verdict = (f"PASS: {n} checks, {self.dir} matches {self.source}" if self.passed else
+                   f"FAIL: {bad} of {n} checks failed" if n else "FAIL: no check ran")
+        return "\n".join([*lines, verdict])
+
+
+@contextmanager
+def _check(report: VerifyReport, check: str, output: str) -> Iterator[None]:
+    """A check that raises is a failed row naming the exception: verify fails closed."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - every failure must become a FAIL row, never a pass
+        report.add(check, output, False, detail=f"{type(e).__name__}: {e}")
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[Any]:
+    import transformers
+    from transformers.utils import logging as tlog
+
+    verbosity, bars = tlog.get_verbosity(), tlog.is_progress_bar_enabled()
+    tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
+    try:
+        yield transformers
+    finally:
+        tlog.set_verbosity(verbosity)
+        if bars:
+            tlog.enable_progress_bar()
+
+
+def _dir_dtype(folder: Path, raw: dict[str, Any]) -> str:
+    name = raw.get("dtype") or raw.get("torch_dtype")
+    if name is None:
+        entries = hub.Checkpoint.open(folder).entries.values()
+        floats = {e["dtype"] for e in entries if e["dtype"] in ("F32", "F16", "BF16")}
+        name = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(floats.pop()) if len(floats) == 1 \
+            else "float32"
+    return DTYPE_NAMES.get(resolve_dtype(name), "float32")
+
+
+def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str], *, atol: float | None = None,
+           rtol: float | None = None, json_path: str | os.PathLike[str] | None = None, which: str = "best",
+           label: str | None = None) -> VerifyReport:
+    """Check that transformers loads DIR cleanly and computes what hfport computes from SOURCE.
+
+    atol/rtol default by DIR's dtype (TOLERANCES; the module docstring gives the reasons). Never raises for a
+    failed check: the report says FAIL and names what failed. json_path: also write the report there."""
+    folder = Path(dir).expanduser()
+    report = VerifyReport(label or str(folder), str(source))
+    try:
+        with _check(report, "verify", "run"):  # anything not caught by one check (transformers missing, say)
+            _verify(folder, source, which, atol, rtol, report)
+    finally:
+        if json_path is not None:
+            report.write_json(json_path)
+    return report
+
+
+def _verify(folder: Path, source_arg: Any, which: str, atol: float | None, rtol: float | None,
+            report: VerifyReport) -> None:
+    ctx: dict[str, Any] = {}
+    with _check(report, "config", "config.json"):
+        if not folder.is_dir():
+            raise ExportError(f"{folder}: no such folder")
+        raw, cfg_source = hub.read_config(folder)
+        family = get_family(raw.get("model_type"), cfg_source)
+        if not raw.get("architectures"):
+            raise ExportError(f"{cfg_source}: no 'architectures' entry; transformers' head cannot be chosen")
+        task = task_of(family, raw["architectures"])
+        if family.architectures.get(task) != raw["architectures"][0]:
+            raise ExportError(f"{cfg_source}: architectures {raw['architectures']} is not a "
+                              f"{family.model_type} class hfport knows ({sorted(family.architectures.values())})")
+        report.dtype = _dir_dtype(folder, raw)
+        default_atol, default_rtol = TOLERANCES[report.dtype]
+        report.atol = default_atol if atol is None else atol
+        report.rtol = default_rtol if rtol is None else rtol
+        ctx.update(raw=raw, family=family, task=task)
+        report.add("config", "config.json", True, detail=f"{family.model_type} {task} {report.dtype}")
+    if not ctx:
+        return
+    raw, task = ctx["raw"], ctx["task"]
+    tol = f"atol={report.atol:g} rtol={report.rtol:g}"
+
+    with _check(report, "source", str(source_arg)):
+        src = resolve_source(source_arg, which)
+        ours = load_any(src.model, dtype=torch.float32)
+        if ours.task != task:
+            raise ExportError(f"{src.model} holds a {ours.task} model; {folder} holds a {task} model")
+        ctx["ours"] = ours
+        report.source = str(src.model)
+    ours: PreTrainedEncoder | None = ctx.get("ours")
+
+    if ours is not None:
+        with _check(report, "labels", "id2label/label2id"):
+            _check_labels(report, raw, ours)
+        with _check(report, "weights", "model.safetensors"):
+            _check_weights(report, folder, ours)
+
+    theirs = None
+    with _quiet_transformers() as transformers:
+        with _check(report, "load", TRANSFORMERS_AUTO[task]):
+            theirs = _load_transformers(report, transformers, folder, task, raw)
+        batches: dict[str, dict[str, Tensor]] = {}
+        with _check(report, "tokenizer", "load"):
+            batches = _check_tokenizer(report, transformers, folder, task, raw)
+    if ours is None or theirs is None or not batches:
+        return
+    for name, enc in batches.items():
+        for out_name in OUTPUTS[task]:
+            with _check(report, "outputs", f"{name}/{out_name}"):
+                _compare(report, name, out_name, ours, theirs, enc, task, tol)
+
+
+def _check_labels(report: VerifyReport, raw: dict[str, Any], ours: PreTrainedEncoder) -> None:
+    theirs_id2label = {int(k): v for k, v in (raw.get("id2label") or {}).items()}
+    theirs_label2id = {str(k): int(v) for k, v in (raw.get("label2id") or {}).items()}
+    wrong = []
+    if theirs_id2label != ours.config.id2label:
+        wrong.append(f"id2label {theirs_id2label} != source {ours.config.id2label}")
+    if theirs_label2id != ours.config.label2id:
+        wrong.append(f"label2id {theirs_label2id} != source {ours.config.label2id}")
+    num = raw.get("num_labels", len(theirs_id2label))
+    if num != ours.config.num_labels:
+        wrong.append(f"num_labels {num} != source {ours.config.num_labels}")
+    if ours.config.problem_type is not None and raw.get("problem_type") != ours.config.problem_type:
+        wrong.append(f"problem_type {raw.get('problem_type')!r} != source {ours.config.problem_type!r}")
+    report.add("labels", "id2label/label2id", not wrong, shape=len(theirs_id2label), tolerance="equal",
+               detail="; ".join(wrong))
+
+
+def _check_weights(report: VerifyReport, folder: Path, ours: PreTrainedEncoder) -> None:
+    """Every tensor in DIR equals the source's tensor rounded to the stored dtype, and the key sets agree."""
+    ckpt = hub.Checkpoint.open(folder)
+    expected = export_state_dict(ours)
+    extra = sorted(set(ckpt.keys()) - set(expected))
+    missing = sorted(set(expected) - set(ckpt.keys()))
+    worst, differing = 0.0, []
+    for key, tensor in ckpt.tensors(sorted(set(ckpt.keys()) & set(expected))):
+        ref = expected[key]
+        if tuple(tensor.shape) != tuple(ref.shape):
+            differing.append(f"{key} shape {list(tensor.shape)} != source {list(ref.shape)}")
+            continue
+        rounded = ref.to(tensor.dtype)
+        if not torch.equal(tensor, rounded):
+            diff = (tensor.float() - rounded.float()).abs().max().item()
+            differing.append(f"{key} (max abs diff {diff:.3g})")  # the first word names the tensor
+            worst = max(worst, diff) if math.isfinite(diff) else math.inf
+    problems = [*(f"not in the source model: {k}" for k in extra[:5]), *(f"missing: {k}" for k in missing[:5]),
+                *differing[:5]]
+    output = "model.safetensors" if not differing else f"model.safetensors: {differing[0].split(' ')[0]}"
+    report.add("weights", output, not problems, shape=f"{len(ckpt.keys())} tensors", diff=worst,
+               tolerance="exact (source rounded to the stored dtype)",
+               detail="; ".join(problems) + (f" ({len(differing)} tensors differ)" if len(differing) > 1 else ""))
+
+
+def _load_transformers(report: VerifyReport, transformers: Any, folder: Path, task: str, raw: dict[str, Any]) -> Any:
+    auto = getattr(transformers, TRANSFORMERS_AUTO[task])
+    try:
+        model, info = auto.from_pretrained(str(folder), output_loading_info=True, dtype=torch.float32,
+                                           trust_remote_code=False)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            raise ExportError(f"transformers has no {TRANSFORMERS_AUTO[task]} for model_type "
+                              f"{raw.get('model_type')!r}: {e}") from e
+        raise
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        items = sorted(map(str, info.get(kind) or []))
+        report.add("load", kind.replace("_", " "), not items, diff=len(items), tolerance="none allowed",
+                   detail=", ".join(items[:10]))
+    arch = raw["architectures"][0]
+    report.add("load", f"class {type(model).__name__}", type(model).__name__ == arch, tolerance=f"== {arch}",
+               detail=f"transformers built {type(model).__name__}, config.json names {arch}")
+    if not report.rows[-1].passed or any(not r.passed for r in report.rows[-5:]):
+        return None  # a model with re-initialised weights would only add noise to the output rows
+    return model.eval()
+
+
+def _check_tokenizer(report: VerifyReport, transformers: Any, folder: Path, task: str,
+                     raw: dict[str, Any]) -> dict[str, dict[str, Tensor]]:
+    """Encode the probe batches with hfport's and transformers' tokenizer; returns hfport's encodings."""
+    from .tokenizer import AutoTokenizer
+
+    ours = AutoTokenizer.from_pretrained(folder)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    max_length = min(PROBE_MAX_LENGTH, int(raw.get("max_position_embeddings", 512)) - 2)
+    kwargs = {"padding": True, "truncation": True, "max_length": max_length, "return_tensors": "pt"}
+    probes: dict[str, tuple[Any, ...]] = {"texts": (PROBE_TEXTS,)}
+    if "token_type_ids" in ours.model_input_names or task == "question-answering":
+        probes["pairs"] = ([q for q, _ in PROBE_PAIRS], [c for _, c in PROBE_PAIRS])
+    out = {}
+    for name, args in probes.items():
+        a, b = ours(*args, **kwargs), theirs(*args, **kwargs)
+        keys_a, keys_b = set(a.keys()), set(b.keys())
+        if keys_a != keys_b:
+            report.add("tokenizer", f"{name}/fields", False, tolerance="equal",
+                       detail=f"hfport returns {sorted(keys_a)}, transformers {sorted(keys_b)}")
+        for key in sorted(keys_a & keys_b):
+            x, y = a[key], b[key]
+            same = tuple(x.shape) == tuple(y.shape) and torch.equal(x, y)
+            diff = (x - y).abs().max().item() if tuple(x.shape) == tuple(y.shape) else None
+            report.add("tokenizer", f"{name}/{key}", same, shape=tuple(x.shape), diff=diff, tolerance="exact",
+                       detail="" if same else f"hfport {list(x.shape)} vs transformers {list(y.shape)}")
+        out[name] = {k: v for k, v in a.items() if k in MODEL_INPUTS}
+    return out
+
+
+@torch.inference_mode()
+def _compare(report: VerifyReport, batch: str, name: str, ours: PreTrainedEncoder, theirs: Any,
+             enc: dict[str, Tensor], task: str, tol: str) -> None:
+    a = getattr(theirs(**enc), name, None)  # transformers, from DIR
+    b = getattr(ours(**enc), name, None)  # hfport, from SOURCE: the reference
+    if a is None and b is None:
+        return  # neither has it (DistilBERT has no pooler)
+    if a is None or b is None:
+        report.add("outputs", f"{batch}/{name}", False, tolerance=tol,
+                   detail=f"only {'hfport' if a is None else 'transformers'} returns {name}")
+        return
+    shape = tuple(a.shape)
+    if shape != tuple(b.shape):
+        report.add("outputs", f"{batch}/{name}", False, shape=shape, tolerance=tol,
+                   detail=f"transformers {list(a.shape)} vs hfport {list(b.shape)}")
+        return
+    a, b = a.float(), b.float()
+    per_token = not (name in PER_SEQUENCE or (task == "sequence-classification" and name == "logits"))
+    if per_token:  # real positions only: (B, T, ...) -> (N, ...)
+        real = enc["attention_mask"].bool()
+        a, b = a[real], b[real]
+    diff = (a - b).abs().max().item() if a.numel() else 0.0
+    ok = bool(torch.isclose(a, b, atol=report.atol, rtol=report.rtol).all())
+    if not math.isfinite(diff):
+        ok = False
+    report.add("outputs", f"{batch}/{name}", ok, shape=shape, diff=diff, tolerance=tol,
+               detail="" if ok else f"transformers' output from the export differs from hfport's from the source "
+                                    f"(max abs diff {diff:.3g}" + (", real positions" if per_token else "") + ")")
+
+
+_verify_folder = verify  # export()'s `verify` flag shadows the function inside it
