@@ -239,7 +239,7 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
     staging = hub.staging_dir(out)
     result = None
     try:
-        files = hub.save_weights(export_state_dict(model), staging, limit)
+        files = hub.save_weights(model.hf_state_dict(), staging, limit)
         config = _export_config(model, architecture, torch_dtype)
         del model  # verify loads the source afresh, in float32
         hub.write_json_atomic(staging / "config.json", config)
@@ -264,26 +264,6 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return result
-
-
-def export_state_dict(model: PreTrainedEncoder) -> dict[str, Tensor]:
-    """The tensors under transformers' names, as transformers 5 writes them.
-
-    hf_state_dict() covers every hfport parameter. One more name is needed for an untied masked-LM decoder:
-    transformers 5 then keeps the decoder's own bias (e.g. `cls.predictions.decoder.bias`) apart from the head's
-    `bias` and computes with the decoder's, so a folder without it loads with that bias missing. hfport has one
-    bias; it is written under both names (the key map lists both as aliases of it)."""
-    state = model.hf_state_dict()
-    names = model.hf_names()
-    decoder = names.get("head.decoder.weight")  # present only when the decoder is untied
-    head_map = model.family.head_map(model.config, model.task)
-    if decoder is None or head_map is None or not decoder.endswith(".weight"):
-        return state
-    alias = decoder.removesuffix("weight") + "bias"
-    matched, name = head_map.to_hfport(alias)
-    if matched and name == "bias" and alias not in state:
-        state[alias] = state[names["head.bias"]].clone()  # a copy: safetensors refuses shared storage
-    return state
 
 
 def _export_config(model: PreTrainedEncoder, architecture: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -561,7 +541,7 @@ def _check_labels(report: VerifyReport, raw: dict[str, Any], ours: PreTrainedEnc
 def _check_weights(report: VerifyReport, folder: Path, ours: PreTrainedEncoder) -> None:
     """Every tensor in DIR equals the source's tensor rounded to the stored dtype, and the key sets agree."""
     ckpt = hub.Checkpoint.open(folder)
-    expected = export_state_dict(ours)
+    expected = ours.hf_state_dict()
     extra = sorted(set(ckpt.keys()) - set(expected))
     missing = sorted(set(expected) - set(ckpt.keys()))
     worst, differing = 0.0, []

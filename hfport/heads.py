@@ -54,21 +54,23 @@ class QuestionAnsweringHead(nn.Module):
 
 class MaskedLMHead(nn.Module):
     """dense -> act -> LayerNorm -> decoder. The decoder weight is the word embedding matrix unless the
-    config unties it; the bias is the head's own."""
+    config unties it. Untied, BERT-style heads (`decoder_bias=True`) compute with the decoder's own bias and keep
+    `bias` unused, exactly as transformers 5 does (and saves both); DistilBERT's decoder bias is `bias` itself."""
 
     def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, act: str, eps: float,
-                 tied: bool = True):
+                 tied: bool = True, decoder_bias: bool = False):
         super().__init__()
         self.dense = nn.Linear(hidden_size, embedding_size)
         self.act = Activation(act)
         self.norm = nn.LayerNorm(embedding_size, eps=eps)
-        self.decoder = None if tied else nn.Linear(embedding_size, vocab_size, bias=False)
+        self.decoder = None if tied else nn.Linear(embedding_size, vocab_size, bias=decoder_bias)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def forward(self, hidden: Tensor, word_embeddings: Tensor) -> Tensor:  # (B, T, C) -> (B, T, V)
         x = self.norm(self.act(self.dense(hidden)))  # (B, T, E)
-        weight = word_embeddings if self.decoder is None else self.decoder.weight
-        return F.linear(x, weight, self.bias)
+        if self.decoder is None:
+            return F.linear(x, word_embeddings, self.bias)
+        return F.linear(x, self.decoder.weight, self.decoder.bias if self.decoder.bias is not None else self.bias)
 
 
 # --- losses -------------------------------------------------------------------------------------------------

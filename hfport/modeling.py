@@ -219,7 +219,9 @@ class PreTrainedEncoder(nn.Module):
     def tied_names(self) -> set[str]:
         """hfport names the checkpoint may carry that this model shares with another weight instead."""
         head = self.head
-        return {"head.decoder.weight"} if isinstance(head, MaskedLMHead) and head.decoder is None else set()
+        if isinstance(head, MaskedLMHead) and head.decoder is None:
+            return {"head.decoder.weight", "head.decoder.bias"}  # older files repeat the bias under this name
+        return set()
 
     # --- saving -------------------------------------------------------------------------------------------
 

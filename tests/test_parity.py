@@ -138,6 +138,12 @@ def test_hidden_act(act, tmp_path):
     compare("bert", "masked-lm", tmp_path, hidden_act=act)  # MLM: the activation runs in layers and head
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta", "albert", "distilbert"])
+def test_untied_masked_lm(family, tmp_path):
+    """tie_word_embeddings=False: a decoder of its own; BERT-style heads then use the decoder's bias."""
+    compare(family, "masked-lm", tmp_path, tie_word_embeddings=False)
+
+
 @pytest.mark.parametrize("overrides", [
     dict(type_vocab_size=1), dict(type_vocab_size=16), dict(layer_norm_eps=1e-5), dict(classifier_dropout=0.3)])
 def test_bert_variants(overrides, tmp_path):

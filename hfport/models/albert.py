@@ -54,7 +54,7 @@ HEAD_KEYS = {
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
     "masked-lm": KeyMap({**params("predictions.dense", "dense"), **params("predictions.LayerNorm", "norm"),
-                         "predictions.bias": "bias", "predictions.decoder.bias": "bias",
+                         "predictions.bias": "bias", "predictions.decoder.bias": "decoder.bias",
                          "predictions.decoder.weight": "decoder.weight"}),
 }
 

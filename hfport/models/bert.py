@@ -73,7 +73,7 @@ def build_head(c: EncoderConfig, task: str, mlm_act: str | None = None):
         return QuestionAnsweringHead(c.hidden_size)
     if task == "masked-lm":
         return MaskedLMHead(c.hidden_size, c.embedding_size, c.vocab_size, mlm_act or c.hidden_act,
-                            c.layer_norm_eps, tied=c.tie_word_embeddings)
+                            c.layer_norm_eps, tied=c.tie_word_embeddings, decoder_bias=True)
     return None
 
 
@@ -110,7 +110,7 @@ HEAD_KEYS = {
         **params("cls.predictions.transform.dense", "dense"),
         **params("cls.predictions.transform.LayerNorm", "norm"),
         "cls.predictions.bias": "bias",
-        "cls.predictions.decoder.bias": "bias",  # the same tensor, saved twice by older versions
+        "cls.predictions.decoder.bias": "decoder.bias",  # tied: a copy of the bias older versions saved
         "cls.predictions.decoder.weight": "decoder.weight",  # tied to the word embeddings unless untied
     }),
 }

@@ -31,7 +31,7 @@ HEAD_KEYS = {
         **params("lm_head.dense", "dense"),
         **params("lm_head.layer_norm", "norm"),
         "lm_head.bias": "bias",
-        "lm_head.decoder.bias": "bias",
+        "lm_head.decoder.bias": "decoder.bias",
         "lm_head.decoder.weight": "decoder.weight",
     }),
 }
