@@ -288,6 +288,37 @@ def verify(
         raise typer.Exit(1)
 
 
+@app.command()
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1, or HFPORT_HOST).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port (default 8000, or HFPORT_PORT).")] = None,
+    data_dir: Annotated[Optional[str], typer.Option(help="Job store, registry, uploads and runs "
+                                                         "(default ./hfport-data, or HFPORT_DATA_DIR).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Jobs run at once (HFPORT_MAX_CONCURRENT_JOBS).")] = None,
+    verbose: Verbose = 0, quiet: Quiet = False,
+) -> None:
+    """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
+    setup_logging(max(verbose, 1), quiet)
+    try:
+        import uvicorn
+        from pydantic import ValidationError
+
+        from server.app import create_app
+        from server.settings import Settings
+    except ImportError as e:
+        fail(f"the service needs its dependencies ({e}); pip install hfport")
+        return
+    overrides = {k: v for k, v in {"host": host, "port": port, "data_dir": data_dir,
+                                   "max_concurrent_jobs": workers}.items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as e:
+        fail(f"invalid settings: {e}")
+        return
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level="warning" if quiet else "info")
+
+
 def main() -> None:
     import sys
 

@@ -1,0 +1,74 @@
+"""create_app(settings): the FastAPI app. The lifespan opens the store and starts the job worker; routers are
+mounted here, every one but /health and the dashboard page behind the bearer token when one is set (the dashboard
+is a static page without data: its requests carry the token the user types in)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+
+import hfport
+
+from . import errors
+from .routes import dashboard, health, jobs, models, predict
+from .security import Authorized, BodyLimit
+from .serving import ModelService
+from .settings import Settings
+from .store import Store
+from .worker import Worker
+
+log = logging.getLogger("hfport.server")
+
+
+def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> FastAPI:
+    """The service. `run_worker=False` builds it without the job worker (jobs then stay queued): for unit tests."""
+    settings = settings or Settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if settings.api_token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s without HFPORT_API_TOKEN: anyone who reaches the port can use the API",
+                    settings.host)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        worker = Worker(settings, app.state.store)
+        if run_worker:
+            worker.start()
+        app.state.worker = worker
+        log.info("hfport serving from %s (allowed dirs: %s)", settings.data_dir,
+                 ", ".join(str(r) for r in settings.roots))
+        try:
+            yield
+        finally:
+            if run_worker:
+                worker.stop()
+            app.state.model_service.close()
+
+    app = FastAPI(title="hfport", version=hfport.__version__, lifespan=lifespan, openapi_url=None, docs_url=None,
+                  redoc_url=None,
+                  description="Predict with, fine-tune and export hfport encoder models. Errors are JSON "
+                              "{\"error\", \"error_type\"}.")
+
+    # the schema and its browser view need the token too (mounted by hand: FastAPI's own are always public)
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Authorized])
+    def openapi() -> dict:
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False, dependencies=[Authorized])
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="hfport API")
+
+    app.state.settings = settings
+    app.state.store = Store(settings.db_path)
+    app.state.model_service = ModelService(settings)
+    errors.install(app)
+    app.add_middleware(BodyLimit, settings=settings, upload_paths=(jobs.UPLOAD_PATH,))
+    app.include_router(health.router)
+    app.include_router(dashboard.router)
+    for router in (models.router, predict.router, jobs.router):
+        app.include_router(router, dependencies=[Authorized])
+    return app

@@ -1,0 +1,22 @@
+"""GET /: the dashboard, one static page (server/static/index.html). The page holds no data: it fetches /jobs,
+/models, /predict and the SSE stream with the token the user types in, so it is served without one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
+
+from ..errors import ApiError
+
+router = APIRouter(tags=["dashboard"])
+PAGE = Path(__file__).resolve().parent.parent / "static" / "index.html"
+
+
+@router.get("/", response_class=HTMLResponse, summary="The dashboard page")
+def dashboard() -> HTMLResponse:
+    if not PAGE.is_file():
+        raise ApiError(503, f"the dashboard page is missing from this install ({PAGE}); the API works without it",
+                       "DashboardUnavailable")
+    return HTMLResponse(PAGE.read_text(encoding="utf-8"))

@@ -1,0 +1,212 @@
+"""Jobs: submit fine-tune and export jobs, list and read them, follow their events (SSE), cancel them.
+Handlers only validate and enqueue; the worker (server/worker.py) runs each job in its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile, status
+from fastapi.responses import StreamingResponse
+
+from hfport.errors import ConfigError
+from hfport.train.config import resolve_config
+
+from ..deps import StoreDep
+from ..errors import ApiError
+from ..schemas import ERRORS, ExportJobRequest, FinetuneJobRequest, JobInfo, JobList, JobStatus
+from ..security import confine
+from ..settings import Settings, SettingsDep
+from ..store import TERMINAL, Store
+
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=ERRORS)
+UPLOAD_PATH = "/jobs/finetune/upload"
+CHUNK = 1 << 20
+SERVER_EXPORT_OPTIONS = {"verify", "force", "json_path"}  # set by the server, not by the request
+
+
+def _model_path(value: str, store: Store, settings: Settings, what: str = "model", run_ok: bool = False) -> str:
+    """A registered model's folder, or a folder inside the allowed dirs (run_ok: or a fine-tune run folder)."""
+    entry = store.get_model(value)
+    if entry is not None:
+        return entry["path"]
+    folder = confine(value, settings, what)
+    if run_ok and (folder / "best" / "config.json").is_file():
+        return str(folder)
+    if not (folder / "config.json").is_file():
+        raise ApiError(400, f"{what}: {value!r} is neither a registered model nor a model folder", "InvalidModel")
+    return str(folder)
+
+
+def _output_dir(value: str | None, settings: Settings, job_id: str, default: str) -> str:
+    if value is None:
+        return str(settings.runs_dir / job_id / default)
+    out = confine(value, settings, "output_dir", must_exist=False)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ApiError(409, f"output_dir: {value!r} exists and is not empty; a job writes a fresh folder", "Conflict")
+    return str(out)
+
+
+def _submit_finetune(config: dict[str, Any], register_as: str | None, store: Store, settings: Settings) -> JobInfo:
+    config = dict(config)
+    for key in ("resume", "overwrite"):
+        if config.pop(key, None) not in (None, False):
+            raise ApiError(422, f"config.{key}: set by the server (a restarted job resumes on its own)",
+                           "ValidationError")
+    job_id = store.new_id()
+    if not isinstance(config.get("model"), str) or not isinstance(config.get("train"), str):
+        raise ApiError(422, "config: \"model\" and \"train\" are required strings", "ValidationError")
+    config["model"] = _model_path(config["model"], store, settings)
+    config["train"] = str(confine(config["train"], settings, "config.train"))
+    if config.get("eval") is not None:
+        config["eval"] = str(confine(str(config["eval"]), settings, "config.eval"))
+    config["output_dir"] = _output_dir(config.get("output_dir"), settings, job_id, "run")
+    try:
+        resolved, _ = resolve_config(config, {}, "config")
+    except ConfigError as e:
+        raise ApiError(422, str(e), "InvalidConfig") from e
+    stored = resolved.model_dump(mode="json", exclude={"resume", "overwrite"})
+    if register_as:
+        if store.get_model(register_as) is not None:
+            raise ApiError(409, f"register_as: a model named {register_as!r} exists", "Conflict")
+        stored["register_as"] = register_as
+    return JobInfo(**store.create_job("finetune", stored, job_id))
+
+
+@router.post("/finetune", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
+             summary="Queue a fine-tune (data by path inside the allowed dirs)")
+def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep) -> JobInfo:
+    return _submit_finetune(body.config, body.register_as, store, settings)
+
+
+async def _save_upload(upload: UploadFile, settings: Settings, folder: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(upload.filename or "data").name).lstrip(".") or "data"
+    if not name.endswith((".jsonl", ".json", ".csv")):
+        raise ApiError(422, f"{upload.filename!r}: data files are .jsonl, .json or .csv", "ValidationError")
+    target = folder / name
+    size = 0
+    f = await asyncio.to_thread(target.open, "wb")
+    try:
+        while chunk := await upload.read(CHUNK):
+            size += len(chunk)
+            if size > settings.max_upload_bytes:
+                raise ApiError(413, f"{upload.filename!r}: larger than the upload limit of "
+                                    f"{settings.max_upload_bytes} bytes", "PayloadTooLarge")
+            await asyncio.to_thread(f.write, chunk)
+    finally:
+        await asyncio.to_thread(f.close)
+    return str(target)
+
+
+@router.post("/finetune/upload", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
+             summary="Queue a fine-tune on uploaded data files (multipart)")
+async def submit_finetune_upload(
+    store: StoreDep, settings: SettingsDep,
+    config: Annotated[str, Form(description="the fine-tune config as a JSON object; train/eval come from the files")],
+    train: Annotated[UploadFile, File(description="training data (.jsonl or .csv)")],
+    eval: Annotated[UploadFile | None, File(description="evaluation data")] = None,
+    register_as: Annotated[str | None, Form(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")] = None,
+) -> JobInfo:
+    try:
+        values = json.loads(config)
+    except json.JSONDecodeError as e:
+        raise ApiError(422, f"config: not JSON ({e.msg})", "ValidationError") from e
+    if not isinstance(values, dict):
+        raise ApiError(422, "config: must be a JSON object", "ValidationError")
+    folder = settings.uploads_dir / uuid.uuid4().hex[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        values["train"] = await _save_upload(train, settings, folder)
+        if eval is not None:
+            values["eval"] = await _save_upload(eval, settings, folder)
+        return await asyncio.to_thread(_submit_finetune, values, register_as, store, settings)
+    except ApiError:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+@router.post("/export", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
+             summary="Queue an export to an HF folder (+ verification)")
+def submit_export(body: ExportJobRequest, store: StoreDep, settings: SettingsDep) -> JobInfo:
+    if importlib.util.find_spec("hfport.export") is None:
+        raise ApiError(503, "export is not available in this hfport install (no hfport.export)", "ExportUnavailable")
+    import inspect
+
+    from hfport.export import export
+
+    valid = {name for name, p in inspect.signature(export).parameters.items()
+             if p.kind == p.KEYWORD_ONLY and name not in SERVER_EXPORT_OPTIONS}
+    unknown = sorted(set(body.options) - valid)
+    if unknown:
+        raise ApiError(422, f"options: unknown {unknown}; valid: {sorted(valid)}", "ValidationError")
+    job_id = store.new_id()
+    config = {"model": _model_path(body.model, store, settings, run_ok=True), "options": body.options, "verify": body.verify,
+              "output_dir": _output_dir(body.output_dir, settings, job_id, "export")}
+    return JobInfo(**store.create_job("export", config, job_id))
+
+
+@router.get("", response_model=JobList, summary="Jobs, newest first")
+def list_jobs(store: StoreDep, status: Annotated[JobStatus | None, Query(description="only this status")] = None,
+              limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JobList:
+    return JobList(jobs=[JobInfo(**j) for j in store.list_jobs(status, limit)])
+
+
+def _job(store: Store, job_id: str) -> dict[str, Any]:
+    job = store.get_job(job_id)
+    if job is None:
+        raise ApiError(404, f"no job {job_id!r}", "JobNotFound")
+    return job
+
+
+@router.get("/{job_id}", response_model=JobInfo, summary="One job: status, progress, latest metrics, error")
+def get_job(job_id: str, store: StoreDep) -> JobInfo:
+    return JobInfo(**_job(store, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobInfo, summary="Cancel a queued or running job")
+def cancel_job(job_id: str, store: StoreDep) -> JobInfo:
+    job = _job(store, job_id)
+    if job["status"] in TERMINAL:
+        raise ApiError(409, f"job {job_id} already ended ({job['status']})", "Conflict")
+    return JobInfo(**store.request_cancel(job_id))
+
+
+@router.get("/{job_id}/events", summary="Server-Sent Events: the job's history, then live events until it ends",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}},
+                             "description": "`event: <type>` / `id: <seq>` / `data: <JSON>` frames; the last is "
+                                            "`event: end` with the job's final status"}})
+async def job_events(job_id: str, request: Request, store: StoreDep,
+                     last_event_id: Annotated[int | None, Header(alias="Last-Event-ID")] = None) -> StreamingResponse:
+    await asyncio.to_thread(_job, store, job_id)
+
+    async def stream() -> AsyncIterator[str]:
+        seq = last_event_id or 0
+        idle = 0.0
+        while True:
+            events = await asyncio.to_thread(store.events_after, job_id, seq)
+            for seq, event in events:
+                yield f"id: {seq}\nevent: {event.get('type', 'message')}\ndata: {json.dumps(event)}\n\n"
+            job = await asyncio.to_thread(store.get_job, job_id)
+            if job is None or (job["status"] in TERMINAL and not events):
+                final = {"status": job["status"] if job else "deleted", "error": job and job["error"]}
+                yield f"event: end\ndata: {json.dumps(final)}\n\n"
+                return
+            if await request.is_disconnected():
+                return
+            idle = 0.0 if events else idle + 0.25
+            if idle >= 15:  # a comment line keeps proxies from closing a quiet stream
+                idle = 0.0
+                yield ": keep-alive\n\n"
+            await asyncio.sleep(0.25)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

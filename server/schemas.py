@@ -1,0 +1,113 @@
+"""Request and response bodies of every route: what OpenAPI shows."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+PipelineTask = Literal["text-classification", "token-classification", "question-answering", "fill-mask",
+                       "feature-extraction"]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="what went wrong, for a person")
+    error_type: str = Field(description="a stable kind, for a program (e.g. NotFound, PathNotAllowed)")
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 429, 503, 504)}
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    version: str
+    jobs: dict[str, int] = Field(description="job counts by status")
+    models_loaded: int
+
+
+class ModelRegistration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=NAME_PATTERN, description="the name /predict and jobs refer to")
+    path: str = Field(description="an HF model folder inside the allowed dirs (relative: from the data dir)")
+    task: PipelineTask | None = Field(None, description="default task; else taken from the model's head")
+
+
+class ModelInfo(BaseModel):
+    name: str
+    path: str
+    task: str | None
+    source: str = Field(description="'registered', or 'job:<id>' for a fine-tune's best model")
+    created_at: float
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+class Deleted(BaseModel):
+    deleted: str
+
+
+PredictInput = str | dict[str, Any]
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="a registered model name")
+    inputs: PredictInput | list[PredictInput] = Field(
+        description="a text, an object ({'text','text_pair'} or {'question','context'}), or a list of them")
+    parameters: dict[str, Any] = Field(default_factory=dict,
+                                       description="pipeline options, named as in transformers (top_k, "
+                                                   "aggregation_strategy, ...)")
+    task: PipelineTask | None = Field(None, description="overrides the model's task")
+
+
+class PredictResponse(BaseModel):
+    model: str
+    task: str
+    outputs: Any = Field(description="one result per input, in order (a list input may hold "
+                                     "{'error','error_type','index'} entries); a single input gets its result")
+
+
+class FinetuneJobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config: dict[str, Any] = Field(description="hfport.FinetuneConfig fields (as `hfport finetune --config`); "
+                                               "model is a registered name or a folder, train/eval are files, "
+                                               "all inside the allowed dirs; output_dir defaults to "
+                                               "<data_dir>/runs/<job id>/run")
+    register_as: str | None = Field(None, pattern=NAME_PATTERN,
+                                    description="model name for the best checkpoint (default finetune-<job id>)")
+
+
+class ExportJobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="a registered model name, a model folder or a fine-tune run folder (its best/), "
+                                   "inside the allowed dirs")
+    output_dir: str | None = Field(None, description="default <data_dir>/runs/<job id>/export")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword options of hfport.export.export")
+    verify: bool = Field(True, description="check the export against transformers afterwards")
+
+
+class JobInfo(BaseModel):
+    id: str
+    kind: Literal["finetune", "export"]
+    status: JobStatus
+    config: dict[str, Any]
+    progress: dict[str, Any] = Field(description="step, epoch, total_steps when known")
+    metrics: dict[str, Any] = Field(description="the latest train and eval values")
+    result: dict[str, Any] | None
+    error: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    heartbeat_at: float | None
+    pid: int | None
+    attempts: int = Field(description="runs started; more than 1 after a restart resumed it")
+    cancel_requested: bool
+
+
+class JobList(BaseModel):
+    jobs: list[JobInfo]

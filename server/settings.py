@@ -1,0 +1,72 @@
+"""Service settings: pydantic-settings with the env prefix HFPORT_ (e.g. HFPORT_PORT=9000, HFPORT_API_TOKEN=...,
+HFPORT_ALLOWED_DIRS='["/data/models", "/data/sets"]'). Handlers get them through `SettingsDep`, so tests build an
+app with their own Settings instead of patching the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HFPORT_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="bind address; loopback by default")
+    port: int = Field(8000, ge=0, le=65535)
+    data_dir: Path = Field(Path("./hfport-data"), description="job store, registry, uploads and job runs")
+    allowed_dirs: list[Path] = Field(default_factory=list,
+                                     description="folders server-side paths may point into; data_dir always is one")
+    api_token: str | None = Field(None, description="when set, every route but GET /health needs it as a Bearer token")
+    max_concurrent_jobs: int = Field(1, ge=1, description="jobs running at once (one subprocess each)")
+    max_upload_bytes: int = Field(100 * 2**20, ge=1, description="largest accepted upload (multipart body)")
+    max_request_bytes: int = Field(8 * 2**20, ge=1, description="largest accepted JSON body")
+    predict_max_inputs: int = Field(256, ge=1, description="inputs per /predict request")
+    predict_max_chars: int = Field(20_000, ge=1, description="characters per input (all its text fields)")
+    predict_timeout_s: float = Field(30.0, gt=0, description="per-request deadline for /predict")
+    predict_threads: int = Field(2, ge=1, description="threads running model forward passes")
+    predict_max_pending: int = Field(64, ge=1, description="requests waiting for a model before 429")
+    batch_max_wait_ms: float = Field(5.0, ge=0, description="how long a request waits for others to batch with")
+    batch_max_inputs: int = Field(512, ge=1, description="inputs merged into one pipeline call at most")
+    model_cache_size: int = Field(4, ge=1, description="loaded pipelines kept in memory (least recently used go)")
+    model_cache_mb: float = Field(4096, gt=0, description="weight memory of the kept pipelines (the newest always stays)")
+    job_heartbeat_s: float = Field(2.0, gt=0, description="how often a job process proves it is alive")
+    job_lease_s: float = Field(30.0, gt=0, description="a running job silent this long is presumed dead")
+    cancel_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+    @field_validator("allowed_dirs")
+    @classmethod
+    def _absolute_all(cls, v: list[Path]) -> list[Path]:
+        return [p.expanduser().resolve() for p in v]
+
+    @property
+    def roots(self) -> list[Path]:
+        """Every folder server-side paths may resolve into (the data dir first)."""
+        return [self.data_dir, *[p for p in self.allowed_dirs if p != self.data_dir]]
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "hfport.db"
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.data_dir / "uploads"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]

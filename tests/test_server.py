@@ -1,0 +1,560 @@
+"""The service (server/), mostly through httpx against a real uvicorn server started as `hfport serve` on a free
+loopback port: health, the model registry and path confinement, predict for every task, fine-tune jobs end to end
+with their SSE stream, cancel, upload limits, restart recovery after kill -9, export jobs, token auth, JSON errors,
+and the dashboard in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+# --- fixtures: tiny models, data, and a running server -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory, minilm_path) -> Path:
+    """The one allowed dir: tiny models of every head, a tiny BERT with MiniLM's tokenizer, sentiment data."""
+    from tests.test_finetune import write_sentiment
+    from tests.test_pipelines import make_folder
+    from tests.tiny import save_hf
+
+    root = tmp_path_factory.mktemp("allowed")
+    for task in ("sequence-classification", "token-classification", "question-answering", "masked-lm", "base"):
+        folder = make_folder(root / "models", "bert", task)
+        folder.rename(root / "models" / task)
+    ft = root / "models" / "ft-base"
+    save_hf("bert", "base", ft, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm_path / f, ft / f)
+    (root / "data").mkdir()
+    write_sentiment(root / "data" / "train.jsonl", 96, seed=0)
+    write_sentiment(root / "data" / "eval.jsonl", 24, seed=1)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`hfport serve` in a subprocess on a free loopback port."""
+
+    def __init__(self, data_dir: Path, allowed: Path, workers: int = 2, **env: str):
+        self.data_dir, self.allowed, self.env, self.workers = data_dir, allowed, env, workers
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self) -> Server:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "HFPORT_ALLOWED_DIRS": json.dumps([str(self.allowed)]), "OMP_NUM_THREADS": "1",
+               "HF_HUB_OFFLINE": "1", "HFPORT_JOB_HEARTBEAT_S": "0.5", **self.env}
+        self.log = open(self.data_dir.parent / f"{self.data_dir.name}-server.log", "ab")  # noqa: SIM115 - lives with the server
+        self.proc = subprocess.Popen([sys.executable, "-m", "hfport", "serve", "--port", str(port), "--data-dir",
+                                      str(self.data_dir), "--workers", str(self.workers)], cwd=REPO, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.read_log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not come up:\n{self.read_log()}")
+
+    def read_log(self) -> str:
+        return (self.data_dir.parent / f"{self.data_dir.name}-server.log").read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(root, tmp_path_factory) -> Iterator[Server]:
+    data = tmp_path_factory.mktemp("srv") / "data"
+    srv = Server(data, root, HFPORT_MAX_UPLOAD_BYTES=str(64 * 1024), HFPORT_PREDICT_MAX_INPUTS="16",
+                 HFPORT_PREDICT_MAX_CHARS="2000", HFPORT_BATCH_MAX_WAIT_MS="30").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def registered(client, root) -> dict[str, str]:
+    """Every tiny model registered; name -> pipeline task."""
+    names = {"cls": "sequence-classification", "ner": "token-classification", "qa": "question-answering",
+             "mlm": "masked-lm", "feat": "base", "ftbase": "ft-base"}
+    tasks = {}
+    for name, folder in names.items():
+        r = client.post("/models", json={"name": name, "path": str(root / "models" / folder)})
+        assert r.status_code == 201, r.text
+        tasks[name] = r.json()["task"]
+    return tasks
+
+
+def assert_error(r: httpx.Response, status: int, error_type: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    body = r.json()
+    assert set(body) == {"error", "error_type"} and body["error"], body
+    if error_type:
+        assert body["error_type"] == error_type, body
+    return body
+
+
+def wait_job(client: httpx.Client, job_id: str, until: Any, timeout: float = 90) -> dict[str, Any]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = client.get(f"/jobs/{job_id}").json()
+        if until(job):
+            return job
+        if job["status"] in TERMINAL:
+            raise AssertionError(f"job ended before the condition held: {job}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting on job {job_id}: {client.get(f'/jobs/{job_id}').json()}")
+
+
+def read_sse(url: str, headers: dict[str, str] | None = None, timeout: float = 120) -> list[tuple[str, dict]]:
+    """Every (event, data) frame of an SSE stream, to its end."""
+    frames: list[tuple[str, dict]] = []
+    event, data = "message", []
+    with httpx.stream("GET", url, headers=headers, timeout=timeout) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                data.append(line[6:])
+            elif line == "" and data:
+                frames.append((event, json.loads("\n".join(data))))
+                event, data = "message", []
+    return frames
+
+
+def finetune_config(root: Path, **overrides: Any) -> dict[str, Any]:
+    return {"model": "ftbase", "train": str(root / "data" / "train.jsonl"), "eval": str(root / "data" / "eval.jsonl"),
+            "batch_size": 16, "lr": 3e-3, "logging_steps": 1, "seed": 7, "max_length": 32, **overrides}
+
+
+# --- health, errors, registry, confinement --------------------------------------------------------------------
+
+def test_health_and_json_errors(client):
+    r = client.get("/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    assert_error(client.get("/jobs/nope"), 404, "JobNotFound")
+    assert_error(client.get("/models/nope"), 404, "ModelNotFound")
+    assert_error(client.get("/no/such/route"), 404)
+    assert_error(client.post("/predict", content=b"{not json", headers={"content-type": "application/json"}), 422)
+    assert_error(client.post("/predict", json={"model": "x"}), 422, "ValidationError")
+    assert_error(client.get("/jobs", params={"status": "sleeping"}), 422)
+    assert_error(client.post("/models", json={"name": "../x", "path": "models"}), 422)
+    assert_error(client.delete("/health"), 405)
+
+
+def test_openapi_is_complete(client):
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    assert {"PredictRequest", "PredictResponse", "JobInfo", "JobList", "ModelInfo", "ModelList", "ModelRegistration",
+            "FinetuneJobRequest", "ExportJobRequest", "ErrorBody", "Health"} <= set(schemas)
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            ok = op["responses"].get("200") or op["responses"].get("201") or op["responses"].get("202")
+            assert ok and ok.get("content"), f"{method.upper()} {path} documents no response body"
+            if method == "post" and path not in ("/jobs/{job_id}/cancel",):
+                assert "requestBody" in op, f"POST {path} documents no request body"
+
+
+def test_model_registry_and_path_confinement(client, root, tmp_path):
+    folder = str(root / "models" / "sequence-classification")
+    r = client.post("/models", json={"name": "reg-a", "path": folder})
+    assert r.status_code == 201, r.text
+    assert r.json()["task"] == "text-classification" and r.json()["source"] == "registered"
+    assert client.get("/models/reg-a").json()["path"] == folder
+    assert "reg-a" in [m["name"] for m in client.get("/models").json()["models"]]
+    assert_error(client.post("/models", json={"name": "reg-a", "path": folder}), 409, "Conflict")
+    # relative paths are taken from the data dir; '..' never passes, even when it would land inside
+    assert_error(client.post("/models", json={"name": "esc1", "path": f"{root}/models/../models/base"}), 400,
+                 "InvalidPath")
+    assert_error(client.post("/models", json={"name": "esc2", "path": "../../etc"}), 400, "InvalidPath")
+    outside = tmp_path / "outside-model"
+    shutil.copytree(root / "models" / "sequence-classification", outside)
+    assert_error(client.post("/models", json={"name": "esc3", "path": str(outside)}), 403, "PathNotAllowed")
+    link = root / "models" / "sneaky-link"
+    link.symlink_to(outside, target_is_directory=True)
+    try:
+        assert_error(client.post("/models", json={"name": "esc4", "path": str(link)}), 403, "PathNotAllowed")
+    finally:
+        link.unlink()
+    assert_error(client.post("/models", json={"name": "esc5", "path": str(root / "data")}), 400, "InvalidModel")
+    assert_error(client.post("/models", json={"name": "esc6", "path": str(root / "nothing-here")}), 400)
+    assert client.delete("/models/reg-a").json() == {"deleted": "reg-a"}
+    assert_error(client.get("/models/reg-a"), 404)
+    assert_error(client.delete("/models/reg-a"), 404)
+
+
+# --- predict --------------------------------------------------------------------------------------------------
+
+def test_predict_every_task(client, registered):
+    assert registered == {"cls": "text-classification", "ner": "token-classification", "qa": "question-answering",
+                          "mlm": "fill-mask", "feat": "feature-extraction", "ftbase": "feature-extraction"}
+    r = client.post("/predict", json={"model": "cls", "inputs": "Herman Melville wrote Moby-Dick."})
+    assert r.status_code == 200, r.text
+    one = r.json()
+    assert one["task"] == "text-classification" and set(one["outputs"][0] if isinstance(one["outputs"], list)
+                                                         else one["outputs"]) == {"label", "score"}
+    r = client.post("/predict", json={"model": "cls", "inputs": ["a text", "another text"],
+                                      "parameters": {"top_k": None}})
+    outs = r.json()["outputs"]
+    assert len(outs) == 2 and all(len(o) == 3 for o in outs), outs  # all three labels, for each input
+    assert abs(sum(x["score"] for x in outs[0]) - 1) < 1e-4
+    ner = client.post("/predict", json={"model": "ner", "inputs": ["Herman Melville lived in Paris."],
+                                        "parameters": {"aggregation_strategy": "simple", "ignore_labels": []}})
+    assert ner.status_code == 200 and ner.json()["outputs"][0][0].keys() >= {"entity_group", "score", "word"}
+    qa = client.post("/predict", json={"model": "qa", "inputs": {"question": "Who wrote it?",
+                                                                 "context": "Herman Melville wrote Moby-Dick."}})
+    assert qa.status_code == 200 and {"answer", "start", "end", "score"} <= set(qa.json()["outputs"])
+    mask = client.post("/predict", json={"model": "mlm", "inputs": "Paris is the [MASK] of France.",
+                                         "parameters": {"top_k": 2}})
+    assert mask.status_code == 200 and len(mask.json()["outputs"]) == 2, mask.text
+    feat = client.post("/predict", json={"model": "feat", "inputs": ["a text"],
+                                         "parameters": {"pooling": "mean", "normalize": True}})
+    assert feat.status_code == 200 and len(feat.json()["outputs"][0]) == 32, feat.text
+    # the task can be given: the masked-LM folder's body as features
+    r = client.post("/predict", json={"model": "cls", "inputs": ["x y"], "task": "feature-extraction"})
+    assert r.status_code == 200, r.text
+
+
+def test_predict_errors_and_limits(client, registered):
+    assert_error(client.post("/predict", json={"model": "nope", "inputs": "x"}), 404, "ModelNotFound")
+    assert_error(client.post("/predict", json={"model": "cls", "inputs": "x", "parameters": {"bogus": 1}}), 422,
+                 "InvalidParameters")
+    assert_error(client.post("/predict", json={"model": "cls", "inputs": ["x"] * 17}), 413, "TooManyInputs")
+    assert_error(client.post("/predict", json={"model": "cls", "inputs": ["x" * 2001]}), 413, "InputTooLong")
+    assert_error(client.post("/predict", json={"model": "cls", "inputs": []}), 422)
+    assert_error(client.post("/predict", json={"model": "mlm", "inputs": "no mask token here"}), 422)
+    # a list answers every item it can; a bad item gets an error entry in its place
+    outs = client.post("/predict", json={"model": "mlm", "inputs": ["a [MASK] b", "no mask"]}).json()["outputs"]
+    assert isinstance(outs[0], list) and outs[1]["index"] == 1 and outs[1]["error_type"], outs
+    assert_error(client.post("/predict", content=b"x" * (9 * 2**20), headers={"content-type": "application/json"}),
+                 413, "PayloadTooLarge")
+
+
+def test_concurrent_predicts_are_answered_separately(client, registered):
+    """Requests batched together still get their own results (and item indices) back."""
+    texts = [[f"text [MASK] {i}", "no mask here" if i % 2 else f"more {i} [MASK]"] for i in range(8)]
+    solo = [client.post("/predict", json={"model": "mlm", "inputs": t}).json()["outputs"] for t in texts]
+    results: list[Any] = [None] * len(texts)
+
+    def call(i: int) -> None:
+        with httpx.Client(base_url=client.base_url, timeout=60) as c:
+            results[i] = c.post("/predict", json={"model": "mlm", "inputs": texts[i]}).json()["outputs"]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for got, want in zip(results, solo):
+        assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+    assert solo[1][1]["index"] == 1 and solo[1][1]["error"].startswith("input 1:"), solo[1]
+
+
+# --- jobs -----------------------------------------------------------------------------------------------------
+
+def test_finetune_job_end_to_end_with_sse(client, server, registered, root):
+    body = {"config": finetune_config(root, max_steps=6, eval_strategy="steps", eval_steps=3, save_steps=3),
+            "register_as": "sentiment"}
+    r = client.post("/jobs/finetune", json=body)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["status"] in ("queued", "running") and job["kind"] == "finetune"
+    assert job["config"]["eval"] == str(root / "data" / "eval.jsonl")
+    frames = read_sse(f"{server.url}/jobs/{job['id']}/events")
+    kinds = [k for k, _ in frames]
+    assert kinds[-1] == "end" and frames[-1][1]["status"] == "succeeded", frames[-3:]
+    assert [d["step"] for k, d in frames if k == "train"] == [1, 2, 3, 4, 5, 6]
+    assert [d["step"] for k, d in frames if k == "eval"] == [3, 6]
+    assert "done" in kinds and kinds.index("done") < kinds.index("end")
+    statuses = [d["status"] for k, d in frames if k == "status"]
+    assert statuses == ["queued", "running", "succeeded"]
+    done = client.get(f"/jobs/{job['id']}").json()
+    assert done["status"] == "succeeded" and done["progress"]["step"] == 6 and done["progress"]["total_steps"] == 6
+    assert "eval_accuracy" in done["metrics"] and "loss" in done["metrics"]
+    assert done["result"]["model"] == "sentiment" and done["result"]["summary"]["steps"] == 6
+    model = client.get("/models/sentiment").json()
+    assert model["task"] == "text-classification" and model["source"] == f"job:{job['id']}"
+    assert Path(model["path"]).name == "best" and (Path(model["path"]) / "model.safetensors").is_file()
+    pred = client.post("/predict", json={"model": "sentiment", "inputs": "the plot was great overall"})
+    assert pred.json()["outputs"]["label"] in ("positive", "negative")
+    # a late subscriber gets the same history, from the store; Last-Event-ID resumes a dropped stream
+    assert [k for k, _ in read_sse(f"{server.url}/jobs/{job['id']}/events")] == kinds
+    assert [k for k, _ in read_sse(f"{server.url}/jobs/{job['id']}/events", {"Last-Event-ID": "3"})] == kinds[3:]
+    assert any(j["id"] == job["id"] for j in client.get("/jobs", params={"status": "succeeded"}).json()["jobs"])
+    assert_error(client.post(f"/jobs/{job['id']}/cancel"), 409, "Conflict")
+
+
+def test_finetune_job_input_errors(client, registered, root, tmp_path):
+    assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, bogus=1)}), 422, "InvalidConfig")
+    assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, train="/etc/passwd")}), 403)
+    assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, train="../x.jsonl")}), 400)
+    assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, model="/etc")}), 403)
+    assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, resume="latest")}), 422)
+    assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, output_dir=str(root))}), 409)
+    # a config that passes validation but fails in the engine: the job fails with the engine's message
+    (root / "data" / "nolabel.jsonl").write_text('{"text": "a"}\n' * 40)
+    job = client.post("/jobs/finetune", json={"config": finetune_config(root, train=str(root / "data" / "nolabel.jsonl"),
+                                                                          eval=None, max_steps=2)}).json()
+    done = wait_job(client, job["id"], lambda j: j["status"] in TERMINAL)
+    assert done["status"] == "failed" and "label" in done["error"], done
+
+
+def test_upload_and_cancel(client, server, registered, root):
+    data = (root / "data" / "train.jsonl").read_bytes()
+    config = json.dumps({k: v for k, v in finetune_config(root, max_steps=100000, eval_strategy="no").items()
+                         if k not in ("train", "eval")})
+    r = client.post("/jobs/finetune/upload", data={"config": config},
+                    files={"train": ("my train.jsonl", data, "application/jsonl")})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    saved = Path(job["config"]["train"])
+    assert saved.read_bytes() == data and saved.parent.parent == server.data_dir / "uploads"
+    running = wait_job(client, job["id"], lambda j: j["status"] == "running" and j["progress"].get("step", 0) >= 1)
+    pid = running["pid"]
+    assert pid and client.post(f"/jobs/{job['id']}/cancel").json()["cancel_requested"]
+    frames = read_sse(f"{server.url}/jobs/{job['id']}/events", timeout=60)
+    assert frames[-1] == ("end", {"status": "cancelled", "error": None})
+    assert client.get(f"/jobs/{job['id']}").json()["status"] == "cancelled"
+    deadline = time.time() + 10
+    while time.time() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(), \
+        "the job process outlived its cancel"
+    # oversize uploads are refused before they are read
+    big = b'{"text": "the plot was great overall", "label": "positive"}\n' * 2000  # ~120 KB > 64 KB
+    assert_error(client.post("/jobs/finetune/upload", data={"config": config}, files={"train": ("t.jsonl", big)}),
+                 413, "PayloadTooLarge")
+    assert_error(client.post("/jobs/finetune/upload", data={"config": "{nope"},
+                             files={"train": ("t.jsonl", data)}), 422)
+
+
+def test_export_job(client, registered, root):
+    """Runs an export job when hfport.export is installed; otherwise the route answers 503 with a clear error."""
+    import importlib.util
+
+    r = client.post("/jobs/export", json={"model": "cls"})
+    if importlib.util.find_spec("hfport.export") is None:
+        body = assert_error(r, 503, "ExportUnavailable")
+        assert "hfport.export" in body["error"]
+        return
+    assert r.status_code == 202, r.text
+    done = wait_job(client, r.json()["id"], lambda j: j["status"] in TERMINAL, timeout=120)
+    assert done["status"] == "succeeded", done
+    out = Path(done["result"]["output_dir"])
+    assert (out / "config.json").is_file() and done["result"]["task"] == "sequence-classification"
+    assert done["result"]["verify"]["passed"] is True, done["result"]["verify"]
+    assert_error(client.post("/jobs/export", json={"model": "/etc"}), 403)
+    assert_error(client.post("/jobs/export", json={"model": "cls", "options": {"bogus": 1}}), 422)
+    assert_error(client.post("/jobs/export", json={"model": "cls", "options": {"force": True}}), 422)
+
+
+def test_restart_recovery_after_kill(root, tmp_path):
+    """kill -9 the server and its job process mid-run; a new server resumes the job from its checkpoint."""
+    srv = Server(tmp_path / "data", root, workers=1).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            assert c.post("/models", json={"name": "ftbase", "path": str(root / "models" / "ft-base")}).status_code \
+                == 201
+            cfg = finetune_config(root, max_steps=30, batch_size=8, save_steps=3, eval_strategy="no")
+            job = c.post("/jobs/finetune", json={"config": cfg}).json()
+            queued = c.post("/jobs/finetune", json={"config": {**cfg, "max_steps": 2}}).json()  # one worker: waits
+            ckpts = Path(job["config"]["output_dir"]) / "checkpoints"
+            running = wait_job(c, job["id"], lambda j: j["progress"].get("step", 0) >= 4
+                               and any(ckpts.glob("step-*/trainer_state.json")))
+            assert running["progress"]["step"] < 30, "the job finished before it could be killed; make it longer"
+            assert c.get(f"/jobs/{queued['id']}").json()["status"] == "queued"
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait()
+        try:
+            os.kill(running["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it died with its server
+        srv.log.close()
+        srv = Server(tmp_path / "data", root, workers=1).start()
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            # the job queued when the server died is still queued (behind the resumed one: one worker); a queued
+            # job cancels at once, without ever running
+            other = c.get(f"/jobs/{queued['id']}").json()
+            assert other["status"] == "queued" and other["attempts"] == 0, other
+            assert c.post(f"/jobs/{queued['id']}/cancel").json()["status"] == "cancelled"
+            frames = read_sse(f"{srv.url}/jobs/{job['id']}/events", timeout=120)
+            assert frames[-1][1]["status"] == "succeeded", frames[-4:]
+            done = c.get(f"/jobs/{job['id']}").json()
+            assert done["attempts"] == 2 and done["result"]["summary"]["steps"] == 30, done
+            resumed = [i for i, (k, _) in enumerate(frames) if k == "resumed"]
+            assert len(resumed) == 1, [k for k, _ in frames]
+            at = frames[resumed[0]][1]["step"]
+            assert at >= 3 and at % 3 == 0, at  # a checkpoint step
+            # a live subscriber sees steps past the checkpoint twice: before the kill, then redone after "resumed"
+            assert [d["step"] for k, d in frames[resumed[0]:] if k == "train"] == list(range(at + 1, 31))
+            # the stored history drops the lost steps, so a late subscriber sees every step once, in order
+            late = read_sse(f"{srv.url}/jobs/{job['id']}/events")
+            assert [d["step"] for k, d in late if k == "train"] == list(range(1, 31))
+            other = c.get(f"/jobs/{queued['id']}").json()
+            assert other["status"] == "cancelled" and other["attempts"] == 0 and other["started_at"] is None, other
+    finally:
+        srv.stop()
+
+
+# --- auth (in-process: quick) ---------------------------------------------------------------------------------
+
+def test_token_auth(tmp_path, root):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    app = create_app(Settings(data_dir=tmp_path / "d", allowed_dirs=[root], api_token="s3cret"), run_worker=False)
+    with TestClient(app) as c:
+        assert c.get("/health").status_code == 200
+        for method, path, body in (("GET", "/models", None), ("GET", "/jobs", None), ("GET", "/jobs/x/events", None),
+                                   ("POST", "/predict", {"model": "m", "inputs": "x"}),
+                                   ("POST", "/models", {"name": "m", "path": "x"}), ("DELETE", "/models/m", None),
+                                   ("POST", "/jobs/finetune", {"config": {}}), ("POST", "/jobs/x/cancel", None),
+                                   ("GET", "/openapi.json", None), ("GET", "/docs", None)):
+            r = c.request(method, path, json=body)
+            assert_error(r, 401, "Unauthorized")
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert_error(c.request(method, path, json=body, headers={"Authorization": "Bearer wrong"}), 403)
+            assert_error(c.request(method, path, json=body, headers={"Authorization": "Basic czNjcmV0"}), 401)
+        ok = {"Authorization": "Bearer s3cret"}
+        assert c.get("/models", headers=ok).json() == {"models": []}
+        assert "/predict" in c.get("/openapi.json", headers=ok).json()["paths"]
+        assert c.get("/", headers={}).status_code == 200  # the static dashboard page holds no data
+        assert_error(c.get("/jobs/x", headers=ok), 404)
+
+
+def test_predict_timeout_is_a_json_504(tmp_path, root):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    app = create_app(Settings(data_dir=tmp_path / "d", allowed_dirs=[root], predict_timeout_s=0.001),
+                     run_worker=False)
+    with TestClient(app) as c:
+        folder = str(root / "models" / "sequence-classification")
+        assert c.post("/models", json={"name": "m", "path": folder}).status_code == 201
+        assert_error(c.post("/predict", json={"model": "m", "inputs": "x"}), 504, "Timeout")
+
+
+def test_model_cache_is_bounded_by_count_and_memory(tmp_path, root):
+    import asyncio
+
+    from server.serving import ModelService, weight_bytes
+    from server.settings import Settings
+
+    async def load_all(service: ModelService) -> list[str]:
+        for folder, task in (("sequence-classification", "text-classification"),
+                             ("token-classification", "token-classification"), ("base", "feature-extraction")):
+            out = await service.predict(folder, str(root / "models" / folder), task, ["some text"], {})
+            assert "error" not in out[0], out
+        return [key[0] for key in service._pipes]
+
+    def run(**limits: int) -> list[str]:
+        service = ModelService(Settings(data_dir=tmp_path / "d", **limits))
+        try:
+            return asyncio.run(load_all(service))
+        finally:
+            service.close()
+
+    assert run() == ["sequence-classification", "token-classification", "base"]
+    assert run(model_cache_size=2) == ["token-classification", "base"]
+    import hfport
+
+    one = weight_bytes(hfport.pipeline("text-classification", model=root / "models" / "sequence-classification"))
+    assert run(model_cache_mb=1.5 * one / 2**20) == ["base"]  # room for one tiny model only
+
+
+def test_settings_from_env(monkeypatch, tmp_path):
+    from server.settings import Settings
+
+    monkeypatch.setenv("HFPORT_PORT", "9123")
+    monkeypatch.setenv("HFPORT_ALLOWED_DIRS", json.dumps([str(tmp_path)]))
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path / "d"))
+    s = Settings()
+    assert s.port == 9123 and s.host == "127.0.0.1" and s.api_token is None
+    assert s.roots == [tmp_path / "d", tmp_path]
+    monkeypatch.setenv("HFPORT_PORT", "not-a-port")
+    with pytest.raises(ValueError):
+        Settings()
+
+
+# --- the dashboard ----------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                                  "(apt-get install -y chromium)")
+def test_dashboard_in_headless_chromium(client, server, registered, root):
+    from playwright.sync_api import sync_playwright
+
+    job = client.post("/jobs/finetune", json={"config": finetune_config(root, max_steps=8, eval_strategy="steps",
+                                                                          eval_steps=4)}).json()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server.url + "/")
+            page.locator(f"tr.job[data-id='{job['id']}']").click()
+            page.wait_for_function("document.querySelectorAll('#chart polyline.curve').length >= 2", timeout=90_000)
+            page.wait_for_selector(f"tr.job[data-id='{job['id']}'] td.succeeded", timeout=90_000)
+            names = page.eval_on_selector_all("#chart polyline.curve", "els => els.map(e => e.dataset.name)")
+            assert "loss" in names and "eval_accuracy" in names, names
+            points = page.get_attribute("#chart polyline.curve[data-name='loss']", "points")
+            assert len(points.split()) == 8
+            assert "cls" in page.inner_text("#models")
+            page.select_option("#model", "cls")
+            page.fill("#inputs", "a happy text\nanother one")
+            page.click("#predict")
+            page.wait_for_function("document.querySelector('#output').textContent.includes('score')")
+            assert len(json.loads(page.inner_text("#output"))) == 2
+            assert not errors, errors
+        finally:
+            browser.close()
