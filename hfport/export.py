@@ -220,6 +220,9 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
         raise ExportError(f"{source.model}: lacks weights the {model.family.architectures.get(model.task)} model "
                           f"needs ({', '.join(report.initialized[:8])}); hfport would initialise them randomly, so "
                           "the export would not be the trained model")
+    if report is not None and report.nonfinite:
+        raise ExportError(f"{source.model}: NaN or inf values in {len(report.nonfinite)} weight(s): "
+                          f"{', '.join(report.nonfinite[:8])}; refusing to export a broken model")
     if report is not None and report.unexpected:
         log.warning("%s: not exported (the %s head does not use them): %s", source.model, model.task,
                     ", ".join(report.unexpected[:8]))

