@@ -54,7 +54,7 @@ def info(model: Annotated[str, typer.Argument(help="A model folder or a repo id 
         "labels": m.config.id2label if m.task in ("sequence-classification", "token-classification") else None,
         "load_report": {"loaded": len(report.loaded), "initialized": report.initialized,
                         "unexpected": report.unexpected,
-                        "mismatched": [list(x) for x in report.mismatched]},
+                        "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite},
     }
     if as_json:
         typer.echo(json.dumps(facts, indent=2))
