@@ -145,7 +145,7 @@ class PreTrainedEncoder(nn.Module):
     def _plan(self, checkpoint: hub.Checkpoint) -> tuple[dict[str, str], list[str]]:
         """checkpoint key -> hfport name for the keys this model uses; the rest are returned as unused."""
         family, prefix = self.family, self.family.prefix + "."
-        head_map = family.head_keys.get(self.task)
+        head_map = family.head_map(self.config, self.task)
         others = [m for t, m in family.head_keys.items() if t != self.task] + [family.ignored_keys]
         plan: dict[str, str] = {}
         unused, unknown = [], []
@@ -237,7 +237,7 @@ class PreTrainedEncoder(nn.Module):
         """hfport name -> the name transformers gives the same tensor for this family and task."""
         family = self.family
         body_prefix = "" if self.task == "base" else family.prefix + "."
-        head_map = family.head_keys.get(self.task)
+        head_map = family.head_map(self.config, self.task)
         out: dict[str, str] = {}
         for name in self.state_dict():
             part, local = name.split(".", 1)

@@ -24,6 +24,11 @@ class Family:
     build_head: Callable[[EncoderConfig, str], nn.Module | None]
     ignored_keys: KeyMap = field(default_factory=lambda: KeyMap({}))  # pre-training heads hfport never loads
     after_init: Callable[[nn.Module, EncoderConfig], None] | None = None  # a family's own fresh-init values
+    # a family whose head names depend on the config (DeBERTa's two MLM layouts) picks the head's table here
+    select_head_keys: Callable[[EncoderConfig, str], KeyMap | None] | None = None
+
+    def head_map(self, config: EncoderConfig, task: str) -> KeyMap | None:
+        return self.select_head_keys(config, task) if self.select_head_keys else self.head_keys.get(task)
 
 
 FAMILIES: dict[str, Family] = {}

@@ -77,17 +77,19 @@ class EncoderLayer(nn.Module):
     DistilBERT has none after attention, ALBERT none after the feed-forward."""
 
     def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, act: str, eps: float,
-                 attention_dropout: float, attn_out_dropout: float, ffn_out_dropout: float):
+                 attention_dropout: float, attn_out_dropout: float, ffn_out_dropout: float,
+                 attn: SelfAttention | None = None):
         super().__init__()
-        self.attn = SelfAttention(hidden_size, num_heads, attention_dropout)
+        # a family may pass an attention that adds its own score terms (DeBERTa's relative-position bias)
+        self.attn = attn if attn is not None else SelfAttention(hidden_size, num_heads, attention_dropout)
         self.attn_norm = nn.LayerNorm(hidden_size, eps=eps)
         self.ffn = FeedForward(hidden_size, intermediate_size, act)
         self.ffn_norm = nn.LayerNorm(hidden_size, eps=eps)
         self.attn_dropout = nn.Dropout(attn_out_dropout)
         self.ffn_dropout = nn.Dropout(ffn_out_dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        x = self.attn_norm(x + self.attn_dropout(self.attn(x, mask)))  # (B, T, C)
+    def forward(self, x: Tensor, mask: Tensor | None, **attn_kwargs) -> Tensor:
+        x = self.attn_norm(x + self.attn_dropout(self.attn(x, mask, **attn_kwargs)))  # (B, T, C)
         return self.ffn_norm(x + self.ffn_dropout(self.ffn(x)))  # (B, T, C)
 
 

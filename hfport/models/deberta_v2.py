@@ -1,0 +1,456 @@
+"""DeBERTa-v2/v3: BERT's post-LN layer whose attention adds a disentangled relative-position bias (c2p, p2c),
+embeddings normalised after an optional projection, an optional convolution after the first layer (v2-xlarge),
+a ContextPooler in the classification head and two MLM head layouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..config import EncoderConfig, head_fields
+from ..errors import ConfigError
+from ..heads import MaskedLMHead, QuestionAnsweringHead, SequenceClassificationHead, TokenClassificationHead
+from ..keymap import KeyMap, params, tables
+from ..nn import Activation, EncoderBody, EncoderLayer, SelfAttention
+from ..nn.activations import ACTIVATIONS
+from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias
+from ..registry import Family, register
+from .bert import architectures, number
+
+# DebertaV2Config's defaults (transformers 5.23), where they differ from EncoderConfig's or are DeBERTa's own.
+DEFAULTS: dict[str, Any] = {
+    "vocab_size": 128100, "hidden_size": 1536, "num_hidden_layers": 24, "num_attention_heads": 24,
+    "intermediate_size": 6144, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512, "type_vocab_size": 0, "initializer_range": 0.02, "layer_norm_eps": 1e-7,
+    "relative_attention": False, "max_relative_positions": -1, "pad_token_id": 0, "position_biased_input": True,
+    "pos_att_type": None, "pooler_dropout": 0.0, "pooler_hidden_act": "gelu", "legacy": True,
+    "tie_word_embeddings": True,
+    # not DebertaV2Config fields: the modeling code reads them with getattr and these defaults
+    "position_buckets": -1, "share_att_key": False, "norm_rel_ebd": "none", "conv_kernel_size": 0,
+    "conv_groups": 1, "conv_act": "tanh", "cls_dropout": None,
+}
+ATT_TYPES = ("c2p", "p2c")
+
+
+def _typed(raw: dict[str, Any], key: str, kind: type, source: str) -> Any:
+    """transformers' strict config types (a bool is not an int)."""
+    value = raw[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{source}: field '{key}' should be {kind.__name__}, got {value!r}")
+    return value
+
+
+def pos_att_types(value: Any, source: str) -> tuple[str, ...]:
+    """A list, or the older "p2c|c2p" string, lower-cased and stripped as transformers does. Names other than
+    c2p/p2c are kept and, as in transformers, have no effect."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(x.strip() for x in value.lower().split("|"))
+    if isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
+        return tuple(value)
+    raise ConfigError(f"{source}: field 'pos_att_type' should be a string, a list of strings or null, got {value!r}")
+
+
+def deberta_config(original: dict[str, Any], source: str) -> EncoderConfig:
+    raw = {**DEFAULTS, **original}
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "max_relative_positions", "position_buckets",
+                "conv_kernel_size", "conv_groups"):
+        _typed(raw, key, int, source)
+    for key in ("relative_attention", "position_biased_input", "legacy", "tie_word_embeddings"):
+        _typed(raw, key, bool, source)
+    for key in ("hidden_act", "pooler_hidden_act", "conv_act", "norm_rel_ebd"):
+        _typed(raw, key, str, source)
+    hidden, heads = raw["hidden_size"], raw["num_attention_heads"]
+    head_size = raw.get("attention_head_size", hidden // heads if heads else 0)
+    if heads and hidden % heads == 0 and head_size * heads != hidden:  # transformers fails on the first forward
+        raise ConfigError(f"{source}: field 'attention_head_size': {head_size} x {heads} heads must equal "
+                          f"hidden_size {hidden} (the attention output projection is hidden_size wide)")
+    conv = raw["conv_kernel_size"]
+    if conv > 0:
+        if conv % 2 == 0:  # padding (k - 1) // 2 shortens the sequence: transformers fails in ConvLayer
+            raise ConfigError(f"{source}: field 'conv_kernel_size': {conv} is even; the convolution would shorten "
+                              "the sequence (transformers fails on the first forward)")
+        if raw["conv_groups"] < 1 or hidden % raw["conv_groups"]:  # nn.Conv1d refuses it in transformers too
+            raise ConfigError(f"{source}: field 'conv_groups': {raw['conv_groups']} does not divide hidden_size "
+                              f"{hidden}")
+        if raw["conv_act"] not in ACTIVATIONS:
+            raise ConfigError(f"{source}: field 'conv_act': {raw['conv_act']!r} is not supported; "
+                              f"supported: {sorted(ACTIVATIONS)}")
+    max_rel = raw["max_relative_positions"]
+    if max_rel < 1:  # -1 (the default) means "as far as absolute positions go"
+        max_rel = raw["max_position_embeddings"]
+    buckets = raw["position_buckets"]
+    cls_dropout = number(raw, "cls_dropout", None, source)
+    hidden_dropout = number(raw, "hidden_dropout_prob", 0.1, source)
+    extra = {
+        "relative_attention": raw["relative_attention"],
+        "max_relative_positions": max_rel,
+        "position_buckets": buckets,
+        "pos_ebd_size": buckets if buckets > 0 else max_rel,  # the table has 2 * pos_ebd_size rows
+        "pos_att_type": pos_att_types(raw["pos_att_type"], source),
+        "share_att_key": bool(raw["share_att_key"]),  # not a typed field in transformers: any truthy value
+        "position_biased_input": raw["position_biased_input"],
+        "norm_rel_ebd": tuple(x.strip() for x in raw["norm_rel_ebd"].lower().split("|")),
+        "conv_kernel_size": conv, "conv_groups": raw["conv_groups"], "conv_act": raw["conv_act"],
+        "pooler_hidden_act": raw["pooler_hidden_act"], "pooler_dropout": number(raw, "pooler_dropout", 0.0, source),
+        "pooler_hidden_size": _typed(raw, "pooler_hidden_size", int, source) if "pooler_hidden_size" in raw
+        else hidden,
+        "legacy": raw["legacy"],
+    }
+    return EncoderConfig(
+        model_type="deberta-v2", vocab_size=raw["vocab_size"], hidden_size=hidden,
+        num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
+        intermediate_size=raw["intermediate_size"], hidden_act=raw["hidden_act"],
+        max_position_embeddings=raw["max_position_embeddings"],
+        type_vocab_size=max(raw["type_vocab_size"], 0),  # transformers: no token types unless > 0
+        layer_norm_eps=number(raw, "layer_norm_eps", 1e-7, source), pad_token_id=raw["pad_token_id"],
+        initializer_range=number(raw, "initializer_range", 0.02, source),
+        embedding_size=_typed(raw, "embedding_size", int, source) if raw.get("embedding_size") is not None else None,
+        hidden_dropout=hidden_dropout,
+        attention_dropout=number(raw, "attention_probs_dropout_prob", 0.1, source),
+        classifier_dropout=hidden_dropout if cls_dropout is None else cls_dropout,
+        tie_word_embeddings=raw["tie_word_embeddings"], extra=extra, **head_fields(raw), raw=original, source=source)
+
+
+# --- modules ------------------------------------------------------------------------------------------------
+
+
+class DebertaEmbeddings(nn.Module):
+    """word (+ absolute position) (+ token type) -> projection to hidden_size -> LayerNorm -> dropout.
+
+    Unlike BERT/ALBERT the LayerNorm runs after the projection, on hidden_size. Padded positions are zeroed by
+    the encoder, where the mask is known."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        e = c.embedding_size
+        self.word = nn.Embedding(c.vocab_size, e, padding_idx=c.pad_token_id)
+        self.position = nn.Embedding(c.max_position_embeddings, e) if c.extra["position_biased_input"] else None
+        self.token_type = nn.Embedding(c.type_vocab_size, e) if c.type_vocab_size > 0 else None
+        self.project = nn.Linear(e, c.hidden_size, bias=False) if e != c.hidden_size else None
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.hidden_dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        x = self.word(input_ids)  # (B, T, E)
+        if self.position is not None:
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
+            x = x + self.position(position_ids)
+        if self.token_type is not None:
+            x = x + (self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids))
+        if self.project is not None:
+            x = self.project(x)  # (B, T, C)
+        return self.dropout(self.norm(x))  # (B, T, C)
+
+
+@dataclass(frozen=True)
+class Padding:
+    """A padded batch's masks and its packed layout.
+
+    Masks: transformers masks a (query, key) pair unless both are real, so a padded query row is fully masked and
+    attends uniformly to every key. hfport gives the same values (the QA loss's softmax reads padded positions)
+    without a row of dtype minimums, whose log-sum-exp SDPA's backward cannot represent: a padded row's query is
+    zeroed and its bias set to 0, which is uniform too, and its scores pass no gradient back, as in transformers.
+
+    Packing: every padded position of a sequence holds the same value at every layer (zero embeddings, the same
+    uniform attention, the same residual), so the per-token work (projections, feed-forward, LayerNorms) runs on
+    the real tokens plus one representative padded row per sequence, and attention unpacks to (B, T). With
+    dropout on, that row gets one dropout draw where transformers would draw per padded row; real positions
+    are unaffected."""
+
+    override: Tensor  # (B, 1, T, T) bool: pairs whose score is replaced by `bias`
+    bias: Tensor  # (B, 1, T, T) float: 0 on padded rows, the dtype's minimum at a real row's padded keys, else 0
+    padded_rows: Tensor  # (B, 1, T, 1) bool
+    rows: Tensor  # (N,) long: flat (B * T) position of each packed row
+    scatter: Tensor  # (B * T,) long: packed row of each flat position
+
+    @staticmethod
+    def build(keep: Tensor, dtype: torch.dtype) -> Padding:
+        b, t = keep.shape
+        padded_rows = ~keep[:, None, :, None]  # (B, 1, T, 1)
+        padded_keys = ~keep[:, None, None, :]  # (B, 1, 1, T)
+        bias = torch.zeros(b, 1, t, t, dtype=dtype, device=keep.device)
+        bias.masked_fill_(padded_keys & ~padded_rows, torch.finfo(dtype).min)  # (B, 1, T, T)
+        first_pad = ~keep & (torch.cumsum(~keep, dim=1) == 1)  # (B, T): each sequence's representative
+        chosen = keep | first_pad  # (B, T)
+        packed_id = torch.cumsum(chosen.reshape(-1), dim=0) - 1  # (B * T,)
+        rep_id = (packed_id.view(b, t) * first_pad).sum(dim=1, keepdim=True)  # (B, 1)
+        scatter = torch.where(keep, packed_id.view(b, t), rep_id).reshape(-1)  # (B * T,)
+        rows = chosen.reshape(-1).nonzero().squeeze(1)  # (N,)
+        return Padding(padded_rows | padded_keys, bias, padded_rows, rows, scatter)
+
+    def pack(self, x: Tensor) -> Tensor:  # (B, T, F) -> (N, F)
+        return _Pack.apply(x.reshape(-1, x.shape[-1]), self.rows)
+
+    def unpack(self, x: Tensor, b: int) -> Tensor:  # (N, F) -> (B, T, F)
+        return _Unpack.apply(x, self.scatter).view(b, -1, x.shape[-1])
+
+
+class _Pack(torch.autograd.Function):
+    """Rows by index; the gradient is written with index_copy_ (indices are distinct), which on CPU is many
+    times faster than index_select's generic scatter-add backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, rows: Tensor) -> Tensor:  # (M, F) -> (N, F)
+        ctx.save_for_backward(rows)
+        ctx.m = x.shape[0]
+        return x.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (rows,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.m, grad.shape[1]).index_copy_(0, rows, grad), None
+
+
+class _Unpack(torch.autograd.Function):
+    """Rows by index, repeats allowed (padded positions share their sequence's row); gradient by index_add_."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, scatter: Tensor) -> Tensor:  # (N, F) -> (M, F)
+        ctx.save_for_backward(scatter)
+        ctx.n = x.shape[0]
+        return x.index_select(0, scatter)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (scatter,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.n, grad.shape[1]).index_add_(0, scatter, grad.contiguous()), None
+
+
+class DisentangledAttention(SelfAttention):
+    """SelfAttention plus DeBERTa's relative-position score terms, given to the kernel as an additive bias.
+
+    Scores are (q.k + c2p + p2c) / sqrt(D * (1 + number of position terms)), as transformers scales them (also
+    when relative_attention is off but pos_att_type is set). The query is scaled once, up front."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__(c.hidden_size, c.num_attention_heads, c.attention_dropout)
+        types = c.extra["pos_att_type"]
+        self.scale = (self.head_dim * (1 + sum(t in types for t in ATT_TYPES))) ** -0.5
+        relative = c.extra["relative_attention"]
+        self.c2p = relative and "c2p" in types
+        self.p2c = relative and "p2c" in types
+        self.share_att_key = c.extra["share_att_key"]
+        unshared = relative and not self.share_att_key
+        self.pos_k = nn.Linear(c.hidden_size, c.hidden_size) if unshared and self.c2p else None
+        self.pos_q = nn.Linear(c.hidden_size, c.hidden_size) if unshared and self.p2c else None
+        self.pos_dropout = nn.Dropout(c.hidden_dropout)
+
+    def project_positions(self, table: Tensor, proj: nn.Linear, rows: Tensor) -> Tensor:
+        """(W, C) window -> (H, 2T - 1, D): projected once per table row, then laid out by distance."""
+        return _Unpack.apply(proj(table), rows).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
+
+    def forward(self, x: Tensor, mask: Padding | None, rel: tuple[Tensor, RelativeIndex] | None = None) -> Tensor:
+        """x: (B, T, C), or packed (N, C) with `mask` (None when nothing is padded); rel: the relative-embedding
+        window and its index. Returns x's layout."""
+        if mask is None:
+            q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
+        else:
+            b = mask.padded_rows.shape[0]
+            q, k, v = (self.split_heads(mask.unpack(proj(x), b)) for proj in (self.q, self.k, self.v))  # (B, H, T, D)
+            q = q.masked_fill(mask.padded_rows, 0.0)  # padded query rows: uniform attention, no score gradient
+        q = q * self.scale  # (B, H, T, D)
+        bias = None
+        if rel is not None and (self.c2p or self.p2c):
+            table, index = rel
+            table = self.pos_dropout(table)  # (W, C)
+            pos_key = self.project_positions(table, self.k if self.share_att_key else self.pos_k, index.c2p_rows) \
+                if self.c2p else None  # (H, 2T - 1, D)
+            pos_query = self.project_positions(table, self.q if self.share_att_key else self.pos_q,
+                                               index.p2c_rows) * self.scale if self.p2c else None  # (H, 2T - 1, D)
+            bias = disentangled_bias(q, k, pos_key, pos_query, *((mask.override, mask.bias) if mask else ()))
+        elif mask is not None:
+            bias = mask.bias  # (B, 1, T, T)
+        out = self.attend(q, k, v, None, bias=bias, scale=1.0)  # (B, T, C)
+        return out if mask is None else mask.pack(out)  # (N, C)
+
+
+class ConvLayer(nn.Module):
+    """DeBERTa-v2-xlarge's convolution over the embeddings, added to the first layer's output."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        kernel = c.extra["conv_kernel_size"]
+        self.conv = nn.Conv1d(c.hidden_size, c.hidden_size, kernel, padding=(kernel - 1) // 2,
+                              groups=c.extra["conv_groups"])
+        self.act = Activation(c.extra["conv_act"])
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.hidden_dropout)
+
+    def forward(self, embedded: Tensor, residual: Tensor, keep: Tensor | None) -> Tensor:
+        out = self.conv(embedded.transpose(1, 2)).transpose(1, 2)  # (B, T, C)
+        if keep is not None:
+            out = out.masked_fill(~keep[..., None], 0.0)
+        out = self.norm(residual + self.act(self.dropout(out)))  # (B, T, C)
+        return out if keep is None else out * keep[..., None]
+
+
+class DebertaEncoder(nn.Module):
+    """Layers sharing one relative-embedding table (optionally LayerNorm-ed), the conv after layer 0."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        x = c.extra
+        self.layers = nn.ModuleList(
+            EncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, c.layer_norm_eps,
+                         attention_dropout=c.attention_dropout, attn_out_dropout=c.hidden_dropout,
+                         ffn_out_dropout=c.hidden_dropout, attn=DisentangledAttention(c))
+            for _ in range(c.num_hidden_layers))
+        span = x["pos_ebd_size"]
+        self.rel_embeddings = nn.Embedding(2 * span, c.hidden_size) if x["relative_attention"] else None
+        self.rel_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if "layer_norm" in x["norm_rel_ebd"] \
+            else None
+        self.conv = ConvLayer(c) if x["conv_kernel_size"] > 0 else None
+        self.uses_positions = x["relative_attention"] and any(t in x["pos_att_type"] for t in ATT_TYPES)
+        self.positions = RelativeIndexCache(span, x["position_buckets"], x["max_relative_positions"])
+
+    def relative(self, length: int, device: torch.device) -> tuple[Tensor, RelativeIndex] | None:
+        if not self.uses_positions:
+            return None
+        index = self.positions.get(length, device)
+        table = self.rel_embeddings.weight[index.lo: index.lo + index.width]  # (W, C): only reachable rows
+        return (self.rel_norm(table) if self.rel_norm is not None else table), index
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """x: (B, T, C) embeddings; mask: boolean key mask (B, 1, 1, T) or None when nothing is padded."""
+        b = x.shape[0]
+        keep = padding = None
+        rel = self.relative(x.shape[1], x.device)
+        if mask is not None:
+            keep = mask[:, 0, 0, :]  # (B, T)
+            x = x * keep[..., None]  # transformers zeroes padded embeddings (the conv reads them)
+            padding = Padding.build(keep, x.dtype)
+        embedded = x
+        x = x if padding is None else padding.pack(x)  # (N, C) when padded
+        for i, layer in enumerate(self.layers):
+            x = layer(x, padding, rel=rel)  # (B, T, C) or (N, C)
+            if i == 0 and self.conv is not None:
+                x = self.conv(embedded, x if padding is None else padding.unpack(x, b), keep)  # (B, T, C)
+                x = x if padding is None else padding.pack(x)
+        return x if padding is None else padding.unpack(x, b)  # (B, T, C)
+
+
+def build_body(c: EncoderConfig, task: str) -> EncoderBody:
+    return EncoderBody(DebertaEmbeddings(c), DebertaEncoder(c), pooler=None)  # the ContextPooler is the head's
+
+
+def build_head(c: EncoderConfig, task: str) -> nn.Module | None:
+    x = c.extra
+    if task == "sequence-classification":  # ContextPooler (dropout -> dense -> act on token 0) -> dropout -> out
+        if x["pooler_hidden_size"] != c.hidden_size:
+            raise c.error("pooler_hidden_size", f"{x['pooler_hidden_size']} differs from hidden_size "
+                          f"{c.hidden_size}; transformers' classifier reads hidden_size features and fails")
+        if x["pooler_hidden_act"] not in ACTIVATIONS:
+            raise c.error("pooler_hidden_act", f"{x['pooler_hidden_act']!r} is not supported; "
+                          f"supported: {sorted(ACTIVATIONS)}")
+        return SequenceClassificationHead(c.hidden_size, c.num_labels, c.classifier_dropout,
+                                          dense_act=x["pooler_hidden_act"], pre_dropout=x["pooler_dropout"],
+                                          dense_size=x["pooler_hidden_size"])
+    if task == "token-classification":
+        return TokenClassificationHead(c.hidden_size, c.num_labels, c.hidden_dropout)
+    if task == "question-answering":
+        return QuestionAnsweringHead(c.hidden_size)
+    if task == "masked-lm":
+        if not x["legacy"] and c.embedding_size != c.hidden_size:
+            raise c.error("legacy", f"false needs embedding_size == hidden_size ({c.embedding_size} != "
+                          f"{c.hidden_size}): that head multiplies hidden states by the word embeddings directly")
+        # legacy: dense hidden -> embedding_size, decoder tied unless untied; the newer head is always tied
+        return MaskedLMHead(c.hidden_size, c.embedding_size, c.vocab_size, c.hidden_act, c.layer_norm_eps,
+                            tied=c.tie_word_embeddings or not x["legacy"])
+    return None
+
+
+@torch.no_grad()
+def after_init(model: nn.Module, c: EncoderConfig) -> None:
+    """transformers initialises Conv1d like Linear; init_module leaves it at PyTorch's default."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv1d):
+            module.weight.normal_(0.0, c.initializer_range)
+            module.bias.zero_()
+
+
+# --- names --------------------------------------------------------------------------------------------------
+
+LAYER = ("encoder.layer.{i}", "encoder.layers.{i}")
+BODY_KEYS = KeyMap(tables(
+    params("embeddings.word_embeddings", "embeddings.word", ("weight",)),
+    params("embeddings.position_embeddings", "embeddings.position", ("weight",)),
+    params("embeddings.token_type_embeddings", "embeddings.token_type", ("weight",)),
+    params("embeddings.embed_proj", "embeddings.project", ("weight",)),
+    params("embeddings.LayerNorm", "embeddings.norm"),
+    {"embeddings.position_ids": None},  # a buffer older versions saved
+    params(f"{LAYER[0]}.attention.self.query_proj", f"{LAYER[1]}.attn.q"),
+    params(f"{LAYER[0]}.attention.self.key_proj", f"{LAYER[1]}.attn.k"),
+    params(f"{LAYER[0]}.attention.self.value_proj", f"{LAYER[1]}.attn.v"),
+    params(f"{LAYER[0]}.attention.self.pos_key_proj", f"{LAYER[1]}.attn.pos_k"),
+    params(f"{LAYER[0]}.attention.self.pos_query_proj", f"{LAYER[1]}.attn.pos_q"),
+    params(f"{LAYER[0]}.attention.output.dense", f"{LAYER[1]}.attn.o"),
+    params(f"{LAYER[0]}.attention.output.LayerNorm", f"{LAYER[1]}.attn_norm"),
+    params(f"{LAYER[0]}.intermediate.dense", f"{LAYER[1]}.ffn.up"),
+    params(f"{LAYER[0]}.output.dense", f"{LAYER[1]}.ffn.down"),
+    params(f"{LAYER[0]}.output.LayerNorm", f"{LAYER[1]}.ffn_norm"),
+    params("encoder.rel_embeddings", "encoder.rel_embeddings", ("weight",)),
+    params("encoder.LayerNorm", "encoder.rel_norm"),
+    params("encoder.conv.conv", "encoder.conv.conv"),
+    params("encoder.conv.LayerNorm", "encoder.conv.norm"),
+))
+
+# The MLM head in its two layouts. transformers' default (legacy=True) is cls.predictions.*; legacy=False and the
+# original Microsoft checkpoints use lm_predictions.lm_head.*. Both load into the same head (the same function when
+# embedding_size == hidden_size); saving writes the layout the config's `legacy` asks for.
+_CLS_MLM = {
+    **params("cls.predictions.transform.dense", "dense"),
+    **params("cls.predictions.transform.LayerNorm", "norm"),
+    "cls.predictions.bias": "bias",
+    "cls.predictions.decoder.bias": "bias",  # tied to cls.predictions.bias
+    "cls.predictions.decoder.weight": "decoder.weight",  # tied to the word embeddings unless untied
+}
+_LM_PREDICTIONS_MLM = {
+    **params("lm_predictions.lm_head.dense", "dense"),
+    **params("lm_predictions.lm_head.LayerNorm", "norm"),
+    "lm_predictions.lm_head.bias": "bias",
+}
+MLM_KEYS = KeyMap({**_CLS_MLM, **_LM_PREDICTIONS_MLM})
+MLM_KEYS_NEW = KeyMap({**_LM_PREDICTIONS_MLM, **_CLS_MLM})
+# Untied (tie_word_embeddings false), transformers' decoder keeps its own bias and cls.predictions.bias goes unused.
+MLM_KEYS_UNTIED = KeyMap({
+    **params("cls.predictions.transform.dense", "dense"),
+    **params("cls.predictions.transform.LayerNorm", "norm"),
+    "cls.predictions.decoder.weight": "decoder.weight",
+    "cls.predictions.decoder.bias": "bias",
+    "cls.predictions.bias": None,
+    **_LM_PREDICTIONS_MLM,
+})
+
+HEAD_KEYS = {
+    "sequence-classification": KeyMap({**params("pooler.dense", "dense"), **params("classifier", "out")}),
+    "token-classification": KeyMap(params("classifier", "out")),
+    "question-answering": KeyMap(params("qa_outputs", "qa")),
+    "masked-lm": MLM_KEYS,
+}
+
+# The replaced-token-detection head of DeBERTa-v3 pre-training checkpoints.
+IGNORED_KEYS = KeyMap(tables(params("mask_predictions.dense", "unused.dense"),
+                             params("mask_predictions.LayerNorm", "unused.norm"),
+                             params("mask_predictions.classifier", "unused.classifier")))
+
+
+def select_head_keys(c: EncoderConfig, task: str) -> KeyMap | None:
+    if task == "masked-lm" and not c.extra["legacy"]:
+        return MLM_KEYS_NEW
+    if task == "masked-lm" and not c.tie_word_embeddings:
+        return MLM_KEYS_UNTIED
+    return HEAD_KEYS.get(task)
+
+
+DEBERTA_V2 = register(Family(
+    model_type="deberta-v2", prefix="deberta", architectures=architectures("DebertaV2"),
+    config_from_hf=deberta_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body,
+    build_head=build_head, ignored_keys=IGNORED_KEYS, after_init=after_init, select_head_keys=select_head_keys))
