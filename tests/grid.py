@@ -15,9 +15,10 @@ def render() -> str:
     families = sorted({f for f, _ in RESULTS})
     tasks = list(dict.fromkeys(t for _, t in RESULTS))
     width = max(len(t) for t in tasks) + 2
+    first = max(len(f) for f in families + ["family"]) + 2
     lines = ["parity vs transformers: max |diff| over outputs, loss and gradients (fp32)",
-             "family".ljust(14) + "".join(t.rjust(width) for t in tasks)]
+             "family".ljust(first) + "".join(t.rjust(width) for t in tasks)]
     for f in families:
         cells = [f"{RESULTS[(f, t)]:.1e}" if (f, t) in RESULTS else "-" for t in tasks]
-        lines.append(f.ljust(14) + "".join(c.rjust(width) for c in cells))
+        lines.append(f.ljust(first) + "".join(c.rjust(width) for c in cells))
     return "\n".join(lines)
