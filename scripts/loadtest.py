@@ -21,9 +21,6 @@ import asyncio
 import json
 import os
 import platform
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +29,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: server/
+from server.launch import ServerProcess  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -47,61 +47,23 @@ def minilm_path() -> Path:
     return Path(gt.get_model_path())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def check_loopback(url: str) -> None:
     host = urlparse(url).hostname
     if host not in LOOPBACK:
         raise SystemExit(f"--url {url}: the load test only targets loopback ({', '.join(LOOPBACK)})")
 
 
-class LocalServer:
-    """`hfport serve` on a free loopback port with its own data dir; `env` adds HFPORT_* settings."""
+class LocalServer(ServerProcess):
+    """`hfport serve` on a free loopback port with a throwaway data dir; `env` adds HFPORT_* settings."""
 
     def __init__(self, allowed: Path, **env: str):
-        self.allowed, self.env = allowed, env
         self.tmp = tempfile.TemporaryDirectory(prefix="hfport-load-")
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
+        super().__init__(Path(self.tmp.name) / "data", Path(self.tmp.name) / "server.log",
+                         env={"HFPORT_ALLOWED_DIRS": json.dumps([str(allowed)]), "HF_HUB_OFFLINE": "1", **env},
+                         args=("--quiet",), ready_timeout=90, cwd=REPO)
 
-    def __enter__(self) -> LocalServer:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "HFPORT_ALLOWED_DIRS": json.dumps([str(self.allowed)]), "HF_HUB_OFFLINE": "1",
-               "HFPORT_HOST": "127.0.0.1", **self.env}
-        self.log = open(Path(self.tmp.name) / "server.log", "wb")  # closed in __exit__
-        self.proc = subprocess.Popen([sys.executable, "-m", "hfport", "serve", "--host", "127.0.0.1", "--port",
-                                      str(port), "--data-dir", str(Path(self.tmp.name) / "data"), "--quiet"],
-                                     cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.read_log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError(f"server did not come up in 90 s: {self.read_log()}")
-
-    def read_log(self) -> str:
-        return (Path(self.tmp.name) / "server.log").read_text(errors="replace")[-3000:]
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+    def stop(self) -> None:
+        super().stop()
         self.tmp.cleanup()
 
 

@@ -15,7 +15,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -679,10 +678,8 @@ def test_absurd_sizes_refused_before_allocating(ckpts, tmp_path, monkeypatch, fi
     monkeypatch.setattr(hfport.PreTrainedEncoder, "__init__", unreachable)
     monkeypatch.setattr(hub.Checkpoint, "open", unreachable)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    start = time.perf_counter()
-    with pytest.raises(hfport.ConfigError) as e:
+    with pytest.raises(hfport.ConfigError) as e:  # "quickly": nothing is built or read (the patches above)
         hfport.AutoModel.from_pretrained(folder)
-    assert time.perf_counter() - start < 2.0
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 100 * 1024
     msg = str(e.value)
     assert str(folder / "config.json") in msg and f"{field}={value}" in msg and "refusing before allocating" in msg

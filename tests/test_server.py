@@ -9,9 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from server.launch import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -49,53 +48,15 @@ def root(tmp_path_factory, minilm_path) -> Path:
     return root
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`hfport serve` in a subprocess on a free loopback port."""
+class Server(ServerProcess):
+    """`hfport serve` for the tests: allowed dirs, quick heartbeats, one thread per op; `env` adds HFPORT_*."""
 
     def __init__(self, data_dir: Path, allowed: Path, workers: int = 2, **env: str):
-        self.data_dir, self.allowed, self.env, self.workers = data_dir, allowed, env, workers
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-
-    def start(self) -> Server:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "HFPORT_ALLOWED_DIRS": json.dumps([str(self.allowed)]), "OMP_NUM_THREADS": "1",
-               "HF_HUB_OFFLINE": "1", "HFPORT_JOB_HEARTBEAT_S": "0.5", **self.env}
-        self.log = open(self.data_dir.parent / f"{self.data_dir.name}-server.log", "ab")  # noqa: SIM115 - lives with the server
-        self.proc = subprocess.Popen([sys.executable, "-m", "hfport", "serve", "--port", str(port), "--data-dir",
-                                      str(self.data_dir), "--workers", str(self.workers)], cwd=REPO, env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.read_log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server did not come up:\n{self.read_log()}")
-
-    def read_log(self) -> str:
-        return (self.data_dir.parent / f"{self.data_dir.name}-server.log").read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        self.allowed = allowed
+        super().__init__(data_dir, data_dir.parent / f"{data_dir.name}-server.log",
+                         env={"HFPORT_ALLOWED_DIRS": json.dumps([str(allowed)]), "OMP_NUM_THREADS": "1",
+                              "HF_HUB_OFFLINE": "1", "HFPORT_JOB_HEARTBEAT_S": "0.5", **env},
+                         args=("--workers", str(workers)), cwd=REPO)
 
 
 @pytest.fixture(scope="module")
