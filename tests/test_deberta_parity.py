@@ -152,6 +152,35 @@ def test_parity(variant: str, task: str, tmp_path: Path) -> None:
         torch.testing.assert_close(again[field], out_t[field].detach(), **TOL)
 
 
+@pytest.mark.parametrize("layout", ["left", "holes"])
+@pytest.mark.parametrize("task", ["base", "token-classification"])
+def test_padding_layouts(layout: str, task: str, tmp_path: Path) -> None:
+    """Left padding (the per-sequence attention path, the padding representative before the real tokens) and a
+    mask with a hole inside a sequence (not one contiguous run: the masked (B, T, T) path): same as transformers."""
+    theirs = hf_model(task, **VARIANTS["v3"])
+    theirs.save_pretrained(tmp_path)
+    ours = getattr(hfport, HEADS[task]).from_pretrained(tmp_path)
+    inputs, real = make_batch(task, with_types=False)
+    if layout == "left":
+        inputs = {k: v.flip(1) for k, v in inputs.items()}
+    else:
+        inputs["attention_mask"][0, 10:15] = 0
+        if "labels" in inputs:
+            inputs["labels"][0, 10:15] = -100
+    real = inputs["attention_mask"].bool()
+    out_t, out_o = theirs(**inputs), ours(**inputs)
+    field = OUTPUTS[task][0]
+    torch.testing.assert_close(out_o[field][real], out_t[field][real], **TOL)
+    if task == "base":
+        out_t.last_hidden_state[real].square().mean().backward()
+        out_o.last_hidden_state[real].square().mean().backward()
+    else:
+        torch.testing.assert_close(out_o.loss, out_t.loss, **TOL)
+        out_t.loss.backward()
+        out_o.loss.backward()
+    check_gradients(ours, theirs)
+
+
 def test_relative_positions_cached_per_length() -> None:
     model = hfport.AutoModel.from_config({**BASE, "model_type": "deberta-v2", **VARIANTS["v3"]}).eval()
     cache = model.body.encoder.positions

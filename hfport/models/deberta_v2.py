@@ -14,7 +14,7 @@ from ..config import EncoderConfig, head_fields
 from ..errors import ConfigError
 from ..heads import MaskedLMHead, QuestionAnsweringHead, SequenceClassificationHead, TokenClassificationHead
 from ..keymap import KeyMap, params, tables
-from ..nn import Activation, EncoderBody, EncoderLayer, SelfAttention
+from ..nn import ATTENTION_BACKENDS, Activation, EncoderBody, EncoderLayer, SelfAttention
 from ..nn.activations import ACTIVATIONS
 from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias
 from ..registry import Family, register
@@ -165,25 +165,36 @@ class Padding:
     dropout on, that row gets one dropout draw where transformers would draw per padded row; real positions
     are unaffected."""
 
-    override: Tensor  # (B, 1, T, T) bool: pairs whose score is replaced by `bias`
-    bias: Tensor  # (B, 1, T, T) float: 0 on padded rows, the dtype's minimum at a real row's padded keys, else 0
+    override: Tensor | None  # (B, 1, T, T) bool: pairs whose score is replaced by `bias` (None with segments)
+    bias: Tensor | None  # (B, 1, T, T) float: 0 on padded rows, the dtype's minimum at a real row's padded keys
     padded_rows: Tensor  # (B, 1, T, 1) bool
     rows: Tensor  # (N,) long: flat (B * T) position of each packed row
     scatter: Tensor  # (B * T,) long: packed row of each flat position
+    # per sequence (packed start of its real rows, their count, packed row of its padding representative or -1,
+    # padded positions); None when some sequence's real tokens are not one contiguous run
+    segments: list[tuple[int, int, int, int]] | None = None
 
     @staticmethod
     def build(keep: Tensor, dtype: torch.dtype) -> Padding:
         b, t = keep.shape
         padded_rows = ~keep[:, None, :, None]  # (B, 1, T, 1)
-        padded_keys = ~keep[:, None, None, :]  # (B, 1, 1, T)
-        bias = torch.zeros(b, 1, t, t, dtype=dtype, device=keep.device)
-        bias.masked_fill_(padded_keys & ~padded_rows, torch.finfo(dtype).min)  # (B, 1, T, T)
         first_pad = ~keep & (torch.cumsum(~keep, dim=1) == 1)  # (B, T): each sequence's representative
         chosen = keep | first_pad  # (B, T)
         packed_id = torch.cumsum(chosen.reshape(-1), dim=0) - 1  # (B * T,)
         rep_id = (packed_id.view(b, t) * first_pad).sum(dim=1, keepdim=True)  # (B, 1)
         scatter = torch.where(keep, packed_id.view(b, t), rep_id).reshape(-1)  # (B * T,)
         rows = chosen.reshape(-1).nonzero().squeeze(1)  # (N,)
+        lengths = keep.sum(dim=1)  # (B,)
+        first = keep.int().argmax(dim=1)  # (B,)
+        span = torch.arange(t, device=keep.device)[None, :]  # (1, T)
+        if bool(((span >= first[:, None]) & (span < (first + lengths)[:, None]) == keep).all()):
+            starts = packed_id.view(b, t).gather(1, first[:, None]).squeeze(1)  # (B,)
+            reps = torch.where(lengths < t, rep_id.squeeze(1), torch.full_like(lengths, -1))  # (B,)
+            segments = [(s, n, r, t - n) for s, n, r in zip(starts.tolist(), lengths.tolist(), reps.tolist())]
+            return Padding(None, None, padded_rows, rows, scatter, segments)  # no (B, 1, T, T) masks needed
+        padded_keys = ~keep[:, None, None, :]  # (B, 1, 1, T)
+        bias = torch.zeros(b, 1, t, t, dtype=dtype, device=keep.device)
+        bias.masked_fill_(padded_keys & ~padded_rows, torch.finfo(dtype).min)  # (B, 1, T, T)
         return Padding(padded_rows | padded_keys, bias, padded_rows, rows, scatter)
 
     def pack(self, x: Tensor) -> Tensor:  # (B, T, F) -> (N, F)
@@ -247,9 +258,12 @@ class DisentangledAttention(SelfAttention):
         """(W, C) window -> (H, 2T - 1, D): projected once per table row, then laid out by distance."""
         return _Unpack.apply(proj(table), rows).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
 
-    def forward(self, x: Tensor, mask: Padding | None, rel: tuple[Tensor, RelativeIndex] | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Padding | None, rel: tuple[Tensor, RelativeIndex, Any] | None = None
+                ) -> Tensor:
         """x: (B, T, C), or packed (N, C) with `mask` (None when nothing is padded); rel: the relative-embedding
-        window and its index. Returns x's layout."""
+        window, its index and the per-length index cache. Returns x's layout."""
+        if mask is not None and mask.segments is not None:
+            return self.per_sequence(x, mask, rel)
         if mask is None:
             q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
         else:
@@ -259,7 +273,7 @@ class DisentangledAttention(SelfAttention):
         q = q * self.scale  # (B, H, T, D)
         bias = None
         if rel is not None and (self.c2p or self.p2c):
-            table, index = rel
+            table, index, _ = rel
             table = self.pos_dropout(table)  # (W, C)
             pos_key = self.project_positions(table, self.k if self.share_att_key else self.pos_k, index.c2p_rows) \
                 if self.c2p else None  # (H, 2T - 1, D)
@@ -270,6 +284,56 @@ class DisentangledAttention(SelfAttention):
             bias = mask.bias  # (B, 1, T, T)
         out = self.attend(q, k, v, None, bias=bias, scale=1.0)  # (B, T, C)
         return out if mask is None else mask.pack(out)  # (N, C)
+
+
+    def per_sequence(self, x: Tensor, mask: Padding, rel: tuple[Tensor, RelativeIndex, Any] | None) -> Tensor:
+        """Attention of each sequence over its own real tokens only: sum of L_i^2 scores instead of B * T^2.
+        x: packed (N, C). A padded query row attends uniformly to all T keys (transformers masks every pair of a
+        padded row), which is the mean of the T values: the real ones plus (T - L) copies of the padded one."""
+        n, t = x.shape[0], mask.padded_rows.shape[2]
+        h, d = self.num_heads, self.head_dim
+        q_all, k_all, v_all = (proj(x).view(n, h, d) for proj in (self.q, self.k, self.v))  # (N, H, D)
+        pos = None
+        if rel is not None and (self.c2p or self.p2c):
+            table, index, lengths_index = rel
+            table = self.pos_dropout(table)  # (W, C): one dropout draw per layer, as transformers
+            key_table = (self.k if self.share_att_key else self.pos_k)(table) if self.c2p else None  # (W, C)
+            query_table = (self.q if self.share_att_key else self.pos_q)(table) if self.p2c else None  # (W, C)
+            pos = (key_table, query_table, index, lengths_index)
+        backend = ATTENTION_BACKENDS[self.backend]
+        pieces = []
+        for start, length, rep, n_pad in mask.segments:
+            real_out = None
+            if length:
+                q = q_all[start:start + length].transpose(0, 1)[None] * self.scale  # (1, H, L, D)
+                k = k_all[start:start + length].transpose(0, 1)[None]  # (1, H, L, D)
+                v = v_all[start:start + length].transpose(0, 1)[None]  # (1, H, L, D)
+                bias = None
+                if pos is not None:
+                    key_table, query_table, index, lengths_index = pos
+                    sub = lengths_index(length)  # its rows lie inside the full length's window
+                    offset = sub.lo - index.lo
+                    pos_key = self._layout(key_table, sub.c2p_rows + offset) if key_table is not None else None
+                    pos_query = self._layout(query_table, sub.p2c_rows + offset) * self.scale \
+                        if query_table is not None else None  # (H, 2L - 1, D)
+                    bias = disentangled_bias(q, k, pos_key, pos_query)  # (1, H, L, L)
+                out = backend(q, k, v, mask=None, bias=bias, dropout_p=self.dropout if self.training else 0.0,
+                              scale=1.0)  # (1, H, L, D)
+                real_out = out[0].transpose(0, 1)  # (L, H, D)
+            rep_out = None
+            if rep >= 0:
+                rep_out = ((v_all[start:start + length].sum(0) + n_pad * v_all[rep]) / t)[None]  # (1, H, D)
+            if rep_out is not None and rep < start:
+                pieces.append(rep_out)
+            if real_out is not None:
+                pieces.append(real_out)
+            if rep_out is not None and rep > start:
+                pieces.append(rep_out)
+        return self.o(torch.cat(pieces).reshape(n, h * d))  # (N, C)
+
+    def _layout(self, projected: Tensor, rows: Tensor) -> Tensor:
+        """(W, C) projected table -> (H, 2L - 1, D) laid out by distance."""
+        return _Unpack.apply(projected, rows).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
 
 
 class ConvLayer(nn.Module):
@@ -311,12 +375,13 @@ class DebertaEncoder(nn.Module):
         self.uses_positions = x["relative_attention"] and any(t in x["pos_att_type"] for t in ATT_TYPES)
         self.positions = RelativeIndexCache(span, x["position_buckets"], x["max_relative_positions"])
 
-    def relative(self, length: int, device: torch.device) -> tuple[Tensor, RelativeIndex] | None:
+    def relative(self, length: int, device: torch.device) -> tuple[Tensor, RelativeIndex, Any] | None:
         if not self.uses_positions:
             return None
         index = self.positions.get(length, device)
         table = self.rel_embeddings.weight[index.lo: index.lo + index.width]  # (W, C): only reachable rows
-        return (self.rel_norm(table) if self.rel_norm is not None else table), index
+        return (self.rel_norm(table) if self.rel_norm is not None else table), index, \
+            lambda n: self.positions.get(n, device)
 
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         """x: (B, T, C) embeddings; mask: boolean key mask (B, 1, 1, T) or None when nothing is padded."""
