@@ -55,11 +55,9 @@ def head_task(folder: Path) -> str | None:
         model_task = task_of(get_family(raw.get("model_type"), source), raw.get("architectures") or [])
     except Exception:  # noqa: BLE001 - an unreadable config has no task; callers decide what that means
         return None
-    return PIPELINE_TASKS.get(model_task)
+    from hfport.pipelines import PIPELINES
 
-
-PIPELINE_TASKS = {"sequence-classification": "text-classification", "token-classification": "token-classification",
-                  "question-answering": "question-answering", "masked-lm": "fill-mask", "base": "feature-extraction"}
+    return next((name for name, cls in PIPELINES.items() if cls.model_task == model_task), None)
 
 
 def run_finetune(store: Store, job: dict[str, Any]) -> dict[str, Any]:
