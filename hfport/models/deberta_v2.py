@@ -256,7 +256,7 @@ class DisentangledAttention(SelfAttention):
 
     def project_positions(self, table: Tensor, proj: nn.Linear, rows: Tensor) -> Tensor:
         """(W, C) window -> (H, 2T - 1, D): projected once per table row, then laid out by distance."""
-        return _Unpack.apply(proj(table), rows).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
+        return self._layout(proj(table), rows)
 
     def forward(self, x: Tensor, mask: Padding | None, rel: tuple[Tensor, RelativeIndex, Any] | None = None
                 ) -> Tensor:

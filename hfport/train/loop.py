@@ -10,6 +10,7 @@ are restored just before training continues; that is what makes a resumed run id
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -159,7 +160,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         return tracker.should_stop or converged
 
     # 4. the loop
-    bar = make_progress(total_steps, state["step"], enabled=progress and main)
+    bar = Progress(total_steps, state["step"], enabled=progress and main)
     stop = False
     started, tokens_done = time.perf_counter(), 0
     while state["step"] < total_steps and not stop:
@@ -174,7 +175,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                 seed = ((config.seed * 1_000_003 + state["step"]) * 1009 + k) * 1009 + rank
                 batch = to_device(task.collate([data.train[i] for i in mine], data, seed), accelerator.device)
                 sync = k == len(group) - 1
-                with (accelerator.no_sync(model) if not sync and world > 1 else _null()):
+                with (accelerator.no_sync(model) if not sync and world > 1 else contextlib.nullcontext()):
                     with accelerator.autocast():
                         outputs = model(**model_inputs(batch))
                         loss = task.loss(outputs, batch, data, class_weights, config.label_smoothing)
@@ -289,14 +290,6 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k not in ("labels", "start_positions", "end_positions")}
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
 class MetricsLog:
     """metrics.jsonl: one JSON line per logged step and per eval. On resume, lines past the checkpoint's step
     are dropped first so the file ends exactly as an unbroken run's would."""
@@ -331,7 +324,7 @@ def save_model_folder(model: Any, source: Path, target: Path, copy_to: Path | No
             shutil.copy2(source / name, target / name)
 
 
-class make_progress:
+class Progress:
     """A tqdm bar with loss, lr and tokens/s (ETA comes with tqdm); silent when disabled."""
 
     def __init__(self, total: int, initial: int, enabled: bool):
