@@ -283,6 +283,16 @@ class PreTrainedEncoder(nn.Module):
     def num_parameters(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
+    @property
+    def padding_free(self) -> bool:
+        """True (the default): batches with padding run on their real tokens only (nn/unpad.py); padding
+        positions of token-level outputs are then zeros (hidden states) or what the head makes of zeros."""
+        return self.body.padding_free
+
+    @padding_free.setter
+    def padding_free(self, value: bool) -> None:
+        self.body.padding_free = bool(value)
+
     def _body(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
               position_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
         return self.body(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -341,6 +351,10 @@ class EncoderForQuestionAnswering(PreTrainedEncoder):
                 end_positions: Tensor | None = None) -> QuestionAnsweringOutput:
         hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids)
         start, end = self.head(hidden)  # (B, T) each
+        if attention_mask is not None:  # an answer never starts or ends on padding (transformers scores it)
+            padding = ~attention_mask.bool()
+            start = start.masked_fill(padding, torch.finfo(start.dtype).min)
+            end = end.masked_fill(padding, torch.finfo(end.dtype).min)
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = question_answering_loss(start, end, start_positions, end_positions)

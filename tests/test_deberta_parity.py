@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 import hfport
 from hfport.models.deberta_v2 import DEBERTA_V2
 from tests import grid
-from tests.tiny import HEADS
+from tests.tiny import HEADS, reference_qa_loss
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 VOCAB = 99
@@ -128,16 +128,20 @@ def test_parity(variant: str, task: str, tmp_path: Path) -> None:
     for field in OUTPUTS[task]:
         a, b = out_o[field], out_t[field]
         if a.dim() > 1 and a.shape[:2] == real.shape:  # per-token outputs: real positions only (padded rows are
-            a, b = a[real], b[real]  # not part of the contract, though hfport masks them as transformers does)
+            a, b = a[real], b[real]  # not part of the contract)
         torch.testing.assert_close(a, b, **TOL, msg=lambda m, field=field: f"{variant}/{task} {field}: {m}")
         worst = max(worst, (a - b).abs().max().item())
     if task == "base":  # a mean, like the task losses: a sum puts gradients near 20, where fp32 noise is ~1e-5
         out_t.last_hidden_state[real].square().mean().backward()
         out_o.last_hidden_state[real].square().mean().backward()
-    else:  # the QA loss's softmax also reads padded positions: equal only because padded rows match too
-        torch.testing.assert_close(out_o.loss, out_t.loss, **TOL)
-        worst = max(worst, (out_o.loss - out_t.loss).abs().item())
-        out_t.loss.backward()
+    else:
+        loss_t = out_t.loss
+        if task == "question-answering":  # over real positions (see reference_qa_loss)
+            loss_t = reference_qa_loss(out_t, inputs["start_positions"], inputs["end_positions"],
+                                       inputs["attention_mask"])
+        torch.testing.assert_close(out_o.loss, loss_t, **TOL)
+        worst = max(worst, (out_o.loss - loss_t).abs().item())
+        loss_t.backward()
         out_o.loss.backward()
     worst = max(worst, check_gradients(ours, theirs))
     grid.record(f"deberta:{variant}", task, worst)
@@ -155,8 +159,9 @@ def test_parity(variant: str, task: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("layout", ["left", "holes"])
 @pytest.mark.parametrize("task", ["base", "token-classification"])
 def test_padding_layouts(layout: str, task: str, tmp_path: Path) -> None:
-    """Left padding (the per-sequence attention path, the padding representative before the real tokens) and a
-    mask with a hole inside a sequence (not one contiguous run: the masked (B, T, T) path): same as transformers."""
+    """Left padding (padding-free: packed real tokens, per-sequence attention) and a mask with a hole inside a
+    sequence (not one contiguous run, so relative distances need the padded (B, T, T) path): same as
+    transformers."""
     theirs = hf_model(task, **VARIANTS["v3"])
     theirs.save_pretrained(tmp_path)
     ours = getattr(hfport, HEADS[task]).from_pretrained(tmp_path)

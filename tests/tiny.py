@@ -32,13 +32,22 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                                     num_hidden_groups=2, inner_group_num=2, num_attention_heads=4,
                                     intermediate_size=37, max_position_embeddings=128)),
 }
+# DeBERTa-v3's layout (bucketed relative positions: a 70-token sequence exceeds 8 buckets) plus v2-xlarge's
+# convolution, so the packed path's relative bias and conv round trip are both exercised. Its parity against
+# transformers has its own, wider grid in test_deberta_parity.py.
+DEBERTA_CONFIG = ("DebertaV2Config", dict(
+    vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+    max_position_embeddings=128, relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"],
+    share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0,
+    conv_kernel_size=3, conv_act="gelu"))
+ALL_FAMILIES = {**FAMILY_CONFIGS, "deberta-v2": DEBERTA_CONFIG}
 NUM_LABELS = 3
 
 
 def hf_config(family: str, **overrides: Any):
     import transformers
 
-    cls_name, kwargs = FAMILY_CONFIGS[family]
+    cls_name, kwargs = ALL_FAMILIES[family]
     return getattr(transformers, cls_name)(**{**kwargs, **overrides})
 
 
@@ -85,3 +94,17 @@ def batch(family: str, seed: int = 1, lengths: tuple[int, ...] = (70, 41, 9), pa
     if family in ("bert", "albert"):
         out["token_type_ids"] = types
     return out
+
+
+def reference_qa_loss(out, start_positions: torch.Tensor, end_positions: torch.Tensor,
+                      attention_mask: torch.Tensor) -> torch.Tensor:
+    """transformers' QA loss (clamp to the ignored index T, mean of start and end cross-entropies) over real
+    positions only. hfport scores padding positions as impossible answers; transformers' loss also sums over
+    padding logits, whose values are not part of hfport's contract. With no padding the two are the same."""
+    padding = ~attention_mask.bool()
+    start = out.start_logits.masked_fill(padding, torch.finfo(out.start_logits.dtype).min)  # (B, T)
+    end = out.end_logits.masked_fill(padding, torch.finfo(out.end_logits.dtype).min)  # (B, T)
+    ignored = start.shape[1]
+    start_loss = torch.nn.functional.cross_entropy(start, start_positions.clamp(0, ignored), ignore_index=ignored)
+    end_loss = torch.nn.functional.cross_entropy(end, end_positions.clamp(0, ignored), ignore_index=ignored)
+    return (start_loss + end_loss) / 2

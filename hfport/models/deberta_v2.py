@@ -14,8 +14,9 @@ from ..config import EncoderConfig, head_fields
 from ..errors import ConfigError
 from ..heads import MaskedLMHead, QuestionAnsweringHead, SequenceClassificationHead, TokenClassificationHead
 from ..keymap import KeyMap, params, tables
-from ..nn import ATTENTION_BACKENDS, Activation, EncoderBody, EncoderLayer, SelfAttention
+from ..nn import Activation, EncoderBody, EncoderLayer, Packed, SelfAttention
 from ..nn.activations import ACTIVATIONS
+from ..nn.unpad import Gather, Select
 from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias
 from ..registry import Family, register
 from .bert import architectures, number
@@ -136,13 +137,14 @@ class DebertaEmbeddings(nn.Module):
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.hidden_dropout)
 
+    def position_ids(self, input_ids: Tensor) -> Tensor:
+        return torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
+
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None) -> Tensor:
         x = self.word(input_ids)  # (B, T, E)
         if self.position is not None:
-            if position_ids is None:
-                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
-            x = x + self.position(position_ids)
+            x = x + self.position(self.position_ids(input_ids) if position_ids is None else position_ids)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids))
         if self.project is not None:
@@ -152,27 +154,24 @@ class DebertaEmbeddings(nn.Module):
 
 @dataclass(frozen=True)
 class Padding:
-    """A padded batch's masks and its packed layout.
+    """A padded batch's masks and its packed layout, for the padded path (padding_free off, or a mask with holes,
+    where packed relative distances would be wrong).
 
     Masks: transformers masks a (query, key) pair unless both are real, so a padded query row is fully masked and
-    attends uniformly to every key. hfport gives the same values (the QA loss's softmax reads padded positions)
-    without a row of dtype minimums, whose log-sum-exp SDPA's backward cannot represent: a padded row's query is
-    zeroed and its bias set to 0, which is uniform too, and its scores pass no gradient back, as in transformers.
+    attends uniformly to every key. hfport gives the same values without a row of dtype minimums, whose
+    log-sum-exp SDPA's backward cannot represent: a padded row's query is zeroed and its bias set to 0, which is
+    uniform too, and its scores pass no gradient back, as in transformers.
 
     Packing: every padded position of a sequence holds the same value at every layer (zero embeddings, the same
-    uniform attention, the same residual), so the per-token work (projections, feed-forward, LayerNorms) runs on
-    the real tokens plus one representative padded row per sequence, and attention unpacks to (B, T). With
-    dropout on, that row gets one dropout draw where transformers would draw per padded row; real positions
-    are unaffected."""
+    uniform attention, the same residual), so the per-token work runs on the real tokens plus one representative
+    padded row per sequence, and attention unpacks to (B, T). This path reproduces transformers' values at padding
+    positions too."""
 
-    override: Tensor | None  # (B, 1, T, T) bool: pairs whose score is replaced by `bias` (None with segments)
-    bias: Tensor | None  # (B, 1, T, T) float: 0 on padded rows, the dtype's minimum at a real row's padded keys
+    override: Tensor  # (B, 1, T, T) bool: pairs whose score is replaced by `bias`
+    bias: Tensor  # (B, 1, T, T) float: 0 on padded rows, the dtype's minimum at a real row's padded keys
     padded_rows: Tensor  # (B, 1, T, 1) bool
     rows: Tensor  # (N,) long: flat (B * T) position of each packed row
     scatter: Tensor  # (B * T,) long: packed row of each flat position
-    # per sequence (packed start of its real rows, their count, packed row of its padding representative or -1,
-    # padded positions); None when some sequence's real tokens are not one contiguous run
-    segments: list[tuple[int, int, int, int]] | None = None
 
     @staticmethod
     def build(keep: Tensor, dtype: torch.dtype) -> Padding:
@@ -184,55 +183,16 @@ class Padding:
         rep_id = (packed_id.view(b, t) * first_pad).sum(dim=1, keepdim=True)  # (B, 1)
         scatter = torch.where(keep, packed_id.view(b, t), rep_id).reshape(-1)  # (B * T,)
         rows = chosen.reshape(-1).nonzero().squeeze(1)  # (N,)
-        lengths = keep.sum(dim=1)  # (B,)
-        first = keep.int().argmax(dim=1)  # (B,)
-        span = torch.arange(t, device=keep.device)[None, :]  # (1, T)
-        if bool(((span >= first[:, None]) & (span < (first + lengths)[:, None]) == keep).all()):
-            starts = packed_id.view(b, t).gather(1, first[:, None]).squeeze(1)  # (B,)
-            reps = torch.where(lengths < t, rep_id.squeeze(1), torch.full_like(lengths, -1))  # (B,)
-            segments = [(s, n, r, t - n) for s, n, r in zip(starts.tolist(), lengths.tolist(), reps.tolist())]
-            return Padding(None, None, padded_rows, rows, scatter, segments)  # no (B, 1, T, T) masks needed
         padded_keys = ~keep[:, None, None, :]  # (B, 1, 1, T)
         bias = torch.zeros(b, 1, t, t, dtype=dtype, device=keep.device)
         bias.masked_fill_(padded_keys & ~padded_rows, torch.finfo(dtype).min)  # (B, 1, T, T)
         return Padding(padded_rows | padded_keys, bias, padded_rows, rows, scatter)
 
     def pack(self, x: Tensor) -> Tensor:  # (B, T, F) -> (N, F)
-        return _Pack.apply(x.reshape(-1, x.shape[-1]), self.rows)
+        return Select.apply(x.reshape(-1, x.shape[-1]), self.rows)
 
     def unpack(self, x: Tensor, b: int) -> Tensor:  # (N, F) -> (B, T, F)
-        return _Unpack.apply(x, self.scatter).view(b, -1, x.shape[-1])
-
-
-class _Pack(torch.autograd.Function):
-    """Rows by index; the gradient is written with index_copy_ (indices are distinct), which on CPU is many
-    times faster than index_select's generic scatter-add backward."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, rows: Tensor) -> Tensor:  # (M, F) -> (N, F)
-        ctx.save_for_backward(rows)
-        ctx.m = x.shape[0]
-        return x.index_select(0, rows)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (rows,) = ctx.saved_tensors
-        return grad.new_zeros(ctx.m, grad.shape[1]).index_copy_(0, rows, grad), None
-
-
-class _Unpack(torch.autograd.Function):
-    """Rows by index, repeats allowed (padded positions share their sequence's row); gradient by index_add_."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, scatter: Tensor) -> Tensor:  # (N, F) -> (M, F)
-        ctx.save_for_backward(scatter)
-        ctx.n = x.shape[0]
-        return x.index_select(0, scatter)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (scatter,) = ctx.saved_tensors
-        return grad.new_zeros(ctx.n, grad.shape[1]).index_add_(0, scatter, grad.contiguous()), None
+        return Gather.apply(x, self.scatter).view(b, -1, x.shape[-1])
 
 
 class DisentangledAttention(SelfAttention):
@@ -258,11 +218,12 @@ class DisentangledAttention(SelfAttention):
         """(W, C) window -> (H, 2T - 1, D): projected once per table row, then laid out by distance."""
         return self._layout(proj(table), rows)
 
-    def forward(self, x: Tensor, mask: Padding | None, rel: tuple[Tensor, RelativeIndex, Any] | None = None
-                ) -> Tensor:
-        """x: (B, T, C), or packed (N, C) with `mask` (None when nothing is padded); rel: the relative-embedding
-        window, its index and the per-length index cache. Returns x's layout."""
-        if mask is not None and mask.segments is not None:
+    def forward(self, x: Tensor, mask: Padding | Packed | None,
+                rel: tuple[Tensor, RelativeIndex, Any] | None = None) -> Tensor:
+        """x: (B, T, C) with mask None (nothing padded), or packed rows (N, C) with their Packed layout (padding-
+        free) or Padding (padded path); rel: the relative-embedding window, its index and the per-length index
+        cache. Returns x's layout."""
+        if isinstance(mask, Packed):
             return self.per_sequence(x, mask, rel)
         if mask is None:
             q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
@@ -285,55 +246,32 @@ class DisentangledAttention(SelfAttention):
         out = self.attend(q, k, v, None, bias=bias, scale=1.0)  # (B, T, C)
         return out if mask is None else mask.pack(out)  # (N, C)
 
-
-    def per_sequence(self, x: Tensor, mask: Padding, rel: tuple[Tensor, RelativeIndex, Any] | None) -> Tensor:
-        """Attention of each sequence over its own real tokens only: sum of L_i^2 scores instead of B * T^2.
-        x: packed (N, C). A padded query row attends uniformly to all T keys (transformers masks every pair of a
-        padded row), which is the mean of the T values: the real ones plus (T - L) copies of the padded one."""
-        n, t = x.shape[0], mask.padded_rows.shape[2]
-        h, d = self.num_heads, self.head_dim
-        q_all, k_all, v_all = (proj(x).view(n, h, d) for proj in (self.q, self.k, self.v))  # (N, H, D)
-        pos = None
+    def per_sequence(self, x: Tensor, packed: Packed, rel: tuple[Tensor, RelativeIndex, Any] | None) -> Tensor:
+        """Padding-free: x packed (N, C); each sequence attends over its own L_i tokens with the relative bias of
+        its own length (its table rows lie inside the longest length's window)."""
+        n = x.shape[0]
+        q, k, v = (proj(x).view(n, self.num_heads, self.head_dim) for proj in (self.q, self.k, self.v))  # (N, H, D)
+        q = q * self.scale
+        bias = None
         if rel is not None and (self.c2p or self.p2c):
             table, index, lengths_index = rel
             table = self.pos_dropout(table)  # (W, C): one dropout draw per layer, as transformers
             key_table = (self.k if self.share_att_key else self.pos_k)(table) if self.c2p else None  # (W, C)
             query_table = (self.q if self.share_att_key else self.pos_q)(table) if self.p2c else None  # (W, C)
-            pos = (key_table, query_table, index, lengths_index)
-        backend = ATTENTION_BACKENDS[self.backend]
-        pieces = []
-        for start, length, rep, n_pad in mask.segments:
-            real_out = None
-            if length:
-                q = q_all[start:start + length].transpose(0, 1)[None] * self.scale  # (1, H, L, D)
-                k = k_all[start:start + length].transpose(0, 1)[None]  # (1, H, L, D)
-                v = v_all[start:start + length].transpose(0, 1)[None]  # (1, H, L, D)
-                bias = None
-                if pos is not None:
-                    key_table, query_table, index, lengths_index = pos
-                    sub = lengths_index(length)  # its rows lie inside the full length's window
-                    offset = sub.lo - index.lo
-                    pos_key = self._layout(key_table, sub.c2p_rows + offset) if key_table is not None else None
-                    pos_query = self._layout(query_table, sub.p2c_rows + offset) * self.scale \
-                        if query_table is not None else None  # (H, 2L - 1, D)
-                    bias = disentangled_bias(q, k, pos_key, pos_query)  # (1, H, L, L)
-                out = backend(q, k, v, mask=None, bias=bias, dropout_p=self.dropout if self.training else 0.0,
-                              scale=1.0)  # (1, H, L, D)
-                real_out = out[0].transpose(0, 1)  # (L, H, D)
-            rep_out = None
-            if rep >= 0:
-                rep_out = ((v_all[start:start + length].sum(0) + n_pad * v_all[rep]) / t)[None]  # (1, H, D)
-            if rep_out is not None and rep < start:
-                pieces.append(rep_out)
-            if real_out is not None:
-                pieces.append(real_out)
-            if rep_out is not None and rep > start:
-                pieces.append(rep_out)
-        return self.o(torch.cat(pieces).reshape(n, h * d))  # (N, C)
+
+            def bias(i: int, qi: Tensor, ki: Tensor) -> Tensor:  # (1, H, L, D) each -> (1, H, L, L)
+                sub = lengths_index(qi.shape[2])
+                offset = sub.lo - index.lo
+                pos_key = self._layout(key_table, sub.c2p_rows + offset) if key_table is not None else None
+                pos_query = self._layout(query_table, sub.p2c_rows + offset) * self.scale \
+                    if query_table is not None else None  # (H, 2L - 1, D)
+                return disentangled_bias(qi, ki, pos_key, pos_query)
+
+        return self.attend_packed(q, k, v, packed, bias, scale=1.0)  # (N, C)
 
     def _layout(self, projected: Tensor, rows: Tensor) -> Tensor:
         """(W, C) projected table -> (H, 2L - 1, D) laid out by distance."""
-        return _Unpack.apply(projected, rows).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
+        return Gather.apply(projected, rows).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
 
 
 class ConvLayer(nn.Module):
@@ -359,6 +297,8 @@ class ConvLayer(nn.Module):
 class DebertaEncoder(nn.Module):
     """Layers sharing one relative-embedding table (optionally LayerNorm-ed), the conv after layer 0."""
 
+    packs_holes = False  # relative distances of packed tokens would skip a hole in the mask
+
     def __init__(self, c: EncoderConfig):
         super().__init__()
         x = c.extra
@@ -383,8 +323,11 @@ class DebertaEncoder(nn.Module):
         return (self.rel_norm(table) if self.rel_norm is not None else table), index, \
             lambda n: self.positions.get(n, device)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """x: (B, T, C) embeddings; mask: boolean key mask (B, 1, 1, T) or None when nothing is padded."""
+    def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:
+        """x: (B, T, C) embeddings with a boolean key mask (B, 1, 1, T) or None when nothing is padded, or packed
+        real tokens (N, C) with their Packed layout (padding-free). Returns x's layout."""
+        if isinstance(mask, Packed):
+            return self.packed(x, mask)
         b = x.shape[0]
         keep = padding = None
         rel = self.relative(x.shape[1], x.device)
@@ -400,6 +343,18 @@ class DebertaEncoder(nn.Module):
                 x = self.conv(embedded, x if padding is None else padding.unpack(x, b), keep)  # (B, T, C)
                 x = x if padding is None else padding.pack(x)
         return x if padding is None else padding.unpack(x, b)  # (B, T, C)
+
+    def packed(self, x: Tensor, packed: Packed) -> Tensor:
+        """Padding-free: x (N, C) real tokens only; the convolution alone needs the padded layout (its window
+        reads neighbours, and padding neighbours are zeros as in transformers)."""
+        rel = self.relative(packed.max_length, x.device)
+        embedded = x
+        for i, layer in enumerate(self.layers):
+            x = layer(x, packed, rel=rel)  # (N, C)
+            if i == 0 and self.conv is not None:
+                out = self.conv(packed.unpack(embedded), packed.unpack(x), packed.keep)  # (B, T, C)
+                x = packed.pack(out)  # (N, C)
+        return x
 
 
 def build_body(c: EncoderConfig, task: str) -> EncoderBody:

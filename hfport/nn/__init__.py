@@ -4,7 +4,8 @@ from .activations import ACTIVATIONS, Activation
 from .attention import ATTENTION_BACKENDS, SelfAttention
 from .layers import (Embeddings, Encoder, EncoderBody, EncoderLayer, FeedForward, Pooler, SharedEncoder,
                      padding_mask, positions_from_padding)
+from .unpad import Packed
 
 __all__ = ["ACTIVATIONS", "ATTENTION_BACKENDS", "Activation", "Embeddings", "Encoder", "EncoderBody",
-           "EncoderLayer", "FeedForward", "Pooler", "SelfAttention", "SharedEncoder", "padding_mask",
+           "EncoderLayer", "FeedForward", "Packed", "Pooler", "SelfAttention", "SharedEncoder", "padding_mask",
            "positions_from_padding"]

@@ -2,7 +2,8 @@
 
 Backends take q, k, v as (B, H, T, D), a boolean key mask (B, 1, 1, T) where True means "attend" (or None
 when nothing is padded), and an optional additive score bias (B|1, H|1, T, T) for families that add
-relative-position terms (DeBERTa). A padding-free backend can be registered later without touching families.
+relative-position terms (DeBERTa). On a packed batch (nn/unpad.py) the same kernel runs once per sequence over
+that sequence's own tokens, with no mask.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from typing import Callable, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .unpad import Packed
+
+# bias(i, q, k) -> the additive score bias of sequence i given its (1, H, L, D) queries and keys, or None
+SequenceBias = Callable[[int, Tensor, Tensor], "Tensor | None"]
 
 
 class AttentionBackend(Protocol):
@@ -77,6 +83,31 @@ class SelfAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, C)
         return self.o(out)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def attend_packed(self, q: Tensor, k: Tensor, v: Tensor, packed: Packed, bias: SequenceBias | None = None,
+                      scale: float | None = None) -> Tensor:
+        """q, k, v: (N, H, D) packed rows -> (N, C): each sequence attends over its own L_i tokens only.
+
+        One kernel call per sequence; the per-call overhead is small next to the B * T^2 - sum(L_i^2) score
+        entries a masked padded call computes and throws away (measured: scripts/bench.py)."""
+        n, h, d = q.shape
+        kernel = ATTENTION_BACKENDS[self.backend]
+        dropout_p = self.dropout if self.training else 0.0
+        scale = self.scale if scale is None else scale
+        pieces = []
+        for i, (start, length) in enumerate(zip(packed.starts, packed.lengths)):
+            if not length:
+                continue
+            qi, ki, vi = (x[start:start + length].transpose(0, 1)[None] for x in (q, k, v))  # (1, H, L, D)
+            out = kernel(qi, ki, vi, mask=None, bias=bias(i, qi, ki) if bias is not None else None,
+                         dropout_p=dropout_p, scale=scale)  # (1, H, L, D)
+            pieces.append(out[0].transpose(0, 1))  # (L, H, D)
+        return self.o(torch.cat(pieces).reshape(n, h * d))  # (N, C)
+
+    def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:
+        """x: (B, T, C) with a key mask (B, 1, 1, T) or None, or packed (N, C) with its Packed layout."""
+        if isinstance(mask, Packed):
+            n = x.shape[0]
+            q, k, v = (proj(x).view(n, self.num_heads, self.head_dim) for proj in (self.q, self.k, self.v))
+            return self.attend_packed(q, k, v, mask)  # (N, C)
         q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
-        return self.attend(q, k, v, mask)
+        return self.attend(q, k, v, mask)  # (B, T, C)

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from .activations import Activation
 from .attention import SelfAttention
+from .unpad import Packed
 
 
 def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
@@ -43,14 +44,16 @@ class Embeddings(nn.Module):
         self.pad_token_id = pad_token_id
         self.positions_offset_by_padding = positions_offset_by_padding
 
+    def position_ids(self, input_ids: Tensor) -> Tensor:
+        """The default positions of a padded (B, T) batch: (B, T) for RoBERTa, (1, T) otherwise."""
+        if self.positions_offset_by_padding:
+            return positions_from_padding(input_ids, self.pad_token_id)  # (B, T)
+        return torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
+
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None) -> Tensor:
-        b, t = input_ids.shape
         if position_ids is None:
-            if self.positions_offset_by_padding:
-                position_ids = positions_from_padding(input_ids, self.pad_token_id)  # (B, T)
-            else:
-                position_ids = torch.arange(t, device=input_ids.device)[None, :]  # (1, T)
+            position_ids = self.position_ids(input_ids)
         x = self.word(input_ids) + self.position(position_ids)  # (B, T, E)
         if self.token_type is not None:
             if token_type_ids is None:
@@ -88,19 +91,22 @@ class EncoderLayer(nn.Module):
         self.attn_dropout = nn.Dropout(attn_out_dropout)
         self.ffn_dropout = nn.Dropout(ffn_out_dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, **attn_kwargs) -> Tensor:
-        x = self.attn_norm(x + self.attn_dropout(self.attn(x, mask, **attn_kwargs)))  # (B, T, C)
-        return self.ffn_norm(x + self.ffn_dropout(self.ffn(x)))  # (B, T, C)
+    def forward(self, x: Tensor, mask: Tensor | Packed | None, **attn_kwargs) -> Tensor:
+        """x: (B, T, C), or packed (N, C) when mask is a Packed layout; every step but attention is per token."""
+        x = self.attn_norm(x + self.attn_dropout(self.attn(x, mask, **attn_kwargs)))  # (B, T, C) | (N, C)
+        return self.ffn_norm(x + self.ffn_dropout(self.ffn(x)))  # (B, T, C) | (N, C)
 
 
 class Encoder(nn.Module):
     """A stack of distinct layers."""
 
+    packs_holes = True  # attention over packed tokens is exact for any mask (no relative positions)
+
     def __init__(self, layers: list[nn.Module]):
         super().__init__()
         self.layers = nn.ModuleList(layers)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:
         for layer in self.layers:
             x = layer(x, mask)
         return x
@@ -115,12 +121,14 @@ class LayerGroup(nn.Module):
 class SharedEncoder(nn.Module):
     """ALBERT: num_layers steps, each running every layer of one of the shared groups in turn."""
 
+    packs_holes = True
+
     def __init__(self, groups: list[list[nn.Module]], num_layers: int):
         super().__init__()
         self.groups = nn.ModuleList(LayerGroup(g) for g in groups)
         self.num_layers = num_layers
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:
         n_groups = len(self.groups)
         for i in range(self.num_layers):
             group = self.groups[int(i / (self.num_layers / n_groups))]  # same rounding as transformers
@@ -141,18 +149,42 @@ class Pooler(nn.Module):
 
 
 class EncoderBody(nn.Module):
-    """embeddings -> encoder (-> pooler): the base model every head sits on."""
+    """embeddings -> encoder (-> pooler): the base model every head sits on.
+
+    Padding-free by default: a batch with padding is packed to its real tokens before the embeddings and
+    unpacked after the encoder, with zeros at padding positions (nn/unpad.py). `padding_free = False` runs the
+    padded (B, T) path instead, which also reproduces transformers' values at padding positions."""
 
     def __init__(self, embeddings: nn.Module, encoder: nn.Module, pooler: nn.Module | None):
         super().__init__()
         self.embeddings = embeddings
         self.encoder = encoder
         self.pooler = pooler
+        self.padding_free = True
+
+    def plan(self, attention_mask: Tensor | None) -> Packed | None:
+        """The packed layout this batch runs in, or None for the padded path."""
+        if not self.padding_free or attention_mask is None:
+            return None
+        packed = Packed.from_mask(attention_mask)
+        if packed is None or not (packed.contiguous or self.encoder.packs_holes):
+            return None  # nothing padded, or relative positions that a hole in the mask would shift
+        return packed
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
-        x = self.encoder(x, padding_mask(attention_mask))  # (B, T, C)
+        packed = self.plan(attention_mask)
+        if packed is None:
+            x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
+            x = self.encoder(x, padding_mask(attention_mask))  # (B, T, C)
+        else:
+            # positions are computed in the padded layout (RoBERTa's count from the ids), then packed with the ids
+            if position_ids is None:
+                position_ids = self.embeddings.position_ids(input_ids)  # (B|1, T)
+            position_ids = packed.pack(position_ids.expand_as(input_ids))[None]  # (1, N)
+            token_type_ids = packed.pack(token_type_ids)[None] if token_type_ids is not None else None  # (1, N)
+            x = self.embeddings(packed.pack(input_ids)[None], token_type_ids, position_ids)[0]  # (N, C)
+            x = packed.unpack(self.encoder(x, packed))  # (B, T, C), zeros at padding
         return x, self.pooler(x) if self.pooler is not None else None
 
     @property
