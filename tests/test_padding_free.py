@@ -16,7 +16,7 @@ from hfport.nn import Packed
 from tests.tiny import ALL_FAMILIES, HEADS, batch, save_hf
 
 TOL = dict(atol=1e-5, rtol=1.3e-6)
-LENGTHS = (70, 41, 9)
+LENGTHS = (70, 41, 41, 9)  # the two 41s form one run: a single attention call for both
 
 
 def labels_for(task: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -29,7 +29,7 @@ def labels_for(task: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Te
         high = 3 if task == "token-classification" else 50
         return {"labels": torch.randint(0, high, (b, t), generator=g).masked_fill(~mask, -100)}
     if task == "question-answering":
-        return {"start_positions": torch.tensor([3, 20, 1]), "end_positions": torch.tensor([9, 30, 500])}
+        return {"start_positions": torch.tensor([3, 20, 40, 1]), "end_positions": torch.tensor([9, 30, 40, 500])}
     return {}
 
 
@@ -91,7 +91,7 @@ def test_layers_see_only_real_tokens(family: str, tmp_path) -> None:
     out = model(**inputs)
     for h in hooks:
         h.remove()
-    assert rows and set(rows) == {sum(LENGTHS)}, rows  # not 3 * 70
+    assert rows and set(rows) == {sum(LENGTHS)}, rows  # not 4 * 70
     # padding positions come back as zeros in the caller's (B, T, C) layout
     padding = ~inputs["attention_mask"].bool()
     assert out.last_hidden_state.shape[:2] == padding.shape
@@ -142,6 +142,9 @@ def test_packed_layout() -> None:
     mask = torch.tensor([[0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]])
     packed = Packed.from_mask(mask)
     assert packed.lengths == (2, 4, 0, 2) and packed.starts == (0, 2, 6, 6)
+    assert packed.runs == ((0, 1, 2), (2, 1, 4), (6, 1, 2))  # the empty sequence splits no run and has none
+    assert Packed.from_mask(torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0]])).runs == \
+        ((0, 2, 2), (4, 1, 3), (7, 1, 1))
     assert packed.index.tolist() == [1, 2, 4, 5, 6, 7, 12, 14]
     assert not packed.contiguous  # the last row has a hole
     assert Packed.from_mask(mask[:3]).contiguous

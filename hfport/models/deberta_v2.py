@@ -259,7 +259,7 @@ class DisentangledAttention(SelfAttention):
             key_table = (self.k if self.share_att_key else self.pos_k)(table) if self.c2p else None  # (W, C)
             query_table = (self.q if self.share_att_key else self.pos_q)(table) if self.p2c else None  # (W, C)
 
-            def bias(i: int, qi: Tensor, ki: Tensor) -> Tensor:  # (1, H, L, D) each -> (1, H, L, L)
+            def bias(qi: Tensor, ki: Tensor) -> Tensor:  # (G, H, L, D) each -> (G, H, L, L)
                 sub = lengths_index(qi.shape[2])
                 offset = sub.lo - index.lo
                 pos_key = self._layout(key_table, sub.c2p_rows + offset) if key_table is not None else None

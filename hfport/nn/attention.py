@@ -16,8 +16,9 @@ from torch import Tensor, nn
 
 from .unpad import Packed
 
-# bias(i, q, k) -> the additive score bias of sequence i given its (1, H, L, D) queries and keys, or None
-SequenceBias = Callable[[int, Tensor, Tensor], "Tensor | None"]
+# bias(q, k) -> the additive score bias (1|G, H, L, L) of G sequences of length L given their (G, H, L, D) queries
+# and keys (DeBERTa's relative terms), or None
+SequenceBias = Callable[[Tensor, Tensor], "Tensor | None"]
 
 
 class AttentionBackend(Protocol):
@@ -87,20 +88,20 @@ class SelfAttention(nn.Module):
                       scale: float | None = None) -> Tensor:
         """q, k, v: (N, H, D) packed rows -> (N, C): each sequence attends over its own L_i tokens only.
 
-        One kernel call per sequence; the per-call overhead is small next to the B * T^2 - sum(L_i^2) score
-        entries a masked padded call computes and throws away (measured: scripts/bench.py)."""
+        One kernel call per run of equal-length sequences (often one per sequence); the per-call overhead is
+        small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away. On
+        the CPU this measured faster than a masked padded call and than nested-tensor SDPA (docs/benchmarks.md)."""
         n, h, d = q.shape
         kernel = ATTENTION_BACKENDS[self.backend]
         dropout_p = self.dropout if self.training else 0.0
         scale = self.scale if scale is None else scale
         pieces = []
-        for i, (start, length) in enumerate(zip(packed.starts, packed.lengths)):
-            if not length:
-                continue
-            qi, ki, vi = (x[start:start + length].transpose(0, 1)[None] for x in (q, k, v))  # (1, H, L, D)
-            out = kernel(qi, ki, vi, mask=None, bias=bias(i, qi, ki) if bias is not None else None,
-                         dropout_p=dropout_p, scale=scale)  # (1, H, L, D)
-            pieces.append(out[0].transpose(0, 1))  # (L, H, D)
+        for start, count, length in packed.runs:
+            rows = slice(start, start + count * length)
+            qi, ki, vi = (x[rows].view(count, length, h, d).transpose(1, 2) for x in (q, k, v))  # (G, H, L, D)
+            out = kernel(qi, ki, vi, mask=None, bias=bias(qi, ki) if bias is not None else None,
+                         dropout_p=dropout_p, scale=scale)  # (G, H, L, D)
+            pieces.append(out.transpose(1, 2).reshape(count * length, h, d))  # (G * L, H, D)
         return self.o(torch.cat(pieces).reshape(n, h * d))  # (N, C)
 
     def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:

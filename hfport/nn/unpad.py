@@ -57,6 +57,21 @@ class Packed:
             total += n
         return tuple(out)
 
+    @cached_property
+    def runs(self) -> tuple[tuple[int, int, int], ...]:
+        """(first packed row, number of sequences, length) of each run of consecutive equal-length sequences:
+        one attention call serves a whole run (length-sorted batches, e.g. predict's, have long runs)."""
+        out: list[tuple[int, int, int]] = []
+        for start, n in zip(self.starts, self.lengths):
+            if not n:
+                continue
+            if out and out[-1][2] == n:
+                first, count, _ = out[-1]
+                out[-1] = (first, count + 1, n)
+            else:
+                out.append((start, 1, n))
+        return tuple(out)
+
     @property
     def max_length(self) -> int:
         return max(self.lengths)
