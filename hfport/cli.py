@@ -83,8 +83,12 @@ def finetune(
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps; overrides --epochs.")] = None,
     batch_size: Annotated[Optional[int], typer.Option()] = None,
     grad_accum: Annotated[Optional[int], typer.Option()] = None,
+    group_by_length: Annotated[Optional[bool], typer.Option(help="Batch similar lengths together (the default); "
+                                                                 "off: shuffled fixed-size batches.")] = None,
+    max_batch_tokens: Annotated[Optional[int], typer.Option(help="Padded-token budget per batch per process.")] = None,
     lr: Annotated[Optional[float], typer.Option()] = None,
     precision: Annotated[Optional[str], typer.Option(help="auto | bf16 | fp16 | fp32")] = None,
+    compile_: Annotated[bool, typer.Option("--compile", help="torch.compile the model (dynamic shapes).")] = False,
     max_grad_norm: Annotated[Optional[float], typer.Option()] = None,
     save_steps: Annotated[Optional[int], typer.Option()] = None,
     eval_steps: Annotated[Optional[int], typer.Option()] = None,
@@ -105,9 +109,10 @@ def finetune(
     from .train.config import read_config_file, resolve_config
 
     flags = {"model": model, "task": task, "train": train, "eval": eval, "output_dir": output_dir, "epochs": epochs,
-             "max_steps": max_steps, "batch_size": batch_size, "grad_accum": grad_accum, "lr": lr,
-             "precision": precision, "max_grad_norm": max_grad_norm, "save_steps": save_steps,
-             "eval_steps": eval_steps, "seed": seed, "freeze": freeze, "resume": resume,
+             "max_steps": max_steps, "batch_size": batch_size, "grad_accum": grad_accum,
+             "group_by_length": group_by_length, "max_batch_tokens": max_batch_tokens, "lr": lr,
+             "precision": precision, "compile": compile_ or None, "max_grad_norm": max_grad_norm,
+             "save_steps": save_steps, "eval_steps": eval_steps, "seed": seed, "freeze": freeze, "resume": resume,
              "overwrite": overwrite or None}
     try:
         for item in set_ or []:

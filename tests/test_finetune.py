@@ -1,9 +1,11 @@
 """The fine-tuning engine: it learns, resumes bit-exactly after SIGKILL, accumulates gradients exactly,
-runs under `accelerate launch` with 2 processes, and refuses bad data before training."""
+runs under `accelerate launch` with 2 processes, refuses bad data before training, batches by length (with a
+token budget) without losing exactness, and its opt-in extras (compile, bf16 on CPU) train."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -19,7 +21,7 @@ from safetensors.torch import load_file
 
 import hfport
 from hfport.train.config import FinetuneConfig
-from hfport.train.data import DataError
+from hfport.train.data import DataError, epoch_batches, eval_batches, padding_fraction, planned_steps
 from hfport.train.loop import finetune
 from tests.tiny import save_hf
 
@@ -27,14 +29,16 @@ POS = ["great", "wonderful", "excellent", "lovely", "superb", "brilliant"]
 NEG = ["awful", "terrible", "bad", "horrible", "poor", "dreadful"]
 
 
-def write_sentiment(path: Path, n: int, seed: int) -> None:
+def write_sentiment(path: Path, n: int, seed: int, filler: int = 0) -> None:
+    """`filler` > 0: up to that many extra words per row, so lengths vary as in real text."""
     rng = random.Random(seed)
     with open(path, "w") as f:
         for _ in range(n):
             label = rng.choice(["negative", "positive"])
             word = rng.choice(POS if label == "positive" else NEG)
             thing = rng.choice(["film", "plot", "acting", "soundtrack", "ending"])
-            f.write(json.dumps({"text": f"the {thing} was {word} overall", "label": label}) + "\n")
+            extra = " ".join(rng.choice(["and", "then", "so", "we", "left"]) for _ in range(rng.randint(0, filler)))
+            f.write(json.dumps({"text": f"the {thing} was {word} overall {extra}".strip(), "label": label}) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +52,8 @@ def workdir(tmp_path_factory, minilm_path) -> Path:
             shutil.copy(minilm_path / f, root / name / f)
     write_sentiment(root / "train.jsonl", 192, seed=0)
     write_sentiment(root / "eval.jsonl", 48, seed=1)
+    write_sentiment(root / "varied.jsonl", 96, seed=2, filler=40)
+    write_sentiment(root / "varied_eval.jsonl", 40, seed=3, filler=40)
     return root
 
 
@@ -55,6 +61,11 @@ def base_config(workdir: Path, out: Path, **overrides) -> FinetuneConfig:
     values = dict(model=str(workdir / "model"), train=str(workdir / "train.jsonl"), eval=str(workdir / "eval.jsonl"),
                   output_dir=str(out), batch_size=16, lr=3e-3, warmup_ratio=0.1, logging_steps=1, seed=7)
     return FinetuneConfig(**{**values, **overrides})
+
+
+def _losses(out: Path) -> list[float]:
+    """The train losses in metrics.jsonl."""
+    return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
 
 
 def test_classification_learns(workdir, tmp_path):
@@ -165,9 +176,10 @@ def test_gradient_accumulation_matches_big_batch(workdir, tmp_path):
 
 
 def test_two_processes_follow_one(workdir, tmp_path):
-    """`accelerate launch` with 2 CPU processes (gloo), 2 x 4 per step == 1 x 8: the same loss curve."""
-    common = ["--model", str(workdir / "model_nodrop"), "--train", str(workdir / "train.jsonl"), "--max-steps", "6",
-              "--set", "eval_strategy=no", "--set", "eval_fraction=0.0", "--set", "logging_steps=1",
+    """`accelerate launch` with 2 CPU processes (gloo), 2 x 4 per step == 1 x 8: the same loss curve, and the
+    final evaluation, split over the processes and gathered back, gives the same metrics."""
+    common = ["--model", str(workdir / "model_nodrop"), "--train", str(workdir / "varied.jsonl"), "--max-steps", "6",
+              "--eval", str(workdir / "varied_eval.jsonl"), "--set", "eval_strategy=no", "--set", "logging_steps=1",
               "--set", "scheduler=constant", "-q"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, "-m", "hfport", "finetune", *common, "--batch-size", "8",
@@ -178,11 +190,13 @@ def test_two_processes_follow_one(workdir, tmp_path):
                           "-m", "hfport", "finetune", *common, "--batch-size", "4",
                           "--output-dir", str(tmp_path / "two")], env=env, capture_output=True, timeout=300)
     assert two.returncode == 0, two.stderr.decode()[-3000:]
-    curve = [[json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-             for d in ("one", "two")]
+    curve = [_losses(tmp_path / d) for d in ("one", "two")]
     # the 2-process loss is the mean of two half-batch means: equal up to fp32 rounding in the all-reduce
     assert len(curve[0]) == len(curve[1]) == 6
     torch.testing.assert_close(torch.tensor(curve[1]), torch.tensor(curve[0]), atol=1e-4, rtol=1e-4)
+    evals = [json.loads((tmp_path / d / "summary.json").read_text())["final_eval"] for d in ("one", "two")]
+    assert evals[1]["eval_accuracy"] == evals[0]["eval_accuracy"]
+    assert evals[1]["eval_loss"] == pytest.approx(evals[0]["eval_loss"], abs=1e-4)
 
 
 # --- bad input: clear errors before training, naming file, line and field --------------------------------------
@@ -275,3 +289,181 @@ def test_stops_when_the_metric_has_converged(workdir, tmp_path):
     summary = finetune(base_config(workdir, tmp_path / "run", epochs=10, eval_strategy="steps", eval_steps=2,
                                    converged_window=2, converged_tolerance=1.0), progress=False)
     assert summary["steps"] == 4
+
+
+# --- batching by length --------------------------------------------------------------------------------------------
+
+_rng = random.Random(5)
+LENGTHS = [_rng.randint(4, 200) for _ in range(1000)]  # a seeded, length-varied set
+LAYOUTS = [dict(group_by_length=g, max_tokens=t, world=w, grad_accum=a)
+           for g in (True, False) for t in (None, 600) for w in (1, 2, 3) for a in (1, 3)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+def test_epoch_batches_cover_every_example_once(layout):
+    """Each epoch: every example exactly once, every process a share, the same list for the same (seed, epoch),
+    another for another epoch; per process at most batch_size examples (one more where an epoch's last few,
+    fewer than the processes, joined a batch), and within the budget unless a batch is one example a process."""
+    world = layout["world"]
+    epochs = [epoch_batches(LENGTHS, 8, seed=3, epoch=e, **layout) for e in range(3)]
+    for batches in epochs:
+        assert sorted(i for b in batches for i in b) == list(range(len(LENGTHS)))
+        for b in batches:
+            per_process = math.ceil(len(b) / world)
+            assert len(b) >= world and per_process <= 8 + (world > 1)
+            if layout["max_tokens"] and len(b) > world:
+                longest = max(LENGTHS[i] for i in b)
+                assert (per_process - (world > 1)) * longest <= layout["max_tokens"]
+    assert epoch_batches(LENGTHS, 8, seed=3, epoch=1, **layout) == epochs[1], "not a pure function"
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert epoch_batches(LENGTHS, 8, seed=4, epoch=1, **layout) != epochs[1]
+
+
+def test_token_budget_on_one_process_is_strict():
+    batches = epoch_batches(LENGTHS, 16, seed=0, epoch=0, group_by_length=True, max_tokens=500)
+    for b in batches:
+        assert len(b) <= 16 and (len(b) == 1 or len(b) * max(LENGTHS[i] for i in b) <= 500)
+    assert len(batches) > math.ceil(len(LENGTHS) / 16), "the budget should split the long batches"
+    alone = epoch_batches([10, 900, 12, 11], 4, seed=0, epoch=0, group_by_length=True, max_tokens=100)
+    assert sorted(map(sorted, alone)) == [[0, 2, 3], [1]], "an over-budget example forms its own batch"
+
+
+def test_grouping_cuts_padding():
+    """Structural, not a timing: sorting within mega-buckets leaves far less padding than random batches."""
+    for world in (1, 2):
+        grouped = padding_fraction(epoch_batches(LENGTHS, 16, 0, 0, group_by_length=True, world=world), LENGTHS, world)
+        plain = padding_fraction(epoch_batches(LENGTHS, 16, 0, 0, group_by_length=False, world=world), LENGTHS, world)
+        assert plain > 0.3 and grouped < plain / 2, (grouped, plain)
+
+
+def test_grouped_steps_do_not_depend_on_accumulation():
+    """k accumulated batches of b hold the same examples as one batch of k x b (and as b x world over processes):
+    what lets the accumulation and two-process tests compare against one big batch."""
+    big = epoch_batches(LENGTHS, 32, 1, 2, group_by_length=True)
+    acc = epoch_batches(LENGTHS, 8, 1, 2, group_by_length=True, grad_accum=4)
+    assert [sorted(b) for b in big] == [sorted(i for b in acc[k:k + 4] for i in b) for k in range(0, len(acc), 4)]
+    assert epoch_batches(LENGTHS, 16, 1, 2, group_by_length=True, world=2) == big
+
+
+def test_group_by_length_off_keeps_the_old_order():
+    """Shuffled, fixed-size batches: the order runs made before grouping existed."""
+    order = list(range(len(LENGTHS)))
+    random.Random(7 * 1_000_003 + 2).shuffle(order)
+    assert epoch_batches(LENGTHS, 16, 7, 2) == [order[i:i + 16] for i in range(0, len(order), 16)]
+
+
+def test_eval_batches_sorted_and_complete():
+    mine = list(range(1, len(LENGTHS), 3))
+    batches = eval_batches(mine, LENGTHS, 16, max_tokens=800, group_by_length=True)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == mine and [LENGTHS[i] for i in flat] == sorted(LENGTHS[i] for i in mine)
+    assert all(len(b) == 1 or len(b) * max(LENGTHS[i] for i in b) <= 800 for b in batches)
+    assert eval_batches(mine, LENGTHS, 16, None, group_by_length=False)[0] == mine[:16]
+
+
+def test_planned_steps_counts_each_epoch():
+    per_epoch = {0: 10, 1: 12, 2: 9}
+    assert planned_steps(2.5, per_epoch.__getitem__) == 10 + 12 + 5
+    assert planned_steps(3, per_epoch.__getitem__) == 31 and planned_steps(0.25, per_epoch.__getitem__) == 3
+
+
+def test_grouped_resume_mid_epoch_is_exact(workdir, tmp_path):
+    """Grouping and a token budget on, resumed from checkpoints in the middle of the first and the second epoch:
+    the same weights bit for bit and the same metrics as the unbroken run (every epoch's batches are rebuilt,
+    the number of steps per epoch varies with the budget)."""
+    def config(out: Path, **kw) -> FinetuneConfig:
+        return base_config(workdir, out, train=str(workdir / "varied.jsonl"), eval=str(workdir / "varied_eval.jsonl"),
+                           epochs=1.5, batch_size=8, max_batch_tokens=200, save_steps=5, save_total_limit=100,
+                           eval_strategy="steps", eval_steps=7, **kw)
+
+    ref = tmp_path / "ref"
+    summary = finetune(config(ref), progress=False)
+    ref_lines = (ref / "metrics.jsonl").read_text().splitlines()
+    ref_weights = load_file(str(ref / "final" / "model.safetensors"))
+    states = {p: json.loads((p / "trainer_state.json").read_text()) for p in (ref / "checkpoints").glob("step-*")}
+    mid = {e: max((p for p, s in states.items() if s["epoch"] == e and s["batch_in_epoch"] > 0),
+                  key=lambda p: states[p]["step"]) for e in (0, 1)}
+    assert summary["steps"] > math.ceil(96 / 8) * 1.5, "the budget should have added steps"
+    for epoch, ckpt in mid.items():
+        out = tmp_path / f"resumed{epoch}"
+        finetune(config(out, resume=str(ckpt)), progress=False)
+        after = [x for x in ref_lines if json.loads(x)["step"] > states[ckpt]["step"]]
+        assert (out / "metrics.jsonl").read_text().splitlines() == after, f"resumed in epoch {epoch}"
+        weights = load_file(str(out / "final" / "model.safetensors"))
+        for key in ref_weights:
+            assert torch.equal(weights[key], ref_weights[key]), f"resumed in epoch {epoch}: {key} differs"
+
+
+def test_length_sorted_eval_matches_file_order(workdir, tmp_path):
+    """The run's eval metrics (batches sorted by length, within a budget) equal the final model's, scored one
+    example at a time in file order."""
+    out = tmp_path / "run"
+    summary = finetune(base_config(workdir, out, train=str(workdir / "varied.jsonl"), max_steps=4, eval_strategy="no",
+                                   eval=str(workdir / "varied_eval.jsonl"), max_batch_tokens=120), progress=False)
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(out / "final").eval()
+    tokenizer = hfport.AutoTokenizer.from_pretrained(out / "final")
+    rows = [json.loads(x) for x in (workdir / "varied_eval.jsonl").read_text().splitlines()]
+    losses, correct = [], 0
+    with torch.inference_mode():
+        for row in rows:
+            enc = tokenizer(row["text"], truncation=True, max_length=256, return_tensors="pt")
+            logits = model(**enc).logits  # (1, 2)
+            label = model.config.label2id[row["label"]]
+            losses.append(float(torch.nn.functional.cross_entropy(logits, torch.tensor([label]))))
+            correct += int(logits.argmax(-1)) == label
+    final = summary["final_eval"]
+    assert final["eval_accuracy"] == pytest.approx(correct / len(rows))
+    assert final["eval_loss"] == pytest.approx(sum(losses) / len(losses), abs=1e-5)
+
+
+# --- opt-in extras: torch.compile, bf16 on the CPU -----------------------------------------------------------------
+
+
+def _compile_missing() -> str | None:
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        return "torch.compile is not supported on this Python/platform"
+    if not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")):
+        return "no C++ compiler for inductor"
+    return None
+
+
+@pytest.mark.skipif(_compile_missing() is not None, reason=str(_compile_missing()))
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's own
+def test_compile_trains_and_saves_plain_names(workdir, tmp_path):
+    """compile=True: the same losses as eager (dropout off), finite, and checkpoints with the model's own names
+    (no `_orig_mod.`) that load back. The slow test here: about a minute with a cold inductor cache, ~15 s warm."""
+    common = dict(model=str(workdir / "model_nodrop"), train=str(workdir / "varied.jsonl"), max_steps=2, eval=None,
+                  eval_fraction=0.0, eval_strategy="no", save_steps=2, batch_size=8)
+    finetune(base_config(workdir, tmp_path / "eager", **common), progress=False)
+    finetune(base_config(workdir, tmp_path / "compiled", compile=True, **common), progress=False)
+    eager, compiled = _losses(tmp_path / "eager"), _losses(tmp_path / "compiled")
+    assert len(compiled) == 2 and all(math.isfinite(x) for x in compiled)
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), atol=1e-4, rtol=1e-4)
+    for folder in ("final", "checkpoints/step-2"):
+        keys = load_file(str(tmp_path / "compiled" / folder / "model.safetensors")).keys()
+        assert keys == load_file(str(tmp_path / "eager" / folder / "model.safetensors")).keys(), folder
+        assert not [k for k in keys if "_orig_mod" in k]
+        loaded = hfport.AutoModelForSequenceClassification.from_pretrained(tmp_path / "compiled" / folder)
+        assert not loaded.load_report.initialized and not loaded.load_report.unexpected
+
+
+def test_bf16_on_cpu_trains(workdir, tmp_path):
+    """precision=bf16 on the CPU is CPU autocast: finite losses, near the fp32 ones (bf16 keeps 8 bits)."""
+    common = dict(model=str(workdir / "model_nodrop"), max_steps=2, eval=None, eval_fraction=0.0,
+                  eval_strategy="no")
+    finetune(base_config(workdir, tmp_path / "fp32", precision="fp32", **common), progress=False)
+    finetune(base_config(workdir, tmp_path / "bf16", precision="bf16", **common), progress=False)
+    bf16, fp32 = _losses(tmp_path / "bf16"), _losses(tmp_path / "fp32")
+    assert len(bf16) == 2 and all(math.isfinite(x) for x in bf16)
+    assert abs(bf16[0] - fp32[0]) < 2e-2, (bf16, fp32)
+    auto = finetune(base_config(workdir, tmp_path / "auto", **common), progress=False)
+    assert auto["config"]["precision"] == "auto" and _losses(tmp_path / "auto") == fp32, "auto is fp32 on CPU"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused on CPU-only machines")
+def test_fp16_on_cpu_is_refused(workdir, tmp_path):
+    with pytest.raises(hfport.ConfigError, match="precision: 'fp16' needs a CUDA GPU"):
+        finetune(base_config(workdir, tmp_path / "run", precision="fp16"), progress=False)
+    assert not (tmp_path / "run").exists()

@@ -51,6 +51,32 @@ def test_sgd_with_momentum(model):
     assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["momentum"] == 0.8
 
 
+def test_fused_adamw_auto_is_off_on_cpu(model):
+    """auto uses the fused kernel only when every parameter is on CUDA: torch's default here."""
+    opt = build_optimizer(model, cfg())
+    assert isinstance(opt, torch.optim.AdamW) and not opt.defaults.get("fused")
+    assert not build_optimizer(model, cfg(fused_optimizer="off")).defaults.get("fused")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the parameters here are on the CPU")
+def test_fused_adamw_on_needs_cuda(model):
+    with pytest.raises(hfport.ConfigError, match=r"fused_optimizer: 'on' needs every trained parameter on a CUDA "
+                                                 r"device .*parameters are on cpu"):
+        build_optimizer(model, cfg(fused_optimizer="on"))
+    with pytest.raises(hfport.ConfigError, match="fused_optimizer: 'on' applies to the adamw optimizer, not 'sgd'"):
+        build_optimizer(model, cfg(fused_optimizer="on", optimizer="sgd"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_adamw_on_cuda(model):
+    cuda_model = model.to("cuda")
+    try:
+        assert build_optimizer(cuda_model, cfg()).defaults["fused"] is True
+        assert not build_optimizer(cuda_model, cfg(fused_optimizer="off")).defaults.get("fused")
+    finally:
+        model.to("cpu")
+
+
 @pytest.mark.parametrize("kind", ["linear", "cosine", "constant"])
 def test_schedules_with_warmup(model, kind):
     opt = build_optimizer(model, cfg(lr=1.0, weight_decay=0.0))

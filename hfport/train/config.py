@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from .data import MEGA_BUCKET_STEPS
 
 Task = Literal["sequence-classification", "token-classification", "question-answering", "masked-lm"]
 
@@ -50,6 +51,16 @@ class FinetuneConfig(BaseModel):
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
     batch_size: int = Field(16, ge=1, description="examples per optimizer step per process, before accumulation")
     grad_accum: int = Field(1, ge=1)
+    group_by_length: bool = Field(True, description=(
+        "batch examples of similar length together (less padding, faster steps): the epoch is shuffled, cut into "
+        f"groups of {MEGA_BUCKET_STEPS} steps' worth of examples, each sorted by length and cut into batches, and "
+        "the order of the steps is shuffled. Which examples share a batch is then less random (neighbours in "
+        "length); the order of batches stays random. Evaluation batches are sorted by length too. false: "
+        "shuffled fixed-size batches"))
+    max_batch_tokens: int | None = Field(None, ge=1, description=(
+        "token budget per batch per process, counted as padded tokens (examples x the longest in the batch); "
+        "batch_size still caps the examples. Batches of short examples get more of them, so the number of steps "
+        "per epoch varies with the shuffle; a single longer example still forms its own batch"))
     # optimisation
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(5e-5, gt=0)
@@ -67,7 +78,14 @@ class FinetuneConfig(BaseModel):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     class_weights: list[float] | Literal["balanced"] | None = None
     freeze: list[str] = Field(default_factory=list, description="parameter-name prefixes to freeze")
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description=(
+        "auto: bf16 on GPUs that support it, else fp16 with loss scaling, fp32 on CPU. bf16 on CPU is opt-in "
+        "(autocast on the CPU): only fast on CPUs with native bf16 (AVX512-BF16, AMX). fp16 needs a CUDA GPU"))
+    compile: bool = Field(False, description="torch.compile the model (dynamic shapes) through accelerate: the "
+                          "first steps pay for compilation, later steps may run faster")
+    fused_optimizer: Literal["auto", "on", "off"] = Field("auto", description=(
+        "AdamW's fused kernel: auto uses it when every trained parameter is on a CUDA device; on insists "
+        "(an error elsewhere); off never"))
     # evaluation, checkpoints, logging
     eval_strategy: Literal["epoch", "steps", "no"] = "epoch"
     eval_steps: int | None = Field(None, ge=1)

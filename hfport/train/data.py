@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -233,13 +233,108 @@ def split_off(items: list[Features], fraction: float, seed: int) -> tuple[list[F
     return [x for i, x in enumerate(items) if i not in held], [items[i] for i in sorted(held)]
 
 
-def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True) -> list[list[int]]:
-    """Global batches of example indices for one epoch. Seeded by (seed, epoch) alone, so a resumed run
-    rebuilds exactly the order it was interrupted in without any saved RNG."""
-    order = list(range(n))
+MEGA_BUCKET_STEPS = 50  # optimizer steps' worth of examples sorted together: long enough that neighbours in
+#                          length are close, short enough that every part of the shuffled epoch mixes in
+
+
+def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int, *, shuffle: bool = True,
+                  group_by_length: bool = False, max_tokens: int | None = None, world: int = 1,
+                  grad_accum: int = 1) -> list[list[int]]:
+    """Global batches of example indices for one epoch; process r trains on `batch[r::world]`.
+
+    A pure function of (seed, epoch, lengths and the sizes), so every process builds the same list (and takes
+    the same number of steps) and a resumed run rebuilds the order it was interrupted in without saved RNG.
+
+    `batch_size` and `max_tokens` are per process: a global batch holds at most batch_size * world examples,
+    and with a budget each process's padded share, ceil(n / world) x the batch's longest length, stays within
+    max_tokens. A global batch has at least `world` examples so no process is handed nothing: one example
+    over the budget still forms a batch (one per process), and an epoch's (or length group's) last few
+    examples, fewer than `world`, join the batch before them (at most one extra example per process).
+
+    group_by_length: shuffle, cut into mega-buckets of MEGA_BUCKET_STEPS steps' worth of examples, sort each
+    by length, cut into batches, then shuffle the order of the steps but the last (runs of grad_accum batches,
+    so that accumulating k batches sees what one batch k times larger would). Without it: shuffle, then cut.
+    """
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(range(len(lengths)))
     if shuffle:
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+        rng.shuffle(order)
+    if not group_by_length:
+        return _cut(order, lengths, batch_size, max_tokens, world)
+    mega = MEGA_BUCKET_STEPS * batch_size * world * grad_accum
+    starts = list(range(0, len(order), mega))
+    if len(starts) > 1 and len(order) - starts[-1] < world:
+        starts.pop()  # a last bucket too small to give every process an example joins the one before
+    ends = starts[1:] + [len(order)]
+    batches = []
+    for start, end in zip(starts, ends):
+        bucket = sorted(order[start:end], key=lengths.__getitem__)  # stable: ties keep the shuffled order
+        batches += _cut(bucket, lengths, batch_size, max_tokens, world)
+    if not batches:
+        return []
+    steps = [batches[i:i + grad_accum] for i in range(0, len(batches), grad_accum)]
+    # the last step (where a short batch or a short run of batches ends up) stays last: the loop's runs of
+    # grad_accum batches then line up with steps, and the order does not depend on how the work is split
+    last = steps.pop()
+    if shuffle:
+        rng.shuffle(steps)
+    return [batch for step in steps + [last] for batch in step]
+
+
+def _cut(order: list[int], lengths: list[int], batch_size: int, max_tokens: int | None, world: int
+         ) -> list[list[int]]:
+    """Consecutive runs of `order`, each as large as batch_size and the token budget allow (see epoch_batches).
+    A batch the budget closes keeps a multiple of `world` examples (the rest start the next one), so every
+    process gets the same number and the processes' mean gradient is the batch's."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        n, t = len(current) + 1, max(longest, lengths[i])
+        full = len(current) >= batch_size * world or (max_tokens is not None
+                                                      and math.ceil(n / world) * t > max_tokens)
+        if full and len(current) >= world:
+            keep = len(current) - len(current) % world
+            batches.append(current[:keep])
+            current = current[keep:]
+            longest = max((lengths[j] for j in current), default=0)
+        current.append(i)
+        longest = max(longest, lengths[i])
+    if len(current) < world and batches:
+        batches[-1] += current
+    elif current:
+        batches.append(current)
+    return batches
+
+
+def eval_batches(indices: list[int], lengths: list[int], batch_size: int, max_tokens: int | None,
+                 group_by_length: bool) -> list[list[int]]:
+    """One process's evaluation batches over `indices`; sorted by length when grouping, so little padding
+    is computed. Results carry their example index and are put back in file order before the metrics."""
+    order = sorted(indices, key=lengths.__getitem__) if group_by_length else list(indices)
+    return _cut(order, lengths, batch_size, max_tokens, world=1)
+
+
+def planned_steps(epochs: float, steps_in_epoch: Callable[[int], int]) -> int:
+    """Optimizer steps in `epochs` (fractional: a part of the next epoch). Per epoch, because under a token
+    budget the number of batches depends on how the epoch's shuffle fell."""
+    whole = int(epochs)
+    total = sum(steps_in_epoch(e) for e in range(whole))
+    if epochs > whole:
+        total += math.ceil((epochs - whole) * steps_in_epoch(whole))
+    return total
+
+
+def padding_fraction(batches: list[list[int]], lengths: list[int], world: int = 1) -> float:
+    """Share of the computed (padded) tokens that are padding, each process padding its own share."""
+    real = padded = 0
+    for batch in batches:
+        for r in range(world):
+            share = [lengths[i] for i in batch[r::world]]
+            if share:
+                real += sum(share)
+                padded += len(share) * max(share)
+    return 1.0 - real / padded if padded else 0.0
 
 
 def pad_ids(items: list[Features], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -259,7 +354,3 @@ def pad_ids(items: list[Features], pad_token_id: int) -> dict[str, torch.Tensor]
     if types is not None:
         batch["token_type_ids"] = types
     return batch
-
-
-def steps_per_epoch(n_examples: int, global_batch: int, grad_accum: int) -> int:
-    return math.ceil(math.ceil(n_examples / global_batch) / grad_accum)

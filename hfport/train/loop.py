@@ -4,8 +4,10 @@ Per optimizer step: zero_grad(set_to_none) -> [forward -> loss -> backward] x gr
 global norm (the norm is logged) -> optimizer step -> scheduler step. Evaluation every epoch or every N steps;
 checkpoints every N steps and at epoch ends; `resume` continues bit-exactly on CPU.
 
-Data order is a pure function of (seed, epoch), the position inside the epoch is checkpointed, and RNG states
-are restored just before training continues; that is what makes a resumed run identical to an unbroken one.
+Data order is a pure function of (seed, epoch) and the examples' lengths, the position inside the epoch is
+checkpointed, and RNG states are restored just before training continues; that is what makes a resumed run
+identical to an unbroken one. Every process builds the same global batches and trains on its stride of each
+(`batch[rank::world]`), so all take the same number of steps.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..errors import ConfigError
 from ..modeling import TASK_CLASSES
 from .checkpoint import latest_checkpoint, load_checkpoint, prune, restore_rng, save_checkpoint
 from .config import FinetuneConfig
-from .data import EncodedData, epoch_batches, steps_per_epoch
+from .data import EncodedData, epoch_batches, eval_batches, planned_steps
 from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
 from .tasks import get_task
 
@@ -41,7 +43,8 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
              on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train, evaluate and save. Returns the run summary (also written to summary.json)."""
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import TorchDynamoPlugin, gather_object, set_seed
 
     from ..tokenizer import AutoTokenizer
     from .metrics import EarlyStopping, MetricHistory
@@ -49,9 +52,16 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     if isinstance(config, dict):
         config = FinetuneConfig(**config)
     out = Path(config.output_dir)
+    # accelerate keeps one precision and compile setting per process; a process that ran an earlier fine-tune
+    # (tests, a job worker) would otherwise refuse another precision and silently keep the old compile choice
+    AcceleratorState._reset_state()
+    # compile=True: accelerate compiles last in prepare (after any DDP wrapper), the order torch recommends;
+    # dynamic shapes, since every batch has its own length. Left alone, accelerate's launch config decides.
+    dynamo = TorchDynamoPlugin(backend="inductor", dynamic=True) if config.compile else None
     # cpu=True on a machine without CUDA lets `accelerate launch --multi_gpu --num_processes N` run N CPU
     # processes over gloo (accelerate only picks MULTI_CPU when told the run is on the CPU)
-    accelerator = Accelerator(mixed_precision=mixed_precision(config.precision), cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(mixed_precision=mixed_precision(config.precision), cpu=not torch.cuda.is_available(),
+                              dynamo_plugin=dynamo)
     main = accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
     emit = on_event if (on_event and main) else (lambda event: None)
@@ -67,7 +77,6 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     task = get_task(config.task)
     data = task.read(config, tokenizer, _source_labels(source))
     global_batch = config.batch_size * world
-    n_batches = len(epoch_batches(len(data.train), global_batch, config.seed, 0))
     if len(data.train) < global_batch:
         raise ConfigError(f"{config.train}: {len(data.train)} training examples, fewer than one batch "
                           f"(batch_size {config.batch_size} x {world} process(es)); lower --batch-size")
@@ -82,13 +91,26 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     metric_name, metric_mode = config.default_metric()
     class_weights = _class_weights(config, data)
 
-    # 2. optimisation
+    # 2. the epochs' batches and the optimisation
+    lengths = [len(x.input_ids) for x in data.train]
+
+    def batches_of(epoch: int) -> list[list[int]]:
+        return epoch_batches(lengths, config.batch_size, config.seed, epoch, group_by_length=config.group_by_length,
+                             max_tokens=config.max_batch_tokens, world=world, grad_accum=config.grad_accum)
+
+    def steps_in(epoch: int) -> int:
+        return math.ceil(len(batches_of(epoch)) / config.grad_accum)
+
+    # without a token budget every epoch has the same number of batches; with one, each is counted
+    n_steps_epoch = steps_in(0)
+    total_steps = config.max_steps or planned_steps(
+        config.epochs, steps_in if config.max_batch_tokens else (lambda epoch: n_steps_epoch))
+    model.to(accelerator.device)  # before the optimizer: a fused AdamW is chosen by where the parameters live
     optimizer = build_optimizer(model, config)
-    n_steps_epoch = steps_per_epoch(len(data.train), global_batch, config.grad_accum)
-    total_steps = config.max_steps or math.ceil(config.epochs * n_steps_epoch)
     scheduler = build_scheduler(optimizer, config, total_steps, metric_mode)
     model, optimizer = accelerator.prepare(model, optimizer)
-    unwrapped = accelerator.unwrap_model(model)
+    # the bare model (no DDP, no torch.compile wrapper): its names are the checkpoint's, without `_orig_mod.`
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     scaler = accelerator.scaler
 
     # 3. state, fresh or resumed
@@ -109,27 +131,32 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     if config.resume:
         restore_rng(state.pop("rng"), state.pop("rng_tensors"))  # last: nothing may draw after this but training
 
+    batches = batches_of(state["epoch"])  # the loop renews it each epoch; log_event reads its length
+
     def log_event(kind: str, values: dict[str, Any]) -> None:
         entry = {"type": kind, "step": state["step"], "epoch": round(state["epoch"] + state["batch_in_epoch"]
-                                                                     / max(1, n_batches), 4), **values}
+                                                                     / max(1, len(batches)), 4), **values}
         metrics_file.write(entry)
         emit(entry)
 
     def evaluate() -> dict[str, float]:
         """Loss weighted by example count, then the task metrics; model.eval() + inference_mode, then back."""
         model.eval()
-        mine = list(range(rank, len(data.eval), world))
+        mine = eval_batches(list(range(rank, len(data.eval), world)), [len(x.input_ids) for x in data.eval],
+                            config.batch_size, config.max_batch_tokens, config.group_by_length)
         rows: list[tuple[int, float, Any]] = []  # (example index, its batch's mean loss, task row)
+        start = 0  # examples before this batch: the batch's corruption seed, as before batches were sorted
         with torch.inference_mode():
-            for start in range(0, len(mine), config.batch_size):
-                idx = mine[start:start + config.batch_size]
+            for idx in mine:
                 items = [data.eval[i] for i in idx]
                 batch = to_device(task.collate(items, data, seed=config.seed + start), accelerator.device)
+                start += len(idx)
                 with accelerator.autocast():
                     outputs = model(**model_inputs(batch))
                 loss = task.loss(outputs, batch, data, None, 0.0).item()
                 rows += [(i, loss, row) for i, row in zip(idx, task.eval_rows(outputs, batch, items, data))]
-        everything = sorted(sum(accelerator.gather_object([rows]), []) if world > 1 else rows, key=lambda r: r[0])
+        # every process's rows, concatenated (accelerate's gather_object flattens one level), back in file order
+        everything = sorted(gather_object(rows) if world > 1 else rows, key=lambda r: r[0])
         model.train()
         mean_loss = sum(r[1] for r in everything) / len(everything)
         return {"loss": mean_loss, **task.metrics([r[2] for r in everything], data, unwrapped.config.id2label)}
@@ -164,7 +191,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     stop = False
     started, tokens_done = time.perf_counter(), 0
     while state["step"] < total_steps and not stop:
-        batches = epoch_batches(len(data.train), global_batch, config.seed, state["epoch"])
+        batches = batches_of(state["epoch"])
         while state["batch_in_epoch"] < len(batches) and state["step"] < total_steps and not stop:
             group = batches[state["batch_in_epoch"]:state["batch_in_epoch"] + config.grad_accum]
             optimizer.zero_grad(set_to_none=True)
@@ -204,6 +231,8 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                 stop = after_eval(evaluate())
             if (config.save_steps and state["step"] % config.save_steps == 0) or epoch_done:
                 checkpoint()
+            if epoch_done:
+                break  # the next epoch has its own order (the position was reset to 0, so `while` alone would not)
     bar.close()
 
     # 5. the end: final eval if the last step had none, final/ and best/, summary and report
@@ -235,11 +264,15 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
 
 
 def mixed_precision(choice: str) -> str:
-    """auto: bf16 where the GPU supports it, fp16 (with loss scaling) on older GPUs, fp32 on CPU."""
+    """auto: bf16 where the GPU supports it, fp16 (with loss scaling) on older GPUs, fp32 on CPU. bf16 on the CPU
+    is opt-in: CPU autocast, fast only where the CPU has native bf16 (AVX512-BF16, AMX), emulated elsewhere."""
     if choice == "auto":
         if torch.cuda.is_available():
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
         return "no"
+    if choice == "fp16" and not torch.cuda.is_available():
+        # accelerate would quietly run fp32: no CPU autocast to fp16 and no loss scaler there
+        raise ConfigError("precision: 'fp16' needs a CUDA GPU; on the CPU use 'bf16' (opt-in) or 'fp32'")
     return {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[choice]
 
 

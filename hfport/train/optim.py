@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from typing import Any
@@ -63,9 +64,34 @@ def build_optimizer(model: nn.Module, config: Any) -> torch.optim.Optimizer:
     if not groups:
         raise ConfigError("every parameter is frozen; nothing to train")
     param_groups = [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
+    fused = use_fused(config, [p for ps in groups.values() for p in ps])
     if config.optimizer == "sgd":
         return torch.optim.SGD(param_groups, lr=config.lr, momentum=config.momentum)
-    return torch.optim.AdamW(param_groups, lr=config.lr, betas=tuple(config.adam_betas), eps=config.adam_eps)
+    extra = {"fused": True} if fused else {}  # else torch's default (foreach on GPU, the loop on CPU)
+    return torch.optim.AdamW(param_groups, lr=config.lr, betas=tuple(config.adam_betas), eps=config.adam_eps,
+                             **extra)
+
+
+def use_fused(config: Any, params: list[nn.Parameter]) -> bool:
+    """fused_optimizer: auto -> AdamW's fused kernel when every trained parameter is on CUDA (one kernel launch
+    for all of them instead of several per tensor); on -> insist, with an error naming the field; off -> never."""
+    choice = config.fused_optimizer
+    if choice == "off":
+        return False
+    if config.optimizer != "adamw":
+        if choice == "on":
+            raise ConfigError(f"fused_optimizer: 'on' applies to the adamw optimizer, not {config.optimizer!r}; "
+                              "use 'auto' or 'off'")
+        return False
+    devices = sorted({p.device.type for p in params})
+    supported = "fused" in inspect.signature(torch.optim.AdamW).parameters
+    if devices == ["cuda"] and supported:
+        return True
+    if choice == "on":
+        why = "this torch has no fused AdamW" if not supported else f"the parameters are on {', '.join(devices)}"
+        raise ConfigError(f"fused_optimizer: 'on' needs every trained parameter on a CUDA device and a torch with "
+                          f"fused AdamW ({why}); use 'auto' or 'off'")
+    return False
 
 
 def warmup_steps(config: Any, total_steps: int) -> int:
