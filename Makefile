@@ -24,6 +24,7 @@ test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 bench: setup
+	HF_HUB_OFFLINE=1 $(PY) scripts/bench.py
 	HF_HUB_OFFLINE=1 $(PY) scripts/bench_deberta.py
 
 clean:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
 
 import torch
 import transformers
+from _benchutil import cpu_name
 
 import hfport
 
@@ -30,17 +30,6 @@ CONFIG = dict(vocab_size=32000, hidden_size=384, num_hidden_layers=6, num_attent
               max_position_embeddings=512, relative_attention=True, position_buckets=256, max_relative_positions=-1,
               pos_att_type="p2c|c2p", share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
               type_vocab_size=0, num_labels=3)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def make_batches(n: int, batch_size: int, lo: int, hi: int, seed: int = 0,

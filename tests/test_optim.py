@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -51,18 +52,20 @@ def test_sgd_with_momentum(model):
     assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["momentum"] == 0.8
 
 
-def test_fused_adamw_auto_is_off_on_cpu(model):
-    """auto uses the fused kernel only when every parameter is on CUDA: torch's default here."""
+def test_fused_adamw_auto_on_cpu(model):
+    """auto uses the fused kernel where torch has it (CPU, CUDA); off never does."""
     opt = build_optimizer(model, cfg())
-    assert isinstance(opt, torch.optim.AdamW) and not opt.defaults.get("fused")
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults.get("fused") is True
     assert not build_optimizer(model, cfg(fused_optimizer="off")).defaults.get("fused")
+    assert build_optimizer(model, cfg(fused_optimizer="on")).defaults.get("fused") is True
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the parameters here are on the CPU")
-def test_fused_adamw_on_needs_cuda(model):
-    with pytest.raises(hfport.ConfigError, match=r"fused_optimizer: 'on' needs every trained parameter on a CUDA "
-                                                 r"device .*parameters are on cpu"):
-        build_optimizer(model, cfg(fused_optimizer="on"))
+def test_fused_adamw_on_needs_a_supported_device(model):
+    meta = copy.deepcopy(model).to("meta")  # a device without the fused kernel
+    with pytest.raises(hfport.ConfigError, match=r"fused_optimizer: 'on' needs every trained parameter on one CPU "
+                                                 r"or CUDA device .*parameters are on meta"):
+        build_optimizer(meta, cfg(fused_optimizer="on"))
+    assert not build_optimizer(meta, cfg()).defaults.get("fused")  # auto falls back
     with pytest.raises(hfport.ConfigError, match="fused_optimizer: 'on' applies to the adamw optimizer, not 'sgd'"):
         build_optimizer(model, cfg(fused_optimizer="on", optimizer="sgd"))
 

