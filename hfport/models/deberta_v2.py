@@ -16,7 +16,7 @@ from ..heads import MaskedLMHead, QuestionAnsweringHead, SequenceClassificationH
 from ..keymap import KeyMap, params, tables
 from ..nn import Activation, EncoderBody, EncoderLayer, Packed, SelfAttention
 from ..nn.activations import ACTIVATIONS
-from ..nn.unpad import Gather, Select
+from ..nn.unpad import Rows
 from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias
 from ..registry import Family, register
 from .bert import architectures, number
@@ -189,10 +189,10 @@ class Padding:
         return Padding(padded_rows | padded_keys, bias, padded_rows, rows, scatter)
 
     def pack(self, x: Tensor) -> Tensor:  # (B, T, F) -> (N, F)
-        return Select.apply(x.reshape(-1, x.shape[-1]), self.rows)
+        return Rows.apply(x.reshape(-1, x.shape[-1]), self.rows, True)
 
     def unpack(self, x: Tensor, b: int) -> Tensor:  # (N, F) -> (B, T, F)
-        return Gather.apply(x, self.scatter).view(b, -1, x.shape[-1])
+        return Rows.apply(x, self.scatter, False).view(b, -1, x.shape[-1])
 
 
 class DisentangledAttention(SelfAttention):
@@ -271,7 +271,7 @@ class DisentangledAttention(SelfAttention):
 
     def _layout(self, projected: Tensor, rows: Tensor) -> Tensor:
         """(W, C) projected table -> (H, 2L - 1, D) laid out by distance."""
-        return Gather.apply(projected, rows).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
+        return Rows.apply(projected, rows, False).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
 
 
 class ConvLayer(nn.Module):

@@ -81,27 +81,29 @@ class Packed:
         flat = x.reshape(self.batch * self.width, *x.shape[2:])  # (B * T, ...)
         if not flat.is_floating_point() or flat.dim() != 2:
             return flat.index_select(0, self.index)
-        return Select.apply(flat, self.index)
+        return Rows.apply(flat, self.index, True)
 
     def unpack(self, x: Tensor) -> Tensor:
         """(N, F) -> (B, T, F), zeros at padding positions."""
         return _Scatter.apply(x, self.index, self.batch * self.width).view(self.batch, self.width, x.shape[-1])
 
 
-class Select(torch.autograd.Function):
-    """Rows by index. The gradient is written with index_copy_ (indices are distinct), which on CPU is several
-    times faster than index_select's generic scatter-add backward."""
+class Rows(torch.autograd.Function):
+    """x.index_select(0, rows) with a faster gradient: index_copy_ when the rows are distinct (packing), which on
+    CPU is several times faster than index_select's generic scatter-add backward; index_add_ when rows repeat."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, rows: Tensor) -> Tensor:  # (M, F) -> (N, F)
+    def forward(ctx, x: Tensor, rows: Tensor, distinct: bool) -> Tensor:  # (M, F) -> (N, F)
         ctx.save_for_backward(rows)
-        ctx.m = x.shape[0]
+        ctx.m, ctx.distinct = x.shape[0], distinct
         return x.index_select(0, rows)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (rows,) = ctx.saved_tensors
-        return grad.new_zeros(ctx.m, grad.shape[1]).index_copy_(0, rows, grad.contiguous()), None
+        out = grad.new_zeros(ctx.m, grad.shape[1])
+        write = out.index_copy_ if ctx.distinct else out.index_add_
+        return write(0, rows, grad.contiguous()), None, None
 
 
 class _Scatter(torch.autograd.Function):
@@ -116,18 +118,3 @@ class _Scatter(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         (rows,) = ctx.saved_tensors
         return grad.index_select(0, rows), None, None
-
-
-class Gather(torch.autograd.Function):
-    """Rows by index, repeats allowed; the gradient by index_add_. Used where several outputs read one row."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, rows: Tensor) -> Tensor:  # (N, F) -> (M, F)
-        ctx.save_for_backward(rows)
-        ctx.n = x.shape[0]
-        return x.index_select(0, rows)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (rows,) = ctx.saved_tensors
-        return grad.new_zeros(ctx.n, grad.shape[1]).index_add_(0, rows, grad.contiguous()), None
