@@ -249,8 +249,7 @@ class DisentangledAttention(SelfAttention):
     def per_sequence(self, x: Tensor, packed: Packed, rel: tuple[Tensor, RelativeIndex, Any] | None) -> Tensor:
         """Padding-free: x packed (N, C); each sequence attends over its own L_i tokens with the relative bias of
         its own length (its table rows lie inside the longest length's window)."""
-        n = x.shape[0]
-        q, k, v = (proj(x).view(n, self.num_heads, self.head_dim) for proj in (self.q, self.k, self.v))  # (N, H, D)
+        q, k, v = self.packed_heads(x)  # (N, H, D) each
         q = q * self.scale
         bias = None
         if rel is not None and (self.c2p or self.p2c):

@@ -84,13 +84,19 @@ class SelfAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, C)
         return self.o(out)
 
+    def packed_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Packed rows (N, C) -> q, k, v as (N, H, D) each."""
+        n = x.shape[0]
+        return tuple(proj(x).view(n, self.num_heads, self.head_dim) for proj in (self.q, self.k, self.v))
+
     def attend_packed(self, q: Tensor, k: Tensor, v: Tensor, packed: Packed, bias: SequenceBias | None = None,
                       scale: float | None = None) -> Tensor:
         """q, k, v: (N, H, D) packed rows -> (N, C): each sequence attends over its own L_i tokens only.
 
         One kernel call per run of equal-length sequences (often one per sequence); the per-call overhead is
-        small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away. On
-        the CPU this measured faster than a masked padded call and than nested-tensor SDPA (docs/benchmarks.md)."""
+        small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away.
+        Measured on a 2-core CPU, 16 rows with 41% padding, attention forward + backward with dropout / without:
+        per sequence 156 / 105 ms, one masked padded call 380 / 126 ms, nested-tensor SDPA 672 / 700 ms."""
         n, h, d = q.shape
         kernel = ATTENTION_BACKENDS[self.backend]
         dropout_p = self.dropout if self.training else 0.0
@@ -107,8 +113,6 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:
         """x: (B, T, C) with a key mask (B, 1, 1, T) or None, or packed (N, C) with its Packed layout."""
         if isinstance(mask, Packed):
-            n = x.shape[0]
-            q, k, v = (proj(x).view(n, self.num_heads, self.head_dim) for proj in (self.q, self.k, self.v))
-            return self.attend_packed(q, k, v, mask)  # (N, C)
+            return self.attend_packed(*self.packed_heads(x), mask)  # (N, C)
         q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
         return self.attend(q, k, v, mask)  # (B, T, C)

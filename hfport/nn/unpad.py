@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate
 
 import torch
 from torch import Tensor
@@ -51,11 +52,7 @@ class Packed:
 
     @cached_property
     def starts(self) -> tuple[int, ...]:
-        out, total = [], 0
-        for n in self.lengths:
-            out.append(total)
-            total += n
-        return tuple(out)
+        return tuple(accumulate(self.lengths, initial=0))[:-1]
 
     @cached_property
     def runs(self) -> tuple[tuple[int, int, int], ...]:
