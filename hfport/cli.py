@@ -54,7 +54,8 @@ def info(model: Annotated[str, typer.Argument(help="A model folder or a repo id 
         "labels": m.config.id2label if m.task in ("sequence-classification", "token-classification") else None,
         "load_report": {"loaded": len(report.loaded), "initialized": report.initialized,
                         "unexpected": report.unexpected,
-                        "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite},
+                        "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite,
+                        "notes": report.notes},
     }
     if as_json:
         typer.echo(json.dumps(facts, indent=2))
@@ -291,6 +292,31 @@ def verify(
     _print_report(report, json_path)
     if not report.passed:
         raise typer.Exit(1)
+
+
+@app.command()
+def convert(
+    folder: Annotated[str, typer.Argument(help="A folder with pytorch_model.bin, or its shards and "
+                                               "pytorch_model.bin.index.json.")],
+    out: Annotated[Path, typer.Option("--out", help="The safetensors folder to write.")],
+    max_shard_size: Annotated[str, typer.Option(help="Largest weights file, e.g. 5GB or 500MB.")] = "5GB",
+    overwrite: Annotated[bool, typer.Option(help="Replace the files of a non-empty --out.")] = False,
+    verbose: Verbose = 0, quiet: Quiet = False,
+) -> None:
+    """Convert pickled PyTorch weights to safetensors once, keeping every tensor, the config and tokenizer files.
+
+    Only torch's restricted loader (weights_only=True) reads the pickle: a file holding anything but tensors is
+    refused, not run. Loading never unpickles; this command is the one explicit step that does."""
+    setup_logging(verbose, quiet)
+    from .convert import convert as convert_folder
+    from .errors import HfportError
+
+    try:
+        result = convert_folder(folder, out, max_shard_size=max_shard_size, overwrite=overwrite)
+    except (HfportError, ValueError) as e:
+        fail(str(e))
+        return
+    typer.echo(result.summary())
 
 
 @app.command()

@@ -24,7 +24,9 @@ from .errors import CheckpointError, ConfigError, ModelNotFoundError
 
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
-PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+PT_WEIGHTS = "pytorch_model.bin"  # pickled: read only by `hfport convert`, never by a loading path
+PT_INDEX = "pytorch_model.bin.index.json"
+PICKLE_WEIGHTS = (PT_WEIGHTS, PT_INDEX, "tf_model.h5", "flax_model.msgpack")
 # Only these are fetched from a hub cache: config, tokenizer files and safetensors, never pickles.
 ALLOWED_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.md"]
 
@@ -133,6 +135,17 @@ def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
     return tensors
 
 
+def pickle_advice(folder: Path, pickles: list[str]) -> str:
+    """What to do with a folder of pickled weights: loading never unpickles; `hfport convert` does, on request."""
+    advice = ("hfport reads safetensors only and loading never unpickles files (a pickle can run code). "
+              "If you trust where it came from, convert it once, keeping every tensor and the config: "
+              f"`hfport convert {folder} --out {folder}-safetensors` (it reads with torch's restricted loader, "
+              "weights_only=True, and writes model.safetensors).")
+    if not any(p.startswith("pytorch_model.bin") for p in pickles):  # TF / Flax files: not convert's input
+        advice += " `hfport convert` reads pytorch_model.bin files only; convert TF or Flax weights with transformers."
+    return advice
+
+
 @dataclass
 class Checkpoint:
     """The tensors of a folder, by name, read lazily from their (validated) files."""
@@ -169,11 +182,7 @@ class Checkpoint:
         else:
             pickles = [p for p in PICKLE_WEIGHTS if (folder / p).exists()]
             if pickles:
-                raise CheckpointError(
-                    f"{folder}: holds only {', '.join(pickles)}; hfport reads safetensors only and never unpickles "
-                    "files. If you trust the file, convert it once with transformers: "
-                    "`AutoModel.from_pretrained(folder, use_safetensors=False).save_pretrained(out)` "
-                    "(it writes model.safetensors).")
+                raise CheckpointError(f"{folder}: holds only {', '.join(pickles)}; " + pickle_advice(folder, pickles))
             raise CheckpointError(f"{folder}: no {SAFE_WEIGHTS} or {SAFE_INDEX}")
         return ckpt
 

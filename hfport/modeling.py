@@ -42,6 +42,7 @@ class LoadReport:
     unexpected: list[str] = field(default_factory=list)  # checkpoint keys this task does not use
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # re-initialised
     nonfinite: list[str] = field(default_factory=list)  # checkpoint keys holding NaN or inf (export refuses them)
+    notes: list[str] = field(default_factory=list)  # how the model was chosen, when not as config.json asked
 
     @property
     def missing(self) -> list[str]:
@@ -57,6 +58,7 @@ class LoadReport:
             lines.append(f"shape mismatch re-initialised: {key} checkpoint {list(theirs)} model {list(ours)}")
         if self.nonfinite:
             lines.append(f"NaN/inf values ({len(self.nonfinite)}): {', '.join(self.nonfinite)}")
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 
@@ -143,10 +145,16 @@ class PreTrainedEncoder(nn.Module):
         return model.eval()
 
     def _plan(self, checkpoint: hub.Checkpoint) -> tuple[dict[str, str], list[str]]:
-        """checkpoint key -> hfport name for the keys this model uses; the rest are returned as unused."""
+        """checkpoint key -> hfport name for the keys this model uses; the rest are returned as unused.
+
+        A key no key map knows is unused when it lies outside what this model computes (a custom extra head,
+        say `cls.chain.weight`), as transformers treats it. It is an error when it lies inside: under a body root
+        this model builds or under a module of its own head (see `_computed_prefixes`), where a weight the map
+        does not know would change the computation if it were skipped."""
         family, prefix = self.family, self.family.prefix + "."
         head_map = family.head_map(self.config, self.task)
         others = [m for t, m in family.head_keys.items() if t != self.task] + [family.ignored_keys]
+        inside = self._computed_prefixes(head_map)
         plan: dict[str, str] = {}
         unused, unknown = [], []
         for key in checkpoint.keys():
@@ -162,15 +170,31 @@ class PreTrainedEncoder(nn.Module):
                     if name is not None:
                         plan[key] = "head." + name
                     continue
-            if any(m.to_hfport(local)[0] for m in others):
+            if any(m.to_hfport(local)[0] for m in others) or not local.startswith(inside):
                 unused.append(key)
             else:
                 unknown.append(key)
         if unknown:
+            outer = [p for p in inside if not any(p != q and p.startswith(q) for q in inside)]
             raise CheckpointError(
-                f"{checkpoint.folder}: {len(unknown)} key(s) not in the {family.model_type} key map: "
-                f"{', '.join(unknown[:10])}")
+                f"{checkpoint.folder}: {len(unknown)} key(s) not in the {family.model_type} key map, inside what the "
+                f"{self.task} model computes (under {', '.join(outer)}, after the '{prefix}' prefix), where a skipped "
+                f"weight would change the outputs: {', '.join(unknown[:10])}")
         return plan, unused
+
+    def _computed_prefixes(self, head_map: Any) -> tuple[str, ...]:
+        """HF key prefixes (family prefix removed) of what this model computes, read off the key maps.
+
+        Body: the first component of each body pattern whose hfport module this body builds (`embeddings.`,
+        `encoder.`, and `pooler.` only where the task has a pooler). Head: the module path of each pattern of
+        this task's head (`cls.predictions.`, `cls.predictions.transform.dense.`, ...), so a sibling such as
+        `cls.chain.` is outside."""
+        built = {name for name, _ in self.body.named_children()}
+        roots = {hf.split(".", 1)[0] + "." for hf, ours in self.family.body_keys.table.items()
+                 if ours is not None and ours.split(".", 1)[0] in built}
+        if head_map is not None and self.head is not None:
+            roots |= {hf.rsplit(".", 1)[0] + "." for hf, ours in head_map.table.items() if ours and "." in hf}
+        return tuple(sorted(roots))
 
     @torch.no_grad()
     def _load(self, checkpoint: hub.Checkpoint, ignore_mismatched_sizes: bool) -> LoadReport:
@@ -216,6 +240,9 @@ class PreTrainedEncoder(nn.Module):
                         ", ".join(report.nonfinite))
         report.loaded = sorted(chosen)
         report.initialized = missing
+        if report.unexpected:  # transformers names them too; they stay in the file, the model ignores them
+            log.warning("%s: unused checkpoint keys, not part of the %s model (%d): %s", checkpoint.folder,
+                        self.task, len(report.unexpected), ", ".join(report.unexpected))
         if missing:
             owners = {n.rsplit(".", 1)[0] for n in missing}
             for mod_name, module in self.named_modules():
@@ -386,15 +413,27 @@ AutoModelForMaskedLM = EncoderForMaskedLM
 
 
 def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrainedEncoder:
-    """Load with the head the checkpoint's config.json names in `architectures` (base if none)."""
+    """Load with the head the checkpoint's config.json names in `architectures` (base if none).
+
+    A class name hfport does not know (a custom `MyBertForEverything`, `BertForPreTraining`) never blocks
+    loading: the base model is loaded, and a warning and `load_report.notes` say so."""
     folder = hub.resolve(path_or_repo_id, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
     raw, source = hub.read_config(folder)
     family = get_family(raw.get("model_type"), source)
-    task = task_of(family, raw.get("architectures") or [])
-    return TASK_CLASSES[task].from_pretrained(folder, **kwargs)
+    architectures = raw.get("architectures") or []
+    task = task_of(family, architectures)
+    model = TASK_CLASSES[task].from_pretrained(folder, **kwargs)
+    if architectures and family.architectures[task] not in architectures:
+        note = (f"{source}: architectures {architectures} names no {family.model_type} class hfport has "
+                f"({', '.join(family.architectures.values())}); loaded the base model "
+                f"({family.architectures[task]}). For a head, load with its AutoModelFor<Task> class.")
+        log.warning("%s", note)
+        model.load_report.notes.append(note)
+    return model
 
 
 def task_of(family: Family, architectures: list[str]) -> str:
+    """The task of the first `architectures` entry the family knows; "base" when none is known."""
     by_class = {cls_name: task for task, cls_name in family.architectures.items()}
     for arch in architectures:
         if arch in by_class:
