@@ -20,6 +20,7 @@ from .config import TASKS, EncoderConfig
 from .errors import CheckpointError, ConfigError
 from .heads import (MaskedLMHead, infer_problem_type, masked_lm_loss, question_answering_loss,
                     sequence_classification_loss, token_classification_loss)
+from .keymap import KeyMap
 from .outputs import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                       TokenClassifierOutput)
 from .registry import Family, get_family
@@ -182,7 +183,7 @@ class PreTrainedEncoder(nn.Module):
                 f"weight would change the outputs: {', '.join(unknown[:10])}")
         return plan, unused
 
-    def _computed_prefixes(self, head_map: Any) -> tuple[str, ...]:
+    def _computed_prefixes(self, head_map: KeyMap | None) -> tuple[str, ...]:
         """HF key prefixes (family prefix removed) of what this model computes, read off the key maps.
 
         Body: the first component of each body pattern whose hfport module this body builds (`embeddings.`,
