@@ -51,7 +51,7 @@ def get(name: Any) -> Task:
     """The record of a task by any of its names; an unknown name is an error listing them all."""
     task = TASKS.get(ALIASES.get(name, name)) if isinstance(name, str) else None
     if task is None:
-        raise UnknownTaskError(f"unknown task {name!r}; valid tasks: {names_help()}")
+        raise UnknownTaskError(f"task {name!r} is not supported; valid tasks: {names_help()}")
     return task
 
 
