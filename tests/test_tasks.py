@@ -136,9 +136,9 @@ def test_regression_without_eval_file_picks_a_regression_metric(tiny_model, tmp_
         for _ in range(40):
             n = rng.randint(1, 5)
             writer.writerow([" ".join(["good"] * n), f"{n / 2:.2f}"])  # float labels: regression
-    summary = finetune(FinetuneConfig(model=str(tiny_model), task="text-classification", train=str(tmp_path / "reg.csv"),
-                                      output_dir=str(tmp_path / "run"), max_steps=2, batch_size=8, eval_fraction=0.2),
-                       progress=False)
+    summary = finetune(FinetuneConfig(model=str(tiny_model), task="text-classification",
+                                      train=str(tmp_path / "reg.csv"), output_dir=str(tmp_path / "run"), max_steps=2,
+                                      batch_size=8, eval_fraction=0.2), progress=False)
     assert summary["problem_type"] == "regression"
     assert list(summary["best_metric"]) == ["mse"] and summary["metric_mode"] == "min"
     assert summary["best_metric"]["mse"] >= 0 and "eval_r2" in summary["final_eval"]

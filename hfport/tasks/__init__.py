@@ -69,6 +69,7 @@ def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrain
 
 
 __all__ = ["ALIASES", "AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
-           "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "TASKS", "TASK_CLASSES", "EncoderForMaskedLM", "EncoderForQuestionAnswering",
+           "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "TASKS", "TASK_CLASSES",
+           "EncoderForMaskedLM", "EncoderForQuestionAnswering",
            "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderModel", "Task",
            "UnknownTaskError", "canonical", "get", "load_any", "names_help"]

@@ -66,7 +66,7 @@ def compute(problem_type: str | None = None, *, predictions: Any = None, labels:
     predictions and labels, also masked-token accuracy."""
     if loss is None:
         if predictions is None or labels is None:
-            raise ValueError("masked-lm metrics need loss (the mean eval loss), or logits predictions and labels")
+            raise ValueError("fill-mask metrics need loss (the mean eval loss), or logits predictions and labels")
         loss = masked_lm_loss(predictions, labels)
     out = {"loss": float(loss), "perplexity": perplexity(loss)}
     if predictions is not None or labels is not None:

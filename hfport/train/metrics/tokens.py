@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .base import ArrayLike, _array, _prf, _same_length
+from .base import ArrayLike, _prf, _same_length
 
 # --------------------------------------------------------------------------------------- token classification
 

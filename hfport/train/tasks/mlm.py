@@ -124,7 +124,7 @@ class MaskedLM(TrainTask):
         total_loss = sum(r[0] for r in rows)
         count = sum(r[1] for r in rows)
         if count == 0:
-            raise DataError("masked-lm evaluation masked no token: the eval texts hold only special tokens")
+            raise DataError("fill-mask evaluation masked no token: the eval texts hold only special tokens")
         out = self.compute_metrics(loss=total_loss / count)
         out["accuracy"] = sum(r[2] for r in rows) / count
         return out
