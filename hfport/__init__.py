@@ -3,10 +3,10 @@
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError, HfportError, ModelNotFoundError
 from .export import ExportError, ExportResult, VerifyReport, export, verify
-from .modeling import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
-                       AutoModelForSequenceClassification, AutoModelForTokenClassification, EncoderForMaskedLM,
-                       EncoderForQuestionAnswering, EncoderForSequenceClassification, EncoderForTokenClassification,
-                       EncoderModel, LoadReport, PreTrainedEncoder, load_any)
+from .modeling import LoadReport, PreTrainedEncoder
+from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
+                    AutoModelForTokenClassification, EncoderForMaskedLM, EncoderForQuestionAnswering,
+                    EncoderForSequenceClassification, EncoderForTokenClassification, EncoderModel, load_any)
 from .pipelines import pipeline
 from .registry import supported
 from .tokenizer import AutoTokenizer, BatchEncoding, PreTrainedTokenizer, TokenizerError

@@ -10,6 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from . import tasks
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Lean HF encoders: inspect, predict, fine-tune, export and serve.")
 
@@ -51,7 +53,7 @@ def info(model: Annotated[str, typer.Argument(help="A model folder or a repo id 
         "architecture": m.family.architectures[m.task], "parameters": m.num_parameters(), "dtype": str(m.dtype),
         "hidden_size": m.config.hidden_size, "layers": m.config.num_hidden_layers,
         "heads": m.config.num_attention_heads, "vocab_size": m.config.vocab_size,
-        "labels": m.config.id2label if m.task in ("sequence-classification", "token-classification") else None,
+        "labels": m.config.id2label if tasks.get(m.task).labels else None,
         "load_report": {"loaded": len(report.loaded), "initialized": report.initialized,
                         "unexpected": report.unexpected,
                         "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite,
@@ -75,8 +77,8 @@ def info(model: Annotated[str, typer.Argument(help="A model folder or a repo id 
 def finetune(
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML or JSON file of options.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model folder or repo id in the local HF cache.")] = None,
-    task: Annotated[Optional[str], typer.Option(help="sequence-classification | token-classification | "
-                                                     "question-answering | masked-lm")] = None,
+    task: Annotated[Optional[str], typer.Option(help=tasks.names_help(trainable_only=True) + ". Default "
+                                                     "text-classification.")] = None,
     train: Annotated[Optional[str], typer.Option(help="Training data (CSV or JSONL).")] = None,
     eval: Annotated[Optional[str], typer.Option("--eval", help="Evaluation data; else a held-out fraction.")] = None,
     output_dir: Annotated[Optional[str], typer.Option(help="Where the run goes.")] = None,
@@ -186,8 +188,7 @@ def predict(
     model: Annotated[str, typer.Argument(help="A model folder or a repo id in the local HF cache.")],
     texts: Annotated[Optional[list[str]], typer.Argument(
         help="Inputs; a JSON object is one structured input, e.g. a question and its context.")] = None,
-    task: Annotated[str, typer.Option("--task", "-t", help="text-classification, token-classification, "
-                                      "question-answering, fill-mask or feature-extraction.")] = ...,
+    task: Annotated[str, typer.Option("--task", "-t", help=tasks.names_help() + ".")] = ...,
     input_file: Annotated[Optional[str], typer.Option(
         "--input", "-i", help="A JSONL file (- for stdin): one input per line, a JSON string or object.")] = None,
     options: Annotated[Optional[list[str]], typer.Option(

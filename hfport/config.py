@@ -9,7 +9,6 @@ from typing import Any
 from .errors import ConfigError
 from .nn.activations import ACTIVATIONS
 
-TASKS = ("base", "sequence-classification", "token-classification", "question-answering", "masked-lm")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
 

@@ -50,7 +50,8 @@ from torch import Tensor
 
 from . import hub
 from .errors import HfportError
-from .modeling import PreTrainedEncoder, load_any, resolve_dtype, task_of
+from .modeling import PreTrainedEncoder, resolve_dtype, task_of
+from .tasks import TASKS, load_any
 from .registry import get_family
 from .tokenizer import SLOW_FILES, TOKENIZER_FILE
 
@@ -64,16 +65,10 @@ TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-5, 1e-4), "float16"
                                               "bfloat16": (5e-2, 5e-2)}
 TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    *SLOW_FILES)
-PIPELINE_TAGS = {"base": "feature-extraction", "sequence-classification": "text-classification",
-                 "token-classification": "token-classification", "question-answering": "question-answering",
-                 "masked-lm": "fill-mask"}
-TRANSFORMERS_AUTO = {"base": "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
-                     "token-classification": "AutoModelForTokenClassification",
-                     "question-answering": "AutoModelForQuestionAnswering", "masked-lm": "AutoModelForMaskedLM"}
-OUTPUTS = {"base": ("last_hidden_state", "pooler_output"), "sequence-classification": ("logits",),
-           "token-classification": ("logits",), "question-answering": ("start_logits", "end_logits"),
-           "masked-lm": ("logits",)}
-PER_SEQUENCE = {"pooler_output"}  # (B, H); with sequence-classification logits, all else is per token
+# from the task records (hfport/tasks/): a task's name is its pipeline tag
+PIPELINE_TAGS = {name: name for name in TASKS}
+TRANSFORMERS_AUTO = {name: t.auto_class for name, t in TASKS.items()}
+OUTPUTS = {name: t.outputs for name, t in TASKS.items()}
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 PROBE_TEXTS = ["The film was wonderful.",
                ("Paris is the capital of France, and Berlin is the capital of Germany; both cities are large, old "
@@ -314,7 +309,7 @@ def model_card(source: Source, config: dict[str, Any], task: str, name: str) -> 
              (f"A `{config['architectures'][0]}` ({config['model_type']}, {task}) exported by hfport "
               f"{config.get('hfport_version')} from `{source.model}`; weights in {config['dtype']}."), "",
              "## Task", "", f"{task} (transformers pipeline `{PIPELINE_TAGS[task]}`)", ""]
-    if task in ("sequence-classification", "token-classification"):
+    if TASKS[task].labels:
         lines += ["## Labels", "", "| id | label |", "|---:|---|"]
         lines += [f"| {i} | {label} |" for i, label in sorted(config["id2label"].items(), key=lambda kv: int(kv[0]))]
         if config.get("problem_type"):
@@ -634,7 +629,7 @@ def _compare(report: VerifyReport, batch: str, name: str, ours: PreTrainedEncode
                    detail=f"transformers {list(a.shape)} vs hfport {list(b.shape)}")
         return
     a, b = a.float(), b.float()
-    per_token = not (name in PER_SEQUENCE or (task == "sequence-classification" and name == "logits"))
+    per_token = TASKS[task].per_token(name)
     if per_token:  # real positions only: (B, T, ...) -> (N, ...)
         real = enc["attention_mask"].bool()
         a, b = a[real], b[real]

@@ -1,7 +1,9 @@
-"""The task models (base + four heads), loading from HF checkpoints and saving in the HF layout.
+"""PreTrainedEncoder, what every task model shares: construction, loading from HF checkpoints and saving in the
+HF layout. The task models themselves live with their task records in hfport/tasks/.
 
-Every task model is `body` (the family's encoder) + `head` (from heads.py). Names inside hfport are the same for
-every family; the family's key map translates them to and from the checkpoint's names.
+Every task model is `body` (the family's encoder) + `head` (the task's head factory, with the family's options).
+Names inside hfport are the same for every family; the family's key map translates them to and from the
+checkpoint's names.
 """
 
 from __future__ import annotations
@@ -10,19 +12,16 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from . import hub
-from .config import TASKS, EncoderConfig
+from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError
-from .heads import (MaskedLMHead, infer_problem_type, masked_lm_loss, question_answering_loss,
-                    sequence_classification_loss, token_classification_loss)
+from .heads import MaskedLMHead
 from .keymap import KeyMap
-from .outputs import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
-                      TokenClassifierOutput)
 from .registry import Family, get_family
 
 log = logging.getLogger("hfport")
@@ -97,17 +96,22 @@ def init_module(module: nn.Module, std: float) -> None:
         module.bias.zero_()
 
 
-class PreTrainedEncoder(nn.Module):
-    """Shared by the five task classes: construction from a config, from_pretrained and save_pretrained."""
+BASE_TASK = "feature-extraction"  # the bare encoder's task: what a checkpoint without a known head loads as
 
-    task: ClassVar[str] = "base"
+
+class PreTrainedEncoder(nn.Module):
+    """Shared by the task classes: construction from a config, from_pretrained and save_pretrained."""
+
+    task: ClassVar[str] = BASE_TASK  # the canonical task name (hfport/tasks/), which keys the family's tables
+    # (config, **options the family gives this task) -> the head module, or None for the bare encoder
+    head_factory: ClassVar[Callable[..., nn.Module | None]]
 
     def __init__(self, config: EncoderConfig, family: Family | None = None):
         super().__init__()
         self.family = family or get_family(config.model_type, config.source)
         self.config = config
         self.body = self.family.build_body(config, self.task)
-        self.head = self.family.build_head(config, self.task)
+        self.head = self.head_factory(config, **self.family.options_for(config, self.task))
         self.load_report: LoadReport | None = None
 
     # --- construction -------------------------------------------------------------------------------------
@@ -264,7 +268,7 @@ class PreTrainedEncoder(nn.Module):
     def hf_names(self) -> dict[str, str]:
         """hfport name -> the name transformers gives the same tensor for this family and task."""
         family = self.family
-        body_prefix = "" if self.task == "base" else family.prefix + "."
+        body_prefix = "" if self.head is None else family.prefix + "."  # transformers' bare models: no prefix
         head_map = family.head_map(self.config, self.task)
         out: dict[str, str] = {}
         for name in self.state_dict():
@@ -336,105 +340,8 @@ def legacy_name(key: str) -> str:
     return key
 
 
-class EncoderModel(PreTrainedEncoder):
-    task = "base"
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None) -> BaseModelOutput:
-        hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids)
-        return BaseModelOutput(last_hidden_state=hidden, pooler_output=pooled)
-
-
-class EncoderForSequenceClassification(PreTrainedEncoder):
-    task = "sequence-classification"
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None, labels: Tensor | None = None) -> SequenceClassifierOutput:
-        hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids)
-        logits = self.head(pooled if pooled is not None else hidden[:, 0])  # (B, L)
-        loss = None
-        if labels is not None:
-            if self.config.problem_type is None:  # transformers records the inferred type in the config
-                self.config.problem_type = infer_problem_type(self.config.num_labels, labels)
-            loss = sequence_classification_loss(logits, labels, self.config.problem_type)
-        return SequenceClassifierOutput(logits=logits, loss=loss)
-
-
-class EncoderForTokenClassification(PreTrainedEncoder):
-    task = "token-classification"
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None, labels: Tensor | None = None) -> TokenClassifierOutput:
-        hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids)
-        logits = self.head(hidden)  # (B, T, L)
-        loss = token_classification_loss(logits, labels) if labels is not None else None
-        return TokenClassifierOutput(logits=logits, loss=loss)
-
-
-class EncoderForQuestionAnswering(PreTrainedEncoder):
-    task = "question-answering"
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None, start_positions: Tensor | None = None,
-                end_positions: Tensor | None = None) -> QuestionAnsweringOutput:
-        hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids)
-        start, end = self.head(hidden)  # (B, T) each
-        if attention_mask is not None:  # an answer never starts or ends on padding (transformers scores it)
-            padding = ~attention_mask.bool()
-            start = start.masked_fill(padding, torch.finfo(start.dtype).min)
-            end = end.masked_fill(padding, torch.finfo(end.dtype).min)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = question_answering_loss(start, end, start_positions, end_positions)
-        return QuestionAnsweringOutput(start_logits=start, end_logits=end, loss=loss)
-
-
-class EncoderForMaskedLM(PreTrainedEncoder):
-    task = "masked-lm"
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None, labels: Tensor | None = None) -> MaskedLMOutput:
-        hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids)
-        logits = self.head(hidden, self.body.word_embeddings.weight)  # (B, T, V)
-        loss = masked_lm_loss(logits, labels) if labels is not None else None
-        return MaskedLMOutput(logits=logits, loss=loss)
-
-
-TASK_CLASSES: dict[str, type[PreTrainedEncoder]] = {
-    c.task: c for c in (EncoderModel, EncoderForSequenceClassification, EncoderForTokenClassification,
-                        EncoderForQuestionAnswering, EncoderForMaskedLM)}
-assert set(TASK_CLASSES) == set(TASKS)
-
-# transformers' names for the same classes
-AutoModel = EncoderModel
-AutoModelForSequenceClassification = EncoderForSequenceClassification
-AutoModelForTokenClassification = EncoderForTokenClassification
-AutoModelForQuestionAnswering = EncoderForQuestionAnswering
-AutoModelForMaskedLM = EncoderForMaskedLM
-
-
-def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrainedEncoder:
-    """Load with the head the checkpoint's config.json names in `architectures` (base if none).
-
-    A class name hfport does not know (a custom `MyBertForEverything`, `BertForPreTraining`) never blocks
-    loading: the base model is loaded, and a warning and `load_report.notes` say so."""
-    folder = hub.resolve(path_or_repo_id, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
-    raw, source = hub.read_config(folder)
-    family = get_family(raw.get("model_type"), source)
-    architectures = raw.get("architectures") or []
-    task = task_of(family, architectures)
-    model = TASK_CLASSES[task].from_pretrained(folder, **kwargs)
-    if architectures and family.architectures[task] not in architectures:
-        note = (f"{source}: architectures {architectures} names no {family.model_type} class hfport has "
-                f"({', '.join(family.architectures.values())}); loaded the base model "
-                f"({family.architectures[task]}). For a head, load with its AutoModelFor<Task> class.")
-        log.warning("%s", note)
-        model.load_report.notes.append(note)
-    return model
-
-
 def task_of(family: Family, architectures: list[str]) -> str:
-    """The task of the first `architectures` entry the family knows; "base" when none is known."""
+    """The canonical task of a config.json's `architectures` (the bare encoder's for classes hfport lacks)."""
     by_class = {cls_name: task for task, cls_name in family.architectures.items()}
     for arch in architectures:
         if arch in by_class:
@@ -442,4 +349,4 @@ def task_of(family: Family, architectures: list[str]) -> str:
     for arch in architectures:  # e.g. BertForPreTraining: the body is what hfport can use
         if not isinstance(arch, str):
             raise ConfigError(f"architectures entry {arch!r} is not a string")
-    return "base"
+    return BASE_TASK

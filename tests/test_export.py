@@ -144,7 +144,7 @@ def test_finetuned_classifier_exports_and_verifies(family, runs, tmp_path):
     report = result.report
     assert report.passed, report.table()
     record(report, family, "sequence-classification (fine-tuned)")
-    assert result.source == run / "best" and result.task == "sequence-classification"
+    assert result.source == run / "best" and result.task == "text-classification"
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
             "README.md"} <= names
@@ -154,7 +154,7 @@ def test_finetuned_classifier_exports_and_verifies(family, runs, tmp_path):
     assert config["id2label"] == {"0": "negative", "1": "positive"} and config["num_labels"] == 2
     assert config["label2id"] == {"negative": 0, "positive": 1}
     assert config["problem_type"] == "single_label_classification"
-    assert config["architectures"] == [hfport.load_any(run / "best").family.architectures["sequence-classification"]]
+    assert config["architectures"] == [hfport.load_any(run / "best").family.architectures["text-classification"]]
     assert config["hfport_version"] == hfport.__version__ and config["dtype"] == "float32"
     head_fields = {"architectures", "id2label", "label2id", "num_labels", "problem_type", "dtype", "torch_dtype"}
     for key in set(source_config) - head_fields:  # the rest of the source config is preserved as it was
@@ -176,7 +176,7 @@ def test_bert_fine_tuned_heads_export_and_verify(task, runs, tmp_path):
     run = runs("bert", task)
     result = export(run, tmp_path / "out", verify=True)
     assert result.report.passed, result.report.table()
-    assert result.task == task
+    assert result.task == hfport.tasks.canonical(task)  # masked-lm is fill-mask now
     record(result.report, "bert", f"{task} (fine-tuned)")
     if task == "token-classification":
         labels = json.loads((tmp_path / "out" / "config.json").read_text())["id2label"]
@@ -283,7 +283,7 @@ def test_sharded_export_loads(runs, tmp_path):
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
     assert len(shards) >= 2 and sorted(set(index["weight_map"].values())) == shards
     assert not (out / "model.safetensors").exists()
-    assert hfport.load_any(out).task == "sequence-classification"
+    assert hfport.load_any(out).task == "text-classification"
 
 
 def test_bf16_export_verifies_at_the_stated_tolerance(runs, tmp_path):

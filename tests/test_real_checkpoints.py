@@ -278,7 +278,7 @@ def test_convert_refuses_a_non_empty_out_and_a_safetensors_folder(ckpt, tmp_path
 def test_load_any_custom_architecture_falls_back_to_base(ckpt, caplog):
     with caplog.at_level(logging.WARNING, logger="hfport"):
         model = hfport.load_any(ckpt["safe"])
-    assert model.task == "base" and isinstance(model, hfport.EncoderModel)
+    assert model.task == "feature-extraction" and isinstance(model, hfport.EncoderModel)
     notes = model.load_report.notes
     assert len(notes) == 1 and CUSTOM_ARCH in notes[0] and "base model" in notes[0], notes
     assert "AutoModelForMaskedLM" not in notes[0] and "AutoModelFor<Task>" in notes[0]
@@ -292,7 +292,7 @@ def test_load_any_known_architecture_has_no_note(ckpt, tmp_path):
     folder = shutil.copytree(ckpt["safe"], tmp_path / "m")
     _set_architectures(folder, ["BertForMaskedLM"])
     model = hfport.load_any(folder)
-    assert model.task == "masked-lm" and model.load_report.notes == []
+    assert model.task == "fill-mask" and model.load_report.notes == []
 
 
 # --- (f) a pickle that would run code is refused by convert, and nothing runs ----------------------------------

@@ -347,7 +347,7 @@ def test_export_job(client, registered, root):
     done = wait_job(client, r.json()["id"], lambda j: j["status"] in TERMINAL, timeout=120)
     assert done["status"] == "succeeded", done
     out = Path(done["result"]["output_dir"])
-    assert (out / "config.json").is_file() and done["result"]["task"] == "sequence-classification"
+    assert (out / "config.json").is_file() and done["result"]["task"] == "text-classification"
     assert done["result"]["verify"]["passed"] is True, done["result"]["verify"]
     assert_error(client.post("/jobs/export", json={"model": "/etc"}), 403)
     assert_error(client.post("/jobs/export", json={"model": "cls", "options": {"bogus": 1}}), 422)

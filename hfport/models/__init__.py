@@ -1,4 +1,11 @@
-"""One family a file; importing this package registers them all."""
+"""One family a file; this table is the list of them (hfport.registry reads it)."""
 
-from . import albert, bert, distilbert, roberta, xlm_roberta  # noqa: F401
-from . import deberta_v2  # noqa: F401
+from .albert import ALBERT
+from .bert import BERT
+from .deberta_v2 import DEBERTA_V2
+from .distilbert import DISTILBERT
+from .family import Family
+from .roberta import ROBERTA
+from .xlm_roberta import XLM_ROBERTA
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, DEBERTA_V2)}

@@ -8,8 +8,8 @@ from typing import Any
 from ..config import EncoderConfig, require
 from ..keymap import KeyMap, params, tables
 from ..nn import EncoderBody, EncoderLayer, Embeddings, Pooler, SharedEncoder
-from ..registry import Family, register
 from . import bert
+from .family import Family
 
 
 def albert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
@@ -50,15 +50,15 @@ BODY_KEYS = KeyMap(tables(
     params("pooler", "pooler.dense")))
 
 HEAD_KEYS = {
-    "sequence-classification": KeyMap(params("classifier", "out")),
+    "text-classification": KeyMap(params("classifier", "out")),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
-    "masked-lm": KeyMap({**params("predictions.dense", "dense"), **params("predictions.LayerNorm", "norm"),
+    "fill-mask": KeyMap({**params("predictions.dense", "dense"), **params("predictions.LayerNorm", "norm"),
                          "predictions.bias": "bias", "predictions.decoder.bias": "decoder.bias",
                          "predictions.decoder.weight": "decoder.weight"}),
 }
 
-ALBERT = register(Family(
+ALBERT = Family(
     model_type="albert", prefix="albert", architectures=bert.architectures("Albert"), config_from_hf=albert_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body, build_head=bert.build_head,
-    ignored_keys=KeyMap(params("sop_classifier.classifier", "unused"))))
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body,
+    ignored_keys=KeyMap(params("sop_classifier.classifier", "unused")))

@@ -6,10 +6,9 @@ from typing import Any
 
 from ..config import EncoderConfig, head_fields, require
 from ..errors import ConfigError
-from ..heads import MaskedLMHead, QuestionAnsweringHead, SequenceClassificationHead, TokenClassificationHead
 from ..keymap import KeyMap, params, tables
 from ..nn import Embeddings, Encoder, EncoderBody, EncoderLayer, Pooler
-from ..registry import Family, register
+from .family import Family
 
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -56,25 +55,12 @@ def bert_embeddings(c: EncoderConfig, *, positions_offset_by_padding: bool = Fal
                       c.hidden_dropout, c.pad_token_id, positions_offset_by_padding=positions_offset_by_padding)
 
 
-POOLER_TASKS = ("base", "sequence-classification")  # transformers builds the other heads without a pooler
+POOLER_TASKS = ("feature-extraction", "text-classification")  # transformers builds the other heads without one
 
 
 def build_body(c: EncoderConfig, task: str) -> EncoderBody:
     encoder = Encoder([bert_layer(c) for _ in range(c.num_hidden_layers)])
     return EncoderBody(bert_embeddings(c), encoder, Pooler(c.hidden_size) if task in POOLER_TASKS else None)
-
-
-def build_head(c: EncoderConfig, task: str, mlm_act: str | None = None):
-    if task == "sequence-classification":
-        return SequenceClassificationHead(c.hidden_size, c.num_labels, c.classifier_dropout)
-    if task == "token-classification":
-        return TokenClassificationHead(c.hidden_size, c.num_labels, c.classifier_dropout)
-    if task == "question-answering":
-        return QuestionAnsweringHead(c.hidden_size)
-    if task == "masked-lm":
-        return MaskedLMHead(c.hidden_size, c.embedding_size, c.vocab_size, mlm_act or c.hidden_act,
-                            c.layer_norm_eps, tied=c.tie_word_embeddings, decoder_bias=True)
-    return None
 
 
 def layer_keys(hf: str, ours: str) -> dict[str, str]:
@@ -102,11 +88,12 @@ EMBEDDING_KEYS = tables(
 BODY_KEYS = KeyMap(tables(EMBEDDING_KEYS, layer_keys("encoder.layer.{i}", "encoder.layers.{i}"),
                           params("pooler.dense", "pooler.dense")))
 
+# One line per task hfport knows (hfport/tasks/); the heads themselves take the tasks' default options.
 HEAD_KEYS = {
-    "sequence-classification": KeyMap(params("classifier", "out")),
+    "text-classification": KeyMap(params("classifier", "out")),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
-    "masked-lm": KeyMap({
+    "fill-mask": KeyMap({
         **params("cls.predictions.transform.dense", "dense"),
         **params("cls.predictions.transform.LayerNorm", "norm"),
         "cls.predictions.bias": "bias",
@@ -119,13 +106,16 @@ HEAD_KEYS = {
 IGNORED_KEYS = KeyMap(params("cls.seq_relationship", "unused"))
 
 
+# transformers' class names: the family's prefix + the head's suffix, for every task hfport knows
+ARCHITECTURE_SUFFIXES = {"feature-extraction": "Model", "text-classification": "ForSequenceClassification",
+                         "token-classification": "ForTokenClassification",
+                         "question-answering": "ForQuestionAnswering", "fill-mask": "ForMaskedLM"}
+
+
 def architectures(prefix: str) -> dict[str, str]:
-    return {"base": f"{prefix}Model", "sequence-classification": f"{prefix}ForSequenceClassification",
-            "token-classification": f"{prefix}ForTokenClassification",
-            "question-answering": f"{prefix}ForQuestionAnswering", "masked-lm": f"{prefix}ForMaskedLM"}
+    return {task: prefix + suffix for task, suffix in ARCHITECTURE_SUFFIXES.items()}
 
 
-BERT = register(Family(
+BERT = Family(
     model_type="bert", prefix="bert", architectures=architectures("Bert"), config_from_hf=bert_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body, build_head=build_head,
-    ignored_keys=IGNORED_KEYS))
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body, ignored_keys=IGNORED_KEYS)

@@ -12,14 +12,13 @@ from torch import Tensor, nn
 
 from ..config import EncoderConfig, head_fields
 from ..errors import ConfigError
-from ..heads import MaskedLMHead, QuestionAnsweringHead, SequenceClassificationHead, TokenClassificationHead
 from ..keymap import KeyMap, params, tables
 from ..nn import Activation, EncoderBody, EncoderLayer, Packed, SelfAttention
 from ..nn.activations import ACTIVATIONS
 from ..nn.unpad import Rows
 from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias
-from ..registry import Family, register
 from .bert import architectures, number
+from .family import Family, HeadOptions
 
 # DebertaV2Config's defaults (transformers 5.23), where they differ from EncoderConfig's or are DeBERTa's own.
 DEFAULTS: dict[str, Any] = {
@@ -360,30 +359,32 @@ def build_body(c: EncoderConfig, task: str) -> EncoderBody:
     return EncoderBody(DebertaEmbeddings(c), DebertaEncoder(c), pooler=None)  # the ContextPooler is the head's
 
 
-def build_head(c: EncoderConfig, task: str) -> nn.Module | None:
+def context_pooler(c: EncoderConfig) -> dict[str, Any]:
+    """The classifier's ContextPooler (dropout -> dense -> act on token 0) -> dropout -> out."""
     x = c.extra
-    if task == "sequence-classification":  # ContextPooler (dropout -> dense -> act on token 0) -> dropout -> out
-        if x["pooler_hidden_size"] != c.hidden_size:
-            raise c.error("pooler_hidden_size", f"{x['pooler_hidden_size']} differs from hidden_size "
-                          f"{c.hidden_size}; transformers' classifier reads hidden_size features and fails")
-        if x["pooler_hidden_act"] not in ACTIVATIONS:
-            raise c.error("pooler_hidden_act", f"{x['pooler_hidden_act']!r} is not supported; "
-                          f"supported: {sorted(ACTIVATIONS)}")
-        return SequenceClassificationHead(c.hidden_size, c.num_labels, c.classifier_dropout,
-                                          dense_act=x["pooler_hidden_act"], pre_dropout=x["pooler_dropout"],
-                                          dense_size=x["pooler_hidden_size"])
-    if task == "token-classification":
-        return TokenClassificationHead(c.hidden_size, c.num_labels, c.hidden_dropout)
-    if task == "question-answering":
-        return QuestionAnsweringHead(c.hidden_size)
-    if task == "masked-lm":
-        if not x["legacy"] and c.embedding_size != c.hidden_size:
-            raise c.error("legacy", f"false needs embedding_size == hidden_size ({c.embedding_size} != "
-                          f"{c.hidden_size}): that head multiplies hidden states by the word embeddings directly")
-        # legacy: dense hidden -> embedding_size, decoder tied unless untied; the newer head is always tied
-        return MaskedLMHead(c.hidden_size, c.embedding_size, c.vocab_size, c.hidden_act, c.layer_norm_eps,
-                            tied=c.tie_word_embeddings or not x["legacy"])
-    return None
+    if x["pooler_hidden_size"] != c.hidden_size:
+        raise c.error("pooler_hidden_size", f"{x['pooler_hidden_size']} differs from hidden_size "
+                      f"{c.hidden_size}; transformers' classifier reads hidden_size features and fails")
+    if x["pooler_hidden_act"] not in ACTIVATIONS:
+        raise c.error("pooler_hidden_act", f"{x['pooler_hidden_act']!r} is not supported; "
+                      f"supported: {sorted(ACTIVATIONS)}")
+    return {"dense_act": x["pooler_hidden_act"], "pre_dropout": x["pooler_dropout"],
+            "dense_size": x["pooler_hidden_size"]}
+
+
+def mlm_head(c: EncoderConfig) -> dict[str, Any]:
+    if not c.extra["legacy"] and c.embedding_size != c.hidden_size:
+        raise c.error("legacy", f"false needs embedding_size == hidden_size ({c.embedding_size} != "
+                      f"{c.hidden_size}): that head multiplies hidden states by the word embeddings directly")
+    # legacy: dense hidden -> embedding_size, decoder tied unless untied; the newer head is always tied
+    return {"tied": c.tie_word_embeddings or not c.extra["legacy"], "decoder_bias": False}
+
+
+HEAD_OPTIONS: HeadOptions = {
+    "text-classification": context_pooler,
+    "token-classification": lambda c: {"dropout": c.hidden_dropout},
+    "fill-mask": mlm_head,
+}
 
 
 @torch.no_grad()
@@ -449,10 +450,10 @@ MLM_KEYS_UNTIED = KeyMap({
 })
 
 HEAD_KEYS = {
-    "sequence-classification": KeyMap({**params("pooler.dense", "dense"), **params("classifier", "out")}),
+    "text-classification": KeyMap({**params("pooler.dense", "dense"), **params("classifier", "out")}),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
-    "masked-lm": MLM_KEYS,
+    "fill-mask": MLM_KEYS,
 }
 
 # The replaced-token-detection head of DeBERTa-v3 pre-training checkpoints.
@@ -462,14 +463,13 @@ IGNORED_KEYS = KeyMap(tables(params("mask_predictions.dense", "unused.dense"),
 
 
 def select_head_keys(c: EncoderConfig, task: str) -> KeyMap | None:
-    if task == "masked-lm" and not c.extra["legacy"]:
-        return MLM_KEYS_NEW
-    if task == "masked-lm" and not c.tie_word_embeddings:
-        return MLM_KEYS_UNTIED
-    return HEAD_KEYS.get(task)
+    """The MLM head's table follows the config's layout; every other head has one table."""
+    mlm = MLM_KEYS if c.tie_word_embeddings else MLM_KEYS_UNTIED
+    layouts = {**HEAD_KEYS, "fill-mask": mlm if c.extra["legacy"] else MLM_KEYS_NEW}
+    return layouts.get(task)
 
 
-DEBERTA_V2 = register(Family(
+DEBERTA_V2 = Family(
     model_type="deberta-v2", prefix="deberta", architectures=architectures("DebertaV2"),
     config_from_hf=deberta_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body,
-    build_head=build_head, ignored_keys=IGNORED_KEYS, after_init=after_init, select_head_keys=select_head_keys))
+    head_options=HEAD_OPTIONS, ignored_keys=IGNORED_KEYS, after_init=after_init, select_head_keys=select_head_keys)

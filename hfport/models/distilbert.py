@@ -9,11 +9,10 @@ from typing import Any
 import torch
 
 from ..config import EncoderConfig, head_fields, require
-from ..heads import MaskedLMHead, QuestionAnsweringHead, SequenceClassificationHead, TokenClassificationHead
 from ..keymap import KeyMap, params, tables
 from ..nn import Embeddings, Encoder, EncoderBody, EncoderLayer
-from ..registry import Family, register
 from .bert import architectures, number
+from .family import Family, HeadOptions
 
 EPS = 1e-12  # DistilBERT hard-codes its LayerNorm epsilon
 
@@ -44,16 +43,13 @@ def build_body(c: EncoderConfig, task: str) -> EncoderBody:
     return EncoderBody(embeddings, Encoder(layers), pooler=None)
 
 
-def build_head(c: EncoderConfig, task: str):
-    if task == "sequence-classification":  # pre_classifier -> ReLU -> dropout -> classifier on [CLS]
-        return SequenceClassificationHead(c.hidden_size, c.num_labels, c.extra["seq_classif_dropout"], dense_act="relu")
-    if task == "token-classification":
-        return TokenClassificationHead(c.hidden_size, c.num_labels, c.hidden_dropout)
-    if task == "question-answering":
-        return QuestionAnsweringHead(c.hidden_size, c.extra["qa_dropout"])
-    if task == "masked-lm":
-        return MaskedLMHead(c.hidden_size, c.hidden_size, c.vocab_size, c.hidden_act, EPS, tied=c.tie_word_embeddings)
-    return None
+HEAD_OPTIONS: HeadOptions = {
+    # pre_classifier -> ReLU -> dropout -> classifier on [CLS]
+    "text-classification": lambda c: {"dense_act": "relu", "dropout": c.extra["seq_classif_dropout"]},
+    "token-classification": lambda c: {"dropout": c.hidden_dropout},
+    "question-answering": lambda c: {"dropout": c.extra["qa_dropout"]},
+    "fill-mask": lambda c: {"decoder_bias": False},  # vocab_projector's bias is the head's `bias` itself
+}
 
 
 def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
@@ -90,14 +86,14 @@ BODY_KEYS = KeyMap(tables(
     layer_keys("transformer.layer.{i}", "encoder.layers.{i}")))
 
 HEAD_KEYS = {
-    "sequence-classification": KeyMap({**params("pre_classifier", "dense"), **params("classifier", "out")}),
+    "text-classification": KeyMap({**params("pre_classifier", "dense"), **params("classifier", "out")}),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
-    "masked-lm": KeyMap({**params("vocab_transform", "dense"), **params("vocab_layer_norm", "norm"),
+    "fill-mask": KeyMap({**params("vocab_transform", "dense"), **params("vocab_layer_norm", "norm"),
                          "vocab_projector.bias": "bias", "vocab_projector.weight": "decoder.weight"}),
 }
 
-DISTILBERT = register(Family(
+DISTILBERT = Family(
     model_type="distilbert", prefix="distilbert", architectures=architectures("DistilBert"),
     config_from_hf=distilbert_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body,
-    build_head=build_head, after_init=after_init))
+    head_options=HEAD_OPTIONS, after_init=after_init)

@@ -3,31 +3,31 @@
 from __future__ import annotations
 
 from ..config import EncoderConfig
-from ..heads import SequenceClassificationHead
 from ..keymap import KeyMap, params
 from ..nn import Encoder, EncoderBody, Pooler
-from ..registry import Family, register
 from . import bert
+from .family import Family, HeadOptions
+
+POOLER_TASKS = ("feature-extraction",)  # RobertaForSequenceClassification has its own dense layer instead
 
 
 def build_body(c: EncoderConfig, task: str) -> EncoderBody:
     embeddings = bert.bert_embeddings(c, positions_offset_by_padding=True)
     encoder = Encoder([bert.bert_layer(c) for _ in range(c.num_hidden_layers)])
-    return EncoderBody(embeddings, encoder, Pooler(c.hidden_size) if task == "base" else None)
+    return EncoderBody(embeddings, encoder, Pooler(c.hidden_size) if task in POOLER_TASKS else None)
 
 
-def build_head(c: EncoderConfig, task: str):
-    if task == "sequence-classification":  # dropout -> dense -> tanh -> dropout -> out_proj on <s>
-        return SequenceClassificationHead(c.hidden_size, c.num_labels, c.classifier_dropout, dense_act="tanh",
-                                          pre_dropout=c.classifier_dropout)
-    return bert.build_head(c, task, mlm_act="gelu")  # RobertaLMHead uses exact gelu whatever hidden_act says
-
+HEAD_OPTIONS: HeadOptions = {
+    # dropout -> dense -> tanh -> dropout -> out_proj on <s>
+    "text-classification": lambda c: {"dense_act": "tanh", "pre_dropout": c.classifier_dropout},
+    "fill-mask": lambda c: {"act": "gelu"},  # RobertaLMHead uses exact gelu whatever hidden_act says
+}
 
 HEAD_KEYS = {
-    "sequence-classification": KeyMap({**params("classifier.dense", "dense"), **params("classifier.out_proj", "out")}),
+    "text-classification": KeyMap({**params("classifier.dense", "dense"), **params("classifier.out_proj", "out")}),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
-    "masked-lm": KeyMap({
+    "fill-mask": KeyMap({
         **params("lm_head.dense", "dense"),
         **params("lm_head.layer_norm", "norm"),
         "lm_head.bias": "bias",
@@ -40,7 +40,7 @@ HEAD_KEYS = {
 def roberta_family(model_type: str, class_prefix: str) -> Family:
     return Family(model_type=model_type, prefix="roberta", architectures=bert.architectures(class_prefix),
                   config_from_hf=bert.bert_config, body_keys=bert.BODY_KEYS, head_keys=HEAD_KEYS,
-                  build_body=build_body, build_head=build_head)
+                  build_body=build_body, head_options=HEAD_OPTIONS)
 
 
-ROBERTA = register(roberta_family("roberta", "Roberta"))
+ROBERTA = roberta_family("roberta", "Roberta")

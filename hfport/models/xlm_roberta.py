@@ -1,6 +1,5 @@
 """XLM-RoBERTa: RoBERTa under another model_type (its difference is the tokenizer, not the network)."""
 
-from ..registry import register
 from .roberta import roberta_family
 
-XLM_ROBERTA = register(roberta_family("xlm-roberta", "XLMRoberta"))
+XLM_ROBERTA = roberta_family("xlm-roberta", "XLMRoberta")

@@ -2,11 +2,13 @@
 
 Tasks, with transformers' option names, defaults and output shapes:
   text-classification   top_k, function_to_apply                      (TextClassificationPipeline)
-  token-classification  aggregation_strategy, ignore_labels, stride   (TokenClassificationPipeline; alias "ner")
+  token-classification  aggregation_strategy, ignore_labels, stride   (TokenClassificationPipeline)
   question-answering    top_k, doc_stride, max_answer_len, max_seq_len, max_question_len,
                         handle_impossible_answer, align_to_words       (transformers 4.57's QuestionAnsweringPipeline)
   fill-mask             top_k, targets                                 (FillMaskPipeline)
   feature-extraction    per-token hidden states; pooling="mean"|"cls", normalize=True give sentence embeddings
+A task may be named by an alias too ("sentiment-analysis", "ner", hfport's old "sequence-classification", ...):
+hfport/tasks/ holds the names and which pipeline class each task uses.
 
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
@@ -19,7 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..modeling import TASK_CLASSES, PreTrainedEncoder
+from .. import tasks
+from ..modeling import PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer
 from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError
 from .classification import TextClassificationPipeline
@@ -28,10 +31,7 @@ from .fill_mask import FillMaskPipeline
 from .qa import QuestionAnsweringPipeline
 from .tokens import TokenClassificationPipeline
 
-PIPELINES: dict[str, type[Pipeline]] = {
-    cls.task: cls for cls in (TextClassificationPipeline, TokenClassificationPipeline, QuestionAnsweringPipeline,
-                              FillMaskPipeline, FeatureExtractionPipeline)}
-ALIASES = {"sentiment-analysis": "text-classification", "ner": "token-classification"}
+PIPELINES: dict[str, type[Pipeline]] = {name: t.pipeline_class for name, t in tasks.TASKS.items()}
 
 
 def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
@@ -43,13 +43,11 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
     batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple")."""
-    name = ALIASES.get(task, task)
-    if name not in PIPELINES:
-        raise ValueError(f"task {task!r} is not supported; supported: {sorted(PIPELINES) + sorted(ALIASES)}")
-    cls = PIPELINES[name]
+    record = tasks.get(task)
+    name, cls = record.name, PIPELINES[record.name]
     if isinstance(model, PreTrainedEncoder):
-        if model.task != cls.model_task:
-            raise ValueError(f"{name} needs a {TASK_CLASSES[cls.model_task].__name__}, got a "
+        if model.task != name:
+            raise ValueError(f"{name} needs a {record.model_class.__name__}, got a "
                              f"{type(model).__name__} ({model.task} head)")
         if tokenizer is None:
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
@@ -58,7 +56,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
 
             model = model.to(device=device, dtype=resolve_dtype(dtype) if dtype is not None else None)
     elif isinstance(model, (str, os.PathLike)):
-        loaded = TASK_CLASSES[cls.model_task].from_pretrained(model, dtype=dtype, device=device)
+        loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device)
         tokenizer = model if tokenizer is None else tokenizer
         model = loaded
     else:

@@ -64,8 +64,12 @@ def check_text(text: Any, what: str = "text") -> str:
 class Pipeline:
     """Base class: a task model, its tokenizer, and the batching settings."""
 
-    task: ClassVar[str]
-    model_task: ClassVar[str]  # the hfport task class the pipeline loads (modeling.TASK_CLASSES key)
+    task: ClassVar[str]  # the canonical task name: its record (hfport/tasks/) names the model class to load
+    model_task: ClassVar[str]  # the same name (the model's task is the pipeline's), kept for older callers
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.model_task = cls.task
     defaults: ClassVar[dict[str, Any]]  # call options and their defaults, as transformers names them
     token_outputs: ClassVar[tuple[str, ...]] = ()  # forward outputs with a token axis, cut to each row's length
 

@@ -13,7 +13,6 @@ FUNCTIONS = ("default", "sigmoid", "softmax", "none")
 
 class TextClassificationPipeline(Pipeline):
     task = "text-classification"
-    model_task = "sequence-classification"
     # top_k: 1 by default with transformers' "legacy" output (one dict); giving top_k (None = all labels) returns a
     # sorted list. truncation/max_length go to the tokenizer (no truncation by default, as in transformers).
     defaults: ClassVar[dict[str, Any]] = {"top_k": 1, "function_to_apply": None, "truncation": None, "max_length": None}

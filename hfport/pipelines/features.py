@@ -16,7 +16,6 @@ POOLINGS = (None, "mean", "cls")
 
 class FeatureExtractionPipeline(Pipeline):
     task = "feature-extraction"
-    model_task = "base"
     token_outputs = ("last_hidden_state",)
     # truncation/max_length/tokenize_kwargs go to the tokenizer; return_tensors gives tensors instead of lists
     defaults: ClassVar[dict[str, Any]] = {"truncation": None, "max_length": None, "tokenize_kwargs": None,

@@ -15,7 +15,6 @@ log = logging.getLogger("hfport")
 
 class FillMaskPipeline(Pipeline):
     task = "fill-mask"
-    model_task = "masked-lm"
     token_outputs = ("logits",)
     defaults: ClassVar[dict[str, Any]] = {"top_k": 5, "targets": None}
 

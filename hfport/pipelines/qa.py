@@ -67,7 +67,6 @@ def select_starts_ends(start: np.ndarray, end: np.ndarray, p_mask: np.ndarray, a
 
 class QuestionAnsweringPipeline(Pipeline):
     task = "question-answering"
-    model_task = "question-answering"
     token_outputs = ("start_logits", "end_logits")
     # max_seq_len None: min(model_max_length, 384); doc_stride None: min(max_seq_len // 2, 128)
     defaults: ClassVar[dict[str, Any]] = {"top_k": 1, "doc_stride": None, "max_answer_len": 15, "max_seq_len": None,

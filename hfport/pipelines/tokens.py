@@ -18,7 +18,6 @@ STRATEGIES = ("none", "simple", "first", "average", "max")
 
 class TokenClassificationPipeline(Pipeline):
     task = "token-classification"
-    model_task = "token-classification"
     token_outputs = ("logits",)
     # ignore_labels None means ["O"]; stride None: texts longer than model_max_length are truncated, a stride
     # splits them into overlapping windows instead (needs an aggregation strategy other than "none")

@@ -8,10 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .. import tasks
 from ..errors import ConfigError
 from .data import MEGA_BUCKET_STEPS
 
-Task = Literal["sequence-classification", "token-classification", "question-answering", "masked-lm"]
+LOWER_IS_BETTER = ("loss", "mse", "mae", "perplexity")  # the mode of a metric named without --metric-mode
 
 
 class FinetuneConfig(BaseModel):
@@ -21,7 +22,9 @@ class FinetuneConfig(BaseModel):
 
     # what and where
     model: str = Field(description="model folder or repo id in the local HF cache")
-    task: Task = "sequence-classification"
+    task: str = Field("text-classification", description=(
+        f"the task, by transformers' pipeline tag or an alias: {tasks.names_help(trainable_only=True)}; "
+        "aliases are stored as the canonical name"))
     train: str = Field(description="training data file (CSV or JSONL)")
     eval: str | None = Field(None, description="evaluation data file; else a seeded eval_fraction of train")
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
@@ -89,7 +92,9 @@ class FinetuneConfig(BaseModel):
     # evaluation, checkpoints, logging
     eval_strategy: Literal["epoch", "steps", "no"] = "epoch"
     eval_steps: int | None = Field(None, ge=1)
-    metric: str | None = Field(None, description="metric that picks the best model; default by task")
+    metric: str | None = Field(None, description="metric that picks the best model; default by task and "
+                               "problem type (the task's record: e.g. accuracy, f1_micro for multi-label, mse for "
+                               "regression, f1 for tokens and QA, perplexity for fill-mask)")
     metric_mode: Literal["max", "min"] | None = None
     early_stopping_patience: int | None = Field(None, ge=1)
     early_stopping_threshold: float = Field(0.0, ge=0)
@@ -100,6 +105,15 @@ class FinetuneConfig(BaseModel):
     save_total_limit: int = Field(2, ge=1)
     logging_steps: int = Field(10, ge=1)
     seed: int = 42
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task(cls, v: Any) -> Any:
+        record = tasks.get(v)  # an unknown name lists the valid ones
+        if record.train is None:
+            raise ValueError(f"{record.name} cannot be fine-tuned; fine-tuning tasks: "
+                             f"{tasks.names_help(trainable_only=True)}")
+        return record.name
 
     @field_validator("freeze", mode="before")
     @classmethod
@@ -114,14 +128,13 @@ class FinetuneConfig(BaseModel):
             raise ValueError(f"doc_stride ({self.doc_stride}) must be smaller than max_length ({self.max_length})")
         return self
 
-    def default_metric(self) -> tuple[str, str]:
+    def default_metric(self, problem_type: str | None = None) -> tuple[str, str]:
+        """(metric, mode) that picks the best model: --metric, else the task's default for the problem type (the
+        one the data turned out to have, else --problem-type)."""
         if self.metric:
-            return self.metric, self.metric_mode or ("min" if self.metric in ("loss", "mse", "mae", "perplexity")
-                                                     else "max")
-        by_task = {"sequence-classification": ("regression" == self.problem_type and "mse") or "accuracy",
-                   "token-classification": "f1", "question-answering": "f1", "masked-lm": "perplexity"}
-        name = by_task[self.task]
-        return name, self.metric_mode or ("min" if name in ("mse", "perplexity") else "max")
+            return self.metric, self.metric_mode or ("min" if self.metric in LOWER_IS_BETTER else "max")
+        name, mode = tasks.get(self.task).default_metric(problem_type or self.problem_type)
+        return name, self.metric_mode or mode
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

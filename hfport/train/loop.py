@@ -25,12 +25,11 @@ import torch
 
 from .. import hub
 from ..errors import ConfigError
-from ..modeling import TASK_CLASSES
+from ..tasks import get as task_record
 from .checkpoint import latest_checkpoint, load_checkpoint, prune, restore_rng, save_checkpoint
 from .config import FinetuneConfig
 from .data import EncodedData, epoch_batches, eval_batches, planned_steps
 from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
-from .tasks import get_task
 
 log = logging.getLogger("hfport.train")
 
@@ -73,8 +72,8 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     set_seed(config.seed)
     source = hub.resolve(config.model)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model_cls = TASK_CLASSES[config.task]
-    task = get_task(config.task)
+    record = task_record(config.task)  # the task model class and its training task
+    model_cls, task = record.model_class, record.train_task
     data = task.read(config, tokenizer, _source_labels(source))
     global_batch = config.batch_size * world
     if len(data.train) < global_batch:
@@ -88,7 +87,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     model = model_cls.from_pretrained(source, ignore_mismatched_sizes=True, **label_kwargs)
     frozen = freeze(model, config.freeze)
     model.train()
-    metric_name, metric_mode = config.default_metric()
+    metric_name, metric_mode = config.default_metric(_problem(data))  # e.g. regression: mse, not accuracy
     class_weights = _class_weights(config, data)
 
     # 2. the epochs' batches and the optimisation

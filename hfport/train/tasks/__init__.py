@@ -1,4 +1,5 @@
 """What the training loop needs from each task, one file a task; the loop itself never branches on the task.
+Each task's record (hfport/tasks/) names its class here.
 
 A task reads and encodes its data (every data error raised before training), collates batches, computes the
 training loss, and turns evaluation outputs into metrics.
@@ -6,15 +7,18 @@ training loss, and turns evaluation outputs into metrics.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from ...tasks import get as task_record
 from ..data import EncodedData, Features
 
 
 class TrainTask:
-    name: str = ""
+    name: str = ""  # the task's canonical name (its record in hfport/tasks/ points here)
+    # (problem_type, *, predictions, labels, ...) -> metrics: the task's function in hfport/train/metrics/
+    compute_metrics: Callable[..., dict[str, float]]
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         raise NotImplementedError
@@ -36,23 +40,6 @@ class TrainTask:
         raise NotImplementedError
 
 
-TASKS: dict[str, TrainTask] = {}
-
-
-def register(task: TrainTask) -> TrainTask:
-    TASKS[task.name] = task
-    return task
-
-
 def get_task(name: str) -> TrainTask:
-    from . import classification  # noqa: F401  (registers)
-
-    for module in ("tokens", "qa", "mlm"):  # tasks that may not be written yet stay optional imports
-        try:
-            __import__(f"{__name__}.{module}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{module}":
-                raise
-    if name not in TASKS:
-        raise ValueError(f"fine-tuning task {name!r} is not available; available: {sorted(TASKS)}")
-    return TASKS[name]
+    """The training task of `name` (any of the task's names), as its record in hfport/tasks/ names it."""
+    return task_record(name).train_task

@@ -11,12 +11,13 @@ import torch.nn.functional as F
 
 from ..data import (DataError, EncodedData, Features, Record, encode_label, field_of, infer_label_space, pad_ids,
                     read_records, split_off, where)
-from ..metrics import compute_metrics
-from . import TrainTask, register
+from ..metrics import classification as metrics
+from . import TrainTask
 
 
 class SequenceClassification(TrainTask):
-    name = "sequence-classification"
+    name = "text-classification"
+    compute_metrics = staticmethod(metrics.compute)
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         """text (+ text_pair) and label: a name, an id, a float (regression) or a list of names (multi-label)."""
@@ -79,8 +80,6 @@ class SequenceClassification(TrainTask):
         if data.space.problem_type == "regression":
             predictions = predictions.reshape(-1)  # (N, 1) logits -> (N,) values
         names = [id2label[i] for i in range(len(id2label))]
-        return compute_metrics(self.name, data.space.problem_type, predictions=predictions, labels=labels,
+        return self.compute_metrics(data.space.problem_type, predictions=predictions, labels=labels,
                                num_labels=len(names), label_names=names)
 
-
-register(SequenceClassification())

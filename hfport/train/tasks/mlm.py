@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from ...errors import ConfigError
 from ..data import DataError, EncodedData, Features, _decoded_lines, field_of, pad_ids, read_records, split_off, \
     where
-from ..metrics import compute_metrics
-from . import TrainTask, register
+from ..metrics import mlm as metrics
+from . import TrainTask
 
 IGNORE = -100
 
@@ -67,7 +67,8 @@ def mask_tokens(input_ids: torch.Tensor, maskable: torch.Tensor, generator: torc
 
 
 class MaskedLM(TrainTask):
-    name = "masked-lm"
+    name = "fill-mask"
+    compute_metrics = staticmethod(metrics.compute)
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         if tokenizer.mask_token_id is None:
@@ -123,10 +124,8 @@ class MaskedLM(TrainTask):
         total_loss = sum(r[0] for r in rows)
         count = sum(r[1] for r in rows)
         if count == 0:
-            raise DataError("masked-lm evaluation masked no token: the eval texts hold only special tokens")
-        out = compute_metrics(self.name, loss=total_loss / count)
+            raise DataError("fill-mask evaluation masked no token: the eval texts hold only special tokens")
+        out = self.compute_metrics(loss=total_loss / count)
         out["accuracy"] = sum(r[2] for r in rows) / count
         return out
 
-
-register(MaskedLM())

@@ -21,8 +21,8 @@ from ...pipelines.qa import select_starts_ends
 from ...tokenizer import TokenizerError
 from ..data import MAX_LINE_BYTES, DataError, EncodedData, Features, field_of, pad_ids, read_records, split_off, \
     where
-from ..metrics import compute_metrics
-from . import TrainTask, register
+from ..metrics import qa as metrics
+from . import TrainTask
 
 
 @dataclass
@@ -222,6 +222,7 @@ def best_answer(windows: list[tuple[np.ndarray, np.ndarray, list[Any]]], context
 
 class QuestionAnswering(TrainTask):
     name = "question-answering"
+    compute_metrics = staticmethod(metrics.compute)
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         train_path = Path(config.train)
@@ -274,7 +275,5 @@ class QuestionAnswering(TrainTask):
         contexts, golds = data.extra["contexts"], data.extra["golds"]
         predictions = [best_answer(by_example.get(k, []), contexts[k], data.extra["with_null"],
                                    data.extra["max_answer_length"]) for k in range(len(contexts))]
-        return compute_metrics(self.name, predictions=predictions, labels=golds)
+        return self.compute_metrics(predictions=predictions, labels=golds)
 
-
-register(QuestionAnswering())

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from ...errors import ConfigError
 from ..data import DataError, EncodedData, Features, LabelSpace, _decoded_lines, field_of, pad_ids, read_records, \
     split_off, where
-from ..metrics import compute_metrics
-from . import TrainTask, register
+from ..metrics import tokens as metrics
+from . import TrainTask
 
 log = logging.getLogger("hfport.train")
 
@@ -153,6 +153,7 @@ def _b_to_i(id2label: dict[int, str]) -> dict[int, int]:
 
 class TokenClassification(TrainTask):
     name = "token-classification"
+    compute_metrics = staticmethod(metrics.compute)
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         if config.class_weights == "balanced":
@@ -221,8 +222,6 @@ class TokenClassification(TrainTask):
         return rows
 
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
-        return compute_metrics(self.name, predictions=[r[0] for r in rows], labels=[r[1] for r in rows],
+        return self.compute_metrics(predictions=[r[0] for r in rows], labels=[r[1] for r in rows],
                                id2label=id2label)
 
-
-register(TokenClassification())

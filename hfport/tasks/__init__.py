@@ -1,0 +1,89 @@
+"""Tasks as records, one file a task: the names users know (transformers' pipeline tags, plus aliases), the
+model class and its head factory, outputs, transformers' auto class, the pipeline, the training task and the
+default metric per problem type. Everything that asks "which task?" reads TASKS.
+
+Adding a task: a file here with its model class and Task record, a line in TASKS below, and in each family
+(hfport/models/) a line in HEAD_KEYS (+ head options where that family's head differs from the default).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from .. import hub
+from ..modeling import PreTrainedEncoder, task_of
+from ..registry import get_family
+from . import feature_extraction, fill_mask, question_answering, text_classification, token_classification
+from .feature_extraction import EncoderModel
+from .fill_mask import EncoderForMaskedLM
+from .question_answering import EncoderForQuestionAnswering
+from .task import Task
+from .text_classification import EncoderForSequenceClassification
+from .token_classification import EncoderForTokenClassification
+
+log = logging.getLogger("hfport")
+
+TASKS: dict[str, Task] = {t.name: t for t in (
+    feature_extraction.TASK, text_classification.TASK, token_classification.TASK, question_answering.TASK,
+    fill_mask.TASK)}
+ALIASES: dict[str, str] = {alias: t.name for t in TASKS.values() for alias in t.aliases}
+TASK_CLASSES: dict[str, type[PreTrainedEncoder]] = {name: t.model_class for name, t in TASKS.items()}
+
+# transformers' names for the same classes
+AutoModel = EncoderModel
+AutoModelForSequenceClassification = EncoderForSequenceClassification
+AutoModelForTokenClassification = EncoderForTokenClassification
+AutoModelForQuestionAnswering = EncoderForQuestionAnswering
+AutoModelForMaskedLM = EncoderForMaskedLM
+
+
+class UnknownTaskError(ValueError):
+    pass
+
+
+def names_help(trainable_only: bool = False) -> str:
+    """'a | b | c (aliases: x = a, ...)': for --help texts and errors."""
+    tasks = [t for t in TASKS.values() if t.train or not trainable_only]
+    aliases = [f"{alias} = {t.name}" for t in tasks for alias in t.aliases]
+    return " | ".join(t.name for t in tasks) + (f" (aliases: {', '.join(aliases)})" if aliases else "")
+
+
+def get(name: Any) -> Task:
+    """The record of a task by any of its names; an unknown name is an error listing them all."""
+    task = TASKS.get(ALIASES.get(name, name)) if isinstance(name, str) else None
+    if task is None:
+        raise UnknownTaskError(f"task {name!r} is not supported; valid tasks: {names_help()}")
+    return task
+
+
+def canonical(name: Any) -> str:
+    return get(name).name
+
+
+def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrainedEncoder:
+    """Load with the head the checkpoint's config.json names in `architectures` (the base model if none).
+
+    A class name hfport does not know (a custom `MyBertForEverything`, `BertForPreTraining`) never blocks
+    loading: the base model is loaded, and a warning and `load_report.notes` say so."""
+    folder = hub.resolve(path_or_repo_id, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
+    raw, source = hub.read_config(folder)
+    family = get_family(raw.get("model_type"), source)
+    architectures = raw.get("architectures") or []
+    task = task_of(family, architectures)
+    model = TASKS[task].model_class.from_pretrained(folder, **kwargs)
+    if architectures and family.architectures[task] not in architectures:
+        note = (f"{source}: architectures {architectures} names no {family.model_type} class hfport has "
+                f"({', '.join(family.architectures.values())}); loaded the base model "
+                f"({family.architectures[task]}). For a head, load with its AutoModelFor<Task> class.")
+        log.warning("%s", note)
+        model.load_report.notes.append(note)
+    return model
+
+
+__all__ = ["ALIASES", "AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
+           "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "TASKS", "TASK_CLASSES",
+           "EncoderForMaskedLM", "EncoderForQuestionAnswering",
+           "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderModel", "Task",
+           "UnknownTaskError", "canonical", "get", "load_any", "names_help"]

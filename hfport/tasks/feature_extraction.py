@@ -1,0 +1,29 @@
+"""feature-extraction: the bare encoder (transformers' AutoModel); no head."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..config import EncoderConfig
+from ..modeling import PreTrainedEncoder
+from ..outputs import BaseModelOutput
+from .task import Task
+
+
+class EncoderModel(PreTrainedEncoder):
+    task = "feature-extraction"
+
+    @staticmethod
+    def head_factory(config: EncoderConfig) -> None:
+        return None
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None) -> BaseModelOutput:
+        hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids)
+        return BaseModelOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+
+TASK = Task(
+    name="feature-extraction", aliases=("base",), model_class=EncoderModel,
+    outputs=("last_hidden_state", "pooler_output"), per_sequence=frozenset({"pooler_output"}),  # (B, C)
+    auto_class="AutoModel", pipeline="hfport.pipelines.features:FeatureExtractionPipeline", train=None)

@@ -1,0 +1,74 @@
+"""The Task record: everything hfport knows about one task, in one place.
+
+A task file (hfport/tasks/<task>.py) defines the task's model class (its forward and head factory) and one
+Task record naming the rest: the names users know, the outputs, transformers' auto class, the pipeline, the
+training task, the default metric per problem type. Whatever asks "which task?" reads a record.
+
+The pipeline and the training task sit above the model code (they import it), so the record names them as
+"module:Class" and imports them on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..config import EncoderConfig
+    from ..modeling import PreTrainedEncoder
+    from ..models.family import Family
+
+Metric = tuple[str, str]  # (metric name, "max" | "min")
+
+
+def _load(reference: str) -> Any:
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    name: str  # canonical: transformers' pipeline tag
+    aliases: tuple[str, ...]  # other names accepted on input (hfport's old names, transformers' pipeline aliases)
+    model_class: type[PreTrainedEncoder]  # its `head_factory` builds the head from a family's options
+    outputs: tuple[str, ...]  # the model output fields transformers returns too (export/verify compare them)
+    per_sequence: frozenset[str]  # outputs shaped (B, ...); every other output is per token, (B, T, ...)
+    auto_class: str  # transformers' Auto class that loads this head
+    pipeline: str  # "module:Class" of the pipeline
+    train: str | None  # "module:Class" of the training task (reader, collation, loss, metrics); None: not trainable
+    # problem type (None: the task has none, or it is not known yet) -> the metric that picks the best model
+    default_metrics: dict[str | None, Metric] = field(default_factory=dict)
+    labels: bool = False  # the head is sized by config.id2label (classification heads)
+
+    def __post_init__(self) -> None:
+        if self.model_class.task != self.name:
+            raise ValueError(f"task {self.name!r}: its model class {self.model_class.__name__} says "
+                             f"{self.model_class.task!r}")
+
+    def build_head(self, config: EncoderConfig, family: Family) -> nn.Module | None:
+        """The task's head, with the options `family` gives it."""
+        return self.model_class.head_factory(config, **family.options_for(config, self.name))
+
+    def per_token(self, output: str) -> bool:
+        return output not in self.per_sequence
+
+    def default_metric(self, problem_type: str | None = None) -> Metric:
+        metric = self.default_metrics.get(problem_type) or self.default_metrics.get(None)
+        if metric is None:
+            raise ValueError(f"{self.name} has no metrics (it is not a fine-tuning task)")
+        return metric
+
+    @cached_property
+    def pipeline_class(self) -> type:
+        return _load(self.pipeline)
+
+    @cached_property
+    def train_task(self) -> Any:
+        """The training task (one instance); ValueError for a task hfport does not fine-tune."""
+        if self.train is None:
+            raise ValueError(f"{self.name} is not a fine-tuning task")
+        return _load(self.train)()

@@ -1,0 +1,48 @@
+"""text-classification: one label (or several, or a value) per sequence, from the first token or the pooler."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..config import EncoderConfig
+from ..heads import SequenceClassificationHead, infer_problem_type, sequence_classification_loss
+from ..modeling import PreTrainedEncoder
+from ..outputs import SequenceClassifierOutput
+from .task import Task
+
+
+def classification_head(c: EncoderConfig, *, dropout: float | None = None, dense_act: str | None = None,
+                        pre_dropout: float = 0.0, dense_size: int | None = None) -> SequenceClassificationHead:
+    """BERT's head by default (dropout -> out on the pooler output); a family's options add the dense layer
+    RoBERTa, DistilBERT and DeBERTa put before it."""
+    return SequenceClassificationHead(c.hidden_size, c.num_labels, c.classifier_dropout if dropout is None else dropout,
+                                      dense_act=dense_act, pre_dropout=pre_dropout, dense_size=dense_size)
+
+
+class EncoderForSequenceClassification(PreTrainedEncoder):
+    task = "text-classification"
+    head_factory = staticmethod(classification_head)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, labels: Tensor | None = None) -> SequenceClassifierOutput:
+        hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids)
+        logits = self.head(pooled if pooled is not None else hidden[:, 0])  # (B, L)
+        loss = None
+        if labels is not None:
+            if self.config.problem_type is None:  # transformers records the inferred type in the config
+                self.config.problem_type = infer_problem_type(self.config.num_labels, labels)
+            loss = sequence_classification_loss(logits, labels, self.config.problem_type)
+        return SequenceClassifierOutput(logits=logits, loss=loss)
+
+
+TASK = Task(
+    name="text-classification", aliases=("sequence-classification", "sentiment-analysis"),
+    model_class=EncoderForSequenceClassification, outputs=("logits",), per_sequence=frozenset({"logits"}),  # (B, L)
+    auto_class="AutoModelForSequenceClassification",
+    pipeline="hfport.pipelines.classification:TextClassificationPipeline",
+    train="hfport.train.tasks.classification:SequenceClassification",
+    default_metrics={None: ("accuracy", "max"), "single_label_classification": ("accuracy", "max"),
+                     # subset accuracy is harsh with many labels; micro F1 credits each label that is right
+                     "multi_label_classification": ("f1_micro", "max"),
+                     "regression": ("mse", "min")},
+    labels=True)
