@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hfport import ExportOptions
+
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 PipelineTask = Literal["text-classification", "token-classification", "question-answering", "fill-mask",
                        "feature-extraction"]
@@ -87,7 +89,8 @@ class ExportJobRequest(BaseModel):
     model: str = Field(description="a registered model name, a model folder or a fine-tune run folder (its best/), "
                                    "inside the allowed dirs")
     output_dir: str | None = Field(None, description="default <data_dir>/runs/<job id>/export")
-    options: dict[str, Any] = Field(default_factory=dict, description="keyword options of hfport.export.export")
+    options: ExportOptions = Field(default_factory=ExportOptions,
+                                   description="hfport.ExportOptions: which, dtype, max_shard_size, atol, rtol")
     verify: bool = Field(True, description="check the export against transformers afterwards")
 
 

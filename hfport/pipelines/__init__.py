@@ -10,8 +10,8 @@ Tasks, with transformers' option names, defaults and output shapes:
 
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
-cannot be answered (empty text, no mask token, too long, ...) gets `{"error", "error_type", "index"}` in its place.
-A single input raises PipelineInputError instead.
+cannot be answered (empty text, no mask token, too long, ...) gets an `hfport.ItemError` in its place (rendered by
+the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input raises PipelineInputError instead.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..errors import ItemError
 from ..modeling import TASK_CLASSES, PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer
 from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError
@@ -68,16 +69,36 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     return cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens, **options)
 
 
+def model_task(model: str | os.PathLike[str]) -> str:
+    """The pipeline task of a model folder's head (or of a repo id in the local HF cache), read from config.json's
+    `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model: feature-extraction).
+    """
+    from .. import hub
+    from ..errors import ConfigError
+    from ..modeling import task_of
+    from ..registry import get_family
+
+    folder = hub.resolve(model)
+    raw, source = hub.read_config(folder)
+    head = task_of(get_family(raw.get("model_type"), source), raw.get("architectures") or [])
+    name = next((name for name, cls in PIPELINES.items() if cls.model_task == head), None)
+    if name is None:
+        raise ConfigError(f"{source}: no pipeline serves a {head} head")
+    return name
+
+
 __all__ = [
     "PIPELINES",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",
     "InvalidInput",
+    "ItemError",
     "Pipeline",
     "PipelineInputError",
     "QuestionAnsweringPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
+    "model_task",
     "pipeline",
 ]
