@@ -43,7 +43,7 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
     data = task.read(config, tokenizer, labels)
     if len(data.train) < config.batch_size * world:
         raise DataError(f"{config.train}: {len(data.train)} training examples, fewer than one batch "
-                        f"(batch_size {config.batch_size} x {world} process(es)); lower --batch-size")
+                        f"(batch_size {config.batch_size} x {world} process(es)); lower batch_size (--batch-size)")
     return Preflight(config, source, tokenizer, task, data, labels)
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile, status
 from fastapi.responses import StreamingResponse
 
+from hfport import RunDir
 from hfport.errors import ConfigError, HfportError
 from hfport.train import preflight, resolve_config
 
@@ -35,7 +36,7 @@ def _model_path(value: str, store: Store, settings: Settings, what: str = "model
     if entry is not None:
         return entry["path"]
     folder = confine(value, settings, what)
-    if run_ok and (folder / "best" / "config.json").is_file():
+    if run_ok and "best" in RunDir(folder).models():  # export takes a run's best/
         return str(folder)
     if not (folder / "config.json").is_file():
         raise ApiError(400, f"{what}: {value!r} is neither a registered model nor a model folder", "InvalidModel")
