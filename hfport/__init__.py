@@ -1,14 +1,20 @@
-"""hfport: lean PyTorch encoders that load HF checkpoints and match transformers numerically."""
+"""hfport: lean PyTorch encoders that load HF checkpoints and match transformers numerically.
+
+The public API is the names below, plus these submodules: hfport.errors (exceptions, ItemError), hfport.train
+(finetune, preflight, FinetuneConfig, resolve_config), hfport.export (export, verify and their options and results),
+hfport.rundir (RunDir, RunSummary) and hfport.pipelines. The CLI and the server use nothing else.
+"""
 
 from .config import EncoderConfig
-from .errors import CheckpointError, ConfigError, HfportError, ModelNotFoundError
-from .export import ExportError, ExportResult, VerifyReport, export, verify
+from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelNotFoundError
+from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
 from .modeling import LoadReport, PreTrainedEncoder
 from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
                     AutoModelForTokenClassification, EncoderForMaskedLM, EncoderForQuestionAnswering,
                     EncoderForSequenceClassification, EncoderForTokenClassification, EncoderModel, load_any)
-from .pipelines import pipeline
+from .pipelines import model_task, pipeline
 from .registry import supported
+from .rundir import RunDir, RunSummary
 from .tokenizer import AutoTokenizer, BatchEncoding, PreTrainedTokenizer, TokenizerError
 from .train.config import FinetuneConfig
 from .train.loop import finetune
@@ -21,8 +27,9 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            "EncoderModel", "HfportError", "LoadReport", "ModelNotFoundError", "PreTrainedEncoder", "load_any",
            "supported", "__version__",
            # tokenizers and pipelines
-           "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline",
-           # fine-tuning
-           "FinetuneConfig", "finetune",
+           "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline", "model_task",
+           "ItemError",
+           # fine-tuning and its run folder
+           "FinetuneConfig", "finetune", "RunDir", "RunSummary",
            # export to an HF folder, with proof
-           "ExportError", "ExportResult", "VerifyReport", "export", "verify"]
+           "ExportError", "ExportOptions", "ExportResult", "VerifyReport", "export", "verify"]

@@ -201,7 +201,7 @@ def predict(
 ) -> None:
     """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input)."""
     setup_logging(verbose, quiet)
-    from . import HfportError, pipeline
+    from . import HfportError, ItemError, pipeline
 
     items = _read_inputs(texts or [], input_file)
     if not items:
@@ -213,7 +213,7 @@ def predict(
     except (HfportError, ValueError, TypeError) as e:
         fail(str(e))
         return
-    for result in results:
+    for result in ItemError.render(results):  # a failed input: {"error", "error_type", "index"}
         typer.echo(json.dumps(result, ensure_ascii=False))
 
 
@@ -244,14 +244,15 @@ def export(
     """Write SRC as a folder transformers loads: config, safetensors weights, tokenizer files and a model card."""
     setup_logging(verbose, quiet)
     from .errors import HfportError
-    from .export import VerifyFailed
+    from .export import ExportOptions, VerifyFailed
     from .export import export as run
 
     if json_path is not None and not verify:
         fail("--json writes the verify report: add --verify")
     try:
-        result = run(src, out, which="final" if final else "best", dtype=dtype, max_shard_size=max_shard_size,
-                     force=force, verify=verify, atol=atol, rtol=rtol, json_path=json_path)
+        options = ExportOptions.of(which="final" if final else "best", dtype=dtype, max_shard_size=max_shard_size,
+                                   atol=atol, rtol=rtol)
+        result = run(src, out, **options.model_dump(), force=force, verify=verify, json_path=json_path)
     except VerifyFailed as e:
         _print_report(e.report, json_path)
         fail(f"{out}: the export does not match {e.report.source}; nothing was written")
@@ -331,24 +332,19 @@ def serve(
 ) -> None:
     """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
     setup_logging(max(verbose, 1), quiet)
-    try:
-        import uvicorn
-        from pydantic import ValidationError
+    # the service is an application over the library, like this CLI: the library never imports it, so it is
+    # imported here, when the command runs (`python -m server` is the same entry point)
+    from pydantic import ValidationError
 
-        from server.app import create_app
-        from server.settings import Settings
+    try:
+        from server.__main__ import serve as run
     except ImportError as e:
         fail(f"the service needs its dependencies ({e}); pip install hfport")
         return
-    overrides = {k: v for k, v in {"host": host, "port": port, "data_dir": data_dir,
-                                   "max_concurrent_jobs": workers}.items() if v is not None}
     try:
-        settings = Settings(**overrides)
-    except ValidationError as e:
+        run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, quiet=quiet)
+    except ValidationError as e:  # a bad setting, from a flag or an HFPORT_* variable
         fail(f"invalid settings: {e}")
-        return
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level="warning" if quiet else "info")
 
 
 def main() -> None:

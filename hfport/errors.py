@@ -1,4 +1,9 @@
-"""hfport's exceptions: each names what is wrong and where."""
+"""hfport's exceptions, each naming what is wrong and where; and ItemError, a failed item as a value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 
 class HfportError(Exception):
@@ -15,3 +20,23 @@ class CheckpointError(HfportError, ValueError):
 
 class ModelNotFoundError(HfportError, FileNotFoundError):
     """Neither a local folder nor a repo id in the local HF cache."""
+
+
+@dataclass(frozen=True)
+class ItemError:
+    """An input a pipeline could not answer, returned in its place when the call gave a list.
+
+    A value, not an exception: the other items of the call still have their results. It does not carry the input's
+    position; whoever renders results adds it (`to_dict(index)`), so results can be split and merged freely."""
+
+    message: str  # what is wrong with the input, e.g. "text is empty or only whitespace"
+    error_type: str  # the exception class that failed it, e.g. "PipelineInputError"
+
+    def to_dict(self, index: int) -> dict[str, Any]:
+        """The rendering the CLI's JSON lines and the HTTP API use: {"error", "error_type", "index"}."""
+        return {"error": f"input {index}: {self.message}", "error_type": self.error_type, "index": index}
+
+    @classmethod
+    def render(cls, results: list[Any]) -> list[Any]:
+        """`results` with every ItemError rendered at its position in the list."""
+        return [r.to_dict(i) if isinstance(r, cls) else r for i, r in enumerate(results)]

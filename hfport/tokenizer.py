@@ -31,6 +31,9 @@ log = logging.getLogger("hfport")
 
 TOKENIZER_FILE = "tokenizer.json"
 SLOW_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "spm.model")
+# every file of a tokenizer folder as transformers writes it: what model folders, run outputs and exports carry
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   *SLOW_FILES)
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 VERY_LARGE_INTEGER = int(1e30)  # transformers' "no limit" model_max_length
 LARGE_INTEGER = int(1e20)
@@ -52,6 +55,22 @@ DEFAULT_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
 
 class TokenizerError(HfportError, ValueError):
     """A tokenizer folder that cannot be read, or a call with arguments that do not fit together."""
+
+
+def has_tokenizer_files(folder: str | os.PathLike[str]) -> bool:
+    """Whether `folder` holds a tokenizer AutoTokenizer can load (tokenizer.json or slow vocab files)."""
+    return any((Path(folder) / name).is_file() for name in (TOKENIZER_FILE, *SLOW_FILES))
+
+
+def copy_tokenizer_files(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> list[str]:
+    """Copy the tokenizer files `source` has (of TOKENIZER_FILES) into `target`; returns the names copied."""
+    import shutil
+
+    source, target = Path(source), Path(target)
+    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    for name in copied:
+        shutil.copyfile(source / name, target / name)
+    return copied
 
 
 def _token_content(value: Any) -> str | None:

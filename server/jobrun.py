@@ -18,6 +18,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import hfport
+from hfport import RunDir
+from hfport.errors import HfportError
+
 from .store import Store
 
 log = logging.getLogger("hfport.server.jobrun")
@@ -44,42 +48,28 @@ def _is_main_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def head_task(folder: Path) -> str | None:
-    """The pipeline task of a model folder's head, read from config.json (None if it cannot be told)."""
-    from hfport import hub
-    from hfport.modeling import task_of
-    from hfport.registry import get_family
-
+def model_task(folder: Path) -> str | None:
+    """The pipeline task of a model folder's head (None if its config cannot tell)."""
     try:
-        raw, source = hub.read_config(folder)
-        model_task = task_of(get_family(raw.get("model_type"), source), raw.get("architectures") or [])
-    except Exception:  # noqa: BLE001 - an unreadable config has no task; callers decide what that means
+        return hfport.model_task(folder)
+    except (HfportError, ValueError, OSError):  # an unreadable config has no task; callers decide what that means
         return None
-    from hfport.pipelines import PIPELINES
-
-    return next((name for name, cls in PIPELINES.items() if cls.model_task == model_task), None)
 
 
 def run_finetune(store: Store, job: dict[str, Any]) -> dict[str, Any]:
-    from hfport.train.checkpoint import latest_checkpoint
-    from hfport.train.loop import RUN_FILES, finetune
-
     main = _is_main_rank()
     config = dict(job["config"])
     register_as = config.pop("register_as", None) or f"finetune-{job['id']}"
-    out = Path(config["output_dir"])
+    run = RunDir(config["output_dir"])
     config["resume"], config["overwrite"] = None, False
-    ckpt = latest_checkpoint(out / "checkpoints") if (out / "checkpoints").is_dir() else None
-    if ckpt is not None:
-        import json
-
-        step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
+    point = run.resume_point()
+    if point is not None:
         config["resume"] = "latest"
         if main:
-            store.drop_events_past(job["id"], step)
-            store.add_event(job["id"], {"type": "resumed", "step": step, "checkpoint": ckpt.name})
-            store.update_progress(job["id"], {"step": step, "resumed_from": step})
-    elif any((out / name).exists() for name in RUN_FILES):  # a run cut off before its first checkpoint
+            store.drop_events_past(job["id"], point.step)
+            store.add_event(job["id"], {"type": "resumed", "step": point.step, "checkpoint": point.checkpoint.name})
+            store.update_progress(job["id"], {"step": point.step, "resumed_from": point.step})
+    elif run.existing():  # a run cut off before its first checkpoint
         config["overwrite"] = True
     total = config.get("max_steps")
 
@@ -96,53 +86,28 @@ def run_finetune(store: Store, job: dict[str, Any]) -> dict[str, Any]:
                        and isinstance(v, (int, float)) and "/" not in k}
             store.update_progress(job["id"], progress, metrics)
 
-    summary = finetune(config, progress=False, on_event=on_event if main else None)
+    hfport.finetune(config, progress=False, on_event=on_event if main else None)
     if not main:
         return {}
-    summary = {k: v for k, v in summary.items() if k != "config"}
-    best = out / "best"
-    task = head_task(best)
-    store.register_model(register_as, str(best), task, source=f"job:{job['id']}", replace=True)
-    return {"output_dir": str(out), "model": register_as, "model_path": str(best), "task": task,
-            "summary": summary}
+    summary = run.summary()
+    task = model_task(run.best)
+    store.register_model(register_as, str(run.best), task, source=f"job:{job['id']}", replace=True)
+    return {"output_dir": str(run.root), "model": register_as, "model_path": str(run.best), "task": task,
+            "summary": summary.to_dict(with_config=False) if summary is not None else {}}
 
 
 def run_export(store: Store, job: dict[str, Any]) -> dict[str, Any]:
-    import importlib
-
-    try:
-        export_module = importlib.import_module("hfport.export")
-    except ImportError as e:
-        raise RuntimeError(f"this install has no hfport.export ({e}); export jobs cannot run") from e
     config = dict(job["config"])
-    options = dict(config.get("options") or {})
-    store.add_event(job["id"], {"type": "export", "stage": "export" + (" + verify" if config.get("verify") else ""),
+    options = hfport.ExportOptions.of(**(config.get("options") or {}))
+    verify = bool(config.get("verify"))
+    store.add_event(job["id"], {"type": "export", "stage": "export" + (" + verify" if verify else ""),
                                 "source": config["model"]})
-    result = export_module.export(config["model"], config["output_dir"], verify=bool(config.get("verify")),
-                                  **options)
-    report = getattr(result, "report", None)
-    out = {"output_dir": str(getattr(result, "out", config["output_dir"])),
-           **{k: _jsonable(getattr(result, k)) for k in ("family", "task", "dtype", "files") if hasattr(result, k)}}
-    if report is not None:
-        out["verify"] = _jsonable(report.to_dict() if hasattr(report, "to_dict") else report)
-        store.add_event(job["id"], {"type": "export", "stage": "verified", "passed": out["verify"].get("passed")})
+    result = hfport.export(config["model"], config["output_dir"], verify=verify, **options.model_dump()).to_dict()
+    out = {"output_dir": result["out"], **{k: result[k] for k in ("family", "task", "dtype", "files")}}
+    if result["verify"] is not None:
+        out["verify"] = result["verify"]
+        store.add_event(job["id"], {"type": "export", "stage": "verified", "passed": out["verify"]["passed"]})
     return out
-
-
-def _jsonable(value: Any) -> Any:
-    import json
-
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        if isinstance(value, (list, tuple)):
-            return [_jsonable(v) for v in value]
-        if hasattr(value, "model_dump"):
-            return _jsonable(value.model_dump())
-        if hasattr(value, "__dict__"):
-            return _jsonable({k: v for k, v in vars(value).items() if not k.startswith("_")})
-        return str(value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from hfport import tasks
 
+from hfport import ExportOptions
+
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 # transformers' pipeline tags; an alias (sentiment-analysis, ner, hfport's old sequence-classification...) is
 # accepted and stored as the canonical name; an unknown name is an error listing them all
@@ -93,7 +95,8 @@ class ExportJobRequest(BaseModel):
     model: str = Field(description="a registered model name, a model folder or a fine-tune run folder (its best/), "
                                    "inside the allowed dirs")
     output_dir: str | None = Field(None, description="default <data_dir>/runs/<job id>/export")
-    options: dict[str, Any] = Field(default_factory=dict, description="keyword options of hfport.export.export")
+    options: ExportOptions = Field(default_factory=ExportOptions,
+                                   description="hfport.ExportOptions: which, dtype, max_shard_size, atol, rtol")
     verify: bool = Field(True, description="check the export against transformers afterwards")
 
 

@@ -119,14 +119,8 @@ class _Batcher:
                     continue
                 if error is not None:
                     f.set_exception(error)
-                else:
-                    results = fut.result()[start:start + len(items)]
-                    # per-item error entries carry the merged index: give each request its own
-                    for offset, r in enumerate(results):
-                        if isinstance(r, dict) and set(r) == {"error", "error_type", "index"}:
-                            r["index"] = offset
-                            r["error"] = r["error"].replace(f"input {start + offset}:", f"input {offset}:", 1)
-                    f.set_result(results)
+                else:  # a failed item is an ItemError without a position: the route renders it at its own index
+                    f.set_result(fut.result()[start:start + len(items)])
                 start += len(items)
 
         task.add_done_callback(done)

@@ -212,11 +212,14 @@ def test_bad_items_get_errors_and_the_rest_is_answered(root):
     pipe = hfport.pipeline("text-classification", model=folder)
     huge = " ".join(["the"] * 10_000)  # 10,000 words, one token each
     out = pipe([TEXTS[0], "", "   \n", huge, TEXTS[1], 42])
-    assert [("error" in r) for r in out] == [False, True, True, True, False, True]
-    assert out[1] == {"error": "input 1: text is empty or only whitespace", "error_type": "PipelineInputError",
-                      "index": 1}
-    assert "input 3: 10002 tokens, but the model takes at most 128" in out[3]["error"]
-    assert "input 5: text must be a string, got int" in out[5]["error"]
+    assert [isinstance(r, hfport.ItemError) for r in out] == [False, True, True, True, False, True]
+    assert out[1] == hfport.ItemError("text is empty or only whitespace", "PipelineInputError")
+    # the CLI and the HTTP API render it with its position (tests below check both)
+    assert out[1].to_dict(1) == {"error": "input 1: text is empty or only whitespace",
+                                 "error_type": "PipelineInputError", "index": 1}
+    rendered = hfport.ItemError.render(out)
+    assert "input 3: 10002 tokens, but the model takes at most 128" in rendered[3]["error"]
+    assert "input 5: text must be a string, got int" in rendered[5]["error"]
     assert_close_results([out[0], out[4]], pipe([TEXTS[0], TEXTS[1]]))
     with pytest.raises(PipelineInputError, match="text is empty"):
         pipe("")
@@ -226,10 +229,11 @@ def test_bad_items_get_errors_and_the_rest_is_answered(root):
     mask = make_folder(root, "bert", "masked-lm")
     fill = hfport.pipeline("fill-mask", model=mask)
     out = fill(["no mask here", "a [MASK] here"])
-    assert out[0]["error"] == "input 0: no mask token ([MASK]) in the text" and out[1][0]["token_str"]
+    assert out[0] == hfport.ItemError("no mask token ([MASK]) in the text", "PipelineInputError")
+    assert out[0].to_dict(0)["error"] == "input 0: no mask token ([MASK]) in the text" and out[1][0]["token_str"]
     tokens = hfport.pipeline("token-classification", model=make_folder(root, "bert", "token-classification"))
     out = tokens([huge, "", TEXTS[0]], ignore_labels=[])  # truncated to model_max_length 64, as transformers
-    assert len(out[0]) == 62 and "error" in out[1] and len(out[2]) > 3
+    assert len(out[0]) == 62 and isinstance(out[1], hfport.ItemError) and len(out[2]) > 3
 
 
 def test_options_are_checked(root):
@@ -285,11 +289,12 @@ def test_question_answering_bad_items(qa_pipe):
                    {"question": " ".join(["who"] * 70) + "?", "context": context * 4},
                    {"question": "What?", "context": huge},
                    {"context": context}])
-    assert [("error" in r) for r in out] == [False, True, True, True, False, True]
-    assert out[1]["error"] == "input 1: question is empty or only whitespace"
-    assert "input 2: the context (9 characters) is shorter than the question" in out[2]["error"]
-    assert "input 3: the question takes" in out[3]["error"] and "max_seq_len=64" in out[3]["error"]
-    assert "input 5: needs a dict with keys 'question' and 'context'" in out[5]["error"]
+    assert [isinstance(r, hfport.ItemError) for r in out] == [False, True, True, True, False, True]
+    rendered = hfport.ItemError.render(out)  # what the CLI and the HTTP API show
+    assert rendered[1]["error"] == "input 1: question is empty or only whitespace"
+    assert "input 2: the context (9 characters) is shorter than the question" in rendered[2]["error"]
+    assert "input 3: the question takes" in rendered[3]["error"] and "max_seq_len=64" in rendered[3]["error"]
+    assert "input 5: needs a dict with keys 'question' and 'context'" in rendered[5]["error"]
     assert_close_results(out[0], qa_pipe(question="Who wrote it?", context=context))
     assert huge[out[4]["start"]:out[4]["end"]] == out[4]["answer"]
     with pytest.raises(ValueError, match=r"doc_stride \(50\) is larger than max_seq_len \(40\)"):

@@ -12,8 +12,8 @@ hfport/tasks/ holds the names and which pipeline class each task uses.
 
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
-cannot be answered (empty text, no mask token, too long, ...) gets `{"error", "error_type", "index"}` in its place.
-A single input raises PipelineInputError instead.
+cannot be answered (empty text, no mask token, too long, ...) gets an `hfport.ItemError` in its place (rendered by
+the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input raises PipelineInputError instead.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 from .. import tasks
+from ..errors import ItemError
 from ..modeling import PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer
 from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError
@@ -66,16 +67,31 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     return cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens, **options)
 
 
+def model_task(model: str | os.PathLike[str]) -> str:
+    """The pipeline task of a model folder's head (or of a repo id in the local HF cache), read from config.json's
+    `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model: feature-extraction).
+    """
+    from .. import hub
+    from ..modeling import task_of
+    from ..registry import get_family
+
+    folder = hub.resolve(model)
+    raw, source = hub.read_config(folder)
+    return task_of(get_family(raw.get("model_type"), source), raw.get("architectures") or [])  # canonical = the tag
+
+
 __all__ = [
     "PIPELINES",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",
     "InvalidInput",
+    "ItemError",
     "Pipeline",
     "PipelineInputError",
     "QuestionAnsweringPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
+    "model_task",
     "pipeline",
 ]

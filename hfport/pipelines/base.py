@@ -8,8 +8,9 @@ A call runs in four steps, each task filling in the parts marked (task):
      and `max_batch_tokens` padded tokens; each batch runs through the model once (task: which outputs) and the
      outputs are cut back to each row's own length, so a result never depends on its batch-mates.
   4. postprocess: each item's outputs become its result, in input order (task).
-Items that failed come back as `{"error": ..., "error_type": ..., "index": i}` in their place when the call gave a
-list; a single input raises its error instead.
+Items that failed come back as an `ItemError` (message, error_type) in their place when the call gave a list; a
+single input raises its error instead. The CLI and the HTTP API render an ItemError with its position in the list
+as `{"error": "input i: ...", "error_type": ..., "index": i}` (ItemError.to_dict).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ..errors import HfportError
+from ..errors import HfportError, ItemError
 from ..modeling import PreTrainedEncoder
 from ..tokenizer import PreTrainedTokenizer, TokenizerError
 
@@ -141,15 +142,15 @@ class Pipeline:
         results = self.run(items, opts)
         if single and isinstance(results[0], _Failed):
             raise results[0].error
-        return self.assemble([r.entry if isinstance(r, _Failed) else r for r in results], items, single, opts)
+        return self.assemble([r.item if isinstance(r, _Failed) else r for r in results], items, single, opts)
 
     def predict(self, items: list[Any], **options: Any) -> list[Any]:
         """One result per item, in order, with list semantics for every task (no single-input unwrapping): a
-        failed item is its `{"error", "error_type", "index"}` entry. What the CLI and a server call."""
+        failed item is an ItemError. What the CLI and a server call."""
         if not isinstance(items, (list, tuple)):
             raise TypeError(f"predict takes a list of inputs, got {type(items).__name__}")
         opts = self.resolve_options(options)
-        return [r.entry if isinstance(r, _Failed) else r for r in self.run(list(items), opts)]
+        return [r.item if isinstance(r, _Failed) else r for r in self.run(list(items), opts)]
 
     def run(self, items: list[Any], opts: dict[str, Any]) -> list[Any]:
         """Results (or _Failed) in input order. Any error while preparing or reading one item fails that item
@@ -163,7 +164,7 @@ class Pipeline:
                 rows = self.preprocess(item, opts)
                 for row in rows:
                     row.item = i
-                    self.check_length(row, i)
+                    self.check_length(row)
                 features.extend(rows)
             except Exception as e:  # noqa: BLE001 - one bad item must not sink the batch
                 failed[i] = self._item_error(i, e)
@@ -182,9 +183,7 @@ class Pipeline:
                 except Exception as e:  # noqa: BLE001
                     failed[i] = self._item_error(i, e)
             error = failed[i]
-            if not str(error).startswith(f"input {i}:"):
-                error = PipelineInputError(f"input {i}: {error}")
-            results.append(_Failed(error, {"error": str(error), "error_type": type(failed[i]).__name__, "index": i}))
+            results.append(_Failed(error, ItemError(str(error), type(error).__name__)))
         return results
 
     def _item_error(self, index: int, error: Exception) -> Exception:
@@ -192,12 +191,11 @@ class Pipeline:
             log.warning("%s: input %d failed unexpectedly", self.task, index, exc_info=error)
         return error
 
-    def check_length(self, row: Feature, index: int) -> None:
+    def check_length(self, row: Feature) -> None:
         n = len(row.input_ids)
         if self.max_positions is not None and n > self.max_positions:
-            raise PipelineInputError(
-                f"input {index}: {n} tokens, but the model takes at most {self.max_positions}; "
-                f"{self.too_long_hint()}")
+            raise PipelineInputError(f"{n} tokens, but the model takes at most {self.max_positions}; "
+                                     f"{self.too_long_hint()}")
 
     def too_long_hint(self) -> str:
         return "pass truncation=True (and max_length=...) to cut it"
@@ -285,8 +283,10 @@ class Pipeline:
 
 @dataclass
 class _Failed:
-    error: PipelineInputError
-    entry: dict[str, Any]
+    """Inside a call: the exception (raised for a single input) and the ItemError a list gets in its place."""
+
+    error: Exception
+    item: ItemError
 
 
 def model_max_positions(model: PreTrainedEncoder) -> int | None:

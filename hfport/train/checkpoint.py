@@ -1,6 +1,7 @@
 """Checkpoints: written whole under a temporary name, then renamed; `latest` moves only after the rename.
 
-checkpoints/step-<N>/ holds model.safetensors + config.json (an HF folder), optimizer.pt, scheduler.pt,
+Where they go (checkpoints/step-<N>/, checkpoints/latest) is RunDir's (hfport/rundir.py); this file owns what is
+inside one. checkpoints/step-<N>/ holds model.safetensors + config.json (an HF folder), optimizer.pt, scheduler.pt,
 scaler.pt (tensors and plain values only, read back with weights_only=True), and trainer_state.json (step,
 epoch, position in the epoch's batch order, metric history, early stopping, RNG states).
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from .. import hub
-
-STEP_DIR = re.compile(r"step-(\d+)\Z")
+from ..rundir import TRAINER_STATE, RunDir
 
 
 def capture_rng() -> dict[str, Any]:
@@ -62,12 +61,12 @@ def _tuplify(x: Any) -> Any:
     return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x
 
 
-def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any,
+def save_checkpoint(run: RunDir, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any,
                     state: dict[str, Any]) -> Path:
     """Write checkpoints/step-<step>/ atomically and point checkpoints/latest at it."""
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step}"
-    tmp = root / f".tmp-step-{step}-{os.getpid()}"
+    run.checkpoints.mkdir(parents=True, exist_ok=True)
+    final = run.checkpoint(step)
+    tmp = run.checkpoints / f".tmp-step-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -75,36 +74,24 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
     if scaler is not None:
         torch.save(scaler.state_dict(), tmp / "scaler.pt")
     torch.save(rng_tensors(), tmp / "rng.pt")
-    hub.write_json_atomic(tmp / "trainer_state.json", {**state, "rng": capture_rng()})
+    hub.write_json_atomic(tmp / TRAINER_STATE, {**state, "rng": capture_rng()})
     for f in tmp.iterdir():  # the data must be on disk before the rename makes it visible
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    (root / ".latest.tmp").write_text(final.name + "\n")
-    os.replace(root / ".latest.tmp", root / "latest")
+    run.set_latest(final)
     return final
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    pointer = root / "latest"
-    if pointer.is_file():
-        path = root / pointer.read_text().strip()
-        if (path / "trainer_state.json").is_file():
-            return path
-    steps = sorted((int(m.group(1)), p) for p in root.glob("step-*") if (m := STEP_DIR.match(p.name))
-                   and (p / "trainer_state.json").is_file())
-    return steps[-1][1] if steps else None
-
-
-def prune(root: Path, keep: int, protect: set[int]) -> None:
+def prune(run: RunDir, keep: int, protect: set[int]) -> None:
     """Keep the newest `keep` checkpoints plus the protected ones (the best)."""
-    steps = sorted(int(m.group(1)) for p in root.glob("step-*") if (m := STEP_DIR.match(p.name)))
+    steps = run.checkpoint_steps()
     for step in steps[:-keep] if keep else steps:
         if step not in protect:
-            shutil.rmtree(root / f"step-{step}", ignore_errors=True)
-    for stale in root.glob(".tmp-step-*"):  # left by a run killed mid-write: never "latest", safe to drop
+            shutil.rmtree(run.checkpoint(step), ignore_errors=True)
+    for stale in run.checkpoints.glob(".tmp-step-*"):  # left by a run killed mid-write: never "latest", safe to drop
         shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -117,6 +104,6 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, scal
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     if scaler is not None and (path / "scaler.pt").is_file():
         scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
-    state = json.loads((path / "trainer_state.json").read_text())
+    state = json.loads((path / TRAINER_STATE).read_text())
     state["rng_tensors"] = torch.load(path / "rng.pt", weights_only=True)
     return state

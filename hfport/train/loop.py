@@ -16,41 +16,36 @@ import contextlib
 import json
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from .. import hub
 from ..errors import ConfigError
 from ..tasks import get as task_record
-from .checkpoint import latest_checkpoint, load_checkpoint, prune, restore_rng, save_checkpoint
+from ..rundir import TRAINER_STATE, RunDir, RunSummary
+from ..tokenizer import copy_tokenizer_files
+from .checkpoint import load_checkpoint, prune, restore_rng, save_checkpoint
 from .config import FinetuneConfig
 from .data import EncodedData, epoch_batches, eval_batches, planned_steps
 from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
+from .preflight import as_config, preflight
 
 log = logging.getLogger("hfport.train")
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
-                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "spm.model", "added_tokens.json")
-RUN_FILES = ("metrics.jsonl", "summary.json", "report.html", "checkpoints", "best", "final")
 
 
 def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
              on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train, evaluate and save. Returns the run summary (also written to summary.json)."""
+    """Train, evaluate and save. Returns the run summary as a dict (RunSummary.to_dict(); also summary.json)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import TorchDynamoPlugin, gather_object, set_seed
 
-    from ..tokenizer import AutoTokenizer
     from .metrics import EarlyStopping, MetricHistory
 
-    if isinstance(config, dict):
-        config = FinetuneConfig(**config)
-    out = Path(config.output_dir)
+    config = as_config(config)
+    run = RunDir(Path(config.output_dir))
     # accelerate keeps one precision and compile setting per process; a process that ran an earlier fine-tune
     # (tests, a job worker) would otherwise refuse another precision and silently keep the old compile choice
     AcceleratorState._reset_state()
@@ -64,21 +59,16 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     main = accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
     emit = on_event if (on_event and main) else (lambda event: None)
-    if main:
-        prepare_output_dir(out, config)
-    accelerator.wait_for_everyone()
 
-    # 1. data and model (every data error surfaces here, before any training)
+    # 1. data and model: every data error surfaces here, before the output folder is touched (the server runs the
+    # same checks before it queues a job)
     set_seed(config.seed)
-    source = hub.resolve(config.model)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    record = task_record(config.task)  # the task model class and its training task
-    model_cls, task = record.model_class, record.train_task
-    data = task.read(config, tokenizer, _source_labels(source))
-    global_batch = config.batch_size * world
-    if len(data.train) < global_batch:
-        raise ConfigError(f"{config.train}: {len(data.train)} training examples, fewer than one batch "
-                          f"(batch_size {config.batch_size} x {world} process(es)); lower --batch-size")
+    checked = preflight(config, world=world)
+    source, task, data = checked.source, checked.task, checked.data
+    if main:
+        prepare_output_dir(run, config)
+    accelerator.wait_for_everyone()
+    model_cls = task_record(config.task).model_class  # the task record's model class
     label_kwargs = {}
     if data.space is not None:
         label_kwargs = {"id2label": data.space.id2label}
@@ -119,13 +109,13 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     state: dict[str, Any] = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "history": [], "examples_seen": 0,
                              "tracker": tracker.state_dict()}
     if config.resume:
-        ckpt = latest_checkpoint(out / "checkpoints") if config.resume == "latest" else Path(config.resume)
-        if ckpt is None or not (ckpt / "trainer_state.json").is_file():
-            raise ConfigError(f"resume: no checkpoint found ({config.resume!r} in {out / 'checkpoints'})")
+        ckpt = run.latest_checkpoint() if config.resume == "latest" else Path(config.resume)
+        if ckpt is None or not (ckpt / TRAINER_STATE).is_file():
+            raise ConfigError(f"resume: no checkpoint found ({config.resume!r} in {run.checkpoints})")
         state = load_checkpoint(ckpt, unwrapped, optimizer, scheduler, scaler)
         tracker.load_state_dict(state["tracker"])
         log.info("resuming from %s (step %d)", ckpt, state["step"])
-    metrics_file = MetricsLog(out / "metrics.jsonl", keep_through_step=state["step"] if config.resume else None,
+    metrics_file = MetricsLog(run.metrics, keep_through_step=state["step"] if config.resume else None,
                               enabled=main)
     if config.resume:
         restore_rng(state.pop("rng"), state.pop("rng_tensors"))  # last: nothing may draw after this but training
@@ -163,9 +153,9 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     def checkpoint() -> None:
         if main:
             snapshot = {k: v for k, v in state.items()}
-            save_checkpoint(out / "checkpoints", state["step"], unwrapped, optimizer, scheduler, scaler, snapshot)
+            save_checkpoint(run, state["step"], unwrapped, optimizer, scheduler, scaler, snapshot)
             protect = {tracker.best_step} if tracker.best_step is not None else set()
-            prune(out / "checkpoints", config.save_total_limit, protect)
+            prune(run, config.save_total_limit, protect)
         accelerator.wait_for_everyone()
 
     def after_eval(metrics: dict[str, float]) -> bool:
@@ -176,7 +166,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         state["history"].append([state["step"], value])
         log_event("eval", {f"eval_{k}": v for k, v in metrics.items()})
         if tracker.update(value, state["step"]) and main:
-            save_model_folder(unwrapped, source, out / "best")
+            save_model_folder(unwrapped, source, run.best)
         state["tracker"] = tracker.state_dict()
         if isinstance(scheduler, PlateauWithWarmup):
             scheduler.on_eval(value)
@@ -237,23 +227,24 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     # 5. the end: final eval if the last step had none, final/ and best/, summary and report
     if data.eval and (not state["history"] or state["history"][-1][0] != state["step"]):
         after_eval(evaluate())
-    summary = {}
+    summary: dict[str, Any] = {}
     if main:
-        save_model_folder(unwrapped, source, out / "final")
-        if not (out / "best").exists():
-            save_model_folder(unwrapped, source, out / "final", copy_to=out / "best")
-        summary = {"steps": state["step"], "epochs": state["epoch"], "best_metric": {metric_name: tracker.best},
-                   "best_step": tracker.best_step, "stopped_early": stop, "metric_mode": metric_mode, "frozen": len(frozen),
-                   "train_examples": len(data.train), "eval_examples": len(data.eval),
-                   "labels": unwrapped.config.id2label if data.space else None,
-                   "problem_type": _problem(data), "config": config.model_dump()}
+        save_model_folder(unwrapped, source, run.final)
+        if not run.best.exists():
+            save_model_folder(unwrapped, source, run.final, copy_to=run.best)
         last_eval = [e for e in metrics_file.read() if e["type"] == "eval"]
-        if last_eval:
-            summary["final_eval"] = {k: v for k, v in last_eval[-1].items() if k.startswith("eval_")}
-        hub.write_json_atomic(out / "summary.json", summary)
+        result = RunSummary(
+            steps=state["step"], epochs=state["epoch"], best_metric={metric_name: tracker.best},
+            best_step=tracker.best_step, stopped_early=stop, metric_mode=metric_mode, frozen=len(frozen),
+            train_examples=len(data.train), eval_examples=len(data.eval),
+            labels=unwrapped.config.id2label if data.space else None, problem_type=_problem(data),
+            config=config.model_dump(),
+            final_eval={k: v for k, v in last_eval[-1].items() if k.startswith("eval_")} if last_eval else None)
+        result.write(run.summary_path)
+        summary = result.to_dict()
         from .report import write_report
 
-        write_report(out, metrics_file.read(), summary)
+        write_report(run, metrics_file.read(), result)
         emit({"type": "done", **summary})
     accelerator.wait_for_everyone()
     return summary
@@ -275,23 +266,15 @@ def mixed_precision(choice: str) -> str:
     return {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[choice]
 
 
-def prepare_output_dir(out: Path, config: FinetuneConfig) -> None:
+def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:
     """Refuse to overwrite an earlier run unless asked to (--overwrite) or continuing it (--resume)."""
-    existing = [name for name in RUN_FILES if (out / name).exists()]
+    existing = run.existing()
     if existing and not config.resume:
         if not config.overwrite:
-            raise ConfigError(f"{out}: already holds a run ({', '.join(existing)}); pass --overwrite to replace "
-                              "it or --resume to continue it")
-        for name in existing:
-            target = out / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def _source_labels(folder: Path) -> dict[int, str] | None:
-    raw, _ = hub.read_config(folder)
-    labels = raw.get("id2label")
-    return {int(k): v for k, v in labels.items()} if isinstance(labels, dict) else None
+            raise ConfigError(f"{run.root}: already holds a run ({', '.join(existing)}); pass --overwrite to "
+                              "replace it or --resume to continue it")
+        run.clear()
+    run.root.mkdir(parents=True, exist_ok=True)
 
 
 def _problem(data: EncodedData) -> str | None:
@@ -346,14 +329,14 @@ class MetricsLog:
 def save_model_folder(model: Any, source: Path, target: Path, copy_to: Path | None = None) -> None:
     """An HF model folder (weights + config) with the source's tokenizer files beside it."""
     if copy_to is not None:
+        import shutil
+
         if copy_to.exists():
             shutil.rmtree(copy_to)
         shutil.copytree(target, copy_to)
         return
     model.save_pretrained(target)
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, target / name)
+    copy_tokenizer_files(source, target)
 
 
 class Progress:

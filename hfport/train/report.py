@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..rundir import RunDir, RunSummary
+
 W, H, PAD = 460, 220, 40
 
 
@@ -45,7 +47,8 @@ def _svg_chart(title: str, series: dict[str, list[tuple[float, float]]]) -> str:
     return "".join(parts)
 
 
-def write_report(out: Path, entries: list[dict[str, Any]], summary: dict[str, Any]) -> Path:
+def write_report(run: RunDir, entries: list[dict[str, Any]], summary: RunSummary) -> Path:
+    """Write run.report from metrics.jsonl's entries and the summary; returns its path."""
     train = [e for e in entries if e["type"] == "train"]
     evals = [e for e in entries if e["type"] == "eval"]
     charts = [
@@ -60,15 +63,14 @@ def write_report(out: Path, entries: list[dict[str, Any]], summary: dict[str, An
         charts.append(_svg_chart("eval metrics", {k[5:]: [(e["step"], e[k]) for e in evals if k in e]
                                                   for k in metric_keys[:6]}))
     rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>"
-                   for k, v in summary.items() if k != "config")
+                   for k, v in summary.to_dict(with_config=False).items())
     config_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(json.dumps(v))}</td></tr>"
-                          for k, v in summary.get("config", {}).items())
+                          for k, v in summary.config.items())
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>hfport run report</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;color:#111}}table{{border-collapse:collapse}}
 td{{border:1px solid #ddd;padding:2px 8px;font-size:13px}}.charts{{display:flex;flex-wrap:wrap;gap:1em}}</style>
 </head><body><h1>hfport fine-tune report</h1><h2>Summary</h2><table>{rows}</table>
 <h2>Curves</h2><div class="charts">{''.join(c for c in charts if c)}</div>
 <h2>Configuration</h2><table>{config_rows}</table></body></html>"""
-    path = out / "report.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    run.report.write_text(page, encoding="utf-8")
+    return run.report

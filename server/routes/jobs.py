@@ -4,7 +4,6 @@ Handlers only validate and enqueue; the worker (server/worker.py) runs each job 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import re
 import uuid
@@ -15,8 +14,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile, status
 from fastapi.responses import StreamingResponse
 
-from hfport.errors import ConfigError
-from hfport.train.config import resolve_config
+from hfport import RunDir
+from hfport.errors import ConfigError, HfportError
+from hfport.train import preflight, resolve_config
 
 from ..deps import StoreDep
 from ..errors import ApiError
@@ -28,7 +28,6 @@ from ..store import TERMINAL, Store
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=ERRORS)
 UPLOAD_PATH = "/jobs/finetune/upload"
 CHUNK = 1 << 20
-SERVER_EXPORT_OPTIONS = {"verify", "force", "json_path"}  # set by the server, not by the request
 
 
 def _model_path(value: str, store: Store, settings: Settings, what: str = "model", run_ok: bool = False) -> str:
@@ -37,7 +36,7 @@ def _model_path(value: str, store: Store, settings: Settings, what: str = "model
     if entry is not None:
         return entry["path"]
     folder = confine(value, settings, what)
-    if run_ok and (folder / "best" / "config.json").is_file():
+    if run_ok and "best" in RunDir(folder).models():  # export takes a run's best/
         return str(folder)
     if not (folder / "config.json").is_file():
         raise ApiError(400, f"{what}: {value!r} is neither a registered model nor a model folder", "InvalidModel")
@@ -54,27 +53,16 @@ def _output_dir(value: str | None, settings: Settings, job_id: str, default: str
 
 
 def check_data(config: Any) -> None:
-    """Read and encode the job's data with the engine's own readers before queueing it, so a bad file is a 422
-    naming file, line and field instead of a job that fails later (the same checks run again in the job)."""
-    from hfport import hub
-    from hfport.errors import HfportError
-    from hfport.tokenizer import AutoTokenizer
-    from hfport.train.loop import _source_labels
-    from hfport.train.tasks import get_task
-
+    """The engine's own preflight (hfport.train.preflight: model, tokenizer, data files read and encoded) before
+    the job is queued, so a bad file is a 422 naming file, line and field instead of a job that fails later."""
     from ..worker import gpu_count
 
     try:
-        source = hub.resolve(config.model)
-        data = get_task(config.task).read(config, AutoTokenizer.from_pretrained(source), _source_labels(source))
+        preflight(config, world=max(1, gpu_count()))
     except (HfportError, ValueError) as e:  # DataError names file, line and field
         raise ApiError(422, str(e), type(e).__name__ if isinstance(e, HfportError) else "InvalidData") from e
     except OSError as e:
         raise ApiError(400, f"config.train/eval: cannot be read ({e.strerror or e})", "InvalidData") from e
-    world = max(1, gpu_count())
-    if len(data.train) < config.batch_size * world:
-        raise ApiError(422, f"{config.train}: {len(data.train)} training examples, fewer than one batch "
-                            f"(batch_size {config.batch_size} x {world} process(es)); lower batch_size", "DataError")
 
 
 def _submit_finetune(config: dict[str, Any], register_as: str | None, store: Store, settings: Settings) -> JobInfo:
@@ -161,19 +149,9 @@ async def submit_finetune_upload(
 @router.post("/export", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
              summary="Queue an export to an HF folder (+ verification)")
 def submit_export(body: ExportJobRequest, store: StoreDep, settings: SettingsDep) -> JobInfo:
-    if importlib.util.find_spec("hfport.export") is None:
-        raise ApiError(503, "export is not available in this hfport install (no hfport.export)", "ExportUnavailable")
-    import inspect
-
-    from hfport.export import export
-
-    valid = {name for name, p in inspect.signature(export).parameters.items()
-             if p.kind == p.KEYWORD_ONLY and name not in SERVER_EXPORT_OPTIONS}
-    unknown = sorted(set(body.options) - valid)
-    if unknown:
-        raise ApiError(422, f"options: unknown {unknown}; valid: {sorted(valid)}", "ValidationError")
     job_id = store.new_id()
-    config = {"model": _model_path(body.model, store, settings, run_ok=True), "options": body.options, "verify": body.verify,
+    config = {"model": _model_path(body.model, store, settings, run_ok=True),
+              "options": body.options.model_dump(exclude_unset=True), "verify": body.verify,
               "output_dir": _output_dir(body.output_dir, settings, job_id, "export")}
     return JobInfo(**store.create_job("export", config, job_id))
 

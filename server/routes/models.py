@@ -6,7 +6,7 @@ from fastapi import APIRouter, status
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError
-from ..jobrun import head_task
+from ..jobrun import model_task
 from ..schemas import ERRORS, Deleted, ModelInfo, ModelList, ModelRegistration
 from ..security import confine
 from ..settings import SettingsDep
@@ -32,7 +32,7 @@ def register(body: ModelRegistration, store: StoreDep, settings: SettingsDep) ->
     folder = confine(body.path, settings, "path")
     if not (folder / "config.json").is_file():
         raise ApiError(400, f"path: {body.path!r} is not a model folder (no config.json)", "InvalidModel")
-    task = body.task or head_task(folder)
+    task = body.task or model_task(folder)
     if task is None:
         raise ApiError(400, f"path: {body.path!r}: config.json does not name a supported model", "InvalidModel")
     if store.get_model(body.name) is not None:

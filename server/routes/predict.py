@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from hfport.errors import HfportError
+from hfport.errors import HfportError, ItemError
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError
@@ -62,9 +62,9 @@ async def predict(body: PredictRequest, store: StoreDep, service: ModelServiceDe
         raise ApiError(422, str(e), "InvalidParameters") from e
     finally:
         service.pending -= 1
+    outputs = ItemError.render(results)  # a failed item: {"error": "input i: ...", "error_type", "index": i}
     if single:
-        result = results[0]
-        if isinstance(result, dict) and set(result) == {"error", "error_type", "index"}:
-            raise ApiError(422, result["error"], result["error_type"])
-        return PredictResponse(model=body.model, task=task, outputs=result)
-    return PredictResponse(model=body.model, task=task, outputs=results)
+        if isinstance(results[0], ItemError):
+            raise ApiError(422, outputs[0]["error"], results[0].error_type)
+        return PredictResponse(model=body.model, task=task, outputs=outputs[0])
+    return PredictResponse(model=body.model, task=task, outputs=outputs)

@@ -1,12 +1,5 @@
-"""Export to an HF folder that transformers loads, and verify that it computes what hfport computed.
-
-`export(src, out)` reads SRC (a fine-tune output folder, one of its checkpoints, or any model folder hfport loads)
-and writes OUT in the layout transformers writes: config.json (the source config with the trained head's metadata
-and the hfport version), model.safetensors (or shards + index) under transformers' key names, the tokenizer files,
-and a README.md model card. Everything is written into a hidden sibling folder and renamed into place at the end,
-so no failure (a full disk included) leaves a half-written OUT; an existing OUT is only replaced with `force`.
-
-`verify(dir, source)` is the proof, and fails closed: every check that cannot run counts as a failure.
+"""`verify(dir, source)` is the proof that an export computes what hfport computes, and fails closed: every check
+that cannot run counts as a failure.
     load       transformers' AutoModelFor<head> loads DIR (never trust_remote_code) with no missing, unexpected or
                mismatched keys, as the class config.json names;
     labels     DIR's id2label / label2id / num_labels equal the source model's;
@@ -33,12 +26,8 @@ loose. transformers is imported here only, inside verify().
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -48,27 +37,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import hub
-from .errors import HfportError
-from .modeling import PreTrainedEncoder, resolve_dtype, task_of
-from .tasks import TASKS, load_any
-from .registry import get_family
-from .tokenizer import SLOW_FILES, TOKENIZER_FILE
+from .. import hub
+from ..modeling import PreTrainedEncoder, resolve_dtype, task_of
+from ..registry import get_family
+from ..tasks import TASKS, load_any
+from .common import DTYPE_NAMES, OUTPUTS, TRANSFORMERS_AUTO, ExportError, resolve_source
 
-log = logging.getLogger("hfport")
-
-WHICH = ("best", "final")
-EXPORT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 # (atol, rtol) by the dtype DIR's weights are stored in; the module docstring says why
 TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-5, 1e-4), "float16": (1e-2, 1e-2),
                                               "bfloat16": (5e-2, 5e-2)}
-TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   *SLOW_FILES)
-# from the task records (hfport/tasks/): a task's name is its pipeline tag
-PIPELINE_TAGS = {name: name for name in TASKS}
-TRANSFORMERS_AUTO = {name: t.auto_class for name, t in TASKS.items()}
-OUTPUTS = {name: t.outputs for name, t in TASKS.items()}
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 PROBE_TEXTS = ["The film was wonderful.",
                ("Paris is the capital of France, and Berlin is the capital of Germany; both cities are large, old "
@@ -79,270 +56,6 @@ PROBE_PAIRS = [("Who wrote the book?", "Herman Melville wrote Moby-Dick in 1851,
                ("Where is Berlin?", "Berlin is in Germany."),
                ("What is the capital of France, the country west of Germany?", "Paris.")]
 PROBE_MAX_LENGTH = 64
-
-
-class ExportError(HfportError):
-    """SRC or DIR is not usable, or writing the export failed; nothing was left at DIR."""
-
-
-class VerifyFailed(ExportError):
-    """`export(verify=True)` found the export does not match its source; DIR was not written."""
-
-    def __init__(self, message: str, report: VerifyReport):
-        super().__init__(message)
-        self.report = report
-
-
-# --- where things are ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Source:
-    """The model folder SRC names, and the fine-tune run it belongs to (if any)."""
-
-    given: Path
-    model: Path  # the folder with config.json + weights
-    run: Path | None = None  # the fine-tune output folder (summary.json, best/, final/, checkpoints/)
-
-
-def _is_run(folder: Path) -> bool:
-    return not (folder / "config.json").is_file() and (
-        (folder / "summary.json").is_file() or any((folder / n).is_dir() for n in (*WHICH, "checkpoints")))
-
-
-def resolve_source(src: str | os.PathLike[str], which: str = "best") -> Source:
-    """SRC as a model folder: a run's best/ (or final/), a checkpoint, a model folder, or a repo id in the cache."""
-    if which not in WHICH:
-        raise ExportError(f"which={which!r}: expected one of {list(WHICH)}")
-    path = Path(src).expanduser()
-    if not path.exists():
-        return Source(path, hub.resolve(str(src)))  # a repo id in the local HF cache, or a clear error
-    if not path.is_dir():
-        raise ExportError(f"{path}: is a file; give a fine-tune output folder or a model folder")
-    if _is_run(path):
-        model = path / which
-        if not (model / "config.json").is_file():
-            have = [n for n in WHICH if (path / n / "config.json").is_file()]
-            raise ExportError(f"{path}: a fine-tune output folder without a {which}/ model (no {model}/config.json)"
-                              + (f"; it has {', '.join(h + '/' for h in have)}" if have else ""))
-        return Source(path, model, path)
-    if not (path / "config.json").is_file():
-        raise ExportError(f"{path}: not a model folder (no config.json) and not a fine-tune output folder "
-                          "(no summary.json, best/, final/ or checkpoints/)")
-    run = None
-    if path.name in WHICH and _is_run(path.parent):
-        run = path.parent
-    elif path.parent.name == "checkpoints" and _is_run(path.parent.parent):
-        run = path.parent.parent
-    return Source(path, path, run)
-
-
-def _tokenizer_folder(source: Source) -> Path | None:
-    """The first of: the model folder, the run's final/ and best/, the run's base model, that has a tokenizer."""
-    candidates = [source.model]
-    if source.run is not None:
-        candidates += [source.run / "final", source.run / "best"]
-        base = (_summary(source) or {}).get("config", {}).get("model")
-        if base:
-            try:
-                candidates.append(hub.resolve(base))
-            except HfportError:
-                pass
-    for folder in candidates:
-        if any((folder / name).is_file() for name in (TOKENIZER_FILE, *SLOW_FILES)):
-            return folder
-    return None
-
-
-def _summary(source: Source) -> dict[str, Any] | None:
-    if source.run is None or not (source.run / "summary.json").is_file():
-        return None
-    try:
-        data = json.loads((source.run / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ExportError(f"{source.run / 'summary.json'}: cannot be read ({e})") from e
-    return data if isinstance(data, dict) else None
-
-
-def _check_places(source: Source, out: Path) -> None:
-    out_r = out.resolve()
-    for place in dict.fromkeys(p.resolve() for p in (source.given, source.model, source.run) if p is not None):
-        if out_r == place or place in out_r.parents:
-            raise ExportError(f"--out {out} lies inside the source {place}; choose a folder outside it")
-        if out_r in place.parents:
-            raise ExportError(f"--out {out} contains the source {place}; replacing it would delete the source")
-
-
-# --- export -------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ExportResult:
-    out: Path
-    source: Path  # the model folder that was exported
-    family: str
-    task: str
-    dtype: str
-    files: list[str]  # everything in OUT
-    weights: list[str]  # model.safetensors, or the shards
-    tokenizer_from: Path
-    report: VerifyReport | None = None
-
-
-def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: str = "best", dtype: str = "fp32",
-           max_shard_size: int | str = "5GB", force: bool = False, verify: bool = False, atol: float | None = None,
-           rtol: float | None = None, json_path: str | os.PathLike[str] | None = None) -> ExportResult:
-    """Write SRC as an HF folder at OUT; with verify=True, prove it against SRC before OUT appears."""
-    if dtype not in EXPORT_DTYPES:
-        raise ExportError(f"dtype {dtype!r}: expected one of {list(EXPORT_DTYPES)}")
-    try:
-        limit = hub.parse_size(max_shard_size)
-    except (ValueError, AttributeError) as e:
-        raise ExportError(f"max_shard_size {max_shard_size!r}: expected bytes or a size like '500MB', '2GB'") from e
-    if limit <= 0:
-        raise ExportError(f"max_shard_size {max_shard_size!r}: must be positive")
-    source = resolve_source(src, which)
-    out = Path(out).expanduser()
-    _check_places(source, out)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out}: exists and is not a folder")
-    if out.exists() and not force:
-        raise ExportError(f"{out}: already exists; pass --force (force=True) to replace it")
-
-    model = load_any(source.model, dtype=torch.float32)
-    report = model.load_report
-    if report is not None and report.initialized:
-        raise ExportError(f"{source.model}: lacks weights the {model.family.architectures.get(model.task)} model "
-                          f"needs ({', '.join(report.initialized[:8])}); hfport would initialise them randomly, so "
-                          "the export would not be the trained model")
-    if report is not None and report.nonfinite:
-        raise ExportError(f"{source.model}: NaN or inf values in {len(report.nonfinite)} weight(s): "
-                          f"{', '.join(report.nonfinite[:8])}; refusing to export a broken model")
-    if report is not None and report.unexpected:
-        log.warning("%s: not exported (the %s head does not use them): %s", source.model, model.task,
-                    ", ".join(report.unexpected[:8]))
-    architecture = model.family.architectures.get(model.task)
-    if architecture is None:
-        raise ExportError(f"{source.model}: the {model.family.model_type} family has no transformers class for "
-                          f"the {model.task} head")
-    tok_folder = _tokenizer_folder(source)
-    if tok_folder is None:
-        raise ExportError(f"{source.model}: no tokenizer files ({TOKENIZER_FILE} or one of {', '.join(SLOW_FILES)}) "
-                          "beside the model" + (f" or in {source.run}/final, {source.run}/best or the run's base "
-                                                "model" if source.run else ""))
-    torch_dtype = EXPORT_DTYPES[dtype]
-    task = model.task
-    model = model.to(torch_dtype)
-
-    staging = hub.staging_dir(out)
-    result = None
-    try:
-        files = hub.save_weights(model.hf_state_dict(), staging, limit)
-        config = _export_config(model, architecture, torch_dtype)
-        del model  # verify loads the source afresh, in float32
-        hub.write_json_atomic(staging / "config.json", config)
-        for name in TOKENIZER_FILES:
-            if (tok_folder / name).is_file():
-                shutil.copyfile(tok_folder / name, staging / name)
-        (staging / "README.md").write_text(model_card(source, config, task, out.name), encoding="utf-8")
-        result = ExportResult(out, source.model, config["model_type"], task, DTYPE_NAMES[torch_dtype],
-                              sorted(p.name for p in staging.iterdir()), files, tok_folder)
-        if verify:
-            result.report = _verify_folder(staging, source.model, atol=atol, rtol=rtol, json_path=json_path,
-                                                label=str(out))
-            if not result.report.passed:
-                raise VerifyFailed(f"{out}: the export does not match {source.model}; nothing was written\n"
-                                   + result.report.table(), result.report)
-        _replace(staging, out)
-    except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ExportError(f"{out}: writing the export failed ({e.strerror or e}); "
-                          + ("the previous folder is unchanged" if out.exists() else "nothing was left there")) from e
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return result
-
-
-def _export_config(model: PreTrainedEncoder, architecture: str, dtype: torch.dtype) -> dict[str, Any]:
-    """The source config.json, with the head's metadata as the loaded model has it, the dtype and hfport version."""
-    from . import __version__
-
-    out = model.config.to_hf_dict(architecture)
-    out.pop("torch_dtype", None)
-    out["dtype"] = DTYPE_NAMES[dtype]
-    out["hfport_version"] = __version__
-    return out
-
-
-def _replace(staging: Path, out: Path) -> None:
-    """Rename the finished staging folder to OUT; an old OUT is moved aside first and restored if that fails."""
-    if not out.exists():
-        os.replace(staging, out)
-        return
-    aside = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.old"
-    os.replace(out, aside)
-    try:
-        os.replace(staging, out)
-    except BaseException:
-        os.replace(aside, out)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-# --- the model card -----------------------------------------------------------------------------------------
-
-
-def model_card(source: Source, config: dict[str, Any], task: str, name: str) -> str:
-    """README.md: task, labels, base model, training config and eval metrics (from the run's summary.json)."""
-    summary = _summary(source) or {}
-    train_config = summary.get("config") or {}
-    base = train_config.get("model")
-    base_is_repo = isinstance(base, str) and not Path(base).expanduser().exists() and base.count("/") <= 1 \
-        and not base.startswith((".", "/", "~"))
-    front = ["---", "library_name: transformers", f"pipeline_tag: {PIPELINE_TAGS[task]}",
-             f"tags: [hfport, {json.dumps(config['model_type'])}]"]
-    if base_is_repo:
-        front.append(f"base_model: {json.dumps(base)}")
-    front.append("---")
-    lines = [*front, "", f"# {name}", "",
-             (f"A `{config['architectures'][0]}` ({config['model_type']}, {task}) exported by hfport "
-              f"{config.get('hfport_version')} from `{source.model}`; weights in {config['dtype']}."), "",
-             "## Task", "", f"{task} (transformers pipeline `{PIPELINE_TAGS[task]}`)", ""]
-    if TASKS[task].labels:
-        lines += ["## Labels", "", "| id | label |", "|---:|---|"]
-        lines += [f"| {i} | {label} |" for i, label in sorted(config["id2label"].items(), key=lambda kv: int(kv[0]))]
-        if config.get("problem_type"):
-            lines += ["", f"problem_type: `{config['problem_type']}`"]
-        lines.append("")
-    lines += ["## Base model", "", f"`{base}`" if base else "not recorded (no fine-tune summary.json beside SRC)", ""]
-    if summary:
-        lines += ["## Training", "", f"{summary.get('steps')} steps, {summary.get('epochs')} epochs, "
-                  f"{summary.get('train_examples')} training and {summary.get('eval_examples')} evaluation examples; "
-                  f"best step {summary.get('best_step')}"
-                  + (" (stopped early)" if summary.get("stopped_early") else "") + ".", "",
-                  "```json", json.dumps(train_config, indent=2, sort_keys=True), "```", ""]
-        lines += ["## Evaluation", ""]
-        metrics = {**{f"best {k}": v for k, v in (summary.get("best_metric") or {}).items()},
-                   **(summary.get("final_eval") or {})}
-        if metrics:
-            lines += ["| metric | value |", "|---|---:|"]
-            lines += [f"| {k} | {_fmt(v)} |" for k, v in metrics.items()]
-        else:
-            lines.append("no evaluation was run")
-        lines.append("")
-    auto = TRANSFORMERS_AUTO[task]
-    lines += ["## Use", "", "```python", f"from transformers import AutoTokenizer, {auto}", "",
-              f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
-              f'model = {auto}.from_pretrained("{name}")', "```", ""]
-    return "\n".join(lines)
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
-# --- verify -------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -409,6 +122,14 @@ class VerifyReport:
         verdict = (f"PASS: {n} checks, {self.dir} matches {self.source}" if self.passed else
                    f"FAIL: {bad} of {n} checks failed" if n else "FAIL: no check ran")
         return "\n".join([*lines, verdict])
+
+
+class VerifyFailed(ExportError):
+    """`export(verify=True)` found the export does not match its source; DIR was not written."""
+
+    def __init__(self, message: str, report: VerifyReport):
+        super().__init__(message)
+        self.report = report
 
 
 @contextmanager
@@ -586,7 +307,7 @@ def _load_transformers(report: VerifyReport, transformers: Any, folder: Path, ta
 def _check_tokenizer(report: VerifyReport, transformers: Any, folder: Path, task: str,
                      raw: dict[str, Any]) -> dict[str, dict[str, Tensor]]:
     """Encode the probe batches with hfport's and transformers' tokenizer; returns hfport's encodings."""
-    from .tokenizer import AutoTokenizer
+    from ..tokenizer import AutoTokenizer
 
     ours = AutoTokenizer.from_pretrained(folder)
     theirs = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
@@ -640,6 +361,3 @@ def _compare(report: VerifyReport, batch: str, name: str, ours: PreTrainedEncode
     report.add("outputs", f"{batch}/{name}", ok, shape=shape, diff=diff, tolerance=tol,
                detail="" if ok else f"transformers' output from the export differs from hfport's from the source "
                                     f"(max abs diff {diff:.3g}" + (", real positions" if per_token else "") + ")")
-
-
-_verify_folder = verify  # export()'s `verify` flag shadows the function inside it

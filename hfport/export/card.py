@@ -1,0 +1,57 @@
+"""The model card: README.md of an exported folder, from its config and the run's RunSummary (when SRC is a run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..tasks import TASKS
+from .common import PIPELINE_TAGS, TRANSFORMERS_AUTO, Source
+
+
+def model_card(source: Source, config: dict[str, Any], task: str, name: str) -> str:
+    """README.md: task, labels, base model, training config and eval metrics (from the run's summary.json)."""
+    summary = source.summary()
+    train_config = summary.config if summary is not None else {}
+    base = train_config.get("model")
+    base_is_repo = isinstance(base, str) and not Path(base).expanduser().exists() and base.count("/") <= 1 \
+        and not base.startswith((".", "/", "~"))
+    front = ["---", "library_name: transformers", f"pipeline_tag: {PIPELINE_TAGS[task]}",
+             f"tags: [hfport, {json.dumps(config['model_type'])}]"]
+    if base_is_repo:
+        front.append(f"base_model: {json.dumps(base)}")
+    front.append("---")
+    lines = [*front, "", f"# {name}", "",
+             (f"A `{config['architectures'][0]}` ({config['model_type']}, {task}) exported by hfport "
+              f"{config.get('hfport_version')} from `{source.model}`; weights in {config['dtype']}."), "",
+             "## Task", "", f"{task} (transformers pipeline `{PIPELINE_TAGS[task]}`)", ""]
+    if TASKS[task].labels:
+        lines += ["## Labels", "", "| id | label |", "|---:|---|"]
+        lines += [f"| {i} | {label} |" for i, label in sorted(config["id2label"].items(), key=lambda kv: int(kv[0]))]
+        if config.get("problem_type"):
+            lines += ["", f"problem_type: `{config['problem_type']}`"]
+        lines.append("")
+    lines += ["## Base model", "", f"`{base}`" if base else "not recorded (no fine-tune summary.json beside SRC)", ""]
+    if summary is not None:
+        lines += ["## Training", "", f"{summary.steps} steps, {summary.epochs} epochs, "
+                  f"{summary.train_examples} training and {summary.eval_examples} evaluation examples; "
+                  f"best step {summary.best_step}" + (" (stopped early)" if summary.stopped_early else "") + ".", "",
+                  "```json", json.dumps(train_config, indent=2, sort_keys=True), "```", ""]
+        lines += ["## Evaluation", ""]
+        metrics = {**{f"best {k}": v for k, v in (summary.best_metric or {}).items()}, **(summary.final_eval or {})}
+        if metrics:
+            lines += ["| metric | value |", "|---|---:|"]
+            lines += [f"| {k} | {_fmt(v)} |" for k, v in metrics.items()]
+        else:
+            lines.append("no evaluation was run")
+        lines.append("")
+    auto = TRANSFORMERS_AUTO[task]
+    lines += ["## Use", "", "```python", f"from transformers import AutoTokenizer, {auto}", "",
+              f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+              f'model = {auto}.from_pretrained("{name}")', "```", ""]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

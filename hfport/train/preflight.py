@@ -1,0 +1,63 @@
+"""`preflight(config)`: everything a fine-tune checks before it trains, shared by `finetune()` and the server.
+
+It validates the config, resolves the model folder, loads its tokenizer, reads the labels the checkpoint already
+has, and reads and encodes the data files with the task's readers, so a bad file fails here, naming file, line and
+field, before any output is written or any job is queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import hub
+from .config import FinetuneConfig, resolve_config
+from .data import DataError, EncodedData
+from .tasks import TrainTask, get_task
+
+
+@dataclass
+class Preflight:
+    """What the checks produced; the loop trains on exactly this."""
+
+    config: FinetuneConfig
+    source: Path  # the resolved model folder
+    tokenizer: Any  # hfport.PreTrainedTokenizer
+    task: TrainTask
+    data: EncodedData
+    model_labels: dict[int, str] | None  # the checkpoint's id2label, if it has one
+
+
+def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Preflight:
+    """Check a fine-tune before it runs. `world`: processes that will train (each takes a share of a batch).
+
+    Raises ConfigError (bad options), ModelNotFoundError, TokenizerError, DataError (file, line, field)."""
+    from ..tokenizer import AutoTokenizer
+
+    config = as_config(config)
+    source = hub.resolve(config.model)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    task = get_task(config.task)
+    labels = model_labels(source)
+    data = task.read(config, tokenizer, labels)
+    if len(data.train) < config.batch_size * world:
+        raise DataError(f"{config.train}: {len(data.train)} training examples, fewer than one batch "
+                        f"(batch_size {config.batch_size} x {world} process(es)); lower batch_size (--batch-size)")
+    return Preflight(config, source, tokenizer, task, data, labels)
+
+
+def as_config(config: FinetuneConfig | dict[str, Any]) -> FinetuneConfig:
+    """A FinetuneConfig from itself or a dict of options (unknown or bad options: ConfigError listing them)."""
+    if isinstance(config, FinetuneConfig):
+        return config
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a FinetuneConfig or a dict, got {type(config).__name__}")
+    return resolve_config(config, {}, "config")[0]
+
+
+def model_labels(folder: Path) -> dict[int, str] | None:
+    """id2label from a model folder's config.json (None when it has none)."""
+    raw, _ = hub.read_config(folder)
+    labels = raw.get("id2label")
+    return {int(k): v for k, v in labels.items()} if isinstance(labels, dict) else None

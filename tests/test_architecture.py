@@ -1,0 +1,212 @@
+"""The layering rules: one owner of the run folder (RunDir), failed items as values (ItemError) rendered only by the
+CLI and the HTTP layer, the library never importing the server, and the server using only hfport's public API."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import hfport
+from hfport import ItemError, RunDir, RunSummary
+from hfport.rundir import RUN_FILES, RunDirError
+
+REPO = Path(__file__).resolve().parents[1]
+# the submodules the server may import from, besides the top-level names in hfport.__all__ (hfport/__init__.py's
+# docstring lists them as public)
+PUBLIC_MODULES = ("hfport", "hfport.errors", "hfport.train", "hfport.export", "hfport.rundir", "hfport.pipelines")
+
+
+# --- RunDir ---------------------------------------------------------------------------------------------------
+
+
+def _checkpoint(run: RunDir, step: int, complete: bool = True) -> Path:
+    folder = run.checkpoint(step)
+    folder.mkdir(parents=True)
+    if complete:
+        (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+    return folder
+
+
+def test_rundir_latest_checkpoint_and_resume_point(tmp_path):
+    run = RunDir(tmp_path / "out")
+    assert run.latest_checkpoint() is None and run.resume_point() is None and run.existing() == []
+    assert not RunDir.is_run(run.root)
+    _checkpoint(run, 2)
+    four = _checkpoint(run, 4)
+    _checkpoint(run, 6, complete=False)  # killed mid-write: never a resume point
+    assert run.checkpoint_steps() == [2, 4, 6]
+    assert run.latest_checkpoint() == four  # no pointer: the newest complete one
+    run.set_latest(run.checkpoint(2))
+    assert run.latest_pointer.read_text() == "step-2\n"
+    assert run.latest_checkpoint() == run.checkpoint(2)  # the pointer wins while it names a complete checkpoint
+    run.set_latest(run.checkpoint(6))
+    assert run.latest_checkpoint() == four
+    point = run.resume_point()
+    assert point is not None and point.checkpoint == four and point.step == 4
+    assert RunDir.is_run(run.root) and run.existing() == ["checkpoints"]
+    assert RunDir.containing(four) == run and RunDir.containing(tmp_path) is None
+
+
+def test_rundir_models_clear_and_which(tmp_path):
+    run = RunDir(str(tmp_path / "out"))
+    assert isinstance(run.root, Path)
+    (run.best).mkdir(parents=True)
+    (run.best / "config.json").write_text("{}")
+    run.final.mkdir()
+    run.metrics.write_text("{}\n")
+    (run.root / "mine.txt").write_text("not the run's")
+    assert run.models() == ["best"] and RunDir.containing(run.best) == run
+    assert run.model("final") == run.final
+    with pytest.raises(RunDirError, match="which='middle'"):
+        run.model("middle")
+    assert set(run.existing()) == {"best", "final", "metrics.jsonl"} <= set(RUN_FILES)
+    run.clear()
+    assert run.existing() == [] and (run.root / "mine.txt").read_text() == "not the run's"
+
+
+def test_run_summary_round_trip(tmp_path):
+    summary = RunSummary(steps=12, epochs=3, best_metric={"accuracy": 0.75}, best_step=8, stopped_early=False,
+                         metric_mode="max", frozen=0, train_examples=64, eval_examples=16,
+                         labels={0: "negative", 1: "positive"}, problem_type="single_label_classification",
+                         config={"model": "m", "max_steps": 12}, final_eval={"eval_accuracy": 0.75})
+    run = RunDir(tmp_path)
+    summary.write(run.summary_path)
+    assert json.loads(run.summary_path.read_text())["labels"] == {"0": "negative", "1": "positive"}
+    back = run.summary()
+    assert back == summary and back.labels == {0: "negative", 1: "positive"}  # int keys again
+    assert "config" not in back.to_dict(with_config=False)
+    # no evaluation: summary.json has no final_eval key, as the loop always wrote it
+    bare = RunSummary(**{**summary.to_dict(), "final_eval": None, "labels": None})
+    assert "final_eval" not in bare.to_dict()
+    assert RunSummary.from_dict(bare.to_dict()) == bare
+    run.summary_path.write_text('{"steps": 1}')
+    with pytest.raises(RunDirError, match=r"summary.json: missing \['best_metric'"):
+        run.summary()
+    run.summary_path.write_text("[1, 2]")
+    with pytest.raises(RunDirError, match="expected a JSON object"):
+        run.summary()
+
+
+# --- ItemError: a value in Python, {"error", "error_type", "index"} in the CLI and over HTTP ----------------------
+
+
+class FakePipe:
+    """Answers every item but "bad", which gets an ItemError; records each call's items."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def predict(self, items: list[str], **options: object) -> list[object]:
+        self.calls.append(list(items))
+        return [ItemError("not a good item", "PipelineInputError") if x == "bad" else {"label": x} for x in items]
+
+
+def test_item_error_renders_with_its_position():
+    error = ItemError("text is empty or only whitespace", "PipelineInputError")
+    assert error.to_dict(3) == {"error": "input 3: text is empty or only whitespace",
+                                "error_type": "PipelineInputError", "index": 3}
+    assert ItemError.render([{"label": "a"}, error]) == [{"label": "a"}, error.to_dict(1)]
+
+
+def test_cli_predict_lines_carry_the_index(monkeypatch):
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    monkeypatch.setattr(hfport, "pipeline", lambda task, model, **kw: FakePipe())
+    result = CliRunner().invoke(app, ["predict", "some-model", "--task", "text-classification", "good", "bad"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines == [{"label": "good"},
+                     {"error": "input 1: not a good item", "error_type": "PipelineInputError", "index": 1}]
+
+
+def test_http_predict_gives_each_request_its_own_indices(tmp_path):
+    """Two requests merged into one pipeline call: each response numbers its items from 0, and the merged call's
+    positions never show (the old code rewrote messages by string replacement to get this)."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "data", batch_max_wait_ms=1000)
+    app = create_app(settings, run_worker=False)
+    pipe = FakePipe()
+    with TestClient(app) as client:
+        app.state.store.register_model("fake", str(tmp_path), "text-classification")
+        app.state.model_service._load = lambda key: pipe
+        bodies = {"a": ["good-a", "bad"], "b": ["bad", "good-b"]}
+        answers: dict[str, object] = {}
+
+        def call(name: str) -> None:
+            answers[name] = client.post("/predict", json={"model": "fake", "inputs": bodies[name]}).json()
+
+        threads = [threading.Thread(target=call, args=(name,)) for name in bodies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [len(c) for c in pipe.calls] == [4], pipe.calls  # one merged call of both requests
+        assert answers["a"]["outputs"] == [
+            {"label": "good-a"}, {"error": "input 1: not a good item", "error_type": "PipelineInputError", "index": 1}]
+        assert answers["b"]["outputs"] == [
+            {"error": "input 0: not a good item", "error_type": "PipelineInputError", "index": 0}, {"label": "good-b"}]
+        single = client.post("/predict", json={"model": "fake", "inputs": "bad"})
+        assert single.status_code == 422
+        assert single.json() == {"error": "input 0: not a good item", "error_type": "PipelineInputError"}
+
+
+# --- layering ---------------------------------------------------------------------------------------------------
+
+
+def test_the_library_never_imports_the_server():
+    code = ("import sys, hfport, hfport.cli, hfport.train, hfport.export, hfport.rundir, hfport.pipelines; "
+            "bad = sorted(m for m in sys.modules if m == 'server' or m.startswith('server.')); "
+            "assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def _public_names(module: str) -> set[str]:
+    import importlib
+
+    mod = importlib.import_module(module)
+    names = getattr(mod, "__all__", None)
+    return set(names) if names is not None else {n for n in vars(mod) if not n.startswith("_")}
+
+
+def test_the_server_uses_only_hfports_public_api():
+    public = {m: _public_names(m) for m in PUBLIC_MODULES}
+    problems = []
+    files = sorted((REPO / "server").rglob("*.py"))
+    assert files
+    for path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = set()  # local names bound to the hfport package itself
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(REPO)}:{node.lineno}" if hasattr(node, "lineno") else str(path)
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "hfport":
+                if node.module not in public:
+                    problems.append(f"{where}: from {node.module} import ... (not a public module)")
+                    continue
+                problems += [f"{where}: {node.module}.{a.name} is not public" for a in node.names
+                             if a.name not in public[node.module]]
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] != "hfport":
+                        continue
+                    if a.name not in public:
+                        problems.append(f"{where}: import {a.name} (not a public module)")
+                    elif a.name == "hfport":
+                        aliases.add(a.asname or "hfport")
+        for node in ast.walk(tree):  # hfport.X through `import hfport`
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                if node.attr not in public["hfport"]:
+                    problems.append(f"{path.relative_to(REPO)}:{node.lineno}: hfport.{node.attr} is not public")
+    assert not problems, "\n".join(problems)
