@@ -2,7 +2,8 @@
 
 The public API is the names below, plus these submodules: hfport.errors (exceptions, ItemError), hfport.train
 (finetune, preflight, FinetuneConfig, resolve_config), hfport.export (export, verify and their options and results),
-hfport.rundir (RunDir, RunSummary) and hfport.pipelines. The CLI and the server use nothing else.
+hfport.rundir (RunDir, RunSummary),
+hfport.pipelines and hfport.tasks (the task records: names, aliases, model classes). The CLI and the server use nothing else.
 """
 
 from .config import EncoderConfig
