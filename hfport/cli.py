@@ -326,6 +326,8 @@ def serve(
     data_dir: Annotated[Optional[str], typer.Option(help="Job store, registry, uploads and runs "
                                                          "(default ./hfport-data, or HFPORT_DATA_DIR).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Jobs run at once (HFPORT_MAX_CONCURRENT_JOBS).")] = None,
+    role: Annotated[Optional[str], typer.Option(help="api (HTTP only), worker (runs jobs, no HTTP) or all (both; "
+                                                     "default, or HFPORT_ROLE). Scale out: see README.")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
@@ -340,14 +342,19 @@ def serve(
         fail(f"the service needs its dependencies ({e}); pip install hfport")
         return
     overrides = {k: v for k, v in {"host": host, "port": port, "data_dir": data_dir,
-                                   "max_concurrent_jobs": workers}.items() if v is not None}
+                                   "max_concurrent_jobs": workers, "role": role}.items() if v is not None}
     try:
         settings = Settings(**overrides)
     except ValidationError as e:
         fail(f"invalid settings: {e}")
         return
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level="warning" if quiet else "info")
+    from server.app import serve as run_service
+    from server.store import StoreError
+
+    try:
+        run_service(settings, log_level="warning" if quiet else "info")
+    except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback
+        fail(str(e))
 
 
 def main() -> None:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 
 def main() -> None:
-    import uvicorn
-
-    from .app import create_app
+    from .app import serve
     from .settings import Settings
 
-    settings = Settings()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    serve(Settings())
 
 
 if __name__ == "__main__":
