@@ -5,8 +5,8 @@ inputs at start (unreachable database, missing driver, unknown scheme)."""
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import socket
 import sqlite3
 import subprocess
@@ -347,7 +347,7 @@ def test_unreachable_database_retries_bounded_and_quietly(caplog):
 
 def test_unreachable_database_through_the_cli(tmp_path):
     out = subprocess.run([sys.executable, "-m", "hfport", "serve", "--data-dir", str(tmp_path), "--role", "api"],
-                         env={**__import__("os").environ,
+                         env={**os.environ,
                               "HFPORT_DATABASE_URL": f"postgresql://hfport@127.0.0.1:{_closed_port()}/x",
                               "HFPORT_DATABASE_CONNECT_TIMEOUT_S": "1"},
                          capture_output=True, text=True, timeout=120)
@@ -372,8 +372,9 @@ def test_worker_role_refuses_a_live_duplicate_id_through_the_cli(pg_server, tmp_
     store = open_store(url)
     store.register_worker("box-7", "some-other-host", 1, 30.0)
     out = subprocess.run([sys.executable, "-m", "hfport", "serve", "--data-dir", str(tmp_path), "--role", "worker"],
-                         env={**__import__("os").environ, "HFPORT_DATABASE_URL": url, "HFPORT_WORKER_ID": "box-7"},
+                         env={**os.environ, "HFPORT_DATABASE_URL": url, "HFPORT_WORKER_ID": "box-7"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr
     assert "error: worker id 'box-7' is held by a live worker (host some-other-host, pid 1" in out.stderr
-    json.dumps(store.list_workers())  # rows are plain values
+    assert [w["host"] for w in store.list_workers()] == ["some-other-host"]  # the holder's row is untouched
+    store.close()
