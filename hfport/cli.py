@@ -328,6 +328,8 @@ def serve(
     data_dir: Annotated[Optional[str], typer.Option(help="Job store, registry, uploads and runs "
                                                          "(default ./hfport-data, or HFPORT_DATA_DIR).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Jobs run at once (HFPORT_MAX_CONCURRENT_JOBS).")] = None,
+    role: Annotated[Optional[str], typer.Option(help="api (HTTP only), worker (runs jobs, no HTTP) or all (both; "
+                                                     "default, or HFPORT_ROLE). Scale out: see README.")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
@@ -342,9 +344,15 @@ def serve(
         fail(f"the service needs its dependencies ({e}); pip install hfport")
         return
     try:
-        run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, quiet=quiet)
+        from server.store import StoreError
+    except ImportError:  # pragma: no cover - imported together with server.__main__ above
+        StoreError = RuntimeError  # type: ignore[misc,assignment]
+    try:
+        run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, quiet=quiet)
     except ValidationError as e:  # a bad setting, from a flag or an HFPORT_* variable
         fail(f"invalid settings: {e}")
+    except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback
+        fail(str(e))
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""create_app(settings): the FastAPI app. The lifespan opens the store and starts the job worker; routers are
-mounted here, every one but /health and the dashboard page behind the bearer token when one is set (the dashboard
+"""create_app(settings): the FastAPI app. It opens the store (SQLite, or PostgreSQL by HFPORT_DATABASE_URL); the
+lifespan starts the job worker when the role is `all`; routers are mounted here, every one but /health and the dashboard page behind the bearer token when one is set (the dashboard
 is a static page without data: its requests carry the token the user types in)."""
 
 from __future__ import annotations
@@ -19,23 +19,28 @@ from .routes import dashboard, health, jobs, models, predict
 from .security import Authorized, BodyLimit
 from .serving import ModelService
 from .settings import Settings
-from .store import Store
-from .worker import Worker
+from .store import open_store
+from .worker import Worker, run_worker
 
 log = logging.getLogger("hfport.server")
 
 
 def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> FastAPI:
-    """The service. `run_worker=False` builds it without the job worker (jobs then stay queued): for unit tests."""
+    """The service. `run_worker=False` builds it without the job worker (jobs then stay queued): for unit tests.
+    Role `api` (settings.role) builds it without the worker too: workers elsewhere run the jobs it enqueues."""
     settings = settings or Settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    run_worker = run_worker and settings.role == "all"
+    store = open_store(settings.store_target, connect_timeout_s=settings.database_connect_timeout_s)
+    worker = Worker(settings, store)
+    if run_worker:
+        worker.register()  # now, so a duplicate worker id fails before the port opens, with its message
     if settings.api_token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s without HFPORT_API_TOKEN: anyone who reaches the port can use the API",
                     settings.host)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        worker = Worker(settings, app.state.store)
         if run_worker:
             worker.start()
         app.state.worker = worker
@@ -47,6 +52,7 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
             if run_worker:
                 worker.stop()
             app.state.model_service.close()
+            store.close()
 
     app = FastAPI(title="hfport", version=hfport.__version__, lifespan=lifespan, openapi_url=None, docs_url=None,
                   redoc_url=None,
@@ -63,7 +69,7 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
         return get_swagger_ui_html(openapi_url="/openapi.json", title="hfport API")
 
     app.state.settings = settings
-    app.state.store = Store(settings.db_path)
+    app.state.store = store
     app.state.model_service = ModelService(settings)
     errors.install(app)
     app.add_middleware(BodyLimit, settings=settings, upload_paths=(jobs.UPLOAD_PATH,))
@@ -72,3 +78,16 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
     for router in (models.router, predict.router, jobs.router):
         app.include_router(router, dependencies=[Authorized])
     return app
+
+
+def serve(settings: Settings, log_level: str = "info") -> None:
+    """`hfport serve`: HTTP (+ the worker) under uvicorn, or for role `worker` the worker loop alone (no port).
+    Raises StoreError (unreachable database, newer schema, duplicate worker id) before anything starts."""
+    if settings.role == "worker":
+        store = open_store(settings.store_target, connect_timeout_s=settings.database_connect_timeout_s)
+        log.info("hfport worker %s on %s (data dir %s)", settings.worker_id, store.describe(), settings.data_dir)
+        run_worker(settings, store)
+        return
+    import uvicorn
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)

@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from .serving import ModelService
-from .store import Store
+from .store import BaseStore
 
 
-def get_store(request: Request) -> Store:
+def get_store(request: Request) -> BaseStore:
     return request.app.state.store
 
 
@@ -18,5 +18,5 @@ def get_models(request: Request) -> ModelService:
     return request.app.state.model_service
 
 
-StoreDep = Annotated[Store, Depends(get_store)]
+StoreDep = Annotated[BaseStore, Depends(get_store)]
 ModelServiceDep = Annotated[ModelService, Depends(get_models)]

@@ -22,7 +22,7 @@ import hfport
 from hfport import RunDir
 from hfport.errors import HfportError
 
-from .store import Store
+from .store import BaseStore, open_store
 
 log = logging.getLogger("hfport.server.jobrun")
 
@@ -56,7 +56,7 @@ def model_task(folder: Path) -> str | None:
         return None
 
 
-def run_finetune(store: Store, job: dict[str, Any]) -> dict[str, Any]:
+def run_finetune(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
     main = _is_main_rank()
     config = dict(job["config"])
     register_as = config.pop("register_as", None) or f"finetune-{job['id']}"
@@ -66,6 +66,7 @@ def run_finetune(store: Store, job: dict[str, Any]) -> dict[str, Any]:
     if point is not None:
         config["resume"] = "latest"
         if main:
+            log.info("job %s: resuming from checkpoint %s (step %d)", job["id"], point.checkpoint, point.step)
             store.drop_events_past(job["id"], point.step)
             store.add_event(job["id"], {"type": "resumed", "step": point.step, "checkpoint": point.checkpoint.name})
             store.update_progress(job["id"], {"step": point.step, "resumed_from": point.step})
@@ -96,7 +97,7 @@ def run_finetune(store: Store, job: dict[str, Any]) -> dict[str, Any]:
             "summary": summary.to_dict(with_config=False) if summary is not None else {}}
 
 
-def run_export(store: Store, job: dict[str, Any]) -> dict[str, Any]:
+def run_export(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
     config = dict(job["config"])
     options = hfport.ExportOptions.of(**(config.get("options") or {}))
     verify = bool(config.get("verify"))
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--heartbeat", type=float, default=2.0)
+    parser.add_argument("--attempt", type=int, default=None,
+                        help="the attempt the worker claimed (fencing token): heartbeats and the final status "
+                             "apply only while it still holds the job")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -125,20 +129,29 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(143)  # the worker records why (cancel or shutdown); nothing to write from here
 
     signal.signal(signal.SIGTERM, terminated)
-    store = Store(args.data_dir / "hfport.db")
+    # the worker passes a PostgreSQL URL in the environment (never argv); otherwise the data dir's SQLite file
+    store = open_store(os.environ.get("HFPORT_DATABASE_URL") or args.data_dir / "hfport.db")
     job = store.get_job(args.job_id)
     if job is None:
-        print(f"no job {args.job_id} in {args.data_dir}", file=sys.stderr)
+        print(f"no job {args.job_id} in {store.describe()}", file=sys.stderr)
         return 2
+    if args.attempt is not None and (job["attempts"] != args.attempt or job["status"] != "running"):
+        print(f"job {args.job_id}: attempt {args.attempt} no longer holds it ({job['status']}, attempt "
+              f"{job['attempts']})", file=sys.stderr)
+        return 0
     main_rank = _is_main_rank()
     stop = threading.Event()
     if main_rank:
         def beat() -> None:
             while not stop.wait(args.heartbeat):
                 try:
-                    store.heartbeat(job["id"])
-                except Exception:
-                    log.warning("heartbeat failed", exc_info=True)
+                    held = store.heartbeat(job["id"], args.attempt)
+                except Exception as e:  # noqa: BLE001 - a database blip: the lease rule decides, not this thread
+                    log.warning("heartbeat failed: %s", e)
+                    continue
+                if not held:  # requeued or claimed again elsewhere: that attempt owns the job now
+                    log.warning("job %s: attempt %s lost its lease; stopping", job["id"], args.attempt)
+                    os._exit(143)
 
         threading.Thread(target=beat, daemon=True, name="heartbeat").start()
     try:
@@ -146,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - every failure ends up in the store, with its message
         traceback.print_exc()
         if main_rank:
-            store.finish(job["id"], "failed", error=f"{type(e).__name__}: {e}")
+            store.finish(job["id"], "failed", error=f"{type(e).__name__}: {e}", attempt=args.attempt)
         return 1
     finally:
         stop.set()
     if main_rank:
-        store.finish(job["id"], "succeeded", result=result)
+        store.finish(job["id"], "succeeded", result=result, attempt=args.attempt)
     return 0
 
 

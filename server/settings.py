@@ -4,16 +4,18 @@ app with their own Settings instead of patching the environment."""
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import Depends, Request
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="HFPORT_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="HFPORT_", extra="forbid", populate_by_name=True)
 
     host: str = Field("127.0.0.1", description="bind address; loopback by default")
     port: int = Field(8000, ge=0, le=65535)
@@ -34,8 +36,20 @@ class Settings(BaseSettings):
     model_cache_size: int = Field(4, ge=1, description="loaded pipelines kept in memory (least recently used go)")
     model_cache_mb: float = Field(4096, gt=0, description="weight memory of the kept pipelines (the newest always stays)")
     job_heartbeat_s: float = Field(2.0, gt=0, description="how often a job process proves it is alive")
-    job_lease_s: float = Field(30.0, gt=0, description="a running job silent this long is presumed dead")
+    job_lease_s: float = Field(30.0, gt=0, description="a running job (or a worker) silent this long is presumed "
+                                                       "dead, by the database's clock (HFPORT_LEASE_S)",
+                               validation_alias=AliasChoices("HFPORT_LEASE_S", "HFPORT_JOB_LEASE_S"))
     cancel_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling")
+    # scale-out: a shared job store, and which parts of the service this process runs
+    database_url: str | None = Field(None, description="postgresql://user:password@host:port/db selects a shared "
+                                                       "PostgreSQL job store; unset: SQLite under the data dir")
+    database_connect_timeout_s: float = Field(30.0, ge=0, description="how long start-up retries an unreachable "
+                                                                      "database (with backoff) before giving up")
+    role: Literal["api", "worker", "all"] = Field("all", description="api: HTTP only (jobs are enqueued); worker: "
+                                                                     "runs jobs, no HTTP; all: both (one box)")
+    worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+                           description="this worker's name in the store, unique among live workers "
+                                       "(default hostname-pid)")
 
     @field_validator("data_dir")
     @classmethod
@@ -55,6 +69,11 @@ class Settings(BaseSettings):
     @property
     def db_path(self) -> Path:
         return self.data_dir / "hfport.db"
+
+    @property
+    def store_target(self) -> str:
+        """What open_store opens: the PostgreSQL URL when set, else the SQLite file."""
+        return self.database_url or str(self.db_path)
 
     @property
     def uploads_dir(self) -> Path:

@@ -1,12 +1,23 @@
 """The job runner: takes queued jobs from the store and runs each in its own process (server/jobrun.py), at most
-settings.max_concurrent_jobs at a time. It lives in a thread of the web process; HTTP handlers only enqueue.
+settings.max_concurrent_jobs at a time. It lives in a thread of the web process (role `all`) or alone in a worker
+process (role `worker`, `run_worker` below); HTTP handlers only enqueue. Any number of workers, on any hosts, may
+share one PostgreSQL store.
 
-- cancel: the job's process group gets SIGTERM, then SIGKILL after cancel_grace_s; the job ends `cancelled`.
+- identity: a worker claims its id (HFPORT_WORKER_ID, default hostname-pid) in the `workers` table and heartbeats
+  it; a second worker with the id of a live one is refused at start (DuplicateWorker, naming the holder).
+- leases: a claim makes this worker the job's lease holder (jobs.worker_id) and bumps jobs.attempts, the fencing
+  token; the job process heartbeats the lease for that attempt only. A running job whose heartbeat is older than
+  job_lease_s BY THE DATABASE'S CLOCK is presumed dead and requeued by whichever worker notices first; its next
+  run resumes from the last checkpoint. A worker that finds one of its own jobs taken from it (it was silent too
+  long) kills that job's process: the newer attempt owns the job, and the old one can no longer finish it.
+- cancel: the worker holding a job polls its cancel_requested flag, so a cancel sent to any API process reaches a
+  job on any host: SIGTERM to the process group, SIGKILL after cancel_grace_s; the job ends `cancelled`.
 - a process that exits without writing a final status (killed, crashed) fails the job with its exit code.
-- on start: queued jobs stay queued; running jobs whose process is gone (the server died) go back to the queue,
-  and their next run resumes from the last checkpoint. A job process left over from the dead server is killed
-  first, so one job never trains twice.
-- on shutdown: running jobs are stopped and requeued, to resume on the next start.
+- on start: jobs held by this worker id, by nobody, or by a dead worker process of this host (a server killed and
+  restarted) go back to the queue at once; a job process left over from it is killed first, so one job never
+  trains twice. Jobs of workers elsewhere are left to the lease rule.
+- on shutdown: running jobs are stopped and requeued, to resume on the next start (on any worker).
+- a database outage: logged once, retried with backoff, logged again when it answers.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .settings import Settings
-from .store import Store
+from .store import BaseStore, StoreUnavailable, duplicate_worker_error
 
 log = logging.getLogger("hfport.server.worker")
 
@@ -56,24 +68,51 @@ def gpu_count() -> int:
         return 0
 
 
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Worker:
-    def __init__(self, settings: Settings, store: Store):
+    def __init__(self, settings: Settings, store: BaseStore):
         self.settings, self.store = settings, store
+        self.id, self.host, self.pid = settings.worker_id, socket.gethostname(), os.getpid()
         self.procs: dict[str, subprocess.Popen] = {}
+        self.attempts: dict[str, int] = {}  # job id -> the attempt (fencing token) this worker runs
         self.terminating: dict[str, float] = {}  # job id -> when SIGTERM was sent
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_lease_check = 0.0
+        self._last_beat = 0.0
+        self._outage: float | None = None  # when the database stopped answering (None: it answers)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.register()
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="hfport-worker", daemon=True)
         self._thread.start()
+        log.info("worker %s started (up to %d job(s) at once; lease %.0f s)", self.id,
+                 self.settings.max_concurrent_jobs, self.settings.job_lease_s)
+
+    def register(self) -> None:
+        """Claim this worker's id; DuplicateWorker while another live worker holds it. A row left by a dead process
+        of this host under the same id (a restart that kept the id) is taken over."""
+        holder = self.store.register_worker(self.id, self.host, self.pid, self.settings.job_lease_s)
+        if holder is not None:
+            if holder["host"] == self.host and (holder["pid"] == self.pid or not pid_alive(holder["pid"])):
+                self.store.register_worker(self.id, self.host, self.pid, self.settings.job_lease_s, take_over=True)
+            else:
+                raise duplicate_worker_error(holder)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop taking jobs; stop the running ones and put them back in the queue to resume next start."""
+        """Stop taking jobs; stop the running ones and put them back in the queue to resume (on any worker)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -86,17 +125,31 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self._signal(proc, signal.SIGKILL)
                 proc.wait()
-            job = self.store.get_job(job_id)
-            if job and job["status"] == "running":
-                if job["cancel_requested"]:
-                    self.store.finish(job_id, "cancelled")
-                else:
-                    self.store.requeue(job_id, "server stopped; the job resumes from its last checkpoint")
+            try:
+                job = self.store.get_job(job_id)
+                if job and job["status"] == "running" and job["worker_id"] == self.id:
+                    if job["cancel_requested"]:
+                        self.store.finish(job_id, "cancelled", attempt=self.attempts.get(job_id))
+                    else:
+                        self.store.requeue(job_id, "server stopped; the job resumes from its last checkpoint",
+                                           worker_id=self.id)
+            except StoreUnavailable as e:
+                log.warning("job %s: not requeued at shutdown (%s); the lease rule will requeue it", job_id, e)
         self.procs.clear()
+        try:
+            self.store.unregister_worker(self.id, self.pid)
+        except StoreUnavailable:
+            pass
 
     def recover(self) -> None:
-        """Running jobs from an earlier server: kill leftover processes, then requeue (they resume)."""
-        for job in self.store.list_jobs(status="running", limit=10_000):
+        """Jobs left running by this worker id, by nobody, or by a dead worker process of this host: kill leftover
+        processes, then requeue (they resume)."""
+        dead = [w for w in self.store.workers_on(self.host) if w["id"] != self.id
+                and (w["pid"] == self.pid or not pid_alive(w["pid"]))]
+        jobs = self.store.running_for(self.id, include_unowned=True)
+        for other in dead:
+            jobs += self.store.running_for(other["id"])
+        for job in jobs:
             for pid in job_processes(job["id"]):
                 log.warning("job %s: killing process %d left over from an earlier server", job["id"], pid)
                 try:
@@ -107,36 +160,62 @@ class Worker:
             while job_processes(job["id"]) and time.time() < deadline:
                 time.sleep(0.05)
             if job["cancel_requested"]:
-                self.store.finish(job["id"], "cancelled")
-            else:
-                self.store.requeue(job["id"], "the server restarted; the job resumes from its last checkpoint")
+                self.store.finish(job["id"], "cancelled", attempt=job["attempts"])
+            elif self.store.requeue(job["id"], "the server restarted; the job resumes from its last checkpoint",
+                                    worker_id=job["worker_id"]):
                 log.info("job %s requeued after a restart", job["id"])
+        for other in dead:
+            self.store.unregister_worker(other["id"], other["pid"])
 
     # --- the loop ---------------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        delay = 0.2
         while not self._stop.is_set():
             try:
                 self.tick()
+                if self._outage is not None:
+                    log.warning("the job store answers again (after %.0f s)", time.monotonic() - self._outage)
+                    self._outage, delay = None, 0.2
+            except StoreUnavailable as e:
+                if self._outage is None:  # once per outage, not once per tick
+                    self._outage = time.monotonic()
+                    log.warning("the job store does not answer (%s); retrying with backoff", e)
+                delay = min(delay * 2, 5.0)
             except Exception:
                 log.exception("worker tick failed")
-            self._stop.wait(0.2)
+            self._stop.wait(delay if self._outage is not None else 0.2)
 
     def tick(self) -> None:
+        self._beat()
         self._reap()
-        self._cancel()
+        self._sync_held()
         self._check_leases()
         while len(self.procs) < self.settings.max_concurrent_jobs and not self._stop.is_set():
-            job = self.store.claim_next()
+            job = self.store.claim_next(self.id)
             if job is None:
                 break
             self._spawn(job)
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat < self.settings.job_heartbeat_s:
+            return
+        self._last_beat = now
+        if not self.store.worker_beat(self.id, self.pid):
+            # our row is gone or another process holds the id: claim it back if free, else stop taking jobs
+            try:
+                self.register()
+            except Exception as e:  # noqa: BLE001 - DuplicateWorker: the message names the holder
+                log.error("%s; this worker stops taking jobs", e)
+                self._stop.set()
 
     def _spawn(self, job: dict[str, Any]) -> None:
         log_dir = self.settings.runs_dir / job["id"]
         log_dir.mkdir(parents=True, exist_ok=True)
         args = ["-m", "server.jobrun", job["id"], "--data-dir", str(self.settings.data_dir),
-                "--parent-pid", str(os.getpid()), "--heartbeat", str(self.settings.job_heartbeat_s)]
+                "--parent-pid", str(os.getpid()), "--heartbeat", str(self.settings.job_heartbeat_s),
+                "--attempt", str(job["attempts"])]
         gpus = gpu_count() if job["kind"] == "finetune" else 0
         if gpus > 1:  # one process per GPU, the same engine `accelerate launch hfport finetune` runs
             cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus),
@@ -145,54 +224,88 @@ class Worker:
             cmd = [sys.executable, *args]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                                            os.environ.get("PYTHONPATH")]))}
+        if self.settings.database_url:  # in the environment, not argv: a password stays out of `ps`
+            env["HFPORT_DATABASE_URL"] = self.settings.database_url
         with open(log_dir / "job.log", "ab") as logfile:
+            logfile.write(f"--- attempt {job['attempts']} on worker {self.id}\n".encode())
+            logfile.flush()
             proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True, cwd=str(self.settings.data_dir))
         self.procs[job["id"]] = proc
+        self.attempts[job["id"]] = job["attempts"]
         self.store.set_pid(job["id"], proc.pid)
-        log.info("job %s (%s) started as pid %d", job["id"], job["kind"], proc.pid)
+        log.info("job %s (%s) attempt %d started as pid %d", job["id"], job["kind"], job["attempts"], proc.pid)
+
+    def _mine(self, job: dict[str, Any] | None) -> bool:
+        """The job is running under this worker's lease, for the attempt this worker started."""
+        return (job is not None and job["status"] == "running" and job["worker_id"] == self.id
+                and job["attempts"] == self.attempts.get(job["id"]))
+
+    def _forget(self, job_id: str) -> None:
+        self.procs.pop(job_id, None)
+        self.attempts.pop(job_id, None)
+        self.terminating.pop(job_id, None)
 
     def _reap(self) -> None:
         for job_id, proc in list(self.procs.items()):
             code = proc.poll()
             if code is None:
                 continue
-            del self.procs[job_id]
-            self.terminating.pop(job_id, None)
+            attempt = self.attempts.get(job_id)
             job = self.store.get_job(job_id)
-            if job is None or job["status"] != "running":
-                continue  # the job process wrote its final status itself
+            self._forget(job_id)
+            if not (job is not None and job["status"] == "running" and job["worker_id"] == self.id
+                    and job["attempts"] == attempt):
+                continue  # the job process wrote its final status itself, or the job is another attempt's now
             if job["cancel_requested"]:
-                self.store.finish(job_id, "cancelled")
+                self.store.finish(job_id, "cancelled", attempt=attempt)
             else:
-                self.store.finish(job_id, "failed", error=f"the job process exited with code {code} without a "
-                                                          f"result; see {self.settings.runs_dir / job_id / 'job.log'}"
-                                                          f"{_tail(self.settings.runs_dir / job_id / 'job.log')}")
+                self.store.finish(job_id, "failed", attempt=attempt,
+                                  error=f"the job process exited with code {code} without a result; see "
+                                        f"{self.settings.runs_dir / job_id / 'job.log'}"
+                                        f"{_tail(self.settings.runs_dir / job_id / 'job.log')}")
 
-    def _cancel(self) -> None:
+    def _sync_held(self) -> None:
+        """For the jobs this worker runs: pass on a cancel request (sent to any API process), and kill a job whose
+        lease was taken from this worker."""
+        if not self.procs:
+            return
+        held = {j["id"]: j for j in self.store.running_for(self.id)}
         now = time.time()
-        for job in self.store.list_jobs(status="running", limit=10_000):
-            proc = self.procs.get(job["id"])
-            if proc is None or not job["cancel_requested"]:
+        for job_id, proc in list(self.procs.items()):
+            job = held.get(job_id)
+            if job is None or job["attempts"] != self.attempts.get(job_id):
+                current = self.store.get_job(job_id)
+                if current is not None and current["status"] in ("succeeded", "failed", "cancelled"):
+                    continue  # it finished itself; _reap collects the process
+                log.warning("job %s: the lease of attempt %s was lost (the job is %s now); stopping its process",
+                            job_id, self.attempts.get(job_id), current and current["status"])
+                self._signal(proc, signal.SIGKILL)
+                proc.wait()
+                self._forget(job_id)
                 continue
-            sent = self.terminating.get(job["id"])
+            if not job["cancel_requested"]:
+                continue
+            sent = self.terminating.get(job_id)
             if sent is None:
                 self._signal(proc, signal.SIGTERM)
-                self.terminating[job["id"]] = now
+                self.terminating[job_id] = now
             elif now - sent > self.settings.cancel_grace_s:
                 self._signal(proc, signal.SIGKILL)
 
     def _check_leases(self) -> None:
-        """A running job with no process here and a stale heartbeat is presumed dead: requeue it."""
-        now = time.time()
-        if now - self._last_lease_check < 5.0:
+        """A running job whose heartbeat is older than the lease (by the database clock), not run here and with no
+        process on this host, is presumed dead: requeue it (conditionally: one worker wins if several notice)."""
+        now = time.monotonic()
+        if now - self._last_lease_check < min(5.0, self.settings.job_lease_s / 2):
             return
         self._last_lease_check = now
-        for job in self.store.list_jobs(status="running", limit=10_000):
-            if job["id"] in self.procs:
+        for job in self.store.stale_running(self.settings.job_lease_s):
+            if job["id"] in self.procs or job_processes(job["id"]):
                 continue
-            if now - (job["heartbeat_at"] or 0) > self.settings.job_lease_s and not job_processes(job["id"]):
-                self.store.requeue(job["id"], "lease expired; the job resumes from its last checkpoint")
+            if self.store.requeue(job["id"], "lease expired; the job resumes from its last checkpoint",
+                                  stale_after=self.settings.job_lease_s):
+                log.warning("job %s: lease of worker %s expired; requeued", job["id"], job["worker_id"])
 
     @staticmethod
     def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -200,6 +313,20 @@ class Worker:
             os.killpg(proc.pid, sig)  # the job and, under accelerate launch, its ranks
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def run_worker(settings: Settings, store: BaseStore) -> None:
+    """Role `worker`: the worker loop alone, no HTTP, until SIGTERM or SIGINT (then running jobs are requeued)."""
+    worker = Worker(settings, store)
+    worker.start()
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(0.5):
+        if worker._stop.is_set():  # it gave up its id (another process took it over)
+            break
+    worker.stop()
+    store.close()
 
 
 def _tail(path: Path, lines: int = 5) -> str:

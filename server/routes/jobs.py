@@ -23,7 +23,7 @@ from ..errors import ApiError
 from ..schemas import ERRORS, ExportJobRequest, FinetuneJobRequest, JobInfo, JobList, JobStatus
 from ..security import confine
 from ..settings import Settings, SettingsDep
-from ..store import TERMINAL, Store
+from ..store import TERMINAL, BaseStore as Store
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=ERRORS)
 UPLOAD_PATH = "/jobs/finetune/upload"

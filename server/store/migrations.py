@@ -1,0 +1,109 @@
+"""The schema, as ordered migrations per dialect, and the runner that applies them on start.
+
+Why a small versioned-SQL runner and not alembic: the schema is four tables, the store writes plain SQL (no ORM
+models for alembic to diff against), and migrations must run inside `hfport serve` on start, on SQLite and
+PostgreSQL alike, under a lock so that several processes starting together migrate once. That is ~40 lines here;
+alembic would add SQLAlchemy, an env.py and a config file to the install for the same effect.
+
+Rules: a migration is never edited once released, only appended; version N is the same schema change in every
+dialect. `schema_version` holds one row per applied version. A database whose version is above the code's newest is
+refused (SchemaTooNew): an older hfport must not write to a schema it does not know.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .errors import SchemaTooNew
+
+
+class Migration(NamedTuple):
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+def _base(real: str) -> tuple[str, ...]:
+    """Version 1: the single-host schema (IF NOT EXISTS: a database made before versioning adopts it as is)."""
+    return (
+        f"""CREATE TABLE IF NOT EXISTS jobs (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL CHECK (kind IN ('finetune', 'export')),
+            status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
+            config TEXT NOT NULL,
+            progress TEXT NOT NULL DEFAULT '{{}}',
+            metrics TEXT NOT NULL DEFAULT '{{}}',
+            result TEXT,
+            error TEXT,
+            created_at {real} NOT NULL,
+            started_at {real},
+            finished_at {real},
+            heartbeat_at {real},
+            pid INTEGER,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            cancel_requested INTEGER NOT NULL DEFAULT 0)""",
+        "CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, created_at)",
+        """CREATE TABLE IF NOT EXISTS events (
+            job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (job_id, seq))""",
+        f"""CREATE TABLE IF NOT EXISTS models (
+            name TEXT PRIMARY KEY,
+            path TEXT NOT NULL,
+            task TEXT,
+            source TEXT NOT NULL DEFAULT 'registered',
+            created_at {real} NOT NULL)""",
+    )
+
+
+def _scale_out(real: str) -> tuple[str, ...]:
+    """Version 2: many workers. jobs.worker_id is the lease holder; jobs.event_seq numbers events per job without a
+    MAX() race (and never reuses a number after a resume drops events, so Last-Event-ID stays meaningful);
+    models.kind leaves room for adapters; workers holds one heartbeat row per live worker id."""
+    return (
+        "ALTER TABLE jobs ADD COLUMN worker_id TEXT",
+        "ALTER TABLE jobs ADD COLUMN event_seq INTEGER NOT NULL DEFAULT 0",
+        "UPDATE jobs SET event_seq = (SELECT COALESCE(MAX(seq), 0) FROM events WHERE events.job_id = jobs.id)",
+        "CREATE INDEX jobs_worker ON jobs (worker_id, status)",
+        "ALTER TABLE models ADD COLUMN kind TEXT NOT NULL DEFAULT 'model' CHECK (kind IN ('model', 'adapter'))",
+        f"""CREATE TABLE workers (
+            id TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            started_at {real} NOT NULL,
+            heartbeat_at {real} NOT NULL)""",
+    )
+
+
+def _migrations(real: str) -> tuple[Migration, ...]:
+    return (Migration(1, "jobs, events, models", _base(real)),
+            Migration(2, "workers, leases, event counter, model kind", _scale_out(real)))
+
+
+MIGRATIONS: dict[str, tuple[Migration, ...]] = {
+    "sqlite": _migrations("REAL"),
+    "postgresql": _migrations("DOUBLE PRECISION"),
+}
+LATEST = MIGRATIONS["sqlite"][-1].version
+assert all(m[-1].version == LATEST for m in MIGRATIONS.values()), "every dialect migrates to the same version"
+
+
+def migrate(db, dialect: str, where: str) -> list[int]:
+    """Apply the pending migrations on `db` (a connection inside one transaction that the caller holds, with any
+    cross-process lock already taken). Returns the versions applied. `where` names the database in errors."""
+    db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL)")
+    current = db.execute("SELECT COALESCE(MAX(version), 0) AS v FROM schema_version").fetchone()["v"]
+    if current > LATEST:
+        raise SchemaTooNew(f"{where}: the database schema is version {current}, newer than this hfport knows "
+                           f"(version {LATEST}); a newer hfport migrated it. Upgrade hfport on this host, or point "
+                           f"HFPORT_DATABASE_URL at another database")
+    applied = []
+    for migration in MIGRATIONS[dialect]:
+        if migration.version <= current:
+            continue
+        for statement in migration.statements:
+            db.execute(statement)
+        db.execute("INSERT INTO schema_version (version, name) VALUES (?, ?)", (migration.version, migration.name))
+        applied.append(migration.version)
+    return applied

@@ -1,0 +1,380 @@
+"""The job store's one interface on both backends: SQLite (embedded) and a real PostgreSQL started by the tests
+(tests/pgserver.py; never a mock). Lifecycle, concurrent claims and event numbering, migrations (legacy database,
+newer schema refused), the database clock for leases, worker ids, fencing, cancel across processes, and the bad
+inputs at start (unreachable database, missing driver, unknown scheme)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from server.settings import Settings
+from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, MissingDriver, SchemaTooNew, Store,
+                          StoreError, StoreUnavailable, open_store)
+from server.worker import Worker
+from tests.pgserver import fresh_db_name, pg_server  # noqa: F401 - the session fixture
+
+BACKENDS = ["sqlite", "postgresql"]
+CFG = {"model": "/nowhere", "options": {}, "verify": False, "output_dir": "/nowhere/out"}
+
+
+@pytest.fixture(params=BACKENDS)
+def target(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "hfport.db")
+    return request.getfixturevalue("pg_server").create_database(fresh_db_name())
+
+
+@pytest.fixture
+def store(target) -> BaseStore:
+    s = open_store(target)
+    yield s
+    s.close()
+
+
+def settings_for(tmp_path: Path, target: str, **kw) -> Settings:
+    url = target if target.startswith("postgresql://") else None
+    return Settings(data_dir=tmp_path / "data", database_url=url, **kw)
+
+
+# --- the interface ---------------------------------------------------------------------------------------------
+
+
+def test_job_lifecycle(store):
+    assert store.schema_version() == SCHEMA_VERSION
+    job = store.create_job("export", CFG)
+    assert job["status"] == "queued" and job["attempts"] == 0 and job["worker_id"] is None
+    claimed = store.claim_next("w1")
+    assert claimed["id"] == job["id"] and claimed["status"] == "running"
+    assert claimed["worker_id"] == "w1" and claimed["attempts"] == 1
+    assert store.claim_next("w2") is None  # nothing else queued
+    assert store.heartbeat(job["id"], attempt=1) and not store.heartbeat(job["id"], attempt=2)
+    store.update_progress(job["id"], {"step": 3}, {"loss": 0.5})
+    store.update_progress(job["id"], {"epoch": 1})
+    got = store.get_job(job["id"])
+    assert got["progress"] == {"step": 3, "epoch": 1} and got["metrics"] == {"loss": 0.5}
+    assert not store.finish(job["id"], "succeeded", attempt=2)  # a stale attempt cannot finish it
+    assert store.finish(job["id"], "succeeded", result={"ok": True}, attempt=1)
+    assert not store.finish(job["id"], "failed")  # once
+    done = store.get_job(job["id"])
+    assert done["status"] == "succeeded" and done["result"] == {"ok": True} and done["finished_at"] >= \
+        done["started_at"] >= done["created_at"]
+    kinds = [(e["type"], e.get("status")) for _, e in store.events_after(job["id"])]
+    assert kinds == [("status", "queued"), ("status", "running"), ("status", "succeeded")]
+    assert store.count_by_status() == {"succeeded": 1}
+
+
+def test_cancel_queued_and_running(store):
+    queued = store.create_job("export", CFG)
+    assert store.request_cancel(queued["id"])["status"] == "cancelled"
+    running = store.create_job("export", CFG)
+    store.claim_next("w1")
+    flagged = store.request_cancel(running["id"])
+    assert flagged["status"] == "running" and flagged["cancel_requested"]
+    assert store.request_cancel("nope") is None
+
+
+def test_event_numbers_survive_a_resume(store):
+    """Sequence numbers only grow: events dropped on resume are never renumbered, so a client resuming with
+    Last-Event-ID neither repeats nor skips what came after."""
+    job = store.create_job("finetune", CFG)
+    for step in range(1, 6):
+        store.add_event(job["id"], {"type": "train", "step": step})
+    last = store.events_after(job["id"])[-1][0]
+    store.drop_events_past(job["id"], 2)
+    assert [e["step"] for _, e in store.events_after(job["id"]) if e["type"] == "train"] == [1, 2]
+    seq = store.add_event(job["id"], {"type": "resumed", "step": 2})
+    assert seq == last + 1
+    assert [s for s, _ in store.events_after(job["id"], last)] == [seq]
+
+
+def test_models_upsert_and_kind(store):
+    store.register_model("m", "/a", "text-classification")
+    with pytest.raises(Exception):  # a second plain register of the same name is a conflict
+        store.register_model("m", "/b", None)
+    again = store.register_model("m", "/b", None, replace=True)
+    assert again["path"] == "/b" and again["kind"] == "model"
+    store.register_model("lora-1", "/c", None, kind="adapter")
+    assert [m["name"] for m in store.list_models(kind="adapter")] == ["lora-1"]
+    assert [m["name"] for m in store.list_models()] == ["lora-1", "m"]
+    assert store.delete_model("m") and not store.delete_model("m")
+
+
+def test_concurrent_claims_take_each_job_once(target):
+    """4 threads (own connections) claim 24 jobs: every job exactly once (SKIP LOCKED on PostgreSQL, the write
+    lock on SQLite)."""
+    stores = [open_store(target) for _ in range(4)]
+    ids = {stores[0].create_job("export", CFG)["id"] for _ in range(24)}
+    taken: list[list[str]] = [[] for _ in stores]
+
+    def claim(i: int) -> None:
+        while (job := stores[i].claim_next(f"w{i}")) is not None:
+            taken[i].append(job["id"])
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    flat = [j for t in taken for j in t]
+    assert sorted(flat) == sorted(ids)
+    for i, mine in enumerate(taken):
+        assert all(stores[0].get_job(j)["worker_id"] == f"w{i}" for j in mine)
+    for s in stores:
+        s.close()
+
+
+def test_concurrent_event_appends_are_numbered_without_gaps(target):
+    stores = [open_store(target) for _ in range(4)]
+    job = stores[0].create_job("finetune", CFG)
+
+    def write(i: int) -> None:
+        for k in range(15):
+            stores[i].add_event(job["id"], {"type": "train", "writer": i, "k": k})
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    seqs = [s for s, _ in stores[0].events_after(job["id"])]
+    assert seqs == list(range(1, 62))  # the "queued" event, then 60 appends
+    for s in stores:
+        s.close()
+
+
+# --- migrations ------------------------------------------------------------------------------------------------
+
+
+def test_reopen_is_idempotent_and_newer_schema_is_refused(target):
+    first = open_store(target)
+    job = first.create_job("export", CFG)
+    first.close()
+    again = open_store(target)  # nothing pending: no error, data kept
+    assert again.get_job(job["id"])["status"] == "queued"
+    with again.connect() as db:
+        db.execute("INSERT INTO schema_version (version, name) VALUES (?, ?)", (SCHEMA_VERSION + 1, "from the future"))
+    again.close()
+    with pytest.raises(SchemaTooNew) as info:
+        open_store(target)
+    message = str(info.value)
+    assert f"version {SCHEMA_VERSION + 1}" in message and f"version {SCHEMA_VERSION})" in message
+    assert ("SQLite database" in message) if "://" not in target else ("PostgreSQL database" in message)
+
+
+def test_processes_starting_together_migrate_once(target):
+    """Several processes open a fresh database at the same moment: one migrates, none fails."""
+    code = ("import sys; from server.store import open_store; s = open_store(sys.argv[1]); "
+            "print(s.schema_version())")
+    procs = [subprocess.Popen([sys.executable, "-c", code, target], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert [o[0].strip() for o in outs] == [str(SCHEMA_VERSION)] * 3
+    s = open_store(target)
+    with s.connect() as db:
+        versions = [r["version"] for r in db.execute("SELECT version FROM schema_version ORDER BY version")]
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_legacy_sqlite_database_is_migrated_in_place(tmp_path):
+    """A database written before versioning (version 1's tables, no schema_version) keeps its jobs and events; the
+    event counter continues after the existing events."""
+    from server.store.migrations import MIGRATIONS
+
+    path = tmp_path / "hfport.db"
+    db = sqlite3.connect(path)
+    for statement in MIGRATIONS["sqlite"][0].statements:
+        db.execute(statement)
+    db.execute("INSERT INTO jobs (id, kind, status, config, created_at) VALUES ('old1', 'export', 'queued', '{}', 1)")
+    db.executemany("INSERT INTO events (job_id, seq, data) VALUES ('old1', ?, '{}')", [(1,), (2,), (3,)])
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version() == SCHEMA_VERSION
+    assert store.get_job("old1")["event_seq"] == 3
+    assert store.add_event("old1", {"type": "x"}) == 4
+
+
+# --- leases, workers, the database clock -----------------------------------------------------------------------
+
+
+def _age_heartbeat(store: BaseStore, job_id: str, seconds: float) -> None:
+    with store.connect() as db:
+        db.execute(f"UPDATE jobs SET heartbeat_at = {store.NOW} - ? WHERE id = ?", (seconds, job_id))
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_lease_rule(store, target, tmp_path):
+    """A stale job with no process is requeued (once, even when two workers notice); a fresh one, or one whose
+    process still lives on this host, is left alone."""
+    settings = settings_for(tmp_path, target, job_lease_s=5.0)
+    workers = [Worker(settings, store), Worker(settings, open_store(target))]
+    stale, fresh, alive = (store.create_job("export", CFG)["id"] for _ in range(3))
+    for _ in range(3):
+        store.claim_next("gone-worker")
+    _age_heartbeat(store, stale, 60)
+    _age_heartbeat(store, alive, 60)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "server.jobrun", alive])
+    try:
+        for w in workers:
+            w._check_leases()
+        assert store.get_job(stale)["status"] == "queued"
+        requeues = [e for _, e in store.events_after(stale) if "lease expired" in e.get("reason", "")]
+        assert len(requeues) == 1, requeues
+        assert store.get_job(fresh)["status"] == "running"
+        assert store.get_job(alive)["status"] == "running"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_leases_use_the_database_clock(store, target, tmp_path, monkeypatch):
+    """A worker whose clock jumps an hour ahead does not steal a fresh lease, and one whose clock lags does not
+    keep a stale one alive: the comparison is made in SQL against the database's clock."""
+    settings = settings_for(tmp_path, target, job_lease_s=5.0)
+    fresh, stale = (store.create_job("export", CFG)["id"] for _ in range(2))
+    store.claim_next("elsewhere")
+    store.claim_next("elsewhere")
+    _age_heartbeat(store, stale, 30)
+    worker = Worker(settings, store)
+    real = time.time
+    for skew in (3600.0, -3600.0):
+        monkeypatch.setattr(time, "time", lambda skew=skew: real() + skew)
+        worker._last_lease_check = -1e9
+        worker._check_leases()
+    monkeypatch.setattr(time, "time", real)
+    assert store.get_job(fresh)["status"] == "running"
+    assert store.get_job(stale)["status"] == "queued"
+    assert abs(store.db_now() - real()) < 5  # the two clocks agree here; the point is which one is read
+
+
+def test_duplicate_worker_id_is_refused_while_the_other_lives(store, target, tmp_path):
+    settings = settings_for(tmp_path, target, worker_id="gpu-box-1", job_lease_s=5.0)
+    first = Worker(settings, store)
+    first.register()
+    second = Worker(settings, store)
+    second.host, second.pid = "another-host", 4242  # the same id, started on another machine
+    with pytest.raises(DuplicateWorker, match=r"worker id 'gpu-box-1' is held by a live worker .*HFPORT_WORKER_ID"):
+        second.register()
+    # the first one dies without cleaning up: once its heartbeat is older than the lease, the id is free
+    with store.connect() as db:
+        db.execute(f"UPDATE workers SET heartbeat_at = {store.NOW} - 60 WHERE id = ?", ("gpu-box-1",))
+    second.register()
+    assert [(w["host"], w["pid"]) for w in store.list_workers()] == [("another-host", 4242)]
+    assert not first.store.worker_beat("gpu-box-1", first.pid)  # the old holder learns it lost the id
+    # on this host, a dead process's row under the same id is taken over at once (a restart keeping its id)
+    third = Worker(settings_for(tmp_path, target, worker_id="local-1"), store)
+    store.register_worker("local-1", third.host, dead_pid(), 5.0)
+    third.register()
+    assert {w["id"]: w["pid"] for w in store.list_workers()}["local-1"] == third.pid
+
+
+def test_cancel_from_another_process_reaches_the_worker(store, target, tmp_path):
+    """The worker holding a job polls its cancel flag: a cancel written through another store connection (another
+    API process, on any host) stops the job's process and ends it `cancelled`."""
+    worker = Worker(settings_for(tmp_path, target, cancel_grace_s=5.0), store)
+    job = store.create_job("export", CFG)
+    claimed = store.claim_next(worker.id)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    worker.procs[job["id"]], worker.attempts[job["id"]] = proc, claimed["attempts"]
+    other_api = open_store(target)
+    other_api.request_cancel(job["id"])
+    worker._sync_held()
+    proc.wait(10)
+    worker._reap()
+    assert store.get_job(job["id"])["status"] == "cancelled"
+    other_api.close()
+
+
+def test_a_lost_lease_stops_the_old_attempt(store, target, tmp_path):
+    """Worker A is silent too long; the job is requeued and claimed by B (attempt 2). A kills its process and cannot
+    finish the job; only attempt 2 can."""
+    settings = settings_for(tmp_path, target, job_lease_s=5.0)
+    a = Worker(settings.model_copy(update={"worker_id": "A"}), store)
+    job = store.create_job("export", CFG)
+    claimed = store.claim_next("A")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    a.procs[job["id"]], a.attempts[job["id"]] = proc, claimed["attempts"]
+    _age_heartbeat(store, job["id"], 60)
+    assert store.requeue(job["id"], "lease expired", stale_after=5.0)
+    assert store.claim_next("B")["attempts"] == 2
+    a._sync_held()
+    assert proc.poll() is not None and job["id"] not in a.procs
+    assert not store.finish(job["id"], "succeeded", attempt=1)
+    assert store.get_job(job["id"])["worker_id"] == "B"
+    assert store.finish(job["id"], "succeeded", attempt=2)
+
+
+# --- bad input at start ----------------------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when this returns: nothing listens there
+
+
+def test_unreachable_database_retries_bounded_and_quietly(caplog):
+    url = f"postgresql://hfport:s3cret-pw@127.0.0.1:{_closed_port()}/jobs"
+    started = time.monotonic()
+    with caplog.at_level(logging.DEBUG, logger="hfport.server.store"):
+        with pytest.raises(StoreUnavailable) as info:
+            open_store(url, connect_timeout_s=2.0)
+    took = time.monotonic() - started
+    message = str(info.value)
+    assert "cannot reach the PostgreSQL database postgresql://hfport:***@127.0.0.1" in message
+    assert "attempts over 2 s" in message and "s3cret-pw" not in message
+    assert int(message.split(" after ")[1].split()[0]) >= 3  # it did retry
+    assert took < 15  # bounded by the budget (plus one connect timeout), not forever
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "s3cret-pw" not in warnings[0].getMessage(), warnings  # once, not per retry
+
+
+def test_unreachable_database_through_the_cli(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hfport", "serve", "--data-dir", str(tmp_path), "--role", "api"],
+                         env={**os.environ,
+                              "HFPORT_DATABASE_URL": f"postgresql://hfport@127.0.0.1:{_closed_port()}/x",
+                              "HFPORT_DATABASE_CONNECT_TIMEOUT_S": "1"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "error: cannot reach the PostgreSQL database postgresql://hfport@127.0.0.1" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_postgres_url_without_psycopg_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if not installed
+    with pytest.raises(MissingDriver, match=r"pip install 'hfport\[postgres\]'"):
+        open_store("postgresql://u@127.0.0.1:1/x")
+
+
+def test_unknown_scheme_is_named():
+    with pytest.raises(StoreError, match=r"unsupported scheme in 'mysql'"):
+        open_store("mysql://u@h/x")
+
+
+def test_worker_role_refuses_a_live_duplicate_id_through_the_cli(pg_server, tmp_path):  # noqa: F811
+    url = pg_server.create_database(fresh_db_name())
+    store = open_store(url)
+    store.register_worker("box-7", "some-other-host", 1, 30.0)
+    out = subprocess.run([sys.executable, "-m", "hfport", "serve", "--data-dir", str(tmp_path), "--role", "worker"],
+                         env={**os.environ, "HFPORT_DATABASE_URL": url, "HFPORT_WORKER_ID": "box-7"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert "error: worker id 'box-7' is held by a live worker (host some-other-host, pid 1" in out.stderr
+    assert [w["host"] for w in store.list_workers()] == ["some-other-host"]  # the holder's row is untouched
+    store.close()
