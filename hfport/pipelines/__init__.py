@@ -7,6 +7,8 @@ Tasks, with transformers' option names, defaults and output shapes:
                         handle_impossible_answer, align_to_words       (transformers 4.57's QuestionAnsweringPipeline)
   fill-mask             top_k, targets                                 (FillMaskPipeline)
   feature-extraction    per-token hidden states; pooling="mean"|"cls", normalize=True give sentence embeddings
+  sentence-embeddings   one vector per text, pooled as the folder's sentence-transformers files say
+                        (hfport.embeddings.SentenceEmbeddingPipeline)
 
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
@@ -21,7 +23,7 @@ from typing import Any
 
 from ..modeling import TASK_CLASSES, PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer
-from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError
+from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, phase_times
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -31,6 +33,9 @@ from .tokens import TokenClassificationPipeline
 PIPELINES: dict[str, type[Pipeline]] = {
     cls.task: cls for cls in (TextClassificationPipeline, TokenClassificationPipeline, QuestionAnsweringPipeline,
                               FillMaskPipeline, FeatureExtractionPipeline)}
+from ..embeddings import SentenceEmbeddingPipeline  # noqa: E402 - it builds on .base, imported above
+
+PIPELINES[SentenceEmbeddingPipeline.task] = SentenceEmbeddingPipeline
 ALIASES = {"sentiment-analysis": "text-classification", "ner": "token-classification"}
 
 
@@ -76,8 +81,10 @@ __all__ = [
     "InvalidInput",
     "Pipeline",
     "PipelineInputError",
+    "SentenceEmbeddingPipeline",
     "QuestionAnsweringPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
+    "phase_times",
     "pipeline",
 ]
