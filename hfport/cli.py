@@ -300,6 +300,9 @@ def serve(
     data_dir: Annotated[Optional[str], typer.Option(help="Job store, registry, uploads and runs "
                                                          "(default ./hfport-data, or HFPORT_DATA_DIR).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Jobs run at once (HFPORT_MAX_CONCURRENT_JOBS).")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(
+        "--model", help="A model to register and load at start: a folder or cached repo id, NAME=PATH to name it; "
+                        "repeatable; the first is the default of the TEI/OpenAI routes (HFPORT_MODELS).")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
@@ -314,13 +317,20 @@ def serve(
         fail(f"the service needs its dependencies ({e}); pip install hfport")
         return
     overrides = {k: v for k, v in {"host": host, "port": port, "data_dir": data_dir,
-                                   "max_concurrent_jobs": workers}.items() if v is not None}
+                                   "max_concurrent_jobs": workers, "models": model or None}.items() if v is not None}
     try:
         settings = Settings(**overrides)
     except ValidationError as e:
         fail(f"invalid settings: {e}")
         return
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+    from server.errors import ApiError
+
+    try:
+        service = create_app(settings)
+    except ApiError as e:  # a --model that is not a servable folder
+        fail(e.message)
+        return
+    uvicorn.run(service, host=settings.host, port=settings.port,
                 log_level="warning" if quiet else "info")
 
 

@@ -5,11 +5,12 @@ app with their own Settings instead of patching the environment."""
 from __future__ import annotations
 
 from pathlib import Path
+import json
 from typing import Annotated
 
 from fastapi import Depends, Request
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -36,6 +37,22 @@ class Settings(BaseSettings):
     job_heartbeat_s: float = Field(2.0, gt=0, description="how often a job process proves it is alive")
     job_lease_s: float = Field(30.0, gt=0, description="a running job silent this long is presumed dead")
     cancel_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling")
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="models registered and loaded at start (`serve --model`): folders or "
+                                          "cached repo ids, `name=path` to name one; the first is the default of "
+                                          "the TEI/OpenAI routes. A JSON list or comma-separated")
+    batch_autotune: bool = Field(True, description="at model load, time forward passes at each of "
+                                                   "batch_token_budgets and keep the smallest near the best rate")
+    batch_token_budgets: list[int] = Field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384], min_length=1,
+                                           description="padded-token budgets batch_autotune tries")
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_list(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = v.strip()
+            return json.loads(v) if v.startswith("[") else [x.strip() for x in v.split(",") if x.strip()]
+        return v
 
     @field_validator("data_dir")
     @classmethod
