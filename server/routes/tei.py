@@ -194,9 +194,6 @@ class Served:
         if self.kind not in kinds:
             raise ApiError(424, f"model {self.name!r} is not a {' or '.join(kinds)} model (it is: {self.kind}); "
                                 f"{route} needs one", "Backend")
-        if False:
-            raise ApiError(424, f"
-                                f"{' or '.join(kinds)} model", "Backend")
 
 
 async def served(request: Request, store: Any, service: ModelService, name: str | None = None) -> Served:
