@@ -128,7 +128,7 @@ async def steady_load(url: str, model: str, clients: int, seconds: float, batch:
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, headers=headers) as client:
         # one warm-up request loads the model, so the figures measure serving, not loading
-        warm = await client.post(path, json=make(model, 0, batch))
+        warm = await client.post(path, json=make(model, 0, batch), timeout=600)  # loads (and tunes) the model
         if warm.status_code != 200:
             raise RuntimeError(f"warm-up request failed: {warm.status_code} {warm.text}")
         start = time.perf_counter()
