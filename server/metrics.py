@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .schemas import ErrorBody
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -80,7 +82,7 @@ def install(app: FastAPI, metrics: Metrics) -> None:
         return response
 
 
-router = APIRouter(tags=["metrics"])
+router = APIRouter(tags=["metrics"], responses={code: {"model": ErrorBody} for code in (401, 403)})
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

@@ -68,7 +68,7 @@ class OpenAIError(BaseModel):
 
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute,
-                   responses={code: {"model": OpenAIError} for code in (400, 401, 404, 413, 424, 429, 503, 504)})
+                   responses={code: {"model": OpenAIError} for code in (400, 401, 403, 404, 413, 424, 429, 503, 504)})
 
 
 class EmbeddingsRequest(BaseModel):

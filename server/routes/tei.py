@@ -39,7 +39,7 @@ from . import predict as native
 from .models import lookup
 
 TEI_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 424, 429, 503, 504)}
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 413, 422, 424, 429, 503, 504)}
 # a per-input failure of the pipeline, by its error type -> TEI's status and error_type
 ITEM_ERRORS = {"PipelineInputError": (413, "Validation"), "TokenizerError": (422, "Tokenizer")}
 TIMING_HEADERS = ("x-compute-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
