@@ -330,6 +330,9 @@ def serve(
     workers: Annotated[Optional[int], typer.Option(help="Jobs run at once (HFPORT_MAX_CONCURRENT_JOBS).")] = None,
     role: Annotated[Optional[str], typer.Option(help="api (HTTP only), worker (runs jobs, no HTTP) or all (both; "
                                                      "default, or HFPORT_ROLE). Scale out: see README.")] = None,
+    model: Annotated[Optional[list[str]], typer.Option(
+        "--model", help="A model to register and load at start: a folder or cached repo id, NAME=PATH to name it; "
+                        "repeatable; the first is the default of the TEI/OpenAI routes (HFPORT_MODELS).")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
@@ -343,16 +346,18 @@ def serve(
     except ImportError as e:
         fail(f"the service needs its dependencies ({e}); pip install hfport")
         return
+    from server.errors import ApiError
+    from server.store import StoreError
+
     try:
-        from server.store import StoreError
-    except ImportError:  # pragma: no cover - imported together with server.__main__ above
-        StoreError = RuntimeError  # type: ignore[misc,assignment]
-    try:
-        run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, quiet=quiet)
+        run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, models=model or None,
+            quiet=quiet)
     except ValidationError as e:  # a bad setting, from a flag or an HFPORT_* variable
         fail(f"invalid settings: {e}")
     except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback
         fail(str(e))
+    except ApiError as e:  # a --model that is not a servable folder
+        fail(e.message)
 
 
 def main() -> None:

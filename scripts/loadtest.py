@@ -1,8 +1,14 @@
-"""Load test for POST /predict, bounded in time and count, on loopback only.
+"""Load test for POST /predict, TEI's /embed and /rerank, bounded in time and count, on loopback only.
 
     python scripts/loadtest.py                      # starts its own server with the bundled all-MiniLM-L6-v2
     python scripts/loadtest.py --seconds 10 --clients 4
+    python scripts/loadtest.py --route embed --route rerank --skip-overload   # TEI's routes
     python scripts/loadtest.py --url http://127.0.0.1:8000 --model minilm   # an already running server
+
+--route predict (the default) sends hfport's native POST /predict; --route embed sends TEI's POST /embed to
+MiniLM; --route rerank sends TEI's POST /rerank (a query and 4 texts) to a cross-encoder-shaped model: MiniLM's
+encoder with a fresh one-label head, written to a temporary folder (the shape of ms-marco-MiniLM-L-6-v2, so the
+timing is representative; the scores are meaningless).
 
 Phase 1 (steady load): CLIENTS concurrent clients send POST /predict back to back for SECONDS; it prints the
 error count (anything but 200 is an error), p50/p99 latency and throughput. Phase 2 (overload): a second server
@@ -77,6 +83,25 @@ def body(model: str, i: int, batch: int) -> dict:
     return {"model": model, "inputs": [TEXTS[(i + k) % len(TEXTS)] for k in range(batch)]}
 
 
+ROUTES = {  # route -> (path, body for request i; the model goes in x-model for TEI's routes)
+    "predict": ("/predict", body),
+    "embed": ("/embed", lambda model, i, batch: {"inputs": [TEXTS[(i + k) % len(TEXTS)] for k in range(batch)]}),
+    "rerank": ("/rerank", lambda model, i, batch: {"query": TEXTS[i % len(TEXTS)], "texts": TEXTS}),
+}
+
+
+def reranker_folder(minilm: Path, out: Path) -> Path:
+    """MiniLM's encoder under a fresh one-label sequence-classification head (a reranker to TEI's routes)."""
+    import hfport
+
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(minilm, num_labels=1)
+    model.save_pretrained(out)
+    for f in minilm.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab")):
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
 @dataclass
 class Steady:
     latencies: list[float] = field(default_factory=list)
@@ -93,15 +118,17 @@ class Steady:
 
 
 async def steady_load(url: str, model: str, clients: int, seconds: float, batch: int,
-                      headers: dict[str, str]) -> Steady:
+                      headers: dict[str, str], route: str = "predict") -> Steady:
     """CLIENTS loops of back-to-back requests until the deadline; latency of every 200, the rest are errors."""
     seconds = min(seconds, MAX_SECONDS)
     result = Steady()
     sent = 0
+    path, make = ROUTES[route]
+    headers = {**headers, "x-model": model}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, headers=headers) as client:
         # one warm-up request loads the model, so the figures measure serving, not loading
-        warm = await client.post("/predict", json=body(model, 0, batch))
+        warm = await client.post(path, json=make(model, 0, batch), timeout=600)  # loads (and tunes) the model
         if warm.status_code != 200:
             raise RuntimeError(f"warm-up request failed: {warm.status_code} {warm.text}")
         start = time.perf_counter()
@@ -114,7 +141,7 @@ async def steady_load(url: str, model: str, clients: int, seconds: float, batch:
                 sent += 1
                 t0 = time.perf_counter()
                 try:
-                    r = await client.post("/predict", json=body(model, i, batch))
+                    r = await client.post(path, json=make(model, i, batch))
                     code = str(r.status_code)
                 except httpx.HTTPError as e:
                     code = type(e).__name__
@@ -177,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-limit", type=int, default=2, help="HFPORT_PREDICT_MAX_PENDING of the overload server")
     p.add_argument("--burst", type=int, default=64, help="requests sent at once in the overload phase")
     p.add_argument("--skip-steady", action="store_true", help="only the overload phase")
+    p.add_argument("--skip-overload", action="store_true", help="only the steady phase")
+    p.add_argument("--route", action="append", choices=sorted(ROUTES),
+                   help="what the steady phase sends (repeatable: one phase each; default predict)")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the figures here as JSON")
     args = p.parse_args(argv)
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
@@ -184,24 +214,33 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict = {"machine": machine(), "clients": args.clients, "batch": args.batch}
     ok = True
 
-    if not args.skip_steady:
+    for route in ([] if args.skip_steady else args.route or ["predict"]):
+        model = args.model if route != "rerank" or args.url else "reranker"
         if args.url:
             check_loopback(args.url)
-            steady = asyncio.run(steady_load(args.url, args.model, args.clients, args.seconds, args.batch, headers))
+            steady = asyncio.run(steady_load(args.url, model, args.clients, args.seconds, args.batch, headers, route))
         else:
             with LocalServer(model_dir.parent, HFPORT_PREDICT_MAX_PENDING=str(max(64, 4 * args.clients))) as srv:
-                register(srv.url, args.model, model_dir, headers)
-                steady = asyncio.run(steady_load(srv.url, args.model, args.clients, args.seconds, args.batch,
-                                                 headers))
+                # the reranker goes to the data dir, an allowed dir that the server's stop removes
+                folder = reranker_folder(model_dir, srv.data_dir / "reranker") if route == "rerank" else model_dir
+                register(srv.url, model, folder, headers)
+                steady = asyncio.run(steady_load(srv.url, model, args.clients, args.seconds, args.batch, headers,
+                                                 route))
         errors = sum(steady.errors.values())
-        figures["steady"] = {"seconds": round(steady.seconds, 1), "requests": steady.requests, "errors": errors,
-                             "error_kinds": steady.errors, "p50_ms": round(steady.percentile(50) * 1000, 1),
-                             "p99_ms": round(steady.percentile(99) * 1000, 1),
-                             "throughput_rps": round(len(steady.latencies) / steady.seconds, 1)}
-        s = figures["steady"]
-        print(f"steady: {args.clients} clients x {s['seconds']} s, {s['requests']} requests, {errors} errors "
+        figures[f"steady_{route}"] = s = {
+            "seconds": round(steady.seconds, 1), "requests": steady.requests, "errors": errors,
+            "error_kinds": steady.errors, "p50_ms": round(steady.percentile(50) * 1000, 1),
+            "p99_ms": round(steady.percentile(99) * 1000, 1),
+            "throughput_rps": round(len(steady.latencies) / steady.seconds, 1)}
+        print(f"steady {route}: {args.clients} clients x {s['seconds']} s, {s['requests']} requests, {errors} errors "
               f"{steady.errors or ''}; p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms; {s['throughput_rps']} req/s")
         ok &= errors == 0
+    if args.skip_overload:
+        print(f"machine: {figures['machine']}")
+        if args.json_path:
+            args.json_path.write_text(json.dumps(figures, indent=2) + "\n")
+        print("PASS" if ok else "FAIL")
+        return 0 if ok else 1
 
     # the overload phase always runs on a server of its own, with a tiny queue limit
     with LocalServer(model_dir.parent, HFPORT_PREDICT_MAX_PENDING=str(args.queue_limit),

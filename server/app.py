@@ -14,8 +14,8 @@ from fastapi.responses import HTMLResponse
 
 import hfport
 
-from . import errors
-from .routes import dashboard, health, jobs, models, predict
+from . import errors, metrics, preload
+from .routes import dashboard, health, jobs, models, openai, tei
 from .security import Authorized, BodyLimit
 from .serving import ModelService
 from .settings import Settings
@@ -43,6 +43,7 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if run_worker:
             worker.start()
+        preload.load_in_background(app.state.startup, app.state.store, app.state.model_service)
         app.state.worker = worker
         log.info("hfport serving from %s (allowed dirs: %s)", settings.data_dir,
                  ", ".join(str(r) for r in settings.roots))
@@ -70,12 +71,16 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
 
     app.state.settings = settings
     app.state.store = store
-    app.state.model_service = ModelService(settings)
+    app.state.metrics = metrics.Metrics()
+    app.state.model_service = ModelService(settings, app.state.metrics)
+    app.state.startup = preload.register(settings.models, app.state.store)  # `serve --model`: bad ones fail here
     errors.install(app)
+    metrics.install(app, app.state.metrics)
     app.add_middleware(BodyLimit, settings=settings, upload_paths=(jobs.UPLOAD_PATH,))
     app.include_router(health.router)
     app.include_router(dashboard.router)
-    for router in (models.router, predict.router, jobs.router):
+    # /predict takes hfport's native body and TEI's (routes/tei.py tells them apart); TEI's and OpenAI's routes
+    for router in (models.router, tei.predict_router, jobs.router, tei.router, openai.router, metrics.router):
         app.include_router(router, dependencies=[Authorized])
     return app
 

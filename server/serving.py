@@ -8,8 +8,10 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from .settings import Settings
@@ -17,9 +19,20 @@ from .settings import Settings
 log = logging.getLogger("hfport.server.serving")
 
 
+@dataclass
+class Timing:
+    """Seconds one request spent waiting for its batch, and its batch's tokenization and forward passes."""
+
+    queue: float = 0.0
+    tokenization: float = 0.0
+    inference: float = 0.0
+
+
 class ModelService:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, metrics: Any = None):
         self.settings = settings
+        self.metrics = metrics  # server.metrics.Metrics, or None
+        self.tuning: dict[tuple[str, str, str], Any] = {}  # key -> hfport.embeddings.BatchTuning
         self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict")
         self._pipes: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -45,6 +58,7 @@ class ModelService:
                 if key in self._pipes:
                     return self._pipes[key]
             pipe = pipeline(key[2], model=key[1])
+            self._warm_up(key, pipe)
             with self._lock:
                 self._pipes[key] = pipe
                 budget = self.settings.model_cache_mb * 2**20
@@ -55,19 +69,45 @@ class ModelService:
                 self._loading.pop(key, None)
             return pipe
 
+    def _warm_up(self, key: tuple[str, str, str], pipe: Any) -> None:
+        """A first forward pass before the model takes requests; with batch_autotune, forward passes at each
+        budget of batch_token_budgets pick the pipeline's max_batch_tokens (hfport.embeddings.tune_batch_tokens)."""
+        from hfport.embeddings import tune_batch_tokens
+
+        budgets = tuple(self.settings.batch_token_budgets) if self.settings.batch_autotune else (pipe.max_batch_tokens,)
+        tuning = tune_batch_tokens(pipe, budgets)
+        self.tuning[key] = tuning
+        if self.metrics is not None:
+            self.metrics.batch_tokens.labels(key[0]).set(tuning.chosen)
+        log.info("%s (%s): max_batch_tokens=%d; padded tokens/s by budget: %s%s", key[0], key[2], tuning.chosen,
+                 {b: round(t) for b, t in tuning.throughput.items()},
+                 f"; skipped {tuning.skipped}" if tuning.skipped else "")
+
+    async def get(self, name: str, path: str, task: str) -> Any:
+        """The loaded (warmed-up) pipeline, loading it in the pool if needed."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._load, (name, path, task))
+
+    def memory(self) -> dict[tuple[str, str, str], int]:
+        with self._lock:
+            return {k: weight_bytes(p) for k, p in self._pipes.items()}
+
     def evict(self, name: str) -> None:
         with self._lock:
             for key in [k for k in self._pipes if k[0] == name]:
                 del self._pipes[key]
 
     async def predict(self, name: str, path: str, task: str, items: list[Any], parameters: dict[str, Any]) -> list:
-        loop = asyncio.get_running_loop()
+        return (await self.predict_timed(name, path, task, items, parameters))[0]
+
+    async def predict_timed(self, name: str, path: str, task: str, items: list[Any],
+                            parameters: dict[str, Any]) -> tuple[list, Timing]:
+        """predict, and where the request's time went (its batch's tokenization and forward passes)."""
         key = (name, path, task)
-        pipe = await loop.run_in_executor(self.pool, self._load, key)
+        pipe = await self.get(name, path, task)
         bkey = (key, json.dumps(parameters, sort_keys=True, default=str))
         batcher = self._batchers.get(bkey)
         if batcher is None or batcher.pipe is not pipe:
-            batcher = self._batchers[bkey] = _Batcher(pipe, parameters, self.pool, self.settings)
+            batcher = self._batchers[bkey] = _Batcher(pipe, parameters, self.pool, self.settings, name, self.metrics)
         return await batcher.submit(items)
 
     def close(self) -> None:
@@ -83,16 +123,18 @@ def weight_bytes(pipe: Any) -> int:
 class _Batcher:
     """Requests arriving within batch_max_wait_ms of each other (same model, same options) share one call."""
 
-    def __init__(self, pipe: Any, parameters: dict[str, Any], pool: ThreadPoolExecutor, settings: Settings):
+    def __init__(self, pipe: Any, parameters: dict[str, Any], pool: ThreadPoolExecutor, settings: Settings,
+                 name: str = "", metrics: Any = None):
         self.pipe, self.parameters, self.pool, self.settings = pipe, parameters, pool, settings
-        self.waiting: list[tuple[list[Any], asyncio.Future]] = []
+        self.name, self.metrics = name, metrics
+        self.waiting: list[tuple[list[Any], asyncio.Future, float]] = []
         self.timer: asyncio.TimerHandle | None = None
 
-    async def submit(self, items: list[Any]) -> list[Any]:
+    async def submit(self, items: list[Any]) -> tuple[list[Any], Timing]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
-        self.waiting.append((items, future))
-        if sum(len(i) for i, _ in self.waiting) >= self.settings.batch_max_inputs:
+        self.waiting.append((items, future, time.perf_counter()))
+        if sum(len(i) for i, _, _ in self.waiting) >= self.settings.batch_max_inputs:
             self._flush()
         elif self.timer is None:
             self.timer = loop.call_later(self.settings.batch_max_wait_ms / 1000, self._flush)
@@ -103,24 +145,44 @@ class _Batcher:
             self.timer.cancel()
             self.timer = None
         group, self.waiting = self.waiting, []
-        group = [(items, f) for items, f in group if not f.cancelled()]  # timed out while waiting
+        group = [(items, f, t) for items, f, t in group if not f.cancelled()]  # timed out while waiting
         if not group:
             return
-        merged = [x for items, _ in group for x in items]
+        merged = [x for items, _, _ in group for x in items]
         loop = asyncio.get_running_loop()
-        task = loop.run_in_executor(self.pool, lambda: self.pipe.predict(merged, **self.parameters))
+
+        def call() -> tuple[list[Any], float, dict[str, float]]:
+            from hfport.pipelines import phase_times
+
+            started = time.perf_counter()
+            with phase_times() as phases:
+                results = self.pipe.predict(merged, **self.parameters)
+            return results, started, phases
+
+        task = loop.run_in_executor(self.pool, call)
+        if self.metrics is not None:
+            self.metrics.batch_size.labels(self.name).observe(len(merged))
 
         def done(fut: asyncio.Future) -> None:
             error = fut.exception()
+            if error is None:
+                all_results, started, phases = fut.result()
+                if self.metrics is not None:
+                    self.metrics.tokenization_time.labels(self.name).observe(phases["tokenization"])
+                    self.metrics.inference_time.labels(self.name).observe(phases["inference"])
             start = 0
-            for items, f in group:
+            for items, f, arrived in group:
                 if f.done():
                     start += len(items)
                     continue
                 if error is not None:
                     f.set_exception(error)
                 else:  # a failed item is an ItemError without a position: the route renders it at its own index
-                    f.set_result(fut.result()[start:start + len(items)])
+                    results = all_results[start:start + len(items)]
+                    timing = Timing(max(0.0, started - arrived), phases["tokenization"], phases["inference"])
+                    if self.metrics is not None:
+                        self.metrics.queue_time.labels(self.name).observe(timing.queue)
+                    f.set_result((results, timing))
                 start += len(items)
 
         task.add_done_callback(done)

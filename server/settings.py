@@ -4,6 +4,7 @@ app with their own Settings instead of patching the environment."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, Request
 from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -50,6 +51,22 @@ class Settings(BaseSettings):
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
                            description="this worker's name in the store, unique among live workers "
                                        "(default hostname-pid)")
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="models registered and loaded at start (`serve --model`): folders or "
+                                          "cached repo ids, `name=path` to name one; the first is the default of "
+                                          "the TEI/OpenAI routes. A JSON list or comma-separated")
+    batch_autotune: bool = Field(True, description="at model load, time forward passes at each of "
+                                                   "batch_token_budgets and keep the smallest near the best rate")
+    batch_token_budgets: list[int] = Field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384], min_length=1,
+                                           description="padded-token budgets batch_autotune tries")
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_list(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = v.strip()
+            return json.loads(v) if v.startswith("[") else [x.strip() for x in v.split(",") if x.strip()]
+        return v
 
     @field_validator("data_dir")
     @classmethod

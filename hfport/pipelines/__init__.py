@@ -9,6 +9,8 @@ Tasks, with transformers' option names, defaults and output shapes:
   feature-extraction    per-token hidden states; pooling="mean"|"cls", normalize=True give sentence embeddings
 A task may be named by an alias too ("sentiment-analysis", "ner", hfport's old "sequence-classification", ...):
 hfport/tasks/ holds the names and which pipeline class each task uses.
+  sentence-embeddings   one vector per text, pooled as the folder's sentence-transformers files say
+                        (hfport.embeddings.SentenceEmbeddingPipeline)
 
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
@@ -25,7 +27,7 @@ from .. import tasks
 from ..errors import ItemError
 from ..modeling import PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer
-from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError
+from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, phase_times
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -33,6 +35,9 @@ from .qa import QuestionAnsweringPipeline
 from .tokens import TokenClassificationPipeline
 
 PIPELINES: dict[str, type[Pipeline]] = {name: t.pipeline_class for name, t in tasks.TASKS.items()}
+from ..embeddings import SentenceEmbeddingPipeline  # noqa: E402 - it builds on .base, imported above
+
+PIPELINES[SentenceEmbeddingPipeline.task] = SentenceEmbeddingPipeline
 
 
 def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
@@ -89,9 +94,11 @@ __all__ = [
     "ItemError",
     "Pipeline",
     "PipelineInputError",
+    "SentenceEmbeddingPipeline",
     "QuestionAnsweringPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
     "model_task",
+    "phase_times",
     "pipeline",
 ]

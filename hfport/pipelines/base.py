@@ -16,6 +16,10 @@ as `{"error": "input i: ...", "error_type": ..., "index": i}` (ItemError.to_dict
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -29,6 +33,26 @@ from ..tokenizer import PreTrainedTokenizer, TokenizerError
 log = logging.getLogger("hfport")
 
 DEFAULT_MAX_BATCH_TOKENS = 16384  # padded tokens per forward pass: bounds activation memory, not row count
+
+_clock = threading.local()  # per thread: several threads may run the same pipeline at once
+
+
+@contextmanager
+def phase_times() -> Iterator[dict[str, float]]:
+    """Seconds this thread spends preparing inputs (tokenizing) and in forward passes inside the pipeline calls
+    made in the block: `{"tokenization": s, "inference": s}` (what a server reports per request)."""
+    outer = getattr(_clock, "times", None)
+    _clock.times = times = {"tokenization": 0.0, "inference": 0.0}
+    try:
+        yield times
+    finally:
+        _clock.times = outer
+
+
+def _add_time(phase: str, since: float) -> None:
+    times = getattr(_clock, "times", None)
+    if times is not None:
+        times[phase] += time.perf_counter() - since
 
 
 class PipelineInputError(HfportError, ValueError):
@@ -157,6 +181,7 @@ class Pipeline:
         only: expected ones (PipelineInputError, TokenizerError) quietly, anything else with its traceback logged."""
         failed: dict[int, Exception] = {}
         features: list[Feature] = []
+        started = time.perf_counter()
         for i, item in enumerate(items):
             try:
                 if isinstance(item, InvalidInput):  # rejected before it got here (e.g. an unreadable line)
@@ -169,8 +194,11 @@ class Pipeline:
             except Exception as e:  # noqa: BLE001 - one bad item must not sink the batch
                 failed[i] = self._item_error(i, e)
         features = [f for f in features if f.item not in failed]
+        _add_time("tokenization", started)
+        started = time.perf_counter()
         for f, error in self.forward_all(features):
             failed.setdefault(f.item, error)
+        _add_time("inference", started)
         by_item: dict[int, list[Feature]] = {}
         for f in features:
             by_item.setdefault(f.item, []).append(f)

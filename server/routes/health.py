@@ -1,17 +1,25 @@
-"""GET /health: liveness, with job counts; the one route that never needs a token."""
+"""GET /health: liveness, with job counts; the one route that never needs a token. 503 while the default model
+named at start (`serve --model`) is still loading, or when it failed to load (as TEI answers when unhealthy)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 import hfport
 
 from ..deps import ModelServiceDep, StoreDep
-from ..schemas import Health
+from ..errors import ApiError
+from ..schemas import ErrorBody, Health
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/health", response_model=Health, summary="Liveness and job counts")
-def health(store: StoreDep, models: ModelServiceDep) -> Health:
+@router.get("/health", response_model=Health, summary="Liveness and job counts",
+            responses={503: {"model": ErrorBody, "description": "the default model is loading or failed to"}})
+def health(request: Request, store: StoreDep, models: ModelServiceDep) -> Health:
+    startup = getattr(request.app.state, "startup", None)
+    if startup is not None and startup.error is not None:
+        raise ApiError(503, startup.error, "Unhealthy")
+    if startup is not None and not startup.ready.is_set():
+        raise ApiError(503, f"model {startup.default!r} is loading", "Unhealthy")
     return Health(version=hfport.__version__, jobs=store.count_by_status(), models_loaded=models.loaded)

@@ -1,0 +1,338 @@
+"""Sentence embeddings as sentence-transformers computes them, read from the folder's own files, plus what an
+embedding server needs around them (token listings, a measured batch budget).
+
+A sentence-transformers folder says how to pool in three files, which `read_sentence_config` reads:
+  modules.json                   the module chain; a `...models.Pooling` entry names the pooling folder, a
+                                 `...models.Normalize` entry means the embeddings are L2-normalized
+  <pooling folder>/config.json   `pooling_mode_cls_token` / `_mean_tokens` / `_max_tokens` /
+                                 `_mean_sqrt_len_tokens` / `_lasttoken`: exactly one must be true
+  sentence_bert_config.json      `max_seq_length`: inputs are cut (or refused) beyond it
+  config_sentence_transformers.json  `prompts` ({name: prefix}) and `default_prompt_name`
+A folder without modules.json pools by mean and does not normalize (sentence-transformers' default for a bare
+transformers checkpoint).
+
+`pipeline("sentence-embeddings", model=folder)` gives a SentenceEmbeddingPipeline: one vector per text (or, with
+output="tokens", the per-token hidden states), batched under the token budget like every hfport pipeline.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .errors import ConfigError
+from .pipelines.base import Feature, Pipeline, PipelineInputError, check_text, positive_int
+
+POOLING_KEYS = {  # sentence-transformers' Pooling config key -> hfport's pooling name
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+POOLINGS = tuple(POOLING_KEYS.values())
+MODULE_POOLING = "sentence_transformers.models.Pooling"
+MODULE_NORMALIZE = "sentence_transformers.models.Normalize"
+DIRECTIONS = ("right", "left")
+
+
+@dataclass(frozen=True)
+class SentenceConfig:
+    """How a folder's embeddings are made; `source` says where that was read from."""
+
+    pooling: str = "mean"
+    normalize: bool = False
+    max_seq_length: int | None = None
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    source: str = "default (no modules.json)"
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read it as JSON: {e}") from e
+
+
+def read_sentence_config(folder: str | os.PathLike[str]) -> SentenceConfig:
+    """The pooling, normalization, length limit and prompts of a sentence-transformers folder (see the module
+    docstring); a folder without modules.json gets the defaults."""
+    folder = Path(folder)
+    extra: dict[str, Any] = {}
+    st_config = folder / "sentence_bert_config.json"
+    if st_config.is_file():
+        length = _json(st_config).get("max_seq_length")
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+            raise ConfigError(f"{st_config}: max_seq_length must be a positive integer, got {length!r}")
+        extra["max_seq_length"] = length
+    prompts_file = folder / "config_sentence_transformers.json"
+    if prompts_file.is_file():
+        raw = _json(prompts_file)
+        prompts = raw.get("prompts") or {}
+        if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+            raise ConfigError(f"{prompts_file}: prompts must be an object of strings, got {prompts!r}")
+        default = raw.get("default_prompt_name")
+        if default is not None and default not in prompts:
+            raise ConfigError(f"{prompts_file}: default_prompt_name {default!r} is not one of the prompts "
+                              f"{sorted(prompts)}")
+        extra |= {"prompts": dict(prompts), "default_prompt_name": default}
+    modules_file = folder / "modules.json"
+    if not modules_file.is_file():
+        return SentenceConfig(**extra)
+    modules = _json(modules_file)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
+        raise ConfigError(f"{modules_file}: expected a list of {{'type', 'path', ...}} entries")
+    types = [m["type"] for m in modules]
+    pooling_entry = next((m for m in modules if m["type"] == MODULE_POOLING), None)
+    pooling = "mean"
+    if pooling_entry is not None:
+        pooling_file = folder / pooling_entry.get("path", "") / "config.json"
+        if not pooling_file.is_file():
+            raise ConfigError(f"{modules_file}: the Pooling module's config {pooling_file} is missing")
+        raw = _json(pooling_file)
+        chosen = [name for key, name in POOLING_KEYS.items() if raw.get(key)]
+        unknown = sorted(k for k, v in raw.items() if k.startswith("pooling_mode") and v and k not in POOLING_KEYS)
+        if unknown:
+            raise ConfigError(f"{pooling_file}: unsupported pooling mode(s) {unknown}; supported: {list(POOLING_KEYS)}")
+        if len(chosen) != 1:
+            # sentence-transformers concatenates several modes; no served model we know does, so it is refused
+            raise ConfigError(f"{pooling_file}: exactly one pooling_mode_* must be true, found {chosen or 'none'}")
+        pooling = chosen[0]
+    return SentenceConfig(pooling=pooling, normalize=MODULE_NORMALIZE in types,
+                          source=f"{modules_file} ({', '.join(t.rsplit('.', 1)[-1] for t in types)})", **extra)
+
+
+def pool(hidden: Tensor, mode: str) -> Tensor:
+    """One vector from a row's own token states (no padding: the pipeline cut the row to its length).
+    hidden: (T, C) -> (C,), as sentence-transformers' Pooling computes it."""
+    n = hidden.shape[0]
+    if mode == "cls":
+        return hidden[0]  # (C,)
+    if mode == "mean":
+        return hidden.sum(0) / n  # (C,)
+    if mode == "max":
+        return hidden.max(0).values  # (C,)
+    if mode == "mean_sqrt_len":
+        return hidden.sum(0) / math.sqrt(n)  # (C,)
+    if mode == "lasttoken":
+        return hidden[n - 1]  # (C,)
+    raise ValueError(f"pooling={mode!r}: use one of {list(POOLINGS)}")
+
+
+class SentenceEmbeddingPipeline(Pipeline):
+    """task "sentence-embeddings": a vector per text, pooled as the folder says (read_sentence_config).
+
+    Options: pooling / normalize (default: the folder's), truncate (cut inputs longer than max_input_length instead
+    of failing them), truncation_direction ("right"|"left"), dimensions (Matryoshka: keep the first n values, then
+    normalize if asked), prompt_name (a prefix from the folder's prompts), output ("sentence" or "tokens": the
+    per-token hidden states, unpooled), with_token_count (each result becomes {"embedding", "tokens"}).
+    An item is a text or a list of token ids (used as given: no special tokens are added)."""
+
+    task = "sentence-embeddings"
+    model_task = "base"
+    token_outputs = ("last_hidden_state",)
+    defaults: ClassVar[dict[str, Any]] = {"pooling": None, "normalize": None, "truncate": False,
+                                          "truncation_direction": "right", "dimensions": None, "prompt_name": None,
+                                          "output": "sentence", "with_token_count": False}
+    single_input = (str,)
+    input_description = "a text, a list of token ids, or a list of them"
+
+    def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
+        super().__init__(model, tokenizer, **kwargs)
+        source = model.load_report.source if model.load_report is not None else None
+        self.sentence = read_sentence_config(source) if source and Path(source).is_dir() else SentenceConfig()
+        limits = [n for n in (self.max_positions, self.sentence.max_seq_length) if n is not None]
+        self.max_input_length = min(limits) if limits else None
+        self.dimension = model.config.hidden_size
+        self._left = None  # a left-truncating tokenizer copy, made on first use
+
+    def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
+        if isinstance(inputs, list) and inputs and all(isinstance(x, int) and not isinstance(x, bool) for x in inputs):
+            return [inputs], True  # one input given as token ids
+        return super().normalize(inputs, opts)
+
+    def validate(self, opts: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+        if opts["pooling"] is None:
+            opts["pooling"] = self.sentence.pooling
+        if opts["pooling"] not in POOLINGS:
+            raise ValueError(f"pooling={opts['pooling']!r}: use one of {list(POOLINGS)}")
+        if opts["normalize"] is None:
+            opts["normalize"] = self.sentence.normalize
+        direction = str(opts["truncation_direction"]).lower()
+        if direction not in DIRECTIONS:
+            raise ValueError(f"truncation_direction={opts['truncation_direction']!r}: use 'right' or 'left'")
+        opts["truncation_direction"] = direction
+        positive_int("dimensions", opts["dimensions"], allow_none=True)
+        if opts["dimensions"] is not None and opts["dimensions"] > self.dimension:
+            raise ValueError(f"dimensions={opts['dimensions']}: the model's embeddings have {self.dimension}")
+        name = opts["prompt_name"] if opts["prompt_name"] is not None else self.sentence.default_prompt_name
+        if name is not None and name not in self.sentence.prompts:
+            raise ValueError(f"prompt_name={name!r}: the model's prompts are {sorted(self.sentence.prompts) or 'none'}")
+        opts["_prompt"] = self.sentence.prompts.get(name, "") if name is not None else ""
+        if opts["output"] not in ("sentence", "tokens"):
+            raise ValueError(f"output={opts['output']!r}: use 'sentence' or 'tokens'")
+        return opts
+
+    def tokenizer_for(self, direction: str) -> Any:
+        """The tokenizer truncating on `direction`: a copy for the side the folder does not use (the backend's
+        truncation settings are per call, so sharing one object across both sides would race)."""
+        if direction == self.tokenizer.truncation_side:
+            return self.tokenizer
+        if self._left is None:
+            from tokenizers import Tokenizer
+
+            other = copy.copy(self.tokenizer)
+            other._tokenizer = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+            other.truncation_side = direction
+            self._left = other
+        return self._left
+
+    def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
+        if isinstance(item, list):  # token ids
+            vocab = len(self.tokenizer)
+            bad = [x for x in item if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < vocab]
+            if not item or bad:
+                raise PipelineInputError(f"token ids must be integers in [0, {vocab}); got {bad[:3] or 'none'}")
+            ids = list(item)
+            if opts["truncate"] and self.max_input_length is not None and len(ids) > self.max_input_length:
+                keep = self.max_input_length
+                ids = ids[-keep:] if opts["truncation_direction"] == "left" else ids[:keep]
+            types = [0] * len(ids) if "token_type_ids" in self.tokenizer.model_input_names else None
+            return [Feature(item=-1, input_ids=ids, attention_mask=[1] * len(ids), token_type_ids=types)]
+        text = opts["_prompt"] + check_text(item)
+        kwargs = {}
+        if opts["truncate"] and self.max_input_length is not None:
+            kwargs = {"truncation": True, "max_length": self.max_input_length}
+        tokenizer = self.tokenizer_for(opts["truncation_direction"])
+        enc = tokenizer(text, return_token_type_ids="token_type_ids" in tokenizer.model_input_names,
+                        return_attention_mask=True, **kwargs)
+        return [Feature(item=-1, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                        token_type_ids=enc.get("token_type_ids"))]
+
+    def check_length(self, row: Feature, index: int) -> None:
+        n = len(row.input_ids)
+        if self.max_input_length is not None and n > self.max_input_length:
+            raise PipelineInputError(f"input {index}: {n} tokens, but the model takes at most "
+                                     f"{self.max_input_length}; pass truncate=True to cut it")
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return {"last_hidden_state": out.last_hidden_state}  # (B, T, C)
+
+    def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:
+        f = features[0]
+        hidden = f.outputs["last_hidden_state"]  # (T, C), this row's own tokens
+        if opts["output"] == "tokens":
+            out = hidden.tolist()  # TEI's embed_all: raw states, no pooling, no normalization
+        else:
+            vector = pool(hidden, opts["pooling"])  # (C,)
+            if opts["dimensions"] is not None:
+                vector = vector[: opts["dimensions"]]  # (D,): Matryoshka, cut before normalizing
+            if opts["normalize"]:
+                vector = F.normalize(vector, p=2, dim=-1)
+            out = vector.tolist()
+        return {"embedding": out, "tokens": len(f.input_ids)} if opts["with_token_count"] else out
+
+
+def token_listing(tokenizer: Any, text: str, *, add_special_tokens: bool = True) -> list[dict[str, Any]]:
+    """Every token of `text`: {id, text, special, start, stop} (character offsets into `text`; a special token's
+    text is its own string, and its start/stop are None as it covers no characters)."""
+    enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True,
+                    return_special_tokens_mask=True)
+    tokens = enc.encodings[0].tokens
+    out = []
+    for i, (tid, (start, stop), special) in enumerate(zip(enc["input_ids"], enc["offset_mapping"],
+                                                        enc["special_tokens_mask"])):
+        if special:
+            out.append({"id": tid, "text": tokens[i], "special": True, "start": None, "stop": None})
+        else:
+            out.append({"id": tid, "text": text[start:stop], "special": False, "start": start, "stop": stop})
+    return out
+
+
+@dataclass
+class BatchTuning:
+    """The token budget picked by `tune_batch_tokens` and what was measured (padded tokens per second)."""
+
+    chosen: int
+    throughput: dict[int, float]
+    seq_len: int
+    skipped: dict[int, str] = field(default_factory=dict)  # budgets not tried, and why
+
+
+def _activation_bytes(pipe: Pipeline, tokens: int, seq_len: int) -> int:
+    """A rough peak of one forward pass under no_grad: per token the widest intermediate (the feed-forward
+    inner layer), a few hidden-size buffers and one row of attention scores per head."""
+    c = pipe.model.config
+    per_token = c.intermediate_size + 4 * c.hidden_size + c.num_attention_heads * seq_len
+    return tokens * per_token * pipe.model.dtype.itemsize
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory where the model runs: the accelerator's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def tune_batch_tokens(pipe: Pipeline, budgets: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384), *,
+                      seq_len: int = 128, tolerance: float = 0.10, memory_fraction: float = 0.5,
+                      repeats: int = 1) -> BatchTuning:
+    """Time forward passes of `pipe` at each padded-token budget on a synthetic batch of `seq_len`-token rows and
+    set `pipe.max_batch_tokens` to the smallest budget within `tolerance` of the best throughput (a smaller batch
+    adds less latency to each request for the same work rate). Budgets whose estimated activation memory exceeds
+    `memory_fraction` of the free memory are not tried. The first pass is a warm-up and is not timed."""
+    if not budgets:
+        raise ValueError("budgets: give at least one token budget")
+    seq_len = min(seq_len, pipe.max_positions or seq_len)
+    vocab = pipe.model.config.vocab_size
+    free = available_bytes(pipe.model.device)
+    limit = free * memory_fraction if free is not None else None
+    with_types = "token_type_ids" in pipe.tokenizer.model_input_names
+
+    def rows(budget: int) -> list[Feature]:
+        n = max(1, budget // seq_len)
+        return [Feature(item=r, input_ids=[(r * 31 + t * 7 + 5) % vocab for t in range(seq_len)],
+                        attention_mask=[1] * seq_len, token_type_ids=[0] * seq_len if with_types else None)
+                for r in range(n)]
+
+    skipped: dict[int, str] = {}
+    tried = []
+    for budget in sorted(set(budgets)):
+        need = _activation_bytes(pipe, budget, seq_len)
+        if limit is not None and need > limit and tried:
+            skipped[budget] = f"needs ~{need / 2**20:.0f} MiB, {limit / 2**20:.0f} MiB allowed"
+            continue
+        tried.append(budget)
+    pipe.forward_batch(rows(tried[0]))  # warm-up: first-call allocations and kernel choices
+    throughput: dict[int, float] = {}
+    for budget in tried:
+        batch = rows(budget)
+        best = math.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            pipe.forward_batch(batch)
+            best = min(best, time.perf_counter() - start)
+        throughput[budget] = len(batch) * seq_len / max(best, 1e-9)
+    top = max(throughput.values())
+    chosen = min(b for b, t in throughput.items() if t >= (1 - tolerance) * top)
+    pipe.max_batch_tokens = chosen
+    return BatchTuning(chosen=chosen, throughput=throughput, seq_len=seq_len, skipped=skipped)
+
+
+__all__ = ["POOLINGS", "BatchTuning", "SentenceConfig", "SentenceEmbeddingPipeline", "pool", "read_sentence_config",
+           "token_listing", "tune_batch_tokens"]

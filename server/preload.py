@@ -1,0 +1,90 @@
+"""Models named at start (`hfport serve --model [NAME=]PATH`, or HFPORT_MODELS): registered in the store, then
+loaded and warmed up in the background. /health answers 503 until the first (the default of the TEI and OpenAI
+routes) is ready; requests for a model still loading wait for it."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ApiError
+from .jobrun import model_task
+from .schemas import NAME_PATTERN
+from .store import BaseStore as Store
+
+log = logging.getLogger("hfport.server")
+
+# what a registered model's task is served as by the TEI/OpenAI routes: a bare encoder embeds sentences
+SERVED_TASK = {"feature-extraction": "sentence-embeddings"}
+
+
+@dataclass
+class Startup:
+    default: str | None = None  # the model requests that name none go to
+    names: list[str] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+def parse_spec(spec: str) -> tuple[str, Path]:
+    """`name=path` or `path` -> (name, folder). A repo id resolves through the local HF cache."""
+    from hfport import hub
+
+    name, sep, where = spec.partition("=")
+    if not sep:
+        name, where = "", spec
+    folder = Path(where).expanduser()
+    if not folder.is_dir():
+        try:
+            folder = Path(hub.resolve(where))
+        except Exception as e:  # noqa: BLE001 - any failure means the same to the operator
+            raise ApiError(400, f"--model {spec!r}: not a folder, and not a repo id in the local HF cache ({e})",
+                           "InvalidModel") from e
+    name = name or re.sub(r"[^A-Za-z0-9._-]", "-", folder.resolve().name if where in (".", "") else Path(where).name)
+    if not re.match(NAME_PATTERN, name):
+        raise ApiError(400, f"--model {spec!r}: {name!r} is not a valid model name (letters, digits, . _ -)",
+                       "InvalidModel")
+    return name, folder.resolve()
+
+
+def register(specs: list[str], store: Store) -> Startup:
+    """Register every spec (replacing a same-named entry: the command line wins over an earlier registration)."""
+    startup = Startup()
+    for spec in specs:
+        name, folder = parse_spec(spec)
+        task = model_task(folder)
+        if task is None:
+            raise ApiError(400, f"--model {spec!r}: {folder}/config.json does not name a supported model",
+                           "InvalidModel")
+        store.register_model(name, str(folder), task, source="serve --model", replace=True)
+        startup.names.append(name)
+    startup.default = startup.names[0] if startup.names else None
+    if not startup.names:
+        startup.ready.set()
+    return startup
+
+
+def load_in_background(startup: Startup, store: Store, service: object) -> threading.Thread | None:
+    """Load and warm up every start-up model, the default first; `ready` is set once the default is loaded."""
+    if not startup.names:
+        return None
+
+    def run() -> None:
+        for name in startup.names:
+            entry = store.get_model(name)
+            try:
+                service._load((name, entry["path"], SERVED_TASK.get(entry["task"], entry["task"])))
+                log.info("model %s ready (%s)", name, entry["path"])
+            except Exception as e:  # noqa: BLE001 - reported on /health, logged with its traceback
+                log.exception("loading start-up model %s failed", name)
+                if name == startup.default:
+                    startup.error = f"model {name!r} failed to load: {e}"
+            if name == startup.default:
+                startup.ready.set()
+
+    thread = threading.Thread(target=run, name="hfport-preload", daemon=True)
+    thread.start()
+    return thread
