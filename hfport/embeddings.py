@@ -140,7 +140,7 @@ class SentenceEmbeddingPipeline(Pipeline):
     An item is a text or a list of token ids (used as given: no special tokens are added)."""
 
     task = "sentence-embeddings"
-    model_task = "base"
+    model_task = "feature-extraction"  # the bare encoder; pooling is this pipeline's
     token_outputs = ("last_hidden_state",)
     defaults: ClassVar[dict[str, Any]] = {"pooling": None, "normalize": None, "truncate": False,
                                           "truncation_direction": "right", "dimensions": None, "prompt_name": None,
@@ -220,11 +220,11 @@ class SentenceEmbeddingPipeline(Pipeline):
         return [Feature(item=-1, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                         token_type_ids=enc.get("token_type_ids"))]
 
-    def check_length(self, row: Feature, index: int) -> None:
+    def check_length(self, row: Feature) -> None:
         n = len(row.input_ids)
         if self.max_input_length is not None and n > self.max_input_length:
-            raise PipelineInputError(f"input {index}: {n} tokens, but the model takes at most "
-                                     f"{self.max_input_length}; pass truncate=True to cut it")
+            raise PipelineInputError(f"{n} tokens, but the model takes at most {self.max_input_length}; "
+                                     "pass truncate=True to cut it")
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
         out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)

@@ -49,10 +49,14 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
     batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple")."""
-    record = tasks.get(task)
-    name, cls = record.name, PIPELINES[record.name]
+    if task in PIPELINES and task not in tasks.TASKS:  # a pipeline over another task's model (sentence-embeddings)
+        name, cls = task, PIPELINES[task]
+        record = tasks.get(cls.model_task)
+    else:
+        record = tasks.get(task)
+        name, cls = record.name, PIPELINES[record.name]
     if isinstance(model, PreTrainedEncoder):
-        if model.task != name:
+        if model.task != record.name:
             raise ValueError(f"{name} needs a {record.model_class.__name__}, got a "
                              f"{type(model).__name__} ({model.task} head)")
         if tokenizer is None:

@@ -94,7 +94,8 @@ class Pipeline:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.model_task = cls.task
+        if "model_task" not in cls.__dict__:  # a pipeline over another task's model names that task itself
+            cls.model_task = cls.task
     defaults: ClassVar[dict[str, Any]]  # call options and their defaults, as transformers names them
     token_outputs: ClassVar[tuple[str, ...]] = ()  # forward outputs with a token axis, cut to each row's length
 
