@@ -11,9 +11,9 @@ import torch
 from ..config import EncoderConfig, head_fields, require
 from ..heads import MaskedLMHead, QuestionAnsweringHead, SequenceClassificationHead, TokenClassificationHead
 from ..keymap import KeyMap, params, tables
-from ..nn import Embeddings, Encoder, EncoderBody, EncoderLayer
+from ..nn import Embeddings, Encoder, EncoderBody
 from ..registry import Family, register
-from .bert import architectures, number
+from .bert import architectures, bert_layer, number
 
 EPS = 1e-12  # DistilBERT hard-codes its LayerNorm epsilon
 
@@ -38,9 +38,7 @@ def distilbert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
 def build_body(c: EncoderConfig, task: str) -> EncoderBody:
     embeddings = Embeddings(c.vocab_size, c.hidden_size, c.max_position_embeddings, 0, EPS, c.hidden_dropout,
                             c.pad_token_id)
-    layers = [EncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, EPS,
-                           attention_dropout=c.attention_dropout, attn_out_dropout=0.0,
-                           ffn_out_dropout=c.hidden_dropout) for _ in range(c.num_hidden_layers)]
+    layers = [bert_layer(c, attn_out_dropout=0.0) for _ in range(c.num_hidden_layers)]  # layer_norm_eps is EPS
     return EncoderBody(embeddings, Encoder(layers), pooler=None)
 
 
