@@ -269,7 +269,8 @@ MODERNBERT_NAMES = [  # transformers' ModernBertModel name -> the composed body'
     (r"layers\.(\d+)\.attn\.Wo\.", r"encoder.layers.\1.attn.o."),
     (r"layers\.(\d+)\.attn_norm\.", r"encoder.layers.\1.attn_norm."),
     (r"layers\.(\d+)\.mlp_norm\.", r"encoder.layers.\1.ffn_norm."),
-    (r"layers\.(\d+)\.mlp\.Wi\.", r"encoder.layers.\1.ffn.up."), (r"layers\.(\d+)\.mlp\.Wo\.", r"encoder.layers.\1.ffn.down."),
+    (r"layers\.(\d+)\.mlp\.Wi\.", r"encoder.layers.\1.ffn.up."),
+    (r"layers\.(\d+)\.mlp\.Wo\.", r"encoder.layers.\1.ffn.down."),
     (r"final_norm\.", "encoder.norm."),
 ]
 

@@ -189,9 +189,10 @@ class DisentangledAttention(SelfAttention):
 
         def bias(q: Tensor, k: Tensor) -> Tensor:  # (G, H, L, D) each, q scaled -> (G, H, L, L)
             sub = lengths_index(q.shape[2])
-            offset = sub.lo - index.lo
-            pos_key = self._layout(key_table, sub.c2p_rows + offset) if key_table is not None else None
-            pos_query = self._layout(query_table, sub.p2c_rows + offset) * self.scale \
+            offset = sub.lo - index.lo  # 0 for the longest length
+            pos_key = self._layout(key_table, sub.c2p_rows + offset if offset else sub.c2p_rows) \
+                if key_table is not None else None  # (H, 2L - 1, D)
+            pos_query = self._layout(query_table, sub.p2c_rows + offset if offset else sub.p2c_rows) * self.scale \
                 if query_table is not None else None  # (H, 2L - 1, D)
             return disentangled_bias(q, k, pos_key, pos_query)
 

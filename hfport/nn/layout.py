@@ -18,7 +18,7 @@ sliding window, merge heads). `positions` holds each row's position id, for rota
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
 from typing import Any, Callable, Protocol
