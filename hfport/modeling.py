@@ -317,7 +317,7 @@ class PreTrainedEncoder(nn.Module):
 
     @property
     def padding_free(self) -> bool:
-        """True (the default): batches with padding run on their real tokens only (nn/unpad.py); padding
+        """True (the default): batches with padding run on their real tokens only (nn/layout.py); padding
         positions of token-level outputs are then zeros (hidden states) or what the head makes of zeros."""
         return self.body.padding_free
 

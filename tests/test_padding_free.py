@@ -1,4 +1,4 @@
-"""Padding-free execution (nn/unpad.py): the default path packs a padded batch to its real tokens.
+"""Padding-free execution (nn/layout.py): the default path packs a padded batch to its real tokens.
 
 Checked here: it is the default and really skips padding (the layers see N rows, not B * T), it agrees with the
 padded path at real positions (outputs, losses, every gradient) for every family and head, a sequence gives the
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hfport
-from hfport.nn import Packed
+from hfport.nn import Packed, Padded, RepresentativePadding
 from tests.tiny import ALL_FAMILIES, HEADS, batch, reference_qa_loss, save_hf
 
 TOL = dict(atol=1e-5, rtol=1.3e-6)
@@ -119,11 +119,13 @@ def test_no_padding_and_opt_out_take_the_padded_path(tmp_path) -> None:
     save_hf("bert", "base", tmp_path)
     model = hfport.AutoModel.from_pretrained(tmp_path)
     full = batch("bert", lengths=(12, 12))
-    assert model.body.plan(full["attention_mask"]) is None  # nothing to skip
+    layout = model.body.plan(full["input_ids"], full["attention_mask"])
+    assert isinstance(layout, Padded) and layout.keep is None  # nothing to skip, nothing to mask
     padded = batch("bert", lengths=(12, 5))
-    assert isinstance(model.body.plan(padded["attention_mask"]), Packed)
+    assert isinstance(model.body.plan(padded["input_ids"], padded["attention_mask"]), Packed)
     model.padding_free = False
-    assert model.body.plan(padded["attention_mask"]) is None
+    layout = model.body.plan(padded["input_ids"], padded["attention_mask"])
+    assert isinstance(layout, Padded) and torch.equal(layout.keep, padded["attention_mask"].bool())
 
 
 def test_holes_in_the_mask(tmp_path) -> None:
@@ -134,7 +136,8 @@ def test_holes_in_the_mask(tmp_path) -> None:
         model = hfport.AutoModel.from_pretrained(tmp_path / family)
         inputs = batch(family, lengths=LENGTHS)
         inputs["attention_mask"][0, 10:15] = 0
-        assert isinstance(model.body.plan(inputs["attention_mask"]), Packed) is packs
+        layout = model.body.plan(inputs["input_ids"], inputs["attention_mask"])
+        assert isinstance(layout, Packed if packs else RepresentativePadding), layout
         real = inputs["attention_mask"].bool()
         with torch.no_grad():
             a = model(**inputs).last_hidden_state
@@ -151,6 +154,9 @@ def test_packed_layout() -> None:
     assert Packed.from_mask(torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0]])).runs == \
         ((0, 2, 2), (4, 1, 3), (7, 1, 1))
     assert packed.index.tolist() == [1, 2, 4, 5, 6, 7, 12, 14]
+    assert packed.positions.tolist() == [1, 2, 0, 1, 2, 3, 0, 2]  # each token's position in its padded row
+    right = Packed.from_mask(torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]))
+    assert right.positions.tolist() == [0, 1, 2, 0, 1, 0]  # right padding: every sequence restarts at 0
     assert not packed.contiguous  # the last row has a hole
     assert Packed.from_mask(mask[:3]).contiguous
     x = torch.arange(4 * 4 * 2, dtype=torch.float).view(4, 4, 2).requires_grad_()

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..config import EncoderConfig, require
 from ..keymap import KeyMap, params, tables
-from ..nn import EncoderBody, EncoderLayer, Embeddings, Pooler, SharedEncoder
+from ..nn import EncoderBody, Embeddings, Pooler, SharedEncoder
 from . import bert
 from .family import Family
 
@@ -25,12 +25,8 @@ def build_body(c: EncoderConfig, task: str) -> EncoderBody:
     embeddings = Embeddings(c.vocab_size, c.embedding_size, c.max_position_embeddings, c.type_vocab_size,
                             c.layer_norm_eps, c.hidden_dropout, c.pad_token_id, hidden_size=c.hidden_size)
 
-    def layer() -> EncoderLayer:
-        return EncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, c.layer_norm_eps,
-                            attention_dropout=c.attention_dropout, attn_out_dropout=c.hidden_dropout,
-                            ffn_out_dropout=0.0)
-
-    groups = [[layer() for _ in range(c.inner_group_num)] for _ in range(c.num_hidden_groups)]
+    groups = [[bert.bert_layer(c, ffn_out_dropout=0.0) for _ in range(c.inner_group_num)]
+              for _ in range(c.num_hidden_groups)]
     pooler = Pooler(c.hidden_size) if task in bert.POOLER_TASKS else None
     return EncoderBody(embeddings, SharedEncoder(groups, c.num_hidden_layers), pooler)
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import nn
+
 from ..config import EncoderConfig, head_fields, require
 from ..errors import ConfigError
 from ..keymap import KeyMap, params, tables
-from ..nn import Embeddings, Encoder, EncoderBody, EncoderLayer, Pooler
+from ..nn import Embeddings, Encoder, EncoderBody, EncoderLayer, FeedForward, Pooler, SelfAttention, layer_norm
 from .family import Family
 
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -44,10 +46,16 @@ def bert_config(original: dict[str, Any], source: str, *, defaults: dict[str, An
         **head_fields(raw), raw=original, source=source, **family_fields)
 
 
-def bert_layer(c: EncoderConfig) -> EncoderLayer:
-    return EncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, c.layer_norm_eps,
-                        attention_dropout=c.attention_dropout, attn_out_dropout=c.hidden_dropout,
-                        ffn_out_dropout=c.hidden_dropout)
+def bert_layer(c: EncoderConfig, *, attn: nn.Module | None = None, attn_out_dropout: float | None = None,
+               ffn_out_dropout: float | None = None) -> EncoderLayer:
+    """BERT's post-LN layer from its parts; DistilBERT and ALBERT change a residual dropout, DeBERTa the attention.
+    The parts are built in transformers' order (attention, its norm, feed-forward, its norm)."""
+    attn = attn if attn is not None else SelfAttention(c.hidden_size, c.num_attention_heads, c.attention_dropout)
+    attn_norm = layer_norm(c.hidden_size, c.layer_norm_eps)
+    ffn = FeedForward(c.hidden_size, c.intermediate_size, c.hidden_act)
+    return EncoderLayer(attn, ffn, attn_norm, layer_norm(c.hidden_size, c.layer_norm_eps),
+                        attn_out_dropout=c.hidden_dropout if attn_out_dropout is None else attn_out_dropout,
+                        ffn_out_dropout=c.hidden_dropout if ffn_out_dropout is None else ffn_out_dropout)
 
 
 def bert_embeddings(c: EncoderConfig, *, positions_offset_by_padding: bool = False) -> Embeddings:

@@ -4,8 +4,7 @@ a ContextPooler in the classification head and two MLM head layouts."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -13,11 +12,11 @@ from torch import Tensor, nn
 from ..config import EncoderConfig, head_fields
 from ..errors import ConfigError
 from ..keymap import KeyMap, params, tables
-from ..nn import Activation, EncoderBody, EncoderLayer, Packed, SelfAttention
+from ..nn import Activation, EncoderBody, Layout, RepresentativePadding, SelfAttention, SequenceBias
 from ..nn.activations import ACTIVATIONS
-from ..nn.unpad import Rows
+from ..nn.layout import Rows
 from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias
-from .bert import architectures, number
+from .bert import architectures, bert_layer, number
 from .family import Family, HeadOptions
 
 # DebertaV2Config's defaults (transformers 5.23), where they differ from EncoderConfig's or are DeBERTa's own.
@@ -33,6 +32,8 @@ DEFAULTS: dict[str, Any] = {
     "conv_groups": 1, "conv_act": "tanh", "cls_dropout": None,
 }
 ATT_TYPES = ("c2p", "p2c")
+# the relative-embedding window (W, C) for the batch's longest length, its RelativeIndex, and length -> index
+Relative = tuple[Tensor, RelativeIndex, Callable[[int], RelativeIndex]]
 
 
 def _typed(raw: dict[str, Any], key: str, kind: type, source: str) -> Any:
@@ -124,7 +125,7 @@ class DebertaEmbeddings(nn.Module):
     """word (+ absolute position) (+ token type) -> projection to hidden_size -> LayerNorm -> dropout.
 
     Unlike BERT/ALBERT the LayerNorm runs after the projection, on hidden_size. Padded positions are zeroed by
-    the encoder, where the mask is known."""
+    the padded layout (RepresentativePadding.embed), where the mask is known; the packed layout has none."""
 
     def __init__(self, c: EncoderConfig):
         super().__init__()
@@ -151,59 +152,17 @@ class DebertaEmbeddings(nn.Module):
         return self.dropout(self.norm(x))  # (B, T, C)
 
 
-@dataclass(frozen=True)
-class Padding:
-    """A padded batch's masks and its packed layout, for the padded path (padding_free off, or a mask with holes,
-    where packed relative distances would be wrong).
-
-    Masks: transformers masks a (query, key) pair unless both are real, so a padded query row is fully masked and
-    attends uniformly to every key. hfport gives the same values without a row of dtype minimums, whose
-    log-sum-exp SDPA's backward cannot represent: a padded row's query is zeroed and its bias set to 0, which is
-    uniform too, and its scores pass no gradient back, as in transformers.
-
-    Packing: every padded position of a sequence holds the same value at every layer (zero embeddings, the same
-    uniform attention, the same residual), so the per-token work runs on the real tokens plus one representative
-    padded row per sequence, and attention unpacks to (B, T). This path reproduces transformers' values at padding
-    positions too."""
-
-    override: Tensor  # (B, 1, T, T) bool: pairs whose score is replaced by `bias`
-    bias: Tensor  # (B, 1, T, T) float: 0 on padded rows, the dtype's minimum at a real row's padded keys
-    padded_rows: Tensor  # (B, 1, T, 1) bool
-    rows: Tensor  # (N,) long: flat (B * T) position of each packed row
-    scatter: Tensor  # (B * T,) long: packed row of each flat position
-
-    @staticmethod
-    def build(keep: Tensor, dtype: torch.dtype) -> Padding:
-        b, t = keep.shape
-        padded_rows = ~keep[:, None, :, None]  # (B, 1, T, 1)
-        first_pad = ~keep & (torch.cumsum(~keep, dim=1) == 1)  # (B, T): each sequence's representative
-        chosen = keep | first_pad  # (B, T)
-        packed_id = torch.cumsum(chosen.reshape(-1), dim=0) - 1  # (B * T,)
-        rep_id = (packed_id.view(b, t) * first_pad).sum(dim=1, keepdim=True)  # (B, 1)
-        scatter = torch.where(keep, packed_id.view(b, t), rep_id).reshape(-1)  # (B * T,)
-        rows = chosen.reshape(-1).nonzero().squeeze(1)  # (N,)
-        padded_keys = ~keep[:, None, None, :]  # (B, 1, 1, T)
-        bias = torch.zeros(b, 1, t, t, dtype=dtype, device=keep.device)
-        bias.masked_fill_(padded_keys & ~padded_rows, torch.finfo(dtype).min)  # (B, 1, T, T)
-        return Padding(padded_rows | padded_keys, bias, padded_rows, rows, scatter)
-
-    def pack(self, x: Tensor) -> Tensor:  # (B, T, F) -> (N, F)
-        return Rows.apply(x.reshape(-1, x.shape[-1]), self.rows, True)
-
-    def unpack(self, x: Tensor, b: int) -> Tensor:  # (N, F) -> (B, T, F)
-        return Rows.apply(x, self.scatter, False).view(b, -1, x.shape[-1])
-
-
 class DisentangledAttention(SelfAttention):
-    """SelfAttention plus DeBERTa's relative-position score terms, given to the kernel as an additive bias.
+    """SelfAttention plus DeBERTa's relative-position score terms, supplied as its per-sequence bias callback.
 
     Scores are (q.k + c2p + p2c) / sqrt(D * (1 + number of position terms)), as transformers scales them (also
     when relative_attention is off but pos_att_type is set). The query is scaled once, up front."""
 
     def __init__(self, c: EncoderConfig):
-        super().__init__(c.hidden_size, c.num_attention_heads, c.attention_dropout)
         types = c.extra["pos_att_type"]
-        self.scale = (self.head_dim * (1 + sum(t in types for t in ATT_TYPES))) ** -0.5
+        head_dim = c.hidden_size // c.num_attention_heads
+        super().__init__(c.hidden_size, c.num_attention_heads, c.attention_dropout,
+                         scale=(head_dim * (1 + sum(t in types for t in ATT_TYPES))) ** -0.5, scale_query=True)
         relative = c.extra["relative_attention"]
         self.c2p = relative and "c2p" in types
         self.p2c = relative and "p2c" in types
@@ -213,59 +172,30 @@ class DisentangledAttention(SelfAttention):
         self.pos_q = nn.Linear(c.hidden_size, c.hidden_size) if unshared and self.p2c else None
         self.pos_dropout = nn.Dropout(c.hidden_dropout)
 
-    def project_positions(self, table: Tensor, proj: nn.Linear, rows: Tensor) -> Tensor:
-        """(W, C) window -> (H, 2T - 1, D): projected once per table row, then laid out by distance."""
-        return self._layout(proj(table), rows)
+    def forward(self, x: Tensor, layout: Layout, rel: Relative | None = None) -> Tensor:
+        """x: the layout's rows; rel: the relative-embedding window, its index and the per-length index lookup."""
+        return super().forward(x, layout, bias=self.relative_bias(rel))
 
-    def forward(self, x: Tensor, mask: Padding | Packed | None,
-                rel: tuple[Tensor, RelativeIndex, Any] | None = None) -> Tensor:
-        """x: (B, T, C) with mask None (nothing padded), or packed rows (N, C) with their Packed layout (padding-
-        free) or Padding (padded path); rel: the relative-embedding window, its index and the per-length index
-        cache. Returns x's layout."""
-        if isinstance(mask, Packed):
-            return self.per_sequence(x, mask, rel)
-        if mask is None:
-            q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
-        else:
-            b = mask.padded_rows.shape[0]
-            q, k, v = (self.split_heads(mask.unpack(proj(x), b)) for proj in (self.q, self.k, self.v))  # (B, H, T, D)
-            q = q.masked_fill(mask.padded_rows, 0.0)  # padded query rows: uniform attention, no score gradient
-        q = q * self.scale  # (B, H, T, D)
-        bias = None
-        if rel is not None and (self.c2p or self.p2c):
-            table, index, _ = rel
-            table = self.pos_dropout(table)  # (W, C)
-            pos_key = self.project_positions(table, self.k if self.share_att_key else self.pos_k, index.c2p_rows) \
-                if self.c2p else None  # (H, 2T - 1, D)
-            pos_query = self.project_positions(table, self.q if self.share_att_key else self.pos_q,
-                                               index.p2c_rows) * self.scale if self.p2c else None  # (H, 2T - 1, D)
-            bias = disentangled_bias(q, k, pos_key, pos_query, *((mask.override, mask.bias) if mask else ()))
-        elif mask is not None:
-            bias = mask.bias  # (B, 1, T, T)
-        out = self.attend(q, k, v, None, bias=bias, scale=1.0)  # (B, T, C)
-        return out if mask is None else mask.pack(out)  # (N, C)
+    def relative_bias(self, rel: Relative | None) -> SequenceBias | None:
+        """The c2p / p2c bias of a sequence of length L, from the table window projected once per layer (each
+        length's rows lie inside the longest length's window)."""
+        if rel is None or not (self.c2p or self.p2c):
+            return None
+        table, index, lengths_index = rel
+        table = self.pos_dropout(table)  # (W, C): one dropout draw per layer, as transformers
+        key_table = (self.k if self.share_att_key else self.pos_k)(table) if self.c2p else None  # (W, C)
+        query_table = (self.q if self.share_att_key else self.pos_q)(table) if self.p2c else None  # (W, C)
 
-    def per_sequence(self, x: Tensor, packed: Packed, rel: tuple[Tensor, RelativeIndex, Any] | None) -> Tensor:
-        """Padding-free: x packed (N, C); each sequence attends over its own L_i tokens with the relative bias of
-        its own length (its table rows lie inside the longest length's window)."""
-        q, k, v = self.packed_heads(x)  # (N, H, D) each
-        q = q * self.scale
-        bias = None
-        if rel is not None and (self.c2p or self.p2c):
-            table, index, lengths_index = rel
-            table = self.pos_dropout(table)  # (W, C): one dropout draw per layer, as transformers
-            key_table = (self.k if self.share_att_key else self.pos_k)(table) if self.c2p else None  # (W, C)
-            query_table = (self.q if self.share_att_key else self.pos_q)(table) if self.p2c else None  # (W, C)
+        def bias(q: Tensor, k: Tensor) -> Tensor:  # (G, H, L, D) each, q scaled -> (G, H, L, L)
+            sub = lengths_index(q.shape[2])
+            offset = sub.lo - index.lo  # 0 for the longest length
+            pos_key = self._layout(key_table, sub.c2p_rows + offset if offset else sub.c2p_rows) \
+                if key_table is not None else None  # (H, 2L - 1, D)
+            pos_query = self._layout(query_table, sub.p2c_rows + offset if offset else sub.p2c_rows) * self.scale \
+                if query_table is not None else None  # (H, 2L - 1, D)
+            return disentangled_bias(q, k, pos_key, pos_query)
 
-            def bias(qi: Tensor, ki: Tensor) -> Tensor:  # (G, H, L, D) each -> (G, H, L, L)
-                sub = lengths_index(qi.shape[2])
-                offset = sub.lo - index.lo
-                pos_key = self._layout(key_table, sub.c2p_rows + offset) if key_table is not None else None
-                pos_query = self._layout(query_table, sub.p2c_rows + offset) * self.scale \
-                    if query_table is not None else None  # (H, 2L - 1, D)
-                return disentangled_bias(qi, ki, pos_key, pos_query)
-
-        return self.attend_packed(q, k, v, packed, bias, scale=1.0)  # (N, C)
+        return bias
 
     def _layout(self, projected: Tensor, rows: Tensor) -> Tensor:
         """(W, C) projected table -> (H, 2L - 1, D) laid out by distance."""
@@ -296,15 +226,12 @@ class DebertaEncoder(nn.Module):
     """Layers sharing one relative-embedding table (optionally LayerNorm-ed), the conv after layer 0."""
 
     packs_holes = False  # relative distances of packed tokens would skip a hole in the mask
+    padded_layout = RepresentativePadding  # transformers masks (query, key) pairs, not keys only
 
     def __init__(self, c: EncoderConfig):
         super().__init__()
         x = c.extra
-        self.layers = nn.ModuleList(
-            EncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, c.layer_norm_eps,
-                         attention_dropout=c.attention_dropout, attn_out_dropout=c.hidden_dropout,
-                         ffn_out_dropout=c.hidden_dropout, attn=DisentangledAttention(c))
-            for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(bert_layer(c, attn=DisentangledAttention(c)) for _ in range(c.num_hidden_layers))
         span = x["pos_ebd_size"]
         self.rel_embeddings = nn.Embedding(2 * span, c.hidden_size) if x["relative_attention"] else None
         self.rel_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if "layer_norm" in x["norm_rel_ebd"] \
@@ -313,7 +240,7 @@ class DebertaEncoder(nn.Module):
         self.uses_positions = x["relative_attention"] and any(t in x["pos_att_type"] for t in ATT_TYPES)
         self.positions = RelativeIndexCache(span, x["position_buckets"], x["max_relative_positions"])
 
-    def relative(self, length: int, device: torch.device) -> tuple[Tensor, RelativeIndex, Any] | None:
+    def relative(self, length: int, device: torch.device) -> Relative | None:
         if not self.uses_positions:
             return None
         index = self.positions.get(length, device)
@@ -321,37 +248,16 @@ class DebertaEncoder(nn.Module):
         return (self.rel_norm(table) if self.rel_norm is not None else table), index, \
             lambda n: self.positions.get(n, device)
 
-    def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:
-        """x: (B, T, C) embeddings with a boolean key mask (B, 1, 1, T) or None when nothing is padded, or packed
-        real tokens (N, C) with their Packed layout (padding-free). Returns x's layout."""
-        if isinstance(mask, Packed):
-            return self.packed(x, mask)
-        b = x.shape[0]
-        keep = padding = None
-        rel = self.relative(x.shape[1], x.device)
-        if mask is not None:
-            keep = mask[:, 0, 0, :]  # (B, T)
-            x = x * keep[..., None]  # transformers zeroes padded embeddings (the conv reads them)
-            padding = Padding.build(keep, x.dtype)
-        embedded = x
-        x = x if padding is None else padding.pack(x)  # (N, C) when padded
-        for i, layer in enumerate(self.layers):
-            x = layer(x, padding, rel=rel)  # (B, T, C) or (N, C)
-            if i == 0 and self.conv is not None:
-                x = self.conv(embedded, x if padding is None else padding.unpack(x, b), keep)  # (B, T, C)
-                x = x if padding is None else padding.pack(x)
-        return x if padding is None else padding.unpack(x, b)  # (B, T, C)
-
-    def packed(self, x: Tensor, packed: Packed) -> Tensor:
-        """Padding-free: x (N, C) real tokens only; the convolution alone needs the padded layout (its window
-        reads neighbours, and padding neighbours are zeros as in transformers)."""
-        rel = self.relative(packed.max_length, x.device)
+    def forward(self, x: Tensor, layout: Layout) -> Tensor:
+        """x: the layout's rows (.., C). The convolution alone needs the padded (B, T) layout: its window reads
+        neighbours, and padding neighbours are zeros as in transformers."""
+        rel = self.relative(layout.max_length, x.device)
         embedded = x
         for i, layer in enumerate(self.layers):
-            x = layer(x, packed, rel=rel)  # (N, C)
+            x = layer(x, layout, rel=rel)  # (.., C)
             if i == 0 and self.conv is not None:
-                out = self.conv(packed.unpack(embedded), packed.unpack(x), packed.keep)  # (B, T, C)
-                x = packed.pack(out)  # (N, C)
+                out = self.conv(layout.unpack(embedded), layout.unpack(x), layout.keep)  # (B, T, C)
+                x = layout.pack(out)  # (.., C)
         return x
 
 

@@ -10,8 +10,8 @@ import torch
 
 from ..config import EncoderConfig, head_fields, require
 from ..keymap import KeyMap, params, tables
-from ..nn import Embeddings, Encoder, EncoderBody, EncoderLayer
-from .bert import architectures, number
+from ..nn import Embeddings, Encoder, EncoderBody
+from .bert import architectures, bert_layer, number
 from .family import Family, HeadOptions
 
 EPS = 1e-12  # DistilBERT hard-codes its LayerNorm epsilon
@@ -37,9 +37,7 @@ def distilbert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
 def build_body(c: EncoderConfig, task: str) -> EncoderBody:
     embeddings = Embeddings(c.vocab_size, c.hidden_size, c.max_position_embeddings, 0, EPS, c.hidden_dropout,
                             c.pad_token_id)
-    layers = [EncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.hidden_act, EPS,
-                           attention_dropout=c.attention_dropout, attn_out_dropout=0.0,
-                           ffn_out_dropout=c.hidden_dropout) for _ in range(c.num_hidden_layers)]
+    layers = [bert_layer(c, attn_out_dropout=0.0) for _ in range(c.num_hidden_layers)]  # layer_norm_eps is EPS
     return EncoderBody(embeddings, Encoder(layers), pooler=None)
 
 

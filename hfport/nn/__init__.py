@@ -1,11 +1,13 @@
 """Shared building blocks; families assemble these, they never copy them."""
 
 from .activations import ACTIVATIONS, Activation
-from .attention import ATTENTION_BACKENDS, SelfAttention
-from .layers import (Embeddings, Encoder, EncoderBody, EncoderLayer, FeedForward, Pooler, SharedEncoder,
-                     padding_mask, positions_from_padding)
-from .unpad import Packed
+from .attention import ATTENTION_BACKENDS, FusedQKV, SelfAttention
+from .layers import (Embeddings, Encoder, EncoderBody, EncoderLayer, FeedForward, GatedFeedForward, Pooler,
+                     SharedEncoder, layer_norm)
+from .layout import Layout, Packed, Padded, RepresentativePadding, SequenceBias, padding_mask
+from .positions import Rotary, positions_from_padding
 
 __all__ = ["ACTIVATIONS", "ATTENTION_BACKENDS", "Activation", "Embeddings", "Encoder", "EncoderBody",
-           "EncoderLayer", "FeedForward", "Packed", "Pooler", "SelfAttention", "SharedEncoder", "padding_mask",
-           "positions_from_padding"]
+           "EncoderLayer", "FeedForward", "FusedQKV", "GatedFeedForward", "Layout", "Packed", "Padded", "Pooler",
+           "RepresentativePadding", "Rotary", "SelfAttention", "SequenceBias", "SharedEncoder", "layer_norm",
+           "padding_mask", "positions_from_padding"]

@@ -1,24 +1,24 @@
-"""Multi-head self-attention: one module, the kernel chosen through a backend slot.
+"""Multi-head self-attention: one module, the kernel chosen through a backend slot, the layout (nn/layout.py)
+deciding how sequences reach the kernel.
 
-Backends take q, k, v as (B, H, T, D), a boolean key mask (B, 1, 1, T) where True means "attend" (or None
-when nothing is padded), and an optional additive score bias (B|1, H|1, T, T) for families that add
-relative-position terms (DeBERTa). On a packed batch (nn/unpad.py) the same kernel runs once per sequence over
-that sequence's own tokens, with no mask.
+Backends take q, k, v as (G, H, L, D), a boolean mask (G|1, 1, L|1, L) where True means "attend" (or None when
+nothing is masked), and an optional additive score bias (G|1, H|1, L, L). Injection points, all constructor
+arguments or call arguments rather than branches on a family: `bias` (a per-sequence score-bias callback, DeBERTa's
+relative terms), `rotary` (positions applied to q and k), `window` (local attention), `qkv` (a fused projection),
+`bias=False` projections, and `scale` / `scale_query` (DeBERTa scales the query once, before its bias reads it).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .unpad import Packed
-
-# bias(q, k) -> the additive score bias (1|G, H, L, L) of G sequences of length L given their (G, H, L, D) queries
-# and keys (DeBERTa's relative terms), or None
-SequenceBias = Callable[[Tensor, Tensor], "Tensor | None"]
+from .layout import Layout, SequenceBias
+from .positions import Rotary
 
 
 class AttentionBackend(Protocol):
@@ -55,64 +55,56 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bia
 ATTENTION_BACKENDS: dict[str, Callable[..., Tensor]] = {"sdpa": sdpa_attention, "eager": eager_attention}
 
 
-class SelfAttention(nn.Module):
-    """Projections q, k, v, o around a pluggable attention kernel."""
+class FusedQKV(nn.Module):
+    """One projection to q, k and v side by side (ModernBERT's Wqkv): x (.., C) -> three (.., C) views."""
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, backend: str = "sdpa"):
+    def __init__(self, hidden_size: int, bias: bool = True):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.proj(x).chunk(3, dim=-1)  # (.., C) each, q first
+
+
+class SelfAttention(nn.Module):
+    """Projections q, k, v, o around a pluggable kernel; x in any layout's rows, (B, T, C) or (N, C).
+
+    window: local attention, tokens attend to |i - j| <= window // 2 (None: global). rotary: a Rotary applied to q
+    and k at the layout's positions. qkv: a module x -> (q, k, v) replacing the separate q, k, v projections."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float, backend: str = "sdpa", *, bias: bool = True,
+                 window: int | None = None, rotary: Rotary | None = None, qkv: nn.Module | None = None,
+                 scale: float | None = None, scale_query: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = hidden_size // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim ** -0.5 if scale is None else scale
+        self.scale_query = scale_query
         self.dropout = dropout
         self.backend = backend
-        self.q = nn.Linear(hidden_size, hidden_size)
-        self.k = nn.Linear(hidden_size, hidden_size)
-        self.v = nn.Linear(hidden_size, hidden_size)
-        self.o = nn.Linear(hidden_size, hidden_size)
+        self.window = window
+        self.rotary = rotary
+        self.qkv = qkv
+        if qkv is None:
+            self.q = nn.Linear(hidden_size, hidden_size, bias=bias)
+            self.k = nn.Linear(hidden_size, hidden_size, bias=bias)
+            self.v = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.o = nn.Linear(hidden_size, hidden_size, bias=bias)
 
-    def split_heads(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """rows (.., C) -> q, k, v (.., C) each."""
+        return self.qkv(x) if self.qkv is not None else (self.q(x), self.k(x), self.v(x))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None = None,
-               scale: float | None = None) -> Tensor:
-        """Kernel + output projection on already split heads; families with extra score terms call this."""
-        b, _, t, _ = q.shape
-        out = ATTENTION_BACKENDS[self.backend](
-            q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
-            scale=self.scale if scale is None else scale)  # (B, H, T, D)
-        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, C)
-        return self.o(out)
+    def forward(self, x: Tensor, layout: Layout, bias: SequenceBias | None = None) -> Tensor:
+        """x: the layout's rows (.., C) -> (.., C); bias: score terms per sequence (see SequenceBias)."""
+        q, k, v = self.project(x)  # (.., C) each
+        if self.scale_query:  # once, up front: the bias callback then sees the scaled queries
+            q = q * self.scale
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, layout, self.num_heads)  # (.., C) each
+        kernel = partial(ATTENTION_BACKENDS[self.backend], dropout_p=self.dropout if self.training else 0.0,
+                         scale=1.0 if self.scale_query else self.scale)
+        return self.o(layout.attend(q, k, v, self.num_heads, kernel, bias, self.window))  # (.., C)
 
-    def packed_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Packed rows (N, C) -> q, k, v as (N, H, D) each."""
-        n = x.shape[0]
-        return tuple(proj(x).view(n, self.num_heads, self.head_dim) for proj in (self.q, self.k, self.v))
-
-    def attend_packed(self, q: Tensor, k: Tensor, v: Tensor, packed: Packed, bias: SequenceBias | None = None,
-                      scale: float | None = None) -> Tensor:
-        """q, k, v: (N, H, D) packed rows -> (N, C): each sequence attends over its own L_i tokens only.
-
-        One kernel call per run of equal-length sequences (often one per sequence); the per-call overhead is
-        small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away.
-        Measured on a 2-core CPU, 16 rows with 41% padding, attention forward + backward with dropout / without:
-        per sequence 156 / 105 ms, one masked padded call 380 / 126 ms, nested-tensor SDPA 672 / 700 ms."""
-        n, h, d = q.shape
-        kernel = ATTENTION_BACKENDS[self.backend]
-        dropout_p = self.dropout if self.training else 0.0
-        scale = self.scale if scale is None else scale
-        pieces = []
-        for start, count, length in packed.runs:
-            rows = slice(start, start + count * length)
-            qi, ki, vi = (x[rows].view(count, length, h, d).transpose(1, 2) for x in (q, k, v))  # (G, H, L, D)
-            out = kernel(qi, ki, vi, mask=None, bias=bias(qi, ki) if bias is not None else None,
-                         dropout_p=dropout_p, scale=scale)  # (G, H, L, D)
-            pieces.append(out.transpose(1, 2).reshape(count * length, h, d))  # (G * L, H, D)
-        return self.o(torch.cat(pieces).reshape(n, h * d))  # (N, C)
-
-    def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:
-        """x: (B, T, C) with a key mask (B, 1, 1, T) or None, or packed (N, C) with its Packed layout."""
-        if isinstance(mask, Packed):
-            return self.attend_packed(*self.packed_heads(x), mask)  # (N, C)
-        q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
-        return self.attend(q, k, v, mask)  # (B, T, C)
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, backend={self.backend}, window={self.window}"

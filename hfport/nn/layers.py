@@ -1,4 +1,5 @@
-"""The shared encoder blocks: embeddings, feed-forward, the post-LN layer, encoders, pooler."""
+"""The shared encoder blocks: embeddings, feed-forwards (plain, gated), the encoder layer (post- or pre-LN, its
+parts injected), encoders, pooler, and the body that runs them in a layout (nn/layout.py)."""
 
 from __future__ import annotations
 
@@ -6,39 +7,30 @@ import torch
 from torch import Tensor, nn
 
 from .activations import Activation
-from .attention import SelfAttention
-from .unpad import Packed
+from .layout import Layout, Packed, Padded
+from .positions import positions_from_padding
 
 
-def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
-    """(B, T) 1/0 mask -> boolean key mask (B, 1, 1, T), or None when nothing is padded."""
-    if attention_mask is None:
-        return None
-    mask = attention_mask.bool()
-    if bool(mask.all()):
-        return None  # lets SDPA take its unmasked fast path
-    return mask[:, None, None, :]
-
-
-def positions_from_padding(input_ids: Tensor, pad_token_id: int) -> Tensor:
-    """RoBERTa's position ids: real tokens count from pad_token_id + 1, padding stays at pad_token_id."""
-    real = input_ids.ne(pad_token_id).long()  # (B, T)
-    return torch.cumsum(real, dim=1) * real + pad_token_id
+def layer_norm(size: int, eps: float, bias: bool = True) -> nn.LayerNorm:
+    """LayerNorm, with or without its bias (ModernBERT's norm_bias=False)."""
+    return nn.LayerNorm(size, eps=eps, bias=bias)
 
 
 class Embeddings(nn.Module):
-    """word + position (+ token type) -> LayerNorm -> dropout (-> projection to hidden_size, ALBERT)."""
+    """word (+ absolute position) (+ token type) -> LayerNorm -> dropout (-> projection to hidden_size, ALBERT).
+
+    max_positions 0: no position table (positions then come from rotary embeddings or a relative bias)."""
 
     def __init__(self, vocab_size: int, dim: int, max_positions: int, type_vocab_size: int, eps: float,
                  dropout: float, pad_token_id: int | None, hidden_size: int | None = None,
-                 positions_offset_by_padding: bool = False):
+                 positions_offset_by_padding: bool = False, norm_bias: bool = True):
         super().__init__()
         self.word = nn.Embedding(vocab_size, dim, padding_idx=pad_token_id)
         # RoBERTa's padding positions all sit at pad_token_id: that row gets no gradient, as in transformers
-        self.position = nn.Embedding(max_positions, dim,
-                                     padding_idx=pad_token_id if positions_offset_by_padding else None)
+        self.position = nn.Embedding(max_positions, dim, padding_idx=pad_token_id if positions_offset_by_padding
+                                     else None) if max_positions > 0 else None
         self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size > 0 else None
-        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.norm = layer_norm(dim, eps, norm_bias)
         self.dropout = nn.Dropout(dropout)
         self.project = nn.Linear(dim, hidden_size) if hidden_size is not None else None
         self.pad_token_id = pad_token_id
@@ -54,7 +46,9 @@ class Embeddings(nn.Module):
                 position_ids: Tensor | None = None) -> Tensor:
         if position_ids is None:
             position_ids = self.position_ids(input_ids)
-        x = self.word(input_ids) + self.position(position_ids)  # (B, T, E)
+        x = self.word(input_ids)  # (B, T, E)
+        if self.position is not None:
+            x = x + self.position(position_ids)
         if self.token_type is not None:
             if token_type_ids is None:
                 x = x + self.token_type.weight[0]
@@ -65,51 +59,77 @@ class Embeddings(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str):
+    """up -> act -> down."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool = True):
         super().__init__()
-        self.up = nn.Linear(hidden_size, intermediate_size)
+        self.up = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.act = Activation(act)
-        self.down = nn.Linear(intermediate_size, hidden_size)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.act(self.up(x)))  # (B, T, C)
+        return self.down(self.act(self.up(x)))  # (.., C)
+
+
+class GatedFeedForward(nn.Module):
+    """up to 2 * I, split into input and gate (in that order) -> act(input) * gate -> dropout -> down: ModernBERT's
+    GeGLU (Wi, Wo) with act gelu."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.up = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.act = Activation(act)
+        self.dropout = nn.Dropout(dropout)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        inputs, gate = self.up(x).chunk(2, dim=-1)  # (.., I) each
+        return self.down(self.dropout(self.act(inputs) * gate))  # (.., C)
 
 
 class EncoderLayer(nn.Module):
-    """Post-LN transformer layer. The two residual dropouts are separate because families differ:
-    DistilBERT has none after attention, ALBERT none after the feed-forward."""
+    """attention + feed-forward, each with a residual and a norm; the parts are given, not chosen inside.
 
-    def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, act: str, eps: float,
-                 attention_dropout: float, attn_out_dropout: float, ffn_out_dropout: float,
-                 attn: SelfAttention | None = None):
+    norm_first False (post-LN, BERT): x = attn_norm(x + attn(x)); x = ffn_norm(x + ffn(x)).
+    norm_first True (pre-LN, ModernBERT): x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x)); pass
+    attn_norm=nn.Identity() for a first layer without one. The two residual dropouts are separate because families
+    differ: DistilBERT has none after attention, ALBERT none after the feed-forward."""
+
+    def __init__(self, attn: nn.Module, ffn: nn.Module, attn_norm: nn.Module, ffn_norm: nn.Module, *,
+                 norm_first: bool = False, attn_out_dropout: float = 0.0, ffn_out_dropout: float = 0.0):
         super().__init__()
-        # a family may pass an attention that adds its own score terms (DeBERTa's relative-position bias)
-        self.attn = attn if attn is not None else SelfAttention(hidden_size, num_heads, attention_dropout)
-        self.attn_norm = nn.LayerNorm(hidden_size, eps=eps)
-        self.ffn = FeedForward(hidden_size, intermediate_size, act)
-        self.ffn_norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.attn = attn
+        self.attn_norm = attn_norm
+        self.ffn = ffn
+        self.ffn_norm = ffn_norm
         self.attn_dropout = nn.Dropout(attn_out_dropout)
         self.ffn_dropout = nn.Dropout(ffn_out_dropout)
+        self.norm_first = norm_first
 
-    def forward(self, x: Tensor, mask: Tensor | Packed | None, **attn_kwargs) -> Tensor:
-        """x: (B, T, C), or packed (N, C) when mask is a Packed layout; every step but attention is per token."""
-        x = self.attn_norm(x + self.attn_dropout(self.attn(x, mask, **attn_kwargs)))  # (B, T, C) | (N, C)
-        return self.ffn_norm(x + self.ffn_dropout(self.ffn(x)))  # (B, T, C) | (N, C)
+    def forward(self, x: Tensor, layout: Layout, **attn_kwargs) -> Tensor:
+        """x: the layout's rows, (B, T, C) or (N, C); every step but attention is per token."""
+        if self.norm_first:
+            x = x + self.attn_dropout(self.attn(self.attn_norm(x), layout, **attn_kwargs))  # (.., C)
+            return x + self.ffn_dropout(self.ffn(self.ffn_norm(x)))  # (.., C)
+        x = self.attn_norm(x + self.attn_dropout(self.attn(x, layout, **attn_kwargs)))  # (.., C)
+        return self.ffn_norm(x + self.ffn_dropout(self.ffn(x)))  # (.., C)
 
 
 class Encoder(nn.Module):
-    """A stack of distinct layers."""
+    """A stack of distinct layers (then an optional final norm, pre-LN families')."""
 
     packs_holes = True  # attention over packed tokens is exact for any mask (no relative positions)
+    padded_layout = Padded  # the layout of the padded path: padded keys masked
 
-    def __init__(self, layers: list[nn.Module]):
+    def __init__(self, layers: list[nn.Module], norm: nn.Module | None = None):
         super().__init__()
         self.layers = nn.ModuleList(layers)
+        self.norm = norm
 
-    def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:
+    def forward(self, x: Tensor, layout: Layout) -> Tensor:
         for layer in self.layers:
-            x = layer(x, mask)
-        return x
+            x = layer(x, layout)
+        return x if self.norm is None else self.norm(x)
 
 
 class LayerGroup(nn.Module):
@@ -122,18 +142,19 @@ class SharedEncoder(nn.Module):
     """ALBERT: num_layers steps, each running every layer of one of the shared groups in turn."""
 
     packs_holes = True
+    padded_layout = Padded
 
     def __init__(self, groups: list[list[nn.Module]], num_layers: int):
         super().__init__()
         self.groups = nn.ModuleList(LayerGroup(g) for g in groups)
         self.num_layers = num_layers
 
-    def forward(self, x: Tensor, mask: Tensor | Packed | None) -> Tensor:
+    def forward(self, x: Tensor, layout: Layout) -> Tensor:
         n_groups = len(self.groups)
         for i in range(self.num_layers):
             group = self.groups[int(i / (self.num_layers / n_groups))]  # same rounding as transformers
             for layer in group.layers:
-                x = layer(x, mask)
+                x = layer(x, layout)
         return x
 
 
@@ -149,11 +170,11 @@ class Pooler(nn.Module):
 
 
 class EncoderBody(nn.Module):
-    """embeddings -> encoder (-> pooler): the base model every head sits on.
+    """embeddings -> encoder (-> pooler): the base model every head sits on, run in the layout `plan` picks.
 
-    Padding-free by default: a batch with padding is packed to its real tokens before the embeddings and
-    unpacked after the encoder, with zeros at padding positions (nn/unpad.py). `padding_free = False` runs the
-    padded (B, T) path instead, which also reproduces transformers' values at padding positions."""
+    Padding-free by default: a batch with padding runs as Packed rows (its real tokens only) and is unpacked after
+    the encoder, with zeros at padding positions. `padding_free = False` runs the encoder's padded layout instead,
+    which also reproduces transformers' values at padding positions."""
 
     def __init__(self, embeddings: nn.Module, encoder: nn.Module, pooler: nn.Module | None):
         super().__init__()
@@ -162,29 +183,24 @@ class EncoderBody(nn.Module):
         self.pooler = pooler
         self.padding_free = True
 
-    def plan(self, attention_mask: Tensor | None) -> Packed | None:
-        """The packed layout this batch runs in, or None for the padded path."""
-        if not self.padding_free or attention_mask is None:
-            return None
-        packed = Packed.from_mask(attention_mask)
-        if packed is None or not (packed.contiguous or self.encoder.packs_holes):
-            return None  # nothing padded, or relative positions that a hole in the mask would shift
-        return packed
+    def plan(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+             position_ids: Tensor | None = None) -> Layout:
+        """The layout this batch runs in. Position ids are computed in the padded layout (RoBERTa's count from the
+        ids) and travel with the layout's rows."""
+        if position_ids is None:
+            position_ids = self.embeddings.position_ids(input_ids)  # (B|1, T)
+        if self.padding_free and attention_mask is not None:
+            packed = Packed.from_mask(attention_mask, position_ids)
+            # nothing padded, or relative positions that a hole in the mask would shift: the padded layout
+            if packed is not None and (packed.contiguous or self.encoder.packs_holes):
+                return packed
+        return self.encoder.padded_layout.from_mask(attention_mask, position_ids)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        packed = self.plan(attention_mask)
-        if packed is None:
-            x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
-            x = self.encoder(x, padding_mask(attention_mask))  # (B, T, C)
-        else:
-            # positions are computed in the padded layout (RoBERTa's count from the ids), then packed with the ids
-            if position_ids is None:
-                position_ids = self.embeddings.position_ids(input_ids)  # (B|1, T)
-            position_ids = packed.pack(position_ids.expand_as(input_ids))[None]  # (1, N)
-            token_type_ids = packed.pack(token_type_ids)[None] if token_type_ids is not None else None  # (1, N)
-            x = self.embeddings(packed.pack(input_ids)[None], token_type_ids, position_ids)[0]  # (N, C)
-            x = packed.unpack(self.encoder(x, packed))  # (B, T, C), zeros at padding
+        layout = self.plan(input_ids, attention_mask, position_ids)
+        x = layout.embed(self.embeddings, input_ids, token_type_ids)  # the layout's rows (.., C)
+        x = layout.unpack(self.encoder(x, layout))  # (B, T, C)
         return x, self.pooler(x) if self.pooler is not None else None
 
     @property
