@@ -37,7 +37,8 @@ from .tokens import TokenClassificationPipeline
 PIPELINES: dict[str, type[Pipeline]] = {name: t.pipeline_class for name, t in tasks.TASKS.items()}
 from ..embeddings import SentenceEmbeddingPipeline  # noqa: E402 - it builds on .base, imported above
 
-PIPELINES[SentenceEmbeddingPipeline.task] = SentenceEmbeddingPipeline
+# pipelines over another task's model (sentence embeddings pool the feature-extraction model)
+EXTRA_PIPELINES: dict[str, type[Pipeline]] = {SentenceEmbeddingPipeline.task: SentenceEmbeddingPipeline}
 
 
 def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
@@ -49,8 +50,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
     batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple")."""
-    if task in PIPELINES and task not in tasks.TASKS:  # a pipeline over another task's model (sentence-embeddings)
-        name, cls = task, PIPELINES[task]
+    if task in EXTRA_PIPELINES:
+        name, cls = task, EXTRA_PIPELINES[task]
         record = tasks.get(cls.model_task)
     else:
         record = tasks.get(task)
