@@ -44,7 +44,7 @@ class ModelService:
             with self._lock:
                 if key in self._pipes:
                     return self._pipes[key]
-            pipe = pipeline(key[2], model=key[1])
+            pipe = pipeline(key[2], model=key[1], dtype=self.settings.predict_dtype)
             with self._lock:
                 self._pipes[key] = pipe
                 budget = self.settings.model_cache_mb * 2**20
