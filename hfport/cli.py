@@ -35,13 +35,26 @@ def fail(message: str, code: int = 1) -> None:
 
 
 @app.command()
-def info(model: Annotated[str, typer.Argument(help="A model folder or a repo id in the local HF cache.")],
+def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or a repo id in the local HF cache.")] = None,
+         hardware: Annotated[bool, typer.Option("--hardware", help="This machine's measured matmul peaks per dtype "
+                                                "and what they decide (bf16 native or not).")] = False,
+         remeasure: Annotated[bool, typer.Option("--remeasure", help="With --hardware: measure again instead of "
+                                                 "reading the cached result.")] = False,
          as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
          verbose: Verbose = 0, quiet: Quiet = False) -> None:
-    """Family, head, parameter count, dtype and the load report of MODEL."""
+    """Family, head, parameter count, dtype and the load report of MODEL; --hardware: what this CPU computes fast."""
     setup_logging(verbose, quiet)
     from . import HfportError, load_any
 
+    if model is None and not hardware:
+        fail("give a MODEL, or --hardware for this machine's measured capabilities")
+    if hardware:
+        from .hardware import cpu_capabilities, describe
+
+        caps = cpu_capabilities(refresh=remeasure)
+        typer.echo(json.dumps(caps.to_dict(), indent=2) if as_json else describe(caps))
+        if model is None:
+            return
     try:
         m = load_any(model)
     except (HfportError, ValueError) as e:

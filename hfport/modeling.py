@@ -62,14 +62,18 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def resolve_dtype(dtype: Any, config: EncoderConfig | None = None) -> torch.dtype:
+def resolve_dtype(dtype: Any, config: EncoderConfig | None = None, device: Any = None) -> torch.dtype:
+    """None: float32. "auto": the checkpoint's dtype (config.json's `dtype`, or transformers 4's `torch_dtype`),
+    except that an fp32 checkpoint bound for a CPU that computes bf16 natively (measured: hardware.py) gets bf16."""
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
+        from .hardware import auto_dtype
+
         raw = config.raw if config else {}
-        return resolve_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32")
+        return auto_dtype(resolve_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32"), device)
     name = str(dtype).removeprefix("torch.")
     if name not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)} or 'auto'")
@@ -139,7 +143,7 @@ class PreTrainedEncoder(nn.Module):
         family = get_family(raw.get("model_type"), source)
         config = family.config_from_hf(raw, source)
         config.set_labels(num_labels=num_labels, id2label=id2label, label2id=label2id, problem_type=problem_type)
-        torch_dtype = resolve_dtype(dtype, config)
+        torch_dtype = resolve_dtype(dtype, config, device)
         config.check_size(torch.finfo(torch_dtype).bits // 8)
         checkpoint = hub.Checkpoint.open(folder)  # headers validated before anything is allocated
 

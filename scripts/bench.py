@@ -9,6 +9,15 @@ libraries load:
   batch, and the same torch seed precedes both steps on a batch, so both draw dropout masks of the same cost); the
   median ratio and its min..max over rounds.
 - inference: the same batches in eval mode under torch.inference_mode, also interleaved.
+- precisions (--precisions fp32,bf16): each plain loop runs in fp32 and in bf16, both libraries, all four
+  interleaved. Training bf16 = torch.autocast(bfloat16) over fp32 weights (what precision auto does on a CPU with
+  native bf16, and what Trainer's bf16=True does); inference bf16 = the weights cast to bf16 (what hfport's
+  dtype="auto" does there; transformers gets the same dtype=bfloat16).
+- the limit: each dtype's matmul peak on this machine (hfport.hardware.measure, a timed square matmul), and each
+  run's achieved model FLOP/s on real tokens against it. FLOPs per row of n real tokens: inference
+  n * (2 * P + 4 * L * n * d), training 3x that (forward + backward); P = parameters outside embedding tables,
+  L layers, d hidden size; the second term is attention's QK^T and AV over real tokens only. DeBERTa's relative
+  c2p/p2c products are not counted, so its fractions are a lower bound.
 - entry points: hfport.finetune against transformers.Trainer on the same JSONL data and batch size (lr, schedule,
   weight decay, clipping and logging interval equal; shuffled batches, not grouped by length; no evaluation, no
   checkpoint inside the measured steps), each with its own defaults otherwise. Tokens/s over a fixed number of
@@ -32,6 +41,7 @@ consecutive rows batched and padded on the right to the longest row, random labe
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -67,6 +77,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # The issue's targets, as hfport / transformers (throughput: at least; memory: at most)
 TARGET_FINETUNE, STRETCH_FINETUNE, TARGET_DEBERTA_FINETUNE = 1.5, 2.0, 2.0
 TARGET_INFERENCE, TARGET_PEAK_MEMORY = 1.5, 0.9
+# bf16 where the CPU computes it natively (issue 22): hfport bf16 against transformers fp32 and its own bf16
+TARGET_BF16_FINETUNE_VS_FP32, TARGET_BF16_FINETUNE_VS_BF16, TARGET_BF16_INFERENCE_VS_FP32 = 3.0, 2.0, 3.5
+IMPLS = ("transformers", "hfport")
 
 
 @dataclass(frozen=True)
@@ -268,13 +281,16 @@ def on_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.to(DEVICE) for k, v in batch.items()}
 
 
-def trainer_step(model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], None]:
-    """One fine-tuning step of the plain loop; the optimizer lives in the closure."""
+def trainer_step(model: torch.nn.Module, precision: str = "fp32") -> Callable[[dict[str, torch.Tensor]], None]:
+    """One fine-tuning step of the plain loop; the optimizer lives in the closure. bf16: autocast over the forward
+    pass and the loss (as Trainer's bf16=True), fp32 weights, gradients and optimizer state."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     model.train()
 
     def step(batch: dict[str, torch.Tensor]) -> None:
-        model(**batch).loss.backward()
+        with torch.autocast(DEVICE.type, torch.bfloat16, enabled=precision == "bf16"):
+            loss = model(**batch).loss
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -314,15 +330,15 @@ def interleaved(steps: dict[str, Callable], batches: list[dict[str, torch.Tensor
                 spent[name] += timed(steps[name], batch)
         for name in names:
             per_round[name].append(spent[name])
-        say(f"  {label} round {r + 1}/{rounds}: " + ", ".join(f"{n} {s:.2f} s" for n, s in spent.items())
-            + f" ({spent['transformers'] / spent['hfport']:.2f}x)")
+        say(f"  {label} round {r + 1}/{rounds}: " + ", ".join(f"{n} {s:.2f} s" for n, s in spent.items()))
     return per_round
 
 
-def compare(per_round: dict[str, list[float]], tokens: int, ours: str = "hfport") -> dict[str, float]:
-    """tokens/s from the median round; the ratio per round (transformers time / ours), its median and spread."""
-    ratios = [t / o for t, o in zip(per_round["transformers"], per_round[ours])]
-    return {"transformers_tok_s": tokens / statistics.median(per_round["transformers"]),
+def compare(per_round: dict[str, list[float]], tokens: int, ours: str = "hfport",
+            theirs: str = "transformers") -> dict[str, float]:
+    """tokens/s from the median round; the ratio per round (their time / ours), its median and spread."""
+    ratios = [t / o for t, o in zip(per_round[theirs], per_round[ours])]
+    return {"transformers_tok_s": tokens / statistics.median(per_round[theirs]),
             "hfport_tok_s": tokens / statistics.median(per_round[ours]),
             "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
@@ -338,25 +354,55 @@ def max_logit_diff(models: dict[str, torch.nn.Module], batch: dict[str, torch.Te
 
 
 def plain_loops(spec: ModelSpec, folder: Path, batches: list[dict[str, torch.Tensor]], work: Workload,
-                with_compile: bool) -> dict[str, Any]:
+                with_compile: bool, precisions: list[str]) -> dict[str, Any]:
+    """Contestants are named "<impl>" (fp32, the original figures) and "<impl> bf16"."""
     batches = [on_device(b) for b in batches]
-    models = {impl: load_model(impl, folder, spec.hf_attention) for impl in ("transformers", "hfport")}
+    models = {impl: load_model(impl, folder, spec.hf_attention) for impl in IMPLS}
     result: dict[str, Any] = {"max_logit_diff": max_logit_diff(models, batches[0])}
+    flops = model_flops(models["hfport"], batches)
+    result["flops_per_round"] = flops
 
-    train = {impl: trainer_step(model) for impl, model in models.items()}
+    def name(impl: str, precision: str) -> str:
+        return impl if precision == "fp32" else f"{impl} {precision}"
+
+    train = {name(impl, p): trainer_step(models[impl], p) for p in precisions for impl in IMPLS}
     if with_compile:
         result["compile"] = add_compiled(train, spec, folder, batches)
     warm_up(train, batches)
     per_round = interleaved(train, batches, work.rounds, work.seed, "fine-tune loop")
-    result["finetune_loop"] = compare(per_round, real_tokens(batches))
+    tokens = real_tokens(batches)
+    result["tokens_per_round"] = tokens
+    result["finetune_loop"] = compare(per_round, tokens)
     if with_compile:
-        result["compile"].update(compare(per_round, real_tokens(batches), ours="hfport+compile"))
+        result["compile"].update(compare(per_round, tokens, ours="hfport+compile"))
+    achieved = {"finetune": {n: flops["train"] / statistics.median(v) for n, v in per_round.items()}}
 
-    infer = {impl: inference_step(model) for impl, model in models.items()}
+    # inference bf16: weights cast (hfport's dtype="auto" on a CPU with native bf16), for both libraries
+    infer_models = {name(impl, p): models[impl] if p == "fp32" else copy.deepcopy(models[impl]).to(torch.bfloat16)
+                    for p in precisions for impl in IMPLS}
+    infer = {n: inference_step(model) for n, model in infer_models.items()}
     warm_up(infer, batches)
-    result["inference"] = compare(interleaved(infer, batches, work.rounds, work.seed, "inference"),
-                                  real_tokens(batches))
+    infer_rounds = interleaved(infer, batches, work.rounds, work.seed, "inference")
+    result["inference"] = compare(infer_rounds, tokens)
+    achieved["inference"] = {n: flops["inference"] / statistics.median(v) for n, v in infer_rounds.items()}
+    result["achieved_flops"] = achieved
+    if "bf16" in precisions:
+        result["bf16"] = {
+            "finetune_vs_fp32": compare(per_round, tokens, ours="hfport bf16"),
+            "finetune_vs_bf16": compare(per_round, tokens, ours="hfport bf16", theirs="transformers bf16"),
+            "inference_vs_fp32": compare(infer_rounds, tokens, ours="hfport bf16"),
+            "inference_vs_bf16": compare(infer_rounds, tokens, ours="hfport bf16", theirs="transformers bf16")}
     return result
+
+
+def model_flops(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Model FLOPs of one round on real tokens (see the module docstring): per row of n real tokens,
+    n * (2 P + 4 L n d) for inference, 3x for training."""
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    p = sum(t.numel() for t in model.parameters() if id(t) not in tables)
+    layers, d = model.config.num_hidden_layers, model.config.hidden_size
+    forward = sum(n * (2 * p + 4 * layers * n * d) for b in batches for n in b["attention_mask"].sum(-1).tolist())
+    return {"inference": float(forward), "train": 3.0 * forward, "params_nonembedding": p}
 
 
 def warm_up(steps: dict[str, Callable], batches: list[dict[str, torch.Tensor]]) -> None:
@@ -372,7 +418,7 @@ def add_compiled(train: dict[str, Callable], spec: ModelSpec, folder: Path,
     """A third contestant: hfport under torch.compile(dynamic=True), its own copy of the weights. A first pass over
     all the batches carries the compilation (and any recompilation a new length or path triggers), timed apart, so
     that the rounds see only steady-state steps."""
-    step = trainer_step(torch.compile(load_model("hfport", folder, spec.hf_attention), dynamic=True))
+    step = trainer_step(torch.compile(load_model("hfport", folder, spec.hf_attention), dynamic=True))  # fp32
     first = [timed(step, b) for b in batches]
     train["hfport+compile"] = step
     say(f"  torch.compile: first pass {', '.join(f'{s:.1f} s' for s in first)}")
@@ -426,7 +472,8 @@ class StepClock:
         return sum(tokens for _, tokens in window[:-1]) / (window[-1][0] - window[0][0])
 
 
-def run_hfport_finetune(folder: Path, data: Path, out: Path, work: Workload, total_steps: int) -> float:
+def run_hfport_finetune(folder: Path, data: Path, out: Path, work: Workload, total_steps: int,
+                        precision: str = "fp32") -> float:
     import hfport
 
     # group_by_length off: hfport batches similar lengths together by default, Trainer does not; the comparison
@@ -435,14 +482,15 @@ def run_hfport_finetune(folder: Path, data: Path, out: Path, work: Workload, tot
         model=str(folder), train=str(data), eval_fraction=0.0, eval_strategy="no", output_dir=str(out),
         overwrite=True, max_steps=total_steps, batch_size=work.batch_size, group_by_length=False, lr=LR,
         weight_decay=WEIGHT_DECAY, scheduler="linear", max_grad_norm=MAX_GRAD_NORM, logging_steps=LOG_EVERY,
-        max_length=work.max_len, precision="fp32", seed=work.seed)
+        max_length=work.max_len, precision=precision, seed=work.seed)
     clock = StepClock()
     with clock.watching():
         hfport.finetune(config, progress=False)
     return clock.tokens_per_second(work.warmup_steps)
 
 
-def run_trainer(spec: ModelSpec, folder: Path, data: Path, out: Path, work: Workload, total_steps: int) -> float:
+def run_trainer(spec: ModelSpec, folder: Path, data: Path, out: Path, work: Workload, total_steps: int,
+                bf16: bool = False) -> float:
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
@@ -453,7 +501,7 @@ def run_trainer(spec: ModelSpec, folder: Path, data: Path, out: Path, work: Work
         output_dir=str(out), max_steps=total_steps, per_device_train_batch_size=work.batch_size, learning_rate=LR,
         weight_decay=WEIGHT_DECAY, lr_scheduler_type="linear", max_grad_norm=MAX_GRAD_NORM, logging_steps=LOG_EVERY,
         eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, seed=work.seed,
-        use_cpu=DEVICE.type == "cpu")
+        use_cpu=DEVICE.type == "cpu", bf16=bf16)
     model = load_model("transformers", folder, spec.hf_attention)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset,
                                    data_collator=transformers.DataCollatorWithPadding(tokenizer))
@@ -464,23 +512,34 @@ def run_trainer(spec: ModelSpec, folder: Path, data: Path, out: Path, work: Work
     return clock.tokens_per_second(work.warmup_steps)
 
 
-def entry_points(spec: ModelSpec, folder: Path, data: Path, scratch: Path, work: Workload) -> dict[str, float]:
+def entry_points(spec: ModelSpec, folder: Path, data: Path, scratch: Path, work: Workload,
+                 precisions: list[str]) -> dict[str, Any]:
     """Whole runs of each library's own loop, alternating which goes first (Trainer, hfport, hfport, Trainer, ...)
-    so that a drift in the machine's load falls on both; the ratio of each pair of runs, its median and spread."""
+    so that a drift in the machine's load falls on both; the ratio of each pair of runs, its median and spread.
+    With bf16: also hfport.finetune(precision="auto") and Trainer(bf16=True) in the same alternation."""
     total = work.warmup_steps + work.steps + 1  # + 1: the step whose start closes the window
     runs = {"transformers": lambda: run_trainer(spec, folder, data, scratch / "trainer", work, total),
             "hfport": lambda: run_hfport_finetune(folder, data, scratch / "hfport", work, total)}
-    rates: dict[str, list[float]] = {"transformers": [], "hfport": []}
+    if "bf16" in precisions:
+        runs["transformers bf16"] = lambda: run_trainer(spec, folder, data, scratch / "trainer", work, total, True)
+        runs["hfport auto"] = lambda: run_hfport_finetune(folder, data, scratch / "hfport", work, total, "auto")
+    rates: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(work.entry_runs):
         for impl in list(runs) if r % 2 == 0 else list(runs)[::-1]:
             rates[impl].append(runs[impl]())
-        say(f"  entry points run {r + 1}/{work.entry_runs} ({total} steps each): Trainer "
-            f"{rates['transformers'][-1]:,.0f} tok/s, hfport.finetune {rates['hfport'][-1]:,.0f} tok/s "
-            f"({rates['hfport'][-1] / rates['transformers'][-1]:.2f}x)")
-    ratios = [o / t for t, o in zip(rates["transformers"], rates["hfport"])]
-    return {"transformers_tok_s": statistics.median(rates["transformers"]),
-            "hfport_tok_s": statistics.median(rates["hfport"]),
-            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+        say(f"  entry points run {r + 1}/{work.entry_runs} ({total} steps each): "
+            + ", ".join(f"{n} {v[-1]:,.0f} tok/s" for n, v in rates.items()))
+
+    def pair(ours: str, theirs: str) -> dict[str, float]:
+        ratios = [o / t for t, o in zip(rates[theirs], rates[ours])]
+        return {"transformers_tok_s": statistics.median(rates[theirs]), "hfport_tok_s": statistics.median(rates[ours]),
+                "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+    result: dict[str, Any] = pair("hfport", "transformers")
+    if "bf16" in precisions:
+        result["auto_vs_fp32"] = pair("hfport auto", "transformers")
+        result["auto_vs_bf16"] = pair("hfport auto", "transformers bf16")
+    return result
 
 
 # --- peak memory, one fresh process per implementation ------------------------------------------------------------
@@ -551,7 +610,8 @@ def memory(spec: ModelSpec, folder: Path, batches_file: Path) -> dict[str, Any]:
 # --- one model, all measurements ----------------------------------------------------------------------------------
 
 
-def measure_model(name: str, work: Workload, scratch: Path, with_compile: bool) -> dict[str, Any]:
+def measure_model(name: str, work: Workload, scratch: Path, with_compile: bool, precisions: list[str],
+                  entry: bool = True, with_memory: bool = True) -> dict[str, Any]:
     spec = MODELS[name]
     say(f"{name}: {spec.about}")
     folder = scratch / name / "checkpoint"
@@ -566,9 +626,11 @@ def measure_model(name: str, work: Workload, scratch: Path, with_compile: bool) 
 
     result: dict[str, Any] = {"about": spec.about, "hf_attention": spec.hf_attention,
                               "finetune_target": spec.finetune_target, "padding": padding_fraction(batches)}
-    result.update(plain_loops(spec, folder, batches, work, with_compile))
-    result["entry_points"] = entry_points(spec, folder, data, scratch / name, work)
-    result["memory"] = memory(spec, folder, batches_file)
+    result.update(plain_loops(spec, folder, batches, work, with_compile, precisions))
+    if entry:
+        result["entry_points"] = entry_points(spec, folder, data, scratch / name, work, precisions)
+    if with_memory:
+        result["memory"] = memory(spec, folder, batches_file)
     return result
 
 
@@ -591,28 +653,66 @@ def throughput_target(target: float) -> tuple[str, float | None]:
 def table_rows(results: dict[str, dict[str, Any]]) -> list[list[str]]:
     """model | measure | transformers | hfport | hfport vs transformers | target | verdict"""
     rows = []
+
+    def row(name: str, label: str, m: dict[str, float], target_text: str = "", target: float | None = None,
+            stretch: float | None = None) -> None:
+        rows.append([name, label, f"{m['transformers_tok_s']:,.0f}", f"{m['hfport_tok_s']:,.0f}",
+                     f"{m['ratio']:.2f}x ({m['ratio_min']:.2f}-{m['ratio_max']:.2f})", target_text,
+                     verdict(m["ratio"], target, stretch=stretch) if target else ""])
+
     for name, r in results.items():
         ft_target, stretch = throughput_target(r["finetune_target"])
-        for label, key, target_text, target, stretch_ in (
-                ("fine-tune loop, tok/s", "finetune_loop", ft_target, r["finetune_target"], stretch),
-                ("inference, tok/s", "inference", f">= {TARGET_INFERENCE:g}x", TARGET_INFERENCE, None),
-                ("finetune() vs Trainer, tok/s", "entry_points", ft_target, r["finetune_target"], stretch)):
-            m = r[key]
-            rows.append([name, label, f"{m['transformers_tok_s']:,.0f}", f"{m['hfport_tok_s']:,.0f}",
-                         f"{m['ratio']:.2f}x ({m['ratio_min']:.2f}-{m['ratio_max']:.2f})", target_text,
-                         verdict(m["ratio"], target, stretch=stretch_)])
+        row(name, "fine-tune loop, tok/s", r["finetune_loop"], ft_target, r["finetune_target"], stretch)
+        row(name, "inference, tok/s", r["inference"], f">= {TARGET_INFERENCE:g}x", TARGET_INFERENCE)
+        if "entry_points" in r:
+            row(name, "finetune() vs Trainer, tok/s", r["entry_points"], ft_target, r["finetune_target"], stretch)
+        if "bf16" in r:
+            b = r["bf16"]
+            row(name, "fine-tune loop: hfport bf16 vs transformers fp32", b["finetune_vs_fp32"],
+                f">= {TARGET_BF16_FINETUNE_VS_FP32:g}x", TARGET_BF16_FINETUNE_VS_FP32)
+            row(name, "fine-tune loop: hfport bf16 vs transformers bf16", b["finetune_vs_bf16"],
+                f">= {TARGET_BF16_FINETUNE_VS_BF16:g}x", TARGET_BF16_FINETUNE_VS_BF16)
+            row(name, "inference: hfport bf16 vs transformers fp32", b["inference_vs_fp32"],
+                f">= {TARGET_BF16_INFERENCE_VS_FP32:g}x", TARGET_BF16_INFERENCE_VS_FP32)
+            row(name, "inference: hfport bf16 vs transformers bf16", b["inference_vs_bf16"])
+        if "auto_vs_fp32" in r.get("entry_points", {}):
+            e = r["entry_points"]
+            row(name, "finetune(precision=auto) vs Trainer fp32", e["auto_vs_fp32"],
+                f">= {TARGET_BF16_FINETUNE_VS_FP32:g}x", TARGET_BF16_FINETUNE_VS_FP32)
+            row(name, "finetune(precision=auto) vs Trainer bf16", e["auto_vs_bf16"],
+                f">= {TARGET_BF16_FINETUNE_VS_BF16:g}x", TARGET_BF16_FINETUNE_VS_BF16)
         if "compile" in r:
             c = r["compile"]
             rows.append([name, f"fine-tune loop, hfport compiled (first pass {c['first_pass_s']:.0f} s)",
                          f"{c['transformers_tok_s']:,.0f}", f"{c['hfport_tok_s']:,.0f}",
                          f"{c['ratio']:.2f}x ({c['ratio_min']:.2f}-{c['ratio_max']:.2f})", "", ""])
-        mem = r["memory"]
-        theirs, ours = mem["transformers"], mem["hfport"]
-        rows.append([name, f"peak {mem['kind']}, MiB", mib(theirs["peak"]), mib(ours["peak"]),
-                     f"{mem['peak_ratio']:.2f}x", f"<= {TARGET_PEAK_MEMORY:g}x",
-                     verdict(mem["peak_ratio"], TARGET_PEAK_MEMORY, at_most=True)])
-        rows.append([name, "growth: peak - after load, MiB", mib(theirs["peak"] - theirs["after_load"]),
-                     mib(ours["peak"] - ours["after_load"]), f"{mem['growth_ratio']:.2f}x", "", ""])
+        if "memory" in r:
+            mem = r["memory"]
+            theirs, ours = mem["transformers"], mem["hfport"]
+            rows.append([name, f"peak {mem['kind']}, MiB", mib(theirs["peak"]), mib(ours["peak"]),
+                         f"{mem['peak_ratio']:.2f}x", f"<= {TARGET_PEAK_MEMORY:g}x",
+                         verdict(mem["peak_ratio"], TARGET_PEAK_MEMORY, at_most=True)])
+            rows.append([name, "growth: peak - after load, MiB", mib(theirs["peak"] - theirs["after_load"]),
+                         mib(ours["peak"] - ours["after_load"]), f"{mem['growth_ratio']:.2f}x", "", ""])
+    return rows
+
+
+FLOPS_HEADER = ["model", "loop", "contestant", "tok/s", "model GFLOP/s", "matmul peak of its dtype, GFLOP/s",
+                "fraction of peak"]
+
+
+def flops_rows(results: dict[str, dict[str, Any]], peaks: dict[str, float]) -> list[list[str]]:
+    """Achieved model FLOP/s on real tokens (formula in the module docstring) against the dtype's matmul peak."""
+    rows = []
+    for name, r in results.items():
+        per_round = r["flops_per_round"]
+        tokens_per_flop = {"finetune": r["tokens_per_round"] / per_round["train"],
+                           "inference": r["tokens_per_round"] / per_round["inference"]}
+        for loop, contestants in r["achieved_flops"].items():
+            for contestant, flop_s in contestants.items():
+                peak = peaks["bfloat16" if "bf16" in contestant else "float32"]
+                rows.append([name, loop, contestant, f"{flop_s * tokens_per_flop[loop]:,.0f}", f"{flop_s / 1e9:,.1f}",
+                             f"{peak:,.1f}", f"{flop_s / 1e9 / peak:.0%}"])
     return rows
 
 
@@ -623,15 +723,15 @@ def mib(n: int) -> str:
 HEADER = ["model", "measure", "transformers", "hfport", "hfport vs transformers", "target", "verdict"]
 
 
-def text_table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [HEADER, *rows]]
+def text_table(rows: list[list[str]], header: list[str] = HEADER) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def markdown_table(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def markdown_table(rows: list[list[str]], header: list[str] = HEADER) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
@@ -642,10 +742,12 @@ def notes(results: dict[str, dict[str, Any]], work: Workload) -> list[str]:
               f"{work.batches} batches a round, {work.rounds} interleaved rounds after a warm-up pass; entry points "
               f"{work.entry_runs} run(s) each of {work.warmup_steps} warm-up + {work.steps} measured steps")]
     for name, r in results.items():
-        clean = "not imported" if not r["memory"]["hfport"]["transformers_imported"] else "IMPORTED (figure unfair)"
+        clean = ("not measured" if "memory" not in r else "not imported"
+                 if not r["memory"]["hfport"]["transformers_imported"] else "IMPORTED (figure unfair)")
         lines.append(f"{name}: {r['about']}; transformers attention {r['hf_attention']}; padding "
                      f"{100 * r['padding']:.0f}%; max |logit diff| {r['max_logit_diff']:.1e}; transformers in the "
-                     f"hfport memory child: {clean}")
+                     f"hfport memory child: {clean}; parameters outside embedding tables "
+                     f"{r['flops_per_round']['params_nonembedding'] / 1e6:.1f} M")
         if "compile" in r:
             lines.append(f"{name}: hfport compiled = torch.compile(model, dynamic=True); its first pass over the "
                          f"{work.batches} batches (compilation included) took {r['compile']['first_pass_s']:.0f} s; "
@@ -667,7 +769,8 @@ def reproduce_command() -> str:
     return " ".join(["HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py", *kept])
 
 
-def docs_section(results: dict[str, dict[str, Any]], work: Workload, m: dict[str, Any]) -> str:
+def docs_section(results: dict[str, dict[str, Any]], work: Workload, m: dict[str, Any],
+                 peaks: dict[str, float]) -> str:
     what = (__doc__ or "").split("\n\n")[1:4]  # the module docstring's account of what is measured
     return "\n\n".join([
         SECTION_HEADER,
@@ -676,10 +779,16 @@ def docs_section(results: dict[str, dict[str, Any]], work: Workload, m: dict[str
         f"    {reproduce_command()}",
         f"Machine: {describe(m)}. Device: {DEVICE.type}.",
         markdown_table(table_rows(results)),
+        f"Matmul peaks measured at the start of the run (GFLOP/s): {peaks_text(peaks)}. Achieved model FLOP/s:",
+        markdown_table(flops_rows(results, peaks), FLOPS_HEADER),
         "\n".join(f"- {line}" for line in notes(results, work)),
         ("Ratios are hfport / transformers for throughput (higher is better; median over rounds, min-max in "
          "brackets) and for memory (lower is better)."),
     ])
+
+
+def peaks_text(peaks: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:,.1f}" for k, v in peaks.items())
 
 
 def write_docs(section: str, path: Path = DOCS) -> None:
@@ -707,6 +816,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="measured steps of an entry-point run")
     parser.add_argument("--entry-runs", type=int, help="runs of each entry point (alternating which goes first)")
     parser.add_argument("--compile", action="store_true", help="also time hfport under torch.compile(dynamic=True)")
+    parser.add_argument("--precisions", default="fp32,bf16", help="plain-loop precisions: fp32, bf16 or both")
+    parser.add_argument("--no-entry", action="store_true", help="skip the entry points (finetune() vs Trainer)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     parser.add_argument("--write-docs", action="store_true", help=f"rewrite this script's section of {DOCS.name}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only the final table")
@@ -721,6 +833,9 @@ def parse_args() -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
     args.models = names
+    args.precisions = args.precisions.split(",")
+    if not set(args.precisions) <= {"fp32", "bf16"} or "fp32" not in args.precisions:
+        parser.error("--precisions: fp32 or fp32,bf16 (fp32 is the reference every ratio is taken against)")
     return args
 
 
@@ -741,10 +856,15 @@ def main() -> None:
     quiet_libraries()
     work, m = workload(args), machine()
     say(f"machine: {describe(m)}; device {DEVICE.type}")
+    from hfport.hardware import measure as measure_peaks
+
+    peaks = measure_peaks(seconds=2.0)  # longer than hfport's own probe: a figure to divide by, not a decision
+    say(f"matmul peaks, GFLOP/s: {peaks_text(peaks)}")
     results = {}
     with tempfile.TemporaryDirectory(prefix="hfport-bench-") as scratch:
         for name in args.models:
-            results[name] = measure_model(name, work, Path(scratch), args.compile)
+            results[name] = measure_model(name, work, Path(scratch), args.compile, args.precisions,
+                                          entry=not args.no_entry, with_memory=not args.no_memory)
 
     rows = table_rows(results)
     if not QUIET:
@@ -754,11 +874,13 @@ def main() -> None:
     print("ratios: hfport / transformers (throughput: higher is better, median over rounds (min-max); "
           "memory: lower is better)\n")
     print(text_table(rows))
+    print(f"\nmatmul peaks, GFLOP/s: {peaks_text(peaks)}; achieved model FLOP/s on real tokens:\n")
+    print(text_table(flops_rows(results, peaks), FLOPS_HEADER))
     if args.json:
-        args.json.write_text(json.dumps({"machine": m, "device": DEVICE.type, "workload": asdict(work),
+        args.json.write_text(json.dumps({"machine": m, "device": DEVICE.type, "workload": asdict(work), "peaks": peaks,
                                          "command": reproduce_command(), "models": results}, indent=2))
     if args.write_docs:
-        write_docs(docs_section(results, work, m))
+        write_docs(docs_section(results, work, m, peaks))
         say(f"wrote the section of {DOCS}")
 
 

@@ -57,7 +57,7 @@ class ModelService:
             with self._lock:
                 if key in self._pipes:
                     return self._pipes[key]
-            pipe = pipeline(key[2], model=key[1])
+            pipe = pipeline(key[2], model=key[1], dtype=self.settings.predict_dtype)
             self._warm_up(key, pipe)
             with self._lock:
                 self._pipes[key] = pipe

@@ -468,7 +468,8 @@ def test_model_cache_is_bounded_by_count_and_memory(tmp_path, root):
     assert run(model_cache_size=2) == ["token-classification", "base"]
     import hfport
 
-    one = weight_bytes(hfport.pipeline("text-classification", model=root / "models" / "sequence-classification"))
+    one = weight_bytes(hfport.pipeline("text-classification", model=root / "models" / "sequence-classification",
+                                       dtype=Settings().predict_dtype))  # the dtype the service loads in
     assert run(model_cache_mb=1.5 * one / 2**20) == ["base"]  # room for one tiny model only
 
 

@@ -65,7 +65,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         if device is not None or dtype is not None:
             from ..modeling import resolve_dtype
 
-            model = model.to(device=device, dtype=resolve_dtype(dtype) if dtype is not None else None)
+            dtype = resolve_dtype(dtype, model.config, device or model.device) if dtype is not None else None
+            model = model.to(device=device, dtype=dtype)
     elif isinstance(model, (str, os.PathLike)):
         loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device)
         tokenizer = model if tokenizer is None else tokenizer

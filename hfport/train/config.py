@@ -82,8 +82,10 @@ class FinetuneConfig(BaseModel):
     class_weights: list[float] | Literal["balanced"] | None = None
     freeze: list[str] = Field(default_factory=list, description="parameter-name prefixes to freeze")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description=(
-        "auto: bf16 on GPUs that support it, else fp16 with loss scaling, fp32 on CPU. bf16 on CPU is opt-in "
-        "(autocast on the CPU): only fast on CPUs with native bf16 (AVX512-BF16, AMX). fp16 needs a CUDA GPU"))
+        "mixed precision of the forward pass (weights and optimizer state stay fp32; the loss is fp32). auto: bf16 "
+        "on GPUs that support it, else fp16 with loss scaling; on the CPU bf16 autocast where a timed matmul shows "
+        "bf16 native (`hfport info --hardware`), else fp32. bf16 forced on a CPU without it runs (slower, with a "
+        "warning); fp16 needs a CUDA GPU; fp32 forces fp32"))
     compile: bool = Field(False, description="torch.compile the model (dynamic shapes) through accelerate: the "
                           "first steps pay for compilation, later steps may run faster")
     fused_optimizer: Literal["auto", "on", "off"] = Field("auto", description=(

@@ -13,6 +13,7 @@ identical to an unbroken one. Every process builds the same global batches and t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -141,7 +142,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                 batch = to_device(task.collate(items, data, seed=config.seed + start), accelerator.device)
                 start += len(idx)
                 with accelerator.autocast():
-                    outputs = model(**model_inputs(batch))
+                    outputs = float32_outputs(model(**model_inputs(batch)))
                 loss = task.loss(outputs, batch, data, None, 0.0).item()
                 rows += [(i, loss, row) for i, row in zip(idx, task.eval_rows(outputs, batch, items, data))]
         # every process's rows, concatenated (accelerate's gather_object flattens one level), back in file order
@@ -193,8 +194,8 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                 sync = k == len(group) - 1
                 with (accelerator.no_sync(model) if not sync and world > 1 else contextlib.nullcontext()):
                     with accelerator.autocast():
-                        outputs = model(**model_inputs(batch))
-                        loss = task.loss(outputs, batch, data, class_weights, config.label_smoothing)
+                        outputs = float32_outputs(model(**model_inputs(batch)))
+                    loss = task.loss(outputs, batch, data, class_weights, config.label_smoothing)  # fp32
                     accelerator.backward(loss / len(group))
                 step_loss += loss.detach().float() / len(group)
                 tokens_done += int(batch["attention_mask"].sum()) * world
@@ -254,16 +255,35 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
 
 
 def mixed_precision(choice: str) -> str:
-    """auto: bf16 where the GPU supports it, fp16 (with loss scaling) on older GPUs, fp32 on CPU. bf16 on the CPU
-    is opt-in: CPU autocast, fast only where the CPU has native bf16 (AVX512-BF16, AMX), emulated elsewhere."""
-    if choice == "auto":
-        if torch.cuda.is_available():
+    """accelerate's mixed_precision for the run. auto: bf16 where the GPU supports it, fp16 (with loss scaling) on
+    older GPUs; on the CPU bf16 autocast where bf16 is native (a measured matmul speed-up, hardware.py), else fp32.
+    Weights and optimizer state stay fp32 either way; autocast covers the forward pass only."""
+    if torch.cuda.is_available():
+        if choice == "auto":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "no"
-    if choice == "fp16" and not torch.cuda.is_available():
+        return {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[choice]
+    if choice == "fp16":
         # accelerate would quietly run fp32: no CPU autocast to fp16 and no loss scaler there
-        raise ConfigError("precision: 'fp16' needs a CUDA GPU; on the CPU use 'bf16' (opt-in) or 'fp32'")
-    return {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[choice]
+        raise ConfigError("precision: 'fp16' needs a CUDA GPU; on the CPU use 'bf16', 'fp32' or 'auto'")
+    if choice == "fp32":
+        return "no"
+    from ..hardware import cpu_capabilities
+
+    cpu = cpu_capabilities()
+    if choice == "auto":
+        return "bf16" if cpu.bf16_native else "no"
+    if not cpu.bf16_native:
+        log.warning("precision: 'bf16' on a CPU without native bf16: its matmul measured %.2fx fp32's speed here "
+                    "(%.0f vs %.0f GFLOP/s), so this run will be slower than fp32; 'auto' picks fp32 on this CPU",
+                    cpu.bf16_speedup, cpu.peaks["bfloat16"], cpu.peaks["float32"])
+    return "bf16"
+
+
+def float32_outputs(outputs: Any) -> Any:
+    """The model's outputs with every floating tensor in fp32, so the loss is computed in fp32 whatever autocast
+    produced (a no-op for fp32 outputs: .float() returns the same tensor)."""
+    return dataclasses.replace(outputs, **{f.name: v.float() for f in dataclasses.fields(outputs)
+                                           if torch.is_tensor(v := getattr(outputs, f.name)) and v.is_floating_point()})
 
 
 def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:

@@ -1,0 +1,220 @@
+"""What this machine's CPU computes fast, measured rather than guessed from its name.
+
+A CPU flag list says what instructions exist, not whether torch's kernels use them or how fast they run (a
+hypervisor may hide flags; oneDNN may or may not have a bf16 path for the build). So the answer comes from a timed
+square matmul per dtype, the operation that dominates an encoder: bf16 counts as native when its matmul runs at
+least NATIVE_MARGIN times as fast as fp32's. The probe takes well under a second, once per machine: its result is
+kept in `hardware.json` under the user cache dir ($HFPORT_CACHE_DIR, else $XDG_CACHE_HOME/hfport, else
+~/.cache/hfport), keyed by CPU model, core count and torch version; a file for another key, or one that does not
+parse, is measured again and replaced.
+
+Decisions that read it: fine-tuning's `precision: auto` (bf16 autocast where native) and `dtype="auto"` when
+loading a model for the CPU (an fp32 checkpoint runs in bf16 where native; see `auto_dtype`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("hfport.hardware")
+
+CACHE_ENV = "HFPORT_CACHE_DIR"
+CACHE_FILE = "hardware.json"
+FORMAT = 1  # bumped when the probe changes, so older files are measured again
+NATIVE_MARGIN = 1.5  # bf16 matmul at least this much faster than fp32: native (emulated bf16 runs slower than fp32)
+
+# (matrix side, dtype) per probe. fp32 and bf16 decide; fp16 and int8 are informative. fp16 is kept small because
+# where it is emulated it runs at ~1% of fp32 (a 768-side product would take half a second); int8 is torch._int_mm
+# (int32 accumulation), reported in GOP/s.
+PROBES: dict[str, tuple[int, torch.dtype]] = {"float32": (768, torch.float32), "bfloat16": (768, torch.bfloat16),
+                                             "float16": (256, torch.float16), "int8": (768, torch.int8)}
+DECIDING = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The CPU's measured matmul peaks (GFLOP/s per dtype; int8 in GOP/s) and what they imply."""
+
+    cpu: str
+    cores: int
+    torch: str
+    threads: int  # torch's intra-op threads during the probe
+    peaks: dict[str, float]
+    measured_at: str
+    format: int = FORMAT
+    source: str = field(default="measured", compare=False)  # "measured" now or read from the "cache" file
+
+    @property
+    def key(self) -> dict[str, Any]:
+        return {"cpu": self.cpu, "cores": self.cores, "torch": self.torch, "format": self.format}
+
+    @property
+    def bf16_speedup(self) -> float:
+        return self.peaks["bfloat16"] / self.peaks["float32"]
+
+    @property
+    def bf16_native(self) -> bool:
+        return self.bf16_speedup >= NATIVE_MARGIN
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "bf16_speedup": round(self.bf16_speedup, 2), "bf16_native": self.bf16_native,
+                "native_margin": NATIVE_MARGIN, "cache_file": str(cache_path())}
+
+
+def cpu_name() -> str:
+    """The CPU model string (/proc/cpuinfo's "model name" on Linux; platform's answer elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_key() -> dict[str, Any]:
+    return {"cpu": cpu_name(), "cores": os.cpu_count() or 1, "torch": torch.__version__, "format": FORMAT}
+
+
+def cache_path() -> Path:
+    if os.environ.get(CACHE_ENV):
+        root = Path(os.environ[CACHE_ENV])
+    else:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfport"
+    return root.expanduser() / CACHE_FILE
+
+
+def _operands(dtype: torch.dtype, n: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    if dtype == torch.int8:
+        a, b = (torch.randint(-64, 64, (n, n), dtype=torch.int8, generator=gen) for _ in range(2))
+        return torch._int_mm, a, b
+    a, b = (torch.randn(n, n, generator=gen).to(dtype) for _ in range(2))
+    return torch.matmul, a, b
+
+
+def _timed(product: Any, a: torch.Tensor, b: torch.Tensor) -> float:
+    start = time.perf_counter()
+    product(a, b)
+    return time.perf_counter() - start
+
+
+def matmul_peak(dtype: torch.dtype, n: int, seconds: float = 0.3, min_reps: int = 3) -> float:
+    """Best GFLOP/s (2 n^3 per product) of an n x n product over `seconds` (at least min_reps timed runs)."""
+    product, a, b = _operands(dtype, n)
+    product(a, b)  # warm-up: kernel selection, first-touch of the output
+    best, reps, stop = float("inf"), 0, time.perf_counter() + seconds
+    while reps < min_reps or time.perf_counter() < stop:
+        best, reps = min(best, _timed(product, a, b)), reps + 1
+    return 2 * n**3 / best / 1e9
+
+
+def measure(seconds: float = 0.4) -> dict[str, float]:
+    """Matmul peaks per dtype. fp32 and bf16 alternate product by product for `seconds` and keep their best, so a
+    burst of load from another process hits both rather than skewing their ratio. About half a second in all."""
+    runs = {name: _operands(PROBES[name][1], PROBES[name][0]) for name in DECIDING}
+    for product, a, b in runs.values():
+        product(a, b)  # warm-up
+    best = {name: float("inf") for name in DECIDING}
+    rounds, stop = 0, time.perf_counter() + seconds
+    while rounds < 3 or time.perf_counter() < stop:
+        for name, (product, a, b) in runs.items():
+            best[name] = min(best[name], _timed(product, a, b))
+        rounds += 1
+    peaks = {name: 2 * PROBES[name][0] ** 3 / best[name] / 1e9 for name in DECIDING}
+    for name in PROBES.keys() - set(DECIDING):
+        n, dtype = PROBES[name]
+        try:
+            peaks[name] = matmul_peak(dtype, n, seconds=0.0, min_reps=1)
+        except RuntimeError as e:  # a build without the kernel: informative only, so just absent
+            log.debug("no %s matmul here: %s", name, e)
+    return {name: round(value, 1) for name, value in peaks.items()}
+
+
+_memo: dict[str, Capabilities] = {}
+
+
+def cpu_capabilities(refresh: bool = False) -> Capabilities:
+    """This machine's capabilities: from memory, else the cache file when it matches this machine, else measured
+    (and the file written). refresh=True measures again."""
+    key = machine_key()
+    memo_key = json.dumps(key, sort_keys=True) + str(cache_path())
+    if not refresh and memo_key in _memo:
+        return _memo[memo_key]
+    caps = None if refresh else _read_cache(key)
+    if caps is None:
+        caps = Capabilities(**{k: v for k, v in key.items() if k != "format"}, threads=torch.get_num_threads(),
+                            peaks=measure(), measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        _write_cache(caps)
+    _memo[memo_key] = caps
+    return caps
+
+
+def _read_cache(key: dict[str, Any]) -> Capabilities | None:
+    path = cache_path()
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        caps = Capabilities(**{k: raw[k] for k in ("cpu", "cores", "torch", "threads", "peaks", "measured_at",
+                                                   "format")}, source="cache")
+        if not all(isinstance(caps.peaks.get(k), (int, float)) and caps.peaks[k] > 0 for k in DECIDING):
+            raise ValueError(f"peaks {caps.peaks!r} lack a positive {DECIDING}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s: unreadable (%s); measuring again", path, e)
+        return None
+    if caps.key != key:
+        log.info("%s: measured for %s, this is %s; measuring again", path, caps.key, key)
+        return None
+    return caps
+
+
+def _write_cache(caps: Capabilities) -> None:
+    """Atomically (a temporary file, then rename); a cache dir that cannot be written only costs a re-measure."""
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({k: v for k, v in asdict(caps).items() if k != "source"}, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not write %s (%s); the probe will run again in the next process", path, e)
+
+
+def is_cpu(device: Any) -> bool:
+    return device is None or torch.device(device).type == "cpu"
+
+
+def auto_dtype(checkpoint_dtype: torch.dtype, device: Any = None) -> torch.dtype:
+    """dtype="auto": the checkpoint's dtype (as in transformers), except that an fp32 checkpoint loaded for a CPU
+    with native bf16 runs in bf16. Casting the weights was measured against bf16 autocast over fp32 weights for
+    MiniLM inference on an AVX512-BF16 CPU: about as fast (12.4k vs 11.9k tokens/s, fp32 6.5k), half the weight
+    memory, and mean-pooled embeddings within cosine 0.9999 of fp32 (autocast: 0.99996); it also needs nothing
+    from the code that runs the model."""
+    if checkpoint_dtype == torch.float32 and is_cpu(device) and cpu_capabilities().bf16_native:
+        return torch.bfloat16
+    return checkpoint_dtype
+
+
+def describe(caps: Capabilities) -> str:
+    """The human-readable lines `hfport info --hardware` prints."""
+    lines = [f"cpu: {caps.cpu} ({caps.cores} cores, torch {caps.torch}, {caps.threads} threads)",
+             f"matmul peaks ({caps.source} {caps.measured_at}):"]
+    for name, value in caps.peaks.items():
+        unit = "GOP/s" if name == "int8" else "GFLOP/s"
+        lines.append(f"  {name:<9} {value:8.1f} {unit}  ({value / caps.peaks['float32']:.2f}x float32)")
+    verdict = "native" if caps.bf16_native else "not native"
+    lines.append(f"bf16: {verdict} ({caps.bf16_speedup:.2f}x float32; native means >= {NATIVE_MARGIN}x)")
+    lines.append(f"fine-tune precision auto: {'bf16 autocast' if caps.bf16_native else 'fp32'}; "
+                 f"dtype auto for an fp32 checkpoint: {'bfloat16' if caps.bf16_native else 'float32'}")
+    lines.append(f"cache: {cache_path()}")
+    return "\n".join(lines)
