@@ -26,7 +26,10 @@ def server(minilm_path, tmp_path_factory):
     base = tmp_path_factory.mktemp("openai-srv")
     srv = ServerProcess(base / "data", base / "server.log", cwd=REPO, ready_timeout=180,
                         args=("--model", f"minilm={minilm_path}"),
-                        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_BATCH_AUTOTUNE": "false"}).start()
+                        # fp32: compared with an fp32 hfport.pipeline at 1e-5 (the service's default dtype
+                        # "auto" is bf16 on CPUs with native bf16)
+                        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_BATCH_AUTOTUNE": "false",
+                             "HFPORT_PREDICT_DTYPE": "float32"}).start()
     yield srv
     srv.stop()
 
