@@ -31,6 +31,7 @@ from hfport.export.onnx import MANIFEST, export_onnx, verify_onnx  # noqa: E402
 from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
                                            is_onnx_model)
 from tests.test_export import add_tokenizer, vocab  # noqa: E402
+from hfport.tasks import canonical  # noqa: E402
 from tests.tiny import HEADS, save_hf  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
@@ -38,7 +39,8 @@ torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhe
 FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert")
 # The default 0.99 everywhere but fill-mask: a random tiny MLM's logits over 30522 tokens are near-uniform, so ranks
 # 5 and 6 are near ties that int8 noise swaps (measured top-5 overlap 0.96 on the pair probes, top-1 unchanged).
-MIN_AGREEMENT = {task: 0.99 for task in HEADS} | {"fill-mask": 0.9}
+TASKS = [canonical(task) for task in HEADS]  # the pipeline tags
+MIN_AGREEMENT = {task: 0.99 for task in TASKS} | {"fill-mask": 0.9}
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,7 @@ def test_family_exports_and_verifies(family, task, exported, source):
     assert rows(report, "int8 vs fp32")
 
 
-@pytest.mark.parametrize("task", list(HEADS))
+@pytest.mark.parametrize("task", TASKS)
 def test_bert_heads_export_verify_and_serve(task, exported, source):
     """Every head: verified, and the onnx pipeline (fp32 and int8) answers as the PyTorch pipeline does."""
     out, report = exported("bert", task)
