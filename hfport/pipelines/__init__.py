@@ -88,8 +88,6 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         if tokenizer is None:
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
         if device is not None or dtype is not None:
-            from ..modeling import resolve_dtype
-
             dtype = resolve_dtype(dtype, model.config, device or model.device) if dtype is not None else None
             model = model.to(device=device, dtype=dtype)
     elif isinstance(model, (str, os.PathLike)):
