@@ -356,7 +356,7 @@ def test_backend_choice(exported, source):
         hfport.pipeline("text-classification", model=out, backend="tensorrt")
     with pytest.raises(ValueError, match="float32 graphs on the CPU"):
         hfport.pipeline("text-classification", model=out, dtype="float16")
-    with pytest.raises(ValueError, match="is a sequence-classification graph"):
+    with pytest.raises(ValueError, match="is a text-classification graph"):
         hfport.pipeline("token-classification", model=out)
     pipe = hfport.pipeline("text-classification", model=out, backend="onnx")
     assert "model=bert" in repr(pipe) and "device=cpu" in repr(pipe)  # the facts pipelines read from a model
