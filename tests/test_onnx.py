@@ -362,4 +362,4 @@ def test_backend_choice(exported, source):
     assert "model=bert" in repr(pipe) and "device=cpu" in repr(pipe)  # the facts pipelines read from a model
     assert sum(t.numel() for t in pipe.model.buffers()) == (out / ONNX_FILE).stat().st_size
     bad = pipe.predict(["fine", "", "great"])  # a bad item fails alone, as with the PyTorch backend
-    assert "error" in bad[1] and bad[0]["label"] and bad[2]["label"]
+    assert isinstance(bad[1], hfport.ItemError) and bad[0]["label"] and bad[2]["label"]
