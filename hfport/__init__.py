@@ -3,7 +3,8 @@
 The public API is the names below, plus these submodules: hfport.errors (exceptions, ItemError), hfport.train
 (finetune, preflight, FinetuneConfig, resolve_config), hfport.export (export, verify and their options and results),
 hfport.rundir (RunDir, RunSummary),
-hfport.pipelines and hfport.tasks (the task records: names, aliases, model classes). The CLI and the server use nothing else.
+hfport.pipelines, hfport.tasks (the task records: names, aliases, model classes), hfport.embeddings (sentence-transformers
+folders: pooling, prompts) and hfport.hub (resolve a folder or cached repo id). The CLI and the server use nothing else.
 """
 
 from .config import EncoderConfig

@@ -252,14 +252,34 @@ def export(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the verify report here as JSON.")] = None,
     final: Annotated[bool, typer.Option("--final", help="Export a fine-tune run's final/ instead of best/.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing DIR.")] = False,
+    format_: Annotated[str, typer.Option("--format", help="hf: a folder transformers loads; onnx: model.onnx (+ "
+                                                         "model_quantized.onnx), always verified.")] = "hf",
+    quantize: Annotated[Optional[str], typer.Option(help="onnx: also write an int8 graph (int8).")] = None,
+    opset: Annotated[Optional[int], typer.Option(help="onnx: the ONNX opset (default 17).")] = None,
+    min_agreement: Annotated[Optional[float], typer.Option(help="onnx: the least task-level agreement of the int8 "
+                                                               "graph with fp32, and least mean cosine for "
+                                                               "embeddings (default 0.99).")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
-    """Write SRC as a folder transformers loads: config, safetensors weights, tokenizer files and a model card."""
+    """Write SRC as a folder transformers loads: config, safetensors weights, tokenizer files and a model card;
+    or, with --format onnx, as an ONNX folder (the layout optimum writes), proven against SRC before it appears."""
     setup_logging(verbose, quiet)
     from .errors import HfportError
     from .export import ExportOptions, VerifyFailed
     from .export import export as run
 
+    if format_ not in ("hf", "onnx"):
+        fail(f"--format {format_!r}: expected hf or onnx")
+    if format_ == "onnx":
+        if dtype != "fp32" or max_shard_size != "5GB" or atol is not None or rtol is not None:
+            fail("--format onnx writes fp32 graphs (+ int8 with --quantize) with its own tolerances: --dtype, "
+                 "--max-shard-size, --atol and --rtol apply to --format hf")
+        _export_onnx(src, out, verify, json_path, final, force, quantize, opset, min_agreement, quiet)
+        return
+    onnx_only = {"--quantize": quantize, "--opset": opset, "--min-agreement": min_agreement}
+    given = [name for name, value in onnx_only.items() if value is not None]
+    if given:
+        fail(f"{', '.join(given)}: only with --format onnx")
     if json_path is not None and not verify:
         fail("--json writes the verify report: add --verify")
     try:
@@ -280,11 +300,39 @@ def export(
                    + ", ".join(result.files))
 
 
+def _export_onnx(src: str, out: Path, verify: bool, json_path: Optional[Path], final: bool, force: bool,
+                 quantize: Optional[str], opset: Optional[int], min_agreement: Optional[float], quiet: bool) -> None:
+    """--format onnx: the ONNX graphs are always verified (the report is printed with --verify or on failure)."""
+    from .errors import HfportError
+    from .export import VerifyFailed
+    from .export.onnx import DEFAULT_OPSET, MIN_AGREEMENT, export_onnx
+
+    threshold = MIN_AGREEMENT if min_agreement is None else min_agreement
+    try:
+        result = export_onnx(src, out, which="final" if final else "best", opset=opset or DEFAULT_OPSET,
+                             quantize=quantize, force=force, min_agreement=threshold, min_cosine=threshold,
+                             json_path=json_path)
+    except VerifyFailed as e:
+        _print_report(e.report, json_path)
+        fail(f"{out}: the ONNX export does not match {e.report.source or src}; nothing was written")
+        return
+    except (HfportError, ValueError) as e:
+        fail(str(e))
+        return
+    if verify and result.report is not None:
+        _print_report(result.report, json_path)
+    if not quiet:
+        typer.echo(f"exported {result.source} ({result.family}, {result.task}, opset {result.opset}) to {result.out}: "
+                   + ", ".join(result.files))
+
+
 @app.command()
 def verify(
     folder: Annotated[str, typer.Argument(metavar="DIR", help="An exported HF folder.")],
-    source: Annotated[str, typer.Option("--source", help="What DIR was exported from (a fine-tune output folder, "
-                                                          "a checkpoint or a model folder).")],
+    source: Annotated[Optional[str], typer.Option("--source", help="What DIR was exported from (a fine-tune output "
+                                                                   "folder, a checkpoint or a model folder); an "
+                                                                   "ONNX folder defaults to the one it records.")]
+    = None,
     atol: Annotated[Optional[float], typer.Option(help="Absolute tolerance (default by DIR's dtype: fp32 1e-5, "
                                                        "fp16 1e-2, bf16 5e-2).")] = None,
     rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by DIR's dtype: fp32 1e-4, "
@@ -292,15 +340,32 @@ def verify(
     final: Annotated[bool, typer.Option("--final", help="SOURCE is a run: compare with its final/, not best/.")]
     = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report here as JSON.")] = None,
+    min_agreement: Annotated[Optional[float], typer.Option(help="ONNX folder: the least int8 agreement / mean "
+                                                               "cosine with fp32 (default 0.99).")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
-    """Check that transformers loads DIR cleanly and computes what hfport computes from SOURCE; exit 1 on any FAIL."""
+    """Check that transformers loads DIR cleanly and computes what hfport computes from SOURCE; exit 1 on any FAIL.
+    An ONNX folder (model.onnx, no safetensors) is checked as `export --format onnx` checks it."""
     setup_logging(verbose, quiet)
     from .errors import HfportError
     from .export import verify as run
+    from .pipelines.onnx_backend import is_onnx_model
 
     try:
-        report = run(folder, source, atol=atol, rtol=rtol, json_path=json_path, which="final" if final else "best")
+        if is_onnx_model(folder) and Path(folder).is_dir():
+            from .export.onnx import MIN_AGREEMENT, verify_onnx
+
+            threshold = MIN_AGREEMENT if min_agreement is None else min_agreement
+            report = verify_onnx(folder, source, atol=atol, rtol=rtol, json_path=json_path,
+                                 which="final" if final else "best", min_agreement=threshold, min_cosine=threshold)
+        elif source is None:
+            fail("--source is required for an HF folder (what DIR was exported from)")
+            return
+        elif min_agreement is not None:
+            fail("--min-agreement applies to ONNX folders only")
+            return
+        else:
+            report = run(folder, source, atol=atol, rtol=rtol, json_path=json_path, which="final" if final else "best")
     except (HfportError, ValueError, OSError) as e:  # the report itself could not be written
         fail(str(e))
         return

@@ -15,6 +15,8 @@ HEADS = {
     "question-answering": "AutoModelForQuestionAnswering",
     "masked-lm": "AutoModelForMaskedLM",
 }
+# build_hf also takes the canonical task names (transformers' pipeline tags) of the heads above
+OLD_NAMES = {"feature-extraction": "base", "text-classification": "sequence-classification", "fill-mask": "masked-lm"}
 
 VOCAB = 99
 # Each family's smallest interesting shape; max_position_embeddings leaves room for a > 64-token sequence.
@@ -61,7 +63,7 @@ def build_hf(family: str, task: str, seed: int = 0, **overrides: Any):
         config.id2label = {i: f"L{i}" for i in range(NUM_LABELS)}
         config.label2id = {f"L{i}": i for i in range(NUM_LABELS)}
     torch.manual_seed(seed)
-    model = getattr(transformers, HEADS[task]).from_config(config)
+    model = getattr(transformers, HEADS[OLD_NAMES.get(task, task)]).from_config(config)
     # transformers zero-initialises some biases; random values make the parity check see every term
     with torch.no_grad():
         for name, p in model.named_parameters():

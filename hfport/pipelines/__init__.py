@@ -12,6 +12,9 @@ hfport/tasks/ holds the names and which pipeline class each task uses.
   sentence-embeddings   one vector per text, pooled as the folder's sentence-transformers files say
                         (hfport.embeddings.SentenceEmbeddingPipeline)
 
+Backends: "torch" (hfport's models) or "onnx" (an exported ONNX folder or .onnx file run by onnxruntime on the CPU,
+pipelines/onnx_backend.py). The default picks "onnx" for a .onnx file or a folder with model.onnx and no safetensors.
+
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
 cannot be answered (empty text, no mask token, too long, ...) gets an `hfport.ItemError` in its place (rendered by
@@ -21,16 +24,20 @@ the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from .. import tasks
 from ..errors import ItemError
-from ..modeling import PreTrainedEncoder
+from ..modeling import PreTrainedEncoder, resolve_dtype
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer
 from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, phase_times
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
+from .onnx_backend import OnnxModel, is_onnx_model
 from .qa import QuestionAnsweringPipeline
 from .tokens import TokenClassificationPipeline
 
@@ -39,32 +46,48 @@ from ..embeddings import SentenceEmbeddingPipeline  # noqa: E402 - it builds on 
 
 # pipelines over another task's model (sentence embeddings pool the feature-extraction model)
 EXTRA_PIPELINES: dict[str, type[Pipeline]] = {SentenceEmbeddingPipeline.task: SentenceEmbeddingPipeline}
+BACKENDS = ("torch", "onnx")
 
 
 def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              tokenizer: str | os.PathLike[str] | PreTrainedTokenizer | None = None, device: Any = None,
              dtype: Any = None, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-             **options: Any) -> Pipeline:
+             backend: str | None = None, **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
     batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
-    the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple")."""
+    the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple").
+    backend: "torch" or "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it); None picks
+    "onnx" for a .onnx file or a folder with model.onnx and no safetensors."""
     if task in EXTRA_PIPELINES:
         name, cls = task, EXTRA_PIPELINES[task]
         record = tasks.get(cls.model_task)
     else:
         record = tasks.get(task)
         name, cls = record.name, PIPELINES[record.name]
-    if isinstance(model, PreTrainedEncoder):
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: use one of {list(BACKENDS)}")
+    if isinstance(model, (str, os.PathLike)) and (backend == "onnx" or (backend is None and is_onnx_model(model))):
+        model_path = Path(model).expanduser()
+        model = OnnxModel.from_pretrained(model_path)
+        tokenizer = (model_path.parent if model_path.is_file() else model_path) if tokenizer is None else tokenizer
+    if isinstance(model, OnnxModel):
+        if model.task != record.name:
+            raise ValueError(f"{name} needs a {record.name} model; {model.path} is a {model.task} graph")
+        if tokenizer is None:
+            raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
+        if (device is not None and torch.device(device).type != "cpu") or \
+                (dtype is not None and dtype != "auto" and resolve_dtype(dtype) != torch.float32):
+            raise ValueError(f"the onnx backend runs float32 graphs on the CPU; got device={device!r}, "
+                             f"dtype={dtype!r}")
+    elif isinstance(model, PreTrainedEncoder):
         if model.task != record.name:
             raise ValueError(f"{name} needs a {record.model_class.__name__}, got a "
                              f"{type(model).__name__} ({model.task} head)")
         if tokenizer is None:
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
         if device is not None or dtype is not None:
-            from ..modeling import resolve_dtype
-
             dtype = resolve_dtype(dtype, model.config, device or model.device) if dtype is not None else None
             model = model.to(device=device, dtype=dtype)
     elif isinstance(model, (str, os.PathLike)):
@@ -72,7 +95,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         tokenizer = model if tokenizer is None else tokenizer
         model = loaded
     else:
-        raise TypeError(f"model must be a folder, a repo id or an hfport model, got {type(model).__name__}")
+        raise TypeError(f"model must be a folder, a repo id, an hfport model or an OnnxModel, got "
+                        f"{type(model).__name__}")
     if not isinstance(tokenizer, PreTrainedTokenizer):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     return cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens, **options)
@@ -98,6 +122,7 @@ __all__ = [
     "FillMaskPipeline",
     "InvalidInput",
     "ItemError",
+    "OnnxModel",
     "Pipeline",
     "PipelineInputError",
     "SentenceEmbeddingPipeline",

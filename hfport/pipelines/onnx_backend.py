@@ -1,0 +1,200 @@
+"""ONNX Runtime as a pipeline backend: an ONNX folder (model.onnx, config.json, tokenizer files; the layout
+`hfport export --format onnx` and optimum write) served by the same pipelines as the PyTorch models.
+
+`OnnxModel` stands where a PreTrainedEncoder stands: called as `model(input_ids, attention_mask=...,
+token_type_ids=...)` it returns the same output dataclasses (hfport/outputs.py) with torch tensors, and it has the
+`config`, `family`, `task`, `device` and `dtype` the pipelines read, so no pipeline branches on the backend.
+
+The graphs compute padded batches (the exporter traces hfport's padded path: the padding-free one is
+data-dependent): values at padding positions are outside the contract, exactly as for the PyTorch models.
+onnxruntime is imported only when a model is opened, so hfport imports without the `onnx` extra.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import hub
+from ..config import EncoderConfig
+from ..errors import HfportError
+from ..modeling import task_of
+from ..outputs import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
+                       TokenClassifierOutput)
+from ..registry import Family, get_family
+
+ONNX_FILE = "model.onnx"  # the fp32 graph, as optimum names it
+QUANTIZED_FILE = "model_quantized.onnx"  # the int8 graph beside it
+INSTALL_HINT = "pip install 'hfport[onnx]'"
+
+# What each task's graph returns, under transformers' names, with the rank of each output and the config field its
+# last axis equals (None: the batch/sequence axes only). pooler_output is not exported: optimum's
+# feature-extraction graphs return last_hidden_state alone, and sentence embeddings pool it.
+GRAPH_OUTPUTS: dict[str, dict[str, tuple[int, str | None]]] = {
+    "feature-extraction": {"last_hidden_state": (3, "hidden_size")},
+    "text-classification": {"logits": (2, "num_labels")},
+    "token-classification": {"logits": (3, "num_labels")},
+    "question-answering": {"start_logits": (2, None), "end_logits": (2, None)},
+    "fill-mask": {"logits": (3, "vocab_size")},
+}
+OUTPUT_TYPES = {"feature-extraction": BaseModelOutput, "text-classification": SequenceClassifierOutput,
+                "token-classification": TokenClassifierOutput, "question-answering": QuestionAnsweringOutput,
+                "fill-mask": MaskedLMOutput}
+DYNAMIC_AXES = ("batch_size", "sequence_length")  # the names of the two input axes, as optimum names them
+
+
+class OnnxModelError(HfportError, ValueError):
+    """An ONNX folder or graph that cannot be served as it is; the message names the file and what is wrong."""
+
+
+def require_onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise OnnxModelError(f"the ONNX backend needs onnxruntime ({e}); {INSTALL_HINT}") from e
+    return onnxruntime
+
+
+def graph_inputs(config: EncoderConfig) -> list[str]:
+    """The inputs a graph for this config takes: token types only where the model has a token-type table."""
+    return ["input_ids", "attention_mask", *(["token_type_ids"] if config.type_vocab_size > 0 else [])]
+
+
+def is_onnx_model(path: str | os.PathLike[str]) -> bool:
+    """A .onnx file, or a folder with model.onnx and no safetensors weights: what the onnx backend serves."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p.suffix == ".onnx"
+    return p.is_dir() and (p / ONNX_FILE).is_file() and not any(p.glob("*.safetensors"))
+
+
+def read_folder_config(folder: Path) -> tuple[dict[str, Any], Family, EncoderConfig, str]:
+    """(raw config.json, family, EncoderConfig, task) of an ONNX folder: the head from `architectures`."""
+    raw, source = hub.read_config(folder)
+    family = get_family(raw.get("model_type"), source)
+    config = family.config_from_hf(raw, source)
+    return raw, family, config, task_of(family, raw.get("architectures") or [])
+
+
+def open_session(path: Path, threads: int | None = None) -> Any:
+    """An onnxruntime CPU session for the graph at `path`; a file ORT cannot load is an OnnxModelError naming it."""
+    ort = require_onnxruntime()
+    if not path.is_file():
+        raise OnnxModelError(f"{path}: no such ONNX file")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise here
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises its own pybind classes (InvalidProtobuf, Fail, ...)
+        text = str(e)
+        why = ("the file is truncated or not an ONNX model" if "Protobuf parsing failed" in text or
+               "INVALID_PROTOBUF" in text else
+               "it needs an opset this onnxruntime cannot run" if "opset" in text.lower() else
+               "onnxruntime cannot load it")
+        raise OnnxModelError(f"{path}: {why} ({type(e).__name__}: {text.strip()[:400]})") from e
+
+
+def check_signature(session: Any, config: EncoderConfig, task: str, path: Path) -> None:
+    """The graph's inputs and outputs are the ones config.json implies: names, ranks and the fixed last axis."""
+    want_in = graph_inputs(config)
+    have_in = [i.name for i in session.get_inputs()]
+    if sorted(have_in) != sorted(want_in):
+        raise OnnxModelError(f"{path}: graph inputs {have_in} do not match config.json, which implies {want_in} "
+                             f"(type_vocab_size {config.type_vocab_size})")
+    outputs = {o.name: o for o in session.get_outputs()}
+    for name, (rank, field) in GRAPH_OUTPUTS[task].items():
+        if name not in outputs:
+            raise OnnxModelError(f"{path}: the graph has no output {name!r} (it has {sorted(outputs)}); config.json's "
+                                 f"architectures make it a {task} model, whose graph returns "
+                                 f"{list(GRAPH_OUTPUTS[task])}")
+        shape = outputs[name].shape
+        if len(shape) != rank:
+            raise OnnxModelError(f"{path}: output {name!r} has rank {len(shape)} ({shape}); a {task} graph's has "
+                                 f"rank {rank}")
+        if field is not None and isinstance(shape[-1], int) and shape[-1] != getattr(config, field):
+            raise OnnxModelError(f"{path}: output {name!r} has last axis {shape[-1]}, but config.json's {field} is "
+                                 f"{getattr(config, field)}")
+
+
+class OnnxModel:
+    """An ONNX graph with the calling convention and facts of an hfport task model (CPU, float32 in and out)."""
+
+    def __init__(self, path: Path, session: Any, config: EncoderConfig, family: Family, task: str):
+        self.path = path
+        self.session = session
+        self.config = config
+        self.family = family
+        self.task = task
+        self.inputs = [i.name for i in session.get_inputs()]
+        self.outputs = list(GRAPH_OUTPUTS[task])
+        # The module tree on the meta device (no memory): what the pipelines read about the model's layout, such
+        # as the position table's size, comes from the same code as for the PyTorch model.
+        with torch.device("meta"):
+            self.body = family.build_body(config, task)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str], *, file: str | None = None,
+                        threads: int | None = None) -> OnnxModel:
+        """PATH: an ONNX folder (its model.onnx, or `file` in it) or a .onnx file whose folder holds config.json."""
+        p = Path(path).expanduser()
+        if p.is_file():
+            folder, graph = p.parent, p
+        elif p.is_dir():
+            folder, graph = p, p / (file or ONNX_FILE)
+        else:
+            raise OnnxModelError(f"{p}: no such ONNX folder or file")
+        _, family, config, task = read_folder_config(folder)
+        session = open_session(graph, threads)
+        check_signature(session, config, task, graph)
+        return cls(graph, session, config, family, task)
+
+    def __repr__(self) -> str:
+        return f"OnnxModel({self.path}, {self.family.model_type}, {self.task})"
+
+    # --- what a PreTrainedEncoder offers the pipelines ----------------------------------------------------
+
+    def eval(self) -> OnnxModel:
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32  # inputs and outputs; an int8 graph quantizes inside
+
+    def parameters(self) -> Iterator[Tensor]:
+        return iter(())
+
+    def buffers(self) -> Iterator[Tensor]:
+        """One meta tensor the size of the graph file: lets memory accounting that sums parameters and buffers
+        (the server's model cache) count what the session holds, without allocating it."""
+        yield torch.empty(self.path.stat().st_size, dtype=torch.uint8, device="meta")
+
+    def __call__(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                 position_ids: Tensor | None = None) -> Any:
+        if position_ids is not None:
+            raise ValueError("the ONNX graph computes its own position ids; position_ids cannot be given")
+        ids = np.ascontiguousarray(input_ids.detach().cpu().numpy(), dtype=np.int64)  # (B, T)
+        feeds = {"input_ids": ids,
+                 "attention_mask": np.ones_like(ids) if attention_mask is None else
+                 np.ascontiguousarray(attention_mask.detach().cpu().numpy(), dtype=np.int64)}  # (B, T)
+        if "token_type_ids" in self.inputs:  # absent: segment 0, as the PyTorch model does
+            feeds["token_type_ids"] = np.zeros_like(ids) if token_type_ids is None else \
+                np.ascontiguousarray(token_type_ids.detach().cpu().numpy(), dtype=np.int64)  # (B, T)
+        try:
+            arrays = self.session.run(self.outputs, feeds)
+        except Exception as e:  # noqa: BLE001 - ORT's pybind errors are not RuntimeError; the pipeline retries those
+            raise RuntimeError(f"{self.path}: onnxruntime failed ({type(e).__name__}: {e})") from e
+        return OUTPUT_TYPES[self.task](**{n: torch.from_numpy(a) for n, a in zip(self.outputs, arrays)})
+
+    forward = __call__

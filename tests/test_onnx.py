@@ -1,0 +1,365 @@
+"""ONNX export, its fail-closed verify, and the onnxruntime pipeline backend.
+
+Round trips: the base and text-classification heads of every family, and all five heads of BERT -> model.onnx +
+model_quantized.onnx -> verify passes (fp32 against hfport and transformers at real positions, int8 against fp32
+at the task level) -> the onnx pipelines answer as the PyTorch ones. Then what must fail, with nothing written: a
+changed initializer, graph outputs that disagree with config.json, a truncated file, an opset onnxruntime cannot
+run, an int8 graph below the agreement threshold, a family whose padded path does not trace (DeBERTa-v2), and a
+missing `onnx` extra.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+onnx = pytest.importorskip("onnx")  # the `onnx` extra is part of `dev`; without it only the error test applies
+pytest.importorskip("onnxruntime")
+
+import hfport  # noqa: E402
+from hfport.export import onnx as onnx_export  # noqa: E402
+from hfport.cli import app  # noqa: E402
+from hfport.export import ExportError, VerifyFailed  # noqa: E402
+from hfport.export.onnx import MANIFEST, export_onnx, verify_onnx  # noqa: E402
+from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
+                                           is_onnx_model)
+from tests.test_export import add_tokenizer, vocab  # noqa: E402
+from hfport.tasks import canonical  # noqa: E402
+from tests.tiny import HEADS, save_hf  # noqa: E402
+
+torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
+
+FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert")
+# The default 0.99 everywhere but fill-mask: a random tiny MLM's logits over 30522 tokens are near-uniform, so ranks
+# 5 and 6 are near ties that int8 noise swaps (measured top-5 overlap 0.96 on the pair probes, top-1 unchanged).
+TASKS = [canonical(task) for task in HEADS]  # the pipeline tags
+MIN_AGREEMENT = {task: 0.99 for task in TASKS} | {"fill-mask": 0.9}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("onnx")
+
+
+@pytest.fixture(scope="module")
+def source(root, minilm_path):
+    """(family, task) -> a tiny random model folder with the family's tokenizer (built once)."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(family: str, task: str) -> Path:
+        if (family, task) not in made:
+            folder = root / "src" / f"{family}-{task}"
+            save_hf(family, task, folder, vocab_size=vocab(family))
+            add_tokenizer(family, folder, minilm_path, root / "tokenizers")
+            made[family, task] = folder
+        return made[family, task]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def exported(root, source):
+    """(family, task) -> the verified ONNX folder (fp32 + int8), exported once."""
+    made: dict[tuple[str, str], tuple[Path, hfport.VerifyReport]] = {}
+
+    def get(family: str, task: str) -> tuple[Path, hfport.VerifyReport]:
+        if (family, task) not in made:
+            out = root / "onnx" / f"{family}-{task}"
+            result = export_onnx(source(family, task), out, quantize="int8", min_agreement=MIN_AGREEMENT[task])
+            made[family, task] = (out, result.report)
+        return made[family, task]
+
+    return get
+
+
+def rows(report: hfport.VerifyReport, check: str) -> list:
+    return [r for r in report.rows if r.check == check]
+
+
+def graph_io(path: Path) -> tuple[list[str], list[str], list]:
+    model = onnx.load(str(path))
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input]
+    return [i.name for i in model.graph.input], [o.name for o in model.graph.output], dims
+
+
+def no_leftovers(out: Path) -> None:
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+# --- round trips --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["feature-extraction", "text-classification"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_exports_and_verifies(family, task, exported, source):
+    out, report = exported(family, task)
+    assert report.passed, report.table()
+    assert {ONNX_FILE, QUANTIZED_FILE, "config.json", "tokenizer.json", MANIFEST} <= {p.name for p in out.iterdir()}
+    # inputs from the config's token-type table (DistilBERT has none), outputs under transformers' names
+    config = json.loads((source(family, task) / "config.json").read_text())
+    want_types = config.get("type_vocab_size", 0) > 0 and config["model_type"] != "distilbert"
+    inputs, outputs, dims = graph_io(out / ONNX_FILE)
+    assert inputs == ["input_ids", "attention_mask"] + (["token_type_ids"] if want_types else [])
+    assert outputs == (["last_hidden_state"] if task == "feature-extraction" else ["logits"])
+    assert all(d == ["batch_size", "sequence_length"] for d in dims)
+    assert graph_io(out / QUANTIZED_FILE)[:2] == (inputs, outputs)
+    fp32 = rows(report, "fp32 vs hfport") + rows(report, "fp32 vs transformers")
+    assert fp32 and all(r.passed and r.max_abs_diff <= 1e-4 for r in fp32)
+    assert {r.check for r in fp32} == {"fp32 vs hfport", "fp32 vs transformers"}
+    assert rows(report, "int8 vs fp32")
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_bert_heads_export_verify_and_serve(task, exported, source):
+    """Every head: verified, and the onnx pipeline (fp32 and int8) answers as the PyTorch pipeline does."""
+    out, report = exported("bert", task)
+    assert report.passed, report.table()
+    assert rows(report, "int8 vs fp32") and rows(report, "fp32 vs hfport")
+    pipe_task, inputs, options = PIPELINE_CASES[task]
+    torch_pipe = hfport.pipeline(pipe_task, model=source("bert", task), **options)
+    onnx_pipe = hfport.pipeline(pipe_task, model=out, **options)  # auto-detected: model.onnx, no safetensors
+    assert isinstance(onnx_pipe.model, OnnxModel) and onnx_pipe.model.path.name == ONNX_FILE
+    assert_same(torch_pipe(inputs), onnx_pipe(inputs), atol=1e-4)
+    int8_pipe = hfport.pipeline(pipe_task, model=out / QUANTIZED_FILE, **options)
+    assert int8_pipe.model.path.name == QUANTIZED_FILE
+    assert len(int8_pipe(inputs)) == len(inputs)
+
+
+TEXTS = ["The film was wonderful.", "ok", "Paris is the capital of France and a large city full of museums."]
+PIPELINE_CASES = {
+    "feature-extraction": ("feature-extraction", TEXTS, {"pooling": "mean", "normalize": True}),
+    "text-classification": ("text-classification", TEXTS, {"top_k": None}),
+    "token-classification": ("token-classification", TEXTS, {}),
+    "question-answering": ("question-answering",
+                           [{"question": "Who wrote it?", "context": "Herman Melville wrote Moby-Dick in 1851."},
+                            {"question": "Where is Berlin?", "context": "Berlin lies in Germany, on the Spree."}],
+                           {"top_k": 2}),
+    "fill-mask": ("fill-mask", ["The film was [MASK].", "Paris is the [MASK] of France."], {"top_k": 3}),
+}
+
+
+def assert_same(a, b, atol: float) -> None:
+    """Equal structure and strings; floats within atol (scores, embeddings)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k], atol)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y, atol)
+    elif isinstance(a, float):
+        assert abs(a - b) <= atol, (a, b)
+    else:
+        assert a == b
+
+
+def test_feature_extraction_tokens_match_torch_at_real_positions(exported, source):
+    out, _ = exported("bert", "feature-extraction")
+    torch_pipe = hfport.pipeline("feature-extraction", model=source("bert", "feature-extraction"), return_tensors=True)
+    onnx_pipe = hfport.pipeline("feature-extraction", model=out, backend="onnx", return_tensors=True)
+    for a, b in zip(torch_pipe(TEXTS), onnx_pipe(TEXTS)):  # each (1, T_i, C): the row's own tokens only
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+def test_real_minilm_exports_with_int8_agreement(minilm_path, tmp_path):
+    result = export_onnx(minilm_path, tmp_path / "out", quantize="int8")
+    assert result.report.passed, result.report.table()
+    fp32 = rows(result.report, "fp32 vs hfport")
+    assert max(r.max_abs_diff for r in fp32) < 1e-4
+    cosine = rows(result.report, "int8 vs fp32")
+    assert cosine and all(r.passed for r in cosine)
+
+
+# --- verify fails closed ------------------------------------------------------------------------------------
+
+
+def copy_export(exported, family: str, task: str, tmp_path: Path) -> Path:
+    out, _ = exported(family, task)
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    return copy
+
+
+def test_changed_initializer_fails_verify(exported, source, tmp_path):
+    folder = copy_export(exported, "bert", "text-classification", tmp_path)
+    model = onnx.load(str(folder / ONNX_FILE))
+    init = max(model.graph.initializer, key=lambda t: np.prod(t.dims))  # the largest weight: the word embeddings
+    array = onnx.numpy_helper.to_array(init).copy()
+    array[:, 0] += 0.5  # one feature of every row: any probe text sees it (a uniform shift LayerNorm would undo)
+    init.CopyFrom(onnx.numpy_helper.from_array(array, init.name))
+    onnx.save(model, str(folder / ONNX_FILE))
+    report = verify_onnx(folder, source("bert", "text-classification"))
+    assert not report.passed
+    failed = {(r.check, r.output) for r in report.failures}
+    assert ("files", ONNX_FILE) in failed
+    assert any(check == "fp32 vs hfport" for check, _ in failed)
+    # without --source it is checked against the recorded source, and fails the same way
+    assert not verify_onnx(folder).passed
+    # and the CLI exits 1
+    run = CliRunner().invoke(app, ["verify", str(folder)])
+    assert run.exit_code == 1 and "FAIL" in run.output
+
+
+def test_clean_folder_verifies_without_source(exported):
+    out, _ = exported("bert", "token-classification")
+    report = verify_onnx(out)  # the source hfport_onnx.json records
+    assert report.passed, report.table()
+    run = CliRunner().invoke(app, ["verify", str(out)])
+    assert run.exit_code == 0, run.output
+    assert "PASS" in run.output
+
+
+def test_graph_outputs_that_disagree_with_config(exported, tmp_path):
+    folder = copy_export(exported, "bert", "text-classification", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["BertForQuestionAnswering"]  # a QA config over a classification graph
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(OnnxModelError, match="no output 'start_logits'"):
+        OnnxModel.from_pretrained(folder)
+    report = verify_onnx(folder)
+    assert not report.passed and any(r.check == "graph" for r in report.failures)
+    config["architectures"] = ["BertForTokenClassification"]  # same output name, wrong rank
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(OnnxModelError, match="rank 2"):
+        OnnxModel.from_pretrained(folder)
+    config["architectures"], config["type_vocab_size"] = ["BertForSequenceClassification"], 0  # no token types
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(OnnxModelError, match="graph inputs .* do not match config.json"):
+        OnnxModel.from_pretrained(folder)
+
+
+def test_truncated_graph(exported, tmp_path):
+    folder = copy_export(exported, "bert", "feature-extraction", tmp_path)
+    data = (folder / ONNX_FILE).read_bytes()
+    (folder / ONNX_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(OnnxModelError, match="truncated or not an ONNX model"):
+        OnnxModel.from_pretrained(folder)
+    report = verify_onnx(folder)
+    assert not report.passed
+    assert "truncated" in report.table()
+    with pytest.raises(OnnxModelError, match="truncated"):
+        hfport.pipeline("feature-extraction", model=folder)
+
+
+def test_opset_the_runtime_cannot_load(exported, tmp_path):
+    folder = copy_export(exported, "bert", "feature-extraction", tmp_path)
+    model = onnx.load(str(folder / ONNX_FILE))
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = 99
+    onnx.save(model, str(folder / ONNX_FILE))
+    with pytest.raises(OnnxModelError, match="opset"):
+        OnnxModel.from_pretrained(folder)
+    assert not verify_onnx(folder).passed
+
+
+def test_unknown_opset_at_export_is_refused(source, tmp_path):
+    with pytest.raises(ExportError, match="opset 99"):
+        export_onnx(source("bert", "feature-extraction"), tmp_path / "out", opset=99)
+    no_leftovers(tmp_path / "out")
+
+
+def test_int8_below_threshold_writes_nothing(source, tmp_path, monkeypatch):
+    """A quantizer that damages the graph (every int8 weight's scale doubled, in effect): the gate rejects it."""
+    real = onnx_export._quantize
+
+    def damaging(src, dst, per_channel):
+        kept = real(src, dst, per_channel)
+        model = onnx.load(str(dst))
+        for init in model.graph.initializer:
+            if init.name.endswith("_scale"):
+                init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init) * 8, init.name))
+        onnx.save(model, str(dst))
+        return kept
+
+    monkeypatch.setattr(onnx_export, "_quantize", damaging)
+    out = tmp_path / "out"
+    with pytest.raises(VerifyFailed, match="nothing was written") as info:
+        export_onnx(source("bert", "token-classification"), out, quantize="int8")
+    assert any(r.check == "int8 vs fp32" for r in info.value.report.failures)
+    assert all(r.passed for r in info.value.report.rows if r.check != "int8 vs fp32")
+    no_leftovers(out)
+
+
+def test_deberta_fails_closed(root, minilm_path, tmp_path):
+    """DeBERTa-v2's padded path computes its relative-position window in Python: the trace is refused by
+    onnxruntime (or wrong at other lengths) and verify says so; nothing is written."""
+    src = tmp_path / "deberta"
+    save_hf("deberta-v2", "text-classification", src, vocab_size=vocab("bert"))
+    add_tokenizer("bert", src, minilm_path, root / "tokenizers")
+    with pytest.raises(VerifyFailed) as info:
+        export_onnx(src, tmp_path / "out")
+    assert any(r.check == "graph" for r in info.value.report.failures), info.value.report.table()
+    no_leftovers(tmp_path / "out")
+
+
+def test_existing_out_needs_force_and_threshold_is_checked(exported, source, tmp_path):
+    out, _ = exported("bert", "feature-extraction")
+    with pytest.raises(ExportError, match="already exists"):
+        export_onnx(source("bert", "feature-extraction"), out)
+    with pytest.raises(ExportError, match="min_agreement"):
+        export_onnx(source("bert", "feature-extraction"), tmp_path / "x", min_agreement=1.5)
+    with pytest.raises(ExportError, match="quantize"):
+        export_onnx(source("bert", "feature-extraction"), tmp_path / "x", quantize="int4")
+
+
+# --- the extra, the CLI, the backend ------------------------------------------------------------------------
+
+
+def test_missing_extra_says_what_to_install(source, tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_onnx(name, *args, **kwargs):
+        if name.split(".")[0] in ("onnx", "onnxruntime"):
+            raise ImportError(f"No module named '{name}'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_onnx)
+    with pytest.raises(ExportError, match=r"pip install 'hfport\[onnx\]'"):
+        export_onnx(source("bert", "feature-extraction"), tmp_path / "out")
+    run = CliRunner().invoke(app, ["export", str(source("bert", "feature-extraction")), "--out", str(tmp_path / "out"),
+                                   "--format", "onnx"])
+    assert run.exit_code == 1 and "pip install 'hfport[onnx]'" in run.output
+    no_leftovers(tmp_path / "out")
+
+
+def test_cli_export_onnx(source, tmp_path):
+    out = tmp_path / "out"
+    run = CliRunner().invoke(app, ["export", str(source("bert", "question-answering")), "--out", str(out),
+                                   "--format", "onnx", "--quantize", "int8", "--opset", "17", "--verify",
+                                   "--min-agreement", "0.99", "--json", str(tmp_path / "report.json")])
+    assert run.exit_code == 0, run.output
+    assert "int8 vs fp32" in run.output and "PASS" in run.output
+    assert (out / ONNX_FILE).is_file() and (out / QUANTIZED_FILE).is_file()
+    assert json.loads((tmp_path / "report.json").read_text())["passed"] is True
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["opset"] == 17 and manifest["outputs"] == ["start_logits", "end_logits"]
+    bad = CliRunner().invoke(app, ["export", str(source("bert", "feature-extraction")), "--out", str(tmp_path / "x"),
+                                   "--quantize", "int8"])
+    assert bad.exit_code == 1 and "only with --format onnx" in bad.output
+
+
+def test_backend_choice(exported, source):
+    out, _ = exported("bert", "text-classification")
+    assert is_onnx_model(out) and is_onnx_model(out / QUANTIZED_FILE)
+    assert not is_onnx_model(source("bert", "text-classification"))
+    with pytest.raises(ValueError, match="backend"):
+        hfport.pipeline("text-classification", model=out, backend="tensorrt")
+    with pytest.raises(ValueError, match="float32 graphs on the CPU"):
+        hfport.pipeline("text-classification", model=out, dtype="float16")
+    with pytest.raises(ValueError, match="is a text-classification graph"):
+        hfport.pipeline("token-classification", model=out)
+    pipe = hfport.pipeline("text-classification", model=out, backend="onnx")
+    assert "model=bert" in repr(pipe) and "device=cpu" in repr(pipe)  # the facts pipelines read from a model
+    assert sum(t.numel() for t in pipe.model.buffers()) == (out / ONNX_FILE).stat().st_size
+    bad = pipe.predict(["fine", "", "great"])  # a bad item fails alone, as with the PyTorch backend
+    assert isinstance(bad[1], hfport.ItemError) and bad[0]["label"] and bad[2]["label"]
