@@ -106,7 +106,7 @@ def snapshot(step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any,
         state={**json.loads(json.dumps(state)), "rng": capture_rng()})
 
 
-STALL_ENV = "HFPORT_TEST_CHECKPOINT_STALL"  # tests only: seconds the writer sleeps half-way through a checkpoint
+STALL_ENV = "HFPORT_TEST_CHECKPOINT_STALL"  # tests only, "STEP:SECONDS": the writer sleeps half-way through that step's
 
 
 def write_checkpoint(run: RunDir, snap: Snapshot) -> Path:
@@ -118,8 +118,9 @@ def write_checkpoint(run: RunDir, snap: Snapshot) -> Path:
     tmp.mkdir()
     hub.save_weights(snap.weights, tmp)
     hub.write_json_atomic(tmp / "config.json", snap.config)
-    if os.environ.get(STALL_ENV):  # lets a test SIGKILL the process while a checkpoint is half-written
-        time.sleep(float(os.environ[STALL_ENV]))
+    stall_step, _, stall_s = os.environ.get(STALL_ENV, "").partition(":")
+    if stall_s and int(stall_step) == snap.step:  # lets a test SIGKILL the process mid-write
+        time.sleep(float(stall_s))
     torch.save(snap.optimizer, tmp / "optimizer.pt")
     torch.save(snap.scheduler, tmp / "scheduler.pt")
     if snap.scaler is not None:

@@ -264,7 +264,8 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         save_model_folder(unwrapped, source, run.final)
         if not run.best.exists():
             save_model_folder(unwrapped, source, run.final, copy_to=run.best)
-        last_eval = [e for e in metrics_file.read() if e["type"] == "eval"]
+        entries, problems = read_metrics(run.metrics)
+        last_eval = [e for e in entries if e["type"] == "eval"]
         result = RunSummary(
             steps=state["step"], epochs=state["epoch"], best_metric={metric_name: tracker.best},
             best_step=tracker.best_step, stopped_early=stop, metric_mode=metric_mode, frozen=len(frozen),
@@ -276,7 +277,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         summary = result.to_dict()
         from .report import write_report
 
-        write_report(run, metrics_file.read(), result)
+        write_report(run, entries, result, problems)
         emit({"type": "done", **summary})
     accelerator.wait_for_everyone()
     return summary
