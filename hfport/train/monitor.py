@@ -194,6 +194,7 @@ class ResourceSampler:
 
             self._proc = psutil.Process()
             self._proc.cpu_percent(None)  # the first call only sets the reference point
+            self._cpu_at = time.monotonic()
         except ImportError:
             self._proc = None
             self._cpu = _CpuClock()
@@ -203,7 +204,10 @@ class ResourceSampler:
         if self._proc is not None:
             import psutil
 
-            out["cpu_percent"] = round(self._proc.cpu_percent(None), 1)
+            now = time.monotonic()
+            if now - self._cpu_at >= 0.2:  # psutil's percent over a shorter span is noise (often 0.0)
+                out["cpu_percent"] = round(self._proc.cpu_percent(None), 1)
+                self._cpu_at = now
             out["rss_gb"] = round(self._proc.memory_info().rss / GB, 3)
             vm = psutil.virtual_memory()
             out["mem_used_gb"], out["mem_total_gb"] = round((vm.total - vm.available) / GB, 3), round(vm.total / GB, 3)
