@@ -63,11 +63,19 @@ def configure(level: str, fmt: str = "%(levelname)s %(name)s: %(message)s") -> N
     handler.setFormatter(logging.Formatter("%(rank)s" + fmt))
     logging.basicConfig(level=LEVELS[level] if level != "trace" else logging.DEBUG, handlers=[handler], force=True)
     logging.getLogger("hfport").setLevel(LEVELS[level])
+    global _configured
+    _configured = level
+
+
+_configured: str | None = None  # set by configure(): an entry point (CLI, job process) decided, flags included
 
 
 def apply_env() -> str | None:
     """For library entry points (finetune called from Python): when HFPORT_VERBOSITY is set, set hfport's logger
-    level and give it a rank-prefixed handler if nothing else prints its records. Returns the level or None."""
+    level and give it a rank-prefixed handler if nothing else prints its records. Returns the level or None;
+    after configure() (an entry point with flags) it only returns that level."""
+    if _configured is not None:  # the CLI's -q / -v already decided (flags win over the variable)
+        return _configured
     if not os.environ.get(ENV):
         return None
     level = from_env()

@@ -264,17 +264,21 @@ def test_verbosity_env_flags_win_and_rank_prefix(monkeypatch, capsys):
         assert "hidden" not in capsys.readouterr().err
     finally:
         logging.basicConfig(force=True, handlers=[logging.NullHandler()])
+        verbosity._configured = None  # as before configure(): later tests call finetune from Python
         logging.getLogger("hfport").setLevel(logging.NOTSET)
 
 
 def test_cli_reads_hfport_verbosity(tiny_run, tmp_path):
-    """HFPORT_VERBOSITY=verbose reaches the CLI (no flag given); -q still wins."""
+    """HFPORT_VERBOSITY=verbose reaches `hfport finetune` (no flag given): INFO records; -q still wins."""
     env = {**os.environ, "HFPORT_VERBOSITY": "verbose"}
-    args = [sys.executable, "-m", "hfport", "info", str(tiny_run / "model")]
-    loud = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
-    quiet = subprocess.run([*args, "-q"], env=env, capture_output=True, text=True, timeout=120)
-    assert loud.returncode == 0 and quiet.returncode == 0, loud.stderr
-    assert "INFO hfport" in loud.stderr or "WARNING hfport" in loud.stderr, loud.stderr
+    args = [sys.executable, "-m", "hfport", "finetune", "--model", str(tiny_run / "model"), "--train",
+            str(tiny_run / "train.jsonl"), "--max-steps", "2", "--save-steps", "2", "--batch-size", "8"]
+    loud = subprocess.run([*args, "--output-dir", str(tmp_path / "a")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    quiet = subprocess.run([*args, "--output-dir", str(tmp_path / "b"), "-q"], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert loud.returncode == 0 and quiet.returncode == 0, loud.stderr + quiet.stderr
+    assert "INFO hfport.train: checkpoint step 2" in loud.stderr, loud.stderr
     assert "INFO" not in quiet.stderr and "WARNING" not in quiet.stderr, quiet.stderr
 
 
