@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from . import tasks
+from . import tasks, verbosity
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Lean HF encoders: inspect, predict, fine-tune, export and serve.")
@@ -24,9 +23,15 @@ def _root() -> None:
     """Lean HF encoders: inspect, predict, fine-tune, export and serve."""
 
 
-def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
-    level = logging.ERROR if quiet else logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+def setup_logging(verbose: int = 0, quiet: bool = False, default: str = "normal") -> str:
+    """-q / -v flags, else HFPORT_VERBOSITY, else `default` (hfport/verbosity.py); returns the level's name."""
+    try:
+        level = verbosity.resolve(verbose, quiet, default)
+    except ValueError as e:
+        fail(str(e))
+        raise
+    verbosity.configure(level)
+    return level
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -120,7 +125,7 @@ def finetune(
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Fine-tune MODEL on a data file; writes checkpoints, best/, final/, metrics.jsonl, report.html."""
-    setup_logging(verbose, quiet)
+    quiet = setup_logging(verbose, quiet) == "quiet"  # HFPORT_VERBOSITY=quiet silences the bar and summary too
     from .errors import HfportError
     from .train.config import read_config_file, resolve_config
 
@@ -414,7 +419,7 @@ def serve(
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
-    setup_logging(max(verbose, 1), quiet)
+    setup_logging(verbose, quiet, default="verbose")
     # the service is an application over the library, like this CLI: the library never imports it, so it is
     # imported here, when the command runs (`python -m server` is the same entry point)
     from pydantic import ValidationError

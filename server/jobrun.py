@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import hfport
-from hfport import RunDir
+from hfport import RunDir, verbosity
 from hfport.errors import HfportError
+from hfport.train import PERF
 
 from .store import BaseStore, open_store
 
@@ -86,6 +87,9 @@ def run_finetune(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
             metrics = {k: v for k, v in event.items() if k not in ("type", "step", "epoch")
                        and isinstance(v, (int, float)) and "/" not in k}
             store.update_progress(job["id"], progress, metrics)
+        elif kind == PERF:  # ETA, throughput and resources (hfport.train.monitor) go to the job's progress
+            store.update_progress(job["id"], {k: v for k, v in event.items() if k != "type"
+                                              and isinstance(v, (int, float))})
 
     hfport.finetune(config, progress=False, on_event=on_event if main else None)
     if not main:
@@ -122,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                              "apply only while it still holds the job")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent_pid)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # HFPORT_VERBOSITY reaches the job process (and each of its ranks) through the environment
+    verbosity.configure(verbosity.from_env(default="verbose"), "%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def terminated(signum: int, frame: Any) -> None:
         log.info("job %s: terminated by signal %d", args.job_id, signum)

@@ -31,6 +31,11 @@ class Health(BaseModel):
     version: str
     jobs: dict[str, int] = Field(description="job counts by status")
     models_loaded: int
+    resources: dict[str, float] = Field(default_factory=dict, description="the server process and machine: "
+                                        "cpu_percent, rss_gb, mem_used_gb/mem_total_gb, gpu<i>_* when CUDA is used")
+    trainable_tasks: list[str] = Field(default_factory=list, description="tasks a fine-tune job accepts")
+    features: dict[str, bool] = Field(default_factory=dict, description="optional abilities, e.g. lora (the "
+                                      "fine-tune config accepts LoRA options)")
 
 
 class ModelRegistration(BaseModel):
@@ -104,7 +109,8 @@ class JobInfo(BaseModel):
     kind: Literal["finetune", "export"]
     status: JobStatus
     config: dict[str, Any]
-    progress: dict[str, Any] = Field(description="step, epoch, total_steps when known")
+    progress: dict[str, Any] = Field(description="step, epoch, total_steps when known; eta_s, steps_per_s, "
+                                      "tokens_per_s and resources (rss_gb, gpu0_mem_used_gb...) while it trains")
     metrics: dict[str, Any] = Field(description="the latest train and eval values")
     result: dict[str, Any] | None
     error: str | None

@@ -137,6 +137,7 @@ def finetune_config(root: Path, **overrides: Any) -> dict[str, Any]:
 def test_health_and_json_errors(client):
     r = client.get("/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
+    assert r.json()["resources"]["rss_gb"] > 0 and "text-classification" in r.json()["trainable_tasks"]
     assert_error(client.get("/jobs/nope"), 404, "JobNotFound")
     assert_error(client.get("/models/nope"), 404, "ModelNotFound")
     assert_error(client.get("/no/such/route"), 404)
@@ -287,6 +288,22 @@ def test_finetune_job_end_to_end_with_sse(client, server, registered, root):
     assert [k for k, _ in read_sse(f"{server.url}/jobs/{job['id']}/events", {"Last-Event-ID": "3"})] == kinds[3:]
     assert any(j["id"] == job["id"] for j in client.get("/jobs", params={"status": "succeeded"}).json()["jobs"])
     assert_error(client.post(f"/jobs/{job['id']}/cancel"), 409, "Conflict")
+    # the monitor: speed, ETA and resources per logged step, in the stream and the job's progress
+    assert [d["step"] for k, d in frames if k == "perf"] == [1, 2, 3, 4, 5, 6]
+    assert {"eta_s", "steps_per_s", "tokens_per_s", "rss_gb", "mem_total_gb"} <= set(done["progress"]), done
+    assert not any(k.startswith("gpu") for k in done["progress"]) or "gpu0_mem_total_gb" in done["progress"]
+    # every point as CSV; a corrupt line is skipped and named, the rest still served
+    csv_rows = client.get(f"/jobs/{job['id']}/metrics.csv").text.splitlines()
+    assert csv_rows[0].startswith("type,step,epoch,") and sum(r.startswith("train,") for r in csv_rows) == 6
+    metrics_file = Path(done["config"]["output_dir"]) / "metrics.jsonl"
+    with open(metrics_file, "a") as f:
+        f.write('{"type": "train", "st\n')
+    body = client.get(f"/jobs/{job['id']}/metrics").json()
+    assert len([e for e in body["entries"] if e["type"] == "train"]) == 6
+    assert body["problems"] and body["problems"][0].startswith(f"metrics.jsonl:{len(csv_rows)}:"), body["problems"]
+    assert client.get(f"/jobs/{job['id']}/metrics.csv").status_code == 200
+    assert "checkpoint step 3" in client.get(f"/jobs/{job['id']}/log").text  # the job runs at verbose by default
+    assert client.get(f"/jobs/{job['id']}/log", params={"lines": 0}).status_code == 422
 
 
 def test_finetune_job_input_errors(client, registered, root, tmp_path):
@@ -501,17 +518,39 @@ def test_dashboard_in_headless_chromium(client, server, registered, root):
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"])
         try:
-            page = browser.new_page()
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(server.url + "/")
             page.locator(f"tr.job[data-id='{job['id']}']").click()
-            page.wait_for_function("document.querySelectorAll('#chart polyline.curve').length >= 2", timeout=90_000)
+            page.wait_for_function("document.querySelectorAll('#charts .hc-panel').length >= 4", timeout=90_000)
             page.wait_for_selector(f"tr.job[data-id='{job['id']}'] td.succeeded", timeout=90_000)
-            names = page.eval_on_selector_all("#chart polyline.curve", "els => els.map(e => e.dataset.name)")
-            assert "loss" in names and "eval_accuracy" in names, names
-            points = page.get_attribute("#chart polyline.curve[data-name='loss']", "points")
-            assert len(points.split()) == 8
+            # one panel per metric group, with values on the axes (a late joiner got every point from the stream)
+            page.wait_for_function("document.querySelectorAll(\"[data-panel='loss'] path.hc-line\").length == 2")
+            panels = page.eval_on_selector_all("#charts .hc-panel", "els => els.map(e => e.dataset.panel)")
+            assert {"loss", "lr", "grad_norm", "eval:accuracy", "tokens", "memory"} <= set(panels), panels
+            counts = page.eval_on_selector_all("[data-panel='loss'] path.hc-line",
+                                               "els => els.map(e => [e.dataset.label, +e.dataset.points])")
+            assert counts == [["train loss", 8], ["eval loss", 2]], counts
+            ticks = page.eval_on_selector_all("[data-panel='eval:accuracy'] .hc-tick", "els => els.length")
+            assert ticks >= 4
+            page.wait_for_function("document.querySelector('#job-stats').textContent.includes('step/s')")
+            stats, res = page.inner_text("#job-stats"), page.inner_text("#job-res")
+            assert "8 / 8" in stats and "tok/s" in stats and "RSS" in res, (stats, res)
+            assert "/jobs/" + job["id"] + "/metrics.csv" in page.get_attribute("#btn-csv", "href")
+            assert page.is_visible("#btn-export") and not page.is_visible("#btn-cancel")
+            assert not page.is_visible("#lora-fields")  # the server reports no LoRA support
+            page.wait_for_function("document.querySelector('#job-log').textContent.length > 0")
+            # overlay another run's curves
+            other = [j["id"] for j in client.get("/jobs").json()["jobs"]
+                     if j["kind"] == "finetune" and j["status"] == "succeeded" and j["id"] != job["id"]]
+            if other:
+                page.check(f"#compare input[value='{other[0]}']")
+                page.wait_for_function("document.querySelectorAll(\"[data-panel='loss'] path.hc-line\").length > 2")
+            shot = Path(os.environ.get("HFPORT_TEST_ARTIFACTS") or (root / "artifacts")) / "dashboard.png"
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"dashboard screenshot: {shot}")
             assert "cls" in page.inner_text("#models")
             page.select_option("#model", "cls")
             page.fill("#inputs", "a happy text\nanother one")

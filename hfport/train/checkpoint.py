@@ -1,4 +1,6 @@
-"""Checkpoints: written whole under a temporary name, then renamed; `latest` moves only after the rename.
+"""Checkpoints: written whole under a temporary name, then renamed; `latest` moves only after the rename. The loop
+takes a CPU snapshot (snapshot) and a background thread writes it (CheckpointWriter); save_checkpoint does both
+in the calling thread.
 
 Where they go (checkpoints/step-<N>/, checkpoints/latest) is RunDir's (hfport/rundir.py); this file owns what is
 inside one. checkpoints/step-<N>/ holds model.safetensors + config.json (an HF folder), optimizer.pt, scheduler.pt,
@@ -8,12 +10,17 @@ epoch, position in the epoch's batch order, metric history, early stopping, RNG 
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import os
 import random
 import shutil
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -61,20 +68,65 @@ def _tuplify(x: Any) -> Any:
     return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x
 
 
-def save_checkpoint(run: RunDir, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any,
-                    state: dict[str, Any]) -> Path:
-    """Write checkpoints/step-<step>/ atomically and point checkpoints/latest at it."""
+@dataclass
+class Snapshot:
+    """Everything a checkpoint holds, copied to the CPU at one instant: the next optimizer step mutates the live
+    tensors in place, so a background writer must never see them. RNG states are captured here too, at the
+    same point in the run an inline save would have captured them (that keeps resume bit-exact)."""
+
+    step: int
+    weights: dict[str, torch.Tensor]  # HF names -> CPU copies
+    config: dict[str, Any]  # config.json
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    scaler: dict[str, Any] | None
+    rng_tensors: dict[str, torch.Tensor]
+    state: dict[str, Any]  # trainer_state.json, RNG included
+
+
+def _cpu_copy(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)  # copy=True: on the CPU .to() alone would return the live tensor
+    if isinstance(x, dict):
+        return {k: _cpu_copy(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cpu_copy(v) for v in x)
+    return copy.deepcopy(x)
+
+
+def snapshot(step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any, state: dict[str, Any]) -> Snapshot:
+    """CPU copies of the model, optimizer, scheduler, scaler, RNG and trainer state (see Snapshot)."""
+    config = model.config.to_hf_dict(model.family.architectures[model.task])  # as model.save_pretrained writes it
+    config["dtype"] = str(model.dtype).removeprefix("torch.")
+    config.pop("torch_dtype", None)
+    return Snapshot(
+        step=step, weights={k: _cpu_copy(v) for k, v in model.hf_state_dict().items()}, config=config,
+        optimizer=_cpu_copy(optimizer.state_dict()), scheduler=_cpu_copy(scheduler.state_dict()),
+        scaler=_cpu_copy(scaler.state_dict()) if scaler is not None else None, rng_tensors=_cpu_copy(rng_tensors()),
+        state={**json.loads(json.dumps(state)), "rng": capture_rng()})
+
+
+STALL_ENV = "HFPORT_TEST_CHECKPOINT_STALL"  # tests only, "STEP:SECONDS": the writer sleeps half-way through that step's
+
+
+def write_checkpoint(run: RunDir, snap: Snapshot) -> Path:
+    """Write checkpoints/step-<step>/ under a temporary name, fsync, rename, then point checkpoints/latest at it."""
     run.checkpoints.mkdir(parents=True, exist_ok=True)
-    final = run.checkpoint(step)
-    tmp = run.checkpoints / f".tmp-step-{step}-{os.getpid()}"
+    final = run.checkpoint(snap.step)
+    tmp = run.checkpoints / f".tmp-step-{snap.step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    if scaler is not None:
-        torch.save(scaler.state_dict(), tmp / "scaler.pt")
-    torch.save(rng_tensors(), tmp / "rng.pt")
-    hub.write_json_atomic(tmp / TRAINER_STATE, {**state, "rng": capture_rng()})
+    tmp.mkdir()
+    hub.save_weights(snap.weights, tmp)
+    hub.write_json_atomic(tmp / "config.json", snap.config)
+    stall_step, _, stall_s = os.environ.get(STALL_ENV, "").partition(":")
+    if stall_s and int(stall_step) == snap.step:  # lets a test SIGKILL the process mid-write
+        time.sleep(float(stall_s))
+    torch.save(snap.optimizer, tmp / "optimizer.pt")
+    torch.save(snap.scheduler, tmp / "scheduler.pt")
+    if snap.scaler is not None:
+        torch.save(snap.scaler, tmp / "scaler.pt")
+    torch.save(snap.rng_tensors, tmp / "rng.pt")
+    hub.write_json_atomic(tmp / TRAINER_STATE, snap.state)
     for f in tmp.iterdir():  # the data must be on disk before the rename makes it visible
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
@@ -83,6 +135,58 @@ def save_checkpoint(run: RunDir, step: int, model: Any, optimizer: Any, schedule
     os.replace(tmp, final)
     run.set_latest(final)
     return final
+
+
+def save_checkpoint(run: RunDir, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any,
+                    state: dict[str, Any]) -> Path:
+    """Write checkpoints/step-<step>/ atomically and point checkpoints/latest at it, in this thread."""
+    return write_checkpoint(run, snapshot(step, model, optimizer, scheduler, scaler, state))
+
+
+class CheckpointWriter:
+    """Writes snapshots on one background thread while training goes on.
+
+    A save that comes due while the previous one is still being written WAITS for it (submit joins first):
+    skipping it would leave a gap that save_total_limit's pruning and the best checkpoint's protection do not
+    expect, and two writers at once would race on `latest`. wait() joins and re-raises a writer's error;
+    the loop calls it before final/ and on every exit, so a run never ends with a save in flight."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.waited_s = 0.0  # total time the loop spent waiting for an earlier save (for the perf log)
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        started = time.perf_counter()
+        self.wait()
+        self.waited_s += time.perf_counter() - started
+        self._thread = threading.Thread(target=self._run, args=(job,), name="hfport-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self, job: Callable[[], Any]) -> None:
+        try:
+            job()
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread by wait()
+            self._error = e
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self) -> None:
+        """Join without raising (the way out after another error): a writer's failure is logged instead."""
+        try:
+            self.wait()
+        except BaseException:  # noqa: BLE001 - the error already propagating matters more
+            logging.getLogger("hfport.train").exception("background checkpoint failed")
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def prune(run: RunDir, keep: int, protect: set[int]) -> None:

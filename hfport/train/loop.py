@@ -23,13 +23,15 @@ from typing import Any, Callable
 
 import torch
 
+from .. import verbosity
 from ..errors import ConfigError
 from ..tasks import get as task_record
 from ..rundir import TRAINER_STATE, RunDir, RunSummary
 from ..tokenizer import copy_tokenizer_files
-from .checkpoint import load_checkpoint, prune, restore_rng, save_checkpoint
+from .checkpoint import CheckpointWriter, load_checkpoint, prune, restore_rng, snapshot, write_checkpoint
 from .config import FinetuneConfig
 from .data import EncodedData, epoch_batches, eval_batches, planned_steps
+from .monitor import PERF, Pace, ResourceSampler, evals_left, fmt_duration, fmt_resources, read_metrics
 from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
 from .preflight import as_config, preflight
 
@@ -46,6 +48,8 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     from .metrics import EarlyStopping, MetricHistory
 
     config = as_config(config)
+    if verbosity.apply_env() == "quiet":  # HFPORT_VERBOSITY, for a finetune called from Python or a job process
+        progress = False
     run = RunDir(Path(config.output_dir))
     # accelerate keeps one precision and compile setting per process; a process that ran an earlier fine-tune
     # (tests, a job worker) would otherwise refuse another precision and silently keep the old compile choice
@@ -151,13 +155,22 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         mean_loss = sum(r[1] for r in everything) / len(everything)
         return {"loss": mean_loss, **task.metrics([r[2] for r in everything], data, unwrapped.config.id2label)}
 
+    writer = CheckpointWriter()  # saves run in the background; the rule for overlaps is in its docstring
+
     def checkpoint() -> None:
+        """Snapshot to the CPU now (the next step mutates the live tensors), write and prune on the writer."""
         if main:
-            snapshot = {k: v for k, v in state.items()}
-            save_checkpoint(run, state["step"], unwrapped, optimizer, scheduler, scaler, snapshot)
+            snap = snapshot(state["step"], unwrapped, optimizer, scheduler, scaler, state)
             protect = {tracker.best_step} if tracker.best_step is not None else set()
-            prune(run, config.save_total_limit, protect)
+            writer.submit(lambda: (write_checkpoint(run, snap), prune(run, config.save_total_limit, protect)))
+            log.info("checkpoint step %d: snapshot taken, writing in the background", state["step"])
         accelerator.wait_for_everyone()
+
+    def timed_evaluate() -> dict[str, float]:
+        started = time.perf_counter()
+        metrics = evaluate()
+        pace.eval_done(time.perf_counter() - started)  # the ETA counts the evaluations still to come
+        return metrics
 
     def after_eval(metrics: dict[str, float]) -> bool:
         """Record, keep the best model, step plateau schedules; True when early stopping says stop."""
@@ -176,64 +189,84 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                                                                        config.converged_tolerance))
         return tracker.should_stop or converged
 
-    # 4. the loop
+    # 4. the loop (sampler and writer are joined on every way out: no save is ever left in flight)
     bar = Progress(total_steps, state["step"], enabled=progress and main)
     stop = False
-    started, tokens_done = time.perf_counter(), 0
-    while state["step"] < total_steps and not stop:
-        batches = batches_of(state["epoch"])
-        while state["batch_in_epoch"] < len(batches) and state["step"] < total_steps and not stop:
-            group = batches[state["batch_in_epoch"]:state["batch_in_epoch"] + config.grad_accum]
-            optimizer.zero_grad(set_to_none=True)
-            step_loss = torch.zeros((), device=accelerator.device)
-            for k, global_idx in enumerate(group):
-                mine = global_idx[rank::world]  # this process's share of the global batch
-                # the seed names the micro-batch (and rank), so masking repeats exactly after a resume
-                seed = ((config.seed * 1_000_003 + state["step"]) * 1009 + k) * 1009 + rank
-                batch = to_device(task.collate([data.train[i] for i in mine], data, seed), accelerator.device)
-                sync = k == len(group) - 1
-                with (accelerator.no_sync(model) if not sync and world > 1 else contextlib.nullcontext()):
-                    with accelerator.autocast():
-                        outputs = float32_outputs(model(**model_inputs(batch)))
-                    loss = task.loss(outputs, batch, data, class_weights, config.label_smoothing)  # fp32
-                    accelerator.backward(loss / len(group))
-                step_loss += loss.detach().float() / len(group)
-                tokens_done += int(batch["attention_mask"].sum()) * world
-                state["examples_seen"] += len(global_idx)
-            params = [p for p in model.parameters() if p.requires_grad]
-            grad_norm = accelerator.clip_grad_norm_(params, config.max_grad_norm or float("inf"))
-            optimizer.step()
-            scheduler.step()
-            step_loss = accelerator.reduce(step_loss, "mean").item()  # the global batch's loss, every process
-            state["step"] += 1
-            state["batch_in_epoch"] += len(group)
-            lr = scheduler.get_last_lr()[-1]
-            if state["step"] % config.logging_steps == 0 or state["step"] == 1:
-                log_event("train", {"loss": round(step_loss, 6), "lr": lr, "grad_norm": float(grad_norm)})
-            elapsed = time.perf_counter() - started
-            bar.update(1, loss=step_loss, lr=lr, tps=tokens_done / elapsed if elapsed else 0.0)
-            epoch_done = state["batch_in_epoch"] >= len(batches)
-            if epoch_done:
-                state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
-            due_eval = data.eval and ((config.eval_strategy == "steps" and state["step"] % config.eval_steps == 0)
-                                      or (config.eval_strategy == "epoch" and epoch_done))
-            if due_eval:
-                stop = after_eval(evaluate())
-            if (config.save_steps and state["step"] % config.save_steps == 0) or epoch_done:
-                checkpoint()
-            if epoch_done:
-                break  # the next epoch has its own order (the position was reset to 0, so `while` alone would not)
-    bar.close()
+    pace, sampler = Pace(), ResourceSampler().start() if main else None
 
-    # 5. the end: final eval if the last step had none, final/ and best/, summary and report
-    if data.eval and (not state["history"] or state["history"][-1][0] != state["step"]):
-        after_eval(evaluate())
+    def remaining_evals() -> int:
+        return evals_left(state["step"], total_steps, strategy=config.eval_strategy, every=config.eval_steps or 0,
+                          steps_per_epoch=n_steps_epoch, has_eval=bool(data.eval))
+
+    try:
+        while state["step"] < total_steps and not stop:
+            batches = batches_of(state["epoch"])
+            while state["batch_in_epoch"] < len(batches) and state["step"] < total_steps and not stop:
+                group = batches[state["batch_in_epoch"]:state["batch_in_epoch"] + config.grad_accum]
+                optimizer.zero_grad(set_to_none=True)
+                step_loss = torch.zeros((), device=accelerator.device)
+                step_tokens = 0
+                for k, global_idx in enumerate(group):
+                    mine = global_idx[rank::world]  # this process's share of the global batch
+                    # the seed names the micro-batch (and rank), so masking repeats exactly after a resume
+                    seed = ((config.seed * 1_000_003 + state["step"]) * 1009 + k) * 1009 + rank
+                    batch = to_device(task.collate([data.train[i] for i in mine], data, seed), accelerator.device)
+                    sync = k == len(group) - 1
+                    with (accelerator.no_sync(model) if not sync and world > 1 else contextlib.nullcontext()):
+                        with accelerator.autocast():
+                            outputs = float32_outputs(model(**model_inputs(batch)))
+                        loss = task.loss(outputs, batch, data, class_weights, config.label_smoothing)  # fp32
+                        accelerator.backward(loss / len(group))
+                    step_loss += loss.detach().float() / len(group)
+                    step_tokens += int(batch["attention_mask"].sum()) * world
+                    state["examples_seen"] += len(global_idx)
+                params = [p for p in model.parameters() if p.requires_grad]
+                grad_norm = accelerator.clip_grad_norm_(params, config.max_grad_norm or float("inf"))
+                optimizer.step()
+                scheduler.step()
+                step_loss = accelerator.reduce(step_loss, "mean").item()  # the global batch's loss, every process
+                state["step"] += 1
+                state["batch_in_epoch"] += len(group)
+                lr = scheduler.get_last_lr()[-1]
+                pace.step(step_tokens, sum(len(g) for g in group))
+                perf = {**pace.report(total_steps - state["step"], remaining_evals()),
+                        **(sampler.latest if sampler else {})}
+                if state["step"] % config.logging_steps == 0 or state["step"] == 1:
+                    log_event("train", {"loss": round(step_loss, 6), "lr": lr, "grad_norm": float(grad_norm)})
+                    # speed, ETA and memory on a line of their own: train/eval lines stay identical across resumes
+                    log_event(PERF, {**perf, "checkpoint_wait_s": round(writer.waited_s, 3)})
+                log.log(verbosity.TRACE, "step %d loss %.6f lr %.3e grad_norm %.4f", state["step"], step_loss, lr,
+                        float(grad_norm))
+                bar.update(1, loss=step_loss, lr=lr, perf=perf)
+                epoch_done = state["batch_in_epoch"] >= len(batches)
+                if epoch_done:
+                    state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
+                due_eval = data.eval and ((config.eval_strategy == "steps" and state["step"] % config.eval_steps == 0)
+                                          or (config.eval_strategy == "epoch" and epoch_done))
+                if due_eval:
+                    stop = after_eval(timed_evaluate())
+                if (config.save_steps and state["step"] % config.save_steps == 0) or epoch_done:
+                    checkpoint()
+                if epoch_done:
+                    break  # the next epoch has its own order (the position was reset to 0, so `while` alone would not)
+        bar.close()
+
+        # 5. the end: final eval if the last step had none; no save in flight; final/ and best/, summary, report
+        if data.eval and (not state["history"] or state["history"][-1][0] != state["step"]):
+            after_eval(timed_evaluate())
+        writer.wait()  # re-raises a failed background save
+    finally:
+        bar.close()
+        if sampler is not None:
+            sampler.stop()
+        writer.close()  # on an error too: the save in flight completes (it is a consistent snapshot) before we leave
     summary: dict[str, Any] = {}
     if main:
         save_model_folder(unwrapped, source, run.final)
         if not run.best.exists():
             save_model_folder(unwrapped, source, run.final, copy_to=run.best)
-        last_eval = [e for e in metrics_file.read() if e["type"] == "eval"]
+        entries, problems = read_metrics(run.metrics)
+        last_eval = [e for e in entries if e["type"] == "eval"]
         result = RunSummary(
             steps=state["step"], epochs=state["epoch"], best_metric={metric_name: tracker.best},
             best_step=tracker.best_step, stopped_early=stop, metric_mode=metric_mode, frozen=len(frozen),
@@ -245,7 +278,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         summary = result.to_dict()
         from .report import write_report
 
-        write_report(run, metrics_file.read(), result)
+        write_report(run, entries, result, problems)
         emit({"type": "done", **summary})
     accelerator.wait_for_everyone()
     return summary
@@ -332,7 +365,7 @@ class MetricsLog:
     def __init__(self, path: Path, keep_through_step: int | None, enabled: bool):
         self.path, self.enabled = path, enabled
         if enabled and keep_through_step is not None and path.exists():
-            kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= keep_through_step]
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= keep_through_step]
             path.write_text("".join(line + "\n" for line in kept))
 
     def write(self, entry: dict[str, Any]) -> None:
@@ -341,9 +374,18 @@ class MetricsLog:
                 f.write(json.dumps(entry) + "\n")
 
     def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        entries, problems = read_metrics(self.path)
+        for problem in problems:
+            log.warning("%s", problem)
+        return entries
+
+
+def _step_of(line: str) -> int:
+    """A metrics.jsonl line's step; a line that cannot be read (cut off by a kill) counts as past every step."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 2**62
 
 
 def save_model_folder(model: Any, source: Path, target: Path, copy_to: Path | None = None) -> None:
@@ -360,20 +402,35 @@ def save_model_folder(model: Any, source: Path, target: Path, copy_to: Path | No
 
 
 class Progress:
-    """A tqdm bar with loss, lr and tokens/s (ETA comes with tqdm); silent when disabled."""
+    """A tqdm bar: loss, lr, then the adaptive ETA (Pace's, evaluations included: tqdm's own assumes every step
+    costs the average), throughput and memory. Silent when disabled."""
+
+    FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
     def __init__(self, total: int, initial: int, enabled: bool):
         self.bar = None
         if enabled:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, desc="fine-tune", unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total, initial=initial, desc="fine-tune", unit="step", dynamic_ncols=True,
+                            bar_format=self.FORMAT)
 
-    def update(self, n: int, loss: float, lr: float, tps: float) -> None:
+    def update(self, n: int, loss: float, lr: float, perf: dict[str, Any]) -> None:
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
+            self.bar.set_postfix_str(self.line(loss, lr, perf), refresh=False)
             self.bar.update(n)
+
+    @staticmethod
+    def line(loss: float, lr: float, perf: dict[str, Any]) -> str:
+        """`ETA 2:13, 3.10 step/s, 12,345 tok/s, loss=0.3817, lr=2.00e-05, RSS 1.2/23.5 GB  VRAM 2.1/80 GB (3%)`
+        (tqdm puts it after the elapsed time, behind a comma)."""
+        parts = [f"ETA {fmt_duration(perf['eta_s'])}", f"{perf['steps_per_s']:.2f} step/s",
+                 f"{perf['tokens_per_s']:,.0f} tok/s"] if "eta_s" in perf else []
+        parts += [f"loss={loss:.4f}", f"lr={lr:.2e}"]
+        resources = fmt_resources(perf)
+        return ", ".join(parts + ([resources] if resources else []))
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None

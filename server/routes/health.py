@@ -1,20 +1,24 @@
-"""GET /health: liveness, with job counts; the one route that never needs a token. 503 while the default model
-named at start (`serve --model`) is still loading, or when it failed to load (as TEI answers when unhealthy)."""
+"""GET /health: liveness, with job counts and the server's resources; the one route that never needs a token.
+503 while the default model named at start (`serve --model`) is still loading, or when it failed to load (as TEI
+answers when unhealthy)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 import hfport
+from hfport.tasks import TASKS
+from hfport.train import FinetuneConfig, ResourceSampler
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError
 from ..schemas import ErrorBody, Health
 
 router = APIRouter(tags=["health"])
+_sampler: ResourceSampler | None = None  # started on the first request: a daemon thread sampling every 2 s
 
 
-@router.get("/health", response_model=Health, summary="Liveness and job counts",
+@router.get("/health", response_model=Health, summary="Liveness, job counts, resources",
             responses={503: {"model": ErrorBody, "description": "the default model is loading or failed to"}})
 def health(request: Request, store: StoreDep, models: ModelServiceDep) -> Health:
     startup = getattr(request.app.state, "startup", None)
@@ -22,4 +26,10 @@ def health(request: Request, store: StoreDep, models: ModelServiceDep) -> Health
         raise ApiError(503, startup.error, "Unhealthy")
     if startup is not None and not startup.ready.is_set():
         raise ApiError(503, f"model {startup.default!r} is loading", "Unhealthy")
-    return Health(version=hfport.__version__, jobs=store.count_by_status(), models_loaded=models.loaded)
+    global _sampler
+    if _sampler is None:
+        _sampler = ResourceSampler().start()
+    resources = _sampler.latest or _sampler.sample()
+    return Health(version=hfport.__version__, jobs=store.count_by_status(), models_loaded=models.loaded,
+                  resources=resources, trainable_tasks=[t.name for t in TASKS.values() if t.train],
+                  features={"lora": any(n.startswith("lora") for n in FinetuneConfig.model_fields)})

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile, status
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from hfport import RunDir
 from hfport.errors import ConfigError, HfportError
 from hfport.train import preflight, resolve_config
+from hfport.train import metrics_csv, read_metrics
 
 from ..deps import StoreDep
 from ..errors import ApiError
@@ -172,6 +173,41 @@ def _job(store: Store, job_id: str) -> dict[str, Any]:
 @router.get("/{job_id}", response_model=JobInfo, summary="One job: status, progress, latest metrics, error")
 def get_job(job_id: str, store: StoreDep) -> JobInfo:
     return JobInfo(**_job(store, job_id))
+
+
+def _run_metrics(store: Store, job_id: str) -> tuple[list[dict[str, Any]], list[str]]:
+    job = _job(store, job_id)
+    if job["kind"] != "finetune":
+        raise ApiError(409, f"job {job_id} is an {job['kind']} job: only fine-tunes have metrics", "Conflict")
+    return read_metrics(RunDir(job["config"]["output_dir"]).metrics)
+
+
+@router.get("/{job_id}/metrics", summary="A fine-tune's metrics.jsonl as JSON: every entry, and unreadable lines")
+def job_metrics(job_id: str, store: StoreDep) -> dict[str, Any]:
+    entries, problems = _run_metrics(store, job_id)
+    return {"entries": entries, "problems": problems}
+
+
+@router.get("/{job_id}/metrics.csv", summary="A fine-tune's metrics as CSV: every point, no downsampling",
+            response_class=PlainTextResponse, responses={200: {"content": {"text/csv": {}}}})
+def job_metrics_csv(job_id: str, store: StoreDep) -> PlainTextResponse:
+    entries, _ = _run_metrics(store, job_id)
+    return PlainTextResponse(metrics_csv(entries), media_type="text/csv",
+                             headers={"Content-Disposition": f'attachment; filename="{job_id}-metrics.csv"'})
+
+
+@router.get("/{job_id}/log", response_class=PlainTextResponse, summary="The end of the job process's log",
+            responses={200: {"content": {"text/plain": {}}}})
+def job_log(job_id: str, store: StoreDep, settings: SettingsDep,
+            lines: Annotated[int, Query(ge=1, le=5000)] = 200) -> PlainTextResponse:
+    _job(store, job_id)
+    path = settings.runs_dir / job_id / "job.log"  # written by the worker (server/worker.py)
+    if not path.is_file():
+        return PlainTextResponse("")
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 256 * lines))  # ~256 bytes a line is plenty to find the last `lines`
+        text = f.read().decode("utf-8", errors="replace")
+    return PlainTextResponse("\n".join(text.splitlines()[-lines:]))
 
 
 @router.post("/{job_id}/cancel", response_model=JobInfo, summary="Cancel a queued or running job")
