@@ -21,7 +21,7 @@ from .tokenizer import AutoTokenizer, BatchEncoding, PreTrainedTokenizer, Tokeni
 from .train.config import FinetuneConfig
 from .train.loop import finetune
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering", "AutoModelForSequenceClassification",
            "AutoModelForTokenClassification", "CheckpointError", "ConfigError", "EncoderConfig", "EncoderForMaskedLM",

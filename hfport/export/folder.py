@@ -171,7 +171,7 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
 
 def _export_config(model: PreTrainedEncoder, architecture: str, dtype: torch.dtype) -> dict[str, Any]:
     """The source config.json, with the head's metadata as the loaded model has it, the dtype and hfport version."""
-    from .. import __version__
+    from ..version import __version__
 
     out = model.config.to_hf_dict(architecture)
     out.pop("torch_dtype", None)

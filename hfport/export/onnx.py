@@ -233,7 +233,7 @@ def _tokenizer_folder(source: Any) -> Path:
 
 
 def _export_config(model: PreTrainedEncoder, architecture: str) -> dict[str, Any]:
-    from .. import __version__
+    from ..version import __version__
 
     config = model.config.to_hf_dict(architecture)
     config.pop("torch_dtype", None)
