@@ -1,10 +1,10 @@
 """hfport: lean PyTorch encoders that load HF checkpoints and match transformers numerically.
 
 The public API is the names below, plus these submodules: hfport.errors (exceptions, ItemError), hfport.train
-(finetune, preflight, FinetuneConfig, resolve_config), hfport.export (export, verify and their options and results),
-hfport.rundir (RunDir, RunSummary),
-hfport.pipelines, hfport.tasks (the task records: names, aliases, model classes), hfport.embeddings (sentence-transformers
-folders: pooling, prompts) and hfport.hub (resolve a folder or cached repo id). The CLI and the server use nothing else.
+(finetune, preflight, FinetuneConfig, resolve_config, the monitor's readers), hfport.export (export, verify and their
+options and results), hfport.rundir (RunDir, RunSummary), hfport.pipelines, hfport.tasks (the task records: names,
+aliases, model classes), hfport.embeddings (sentence-transformers folders: pooling, prompts), hfport.hub (resolve a
+folder or cached repo id) and hfport.verbosity (HFPORT_VERBOSITY, log set-up). The CLI and the server use nothing else.
 """
 
 from .config import EncoderConfig

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import hfport
-from hfport import RunDir, verbosity
+from hfport import RunDir
 from hfport.errors import HfportError
 from hfport.train import PERF
+from hfport.verbosity import configure as configure_logging, from_env as verbosity_from_env
 
 from .store import BaseStore, open_store
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_parent(args.parent_pid)
     # HFPORT_VERBOSITY reaches the job process (and each of its ranks) through the environment
-    verbosity.configure(verbosity.from_env(default="verbose"), "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(verbosity_from_env(default="verbose"), "%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def terminated(signum: int, frame: Any) -> None:
         log.info("job %s: terminated by signal %d", args.job_id, signum)
