@@ -260,6 +260,12 @@ def _trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int) -
         name: {i: axes[i] for i in range(min(GRAPH_OUTPUTS[model.task][name][0], 2))} for name in outputs}
     previous = model.body.padding_free
     model.body.padding_free = False
+    # modules with a `traceable` switch (DeBERTa's encoder) compute from tensor ops what they otherwise keep in
+    # Python per length; the trace must not fix one length
+    switches = [m for m in model.modules() if isinstance(getattr(m, "traceable", None), bool)]
+    switched = [m.traceable for m in switches]
+    for m in switches:
+        m.traceable = True
     graph = _Graph(model, outputs).eval()
     try:
         with warnings.catch_warnings():
@@ -273,6 +279,8 @@ def _trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int) -
                           f"{opset}: {type(e).__name__}: {str(e)[:400]}") from e
     finally:
         model.body.padding_free = previous
+        for m, value in zip(switches, switched):
+            m.traceable = value
         model.eval()
 
 
