@@ -336,3 +336,22 @@ def test_from_config_matches_transformers_init_shapes() -> None:
     conv = ours.body.encoder.conv.conv
     assert conv.bias.abs().max() == 0 and 0.01 < conv.weight.std() < 0.03  # initialised as transformers does
     assert DEBERTA_V2.model_type in hfport.supported()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_traceable_path_equals_eager(variant: str, tmp_path: Path) -> None:
+    """The encoder's traceable path (relative rows from tensor ops on the runtime length, what the ONNX export
+    traces) equals the eager padded path (per-length window and cache) at real positions, at two lengths."""
+    hf_model("base", **VARIANTS[variant]).save_pretrained(tmp_path)
+    ours = hfport.AutoModel.from_pretrained(tmp_path).eval()
+    ours.body.padding_free = False
+    inputs, real = make_batch("base", with_types=VARIANTS[variant].get("type_vocab_size", 0) > 0)
+    short = {k: v[1:, :41] for k, v in inputs.items()}  # (2, 41): another length, padded
+    for batch, keep in [(inputs, real), (short, real[1:, :41])]:
+        with torch.no_grad():
+            eager = ours(**batch).last_hidden_state
+            ours.body.encoder.traceable = True
+            traced = ours(**batch).last_hidden_state
+            ours.body.encoder.traceable = False
+        torch.testing.assert_close(traced[keep], eager[keep], **TOL)
+        assert not keep.all()  # the padded layout, as traced

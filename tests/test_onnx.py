@@ -4,8 +4,9 @@ Round trips: the base and text-classification heads of every family, and all fiv
 model_quantized.onnx -> verify passes (fp32 against hfport and transformers at real positions, int8 against fp32
 at the task level) -> the onnx pipelines answer as the PyTorch ones. Then what must fail, with nothing written: a
 changed initializer, graph outputs that disagree with config.json, a truncated file, an opset onnxruntime cannot
-run, an int8 graph below the agreement threshold, a family whose padded path does not trace (DeBERTa-v2), and a
-missing `onnx` extra.
+run, an int8 graph below the agreement threshold, and a missing `onnx` extra. DeBERTa-v2, whose relative-position
+terms the exporter switches to tensor ops on the runtime length: all five heads, and one graph serving batches
+shorter and longer than the traced one, for each relative-attention layout.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import hfport  # noqa: E402
 from hfport.export import onnx as onnx_export  # noqa: E402
 from hfport.cli import app  # noqa: E402
 from hfport.export import ExportError, VerifyFailed  # noqa: E402
-from hfport.export.onnx import MANIFEST, export_onnx, verify_onnx  # noqa: E402
+from hfport.export.onnx import MANIFEST, PROBE_TEXTS, export_onnx, verify_onnx  # noqa: E402
 from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
                                            is_onnx_model)
 from tests.test_export import add_tokenizer, vocab  # noqa: E402
@@ -290,16 +291,93 @@ def test_int8_below_threshold_writes_nothing(source, tmp_path, monkeypatch):
     no_leftovers(out)
 
 
-def test_deberta_fails_closed(root, minilm_path, tmp_path):
-    """DeBERTa-v2's padded path computes its relative-position window in Python: the trace is refused by
-    onnxruntime (or wrong at other lengths) and verify says so; nothing is written."""
-    src = tmp_path / "deberta"
-    save_hf("deberta-v2", "text-classification", src, vocab_size=vocab("bert"))
-    add_tokenizer("bert", src, minilm_path, root / "tokenizers")
-    with pytest.raises(VerifyFailed) as info:
-        export_onnx(src, tmp_path / "out")
-    assert any(r.check == "graph" for r in info.value.report.failures), info.value.report.table()
-    no_leftovers(tmp_path / "out")
+# --- DeBERTa-v2: the relative-position terms computed from the runtime length ----------------------------------
+
+# a text far longer than the trace batch's (~20 tokens): a graph fixed to the traced length fails on it
+LONG_TEXT = " ".join(PROBE_TEXTS[3:8])
+# tests.tiny's DeBERTa (v3's buckets and shared projections, v2-xlarge's conv) and the other layouts of
+# test_deberta_parity: own projections, c2p / p2c alone, clamped, no relative attention
+DEBERTA_VARIANTS = {
+    "v3-conv": {},
+    "v2-c2p-unshared": dict(share_att_key=False, position_buckets=-1, pos_att_type=["c2p"], conv_kernel_size=0,
+                            norm_rel_ebd="none", position_biased_input=True),
+    "p2c-clamped": dict(share_att_key=False, position_buckets=-1, max_relative_positions=20, pos_att_type=["p2c"],
+                        conv_kernel_size=0),
+    "absolute": dict(relative_attention=False, position_biased_input=True, type_vocab_size=2),
+}
+
+
+@pytest.fixture(scope="module")
+def deberta(root, minilm_path):
+    """(task, variant) -> (source folder, verified ONNX folder, report). Relative embeddings at N(0, 1) and query /
+    key projections at N(0, 0.1), as in test_deberta_parity: at the 0.02 init the relative terms are ~1e-3 and a
+    graph fixed to the traced length could hide under the tolerance."""
+    made: dict[tuple[str, str], tuple[Path, Path, hfport.VerifyReport]] = {}
+
+    def get(task: str, variant: str = "v3-conv") -> tuple[Path, Path, hfport.VerifyReport]:
+        if (task, variant) not in made:
+            src = root / "src" / f"deberta-{variant}-{task}"
+            model = save_hf("deberta-v2", task, src, vocab_size=vocab("bert"), **DEBERTA_VARIANTS[variant])
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if "rel_embeddings" in name:
+                        p.normal_(0.0, 1.0)
+                    elif name.endswith(("query_proj.weight", "key_proj.weight")):
+                        p.normal_(0.0, 0.1)
+            model.save_pretrained(src)
+            add_tokenizer("bert", src, minilm_path, root / "tokenizers")
+            out = root / "onnx" / f"deberta-{variant}-{task}"
+            report = export_onnx(src, out, quantize="int8", min_agreement=MIN_AGREEMENT[task]).report
+            made[task, variant] = (src, out, report)
+        return made[task, variant]
+
+    return get
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_deberta_exports_verifies_and_serves(task, deberta):
+    """Every head: fp32 graph against hfport and transformers, int8 against fp32, and the onnx pipeline answers as
+    the PyTorch one, on the probe inputs and a batch with a text longer than the traced one."""
+    src, out, report = deberta(task)
+    assert report.passed, report.table()
+    fp32 = rows(report, "fp32 vs hfport") + rows(report, "fp32 vs transformers")
+    assert {r.check for r in fp32} == {"fp32 vs hfport", "fp32 vs transformers"}
+    assert all(r.passed and r.max_abs_diff <= 1e-4 for r in fp32) and rows(report, "int8 vs fp32")
+    pipe_task, inputs, options = PIPELINE_CASES[task]
+    if task == "question-answering":
+        inputs = inputs + [{"question": "Who kept the lighthouse?", "context": LONG_TEXT}]
+    elif task == "fill-mask":
+        inputs = inputs + [LONG_TEXT.replace("Paris", "[MASK]", 1)]
+    else:
+        inputs = inputs + [LONG_TEXT]
+    torch_pipe = hfport.pipeline(pipe_task, model=src, **options)
+    onnx_pipe = hfport.pipeline(pipe_task, model=out, backend="onnx", **options)
+    assert isinstance(onnx_pipe.model, OnnxModel)
+    assert_same(torch_pipe(inputs), onnx_pipe(inputs), atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", list(DEBERTA_VARIANTS))
+def test_deberta_graph_serves_every_length(variant, deberta):
+    """One graph, batches of other sizes and lengths than the traced one (2 x ~20): shorter, and longer than the
+    bucketed range and than the trace; the hidden states equal hfport's (padding-free eager path) at real
+    positions."""
+    src, out, report = deberta("feature-extraction", variant)
+    assert report.passed, report.table()
+    graph = OnnxModel.from_pretrained(out)
+    ours = hfport.AutoModel.from_pretrained(src).eval()
+    g = torch.Generator().manual_seed(0)
+    for lengths in [(5,), (90, 7, 33)]:
+        b, t = len(lengths), max(lengths)
+        ids = torch.randint(1000, 30000, (b, t), generator=g)
+        mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).long()  # (B, T)
+        ids = ids.masked_fill(mask == 0, 0)
+        real = mask.bool()
+        types = torch.zeros_like(ids) if "token_type_ids" in graph_io(out / ONNX_FILE)[0] else None
+        with torch.no_grad():
+            want = ours(ids, attention_mask=mask, token_type_ids=types)["last_hidden_state"]
+        got = graph(ids, attention_mask=mask, token_type_ids=types)["last_hidden_state"]
+        assert got.shape == (b, t, want.shape[-1])
+        torch.testing.assert_close(got[real], want[real], atol=1e-4, rtol=1e-4)  # onnxruntime's fusions: docstring
 
 
 def test_existing_out_needs_force_and_threshold_is_checked(exported, source, tmp_path):

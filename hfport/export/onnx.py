@@ -20,9 +20,12 @@ The graph is traced with torch.onnx's TorchScript exporter (dynamo=False) from h
 (padding_free = False): the padding-free path's layout depends on the mask's values, which a graph cannot keep, and
 the dynamo exporter needs onnxscript and refuses hfport's data-dependent Python branches that the tracer simply
 fixes to the masked path (the trace batch is padded on purpose). Graphs therefore compute padded batches; values
-at padding positions are outside the contract, as for every hfport model. A family whose padded path computes
-shape-dependent values in Python (DeBERTa-v2's relative-position window) traces into a graph that onnxruntime
-refuses or that is wrong at other lengths: verify says so and nothing is written.
+at padding positions are outside the contract, as for every hfport model. Every family traces, DeBERTa-v2/v3
+included: its eager padded path keeps a per-length relative-position window and cache in Python, which a trace
+would fix to one length, so modules with a `traceable` switch (DebertaEncoder) are switched on for the trace and
+compute the same values from tensor ops on the runtime length (nn/relative.py: relative_rows, gathered_bias). A
+module that still computed shape-dependent values in Python would trace into a graph onnxruntime refuses or that
+is wrong at the probe lengths (which differ from the traced one): verify says so and nothing is written.
 
 `verify_onnx(dir, source)` runs the probe texts (`PROBE_TEXTS`, `PROBE_PAIRS`, through DIR's tokenizer, padded
 batches) and compares at real positions:
@@ -260,6 +263,12 @@ def _trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int) -
         name: {i: axes[i] for i in range(min(GRAPH_OUTPUTS[model.task][name][0], 2))} for name in outputs}
     previous = model.body.padding_free
     model.body.padding_free = False
+    # modules with a `traceable` switch (DeBERTa's encoder) compute from tensor ops what they otherwise keep in
+    # Python per length; the trace must not fix one length
+    switches = [m for m in model.modules() if isinstance(getattr(m, "traceable", None), bool)]
+    switched = [m.traceable for m in switches]
+    for m in switches:
+        m.traceable = True
     graph = _Graph(model, outputs).eval()
     try:
         with warnings.catch_warnings():
@@ -273,6 +282,8 @@ def _trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int) -
                           f"{opset}: {type(e).__name__}: {str(e)[:400]}") from e
     finally:
         model.body.padding_free = previous
+        for m, value in zip(switches, switched):
+            m.traceable = value
         model.eval()
 
 

@@ -15,7 +15,7 @@ from ..keymap import KeyMap, params, tables
 from ..nn import Activation, EncoderBody, Layout, RepresentativePadding, SelfAttention, SequenceBias
 from ..nn.activations import ACTIVATIONS
 from ..nn.layout import Rows
-from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias
+from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias, gathered_bias, relative_rows
 from .bert import architectures, bert_layer, number
 from .family import Family, HeadOptions
 
@@ -32,8 +32,9 @@ DEFAULTS: dict[str, Any] = {
     "conv_groups": 1, "conv_act": "tanh", "cls_dropout": None,
 }
 ATT_TYPES = ("c2p", "p2c")
-# the relative-embedding window (W, C) for the batch's longest length, its RelativeIndex, and length -> index
-Relative = tuple[Tensor, RelativeIndex, Callable[[int], RelativeIndex]]
+# the relative-embedding window (W, C) for the batch's longest length, its RelativeIndex, and length -> index;
+# traceable: the whole table (2 * span, C), None, None
+Relative = tuple[Tensor, RelativeIndex | None, Callable[[int], RelativeIndex] | None]
 
 
 def _typed(raw: dict[str, Any], key: str, kind: type, source: str) -> Any:
@@ -171,6 +172,8 @@ class DisentangledAttention(SelfAttention):
         self.pos_k = nn.Linear(c.hidden_size, c.hidden_size) if unshared and self.c2p else None
         self.pos_q = nn.Linear(c.hidden_size, c.hidden_size) if unshared and self.p2c else None
         self.pos_dropout = nn.Dropout(c.hidden_dropout)
+        # relative_rows' arguments, for the traceable path
+        self.rel_args = (c.extra["pos_ebd_size"], c.extra["position_buckets"], c.extra["max_relative_positions"])
 
     def forward(self, x: Tensor, layout: Layout, rel: Relative | None = None) -> Tensor:
         """x: the layout's rows; rel: the relative-embedding window, its index and the per-length index lookup."""
@@ -185,6 +188,8 @@ class DisentangledAttention(SelfAttention):
         table = self.pos_dropout(table)  # (W, C): one dropout draw per layer, as transformers
         key_table = (self.k if self.share_att_key else self.pos_k)(table) if self.c2p else None  # (W, C)
         query_table = (self.q if self.share_att_key else self.pos_q)(table) if self.p2c else None  # (W, C)
+        if index is None:  # traceable: the whole table, rows from the runtime length
+            return self._traced_bias(key_table, query_table)
 
         def bias(q: Tensor, k: Tensor) -> Tensor:  # (G, H, L, D) each, q scaled -> (G, H, L, L)
             sub = lengths_index(q.shape[2])
@@ -196,6 +201,20 @@ class DisentangledAttention(SelfAttention):
             return disentangled_bias(q, k, pos_key, pos_query)
 
         return bias
+
+    def _traced_bias(self, key_table: Tensor | None, query_table: Tensor | None) -> SequenceBias:
+        """The same bias from tensor ops only (DebertaEncoder.traceable): (2 * span, C) projected tables."""
+        pos_key = self._heads(key_table) if key_table is not None else None  # (H, 2 * span, D)
+        pos_query = self._heads(query_table) * self.scale if query_table is not None else None  # (H, 2 * span, D)
+
+        def bias(q: Tensor, k: Tensor) -> Tensor:  # (B, H, T, D) each, q scaled -> (B, H, T, T)
+            c2p_rows, p2c_rows = relative_rows(q, *self.rel_args)  # (T, T) each
+            return gathered_bias(q, k, pos_key, pos_query, c2p_rows, p2c_rows)
+
+        return bias
+
+    def _heads(self, projected: Tensor) -> Tensor:
+        return projected.view(-1, self.num_heads, self.head_dim).transpose(0, 1)  # (W, C) -> (H, W, D)
 
     def _layout(self, projected: Tensor, rows: Tensor) -> Tensor:
         """(W, C) projected table -> (H, 2L - 1, D) laid out by distance."""
@@ -223,7 +242,11 @@ class ConvLayer(nn.Module):
 
 
 class DebertaEncoder(nn.Module):
-    """Layers sharing one relative-embedding table (optionally LayerNorm-ed), the conv after layer 0."""
+    """Layers sharing one relative-embedding table (optionally LayerNorm-ed), the conv after layer 0.
+
+    `traceable = True` (set by the ONNX exporter) computes the relative terms from tensor ops on the runtime length
+    (relative_rows / gathered_bias) instead of the per-length window and cache, whose Python values a tracer would
+    fix to the traced length. Same values; eager runs keep the faster window."""
 
     packs_holes = False  # relative distances of packed tokens would skip a hole in the mask
     padded_layout = RepresentativePadding  # transformers masks (query, key) pairs, not keys only
@@ -239,10 +262,14 @@ class DebertaEncoder(nn.Module):
         self.conv = ConvLayer(c) if x["conv_kernel_size"] > 0 else None
         self.uses_positions = x["relative_attention"] and any(t in x["pos_att_type"] for t in ATT_TYPES)
         self.positions = RelativeIndexCache(span, x["position_buckets"], x["max_relative_positions"])
+        self.traceable = False
 
     def relative(self, length: int, device: torch.device) -> Relative | None:
         if not self.uses_positions:
             return None
+        if self.traceable:
+            table = self.rel_embeddings.weight  # (2 * span, C)
+            return (self.rel_norm(table) if self.rel_norm is not None else table), None, None
         index = self.positions.get(length, device)
         table = self.rel_embeddings.weight[index.lo: index.lo + index.width]  # (W, C): only reachable rows
         return (self.rel_norm(table) if self.rel_norm is not None else table), index, \

@@ -278,9 +278,10 @@ class RepresentativePadding(_PerBatch):
         keep = mask[:, 0, 0, :]  # (B, T)
         b, t = keep.shape
         padded_rows = ~keep[:, None, :, None]  # (B, 1, T, 1)
-        first_pad = ~keep & (torch.cumsum(~keep, dim=1) == 1)  # (B, T): each sequence's representative
+        # cumsum of long, not bool: ONNX's CumSum takes no bool (the ONNX export traces this layout)
+        first_pad = ~keep & (torch.cumsum((~keep).long(), dim=1) == 1)  # (B, T): each sequence's representative
         chosen = keep | first_pad  # (B, T)
-        packed_id = torch.cumsum(chosen.reshape(-1), dim=0) - 1  # (B * T,)
+        packed_id = torch.cumsum(chosen.reshape(-1).long(), dim=0) - 1  # (B * T,)
         rep_id = (packed_id.view(b, t) * first_pad).sum(dim=1, keepdim=True)  # (B, 1)
         scatter = torch.where(keep, packed_id.view(b, t), rep_id).reshape(-1)  # (B * T,)
         rows = chosen.reshape(-1).nonzero().squeeze(1)  # (N',)

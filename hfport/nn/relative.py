@@ -4,6 +4,10 @@ The bias is an additive score term handed to the attention kernel (SDPA), so no 
 Only the rows of the relative-embedding table that a length-T sequence can reach are projected (a window of at
 most 2T - 1 rows instead of all 2 * span), and each score term is one matmul against the 2T - 1 distances read
 along diagonals, with no (B, H, T, T) gather: the result is the same, the work smaller.
+
+That window and the per-length index are Python values a tracer would bake in; `relative_rows` / `gathered_bias`
+compute the same bias from tensor ops on the runtime length (transformers' gather over the whole table), for
+graphs that must serve every length (ONNX export).
 """
 
 from __future__ import annotations
@@ -58,6 +62,36 @@ def relative_position_of(distance: Tensor, bucket_size: int, max_position: int) 
     if bucket_size > 0 and max_position > 0:
         return log_bucket_position(distance, bucket_size, max_position).long()
     return distance
+
+
+def relative_rows(q: Tensor, span: int, bucket_size: int, max_position: int) -> tuple[Tensor, Tensor]:
+    """The traceable counterpart of RelativeIndex: (T, T) rows of the whole (2 * span)-row table, from tensor ops on
+    the runtime length of q (.., T, D), so a traced graph serves every length (no window, no cache, no Python
+    value from a shape). c2p[i, j]: the row query i reads for key j; p2c[j, i]: the row key j reads for query i,
+    laid out as transformers gathers it (its relative positions of (j, i) = the bucket of j - i)."""
+    ids = torch.arange(q.shape[-2], dtype=torch.long, device=q.device)  # (T,): a size op in the traced graph
+    rel = relative_position_of(ids[:, None] - ids[None, :], bucket_size, max_position)  # (T, T) bucket of i - j
+    c2p = torch.clamp(rel + span, 0, span * 2 - 1)  # (T, T) [query, key]
+    p2c = torch.clamp(-rel + span, 0, span * 2 - 1)  # (T, T) [key, query]
+    return c2p, p2c
+
+
+def gathered_bias(q: Tensor, k: Tensor, pos_key: Tensor | None, pos_query: Tensor | None, c2p_rows: Tensor,
+                  p2c_rows: Tensor) -> Tensor:
+    """disentangled_bias as transformers computes it (scores against every table row, then a per-pair gather):
+    more work than the diagonal shift, but only ops a traced graph keeps dynamic. At least one term is given.
+
+    q, k: (B, H, T, D), q already scaled; pos_key / pos_query: (H, 2 * span, D), pos_query scaled;
+    c2p_rows / p2c_rows: relative_rows' (T, T). Returns (B, H, T, T), a fresh tensor."""
+    out = None
+    if pos_key is not None:
+        c2p = q @ pos_key.transpose(-1, -2)  # (B, H, T, 2 * span)
+        out = c2p.gather(-1, c2p_rows.expand(c2p.shape[0], c2p.shape[1], -1, -1))  # (B, H, T, T)
+    if pos_query is not None:
+        p2c = k @ pos_query.transpose(-1, -2)  # (B, H, T_k, 2 * span)
+        p2c = p2c.gather(-1, p2c_rows.expand(p2c.shape[0], p2c.shape[1], -1, -1)).transpose(-1, -2)  # (B, H, T, T)
+        out = p2c if out is None else out + p2c
+    return out
 
 
 class RelativeIndexCache:
