@@ -47,7 +47,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
     if isinstance(model, PreTrainedEncoder):
-        if model.task != name:
+        if model.task != record.checkpoint_task:
             raise ValueError(f"{name} needs a {record.model_class.__name__}, got a "
                              f"{type(model).__name__} ({model.task} head)")
         if tokenizer is None:
