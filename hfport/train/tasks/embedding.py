@@ -16,7 +16,6 @@ against all of its negatives with bounded memory, use a large batch_size with mi
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,6 @@ from ...pipelines.features import pool_embeddings
 from ..data import DataError, EncodedData, Features, Record, field_of, pad_ids, read_records, split_off, where
 from ..metrics import retrieval as metrics
 from . import TrainTask
-
-log = logging.getLogger("hfport.train")
 
 LOSSES = {"pairs": ("mnrl",), "scored-pairs": ("cosent",)}  # the data's kind -> the losses that fit it
 
