@@ -11,7 +11,7 @@ A sentence-transformers folder says how to pool in three files, which `read_sent
 A folder without modules.json pools by mean and does not normalize (sentence-transformers' default for a bare
 transformers checkpoint).
 
-`pipeline("sentence-embeddings", model=folder)` gives a SentenceEmbeddingPipeline: one vector per text (or, with
+`pipeline("sentence-embedding", model=folder)` gives a SentenceEmbeddingPipeline: one vector per text (or, with
 output="tokens", the per-token hidden states), batched under the token budget like every hfport pipeline.
 """
 
@@ -131,7 +131,7 @@ def pool(hidden: Tensor, mode: str) -> Tensor:
 
 
 class SentenceEmbeddingPipeline(Pipeline):
-    """task "sentence-embeddings": a vector per text, pooled as the folder says (read_sentence_config).
+    """task "sentence-embedding": a vector per text, pooled as the folder says (read_sentence_config).
 
     Options: pooling / normalize (default: the folder's), truncate (cut inputs longer than max_input_length instead
     of failing them), truncation_direction ("right"|"left"), dimensions (Matryoshka: keep the first n values, then
@@ -139,7 +139,7 @@ class SentenceEmbeddingPipeline(Pipeline):
     per-token hidden states, unpooled), with_token_count (each result becomes {"embedding", "tokens"}).
     An item is a text or a list of token ids (used as given: no special tokens are added)."""
 
-    task = "sentence-embeddings"
+    task = "sentence-embedding"
     model_task = "feature-extraction"  # the bare encoder; pooling is this pipeline's
     token_outputs = ("last_hidden_state",)
     defaults: ClassVar[dict[str, Any]] = {"pooling": None, "normalize": None, "truncate": False,

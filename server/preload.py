@@ -18,7 +18,7 @@ from .store import BaseStore as Store
 log = logging.getLogger("hfport.server")
 
 # what a registered model's task is served as by the TEI/OpenAI routes: a bare encoder embeds sentences
-SERVED_TASK = {"feature-extraction": "sentence-embeddings"}
+SERVED_TASK = {"feature-extraction": "sentence-embedding"}
 
 
 @dataclass

@@ -36,7 +36,7 @@ def server(minilm_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipe(minilm_path):
-    return hfport.pipeline("sentence-embeddings", model=minilm_path)
+    return hfport.pipeline("sentence-embedding", model=minilm_path)
 
 
 @pytest.fixture(scope="module")

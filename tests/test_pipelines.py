@@ -187,7 +187,9 @@ def test_minilm_sentence_embeddings_match_sentence_transformers(minilm_path):
     record("minilm embeddings", (ours - reference.cpu()).abs().max().item())
     # cls pooling is the first token's hidden state; normalize gives unit vectors
     cls = torch.tensor(pipe(sentences[0], pooling="cls"))
-    tokens = torch.tensor(pipe(sentences[0]))[0]  # (T, 384)
+    tokens = torch.tensor(pipe(sentences[0], pooling=None))[0]  # (T, 384): pooling=None asks for token states
+    # the folder is in the sentence-transformers layout: without options the pipeline pools as its modules say
+    torch.testing.assert_close(torch.tensor(pipe(sentences)), ours, rtol=0, atol=0)
     torch.testing.assert_close(cls, tokens[0], rtol=0, atol=0)
     assert abs(ours.norm(dim=-1) - 1).max() < 1e-5
 

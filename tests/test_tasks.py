@@ -21,7 +21,10 @@ from hfport.train.config import FinetuneConfig, resolve_config
 from hfport.train.loop import finetune
 from tests.tiny import ALL_FAMILIES, batch, build_hf, save_hf
 
-CANONICAL = ["feature-extraction", "text-classification", "token-classification", "question-answering", "fill-mask"]
+MODEL_TASKS = ["feature-extraction", "text-classification", "token-classification", "question-answering", "fill-mask"]
+# tasks that train one of the model tasks' models (their records' model_task)
+TRAINING_ONLY = {"sentence-embedding": "feature-extraction", "text-ranking": "text-classification"}
+CANONICAL = [*MODEL_TASKS, *TRAINING_ONLY]
 OLD_NAMES = {"base": "feature-extraction", "sequence-classification": "text-classification",
              "masked-lm": "fill-mask", "sentiment-analysis": "text-classification", "ner": "token-classification"}
 
@@ -46,21 +49,24 @@ def test_records_agree_with_model_classes_pipelines_and_families():
 
     from hfport.pipelines import PIPELINES
 
-    assert list(PIPELINES) == CANONICAL
+    assert list(PIPELINES) == CANONICAL and list(tasks.MODEL_TASKS) == MODEL_TASKS
     for name, record in tasks.TASKS.items():
-        assert record.model_class.task == name and PIPELINES[name].task == name
+        model_task = TRAINING_ONLY.get(name, name)
+        assert record.checkpoint_task == model_task
+        assert record.model_class.task == model_task and PIPELINES[name].task == model_task
         assert hasattr(transformers, record.auto_class)
         assert set(record.per_sequence) <= set(record.outputs)
     for family in FAMILIES.values():  # every family keys its tables by canonical task names only
-        assert set(family.architectures) == set(tasks.TASKS)
-        assert set(family.head_keys) | set(family.head_options) <= set(tasks.TASKS) - {"feature-extraction"}
+        assert set(family.architectures) == set(tasks.MODEL_TASKS)
+        assert set(family.head_keys) | set(family.head_options) <= set(tasks.MODEL_TASKS) - {"feature-extraction"}
 
 
 @pytest.mark.parametrize("family", list(ALL_FAMILIES))
 def test_every_family_builds_every_head_from_the_records(family):
     hf = build_hf(family, "base")
     raw = hf.config.to_dict()
-    for name, record in tasks.TASKS.items():
+    for name in tasks.MODEL_TASKS:
+        record = tasks.TASKS[name]
         model = record.model_class.from_config(raw)
         assert model.task == name
         assert (model.head is None) == (name == "feature-extraction")

@@ -69,7 +69,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def pipes(folders):
-    return {"minilm": hfport.pipeline("sentence-embeddings", model=folders["minilm"]),
+    return {"minilm": hfport.pipeline("sentence-embedding", model=folders["minilm"]),
             "cls": hfport.pipeline("text-classification", model=folders["cls"]),
             "rr": hfport.pipeline("text-classification", model=folders["rr"])}
 
@@ -229,7 +229,7 @@ def test_metrics(client):
     assert 'hfport_requests_total{model="minilm",route="/embed",status="400"}' in text
     for name in ("hfport_batch_size_count", "hfport_tokenization_duration_seconds_bucket",
                  "hfport_inference_duration_seconds_sum", "hfport_queue_duration_seconds_count",
-                 "hfport_queue_size", 'hfport_model_memory_bytes{model="minilm",task="sentence-embeddings"}',
+                 "hfport_queue_size", 'hfport_model_memory_bytes{model="minilm",task="sentence-embedding"}',
                  'hfport_max_batch_tokens{model="minilm"}', "hfport_models_loaded 3.0"):
         assert name in text, name
 

@@ -2,7 +2,7 @@
 
 OUT gets the layout transformers writes: config.json (the source config with the trained head's metadata and the
 hfport version), model.safetensors (or shards + index) under transformers' key names, the tokenizer files, and a
-README.md model card. Everything is written into a hidden sibling folder and renamed into place at the end, so no
+README.md model card; a source in the sentence-transformers layout keeps it (export/sentence_transformers.py). Everything is written into a hidden sibling folder and renamed into place at the end, so no
 failure (a full disk included) leaves a half-written OUT; an existing OUT is only replaced with `force`. With
 verify=True the staged folder is proven against SRC (export/verify.py) before it is renamed.
 """
@@ -27,6 +27,7 @@ from ..tokenizer import copy_tokenizer_files
 from .card import model_card
 from .common import (DTYPE_NAMES, EXPORT_DTYPES, WHICH, ExportError, check_places, no_tokenizer_message,
                      resolve_source, tokenizer_folder)
+from .sentence_transformers import copy_layout as copy_st_layout
 from .verify import VerifyFailed, VerifyReport
 from .verify import verify as verify_folder
 
@@ -149,6 +150,7 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
         del model  # verify loads the source afresh, in float32
         hub.write_json_atomic(staging / "config.json", config)
         copy_tokenizer_files(tok_folder, staging)
+        copy_st_layout(source.model, staging)  # an embedding model keeps its sentence-transformers modules
         (staging / "README.md").write_text(model_card(source, config, task, out.name), encoding="utf-8")
         result = ExportResult(out, source.model, config["model_type"], task, DTYPE_NAMES[torch_dtype],
                               sorted(p.name for p in staging.iterdir()), files, tok_folder)

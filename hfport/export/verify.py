@@ -9,7 +9,10 @@ that cannot run counts as a failure.
                different lengths with padding; question/context pairs where the tokenizer returns token types or
                the head is QA); every output is compared at atol/rtol: logits, start/end logits,
                last_hidden_state and pooler_output. Per-token outputs are compared at real (unpadded) positions
-               only: what a model puts at padding is not part of its contract.
+               only: what a model puts at padding is not part of its contract;
+    sentence-transformers  for a folder in its layout (export/sentence_transformers.py): SentenceTransformer(DIR)
+               .encode() against hfport's pooled embeddings (cosine >= 0.99999 and max abs diff <= atol), or
+               CrossEncoder(DIR).predict() against hfport's one-label scores (<= atol).
 
 Both models run in float32 on the CPU, so the comparison isolates what the export changed. Tolerances
 (|transformers - hfport| <= atol + rtol * |hfport|, element-wise), with the max abs diffs measured on the real
@@ -42,6 +45,7 @@ from ..modeling import PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tasks import TASKS, load_any
 from .common import DTYPE_NAMES, OUTPUTS, TRANSFORMERS_AUTO, ExportError, resolve_source
+from .sentence_transformers import verify_rows as verify_st
 
 # (atol, rtol) by the dtype DIR's weights are stored in; the module docstring says why
 TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-5, 1e-4), "float16": (1e-2, 1e-2),
@@ -232,6 +236,9 @@ def _verify(folder: Path, source_arg: Any, which: str, atol: float | None, rtol:
         batches: dict[str, dict[str, Tensor]] = {}
         with _check(report, "tokenizer", "load"):
             batches = _check_tokenizer(report, transformers, folder, task, raw)
+    if ours is not None:  # a sentence-transformers folder (embeddings, cross-encoder): its own loader agrees too
+        with _check(report, "sentence-transformers", "load"):
+            verify_st(report, folder, raw, ours, Path(report.source), PROBE_TEXTS, PROBE_PAIRS)
     if ours is None or theirs is None or not batches:
         return
     for name, enc in batches.items():

@@ -6,11 +6,14 @@ Tasks, with transformers' option names, defaults and output shapes:
   question-answering    top_k, doc_stride, max_answer_len, max_seq_len, max_question_len,
                         handle_impossible_answer, align_to_words       (transformers 4.57's QuestionAnsweringPipeline)
   fill-mask             top_k, targets                                 (FillMaskPipeline)
-  feature-extraction    per-token hidden states; pooling="mean"|"cls", normalize=True give sentence embeddings
+  feature-extraction    per-token hidden states; pooling="mean"|"cls"|"max", normalize=True give sentence
+                        embeddings (a sentence-transformers folder's modules.json sets the default pooling)
 A task may be named by an alias too ("sentiment-analysis", "ner", hfport's old "sequence-classification", ...):
 hfport/tasks/ holds the names and which pipeline class each task uses.
-  sentence-embeddings   one vector per text, pooled as the folder's sentence-transformers files say
-                        (hfport.embeddings.SentenceEmbeddingPipeline)
+  sentence-embedding    one vector per text, pooled as the folder's sentence-transformers files say; truncate,
+                        dimensions, prompt_name (hfport.embeddings.SentenceEmbeddingPipeline; alias
+                        "sentence-embeddings", "sentence-similarity")
+  text-ranking          a cross-encoder: text-classification's pipeline over (query, text) pairs
 
 Backends: "torch" (hfport's models) or "onnx" (an exported ONNX folder or .onnx file run by onnxruntime on the CPU,
 pipelines/onnx_backend.py). The default picks "onnx" for a .onnx file or a folder with model.onnx and no safetensors.
@@ -42,10 +45,7 @@ from .qa import QuestionAnsweringPipeline
 from .tokens import TokenClassificationPipeline
 
 PIPELINES: dict[str, type[Pipeline]] = {name: t.pipeline_class for name, t in tasks.TASKS.items()}
-from ..embeddings import SentenceEmbeddingPipeline  # noqa: E402 - it builds on .base, imported above
-
-# pipelines over another task's model (sentence embeddings pool the feature-extraction model)
-EXTRA_PIPELINES: dict[str, type[Pipeline]] = {SentenceEmbeddingPipeline.task: SentenceEmbeddingPipeline}
+from ..embeddings import SentenceEmbeddingPipeline  # noqa: E402 - sentence-embedding's pipeline, public here too
 BACKENDS = ("torch", "onnx")
 
 
@@ -60,12 +60,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple").
     backend: "torch" or "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it); None picks
     "onnx" for a .onnx file or a folder with model.onnx and no safetensors."""
-    if task in EXTRA_PIPELINES:
-        name, cls = task, EXTRA_PIPELINES[task]
-        record = tasks.get(cls.model_task)
-    else:
-        record = tasks.get(task)
-        name, cls = record.name, PIPELINES[record.name]
+    record = tasks.get(task)
+    name, cls = record.name, PIPELINES[record.name]
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: use one of {list(BACKENDS)}")
     if isinstance(model, (str, os.PathLike)) and (backend == "onnx" or (backend is None and is_onnx_model(model))):
@@ -73,8 +69,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         model = OnnxModel.from_pretrained(model_path)
         tokenizer = (model_path.parent if model_path.is_file() else model_path) if tokenizer is None else tokenizer
     if isinstance(model, OnnxModel):
-        if model.task != record.name:
-            raise ValueError(f"{name} needs a {record.name} model; {model.path} is a {model.task} graph")
+        if model.task != record.checkpoint_task:
+            raise ValueError(f"{name} needs a {record.checkpoint_task} model; {model.path} is a {model.task} graph")
         if tokenizer is None:
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
         if (device is not None and torch.device(device).type != "cpu") or \
@@ -82,7 +78,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
             raise ValueError(f"the onnx backend runs float32 graphs on the CPU; got device={device!r}, "
                              f"dtype={dtype!r}")
     elif isinstance(model, PreTrainedEncoder):
-        if model.task != record.name:
+        if model.task != record.checkpoint_task:
             raise ValueError(f"{name} needs a {record.model_class.__name__}, got a "
                              f"{type(model).__name__} ({model.task} head)")
         if tokenizer is None:

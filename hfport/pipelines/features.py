@@ -1,8 +1,13 @@
 """feature-extraction: per-token hidden states as transformers' FeatureExtractionPipeline returns them, or
-sentence embeddings with pooling="mean"|"cls" (+ normalize=True): sentence-transformers' Pooling + Normalize."""
+sentence embeddings with pooling="mean"|"cls"|"max" (+ normalize=True): sentence-transformers' Pooling + Normalize.
+
+A model folder in the sentence-transformers layout (modules.json; hfport/export/sentence_transformers.py reads it)
+gives the defaults: its pooling and normalisation, unless the caller passes `pooling`.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -11,7 +16,21 @@ from torch import Tensor
 
 from .base import Feature, Pipeline, check_text
 
-POOLINGS = (None, "mean", "cls")
+POOLINGS = (None, "mean", "cls", "max")
+
+
+def pool_embeddings(hidden: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
+    """Sentence embeddings as sentence-transformers' Pooling computes them: hidden (B, T, C), attention_mask (B, T)
+    -> (B, C). mean: over attended tokens; cls: the first token; max: over attended tokens (padding set to -1e9
+    first, as sentence-transformers does)."""
+    if mode == "cls":
+        return hidden[:, 0]  # (B, C)
+    mask = attention_mask[..., None].to(hidden.dtype)  # (B, T, 1)
+    if mode == "mean":
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (B, C)
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, -1e9).max(dim=1).values  # (B, C)
+    raise ValueError(f"pooling={mode!r}: use one of {list(POOLINGS[1:])}")
 
 
 class FeatureExtractionPipeline(Pipeline):
@@ -21,11 +40,26 @@ class FeatureExtractionPipeline(Pipeline):
     defaults: ClassVar[dict[str, Any]] = {"truncation": None, "max_length": None, "tokenize_kwargs": None,
                                           "return_tensors": False, "pooling": None, "normalize": False}
 
+    def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
+        # a sentence-transformers folder says how its embeddings are pooled: the defaults when no pooling is given
+        from ..export.sentence_transformers import has_embedding_layout, read_st_pooling
+
+        folder = Path(model.config.source).parent
+        self.folder_defaults = {}
+        if has_embedding_layout(folder):
+            pooling, normalize = read_st_pooling(folder)
+            self.folder_defaults = {"pooling": pooling, "normalize": normalize}
+        super().__init__(model, tokenizer, **kwargs)
+
     def validate(self, opts: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+        if "pooling" not in given and self.folder_defaults:  # pooling=None asks for per-token states
+            opts["pooling"] = self.folder_defaults["pooling"]
+            if "normalize" not in given:
+                opts["normalize"] = self.folder_defaults["normalize"]
         if opts["pooling"] not in POOLINGS:
             raise ValueError(f"pooling={opts['pooling']!r}: use one of {list(POOLINGS)}")
         if opts["normalize"] and opts["pooling"] is None:
-            raise ValueError("normalize=True normalizes sentence embeddings: give pooling='mean' or 'cls' too")
+            raise ValueError("normalize=True normalizes sentence embeddings: give pooling='mean', 'cls' or 'max' too")
         kwargs = dict(opts["tokenize_kwargs"] or {})
         allowed = {"truncation", "max_length", "padding", "add_special_tokens", "stride"}
         if set(kwargs) - allowed:
@@ -51,11 +85,8 @@ class FeatureExtractionPipeline(Pipeline):
         if opts["pooling"] is None:
             out = hidden[None]  # (1, T, C): transformers keeps the batch axis of one
         else:
-            if opts["pooling"] == "cls":
-                out = hidden[0]  # (C,)
-            else:  # mean over the attended tokens, as sentence-transformers' Pooling
-                mask = torch.tensor(f.attention_mask, dtype=hidden.dtype)[:, None]  # (T, 1)
-                out = (hidden * mask).sum(0) / mask.sum(0).clamp(min=1e-9)  # (C,)
+            mask = torch.tensor(f.attention_mask)[None]  # (1, T)
+            out = pool_embeddings(hidden[None], mask, opts["pooling"])[0]  # (C,)
             if opts["normalize"]:
                 out = F.normalize(out, p=2, dim=-1)
         return out if opts["return_tensors"] else out.tolist()

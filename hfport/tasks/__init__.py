@@ -3,7 +3,9 @@ model class and its head factory, outputs, transformers' auto class, the pipelin
 default metric per problem type. Everything that asks "which task?" reads TASKS.
 
 Adding a task: a file here with its model class and Task record, a line in TASKS below, and in each family
-(hfport/models/) a line in HEAD_KEYS (+ head options where that family's head differs from the default).
+(hfport/models/) a line in HEAD_KEYS (+ head options where that family's head differs from the default). A task that
+trains another task's model (sentence-embedding trains the bare encoder, text-ranking a one-label classifier) names
+it in `model_task` and needs no family lines.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 from .. import hub
 from ..modeling import PreTrainedEncoder, task_of
 from ..registry import get_family
-from . import feature_extraction, fill_mask, question_answering, text_classification, token_classification
+from . import (feature_extraction, fill_mask, question_answering, sentence_embedding, text_classification,
+               text_ranking, token_classification)
 from .feature_extraction import EncoderModel
 from .fill_mask import EncoderForMaskedLM
 from .question_answering import EncoderForQuestionAnswering
@@ -27,9 +30,12 @@ log = logging.getLogger("hfport")
 
 TASKS: dict[str, Task] = {t.name: t for t in (
     feature_extraction.TASK, text_classification.TASK, token_classification.TASK, question_answering.TASK,
-    fill_mask.TASK)}
+    fill_mask.TASK, sentence_embedding.TASK, text_ranking.TASK)}
 ALIASES: dict[str, str] = {alias: t.name for t in TASKS.values() for alias in t.aliases}
 TASK_CLASSES: dict[str, type[PreTrainedEncoder]] = {name: t.model_class for name, t in TASKS.items()}
+# the tasks whose models the families build (their heads, architectures): a training-only task such as
+# sentence-embedding trains one of these (its record's model_task)
+MODEL_TASKS: tuple[str, ...] = tuple(name for name, t in TASKS.items() if t.model_task is None)
 
 # transformers' names for the same classes
 AutoModel = EncoderModel
@@ -82,7 +88,7 @@ def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrain
     return model
 
 
-__all__ = ["ALIASES", "AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
+__all__ = ["ALIASES", "MODEL_TASKS", "AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "TASKS", "TASK_CLASSES",
            "EncoderForMaskedLM", "EncoderForQuestionAnswering",
            "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderModel", "Task",

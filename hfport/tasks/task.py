@@ -43,11 +43,20 @@ class Task:
     # problem type (None: the task has none, or it is not known yet) -> the metric that picks the best model
     default_metrics: dict[str | None, Metric] = field(default_factory=dict)
     labels: bool = False  # the head is sized by config.id2label (classification heads)
+    # a task that trains another task's model names that task here: sentence-embedding trains the bare encoder
+    # (feature-extraction) and text-ranking a one-label text-classification head, so their checkpoints are plain
+    # transformers folders (BertModel, BertForSequenceClassification) and the families need no tables for them
+    model_task: str | None = None
 
     def __post_init__(self) -> None:
-        if self.model_class.task != self.name:
+        if self.model_class.task != (self.model_task or self.name):
             raise ValueError(f"task {self.name!r}: its model class {self.model_class.__name__} says "
                              f"{self.model_class.task!r}")
+
+    @property
+    def checkpoint_task(self) -> str:
+        """The task whose model this task trains and serves (itself, unless `model_task` says otherwise)."""
+        return self.model_task or self.name
 
     def build_head(self, config: EncoderConfig, family: Family) -> nn.Module | None:
         """The task's head, with the options `family` gives it."""

@@ -47,6 +47,33 @@ class FinetuneConfig(BaseModel):
     answers_column: str = "answers"
     doc_stride: int = Field(128, ge=0, description="tokens shared by consecutive windows of a long context")
     max_answer_length: int = Field(30, ge=1, description="longest answer span (tokens) evaluation may pick")
+    # sentence embeddings (sentence-embedding) and rerankers (text-ranking)
+    anchor_column: str = Field("anchor", description="embedding pairs/triplets: the query or anchor text")
+    positive_column: str = Field("positive", description="the text relevant to the anchor (query)")
+    negative_column: str = Field("negative", description="embedding triplets: a hard negative (a text or a list)")
+    sentence1_column: str = Field("sentence1", description="scored embedding pairs: the first text")
+    sentence2_column: str = Field("sentence2", description="scored embedding pairs: the second text")
+    score_column: str = Field("score", description="scored embedding pairs: the similarity score")
+    query_column: str = Field("query", description="reranker rows and groups: the query (rows also take "
+                              "text_column and label_column)")
+    negatives_column: str = Field("negatives", description="reranker groups: the list of non-relevant texts")
+    score_range: tuple[float, float] = Field((0.0, 1.0), description=(
+        "the declared range of scores and labels (CoSENT pairs, reranker labels): a value outside is an error; "
+        "a reranker label above the low end counts as relevant"))
+    loss: Literal["mnrl", "cosent", "bce", "listwise"] | None = Field(None, description=(
+        "sentence-embedding: mnrl (in-batch negatives, for pairs/triplets; the default) or cosent (scored pairs; "
+        "the default for them); text-ranking: bce (the default) or listwise (softmax cross-entropy over a query's "
+        "candidates)"))
+    scale: float = Field(20.0, gt=0, description="similarity scale of mnrl/cosent (1 / temperature)")
+    pooling: Literal["mean", "cls", "max"] | None = Field(None, description=(
+        "sentence-embedding pooling; default: the base model's sentence-transformers config, else mean"))
+    normalize: bool | None = Field(None, description=(
+        "L2-normalise the embeddings (a Normalize module in the export); default: as the base model's "
+        "sentence-transformers config, else false"))
+    mini_batch_size: int | None = Field(None, ge=1, description=(
+        "sentence-embedding: GradCache-style big batches; embed the batch in chunks of this many texts without "
+        "keeping their activations, take the loss over the whole batch, then recompute each chunk with its "
+        "embeddings' gradient (all in-batch negatives, a chunk's activation memory)"))
     # masked LM
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="fraction of tokens chosen for masking")
     # schedule
@@ -126,6 +153,8 @@ class FinetuneConfig(BaseModel):
     def _check(self) -> FinetuneConfig:
         if self.eval_strategy == "steps" and self.eval_steps is None:
             raise ValueError("eval_strategy 'steps' needs eval_steps")
+        if self.score_range[0] >= self.score_range[1]:
+            raise ValueError(f"score_range {list(self.score_range)}: the low end must be below the high end")
         if self.task == "question-answering" and self.doc_stride >= self.max_length:
             raise ValueError(f"doc_stride ({self.doc_stride}) must be smaller than max_length ({self.max_length})")
         return self

@@ -220,6 +220,9 @@ class EncodedData:
     space: LabelSpace | None
     pad_token_id: int
     extra: dict[str, Any] = field(default_factory=dict)
+    # the kind of problem where there is no label space (sentence embeddings: "pairs" or "scored-pairs"): it picks
+    # the default metric from the task's record as a label space's problem_type does
+    problem_type: str | None = None
 
 
 def split_off(items: list[Features], fraction: float, seed: int) -> tuple[list[Features], list[Features]]:

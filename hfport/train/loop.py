@@ -146,7 +146,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                 batch = to_device(task.collate(items, data, seed=config.seed + start), accelerator.device)
                 start += len(idx)
                 with accelerator.autocast():
-                    outputs = float32_outputs(model(**model_inputs(batch)))
+                    outputs = float32_outputs(task.forward(model, batch, data))
                 loss = task.loss(outputs, batch, data, None, 0.0).item()
                 rows += [(i, loss, row) for i, row in zip(idx, task.eval_rows(outputs, batch, items, data))]
         # every process's rows, concatenated (accelerate's gather_object flattens one level), back in file order
@@ -180,7 +180,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         state["history"].append([state["step"], value])
         log_event("eval", {f"eval_{k}": v for k, v in metrics.items()})
         if tracker.update(value, state["step"]) and main:
-            save_model_folder(unwrapped, source, run.best)
+            save_model_folder(unwrapped, source, run.best, task, data)
         state["tracker"] = tracker.state_dict()
         if isinstance(scheduler, PlateauWithWarmup):
             scheduler.on_eval(value)
@@ -214,7 +214,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                     sync = k == len(group) - 1
                     with (accelerator.no_sync(model) if not sync and world > 1 else contextlib.nullcontext()):
                         with accelerator.autocast():
-                            outputs = float32_outputs(model(**model_inputs(batch)))
+                            outputs = float32_outputs(task.forward(model, batch, data))
                         loss = task.loss(outputs, batch, data, class_weights, config.label_smoothing)  # fp32
                         accelerator.backward(loss / len(group))
                     step_loss += loss.detach().float() / len(group)
@@ -262,9 +262,9 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         writer.close()  # on an error too: the save in flight completes (it is a consistent snapshot) before we leave
     summary: dict[str, Any] = {}
     if main:
-        save_model_folder(unwrapped, source, run.final)
+        save_model_folder(unwrapped, source, run.final, task, data)
         if not run.best.exists():
-            save_model_folder(unwrapped, source, run.final, copy_to=run.best)
+            save_model_folder(unwrapped, source, run.final, task, data, copy_to=run.best)
         entries, problems = read_metrics(run.metrics)
         last_eval = [e for e in entries if e["type"] == "eval"]
         result = RunSummary(
@@ -314,7 +314,10 @@ def mixed_precision(choice: str) -> str:
 
 def float32_outputs(outputs: Any) -> Any:
     """The model's outputs with every floating tensor in fp32, so the loss is computed in fp32 whatever autocast
-    produced (a no-op for fp32 outputs: .float() returns the same tensor)."""
+    produced (a no-op for fp32 outputs: .float() returns the same tensor). A task's forward may return a bare tensor
+    (sentence embeddings)."""
+    if torch.is_tensor(outputs):
+        return outputs.float() if outputs.is_floating_point() else outputs
     return dataclasses.replace(outputs, **{f.name: v.float() for f in dataclasses.fields(outputs)
                                            if torch.is_tensor(v := getattr(outputs, f.name)) and v.is_floating_point()})
 
@@ -331,7 +334,7 @@ def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:
 
 
 def _problem(data: EncodedData) -> str | None:
-    return data.space.problem_type if data.space else None
+    return data.space.problem_type if data.space else data.problem_type
 
 
 def _class_weights(config: FinetuneConfig, data: EncodedData) -> torch.Tensor | None:
@@ -353,9 +356,6 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Everything but the targets: the loss is computed here, with the run's smoothing and weights."""
-    return {k: v for k, v in batch.items() if k not in ("labels", "start_positions", "end_positions")}
 
 
 class MetricsLog:
@@ -388,8 +388,10 @@ def _step_of(line: str) -> int:
         return 2**62
 
 
-def save_model_folder(model: Any, source: Path, target: Path, copy_to: Path | None = None) -> None:
-    """An HF model folder (weights + config) with the source's tokenizer files beside it."""
+def save_model_folder(model: Any, source: Path, target: Path, task: Any, data: EncodedData,
+                      copy_to: Path | None = None) -> None:
+    """An HF model folder (weights + config) with the source's tokenizer files beside it, and the task's own files
+    (a sentence-transformers layout, say)."""
     if copy_to is not None:
         import shutil
 
@@ -399,6 +401,7 @@ def save_model_folder(model: Any, source: Path, target: Path, copy_to: Path | No
         return
     model.save_pretrained(target)
     copy_tokenizer_files(source, target)
+    task.write_model_files(target, data)
 
 
 class Progress:

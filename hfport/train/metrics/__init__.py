@@ -1,7 +1,7 @@
 """Evaluation metrics, one module a task, plus metric history and early stopping (stopping.py).
 
 classification.py (text-classification), tokens.py (token-classification), qa.py (question-answering),
-mlm.py (fill-mask); each has a `compute` that its training task (hfport/train/tasks/) calls.
+mlm.py (fill-mask), retrieval.py (sentence-embedding, text-ranking); each has a `compute` that its training task (hfport/train/tasks/) calls.
 
 Pure functions over numpy arrays / Python lists (torch CPU tensors work too: they go through `np.asarray`).
 No sklearn or seqeval at run time; the tests cross-check against both where they are installed.
@@ -27,6 +27,8 @@ fixed label set: pass num_labels or label_names for classification; entity types
 - text-classification / regression: mse, mae, r2
 - token-classification: precision, recall, f1 (entity level, micro), accuracy (token level), f1/<entity type>
 - question-answering: exact_match, f1
+- sentence-embedding (pairs, triplets) / text-ranking: mrr@10, ndcg@10, recall@1, recall@10 (retrieval.py);
+  sentence-embedding with scored pairs (problem_type "scored-pairs"): spearman, pearson
 - fill-mask: loss, perplexity; accuracy (over non-ignored positions) when predictions and labels are given
   (without `loss`, the loss is computed from the logits, every masked token weighing the same)
 `<label>` is the label name when names are given, else the label id as a string.
@@ -43,6 +45,7 @@ from .classification import (PROBLEM_TYPES, accuracy, classification_metrics, in
                              multilabel_metrics, multilabel_per_label_f1, per_label_f1, precision_recall_f1,
                              regression_metrics)
 from .mlm import masked_accuracy, masked_lm_loss, perplexity
+from .retrieval import correlation_metrics, ranking_metrics, retrieval_metrics
 from .qa import normalize_answer, squad_exact_match, squad_f1, squad_metrics
 from .stopping import EarlyStopping, MetricHistory, Point
 from .tokens import Entity, entity_f1_per_type, get_entities, tags_from_ids, token_classification_metrics
@@ -69,7 +72,7 @@ def compute_metrics(task: str, problem_type: str | None = None, *, predictions: 
 
 
 __all__ = ["PROBLEM_TYPES", "ArrayLike", "EarlyStopping", "Entity", "MetricHistory", "Mode", "Point", "accuracy",
-           "classification_metrics", "compute_metrics", "entity_f1_per_type", "get_entities", "infer_problem_type",
+           "classification_metrics", "compute_metrics", "correlation_metrics", "entity_f1_per_type", "get_entities", "infer_problem_type",
            "masked_accuracy", "masked_lm_loss", "multilabel_metrics", "multilabel_per_label_f1",
-           "normalize_answer", "per_label_f1", "perplexity", "precision_recall_f1", "regression_metrics",
+           "normalize_answer", "per_label_f1", "perplexity", "precision_recall_f1", "ranking_metrics", "regression_metrics", "retrieval_metrics",
            "squad_exact_match", "squad_f1", "squad_metrics", "tags_from_ids", "token_classification_metrics"]

@@ -7,12 +7,15 @@ training loss, and turns evaluation outputs into metrics.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from ...tasks import get as task_record
 from ..data import EncodedData, Features
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what a batch gives the model; the rest is targets
 
 
 class TrainTask:
@@ -26,6 +29,14 @@ class TrainTask:
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
         """A padded batch. `seed` is unique to the batch (and fixed across resumes) for random corruption."""
         raise NotImplementedError
+
+    def forward(self, model: Any, batch: dict[str, torch.Tensor], data: EncodedData) -> Any:
+        """The model's outputs for a collated batch: the model on its inputs (the targets stay with the loss). A task
+        whose examples are several texts (sentence embeddings) returns what its loss takes instead."""
+        return model(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+
+    def write_model_files(self, folder: Path, data: EncodedData) -> None:
+        """Files the task adds to a saved model folder (best/, final/) beside the HF ones; none by default."""
 
     def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
              label_smoothing: float) -> torch.Tensor:

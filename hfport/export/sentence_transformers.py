@@ -1,0 +1,253 @@
+"""The sentence-transformers layout: its one writer, its reader, and its proof.
+
+An embedding model folder is an HF folder (config.json, weights, tokenizer) plus the files sentence-transformers
+reads to build its module chain Transformer -> Pooling [-> Normalize]:
+    modules.json                 the chain: each module's class and sub-folder
+    sentence_bert_config.json    max_seq_length (ST truncates there) and do_lower_case
+    1_Pooling/config.json        which pooling (pooling_mode_cls_token / _mean_tokens / _max_tokens booleans)
+    2_Normalize/                 present (empty) when embeddings are L2-normalised
+    config_sentence_transformers.json  the similarity function (cosine) and versions
+This is the classic layout (sentence-transformers 2.x-5.x writes it, 6.x still reads it, and so do text-embeddings-
+inference and other servers), so one folder serves them all.
+
+A reranker (cross-encoder) folder is a one-label HF sequence-classification folder whose config.json carries
+`"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}`: CrossEncoder's own marker
+(sentence-transformers >= 4), read by its `predict()` to put a sigmoid on the logit, as hfport's
+text-classification pipeline does for one label.
+
+`verify_rows` is the proof (called by export/verify.py): sentence-transformers loads DIR and its `encode()` /
+`predict()` equals hfport's embeddings / scores from SOURCE. sentence-transformers is imported there only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import hub
+from ..errors import HfportError
+
+MODULES = "modules.json"
+ST_CONFIG = "sentence_bert_config.json"
+ST_MODEL_CONFIG = "config_sentence_transformers.json"
+POOLING_DIR = "1_Pooling"
+NORMALIZE_DIR = "2_Normalize"
+POOLING_MODES = ("mean", "cls", "max")
+# hfport's pooling name -> the classic 1_Pooling/config.json flag (sentence-transformers 6 reads these too)
+POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                 "max": "pooling_mode_max_tokens"}
+ALL_FLAGS = (*POOLING_FLAGS.values(), "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+             "pooling_mode_lasttoken")
+MODULE_TYPES = {"transformer": "sentence_transformers.models.Transformer",
+                "pooling": "sentence_transformers.models.Pooling",
+                "normalize": "sentence_transformers.models.Normalize"}
+CROSS_ENCODER_KEY = "sentence_transformers"
+SIGMOID = "torch.nn.modules.activation.Sigmoid"
+# cosine similarity of encode() to hfport's embedding, per text, at least this (and the max abs diff within verify's
+# atol), by the dtype DIR's weights are stored in. sentence-transformers computes in that dtype, hfport in float32
+# from the source: float32 differs by summation order only; fp16/bf16 add weight and activation rounding (measured on
+# the real MiniLM: lowest cosine 0.99983 at bf16), so their floors are looser.
+MIN_COSINE = {"float32": 0.99999, "float16": 0.9995, "bfloat16": 0.999}
+
+
+class SentenceTransformersError(HfportError):
+    """A sentence-transformers folder hfport cannot read (or write)."""
+
+
+# --- writing ----------------------------------------------------------------------------------------------------
+
+
+def write_embedding_layout(folder: str | Path, *, pooling: str, normalize: bool, hidden_size: int,
+                           max_seq_length: int) -> list[str]:
+    """Add the sentence-transformers files to an HF folder (its config and weights already there). Returns the names
+    written. Each file is written whole (write_json_atomic), and a folder from an earlier save is replaced."""
+    if pooling not in POOLING_MODES:
+        raise SentenceTransformersError(f"pooling {pooling!r}: expected one of {list(POOLING_MODES)}")
+    folder = Path(folder)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": MODULE_TYPES["transformer"]},
+               {"idx": 1, "name": "1", "path": POOLING_DIR, "type": MODULE_TYPES["pooling"]}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": MODULE_TYPES["normalize"]})
+    hub.write_json_atomic(folder / MODULES, modules)
+    hub.write_json_atomic(folder / ST_CONFIG, {"max_seq_length": int(max_seq_length), "do_lower_case": False})
+    (folder / POOLING_DIR).mkdir(exist_ok=True)
+    flags = {flag: False for flag in ALL_FLAGS}
+    flags[POOLING_FLAGS[pooling]] = True
+    hub.write_json_atomic(folder / POOLING_DIR / "config.json",
+                          {"word_embedding_dimension": int(hidden_size), **flags, "include_prompt": True})
+    if normalize:
+        (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
+    elif (folder / NORMALIZE_DIR).exists():
+        shutil.rmtree(folder / NORMALIZE_DIR)
+    hub.write_json_atomic(folder / ST_MODEL_CONFIG, {"model_type": "SentenceTransformer", "prompts": {},
+                                                     "default_prompt_name": None, "similarity_fn_name": "cosine"})
+    return [MODULES, ST_CONFIG, f"{POOLING_DIR}/config.json", ST_MODEL_CONFIG] + ([NORMALIZE_DIR] if normalize
+                                                                                  else [])
+
+
+def mark_cross_encoder(folder: str | Path) -> None:
+    """Put CrossEncoder's marker into a one-label classification folder's config.json (see the module docstring)."""
+    path = Path(folder) / "config.json"
+    raw, _ = hub.read_config(Path(folder))
+    if raw.get("num_labels", len(raw.get("id2label") or {})) != 1:
+        raise SentenceTransformersError(f"{path}: a cross-encoder has one label; this config has "
+                                        f"{len(raw.get('id2label') or {})}")
+    raw[CROSS_ENCODER_KEY] = {"activation_fn": SIGMOID}
+    hub.write_json_atomic(path, raw)
+
+
+def is_cross_encoder(raw: dict[str, Any]) -> bool:
+    return isinstance(raw.get(CROSS_ENCODER_KEY), dict)
+
+
+def has_embedding_layout(folder: str | Path) -> bool:
+    return (Path(folder) / MODULES).is_file()
+
+
+def copy_layout(source: str | Path, out: str | Path) -> list[str]:
+    """Copy an embedding folder's sentence-transformers files to OUT (an export of its weights); [] when SOURCE has
+    none. The files are re-written from what the reader understood, so OUT never carries a module hfport did not
+    check (a Dense layer, say, which `read_st_pooling` refuses)."""
+    if not has_embedding_layout(source):
+        return []
+    pooling, normalize = read_st_pooling(source)
+    raw, _ = hub.read_config(Path(source))
+    return write_embedding_layout(out, pooling=pooling, normalize=normalize, hidden_size=raw["hidden_size"],
+                                  max_seq_length=read_max_seq_length(source) or raw.get("max_position_embeddings",
+                                                                                            512))
+
+
+# --- reading ----------------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SentenceTransformersError(f"{path}: cannot be read as JSON ({e})") from e
+
+
+def read_st_pooling(folder: str | Path) -> tuple[str, bool]:
+    """(pooling mode, normalize) of a sentence-transformers folder: "mean" | "cls" | "max", and whether a Normalize
+    module follows. Reads the classic pooling_mode_* flags and sentence-transformers 6's `pooling_mode` string.
+    A chain hfport does not compute (Dense layers, weighted-mean pooling, two poolings) is an error naming it."""
+    folder = Path(folder)
+    modules = _read_json(folder / MODULES)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
+                                                for m in modules):
+        raise SentenceTransformersError(f"{folder / MODULES}: expected a list of modules with a 'type' each")
+    pooling_dir, normalize = None, False
+    for m in modules:
+        kind = m["type"].rsplit(".", 1)[-1]
+        if kind == "Pooling":
+            pooling_dir = folder / str(m.get("path") or "")
+        elif kind == "Normalize":
+            normalize = True
+        elif kind != "Transformer":
+            raise SentenceTransformersError(f"{folder / MODULES}: module {m['type']!r} is not one hfport computes "
+                                            "(Transformer, Pooling and Normalize are)")
+    if pooling_dir is None:
+        raise SentenceTransformersError(f"{folder / MODULES}: no Pooling module")
+    config = _read_json(pooling_dir / "config.json")
+    if isinstance(config.get("pooling_mode"), str):  # sentence-transformers >= 6
+        modes = [config["pooling_mode"]]
+    else:
+        modes = [flag for flag in ALL_FLAGS if config.get(flag)]
+        modes = [next((m for m, f in POOLING_FLAGS.items() if f == flag), flag) for flag in modes]
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        raise SentenceTransformersError(f"{pooling_dir / 'config.json'}: pooling {modes or 'none'}; hfport computes "
+                                        f"exactly one of {list(POOLING_MODES)}")
+    return modes[0], normalize
+
+
+def read_max_seq_length(folder: str | Path) -> int | None:
+    path = Path(folder) / ST_CONFIG
+    if not path.is_file():
+        return None
+    value = _read_json(path).get("max_seq_length")
+    return int(value) if isinstance(value, int) else None
+
+
+# --- the proof --------------------------------------------------------------------------------------------------
+
+
+def verify_rows(report: Any, folder: Path, raw: dict[str, Any], ours: Any, source_model: Path, texts: list[str],
+                pairs: list[tuple[str, str]]) -> None:
+    """Rows of export/verify.py's report for a sentence-transformers folder: SentenceTransformer(DIR).encode() against
+    hfport's embeddings (pooling as SOURCE declares it), or CrossEncoder(DIR).predict() against hfport's scores.
+    Adds nothing for a folder that is neither. Raises (-> a FAIL row) when sentence-transformers is missing."""
+    embedding, cross = has_embedding_layout(folder), is_cross_encoder(raw)
+    if not embedding and not cross:
+        return
+    try:
+        import sentence_transformers
+    except ImportError as e:
+        raise SentenceTransformersError("the folder is a sentence-transformers model, and proving it needs the "
+                                        "sentence-transformers package: pip install sentence-transformers") from e
+    if embedding:
+        _verify_embeddings(report, sentence_transformers, folder, ours, source_model, texts)
+    if cross:
+        _verify_cross_encoder(report, sentence_transformers, folder, ours, source_model, pairs)
+
+
+def _verify_embeddings(report: Any, st: Any, folder: Path, ours: Any, source_model: Path, texts: list[str]) -> None:
+    from ..pipelines.features import FeatureExtractionPipeline
+    from ..tokenizer import AutoTokenizer
+
+    declared = read_st_pooling(folder)
+    reference = read_st_pooling(source_model) if has_embedding_layout(source_model) else declared
+    report.add("sentence-transformers", "pooling", declared == reference, tolerance="equal",
+               detail=f"DIR declares {declared}, the source {reference}")
+    pooling, normalize = reference
+    model = st.SentenceTransformer(str(folder), device="cpu", trust_remote_code=False)
+    report.add("sentence-transformers", f"load ({len(model)} modules)", True)
+    theirs = model.encode(texts, convert_to_numpy=True, batch_size=len(texts)).astype(np.float64)  # (N, C)
+    pipe = FeatureExtractionPipeline(ours, AutoTokenizer.from_pretrained(folder), pooling=pooling,
+                                     normalize=normalize, return_tensors=True)
+    max_length = read_max_seq_length(folder)
+    mine = np.stack([v.double().numpy() for v in pipe(texts, truncation=True, max_length=max_length)])  # (N, C)
+    _embedding_rows(report, "encode", theirs, mine)
+
+
+def _embedding_rows(report: Any, name: str, theirs: np.ndarray, mine: np.ndarray) -> None:
+    if theirs.shape != mine.shape:
+        report.add("sentence-transformers", name, False, shape=theirs.shape,
+                   detail=f"sentence-transformers {list(theirs.shape)} vs hfport {list(mine.shape)}")
+        return
+    cosine = (theirs * mine).sum(-1) / (np.linalg.norm(theirs, axis=-1) * np.linalg.norm(mine, axis=-1))  # (N,)
+    diff = float(np.abs(theirs - mine).max())
+    worst = float(cosine.min())
+    floor = MIN_COSINE.get(report.dtype or "float32", MIN_COSINE["float32"])
+    report.add("sentence-transformers", f"{name}/cosine", bool(worst >= floor), shape=theirs.shape,
+               diff=1.0 - worst, tolerance=f"cosine >= {floor}",
+               detail=f"lowest cosine {worst:.8f} between sentence-transformers' and hfport's embedding")
+    ok = bool(np.isfinite(diff) and diff <= report.atol)
+    report.add("sentence-transformers", f"{name}/values", ok, shape=theirs.shape, diff=diff,
+               tolerance=f"atol={report.atol:g}", detail="" if ok else f"max abs diff {diff:.3g}")
+
+
+def _verify_cross_encoder(report: Any, st: Any, folder: Path, ours: Any, source_model: Path,
+                          pairs: list[tuple[str, str]]) -> None:
+    from ..pipelines.classification import TextClassificationPipeline
+    from ..tokenizer import AutoTokenizer
+
+    model = st.CrossEncoder(str(folder), device="cpu", trust_remote_code=False)
+    activation = type(model.activation_fn).__name__
+    report.add("sentence-transformers", "CrossEncoder activation", activation == "Sigmoid", tolerance="Sigmoid",
+               detail=f"CrossEncoder applies {activation}; hfport's one-label pipeline applies a sigmoid")
+    theirs = np.asarray(model.predict(pairs, convert_to_numpy=True, batch_size=len(pairs)),
+                        dtype=np.float64).reshape(-1)  # (N,)
+    pipe = TextClassificationPipeline(ours, AutoTokenizer.from_pretrained(folder))
+    mine = np.asarray([r["score"] for r in pipe([{"text": q, "text_pair": d} for q, d in pairs])], dtype=np.float64)
+    if theirs.shape != mine.shape:
+        report.add("sentence-transformers", "predict", False, shape=theirs.shape,
+                   detail=f"sentence-transformers {list(theirs.shape)} vs hfport {list(mine.shape)}")
+        return
+    diff = float(np.abs(theirs - mine).max())
+    ok = bool(np.isfinite(diff) and diff <= report.atol)
+    report.add("sentence-transformers", "predict", ok, shape=theirs.shape, diff=diff, tolerance=f"atol={report.atol:g}",
+               detail="" if ok else f"CrossEncoder.predict differs from hfport's scores (max abs diff {diff:.3g})")

@@ -1,0 +1,289 @@
+"""Sentence embeddings: the bare encoder + pooling, trained on text pairs as sentence-transformers trains them.
+
+Data (JSONL/CSV; the column names are config fields):
+  (anchor, positive)              pairs; loss mnrl: in-batch negatives (MultipleNegativesRankingLoss)
+  (anchor, positive, negative)    triplets; the negative (a text or a list of texts) is a hard negative for mnrl
+  (sentence1, sentence2, score)   scored pairs; loss cosent (CoSENTLoss), scores within score_range
+The format is the first row's: a file whose first row has the negative column must have it in every row.
+
+A batch is encoded as its distinct texts, once each (B examples -> U <= B*k texts in one forward pass). Dropping
+duplicates is also how the loss keeps them from being each other's negatives (see `mnrl_loss`).
+
+In-batch negatives and accumulation: with grad_accum > 1 each micro-batch is its own loss with its own negatives, so
+the negatives per anchor are batch_size - 1 (+ hard ones), not batch_size * grad_accum - 1. To score a large batch
+against all of its negatives with bounded memory, use a large batch_size with mini_batch_size (GradCache, below).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ... import hub
+from ...errors import ConfigError
+from ...export.sentence_transformers import has_embedding_layout, read_st_pooling, write_embedding_layout
+from ...pipelines.features import pool_embeddings
+from ..data import DataError, EncodedData, Features, Record, field_of, pad_ids, read_records, split_off, where
+from ..metrics import retrieval as metrics
+from . import TrainTask
+
+LOSSES = {"pairs": ("mnrl",), "scored-pairs": ("cosent",)}  # the data's kind -> the losses that fit it
+
+
+# --- the losses -------------------------------------------------------------------------------------------------
+
+
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(N, C), (M, C) -> (N, M) cosine similarities (sentence-transformers' cos_sim)."""
+    return F.normalize(a, p=2, dim=-1) @ F.normalize(b, p=2, dim=-1).T
+
+
+def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float) -> torch.Tensor:
+    """MultipleNegativesRankingLoss over a batch of distinct texts.
+
+    embeddings (U, C): one row per distinct text of the batch; index (B, K): row of each example's anchor (column 0),
+    positive (1) and hard negatives (2..; -1 where an example has fewer). Each anchor is scored against every
+    distinct positive and negative text of the batch (cosine x scale) and must pick its own positive (cross-entropy).
+
+    Duplicates: a text that appears twice is one candidate, so an example's positive repeated as another's is not a
+    negative of itself; and where two examples share an anchor, each one's positive is masked out of the other's
+    negatives (both are relevant to that anchor).
+    """
+    anchors, positives = index[:, 0], index[:, 1]  # (B,), (B,)
+    slots = index[:, 1:]  # (B, K-1)
+    candidates = torch.unique(slots[slots >= 0])  # (M,) sorted rows of the distinct candidate texts
+    column = torch.full((embeddings.shape[0],), -1, dtype=torch.long, device=index.device)  # (U,)
+    column[candidates] = torch.arange(len(candidates), device=index.device)
+    scores = cosine_matrix(embeddings[anchors], embeddings[candidates]) * scale  # (B, M)
+    target = column[positives]  # (B,)
+    same_anchor = anchors[:, None] == anchors[None, :]  # (B, B)
+    other = same_anchor & (target[None, :] != target[:, None])  # (B, B): j's positive is also relevant to i
+    mask = torch.zeros_like(scores, dtype=torch.bool)  # (B, M)
+    rows, cols = other.nonzero(as_tuple=True)
+    mask[rows, target[cols]] = True
+    return F.cross_entropy(scores.masked_fill(mask, float("-inf")), target)
+
+
+def cosent_loss(embeddings: torch.Tensor, index: torch.Tensor, scores: torch.Tensor, scale: float) -> torch.Tensor:
+    """CoSENTLoss (sentence-transformers'): log(1 + sum over pairs (i, j) with score_i < score_j of
+    exp(scale * (cos_i - cos_j))). embeddings (U, C); index (B, 2) rows of sentence1/sentence2; scores (B,)."""
+    a, b = embeddings[index[:, 0]], embeddings[index[:, 1]]  # (B, C) each
+    cos = F.cosine_similarity(a, b, dim=-1) * scale  # (B,)
+    diff = cos[:, None] - cos[None, :]  # (B, B)
+    lower = (scores[:, None] < scores[None, :]).to(diff.dtype)  # (B, B): pairs that should be ordered the other way
+    diff = diff - (1 - lower) * 1e12
+    return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), dim=0)
+
+
+# --- reading ----------------------------------------------------------------------------------------------------
+
+
+def _text(record: Record, column: str, path: Path) -> str:
+    value = field_of(record, column, path)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where(path, record.line, column)}: expected non-empty text, got {value!r}")
+    return value
+
+
+def _negatives(record: Record, column: str, path: Path) -> list[str]:
+    value = field_of(record, column, path)
+    texts = value if isinstance(value, list) else [value]
+    if not texts:
+        raise DataError(f"{where(path, record.line, column)}: an empty list of negatives")
+    for t in texts:
+        if not isinstance(t, str) or not t.strip():
+            raise DataError(f"{where(path, record.line, column)}: expected non-empty text (or a list of them), "
+                            f"got {t!r}")
+    return texts
+
+
+def read_examples(path: Path, config: Any) -> tuple[str, list[tuple[list[str], float | None, int]]]:
+    """(kind, [(texts, score, line)]): kind "pairs" (texts = anchor, positive, negatives...) or "scored-pairs"
+    (texts = sentence1, sentence2; score within score_range). The first row decides the kind."""
+    records = read_records(path)
+    first = records[0].values
+    scored = config.loss == "cosent" or (config.loss is None and config.sentence1_column in first
+                                         and config.anchor_column not in first)
+    if not scored and config.anchor_column not in first:
+        raise DataError(f"{where(path, records[0].line)}: neither an anchor column ({config.anchor_column!r}, for "
+                        f"pairs and triplets) nor a sentence1 column ({config.sentence1_column!r}, for scored pairs); "
+                        f"the row has {sorted(first)}")
+    low, high = config.score_range
+    out: list[tuple[list[str], float | None, int]] = []
+    if scored:
+        for r in records:
+            texts = [_text(r, config.sentence1_column, path), _text(r, config.sentence2_column, path)]
+            value = field_of(r, config.score_column, path)
+            try:
+                score = float(value)
+            except (TypeError, ValueError):
+                raise DataError(f"{where(path, r.line, config.score_column)}: expected a number, got {value!r}")
+            if not low <= score <= high or score != score:
+                raise DataError(f"{where(path, r.line, config.score_column)}: score {score} is outside score_range "
+                                f"[{low}, {high}]; set score_range to the data's scale")
+            out.append((texts, score, r.line))
+        return "scored-pairs", out
+    triplets = config.negative_column in first
+    for r in records:
+        texts = [_text(r, config.anchor_column, path), _text(r, config.positive_column, path)]
+        if triplets:  # a triplet file: every row has its negative (field_of names a missing one)
+            texts += _negatives(r, config.negative_column, path)
+        out.append((texts, None, r.line))
+    return "pairs", out
+
+
+def pooling_defaults(config: Any, source: Path) -> tuple[str, bool]:
+    """--pooling/--normalize, else the base model's sentence-transformers config, else mean and no normalisation."""
+    base = read_st_pooling(source) if has_embedding_layout(source) else ("mean", False)
+    return config.pooling or base[0], base[1] if config.normalize is None else config.normalize
+
+
+# --- the task ---------------------------------------------------------------------------------------------------
+
+
+class SentenceEmbedding(TrainTask):
+    name = "sentence-embedding"
+    compute_metrics = staticmethod(metrics.compute)
+
+    def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
+        train_path = Path(config.train)
+        kind, train = read_examples(train_path, config)
+        eval_path = Path(config.eval) if config.eval else None
+        evaluation: list[tuple[list[str], float | None, int]] = []
+        if eval_path is not None:
+            eval_kind, evaluation = read_examples(eval_path, config)
+            if eval_kind != kind:
+                raise DataError(f"{eval_path}: {eval_kind} rows, but {train_path} holds {kind}; evaluate on the "
+                                "kind of data the model trains on")
+        loss = config.loss or LOSSES[kind][0]
+        if loss not in LOSSES[kind]:
+            raise ConfigError(f"loss {loss!r} does not fit {kind} data ({train_path}); use one of {list(LOSSES[kind])}"
+                              + ("" if loss in ("mnrl", "cosent") else " (bce and listwise are text-ranking losses)"))
+        hard_negatives = any(len(texts) > 2 for texts, _, _ in train)
+        if loss == "mnrl" and config.batch_size == 1 and not hard_negatives:
+            raise ConfigError("batch_size 1 gives no in-batch negatives: each anchor would be scored against its "
+                              "own positive only; use batch_size >= 2 (the larger, the more negatives)")
+        source = hub.resolve(config.model)
+        pooling, normalize = pooling_defaults(config, source)
+        raw, _ = hub.read_config(source)
+
+        def encode(path: Path, rows: list[tuple[list[str], float | None, int]]) -> list[Features]:
+            distinct = list(dict.fromkeys(t for texts, _, _ in rows for t in texts))  # each text tokenized once
+            number = {t: i for i, t in enumerate(distinct)}
+            enc = tokenizer(distinct, truncation=True, max_length=config.max_length)
+            types = enc.get("token_type_ids")
+            out = []
+            for texts, score, line in rows:
+                ids = [number[t] for t in texts]
+                longest = max(ids, key=lambda i: len(enc["input_ids"][i]))  # what length grouping sorts by
+                out.append(Features(enc["input_ids"][longest], None, score, (str(path), line),
+                                    {"ids": ids, "tokens": [enc["input_ids"][i] for i in ids],
+                                     "types": [types[i] for i in ids] if types is not None else None}))
+            return out
+
+        train_features = encode(train_path, train)
+        if eval_path is not None:
+            eval_features = encode(eval_path, evaluation)
+        else:
+            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
+        extra = {"loss": loss, "scale": config.scale, "pooling": pooling, "normalize": normalize,
+                 "mini_batch_size": config.mini_batch_size, "hidden_size": raw.get("hidden_size"),
+                 "max_length": min(config.max_length, int(raw.get("max_position_embeddings", config.max_length)))}
+        return EncodedData(train_features, eval_features, None, tokenizer.pad_token_id, extra, problem_type=kind)
+
+    def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
+        """The batch's distinct texts, padded (U, T), and `labels` (B, K): each example's texts as rows of them."""
+        rows: dict[int, int] = {}
+        texts: list[Features] = []
+        width = max(len(x.meta["ids"]) for x in items)
+        index = torch.full((len(items), width), -1, dtype=torch.long)  # (B, K)
+        for b, x in enumerate(items):
+            for k, text_id in enumerate(x.meta["ids"]):
+                if text_id not in rows:
+                    rows[text_id] = len(texts)
+                    types = x.meta["types"][k] if x.meta["types"] is not None else None
+                    texts.append(Features(x.meta["tokens"][k], types, None))
+                index[b, k] = rows[text_id]
+        batch = pad_ids(texts, data.pad_token_id)
+        batch["labels"] = index
+        if data.problem_type == "scored-pairs":
+            batch["scores"] = torch.tensor([x.target for x in items], dtype=torch.float)  # (B,)
+        return batch
+
+    def forward(self, model: Any, batch: dict[str, torch.Tensor], data: EncodedData) -> torch.Tensor:
+        """(U, C) embeddings of the batch's distinct texts. With mini_batch_size and gradients on, GradCache: each
+        chunk runs without keeping its activations (torch.utils.checkpoint), the loss sees every embedding, and the
+        backward pass re-runs one chunk at a time with its embeddings' gradient."""
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+        pooling, normalize = data.extra["pooling"], data.extra["normalize"]
+
+        def embed(*tensors: torch.Tensor) -> torch.Tensor:
+            kwargs = dict(zip(inputs, tensors))
+            hidden = model(**kwargs).last_hidden_state  # (n, T, C)
+            out = pool_embeddings(hidden, kwargs["attention_mask"], pooling)  # (n, C)
+            return F.normalize(out, p=2, dim=-1) if normalize else out
+
+        chunk = data.extra.get("mini_batch_size")
+        n = batch["input_ids"].shape[0]
+        if not chunk or n <= chunk or not torch.is_grad_enabled():
+            return embed(*inputs.values())
+        parts = []
+        for start in range(0, n, chunk):
+            sub = [t[start:start + chunk] for t in inputs.values()]
+            longest = int(sub[list(inputs).index("attention_mask")].sum(1).max())  # trim the chunk's own padding
+            sub = [t[:, :longest] for t in sub]
+            parts.append(checkpoint(embed, *sub, use_reentrant=False))  # (n_chunk, C)
+        return torch.cat(parts)  # (U, C)
+
+    def write_model_files(self, folder: Path, data: EncodedData) -> None:
+        """best/ and final/ in the sentence-transformers layout: the pooling and normalisation the run trained with."""
+        write_embedding_layout(folder, pooling=data.extra["pooling"], normalize=data.extra["normalize"],
+                               hidden_size=data.extra["hidden_size"], max_seq_length=data.extra["max_length"])
+
+    def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
+             label_smoothing: float) -> torch.Tensor:
+        embeddings = outputs.float()  # (U, C)
+        if data.extra["loss"] == "cosent":
+            return cosent_loss(embeddings, batch["labels"], batch["scores"], data.extra["scale"])
+        return mnrl_loss(embeddings, batch["labels"], data.extra["scale"])
+
+    def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                  data: EncodedData) -> list[Any]:
+        """(text ids, their embeddings (k, C), score) per example."""
+        embeddings = outputs.float().cpu().numpy()  # (U, C)
+        index = batch["labels"].cpu().numpy()  # (B, K)
+        return [(x.meta["ids"], embeddings[index[b, :len(x.meta["ids"])]], x.target, x.source)
+                for b, x in enumerate(items)]
+
+    def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
+        if data.problem_type == "scored-pairs":
+            a = np.stack([r[1][0] for r in rows])  # (N, C)
+            b = np.stack([r[1][1] for r in rows])  # (N, C)
+            cos = (a * b).sum(-1) / np.clip(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12, None)
+            return metrics.correlation_metrics(cos, [r[2] for r in rows])
+        return retrieval_from_rows(rows)
+
+
+def retrieval_from_rows(rows: list[Any]) -> dict[str, float]:
+    """The eval file as a retrieval benchmark: its distinct anchors are the queries, its distinct positive and
+    negative texts the corpus, and each anchor's positives (over every row it appears in) its relevant documents."""
+    corpus: dict[int, int] = {}  # text id -> corpus row
+    corpus_vectors, queries, query_vectors, relevant, names = [], {}, [], [], []
+    for ids, vectors, _, source in rows:
+        for k in range(1, len(ids)):
+            if ids[k] not in corpus:
+                corpus[ids[k]] = len(corpus_vectors)
+                corpus_vectors.append(vectors[k])
+        if ids[0] not in queries:
+            queries[ids[0]] = len(query_vectors)
+            query_vectors.append(vectors[0])
+            relevant.append(set())
+            names.append(f"{source[0]}:{source[1]}")
+        relevant[queries[ids[0]]].add(corpus[ids[1]])
+    return metrics.retrieval_metrics(np.stack(query_vectors), np.stack(corpus_vectors),
+                                     [sorted(r) for r in relevant], names)

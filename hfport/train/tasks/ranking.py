@@ -1,0 +1,174 @@
+"""Rerankers (text-ranking): a cross-encoder scores each (query, text) pair with one logit.
+
+Data (JSONL/CSV; the column names are config fields):
+  (query, text, label)            rows; a query's rows (wherever they are in the file) form its group. Labels lie in
+                                  score_range (default [0, 1]: 1 relevant, 0 not; graded values allowed)
+  (query, positive, negatives)    groups: one relevant text and a list of non-relevant ones (JSONL)
+One example is one query with its candidates (batch_size counts queries). Losses:
+  bce       binary cross-entropy on every pair, the label scaled to [0, 1] by score_range (CrossEncoder's default)
+  listwise  softmax cross-entropy over each query's candidates against its labels normalised to sum to 1
+Evaluation ranks each query's candidates by the model's score: MRR@10, NDCG@10 (the label as gain), Recall@1/@10.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...errors import ConfigError
+from ...export.sentence_transformers import mark_cross_encoder
+from ..data import DataError, EncodedData, Features, LabelSpace, Record, field_of, pad_ids, read_records, split_off, \
+    where
+from ..metrics import retrieval as metrics
+from . import TrainTask
+
+LOSSES = ("bce", "listwise")
+
+
+class Group:
+    """One query and its candidates: texts, labels (in score_range) and the line each came from."""
+
+    def __init__(self, query: str, line: int):
+        self.query, self.line = query, line
+        self.texts: list[str] = []
+        self.labels: list[float] = []
+        self.lines: list[int] = []
+
+
+def _text(record: Record, column: str, path: Path) -> str:
+    value = field_of(record, column, path)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where(path, record.line, column)}: expected non-empty text, got {value!r}")
+    return value
+
+
+def read_groups(path: Path, config: Any) -> list[Group]:
+    records = read_records(path)
+    low, high = config.score_range
+    groups: dict[str, Group] = {}
+    as_groups = config.negatives_column in records[0].values
+    for r in records:
+        query = _text(r, config.query_column, path)
+        if as_groups:
+            group = Group(query, r.line)  # a group row is its own example, even if its query repeats
+            groups[f"{r.line}\0{query}"] = group
+            negatives = field_of(r, config.negatives_column, path)
+            if not isinstance(negatives, list):
+                raise DataError(f"{where(path, r.line, config.negatives_column)}: expected a list of texts, got "
+                                f"{type(negatives).__name__}")
+            candidates = [(_text(r, config.positive_column, path), high)]
+            for n in negatives:
+                if not isinstance(n, str) or not n.strip():
+                    raise DataError(f"{where(path, r.line, config.negatives_column)}: expected non-empty texts, got "
+                                    f"{n!r}")
+                candidates.append((n, low))
+        else:
+            group = groups.setdefault(query, Group(query, r.line))
+            value = field_of(r, config.label_column, path)
+            try:
+                label = float(value)
+            except (TypeError, ValueError):
+                raise DataError(f"{where(path, r.line, config.label_column)}: expected a number, got {value!r}")
+            if not low <= label <= high or label != label:
+                raise DataError(f"{where(path, r.line, config.label_column)}: label {label} is outside score_range "
+                                f"[{low}, {high}]; set score_range to the data's scale")
+            candidates = [(_text(r, config.text_column, path), label)]
+        for text, label in candidates:
+            group.texts.append(text)
+            group.labels.append(label)
+            group.lines.append(r.line)
+    return list(groups.values())
+
+
+class Reranking(TrainTask):
+    name = "text-ranking"
+    compute_metrics = staticmethod(metrics.compute)
+
+    def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
+        loss = config.loss or "bce"
+        if loss not in LOSSES:
+            raise ConfigError(f"loss {loss!r} is not a text-ranking loss; use one of {list(LOSSES)} (mnrl and cosent "
+                              "train sentence embeddings)")
+        low, high = config.score_range
+        train_path = Path(config.train)
+        train = read_groups(train_path, config)
+        eval_path = Path(config.eval) if config.eval else None
+        evaluation = read_groups(eval_path, config) if eval_path else []
+
+        def encode(path: Path, groups: list[Group]) -> list[Features]:
+            out = []
+            for g in groups:
+                enc = tokenizer([g.query] * len(g.texts), text_pair=g.texts, truncation=True,
+                                max_length=config.max_length)
+                types = enc.get("token_type_ids")
+                longest = max(range(len(g.texts)), key=lambda i: len(enc["input_ids"][i]))
+                gains = [(label - low) / (high - low) for label in g.labels]  # in [0, 1]
+                out.append(Features(enc["input_ids"][longest], None, gains, (str(path), g.line),
+                                    {"tokens": enc["input_ids"], "types": types, "query": g.query}))
+            return out
+
+        train_features = encode(train_path, train)
+        if eval_path is not None:
+            eval_features = encode(eval_path, evaluation)
+        else:
+            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
+        if loss == "listwise":
+            for x in train_features:
+                if len(x.target) < 2 or not any(x.target):
+                    raise DataError(f"{where(x.source[0], x.source[1], config.query_column)}: the listwise loss needs "
+                                    f"each query to have a relevant text and another candidate; query "
+                                    f"{x.meta['query']!r} has {len(x.target)} candidate(s), "
+                                    f"{sum(1 for t in x.target if t > 0)} relevant")
+        for x in eval_features:  # an evaluation query with nothing relevant has no rank to score
+            if not any(t > 0 for t in x.target):
+                raise DataError(f"{where(x.source[0], x.source[1], config.query_column)}: evaluation query "
+                                f"{x.meta['query']!r} has no relevant document among its {len(x.target)} "
+                                f"candidate(s) (a label above {low})")
+        # one label: the checkpoint is a one-logit sequence classifier, as sentence-transformers' CrossEncoder
+        return EncodedData(train_features, eval_features, LabelSpace(None, {0: "LABEL_0"}), tokenizer.pad_token_id,
+                           {"loss": loss})
+
+    def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
+        """Every candidate pair of the batch's queries, padded (N, T); labels (N,) in [0, 1]; groups (N,)."""
+        pairs = [Features(ids, x.meta["types"][i] if x.meta["types"] is not None else None, None)
+                 for x in items for i, ids in enumerate(x.meta["tokens"])]
+        batch = pad_ids(pairs, data.pad_token_id)
+        batch["labels"] = torch.tensor([g for x in items for g in x.target], dtype=torch.float)  # (N,)
+        batch["groups"] = torch.tensor([b for b, x in enumerate(items) for _ in x.target], dtype=torch.long)  # (N,)
+        return batch
+
+    def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
+             label_smoothing: float) -> torch.Tensor:
+        logits = outputs.logits.float().squeeze(-1)  # (N,)
+        labels = batch["labels"]  # (N,)
+        if data.extra["loss"] == "bce":
+            return F.binary_cross_entropy_with_logits(logits, labels)
+        groups = batch["groups"]  # (N,)
+        n_groups = int(groups.max()) + 1
+        position = torch.arange(len(groups), device=groups.device) - torch.searchsorted(groups, groups)  # (N,)
+        width = int(position.max()) + 1
+        scores = logits.new_full((n_groups, width), float("-inf"))  # (G, W): padding never wins the softmax
+        target = logits.new_zeros((n_groups, width))  # (G, W)
+        scores[groups, position] = logits
+        target[groups, position] = labels
+        keep = target.sum(-1) > 0  # (G,): a group with nothing relevant has no target distribution
+        target = target[keep] / target[keep].sum(-1, keepdim=True)
+        log_p = F.log_softmax(scores[keep], dim=-1).masked_fill(target == 0, 0.0)  # 0 * -inf padding -> 0
+        return -(target * log_p).sum(-1).mean() if keep.any() else logits.sum() * 0.0
+
+    def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                  data: EncodedData) -> list[Any]:
+        logits = outputs.logits.float().squeeze(-1).cpu().numpy()  # (N,)
+        groups = batch["groups"].cpu().numpy()  # (N,)
+        return [(logits[groups == b], np.asarray(x.target), f"{x.source[0]}:{x.source[1]}")
+                for b, x in enumerate(items)]
+
+    def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
+        return metrics.ranking_metrics([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+
+    def write_model_files(self, folder: Path, data: EncodedData) -> None:
+        mark_cross_encoder(folder)  # CrossEncoder puts a sigmoid on the logit, as hfport's pipeline does

