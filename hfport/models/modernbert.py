@@ -89,10 +89,13 @@ def rope_thetas(raw: dict[str, Any], source: str) -> dict[str, float]:
     old = {FULL: "global_rope_theta", SLIDING: "local_rope_theta"}
     thetas = {}
     for kind in LAYER_TYPES:
-        params_ = rope.get(kind) or {"rope_type": "default"}
-        if not isinstance(params_, dict):
+        params_ = rope.get(kind, {"rope_type": "default"})
+        if not isinstance(params_, dict):  # transformers' strict config refuses a null entry too
             raise ConfigError(f"{source}: field 'rope_parameters.{kind}' should be a mapping, got {params_!r}")
         if scaling is not None:
+            if given is not None and kind not in rope:  # transformers updates both entries and fails (KeyError)
+                raise ConfigError(f"{source}: field 'rope_parameters' lacks '{kind}', which 'rope_scaling' "
+                                  "applies to (transformers fails on it)")
             if not isinstance(scaling, dict):
                 raise ConfigError(f"{source}: field 'rope_scaling' should be a mapping, got {scaling!r}")
             params_.update(scaling)
@@ -134,8 +137,9 @@ def modernbert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
                              "sparse_prediction", "initializer_cutoff_factor")},
     }
     return EncoderConfig(
-        model_type="modernbert", vocab_size=v["vocab_size"], hidden_size=hidden, num_hidden_layers=v["num_hidden_layers"],
-        num_attention_heads=heads, intermediate_size=v["intermediate_size"], hidden_act=v["hidden_activation"],
+        model_type="modernbert", vocab_size=v["vocab_size"], hidden_size=hidden,
+        num_hidden_layers=v["num_hidden_layers"], num_attention_heads=heads, intermediate_size=v["intermediate_size"],
+        hidden_act=v["hidden_activation"],
         max_position_embeddings=v["max_position_embeddings"], type_vocab_size=0, layer_norm_eps=v["norm_eps"],
         pad_token_id=pad, initializer_range=v["initializer_range"], hidden_dropout=v["embedding_dropout"],
         attention_dropout=v["attention_dropout"], classifier_dropout=v["classifier_dropout"],
