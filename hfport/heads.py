@@ -9,45 +9,98 @@ from torch import Tensor, nn
 from .nn.activations import Activation
 
 
+class PredictionHead(nn.Module):
+    """dense -> act -> LayerNorm, each bias optional: ModernBERT's prediction head, which its classification, token,
+    QA and MLM heads all put on the encoder output. Given to a head as `transform=dict(act=, eps=, ...)`."""
+
+    def __init__(self, hidden_size: int, act: str, eps: float, dense_bias: bool = True, norm_bias: bool = True):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size, bias=dense_bias)
+        self.act = Activation(act)
+        self.norm = nn.LayerNorm(hidden_size, eps=eps, bias=norm_bias)
+
+    def forward(self, x: Tensor) -> Tensor:  # (.., C) -> (.., C)
+        return self.norm(self.act(self.dense(x)))
+
+
+def _transform(hidden_size: int, transform: dict | None) -> PredictionHead | None:
+    return PredictionHead(hidden_size, **transform) if transform is not None else None
+
+
+POOLINGS = ("first", "mean")  # the sequence classifier's features: the first token's state, or the real tokens' mean
+
+
+def pool(hidden: Tensor, attention_mask: Tensor | None, how: str, first_real: bool = False) -> Tensor:
+    """(B, T, C) -> (B, C). "mean" averages the real positions (all when there is no mask). "first" reads position
+    0, or with first_real each sequence's first real token (left padding)."""
+    if how == "mean":
+        if attention_mask is None:
+            return hidden.mean(dim=1)
+        mask = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1)  # (B, C)
+    if first_real and attention_mask is not None:
+        first = attention_mask.int().argmax(dim=1)  # (B,)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, C)
+    return hidden[:, 0]  # (B, C)
+
+
 class SequenceClassificationHead(nn.Module):
-    """[pre-dropout -> dense -> act] -> dropout -> out.
+    """[pre-dropout -> dense -> act] [-> transform] -> dropout -> out, on the pooled features.
 
     BERT/ALBERT feed the pooler output straight to dropout -> out; RoBERTa, DistilBERT and DeBERTa put their
-    own dense layer on the first token (`dense_act` names its activation)."""
+    own dense layer on the first token (`dense_act` names its activation); ModernBERT its prediction head
+    (`transform`) on the first token or the mean of the real tokens (`pooling`)."""
 
     def __init__(self, hidden_size: int, num_labels: int, dropout: float, *, dense_act: str | None = None,
-                 pre_dropout: float = 0.0, dense_size: int | None = None):
+                 pre_dropout: float = 0.0, dense_size: int | None = None, transform: dict | None = None,
+                 pooling: str = "first"):
         super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling {pooling!r} is not one of {list(POOLINGS)}")
         dense_size = dense_size or hidden_size
+        self.pooling = pooling
         self.pre_dropout = nn.Dropout(pre_dropout)
         self.dense = nn.Linear(hidden_size, dense_size) if dense_act else None
         self.act = Activation(dense_act) if dense_act else None
+        self.transform = _transform(hidden_size, transform)
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(dense_size if dense_act else hidden_size, num_labels)
 
     def forward(self, features: Tensor) -> Tensor:  # (B, C) -> (B, L)
         if self.dense is not None:
             features = self.act(self.dense(self.pre_dropout(features)))
+        if self.transform is not None:
+            features = self.transform(features)
         return self.out(self.dropout(features))
 
 
 class TokenClassificationHead(nn.Module):
-    def __init__(self, hidden_size: int, num_labels: int, dropout: float):
+    """[transform ->] dropout -> out."""
+
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float, transform: dict | None = None):
         super().__init__()
+        self.transform = _transform(hidden_size, transform)
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(hidden_size, num_labels)
 
     def forward(self, hidden: Tensor) -> Tensor:  # (B, T, C) -> (B, T, L)
+        if self.transform is not None:
+            hidden = self.transform(hidden)
         return self.out(self.dropout(hidden))
 
 
 class QuestionAnsweringHead(nn.Module):
-    def __init__(self, hidden_size: int, dropout: float = 0.0):
+    """[transform ->] dropout -> qa (2 outputs: start, end)."""
+
+    def __init__(self, hidden_size: int, dropout: float = 0.0, transform: dict | None = None):
         super().__init__()
+        self.transform = _transform(hidden_size, transform)
         self.dropout = nn.Dropout(dropout)
         self.qa = nn.Linear(hidden_size, 2)
 
     def forward(self, hidden: Tensor) -> tuple[Tensor, Tensor]:  # (B, T, C) -> 2 x (B, T)
+        if self.transform is not None:
+            hidden = self.transform(hidden)
         start, end = self.qa(self.dropout(hidden)).split(1, dim=-1)
         return start.squeeze(-1).contiguous(), end.squeeze(-1).contiguous()
 
@@ -55,16 +108,18 @@ class QuestionAnsweringHead(nn.Module):
 class MaskedLMHead(nn.Module):
     """dense -> act -> LayerNorm -> decoder. The decoder weight is the word embedding matrix unless the
     config unties it. Untied, BERT-style heads (`decoder_bias=True`) compute with the decoder's own bias and keep
-    `bias` unused, exactly as transformers 5 does (and saves both); DistilBERT's decoder bias is `bias` itself."""
+    `bias` unused, exactly as transformers 5 does (and saves both); DistilBERT's decoder bias is `bias` itself.
+    ModernBERT switches biases off: `dense_bias`, `norm_bias`, and `output_bias` (no logits bias at all)."""
 
     def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, act: str, eps: float,
-                 tied: bool = True, decoder_bias: bool = False):
+                 tied: bool = True, decoder_bias: bool = False, *, dense_bias: bool = True, norm_bias: bool = True,
+                 output_bias: bool = True):
         super().__init__()
-        self.dense = nn.Linear(hidden_size, embedding_size)
+        self.dense = nn.Linear(hidden_size, embedding_size, bias=dense_bias)
         self.act = Activation(act)
-        self.norm = nn.LayerNorm(embedding_size, eps=eps)
+        self.norm = nn.LayerNorm(embedding_size, eps=eps, bias=norm_bias)
         self.decoder = None if tied else nn.Linear(embedding_size, vocab_size, bias=decoder_bias)
-        self.bias = nn.Parameter(torch.zeros(vocab_size))
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if output_bias else None
 
     def forward(self, hidden: Tensor, word_embeddings: Tensor) -> Tensor:  # (B, T, C) -> (B, T, V)
         x = self.norm(self.act(self.dense(hidden)))  # (B, T, E)

@@ -96,7 +96,7 @@ def init_module(module: nn.Module, std: float) -> None:
             module.weight.fill_(1.0)
         if module.bias is not None:
             module.bias.zero_()
-    elif isinstance(module, MaskedLMHead):
+    elif isinstance(module, MaskedLMHead) and module.bias is not None:  # ModernBERT may have no logits bias
         module.bias.zero_()
 
 

@@ -90,7 +90,7 @@ def test_layers_see_only_real_tokens(family: str, tmp_path) -> None:
     save_hf(family, "base", tmp_path)
     model = hfport.AutoModel.from_pretrained(tmp_path)
     rows: list[int] = []
-    ffns = [m for m in model.modules() if m.__class__.__name__ == "FeedForward"]
+    ffns = [m for m in model.modules() if m.__class__.__name__ in ("FeedForward", "GatedFeedForward")]
     hooks = [m.register_forward_hook(lambda mod, args, out: rows.append(args[0].shape[:-1].numel())) for m in ffns]
     inputs = batch(family, lengths=LENGTHS)
     out = model(**inputs)

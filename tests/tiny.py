@@ -33,6 +33,13 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "albert": ("AlbertConfig", dict(vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=3,
                                     num_hidden_groups=2, inner_group_num=2, num_attention_heads=4,
                                     intermediate_size=37, max_position_embeddings=128)),
+    # 3 layers: global, sliding, sliding (global_attn_every_n_layers 3); a 16-token window, so the 70- and 41-token
+    # sequences of the batches exceed it. Biases are ModernBERT-base's (off but the decoder's); test_modernbert.py
+    # turns each on.
+    "modernbert": ("ModernBertConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3,
+                                            num_attention_heads=4, intermediate_size=37, max_position_embeddings=128,
+                                            local_attention=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                            cls_token_id=1, sep_token_id=2)),
 }
 # DeBERTa-v3's layout (bucketed relative positions: a 70-token sequence exceeds 8 buckets) plus v2-xlarge's
 # convolution, so the packed path's relative bias and conv round trip are both exercised. Its parity against

@@ -5,7 +5,9 @@ from .bert import BERT
 from .deberta_v2 import DEBERTA_V2
 from .distilbert import DISTILBERT
 from .family import Family
+from .modernbert import MODERNBERT
 from .roberta import ROBERTA
 from .xlm_roberta import XLM_ROBERTA
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, DEBERTA_V2)}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, DEBERTA_V2,
+                                                            MODERNBERT)}

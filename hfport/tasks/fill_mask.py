@@ -11,12 +11,13 @@ from ..outputs import MaskedLMOutput
 from .task import Task
 
 
-def mlm_head(c: EncoderConfig, *, act: str | None = None, tied: bool | None = None,
-             decoder_bias: bool = True) -> MaskedLMHead:
+def mlm_head(c: EncoderConfig, *, act: str | None = None, tied: bool | None = None, decoder_bias: bool = True,
+             **biases: bool) -> MaskedLMHead:
     """BERT's head by default: the config's activation, decoder tied unless the config unties it, an untied
-    decoder with its own bias. RoBERTa fixes the activation; DistilBERT's and DeBERTa's decoders use `bias`."""
+    decoder with its own bias. RoBERTa fixes the activation; DistilBERT's and DeBERTa's decoders use `bias`;
+    ModernBERT turns biases off (`biases`: dense_bias, norm_bias, output_bias)."""
     return MaskedLMHead(c.hidden_size, c.embedding_size, c.vocab_size, act or c.hidden_act, c.layer_norm_eps,
-                        tied=c.tie_word_embeddings if tied is None else tied, decoder_bias=decoder_bias)
+                        tied=c.tie_word_embeddings if tied is None else tied, decoder_bias=decoder_bias, **biases)
 
 
 class EncoderForMaskedLM(PreTrainedEncoder):

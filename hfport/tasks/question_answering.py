@@ -12,8 +12,9 @@ from ..outputs import QuestionAnsweringOutput
 from .task import Task
 
 
-def qa_head(c: EncoderConfig, *, dropout: float = 0.0) -> QuestionAnsweringHead:
-    return QuestionAnsweringHead(c.hidden_size, dropout)
+def qa_head(c: EncoderConfig, *, dropout: float = 0.0, transform: dict | None = None) -> QuestionAnsweringHead:
+    """dropout -> qa; `transform`: a prediction head before (ModernBERT)."""
+    return QuestionAnsweringHead(c.hidden_size, dropout, transform)
 
 
 class EncoderForQuestionAnswering(PreTrainedEncoder):

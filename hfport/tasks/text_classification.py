@@ -5,18 +5,20 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..config import EncoderConfig
-from ..heads import SequenceClassificationHead, infer_problem_type, sequence_classification_loss
+from ..heads import SequenceClassificationHead, infer_problem_type, pool, sequence_classification_loss
 from ..modeling import PreTrainedEncoder
 from ..outputs import SequenceClassifierOutput
 from .task import Task
 
 
 def classification_head(c: EncoderConfig, *, dropout: float | None = None, dense_act: str | None = None,
-                        pre_dropout: float = 0.0, dense_size: int | None = None) -> SequenceClassificationHead:
+                        pre_dropout: float = 0.0, dense_size: int | None = None, transform: dict | None = None,
+                        pooling: str = "first") -> SequenceClassificationHead:
     """BERT's head by default (dropout -> out on the pooler output); a family's options add the dense layer
-    RoBERTa, DistilBERT and DeBERTa put before it."""
+    RoBERTa, DistilBERT and DeBERTa put before it, or ModernBERT's prediction head (`transform`) and pooling."""
     return SequenceClassificationHead(c.hidden_size, c.num_labels, c.classifier_dropout if dropout is None else dropout,
-                                      dense_act=dense_act, pre_dropout=pre_dropout, dense_size=dense_size)
+                                      dense_act=dense_act, pre_dropout=pre_dropout, dense_size=dense_size,
+                                      transform=transform, pooling=pooling)
 
 
 class EncoderForSequenceClassification(PreTrainedEncoder):
@@ -26,7 +28,11 @@ class EncoderForSequenceClassification(PreTrainedEncoder):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, labels: Tensor | None = None) -> SequenceClassifierOutput:
         hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids)
-        logits = self.head(pooled if pooled is not None else hidden[:, 0])  # (B, L)
+        if pooled is None:
+            # "first": padding-free, padding positions hold zeros, so a left-padded sequence is read at its first
+            # real token; padding_free=False reads position 0 as transformers does
+            pooled = pool(hidden, attention_mask, self.head.pooling, first_real=self.padding_free)  # (B, C)
+        logits = self.head(pooled)  # (B, L)
         loss = None
         if labels is not None:
             if self.config.problem_type is None:  # transformers records the inferred type in the config

@@ -11,8 +11,11 @@ from ..outputs import TokenClassifierOutput
 from .task import Task
 
 
-def token_head(c: EncoderConfig, *, dropout: float | None = None) -> TokenClassificationHead:
-    return TokenClassificationHead(c.hidden_size, c.num_labels, c.classifier_dropout if dropout is None else dropout)
+def token_head(c: EncoderConfig, *, dropout: float | None = None, transform: dict | None = None
+               ) -> TokenClassificationHead:
+    """dropout -> out; `transform`: a prediction head before (ModernBERT)."""
+    return TokenClassificationHead(c.hidden_size, c.num_labels, c.classifier_dropout if dropout is None else dropout,
+                                   transform)
 
 
 class EncoderForTokenClassification(PreTrainedEncoder):
