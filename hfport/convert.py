@@ -10,7 +10,6 @@ are copied; the result is written to a staging folder and renamed into place, so
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
@@ -77,7 +76,7 @@ def convert(folder: str | os.PathLike[str], out: str | os.PathLike[str], *, max_
             state[key], owner[key] = tensor, path.name
     index = folder / hub.PT_INDEX
     if index.is_file():
-        listed = set(read_index(index))
+        listed = set(hub.read_weight_map(index))
         missing = sorted(listed - set(state))
         if missing:
             raise CheckpointError(f"{index}: tensors listed but not in their shard: {missing[:5]}")
@@ -94,22 +93,12 @@ def convert(folder: str | os.PathLike[str], out: str | os.PathLike[str], *, max_
     return ConvertResult(out, [p.name for p in sources], len(state), dropped, files, copied, skipped)
 
 
-def read_index(index: Path) -> dict[str, str]:
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{index}: not a weights index (needs a 'weight_map' object): {e}") from e
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
-    return weight_map
-
-
 def pickled_files(folder: Path) -> list[Path]:
     """pytorch_model.bin, or the shards its index names (checked to lie in the folder and exist)."""
     index = folder / hub.PT_INDEX
     if index.is_file():
         paths = []
-        for shard in sorted(set(read_index(index).values())):
+        for shard in sorted(set(hub.read_weight_map(index).values())):
             if Path(shard).name != shard or shard in (".", ".."):
                 raise CheckpointError(f"{index}: shard {shard!r} lies outside the folder")
             if not (folder / shard).is_file():

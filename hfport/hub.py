@@ -146,6 +146,17 @@ def pickle_advice(folder: Path, pickles: list[str]) -> str:
     return advice
 
 
+def read_weight_map(index: Path, kind: str = "a weights index") -> dict[str, str]:
+    """An index file's weight_map (tensor name -> shard file name); KIND names the file in the error."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index}: not {kind} (needs a 'weight_map' object): {e}") from e
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
+    return weight_map
+
+
 @dataclass
 class Checkpoint:
     """The tensors of a folder, by name, read lazily from their (validated) files."""
@@ -159,12 +170,7 @@ class Checkpoint:
         ckpt = cls(folder)
         index = folder / SAFE_INDEX
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-                raise CheckpointError(f"{index}: not a safetensors index (needs a 'weight_map' object): {e}") from e
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-                raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
+            weight_map = read_weight_map(index, "a safetensors index")
             shards = sorted(set(weight_map.values()))
             for shard in shards:
                 # Checked by name, not by resolved path: HF cache snapshots hold symlinks into ../../blobs.

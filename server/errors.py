@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hfport.errors import HfportError
@@ -32,12 +35,33 @@ def error_response(status: int, message: str, error_type: str, headers: dict[str
     return JSONResponse({"error": message, "error_type": error_type}, status_code=status, headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def validation_message(exc: RequestValidationError | ValidationError) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
         parts.append(f"{loc}: {err.get('msg')}")
     return "; ".join(parts) or "invalid request"
+
+
+class ShapedErrorRoute(APIRoute):
+    """A route that answers the errors in `shaped` in its API's own shape (`shape`) rather than hfport's; the app's
+    handlers (install) answer the rest."""
+
+    shaped: tuple[type[Exception], ...] = ()
+
+    def shape(self, exc: Exception) -> Response:
+        raise NotImplementedError
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except self.shaped as e:
+                return self.shape(e)
+
+        return route
 
 
 def install(app: FastAPI) -> None:
@@ -53,7 +77,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, _validation_message(exc), "ValidationError")
+        return error_response(422, validation_message(exc), "ValidationError")
 
     @app.exception_handler(HfportError)
     async def _hfport(request: Request, exc: HfportError) -> JSONResponse:

@@ -7,8 +7,13 @@ repo id in the local HF cache; the run folder's layout is RunDir's (hfport/rundi
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +22,9 @@ from ..errors import HfportError
 from ..rundir import MODELS, RunDir, RunSummary
 from ..tasks import TASKS
 from ..tokenizer import SLOW_FILES, TOKENIZER_FILE, has_tokenizer_files
+
+if TYPE_CHECKING:
+    from ..modeling import PreTrainedEncoder
 
 WHICH = MODELS  # a run's model folders: best/, final/
 EXPORT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -102,3 +110,46 @@ def check_places(source: Source, out: Path) -> None:
             raise ExportError(f"--out {out} lies inside the source {place}; choose a folder outside it")
         if out_r in place.parents:
             raise ExportError(f"--out {out} contains the source {place}; replacing it would delete the source")
+
+
+def export_config(model: PreTrainedEncoder, architecture: str, dtype: torch.dtype) -> dict[str, Any]:
+    """The source config.json, with the head's metadata as the loaded model has it, the dtype and hfport version."""
+    from ..version import __version__
+
+    out = model.config.to_hf_dict(architecture)
+    out.pop("torch_dtype", None)
+    out["dtype"] = DTYPE_NAMES[dtype]
+    out["hfport_version"] = __version__
+    return out
+
+
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A hidden sibling folder to write the export into; it replaces OUT when the body returns. If the body (or the
+    rename) fails, the staging folder is removed and OUT is left as it was; an OSError becomes an ExportError."""
+    staging = hub.staging_dir(out)
+    try:
+        yield staging
+        _replace(staging, out)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ExportError(f"{out}: writing the export failed ({e.strerror or e}); "
+                          + ("the previous folder is unchanged" if out.exists() else "nothing was left there")) from e
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _replace(staging: Path, out: Path) -> None:
+    """Rename the finished staging folder to OUT; an old OUT is moved aside first and restored if that fails."""
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    aside = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.old"
+    os.replace(out, aside)
+    try:
+        os.replace(staging, out)
+    except BaseException:
+        os.replace(aside, out)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,12 +19,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .. import hub
-from ..modeling import PreTrainedEncoder
 from ..tasks import load_any
 from ..tokenizer import copy_tokenizer_files
 from .card import model_card
-from .common import (DTYPE_NAMES, EXPORT_DTYPES, WHICH, ExportError, check_places, no_tokenizer_message,
-                     resolve_source, tokenizer_folder)
+from .common import (DTYPE_NAMES, EXPORT_DTYPES, WHICH, ExportError, check_places, export_config,
+                     no_tokenizer_message, resolve_source, staged, tokenizer_folder)
 from .sentence_transformers import copy_layout as copy_st_layout
 from .verify import VerifyFailed, VerifyReport
 from .verify import verify as verify_folder
@@ -142,11 +139,9 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
     task = model.task
     model = model.to(torch_dtype)
 
-    staging = hub.staging_dir(out)
-    result = None
-    try:
+    with staged(out) as staging:
         files = hub.save_weights(model.hf_state_dict(), staging, limit)
-        config = _export_config(model, architecture, torch_dtype)
+        config = export_config(model, architecture, torch_dtype)
         del model  # verify loads the source afresh, in float32
         hub.write_json_atomic(staging / "config.json", config)
         copy_tokenizer_files(tok_folder, staging)
@@ -160,38 +155,5 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
             if not result.report.passed:
                 raise VerifyFailed(f"{out}: the export does not match {source.model}; nothing was written\n"
                                    + result.report.table(), result.report)
-        _replace(staging, out)
-    except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ExportError(f"{out}: writing the export failed ({e.strerror or e}); "
-                          + ("the previous folder is unchanged" if out.exists() else "nothing was left there")) from e
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return result
 
-
-def _export_config(model: PreTrainedEncoder, architecture: str, dtype: torch.dtype) -> dict[str, Any]:
-    """The source config.json, with the head's metadata as the loaded model has it, the dtype and hfport version."""
-    from ..version import __version__
-
-    out = model.config.to_hf_dict(architecture)
-    out.pop("torch_dtype", None)
-    out["dtype"] = DTYPE_NAMES[dtype]
-    out["hfport_version"] = __version__
-    return out
-
-
-def _replace(staging: Path, out: Path) -> None:
-    """Rename the finished staging folder to OUT; an old OUT is moved aside first and restored if that fails."""
-    if not out.exists():
-        os.replace(staging, out)
-        return
-    aside = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.old"
-    os.replace(out, aside)
-    try:
-        os.replace(staging, out)
-    except BaseException:
-        os.replace(aside, out)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)

@@ -49,10 +49,8 @@ import json
 import logging
 import os
 import shutil
-import uuid
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,8 +61,8 @@ from torch import Tensor, nn
 from .. import hub
 from ..modeling import PreTrainedEncoder
 from ..tasks import load_any
-from .common import TRANSFORMERS_AUTO, ExportError, resolve_source
-from .verify import VerifyFailed, VerifyReport
+from .common import TRANSFORMERS_AUTO, ExportError, export_config, resolve_source, staged
+from .verify import VerifyFailed, VerifyReport, check_row
 from ..pipelines.onnx_backend import (DYNAMIC_AXES, GRAPH_OUTPUTS, INSTALL_HINT, ONNX_FILE, QUANTIZED_FILE, OnnxModel,
                                      OnnxModelError, check_signature, graph_inputs, open_session, read_folder_config)
 from ..tokenizer import SLOW_FILES, TOKENIZER_FILE, TOKENIZER_FILES, AutoTokenizer
@@ -170,14 +168,13 @@ def export_onnx(src: str | os.PathLike[str], out: str | os.PathLike[str], *, whi
                           f"{model.task} head")
     tok_folder = _tokenizer_folder(source)
 
-    staging = hub.staging_dir(out)
-    try:
+    with staged(out) as staging:
         _trace(model, tok_folder, staging / ONNX_FILE, opset)
         graphs = [ONNX_FILE]
         if quantize is not None:
             kept_fp32 = _quantize(staging / ONNX_FILE, staging / QUANTIZED_FILE, per_channel)
             graphs.append(QUANTIZED_FILE)
-        config = _export_config(model, architecture)
+        config = export_config(model, architecture, torch.float32)
         hub.write_json_atomic(staging / "config.json", config)
         for name in TOKENIZER_FILES:
             if (tok_folder / name).is_file():
@@ -198,14 +195,6 @@ def export_onnx(src: str | os.PathLike[str], out: str | os.PathLike[str], *, whi
         if not result.report.passed:
             raise VerifyFailed(f"{out}: the ONNX export does not match {source.model}; nothing was written\n"
                                + result.report.table(), result.report)
-        _publish(staging, out)
-    except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ExportError(f"{out}: writing the export failed ({e.strerror or e}); "
-                          + ("the previous folder is unchanged" if out.exists() else "nothing was left there")) from e
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return result
 
 
@@ -233,16 +222,6 @@ def _tokenizer_folder(source: Any) -> Path:
             return folder
     raise ExportError(f"{source.model}: no tokenizer files ({TOKENIZER_FILE} or one of {', '.join(SLOW_FILES)}); "
                       "the ONNX folder needs them to be verified and served")
-
-
-def _export_config(model: PreTrainedEncoder, architecture: str) -> dict[str, Any]:
-    from ..version import __version__
-
-    config = model.config.to_hf_dict(architecture)
-    config.pop("torch_dtype", None)
-    config["dtype"] = "float32"
-    config["hfport_version"] = __version__
-    return config
 
 
 @torch.no_grad()
@@ -316,35 +295,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _publish(staging: Path, out: Path) -> None:
-    """Rename the verified staging folder to OUT; an old OUT is moved aside first and restored if that fails."""
-    if not out.exists():
-        os.replace(staging, out)
-        return
-    aside = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.old"
-    os.replace(out, aside)
-    try:
-        os.replace(staging, out)
-    except BaseException:
-        os.replace(aside, out)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
-
-
 def _max_length(max_positions: int) -> int:
     return min(PROBE_MAX_LENGTH, max_positions - 2)  # room for RoBERTa's position offset
 
 
 # --- verify -------------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def _check(report: VerifyReport, check: str, output: str) -> Iterator[None]:
-    """A check that raises is a failed row naming the exception: verify fails closed."""
-    try:
-        yield
-    except Exception as e:  # noqa: BLE001 - every failure must become a FAIL row, never a pass
-        report.add(check, output, False, detail=f"{type(e).__name__}: {e}")
 
 
 def verify_onnx(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *, which: str = "best",
@@ -358,7 +313,7 @@ def verify_onnx(dir: str | os.PathLike[str], source: str | os.PathLike[str] | No
     report.atol, report.rtol = (FP32_TOLERANCE[0] if atol is None else atol,
                                 FP32_TOLERANCE[1] if rtol is None else rtol)
     try:
-        with _check(report, "verify", "run"):
+        with check_row(report, "verify", "run"):
             _check_thresholds(min_agreement, min_cosine)
             require_onnx()
             _verify(folder, source, which, min_agreement, min_cosine, report)
@@ -373,7 +328,7 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
     if not folder.is_dir():
         raise ExportError(f"{folder}: no such folder")
     ctx: dict[str, Any] = {}
-    with _check(report, "config", "config.json"):
+    with check_row(report, "config", "config.json"):
         raw, family, config, task = read_folder_config(folder)
         ctx.update(raw=raw, config=config, task=task)
         report.add("config", "config.json", True, detail=f"{family.model_type} {task}")
@@ -382,7 +337,7 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
     task = ctx["task"]
     manifest = None
     if (folder / MANIFEST).is_file():
-        with _check(report, "files", MANIFEST):
+        with check_row(report, "files", MANIFEST):
             manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
             if not isinstance(manifest, dict):
                 raise ExportError(f"{folder / MANIFEST}: the top level must be a JSON object")
@@ -391,10 +346,10 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
     for name in (ONNX_FILE, QUANTIZED_FILE):
         if name == QUANTIZED_FILE and not (folder / name).is_file():
             continue
-        with _check(report, "graph", name):
+        with check_row(report, "graph", name):
             graphs[name] = _check_graph(report, folder / name, ctx["config"], task)
         if manifest is not None:
-            with _check(report, "files", name):
+            with check_row(report, "files", name):
                 want = (manifest.get("sha256") or {}).get(name)
                 have = _sha256(folder / name)
                 report.add("files", name, have == want, tolerance="sha256 as recorded at export",
@@ -403,7 +358,7 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
     if ONNX_FILE not in graphs:
         return
 
-    with _check(report, "source", str(source_arg or "")):
+    with check_row(report, "source", str(source_arg or "")):
         if source_arg is None:
             recorded = (manifest or {}).get("source")
             if not recorded:
@@ -417,7 +372,7 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
         report.source = str(src.model)
         ctx.update(ours=ours, source=src.model)
     batches: dict[str, dict[str, Tensor]] = {}
-    with _check(report, "tokenizer", "probes"):
+    with check_row(report, "tokenizer", "probes"):
         batches = _probe_batches(folder, task, ctx["config"])
         report.add("tokenizer", "probes", True, shape=f"{len(batches)} batches",
                    detail=", ".join(f"{k} {tuple(v['input_ids'].shape)}" for k, v in batches.items()))
@@ -430,7 +385,7 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
     if "ours" in ctx:
         refs = {name: _run(ctx["ours"], enc, task) for name, enc in batches.items()}
         _compare_all(report, "fp32 vs hfport", onnx_out, refs, batches, task, tol)
-        with _check(report, "fp32 vs transformers", "load"):
+        with check_row(report, "fp32 vs transformers", "load"):
             theirs = _load_transformers(ctx["source"], task)
             if theirs is not None:
                 refs = {name: _run(theirs, enc, task) for name, enc in batches.items()}
@@ -439,7 +394,7 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
     if QUANTIZED_FILE in graphs:
         agree, threshold, what = AGREEMENT[task]
         for name, enc in batches.items():
-            with _check(report, "int8 vs fp32", f"{name}/{what}"):
+            with check_row(report, "int8 vs fp32", f"{name}/{what}"):
                 value, n = agree(_run(graphs[QUANTIZED_FILE], enc, task), onnx_out[name], enc, ctx["config"])
                 bound = min_cosine if threshold == "cosine" else min_agreement
                 report.add("int8 vs fp32", f"{name}/{what} {value:.4f}", value >= bound, shape=f"{n} items",
@@ -502,7 +457,7 @@ def _compare_all(report: VerifyReport, check: str, got: dict[str, dict[str, Tens
                  tol: str) -> None:
     for batch, outputs in got.items():
         for name, rank_field in GRAPH_OUTPUTS[task].items():
-            with _check(report, check, f"{batch}/{name}"):
+            with check_row(report, check, f"{batch}/{name}"):
                 a, b = outputs[name], refs[batch].get(name)
                 if b is None or a.shape != b.shape:
                     raise ExportError(f"shape {list(a.shape)} vs reference {None if b is None else list(b.shape)}")

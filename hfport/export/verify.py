@@ -137,7 +137,7 @@ class VerifyFailed(ExportError):
 
 
 @contextmanager
-def _check(report: VerifyReport, check: str, output: str) -> Iterator[None]:
+def check_row(report: VerifyReport, check: str, output: str) -> Iterator[None]:
     """A check that raises is a failed row naming the exception: verify fails closed."""
     try:
         yield
@@ -181,7 +181,7 @@ def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str], *, atol:
     folder = Path(dir).expanduser()
     report = VerifyReport(label or str(folder), str(source))
     try:
-        with _check(report, "verify", "run"):  # anything not caught by one check (transformers missing, say)
+        with check_row(report, "verify", "run"):  # anything not caught by one check (transformers missing, say)
             _verify(folder, source, which, atol, rtol, report)
     finally:
         if json_path is not None:
@@ -192,7 +192,7 @@ def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str], *, atol:
 def _verify(folder: Path, source_arg: Any, which: str, atol: float | None, rtol: float | None,
             report: VerifyReport) -> None:
     ctx: dict[str, Any] = {}
-    with _check(report, "config", "config.json"):
+    with check_row(report, "config", "config.json"):
         if not folder.is_dir():
             raise ExportError(f"{folder}: no such folder")
         raw, cfg_source = hub.read_config(folder)
@@ -214,7 +214,7 @@ def _verify(folder: Path, source_arg: Any, which: str, atol: float | None, rtol:
     raw, task = ctx["raw"], ctx["task"]
     tol = f"atol={report.atol:g} rtol={report.rtol:g}"
 
-    with _check(report, "source", str(source_arg)):
+    with check_row(report, "source", str(source_arg)):
         src = resolve_source(source_arg, which)
         ours = load_any(src.model, dtype=torch.float32)
         if ours.task != task:
@@ -224,26 +224,26 @@ def _verify(folder: Path, source_arg: Any, which: str, atol: float | None, rtol:
     ours: PreTrainedEncoder | None = ctx.get("ours")
 
     if ours is not None:
-        with _check(report, "labels", "id2label/label2id"):
+        with check_row(report, "labels", "id2label/label2id"):
             _check_labels(report, raw, ours)
-        with _check(report, "weights", "model.safetensors"):
+        with check_row(report, "weights", "model.safetensors"):
             _check_weights(report, folder, ours)
 
     theirs = None
     with _quiet_transformers() as transformers:
-        with _check(report, "load", TRANSFORMERS_AUTO[task]):
+        with check_row(report, "load", TRANSFORMERS_AUTO[task]):
             theirs = _load_transformers(report, transformers, folder, task, raw)
         batches: dict[str, dict[str, Tensor]] = {}
-        with _check(report, "tokenizer", "load"):
+        with check_row(report, "tokenizer", "load"):
             batches = _check_tokenizer(report, transformers, folder, task, raw)
     if ours is not None:  # a sentence-transformers folder (embeddings, cross-encoder): its own loader agrees too
-        with _check(report, "sentence-transformers", "load"):
+        with check_row(report, "sentence-transformers", "load"):
             verify_st(report, folder, raw, ours, Path(report.source), PROBE_TEXTS, PROBE_PAIRS)
     if ours is None or theirs is None or not batches:
         return
     for name, enc in batches.items():
         for out_name in OUTPUTS[task]:
-            with _check(report, "outputs", f"{name}/{out_name}"):
+            with check_row(report, "outputs", f"{name}/{out_name}"):
                 _compare(report, name, out_name, ours, theirs, enc, task, tol)
 
 

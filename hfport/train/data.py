@@ -236,6 +236,31 @@ def split_off(items: list[Features], fraction: float, seed: int) -> tuple[list[F
     return [x for i, x in enumerate(items) if i not in held], [items[i] for i in sorted(held)]
 
 
+
+def encode_splits(encode: Callable[[Path, Any], list[Features]], train_path: Path, train: Any,
+                  eval_path: Path | None, evaluation: Any, fraction: float,
+                  seed: int) -> tuple[list[Features], list[Features]]:
+    """(train, eval) examples, encoded: EVAL_PATH's rows when it is given, else a seeded held-out fraction of
+    train's (split_off)."""
+    train_features = encode(train_path, train)
+    if eval_path is None:
+        return split_off(train_features, fraction, seed)
+    return train_features, encode(eval_path, evaluation)
+
+
+def number_in_range(r: Record, column: str, path: Path, score_range: tuple[float, float], what: str) -> float:
+    """Row R's COLUMN as a number within score_range (the number is called WHAT in the error)."""
+    value = field_of(r, column, path)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{where(path, r.line, column)}: expected a number, got {value!r}")
+    low, high = score_range
+    if not low <= number <= high or number != number:
+        raise DataError(f"{where(path, r.line, column)}: {what} {number} is outside score_range [{low}, {high}]; "
+                        "set score_range to the data's scale")
+    return number
+
 MEGA_BUCKET_STEPS = 50  # optimizer steps' worth of examples sorted together: long enough that neighbours in
 #                          length are close, short enough that every part of the shuffled epoch mixes in
 

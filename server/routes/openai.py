@@ -9,18 +9,16 @@ from __future__ import annotations
 import base64
 import struct
 import time
-from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..deps import ModelServiceDep, StoreDep
-from ..errors import ApiError
-from .tei import _validation_message, infer, served, set_timing
+from ..errors import ApiError, ShapedErrorRoute, validation_message
+from .tei import infer, served, set_timing
 
 # hfport's error types -> OpenAI's (type, code)
 OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_exceeded",
@@ -36,24 +34,18 @@ def openai_error(status: int, message: str, code: str | None = None, param: str 
                         status_code=status, headers=headers)
 
 
-class OpenAIRoute(APIRoute):
+class OpenAIRoute(ShapedErrorRoute):
     """Every error of these routes leaves in OpenAI's shape (validation: 400 invalid_request_error, as OpenAI)."""
 
-    def get_route_handler(self) -> Callable:
-        handler = super().get_route_handler()
+    shaped = (RequestValidationError, ApiError)
 
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as e:
-                first = e.errors()[0].get("loc", ()) if e.errors() else ()
-                param = next((str(x) for x in first if x != "body"), None)
-                return openai_error(400, _validation_message(e), "invalid_value", param)
-            except ApiError as e:  # OpenAI answers every invalid request 400
-                status = 400 if e.status == 422 else e.status
-                return openai_error(status, e.message, CODES.get(e.error_type, e.error_type), None, e.headers)
-
-        return route
+    def shape(self, exc: Exception) -> Response:
+        if isinstance(exc, ApiError):
+            status = 400 if exc.status == 422 else exc.status  # OpenAI answers every invalid request 400
+            return openai_error(status, exc.message, CODES.get(exc.error_type, exc.error_type), None, exc.headers)
+        first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
+        param = next((str(x) for x in first if x != "body"), None)
+        return openai_error(400, validation_message(exc), "invalid_value", param)
 
 
 class OpenAIErrorDetail(BaseModel):

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 import hfport
@@ -30,7 +28,7 @@ from hfport.errors import HfportError, ItemError
 from hfport.pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline
 
 from ..deps import ModelServiceDep, StoreDep
-from ..errors import ApiError, error_response
+from ..errors import ApiError, ShapedErrorRoute, error_response, validation_message
 from ..preload import SERVED_TASK
 from ..schemas import ErrorBody, PredictRequest, PredictResponse
 from ..serving import ModelService, Timing
@@ -45,27 +43,13 @@ ITEM_ERRORS = {"PipelineInputError": (413, "Validation"), "TokenizerError": (422
 TIMING_HEADERS = ("x-compute-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
 
 
-def _validation_message(exc: RequestValidationError | ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg')}")
-    return "; ".join(parts) or "invalid request"
-
-
-class TeiRoute(APIRoute):
+class TeiRoute(ShapedErrorRoute):
     """A malformed body answers as TEI does: 422 with error_type "Validation"."""
 
-    def get_route_handler(self) -> Callable:
-        handler = super().get_route_handler()
+    shaped = (RequestValidationError,)
 
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as e:
-                return error_response(422, _validation_message(e), "Validation")
-
-        return route
+    def shape(self, exc: Exception) -> Response:
+        return error_response(422, validation_message(exc), "Validation")
 
 
 router = APIRouter(tags=["tei"], route_class=TeiRoute, responses=TEI_ERRORS)
@@ -457,7 +441,7 @@ async def root(request: Request, response: Response, store: StoreDep, service: M
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            raise ApiError(422, _validation_message(e), "Validation") from e
+            raise ApiError(422, validation_message(e), "Validation") from e
 
     if model.kind == "embedding":
         if isinstance(body.get("inputs"), dict):

@@ -28,7 +28,8 @@ from ... import hub
 from ...errors import ConfigError
 from ...export.sentence_transformers import has_embedding_layout, read_st_pooling, write_embedding_layout
 from ...pipelines.features import pool_embeddings
-from ..data import DataError, EncodedData, Features, Record, field_of, pad_ids, read_records, split_off, where
+from ..data import (DataError, EncodedData, Features, Record, encode_splits, field_of, number_in_range, pad_ids,
+                    read_records, where)
 from ..metrics import retrieval as metrics
 from . import TrainTask
 
@@ -113,19 +114,11 @@ def read_examples(path: Path, config: Any) -> tuple[str, list[tuple[list[str], f
         raise DataError(f"{where(path, records[0].line)}: neither an anchor column ({config.anchor_column!r}, for "
                         f"pairs and triplets) nor a sentence1 column ({config.sentence1_column!r}, for scored pairs); "
                         f"the row has {sorted(first)}")
-    low, high = config.score_range
     out: list[tuple[list[str], float | None, int]] = []
     if scored:
         for r in records:
             texts = [_text(r, config.sentence1_column, path), _text(r, config.sentence2_column, path)]
-            value = field_of(r, config.score_column, path)
-            try:
-                score = float(value)
-            except (TypeError, ValueError):
-                raise DataError(f"{where(path, r.line, config.score_column)}: expected a number, got {value!r}")
-            if not low <= score <= high or score != score:
-                raise DataError(f"{where(path, r.line, config.score_column)}: score {score} is outside score_range "
-                                f"[{low}, {high}]; set score_range to the data's scale")
+            score = number_in_range(r, config.score_column, path, config.score_range, "score")
             out.append((texts, score, r.line))
         return "scored-pairs", out
     triplets = config.negative_column in first
@@ -186,11 +179,8 @@ class SentenceEmbedding(TrainTask):
                                      "types": [types[i] for i in ids] if types is not None else None}))
             return out
 
-        train_features = encode(train_path, train)
-        if eval_path is not None:
-            eval_features = encode(eval_path, evaluation)
-        else:
-            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
+        train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
+                                                      config.eval_fraction, config.seed)
         extra = {"loss": loss, "scale": config.scale, "pooling": pooling, "normalize": normalize,
                  "mini_batch_size": config.mini_batch_size, "hidden_size": raw.get("hidden_size"),
                  "max_length": min(config.max_length, int(raw.get("max_position_embeddings", config.max_length)))}

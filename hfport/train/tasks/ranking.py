@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ...export.sentence_transformers import mark_cross_encoder
-from ..data import DataError, EncodedData, Features, LabelSpace, Record, field_of, pad_ids, read_records, split_off, \
-    where
+from ..data import (DataError, EncodedData, Features, LabelSpace, Record, encode_splits, field_of, number_in_range,
+                    pad_ids, read_records, where)
 from ..metrics import retrieval as metrics
 from . import TrainTask
 
@@ -68,14 +68,7 @@ def read_groups(path: Path, config: Any) -> list[Group]:
                 candidates.append((n, low))
         else:
             group = groups.setdefault(query, Group(query, r.line))
-            value = field_of(r, config.label_column, path)
-            try:
-                label = float(value)
-            except (TypeError, ValueError):
-                raise DataError(f"{where(path, r.line, config.label_column)}: expected a number, got {value!r}")
-            if not low <= label <= high or label != label:
-                raise DataError(f"{where(path, r.line, config.label_column)}: label {label} is outside score_range "
-                                f"[{low}, {high}]; set score_range to the data's scale")
+            label = number_in_range(r, config.label_column, path, config.score_range, "label")
             candidates = [(_text(r, config.text_column, path), label)]
         for text, label in candidates:
             group.texts.append(text)
@@ -111,11 +104,8 @@ class Reranking(TrainTask):
                                     {"tokens": enc["input_ids"], "types": types, "query": g.query}))
             return out
 
-        train_features = encode(train_path, train)
-        if eval_path is not None:
-            eval_features = encode(eval_path, evaluation)
-        else:
-            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
+        train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
+                                                      config.eval_fraction, config.seed)
         if loss == "listwise":
             for x in train_features:
                 if len(x.target) < 2 or not any(x.target):

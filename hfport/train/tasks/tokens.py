@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from ..data import DataError, EncodedData, Features, LabelSpace, _decoded_lines, field_of, pad_ids, read_records, \
-    split_off, where
+from ..data import (DataError, EncodedData, Features, LabelSpace, _decoded_lines, encode_splits, field_of, pad_ids,
+                    read_records, where)
 from ..metrics import tokens as metrics
 from . import TrainTask
 
@@ -189,11 +189,8 @@ class TokenClassification(TrainTask):
                             len(sentences), config.max_length)
             return out
 
-        train_features = encode(train_path, train)
-        if eval_path is not None:
-            eval_features = encode(eval_path, evaluation)
-        else:
-            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
+        train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
+                                                      config.eval_fraction, config.seed)
         return EncodedData(train_features, eval_features, space, tokenizer.pad_token_id)
 
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
