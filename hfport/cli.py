@@ -97,6 +97,14 @@ def finetune(
     eval_steps: Annotated[Optional[int], typer.Option()] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
     freeze: Annotated[Optional[str], typer.Option(help="Comma-separated parameter-name prefixes.")] = None,
+    lora_r: Annotated[Optional[int], typer.Option(help="Train a LoRA adapter of this rank (best/ and final/ then "
+                                                      "hold it in PEFT's format).")] = None,
+    lora_alpha: Annotated[Optional[float], typer.Option(help="LoRA scaling numerator (scale alpha / r).")] = None,
+    lora_dropout: Annotated[Optional[float], typer.Option(help="Dropout on the LoRA input.")] = None,
+    lora_targets: Annotated[Optional[str], typer.Option(help="Comma-separated layers to adapt, hfport or HF names "
+                                                             "(default: attention query and value).")] = None,
+    gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing", help="Recompute activations "
+                                                         "per encoder layer in the backward pass.")] = False,
     resume: Annotated[Optional[str], typer.Option(help="Continue a run: 'latest' (the default when no value "
                                                        "follows) or a checkpoint folder.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a run already in --output-dir.")] = False,
@@ -116,7 +124,10 @@ def finetune(
              "group_by_length": group_by_length, "max_batch_tokens": max_batch_tokens, "lr": lr,
              "precision": precision, "compile": compile_ or None, "max_grad_norm": max_grad_norm,
              "save_steps": save_steps, "eval_steps": eval_steps, "seed": seed, "freeze": freeze, "resume": resume,
-             "overwrite": overwrite or None}
+             "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None}
+    given = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "target_modules": lora_targets}
+    if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on
+        flags["lora"] = {k: v for k, v in given.items() if v is not None}
     try:
         for item in set_ or []:
             key, sep, value = item.partition("=")
@@ -239,6 +250,9 @@ def export(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the verify report here as JSON.")] = None,
     final: Annotated[bool, typer.Option("--final", help="Export a fine-tune run's final/ instead of best/.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing DIR.")] = False,
+    merge: Annotated[bool, typer.Option("--merge", help="A LoRA adapter: write a plain HF folder with the updates "
+                                                        "merged (head included); --verify proves it equals the "
+                                                        "unmerged adapter.")] = False,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Write SRC as a folder transformers loads: config, safetensors weights, tokenizer files and a model card."""
@@ -252,7 +266,7 @@ def export(
     try:
         options = ExportOptions.of(which="final" if final else "best", dtype=dtype, max_shard_size=max_shard_size,
                                    atol=atol, rtol=rtol)
-        result = run(src, out, **options.model_dump(), force=force, verify=verify, json_path=json_path)
+        result = run(src, out, **options.model_dump(), force=force, verify=verify, json_path=json_path, merge=merge)
     except VerifyFailed as e:
         _print_report(e.report, json_path)
         fail(f"{out}: the export does not match {e.report.source}; nothing was written")
@@ -270,8 +284,10 @@ def export(
 @app.command()
 def verify(
     folder: Annotated[str, typer.Argument(metavar="DIR", help="An exported HF folder.")],
-    source: Annotated[str, typer.Option("--source", help="What DIR was exported from (a fine-tune output folder, "
-                                                          "a checkpoint or a model folder).")],
+    source: Annotated[Optional[str], typer.Option("--source", help="What DIR was exported from (a fine-tune output "
+                                                                   "folder, a checkpoint or a model folder); "
+                                                                   "optional for a LoRA adapter folder (compared "
+                                                                   "with hfport's own load of it).")] = None,
     atol: Annotated[Optional[float], typer.Option(help="Absolute tolerance (default by DIR's dtype: fp32 1e-5, "
                                                        "fp16 1e-2, bf16 5e-2).")] = None,
     rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by DIR's dtype: fp32 1e-4, "

@@ -289,9 +289,8 @@ def adapter_state_dict(model: PreTrainedEncoder) -> dict[str, Tensor]:
 
 
 def peft_config(model: PreTrainedEncoder, base: str | None) -> dict[str, Any]:
-    """adapter_config.json: the fields PEFT's LoraConfig reads (defaults for the rest)."""
-    from . import __version__
-
+    """adapter_config.json: the fields PEFT's LoraConfig reads (defaults for the rest; no key of hfport's own,
+    which peft would warn about)."""
     info = model.adapter
     return {
         "peft_type": "LORA", "task_type": PEFT_TASK_TYPES[model.task], "r": info.r, "lora_alpha": info.alpha,
@@ -299,7 +298,7 @@ def peft_config(model: PreTrainedEncoder, base: str | None) -> dict[str, Any]:
         "modules_to_save": list(info.modules_to_save) or None, "base_model_name_or_path": base, "bias": "none",
         "fan_in_fan_out": False, "use_rslora": info.use_rslora, "use_dora": False, "init_lora_weights": True,
         "inference_mode": True, "revision": None, "layers_to_transform": None, "layers_pattern": None,
-        "rank_pattern": {}, "alpha_pattern": {}, "auto_mapping": None, "hfport_version": __version__}
+        "rank_pattern": {}, "alpha_pattern": {}, "auto_mapping": None}
 
 
 def save_adapter(model: PreTrainedEncoder, folder: str | os.PathLike[str], base: str | None = None) -> Path:
@@ -394,6 +393,19 @@ def _check_base(adapter_folder: Path, base_config: Any, adapter_config: Any) -> 
     if wrong:
         raise LoraError(f"{adapter_folder}: the adapter was trained on another base model than "
                         f"{base_config.source}: " + "; ".join(wrong))
+
+
+def check_adapter_base(folder: str | os.PathLike[str], base: str | os.PathLike[str]) -> None:
+    """The adapter folder fits the base model folder: its config is valid and the body's sizes agree."""
+    from .registry import get_family
+
+    folder = Path(folder)
+    read_adapter_config(folder)
+    base_raw, base_source = hub.read_config(hub.resolve(base))
+    base_config = get_family(base_raw.get("model_type"), base_source).config_from_hf(base_raw, base_source)
+    if (folder / "config.json").is_file():
+        raw, source = hub.read_config(folder)
+        _check_base(folder, base_config, get_family(raw.get("model_type"), source).config_from_hf(raw, source))
 
 
 def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *,

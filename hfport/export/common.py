@@ -67,7 +67,7 @@ def resolve_source(src: str | os.PathLike[str], which: str = "best") -> Source:
             raise ExportError(f"{path}: a fine-tune output folder without a {which}/ model (no {model}/config.json)"
                               + (f"; it has {', '.join(h + '/' for h in have)}" if have else ""))
         return Source(path, model, run)
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
         raise ExportError(f"{path}: not a model folder (no config.json) and not a fine-tune output folder "
                           "(no summary.json, best/, final/ or checkpoints/)")
     return Source(path, path, RunDir.containing(path))
