@@ -151,7 +151,11 @@ def test_merge_equals_unmerged_and_leaves_shared_base_alone(bases, tmp_path):
 @pytest.fixture(scope="module")
 def lora_run(workdir, tmp_path_factory) -> Path:  # noqa: F811 - workdir: the fixture imported above
     out = tmp_path_factory.mktemp("lora") / "run"
-    finetune(base_config(workdir, out, epochs=3, lr=3e-3, lora={"r": 8, "alpha": 16, "dropout": 0.1},
+    # every linear layer of the encoder: on a tiny *random* base, q and v alone cannot carry the signal to the
+    # pooler (measured 0.52 accuracy); on a pretrained model they do (docs/benchmarks.md)
+    targets = ["q", "k", "v", "o", "ffn.up", "ffn.down"]
+    finetune(base_config(workdir, out, epochs=3, lr=1e-2, lora={"r": 8, "alpha": 16, "dropout": 0.1,
+                                                               "target_modules": targets},
                          gradient_checkpointing=True), progress=False)
     return out
 
@@ -162,7 +166,8 @@ def test_lora_finetune_writes_a_peft_folder_that_verifies(lora_run, workdir):  #
         p.name for p in best.iterdir()}
     assert not (best / "model.safetensors").exists()
     config = json.loads((best / "adapter_config.json").read_text())
-    assert config["target_modules"] == ["query", "value"] and config["modules_to_save"] == ["classifier"]
+    assert config["target_modules"][:3] == ["query", "key", "value"] and config["modules_to_save"] == ["classifier"]
+    assert {"intermediate.dense", "output.dense"} <= set(config["target_modules"])
     assert config["task_type"] == "SEQ_CLS" and Path(config["base_model_name_or_path"]) == (workdir / "model").resolve()
     summary = json.loads((lora_run / "summary.json").read_text())
     assert summary["best_metric"]["accuracy"] >= 0.9, summary
@@ -196,7 +201,8 @@ def test_export_merge_verify_and_pipeline(lora_run, tmp_path):
     result = hfport.export(lora_run, tmp_path / "merged", merge=True, verify=True)
     assert result.report.passed, result.report.table()
     assert (tmp_path / "merged" / "model.safetensors").is_file()
-    assert any("merged vs adapter" in r.output for r in result.report.rows)
+    assert {r.output for r in result.report.rows if r.check == "outputs"} >= {"texts/logits", "pairs/logits"}, \
+        result.report.table()
     texts = ["the plot was great overall", "the acting was awful overall"]
     via_adapter = hfport.pipeline("text-classification", model=lora_run / "best")(texts, top_k=None)
     via_merged = hfport.pipeline("text-classification", model=tmp_path / "merged")(texts, top_k=None)
