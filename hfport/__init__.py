@@ -2,10 +2,11 @@
 
 The public API is the names below, plus these submodules: hfport.errors (exceptions, ItemError), hfport.train
 (finetune, preflight, FinetuneConfig, resolve_config), hfport.export (export, verify and their options and results),
-hfport.rundir (RunDir, RunSummary),
+hfport.rundir (RunDir, RunSummary), hfport.lora (LoRA adapters in PEFT's format: apply, save, load, merge),
 hfport.pipelines and hfport.tasks (the task records: names, aliases, model classes). The CLI and the server use nothing else.
 """
 
+from . import lora
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelNotFoundError
 from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
@@ -31,6 +32,6 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline", "model_task",
            "ItemError",
            # fine-tuning and its run folder
-           "FinetuneConfig", "finetune", "RunDir", "RunSummary",
+           "FinetuneConfig", "finetune", "RunDir", "RunSummary", "lora",
            # export to an HF folder, with proof
            "ExportError", "ExportOptions", "ExportResult", "VerifyReport", "export", "verify"]

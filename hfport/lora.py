@@ -333,6 +333,13 @@ def save_adapter(model: PreTrainedEncoder, folder: str | os.PathLike[str], base:
     return target
 
 
+def adapter_tokenizer(folder: str | os.PathLike[str], base: str | os.PathLike[str]) -> str:
+    """Where an adapter's tokenizer is: its own folder (hfport writes it there), else the base's (PEFT's folders)."""
+    from .tokenizer import has_tokenizer_files
+
+    return str(folder) if has_tokenizer_files(folder) else str(base)
+
+
 def is_adapter_folder(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
 

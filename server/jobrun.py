@@ -92,8 +92,7 @@ def run_finetune(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
         return {}
     summary = run.summary()
     task = model_task(run.best)
-    from hfport import lora
-
+    lora = hfport.lora
     # a LoRA run's best/ is an adapter: registered over its base, whose weights the adapters share when served
     base = lora.read_adapter_config(run.best).get("base_model_name_or_path") \
         if lora.is_adapter_folder(run.best) else None

@@ -36,6 +36,7 @@ class ModelService:
         self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict")
         self._pipes: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
         self._bases: dict[str, Any] = {}  # base folder -> the bare encoder LoRA adapters over it share
+        self._adapter_bases: dict[tuple[str, str, str], str] = {}  # adapter key -> its base folder
         self._lock = threading.Lock()
         self._loading: dict[tuple[str, str, str], threading.Lock] = {}
         self._batchers: dict[tuple, _Batcher] = {}
@@ -45,10 +46,13 @@ class ModelService:
     def loaded(self) -> int:
         return len(self._pipes)
 
-    def _load(self, key: tuple[str, str, str], base: str | None = None) -> Any:
+    def _load(self, key: tuple[str, str, str]) -> Any:
         """The pipeline for (name, path, task): from the cache, or loaded once (concurrent callers wait). An
-        adapter (`base` given) runs over the base's tensors, loaded once and shared by every adapter over it."""
+        adapter (a base recorded by `get`) runs over the base's tensors, loaded once and shared by every adapter
+        over it."""
         from hfport import pipeline
+
+        base = self._adapter_bases.get(key)
 
         with self._lock:
             if key in self._pipes:
@@ -72,8 +76,8 @@ class ModelService:
             return pipe
 
     def _adapter_pipeline(self, key: tuple[str, str, str], base: str) -> Any:
-        from hfport import AutoModel, pipeline, tasks
-        from hfport.tokenizer import has_tokenizer_files
+        from hfport import AutoModel, lora, pipeline
+        from hfport.tasks import get as task_record
 
         with self._lock:
             gate = self._loading.setdefault(("base", base, ""), threading.Lock())
@@ -81,9 +85,8 @@ class ModelService:
             shared = self._bases.get(base)
             if shared is None:
                 shared = self._bases[base] = AutoModel.from_pretrained(base)
-        model = tasks.get(key[2]).model_class.from_pretrained(key[1], base_model=shared)
-        tokenizer = key[1] if has_tokenizer_files(key[1]) else base
-        return pipeline(key[2], model=model, tokenizer=tokenizer)
+        model = task_record(key[2]).model_class.from_pretrained(key[1], base_model=shared)
+        return pipeline(key[2], model=model, tokenizer=lora.adapter_tokenizer(key[1], base))
 
     def _warm_up(self, key: tuple[str, str, str], pipe: Any) -> None:
         """A first forward pass before the model takes requests; with batch_autotune, forward passes at each
@@ -101,7 +104,9 @@ class ModelService:
 
     async def get(self, name: str, path: str, task: str, base: str | None = None) -> Any:
         """The loaded (warmed-up) pipeline, loading it in the pool if needed."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self._load, (name, path, task), base)
+        if base:
+            self._adapter_bases[(name, path, task)] = base
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._load, (name, path, task))
 
     def memory(self) -> dict[tuple[str, str, str], int]:
         with self._lock:

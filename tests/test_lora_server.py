@@ -87,8 +87,10 @@ def test_adapters_over_one_base_share_its_tensors(root, tmp_path):  # noqa: F811
     one, two = _adapter(base, tmp_path / "one", seed=3), _adapter(base, tmp_path / "two", seed=4)
     service = ModelService(Settings(data_dir=tmp_path / "data", batch_autotune=False))
     try:
-        a = service._load(("one", str(one), "text-classification"), str(base))
-        b = service._load(("two", str(two), "text-classification"), str(base))
+        for name, folder in (("one", one), ("two", two)):
+            service._adapter_bases[(name, str(folder), "text-classification")] = str(base)
+        a = service._load(("one", str(one), "text-classification"))
+        b = service._load(("two", str(two), "text-classification"))
     finally:
         service.close()
     for name in ("embeddings.word.weight", "encoder.layers.0.attn.q.weight", "encoder.layers.1.ffn.up.weight"):

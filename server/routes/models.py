@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, status
 
-from hfport.lora import is_adapter_folder
+from hfport.lora import check_adapter_base, is_adapter_folder, read_adapter_config
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError
@@ -55,7 +55,6 @@ def adapter_base(store, settings, folder, given: str | None) -> str:
     """The base folder of an adapter: a registered model's folder, or a folder in the allowed dirs (default the
     adapter's base_model_name_or_path). The adapter must fit it (checked by loading both's configs)."""
     from hfport.errors import HfportError
-    from hfport.lora import check_adapter_base, read_adapter_config
 
     try:
         name = given or read_adapter_config(folder).get("base_model_name_or_path")
