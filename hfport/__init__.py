@@ -2,11 +2,13 @@
 
 The public API is the names below, plus these submodules: hfport.errors (exceptions, ItemError), hfport.train
 (finetune, preflight, FinetuneConfig, resolve_config, the monitor's readers), hfport.export (export, verify and their
-options and results), hfport.rundir (RunDir, RunSummary), hfport.pipelines, hfport.tasks (the task records: names,
-aliases, model classes), hfport.embeddings (sentence-transformers folders: pooling, prompts), hfport.hub (resolve a
-folder or cached repo id) and hfport.verbosity (HFPORT_VERBOSITY, log set-up). The CLI and the server use nothing else.
+options and results), hfport.rundir (RunDir, RunSummary), hfport.lora (LoRA adapters in PEFT's format: apply, save,
+load, merge), hfport.pipelines, hfport.tasks (the task records: names, aliases, model classes), hfport.embeddings
+(sentence-transformers folders: pooling, prompts), hfport.hub (resolve a folder or cached repo id) and
+hfport.verbosity (HFPORT_VERBOSITY, log set-up). The CLI and the server use nothing else.
 """
 
+from . import lora
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelNotFoundError
 from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
@@ -32,6 +34,6 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline", "model_task",
            "ItemError",
            # fine-tuning and its run folder
-           "FinetuneConfig", "finetune", "RunDir", "RunSummary",
+           "FinetuneConfig", "finetune", "RunDir", "RunSummary", "lora",
            # export to an HF folder, with proof
            "ExportError", "ExportOptions", "ExportResult", "VerifyReport", "export", "verify"]

@@ -115,6 +115,14 @@ def finetune(
     eval_steps: Annotated[Optional[int], typer.Option()] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
     freeze: Annotated[Optional[str], typer.Option(help="Comma-separated parameter-name prefixes.")] = None,
+    lora_r: Annotated[Optional[int], typer.Option(help="Train a LoRA adapter of this rank (best/ and final/ then "
+                                                      "hold it in PEFT's format).")] = None,
+    lora_alpha: Annotated[Optional[float], typer.Option(help="LoRA scaling numerator (scale alpha / r).")] = None,
+    lora_dropout: Annotated[Optional[float], typer.Option(help="Dropout on the LoRA input.")] = None,
+    lora_targets: Annotated[Optional[str], typer.Option(help="Comma-separated layers to adapt, hfport or HF names "
+                                                             "(default: attention query and value).")] = None,
+    gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing", help="Recompute activations "
+                                                         "per encoder layer in the backward pass.")] = False,
     resume: Annotated[Optional[str], typer.Option(help="Continue a run: 'latest' (the default when no value "
                                                        "follows) or a checkpoint folder.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a run already in --output-dir.")] = False,
@@ -134,7 +142,10 @@ def finetune(
              "group_by_length": group_by_length, "max_batch_tokens": max_batch_tokens, "lr": lr,
              "precision": precision, "compile": compile_ or None, "max_grad_norm": max_grad_norm,
              "save_steps": save_steps, "eval_steps": eval_steps, "seed": seed, "freeze": freeze, "resume": resume,
-             "overwrite": overwrite or None}
+             "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None}
+    given = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "target_modules": lora_targets}
+    if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on
+        flags["lora"] = {k: v for k, v in given.items() if v is not None}
     try:
         for item in set_ or []:
             key, sep, value = item.partition("=")
@@ -264,6 +275,9 @@ def export(
     min_agreement: Annotated[Optional[float], typer.Option(help="onnx: the least task-level agreement of the int8 "
                                                                "graph with fp32, and least mean cosine for "
                                                                "embeddings (default 0.99).")] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="A LoRA adapter: write a plain HF folder with the updates "
+                                                        "merged (head included); --verify proves it equals the "
+                                                        "unmerged adapter.")] = False,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Write SRC as a folder transformers loads: config, safetensors weights, tokenizer files and a model card;
@@ -290,7 +304,7 @@ def export(
     try:
         options = ExportOptions.of(which="final" if final else "best", dtype=dtype, max_shard_size=max_shard_size,
                                    atol=atol, rtol=rtol)
-        result = run(src, out, **options.model_dump(), force=force, verify=verify, json_path=json_path)
+        result = run(src, out, **options.model_dump(), force=force, verify=verify, json_path=json_path, merge=merge)
     except VerifyFailed as e:
         _print_report(e.report, json_path)
         fail(f"{out}: the export does not match {e.report.source}; nothing was written")
@@ -336,8 +350,9 @@ def verify(
     folder: Annotated[str, typer.Argument(metavar="DIR", help="An exported HF folder.")],
     source: Annotated[Optional[str], typer.Option("--source", help="What DIR was exported from (a fine-tune output "
                                                                    "folder, a checkpoint or a model folder); an "
-                                                                   "ONNX folder defaults to the one it records.")]
-    = None,
+                                                                   "ONNX folder defaults to the one it records; "
+                                                                   "optional for a LoRA adapter folder (compared "
+                                                                   "with hfport's own load of it).")] = None,
     atol: Annotated[Optional[float], typer.Option(help="Absolute tolerance (default by DIR's dtype: fp32 1e-5, "
                                                        "fp16 1e-2, bf16 5e-2).")] = None,
     rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by DIR's dtype: fp32 1e-4, "

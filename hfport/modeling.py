@@ -117,6 +117,7 @@ class PreTrainedEncoder(nn.Module):
         self.body = self.family.build_body(config, self.task)
         self.head = self.head_factory(config, **self.family.options_for(config, self.task))
         self.load_report: LoadReport | None = None
+        self.adapter: Any = None  # hfport.lora.AdapterInfo when LoRA layers are applied (hfport/lora.py)
 
     # --- construction -------------------------------------------------------------------------------------
 
@@ -137,8 +138,19 @@ class PreTrainedEncoder(nn.Module):
                         id2label: dict[int, str] | None = None, label2id: dict[str, int] | None = None,
                         problem_type: str | None = None, dtype: Any = None, device: Any = None,
                         ignore_mismatched_sizes: bool = False, revision: str | None = None,
-                        cache_dir: str | os.PathLike[str] | None = None) -> PreTrainedEncoder:
+                        cache_dir: str | os.PathLike[str] | None = None,
+                        base_model: Any = None) -> PreTrainedEncoder:
+        """A model folder, or a LoRA adapter folder in PEFT's format (adapter_config.json): its base comes from
+        `base_model_name_or_path`, or `base_model=` (a folder, or a loaded model whose tensors are shared)."""
         folder = hub.resolve(path_or_repo_id, revision=revision, cache_dir=cache_dir)
+        from . import lora
+
+        if lora.is_adapter_folder(folder):
+            return lora.load_adapter(cls, folder, base_model=base_model, dtype=dtype, device=device,
+                                     num_labels=num_labels, id2label=id2label, label2id=label2id,
+                                     problem_type=problem_type)
+        if base_model is not None:
+            raise ConfigError(f"{folder}: base_model= applies to adapter folders (with adapter_config.json) only")
         raw, source = hub.read_config(folder)
         family = get_family(raw.get("model_type"), source)
         config = family.config_from_hf(raw, source)
@@ -277,7 +289,14 @@ class PreTrainedEncoder(nn.Module):
         out: dict[str, str] = {}
         for name in self.state_dict():
             part, local = name.split(".", 1)
-            hf = family.body_keys.to_hf(local) if part == "body" else head_map.to_hf(local) if head_map else None
+            to_hf = family.body_keys.to_hf if part == "body" else head_map.to_hf if head_map else (lambda n: None)
+            hf = to_hf(local)
+            if hf is None and local.count(".") >= 2:
+                # a module an adapter hangs under a mapped layer (LoRA's `attn.q.lora_A.weight`) is named under
+                # that layer's HF name, as PEFT names it (`attention.self.query.lora_A.weight`)
+                layer, sub, leaf = local.rsplit(".", 2)
+                owner = to_hf(layer + ".weight")
+                hf = owner.removesuffix("weight") + f"{sub}.{leaf}" if owner else None
             if hf is None:
                 raise KeyError(f"{family.model_type} key map has no HF name for {name!r}")
             out[name] = (body_prefix if part == "body" else "") + hf
@@ -318,6 +337,16 @@ class PreTrainedEncoder(nn.Module):
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    def gradient_checkpointing_enable(self, enabled: bool = True) -> None:
+        """Recompute each encoder layer's activations in the backward pass instead of keeping them
+        (torch.utils.checkpoint, non-reentrant; the RNG state is replayed, so dropout masks and gradients are the
+        same as without it). Only while training with gradients; inference is unchanged."""
+        from .nn.layers import EncoderLayer
+
+        for module in self.modules():
+            if isinstance(module, EncoderLayer):
+                module.checkpointed = bool(enabled)
 
     @property
     def padding_free(self) -> bool:

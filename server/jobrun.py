@@ -97,7 +97,12 @@ def run_finetune(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
         return {}
     summary = run.summary()
     task = model_task(run.best)
-    store.register_model(register_as, str(run.best), task, source=f"job:{job['id']}", replace=True)
+    lora = hfport.lora
+    # a LoRA run's best/ is an adapter: registered over its base, whose weights the adapters share when served
+    base = lora.read_adapter_config(run.best).get("base_model_name_or_path") \
+        if lora.is_adapter_folder(run.best) else None
+    store.register_model(register_as, str(run.best), task, source=f"job:{job['id']}", replace=True,
+                         kind="adapter" if base else "model", base=base)
     return {"output_dir": str(run.root), "model": register_as, "model_path": str(run.best), "task": task,
             "summary": summary.to_dict(with_config=False) if summary is not None else {}}
 

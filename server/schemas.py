@@ -44,12 +44,19 @@ class ModelRegistration(BaseModel):
     path: str = Field(description="an HF model folder inside the allowed dirs (relative: from the data dir)")
     task: PipelineTask | None = Field(None, description="default task; else taken from the model's head. "
                                        f"{names_help()}")
+    kind: Literal["model", "adapter"] | None = Field(None, description="'adapter' for a LoRA adapter folder (PEFT's "
+                                                     "format); default: read off the folder")
+    base: str | None = Field(None, description="an adapter's base model: a registered model name or a folder; "
+                                               "default the adapter's base_model_name_or_path. Adapters over one "
+                                               "base share its weights in memory")
 
 
 class ModelInfo(BaseModel):
     name: str
     path: str
     task: str | None
+    kind: str = Field("model", description="'model' or 'adapter' (a LoRA adapter over `base`)")
+    base: str | None = Field(None, description="an adapter's base model folder")
     source: str = Field(description="'registered', or 'job:<id>' for a fine-tune's best model")
     created_at: float
 

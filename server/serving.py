@@ -35,6 +35,8 @@ class ModelService:
         self.tuning: dict[tuple[str, str, str], Any] = {}  # key -> hfport.embeddings.BatchTuning
         self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict")
         self._pipes: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+        self._bases: dict[str, Any] = {}  # base folder -> the bare encoder LoRA adapters over it share
+        self._adapter_bases: dict[tuple[str, str, str], str] = {}  # adapter key -> its base folder
         self._lock = threading.Lock()
         self._loading: dict[tuple[str, str, str], threading.Lock] = {}
         self._batchers: dict[tuple, _Batcher] = {}
@@ -45,8 +47,12 @@ class ModelService:
         return len(self._pipes)
 
     def _load(self, key: tuple[str, str, str]) -> Any:
-        """The pipeline for (name, path, task): from the cache, or loaded once (concurrent callers wait)."""
+        """The pipeline for (name, path, task): from the cache, or loaded once (concurrent callers wait). An
+        adapter (a base recorded by `get`) runs over the base's tensors, loaded once and shared by every adapter
+        over it."""
         from hfport import pipeline
+
+        base = self._adapter_bases.get(key)
 
         with self._lock:
             if key in self._pipes:
@@ -57,17 +63,31 @@ class ModelService:
             with self._lock:
                 if key in self._pipes:
                     return self._pipes[key]
-            pipe = pipeline(key[2], model=key[1], dtype=self.settings.predict_dtype)
+            pipe = (self._adapter_pipeline(key, base) if base else
+                    pipeline(key[2], model=key[1], dtype=self.settings.predict_dtype))
             self._warm_up(key, pipe)
             with self._lock:
                 self._pipes[key] = pipe
                 budget = self.settings.model_cache_mb * 2**20
                 while len(self._pipes) > 1 and (len(self._pipes) > self.settings.model_cache_size
-                                                or sum(map(weight_bytes, self._pipes.values())) > budget):
+                                                or total_weight_bytes(self._pipes.values()) > budget):
                     old, _ = self._pipes.popitem(last=False)
                     log.info("model cache: evicted %s (%s)", old[0], old[2])
                 self._loading.pop(key, None)
             return pipe
+
+    def _adapter_pipeline(self, key: tuple[str, str, str], base: str) -> Any:
+        from hfport import AutoModel, lora, pipeline
+        from hfport.tasks import get as task_record
+
+        with self._lock:
+            gate = self._loading.setdefault(("base", base, ""), threading.Lock())
+        with gate:  # one load of each base, however many adapters start at once
+            shared = self._bases.get(base)
+            if shared is None:
+                shared = self._bases[base] = AutoModel.from_pretrained(base)
+        model = task_record(key[2]).model_class.from_pretrained(key[1], base_model=shared)
+        return pipeline(key[2], model=model, tokenizer=lora.adapter_tokenizer(key[1], base))
 
     def _warm_up(self, key: tuple[str, str, str], pipe: Any) -> None:
         """A first forward pass before the model takes requests; with batch_autotune, forward passes at each
@@ -83,8 +103,10 @@ class ModelService:
                  {b: round(t) for b, t in tuning.throughput.items()},
                  f"; skipped {tuning.skipped}" if tuning.skipped else "")
 
-    async def get(self, name: str, path: str, task: str) -> Any:
+    async def get(self, name: str, path: str, task: str, base: str | None = None) -> Any:
         """The loaded (warmed-up) pipeline, loading it in the pool if needed."""
+        if base:
+            self._adapter_bases[(name, path, task)] = base
         return await asyncio.get_running_loop().run_in_executor(self.pool, self._load, (name, path, task))
 
     def memory(self) -> dict[tuple[str, str, str], int]:
@@ -96,14 +118,16 @@ class ModelService:
             for key in [k for k in self._pipes if k[0] == name]:
                 del self._pipes[key]
 
-    async def predict(self, name: str, path: str, task: str, items: list[Any], parameters: dict[str, Any]) -> list:
-        return (await self.predict_timed(name, path, task, items, parameters))[0]
+    async def predict(self, name: str, path: str, task: str, items: list[Any], parameters: dict[str, Any],
+                      base: str | None = None) -> list:
+        return (await self.predict_timed(name, path, task, items, parameters, base))[0]
 
     async def predict_timed(self, name: str, path: str, task: str, items: list[Any],
-                            parameters: dict[str, Any]) -> tuple[list, Timing]:
-        """predict, and where the request's time went (its batch's tokenization and forward passes)."""
+                            parameters: dict[str, Any], base: str | None = None) -> tuple[list, Timing]:
+        """predict, and where the request's time went (its batch's tokenization and forward passes). `base`: the
+        base model folder of a LoRA adapter at `path`."""
         key = (name, path, task)
-        pipe = await self.get(name, path, task)
+        pipe = await self.get(name, path, task, base)
         bkey = (key, json.dumps(parameters, sort_keys=True, default=str))
         batcher = self._batchers.get(bkey)
         if batcher is None or batcher.pipe is not pipe:
@@ -118,6 +142,15 @@ def weight_bytes(pipe: Any) -> int:
     """Memory held by a pipeline's model weights and buffers."""
     model = pipe.model
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def total_weight_bytes(pipes: Any) -> int:
+    """Memory held by the pipelines' weights together: a tensor several adapters share counts once."""
+    seen: dict[int, int] = {}
+    for pipe in pipes:
+        for t in (*pipe.model.parameters(), *pipe.model.buffers()):
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
 
 
 class _Batcher:

@@ -75,7 +75,7 @@ def resolve_source(src: str | os.PathLike[str], which: str = "best") -> Source:
             raise ExportError(f"{path}: a fine-tune output folder without a {which}/ model (no {model}/config.json)"
                               + (f"; it has {', '.join(h + '/' for h in have)}" if have else ""))
         return Source(path, model, run)
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
         raise ExportError(f"{path}: not a model folder (no config.json) and not a fine-tune output folder "
                           "(no summary.json, best/, final/ or checkpoints/)")
     return Source(path, path, RunDir.containing(path))
@@ -130,7 +130,7 @@ def staged(out: Path) -> Iterator[Path]:
     staging = hub.staging_dir(out)
     try:
         yield staging
-        _replace(staging, out)
+        replace_folder(staging, out)
     except OSError as e:
         shutil.rmtree(staging, ignore_errors=True)
         raise ExportError(f"{out}: writing the export failed ({e.strerror or e}); "
@@ -140,7 +140,7 @@ def staged(out: Path) -> Iterator[Path]:
         raise
 
 
-def _replace(staging: Path, out: Path) -> None:
+def replace_folder(staging: Path, out: Path) -> None:
     """Rename the finished staging folder to OUT; an old OUT is moved aside first and restored if that fails."""
     if not out.exists():
         os.replace(staging, out)

@@ -18,12 +18,13 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .. import hub
+from .. import hub, lora
+from ..modeling import PreTrainedEncoder
 from ..tasks import load_any
 from ..tokenizer import copy_tokenizer_files
 from .card import model_card
 from .common import (DTYPE_NAMES, EXPORT_DTYPES, WHICH, ExportError, check_places, export_config,
-                     no_tokenizer_message, resolve_source, staged, tokenizer_folder)
+                     no_tokenizer_message, replace_folder, resolve_source, staged, tokenizer_folder)
 from .sentence_transformers import copy_layout as copy_st_layout
 from .verify import VerifyFailed, VerifyReport
 from .verify import verify as verify_folder
@@ -102,8 +103,12 @@ class ExportResult:
 
 def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: str = "best", dtype: str = "fp32",
            max_shard_size: int | str = "5GB", force: bool = False, verify: bool = False, atol: float | None = None,
-           rtol: float | None = None, json_path: str | os.PathLike[str] | None = None) -> ExportResult:
+           rtol: float | None = None, json_path: str | os.PathLike[str] | None = None,
+           merge: bool = False) -> ExportResult:
     """Write SRC as an HF folder at OUT; with verify=True, prove it against SRC before OUT appears.
+
+    A LoRA adapter (SRC's model folder holds adapter_config.json) is exported as the adapter in PEFT's format, or,
+    with merge=True, as a plain HF folder with the updates folded in (export/peft.py, with their proofs).
 
     which, dtype, max_shard_size, atol, rtol: ExportOptions (the same options the CLI and the server take)."""
     options = ExportOptions.of(which=which, dtype=dtype, max_shard_size=max_shard_size, atol=atol, rtol=rtol)
@@ -115,6 +120,14 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
         raise ExportError(f"{out}: exists and is not a folder")
     if out.exists() and not force:
         raise ExportError(f"{out}: already exists; pass --force (force=True) to replace it")
+    if lora.is_adapter_folder(source.model):
+        from .peft import export_lora
+
+        return export_lora(source, out, merge=merge, dtype=EXPORT_DTYPES[options.dtype], limit=limit, verify=verify,
+                           atol=options.atol, rtol=options.rtol, json_path=json_path, replace=replace_folder)
+    if merge:
+        raise ExportError(f"{source.model}: merge applies to LoRA adapter folders (adapter_config.json); this is a "
+                          "plain model")
 
     model = load_any(source.model, dtype=torch.float32)
     report = model.load_report

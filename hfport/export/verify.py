@@ -171,7 +171,7 @@ def _dir_dtype(folder: Path, raw: dict[str, Any]) -> str:
     return DTYPE_NAMES.get(resolve_dtype(name), "float32")
 
 
-def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str], *, atol: float | None = None,
+def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *, atol: float | None = None,
            rtol: float | None = None, json_path: str | os.PathLike[str] | None = None, which: str = "best",
            label: str | None = None) -> VerifyReport:
     """Check that transformers loads DIR cleanly and computes what hfport computes from SOURCE.
@@ -179,6 +179,15 @@ def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str], *, atol:
     atol/rtol default by DIR's dtype (TOLERANCES; the module docstring gives the reasons). Never raises for a
     failed check: the report says FAIL and names what failed. json_path: also write the report there."""
     folder = Path(dir).expanduser()
+    from .. import lora
+
+    if lora.is_adapter_folder(folder):  # a LoRA adapter: peft over transformers (export/peft.py)
+        from .peft import verify_adapter
+
+        return verify_adapter(folder, source, atol=atol, rtol=rtol, json_path=json_path, which=which, label=label)
+    if source is None:
+        raise ExportError("verify: SOURCE is needed (what DIR was exported from); only an adapter folder is "
+                          "compared with itself")
     report = VerifyReport(label or str(folder), str(source))
     try:
         with check_row(report, "verify", "run"):  # anything not caught by one check (transformers missing, say)

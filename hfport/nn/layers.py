@@ -105,8 +105,18 @@ class EncoderLayer(nn.Module):
         self.attn_dropout = nn.Dropout(attn_out_dropout)
         self.ffn_dropout = nn.Dropout(ffn_out_dropout)
         self.norm_first = norm_first
+        self.checkpointed = False  # gradient checkpointing (PreTrainedEncoder.gradient_checkpointing_enable)
 
     def forward(self, x: Tensor, layout: Layout, **attn_kwargs) -> Tensor:
+        if self.checkpointed and self.training and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            # non-reentrant: works with the layout object and keyword arguments; the RNG state is preserved by
+            # default, so the recomputation draws the same dropout masks
+            return checkpoint(self._forward, x, layout, use_reentrant=False, **attn_kwargs)
+        return self._forward(x, layout, **attn_kwargs)
+
+    def _forward(self, x: Tensor, layout: Layout, **attn_kwargs) -> Tensor:
         """x: the layout's rows, (B, T, C) or (N, C); every step but attention is per token."""
         if self.norm_first:
             x = x + self.attn_dropout(self.attn(self.attn_norm(x), layout, **attn_kwargs))  # (.., C)

@@ -52,7 +52,7 @@ BACKENDS = ("torch", "onnx")
 def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              tokenizer: str | os.PathLike[str] | PreTrainedTokenizer | None = None, device: Any = None,
              dtype: Any = None, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-             backend: str | None = None, **options: Any) -> Pipeline:
+             backend: str | None = None, base_model: Any = None, **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
@@ -87,8 +87,13 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
             dtype = resolve_dtype(dtype, model.config, device or model.device) if dtype is not None else None
             model = model.to(device=device, dtype=dtype)
     elif isinstance(model, (str, os.PathLike)):
-        loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device)
-        tokenizer = model if tokenizer is None else tokenizer
+        loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model)
+        if tokenizer is None:  # an adapter folder without tokenizer files (as PEFT writes them): the base's
+            from ..tokenizer import has_tokenizer_files
+
+            adapter = loaded.adapter
+            tokenizer = model if adapter is None or has_tokenizer_files(model) or not isinstance(
+                adapter.base, (str, os.PathLike)) else adapter.base
         model = loaded
     else:
         raise TypeError(f"model must be a folder, a repo id, an hfport model or an OnnxModel, got "
@@ -107,6 +112,10 @@ def model_task(model: str | os.PathLike[str]) -> str:
     from ..registry import get_family
 
     folder = hub.resolve(model)
+    from .. import lora
+
+    if lora.is_adapter_folder(folder):
+        return lora.adapter_task(folder)
     raw, source = hub.read_config(folder)
     return task_of(get_family(raw.get("model_type"), source), raw.get("architectures") or [])  # canonical = the tag
 

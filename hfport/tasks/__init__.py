@@ -74,6 +74,10 @@ def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrain
     A class name hfport does not know (a custom `MyBertForEverything`, `BertForPreTraining`) never blocks
     loading: the base model is loaded, and a warning and `load_report.notes` say so."""
     folder = hub.resolve(path_or_repo_id, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
+    from .. import lora
+
+    if lora.is_adapter_folder(folder):  # a LoRA adapter (PEFT's format): its task from its config, base from it
+        return TASKS[lora.adapter_task(folder)].model_class.from_pretrained(folder, **kwargs)
     raw, source = hub.read_config(folder)
     family = get_family(raw.get("model_type"), source)
     architectures = raw.get("architectures") or []

@@ -15,6 +15,26 @@ from .data import MEGA_BUCKET_STEPS
 LOWER_IS_BETTER = ("loss", "mse", "mae", "perplexity")  # the mode of a metric named without --metric-mode
 
 
+class LoraSettings(BaseModel):
+    """LoRA: train low-rank updates of the target layers and the task head in full; the rest stays frozen. best/
+    and final/ then hold the adapter in PEFT's format (hfport/lora.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(8, ge=1, description="rank of the update B A")
+    alpha: float = Field(16.0, gt=0, description="the update is scaled by alpha / r")
+    dropout: float = Field(0.1, ge=0, lt=1, description="dropout on the input of A")
+    target_modules: list[str] | None = Field(None, description=(
+        "the layers to adapt, in hfport names (attn.q, ffn.up) or HF names (query, value, attention.output.dense, "
+        "or a full path); default the attention's query and value projections"))
+    use_rslora: bool = Field(False, description="scale by alpha / sqrt(r) (rank-stabilised LoRA)")
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        return [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
+
+
 class FinetuneConfig(BaseModel):
     """One run. Field names are the CLI flags with dashes turned into underscores."""
 
@@ -108,6 +128,10 @@ class FinetuneConfig(BaseModel):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     class_weights: list[float] | Literal["balanced"] | None = None
     freeze: list[str] = Field(default_factory=list, description="parameter-name prefixes to freeze")
+    lora: LoraSettings | None = Field(None, description="train a LoRA adapter instead of every weight ({} or true "
+                                      "for the defaults)")
+    gradient_checkpointing: bool = Field(False, description="recompute each encoder layer's activations in the "
+                                         "backward pass: less memory, about a third more compute")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description=(
         "mixed precision of the forward pass (weights and optimizer state stay fp32; the loss is fp32). auto: bf16 "
         "on GPUs that support it, else fp16 with loss scaling; on the CPU bf16 autocast where a timed matmul shows "
@@ -143,6 +167,11 @@ class FinetuneConfig(BaseModel):
             raise ValueError(f"{record.name} cannot be fine-tuned; fine-tuning tasks: "
                              f"{tasks.names_help(trainable_only=True)}")
         return record.name
+
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _lora(cls, v: Any) -> Any:
+        return {} if v is True else None if v is False else v
 
     @field_validator("freeze", mode="before")
     @classmethod
@@ -198,6 +227,8 @@ def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], fi
         if unknown:
             raise ConfigError(f"{origin}: unknown option(s) {unknown}; valid options: {sorted(valid)}")
     merged = {**file_values, **{k: v for k, v in flags.items() if v is not None}}
+    if isinstance(flags.get("lora"), dict) and isinstance(file_values.get("lora"), dict):
+        merged["lora"] = {**file_values["lora"], **flags["lora"]}  # --lora-r refines the file's lora section
     try:
         config = FinetuneConfig(**merged)
     except ValidationError as e:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import verbosity
+from .. import lora, verbosity
 from ..errors import ConfigError
 from ..tasks import get as task_record
 from ..rundir import TRAINER_STATE, RunDir, RunSummary
@@ -81,6 +81,11 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
             label_kwargs["problem_type"] = data.space.problem_type
     model = model_cls.from_pretrained(source, ignore_mismatched_sizes=True, **label_kwargs)
     frozen = freeze(model, config.freeze)
+    if config.lora is not None:  # base frozen, LoRA layers and the head trained; best/ and final/ hold the adapter
+        lora.apply_lora(model, config.lora.r, config.lora.alpha, config.lora.dropout, config.lora.target_modules,
+                        use_rslora=config.lora.use_rslora, base=lora_base(config.model, source))
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     model.train()
     metric_name, metric_mode = config.default_metric(_problem(data))  # e.g. regression: mse, not accuracy
     class_weights = _class_weights(config, data)
@@ -399,9 +404,18 @@ def save_model_folder(model: Any, source: Path, target: Path, task: Any, data: E
             shutil.rmtree(copy_to)
         shutil.copytree(target, copy_to)
         return
-    model.save_pretrained(target)
+    if lora.has_lora(model):  # the adapter in PEFT's format (+ config.json with the labels)
+        lora.save_adapter(model, target)
+    else:
+        model.save_pretrained(target)
     copy_tokenizer_files(source, target)
     task.write_model_files(target, data)
+
+
+def lora_base(model: str, source: Path) -> str:
+    """base_model_name_or_path: a local folder as an absolute path (the adapter is read from anywhere), a repo id
+    as given."""
+    return str(source.resolve()) if Path(model).expanduser().exists() else model
 
 
 class Progress:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import APIRouter, status
+
+from hfport.lora import check_adapter_base, is_adapter_folder, read_adapter_config
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError
@@ -30,14 +34,43 @@ def list_models(store: StoreDep) -> ModelList:
 @router.post("", response_model=ModelInfo, status_code=status.HTTP_201_CREATED, summary="Register a model folder")
 def register(body: ModelRegistration, store: StoreDep, settings: SettingsDep) -> ModelInfo:
     folder = confine(body.path, settings, "path")
-    if not (folder / "config.json").is_file():
+    adapter = is_adapter_folder(folder)
+    if body.kind == "adapter" and not adapter:
+        raise ApiError(400, f"path: {body.path!r} is not an adapter folder (no adapter_config.json)", "InvalidModel")
+    if not adapter and not (folder / "config.json").is_file():
         raise ApiError(400, f"path: {body.path!r} is not a model folder (no config.json)", "InvalidModel")
+    if body.base is not None and not adapter:
+        raise ApiError(400, "base: only an adapter folder runs over a base model", "InvalidModel")
     task = body.task or model_task(folder)
     if task is None:
         raise ApiError(400, f"path: {body.path!r}: config.json does not name a supported model", "InvalidModel")
     if store.get_model(body.name) is not None:
         raise ApiError(409, f"a model named {body.name!r} exists; DELETE it first", "Conflict")
-    return ModelInfo(**store.register_model(body.name, str(folder), task))
+    base = adapter_base(store, settings, folder, body.base) if adapter else None
+    return ModelInfo(**store.register_model(body.name, str(folder), task, kind="adapter" if adapter else "model",
+                                            base=base))
+
+
+def adapter_base(store, settings, folder, given: str | None) -> str:
+    """The base folder of an adapter: a registered model's folder, or a folder in the allowed dirs (default the
+    adapter's base_model_name_or_path). The adapter must fit it (checked by loading both's configs)."""
+    from hfport.errors import HfportError
+
+    try:
+        name = given or read_adapter_config(folder).get("base_model_name_or_path")
+    except HfportError as e:
+        raise ApiError(400, f"path: {e}", "InvalidModel") from e
+    if not name:
+        raise ApiError(400, "base: the adapter names no base_model_name_or_path; give \"base\"", "InvalidModel")
+    entry = store.get_model(name)
+    if entry is not None and entry.get("kind") == "adapter":
+        raise ApiError(400, f"base: {name!r} is an adapter; give its base model", "InvalidModel")
+    base = Path(entry["path"]) if entry is not None else confine(name, settings, "base")
+    try:
+        check_adapter_base(folder, base)
+    except HfportError as e:
+        raise ApiError(400, f"base: {e}", "InvalidModel") from e
+    return str(base)
 
 
 @router.get("/{name}", response_model=ModelInfo, summary="One registered model")

@@ -51,7 +51,8 @@ async def predict(body: PredictRequest, store: StoreDep, service: ModelServiceDe
                        headers={"Retry-After": "1"})
     service.pending += 1
     try:
-        results = await asyncio.wait_for(service.predict(entry["name"], entry["path"], task, items, body.parameters),
+        results = await asyncio.wait_for(service.predict(entry["name"], entry["path"], task, items, body.parameters,
+                                                         base=entry.get("base")),
                                          settings.predict_timeout_s)
     except (asyncio.TimeoutError, TimeoutError) as e:
         raise ApiError(504, f"predict took longer than {settings.predict_timeout_s} s; send fewer or shorter "

@@ -4,7 +4,7 @@ in one transaction (`connect()`, `?` placeholders, rows readable by column name)
 jobs     one row a job: kind, status, config, progress, latest metrics, error, times, heartbeat, pid, attempts,
          the worker holding its lease, its event counter
 events   the job's event history (train/eval/done/status...), replayed to late or reconnecting SSE subscribers
-models   the registry: name -> folder, task, kind ('model'; 'adapter' reserved)
+models   the registry: name -> folder, task, kind ('model' | 'adapter'), base (an adapter's base folder)
 workers  one heartbeat row per live worker id
 
 Time: every timestamp the store writes, and every lease comparison, uses the DATABASE's clock (`NOW` below), never
@@ -253,13 +253,14 @@ class BaseStore:
     # --- models -----------------------------------------------------------------------------------------------
 
     def register_model(self, name: str, path: str, task: str | None, source: str = "registered",
-                       replace: bool = False, kind: str = "model") -> dict[str, Any]:
+                       replace: bool = False, kind: str = "model", base: str | None = None) -> dict[str, Any]:
+        """kind 'adapter': `path` is a LoRA adapter folder and `base` the base model's folder it runs over."""
         with self.connect() as db:
             upsert = (" ON CONFLICT (name) DO UPDATE SET path = excluded.path, task = excluded.task, "
-                      "source = excluded.source, kind = excluded.kind, created_at = excluded.created_at"
-                      if replace else "")
-            db.execute(f"INSERT INTO models (name, path, task, source, kind, created_at) "
-                       f"VALUES (?, ?, ?, ?, ?, {self.NOW}){upsert}", (name, path, task, source, kind))
+                      "source = excluded.source, kind = excluded.kind, base = excluded.base, "
+                      "created_at = excluded.created_at" if replace else "")
+            db.execute(f"INSERT INTO models (name, path, task, source, kind, base, created_at) "
+                       f"VALUES (?, ?, ?, ?, ?, ?, {self.NOW}){upsert}", (name, path, task, source, kind, base))
             return dict(db.execute("SELECT * FROM models WHERE name = ?", (name,)).fetchone())
 
     def get_model(self, name: str) -> dict[str, Any] | None:

@@ -76,9 +76,15 @@ def _scale_out(real: str) -> tuple[str, ...]:
     )
 
 
+def _adapters() -> tuple[str, ...]:
+    """Version 3: a LoRA adapter (kind 'adapter') runs over a base model folder, kept in models.base."""
+    return ("ALTER TABLE models ADD COLUMN base TEXT",)
+
+
 def _migrations(real: str) -> tuple[Migration, ...]:
     return (Migration(1, "jobs, events, models", _base(real)),
-            Migration(2, "workers, leases, event counter, model kind", _scale_out(real)))
+            Migration(2, "workers, leases, event counter, model kind", _scale_out(real)),
+            Migration(3, "adapter base model", _adapters()))
 
 
 MIGRATIONS: dict[str, tuple[Migration, ...]] = {

@@ -1,0 +1,564 @@
+"""LoRA adapters on hfport's own modules, saved and loaded in PEFT's format.
+
+Why hfport writes its own LoRA layer instead of using peft for training: the layer is ~20 lines, it wraps
+hfport's module names (`body.encoder.layers.{i}.attn.q`) on every layout (padded, packed), its parameters go
+through the same checkpoints as any other weight (exact resume), and the core keeps no dependency on peft. peft
+is needed only to *prove* compatibility (hfport/export/peft.py, tests): an adapter folder hfport writes is loaded
+by `peft.PeftModel.from_pretrained(transformers.AutoModelFor<Task>.from_pretrained(base), folder)` and computes
+what hfport computes.
+
+    LoraLinear       y = x W^T + b + scaling * B(A(dropout(x))), W and b frozen (the base's own tensors, shared,
+                     never copied); A (r x in) kaiming-uniform(a=sqrt(5)) as peft, B (out x r) zeros;
+                     scaling = alpha / r (alpha / sqrt(r) with use_rslora)
+    apply_lora       wrap the target linear layers of a task model; freeze everything but LoRA and the task head
+                     (PEFT's modules_to_save: the head is trained in full and saved with the adapter)
+    save_adapter     adapter_config.json + adapter_model.safetensors under PEFT's key names
+                     (`base_model.model.<HF module>.lora_A.weight`, the head as `base_model.model.classifier.weight`)
+                     + config.json (labels) beside them
+    load_adapter     an adapter folder over its base (`base_model_name_or_path`, or a given folder or a loaded
+                     model whose tensors are then shared, not copied)
+    merged           a plain model with B A folded into W (new tensors: a shared base is never written)
+
+Targets are named in hfport names (`attn.q`, `q`, `ffn.up`, `body.encoder.layers.0.attn.q`) or HF names (`query`,
+`attention.self.query`, `bert.encoder.layer.0.attention.self.query`): both are read through the family's key map.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import hub
+from .errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from .modeling import PreTrainedEncoder
+
+log = logging.getLogger("hfport")
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the transformers model
+# hfport task -> PEFT's task_type. PEFT has no masked-LM task type: a fill-mask adapter is a plain PeftModel
+# (task_type null), loaded over AutoModelForMaskedLM.
+PEFT_TASK_TYPES: dict[str, str | None] = {
+    "text-classification": "SEQ_CLS", "token-classification": "TOKEN_CLS", "question-answering": "QUESTION_ANS",
+    "feature-extraction": "FEATURE_EXTRACTION", "fill-mask": None}
+TASKS_OF_PEFT = {v: k for k, v in PEFT_TASK_TYPES.items() if v is not None}
+# hfport names, the same in every family; each family's key map gives them its HF names (query/value, q_lin/v_lin,
+# query_proj/value_proj). The LoRA paper's and peft's default for these encoders: the query and value projections.
+DEFAULT_TARGETS = ("attn.q", "attn.v")
+# PEFT config fields hfport computes only at these values (anything else changes the computation): refused, named
+SUPPORTED_VALUES: dict[str, tuple[Any, ...]] = {
+    "use_dora": (False, None), "bias": ("none", None), "lora_bias": (False, None), "fan_in_fan_out": (False, None),
+    "layers_to_transform": (None,), "layers_pattern": (None, [], ""), "rank_pattern": ({}, None),
+    "alpha_pattern": ({}, None), "layer_replication": (None,), "target_parameters": (None, []),
+    "trainable_token_indices": (None,), "exclude_modules": (None, [], ""), "use_qalora": (False, None),
+    "megatron_config": (None,), "use_bdlora": (None, False), "alora_invocation_tokens": (None,)}
+
+
+class LoraError(ConfigError):
+    """A LoRA setting, an adapter folder or an adapter/base pairing hfport cannot use; the message names it."""
+
+
+# --- the layer ------------------------------------------------------------------------------------------------
+
+
+class LoraLinear(nn.Linear):
+    """A linear layer plus a low-rank update. `weight` and `bias` are the wrapped layer's own Parameters (kept
+    under their names, so key maps and checkpoints see the layer as before); `lora_A.weight`, `lora_B.weight` are
+    named as PEFT names them."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, use_rslora: bool = False):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight  # (out, in), the same Parameter: nothing copied
+        self.bias = base.bias
+        kw = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # peft: Identity at 0
+        self.lora_A = nn.Linear(self.in_features, r, bias=False, **kw)  # (r, in)
+        self.lora_B = nn.Linear(r, self.out_features, bias=False, **kw)  # (out, r)
+        self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
+        self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r
+        self.reset_lora_parameters()
+
+    @torch.no_grad()
+    def reset_lora_parameters(self) -> None:
+        if self.lora_A.weight.device.type == "meta":
+            return
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # as peft (and nn.Linear's default)
+        nn.init.zeros_(self.lora_B.weight)  # the update starts at zero: the model starts as the base
+
+    def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
+        out = F.linear(x, self.weight, self.bias)
+        return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+
+    def delta_weight(self) -> Tensor:
+        """scaling * B A, (out, in), computed in float32."""
+        return (self.lora_B.weight.float() @ self.lora_A.weight.float()) * self.scaling
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, alpha={self.alpha}"
+
+
+# --- what an adapted model carries -------------------------------------------------------------------------------
+
+
+@dataclass
+class AdapterInfo:
+    """The adapter on a model: its settings, targets in both namings, the saved head modules and the base."""
+
+    r: int
+    alpha: float
+    dropout: float
+    targets: list[str]  # hfport module paths (body.encoder.layers.0.attn.q, ...)
+    peft_targets: list[str]  # PEFT target_modules: shortest HF suffixes that select exactly `targets`
+    modules_to_save: list[str]  # the head's HF modules (classifier, pre_classifier, cls, qa_outputs, ...)
+    base: str | None = None  # base_model_name_or_path
+    use_rslora: bool = False
+    folder: str | None = None  # the adapter folder it was loaded from
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def lora_modules(model: nn.Module) -> dict[str, LoraLinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLinear)}
+
+
+def has_lora(model: nn.Module) -> bool:
+    return getattr(model, "adapter", None) is not None and bool(lora_modules(model))
+
+
+def _hf_module(hf_names: dict[str, str], module: str) -> str:
+    return hf_names[module + ".weight"].removesuffix(".weight")
+
+
+def _linear_modules(model: PreTrainedEncoder) -> dict[str, nn.Module]:
+    """The body's modules with a 2-D weight the key map names (the layers LoRA may wrap, and the rest to refuse)."""
+    return {name: m for name, m in model.named_modules() if name.startswith("body.")
+            and isinstance(getattr(m, "weight", None), Tensor) and not isinstance(m, LoraLinear)
+            and not name.endswith((".lora_A", ".lora_B"))}
+
+
+def _matches(name: str, target: str) -> bool:
+    return name == target or name.endswith("." + target)
+
+
+def resolve_targets(model: PreTrainedEncoder, targets: list[str] | tuple[str, ...] | None) -> list[str]:
+    """hfport module paths of the linear layers `targets` name (hfport or HF names, any suffix of the path)."""
+    targets = list(DEFAULT_TARGETS if not targets else targets)
+    hf_names = model.hf_names()
+    prefix = model.family.prefix + "."
+    modules = _linear_modules(model)
+    hf = {name: _hf_module(hf_names, name) for name in modules}
+    head = {name for name, _ in model.named_modules() if name.startswith("head.") and
+            isinstance(getattr(_, "weight", None), Tensor)}
+    head_hf = {name: _hf_module(hf_names, name) for name in head if name + ".weight" in hf_names}
+    chosen: list[str] = []
+    for target in targets:
+        t = target.strip()
+        if not t:
+            raise LoraError("lora.target_modules: an empty name")
+        found = [n for n in modules if _matches(n, t) or _matches(hf[n], t) or _matches(hf[n].removeprefix(prefix), t)]
+        if not found:
+            in_head = [n for n in head_hf if _matches(n, t) or _matches(head_hf[n], t)]
+            if in_head:
+                raise LoraError(f"lora.target_modules: {t!r} names the task head ({', '.join(head_hf[n] for n in in_head)}),"
+                                " which is trained in full and saved whole (PEFT's modules_to_save)")
+            ours = sorted({re.sub(r"^body\.(encoder\.(layers|groups)\.\d+\.(layers\.\d+\.)?)?", "", n)
+                           for n, m in modules.items() if isinstance(m, nn.Linear)})
+            theirs = sorted({hf[n].rsplit(".", 1)[-1] for n, m in modules.items() if isinstance(m, nn.Linear)})
+            raise LoraError(f"lora.target_modules: {t!r} matches no layer of this {model.family.model_type} model; "
+                            f"linear layers are {ours} (hfport names) or {theirs} (HF names)")
+        not_linear = [n for n in found if not isinstance(modules[n], nn.Linear)]
+        if not_linear:
+            raise LoraError(f"lora.target_modules: {t!r} matches {hf[not_linear[0]]} "
+                            f"({type(modules[not_linear[0]]).__name__}); LoRA applies to linear layers only")
+        chosen += [n for n in found if n not in chosen]
+    return chosen
+
+
+def peft_target_names(model: PreTrainedEncoder, targets: list[str]) -> list[str]:
+    """PEFT's target_modules for `targets`: per kind of layer (the path without its layer indices), the shortest
+    suffix of its HF path that selects exactly the targeted layers under PEFT's rule (name == t or name ends with
+    '.' + t), e.g. ["query", "value"], or ["attention.output.dense"] where "dense" alone would catch more."""
+    hf_names = model.hf_names()
+    every = {k.rsplit(".", 1)[0] for k in hf_names.values() if ".lora_" not in k}
+    wanted = {_hf_module(hf_names, t) for t in targets}
+    kinds: dict[str, list[str]] = {}
+    for t in targets:
+        kinds.setdefault(re.sub(r"\.\d+\.", ".#.", t), []).append(_hf_module(hf_names, t))
+    out: list[str] = []
+    for members in kinds.values():
+        parts = members[0].split(".")
+        for k in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-k:])
+            hit = {m for m in every if _matches(m, suffix)}
+            if hit <= wanted and set(members) <= hit:
+                break
+        else:  # no common suffix: name each layer in full
+            out += [m for m in members if m not in out]
+            continue
+        if suffix not in out:
+            out.append(suffix)
+    selected = {m for m in every if any(_matches(m, s) for s in out)}
+    assert selected == wanted, (selected ^ wanted)  # the rule above guarantees it
+    return out
+
+
+def modules_to_save(model: PreTrainedEncoder) -> list[str]:
+    """The head's top-level HF modules: PEFT's modules_to_save (trained in full, saved whole)."""
+    names = model.hf_names()
+    out: list[str] = []
+    for name in model.state_dict():
+        if name.startswith("head."):
+            top = names[name].split(".", 1)[0]
+            if top not in out:
+                out.append(top)
+    return out
+
+
+def apply_lora(model: PreTrainedEncoder, r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+               targets: list[str] | tuple[str, ...] | None = None, *, use_rslora: bool = False,
+               base: str | None = None) -> PreTrainedEncoder:
+    """Wrap the target layers of `model` (in place) and freeze all but LoRA and the head; returns the model."""
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise LoraError(f"lora.r: must be a positive integer, got {r!r}")
+    if not alpha or alpha <= 0:
+        raise LoraError(f"lora.alpha: must be positive, got {alpha!r}")
+    if not 0 <= dropout < 1:
+        raise LoraError(f"lora.dropout: must be in [0, 1), got {dropout!r}")
+    if lora_modules(model):
+        raise LoraError("the model already carries LoRA layers")
+    chosen = resolve_targets(model, targets)
+    peft_names = peft_target_names(model, chosen)
+    saved = modules_to_save(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name in chosen:
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, LoraLinear(getattr(owner, child), r, alpha, dropout, use_rslora))
+    for name, p in model.named_parameters():
+        if name.startswith("head.") or ".lora_A." in name or ".lora_B." in name:
+            p.requires_grad_(True)
+    model.adapter = AdapterInfo(r, float(alpha), float(dropout), chosen, peft_names, saved, base, use_rslora)
+    return model
+
+
+# --- PEFT's format ------------------------------------------------------------------------------------------------
+
+
+def _tied_values(model: PreTrainedEncoder) -> dict[str, Tensor]:
+    """hfport names transformers keeps as separate (tied) tensors, with the tensors they are tied to."""
+    from .heads import MaskedLMHead
+
+    if isinstance(model.head, MaskedLMHead) and model.head.decoder is None:
+        return {"head.decoder.weight": model.body.word_embeddings.weight, "head.decoder.bias": model.head.bias}
+    return {}
+
+
+def adapter_state_dict(model: PreTrainedEncoder) -> dict[str, Tensor]:
+    """PEFT's saved keys: `base_model.model.<HF name>` for every LoRA tensor and for the whole of each head module
+    (as transformers holds it, tied decoder included: what PEFT's modules_to_save copy saves)."""
+    names = model.hf_names()
+    state = model.state_dict()
+    out = {PEFT_PREFIX + names[n]: t for n, t in state.items() if ".lora_A." in n or ".lora_B." in n}
+    head_map = model.family.head_map(model.config, model.task)
+    if head_map is None:
+        return out
+    roots = set(model.adapter.modules_to_save)
+    tied = _tied_values(model)
+    for hf, ours in head_map.table.items():
+        if ours is None or hf.split(".", 1)[0] not in roots:
+            continue
+        tensor = state.get("head." + ours, tied.get("head." + ours))
+        if tensor is not None:
+            out.setdefault(PEFT_PREFIX + hf, tensor)
+    return out
+
+
+def peft_config(model: PreTrainedEncoder, base: str | None) -> dict[str, Any]:
+    """adapter_config.json: the fields PEFT's LoraConfig reads (defaults for the rest; no key of hfport's own,
+    which peft would warn about)."""
+    info = model.adapter
+    return {
+        "peft_type": "LORA", "task_type": PEFT_TASK_TYPES[model.task], "r": info.r, "lora_alpha": info.alpha,
+        "lora_dropout": info.dropout, "target_modules": list(info.peft_targets),
+        "modules_to_save": list(info.modules_to_save) or None, "base_model_name_or_path": base, "bias": "none",
+        "fan_in_fan_out": False, "use_rslora": info.use_rslora, "use_dora": False, "init_lora_weights": True,
+        "inference_mode": True, "revision": None, "layers_to_transform": None, "layers_pattern": None,
+        "rank_pattern": {}, "alpha_pattern": {}, "auto_mapping": None}
+
+
+def save_adapter(model: PreTrainedEncoder, folder: str | os.PathLike[str], base: str | None = None) -> Path:
+    """adapter_config.json + adapter_model.safetensors (PEFT's names) + config.json (the head's labels), written
+    into a staging folder and renamed into place."""
+    from safetensors.torch import save_file
+
+    if not has_lora(model):
+        raise LoraError("save_adapter: the model carries no LoRA adapter")
+    target = Path(folder)
+    base = base if base is not None else model.adapter.base
+    staging = hub.staging_dir(target)
+    try:
+        tensors, seen = {}, set()
+        for key, value in adapter_state_dict(model).items():
+            value = value.detach().contiguous().cpu()
+            # PEFT saves tied tensors (decoder bias = head bias) under each name; safetensors wants distinct memory
+            tensors[key] = value.clone() if value.data_ptr() in seen else value
+            seen.add(value.data_ptr())
+        save_file(tensors, str(staging / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        hub.write_json_atomic(staging / ADAPTER_CONFIG, peft_config(model, base))
+        config = model.config.to_hf_dict(model.family.architectures[model.task])
+        config.pop("torch_dtype", None)
+        config["dtype"] = str(model.dtype).removeprefix("torch.")
+        hub.write_json_atomic(staging / "config.json", config)
+        hub.publish(staging, target)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def adapter_tokenizer(folder: str | os.PathLike[str], base: str | os.PathLike[str]) -> str:
+    """Where an adapter's tokenizer is: its own folder (hfport writes it there), else the base's (PEFT's folders)."""
+    from .tokenizer import has_tokenizer_files
+
+    return str(folder) if has_tokenizer_files(folder) else str(base)
+
+
+def is_adapter_folder(path: str | os.PathLike[str]) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def read_adapter_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """adapter_config.json, refused (naming the field) where hfport cannot compute what PEFT would."""
+    path = Path(folder) / ADAPTER_CONFIG
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LoraError(f"{path}: cannot be read ({e})") from e
+    if not isinstance(raw, dict):
+        raise LoraError(f"{path}: expected a JSON object")
+    if raw.get("peft_type") != "LORA":
+        raise LoraError(f"{path}: peft_type {raw.get('peft_type')!r} is not supported; hfport computes LORA adapters "
+                        "only")
+    for name, allowed in SUPPORTED_VALUES.items():
+        if name in raw and raw[name] not in allowed:
+            raise LoraError(f"{path}: {name} = {raw[name]!r} is not supported (hfport computes plain LoRA: "
+                            f"{name} must be {allowed[0]!r})")
+    if raw.get("task_type") not in (*TASKS_OF_PEFT, None):
+        raise LoraError(f"{path}: task_type {raw.get('task_type')!r} is not an encoder task hfport has; "
+                        f"supported: {sorted(TASKS_OF_PEFT)} or null (fill-mask)")
+    r = raw.get("r")
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise LoraError(f"{path}: r must be a positive integer, got {r!r}")
+    targets = raw.get("target_modules")
+    if not (isinstance(targets, str) or (isinstance(targets, list) and targets and
+                                         all(isinstance(t, str) for t in targets))):
+        raise LoraError(f"{path}: target_modules must be a list of module names or a regex, got {targets!r}")
+    return raw
+
+
+def adapter_task(folder: str | os.PathLike[str]) -> str:
+    """The task of an adapter folder: its config.json's architectures when present, else PEFT's task_type."""
+    from .modeling import task_of
+    from .registry import get_family
+
+    folder = Path(folder)
+    raw = read_adapter_config(folder)
+    if (folder / "config.json").is_file():
+        config, source = hub.read_config(folder)
+        if config.get("architectures"):
+            return task_of(get_family(config.get("model_type"), source), config["architectures"])
+    if raw.get("task_type") is None:
+        return "fill-mask" if any("lm_head" in m or m in ("cls", "vocab_projector", "lm_predictions")
+                                  for m in raw.get("modules_to_save") or []) else "feature-extraction"
+    return TASKS_OF_PEFT[raw["task_type"]]
+
+
+BODY_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "vocab_size", "embedding_size")
+
+
+def _check_base(adapter_folder: Path, base_config: Any, adapter_config: Any) -> None:
+    wrong = [f"{f} {getattr(adapter_config, f)!r} (adapter) vs {getattr(base_config, f)!r} (base)"
+             for f in BODY_FIELDS if getattr(adapter_config, f) != getattr(base_config, f)]
+    if wrong:
+        raise LoraError(f"{adapter_folder}: the adapter was trained on another base model than "
+                        f"{base_config.source}: " + "; ".join(wrong))
+
+
+def check_adapter_base(folder: str | os.PathLike[str], base: str | os.PathLike[str]) -> None:
+    """The adapter folder fits the base model folder: its config is valid and the body's sizes agree."""
+    from .registry import get_family
+
+    folder = Path(folder)
+    read_adapter_config(folder)
+    base_raw, base_source = hub.read_config(hub.resolve(base))
+    base_config = get_family(base_raw.get("model_type"), base_source).config_from_hf(base_raw, base_source)
+    if (folder / "config.json").is_file():
+        raw, source = hub.read_config(folder)
+        _check_base(folder, base_config, get_family(raw.get("model_type"), source).config_from_hf(raw, source))
+
+
+def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *,
+                 base_model: str | os.PathLike[str] | PreTrainedEncoder | None = None, dtype: Any = None,
+                 device: Any = None, num_labels: int | None = None, id2label: dict[int, str] | None = None,
+                 label2id: dict[str, int] | None = None, problem_type: str | None = None) -> PreTrainedEncoder:
+    """The model of an adapter folder: the base's body (loaded from `base_model_name_or_path`, `base_model=` a
+    folder, or `base_model=` a loaded hfport model whose tensors are then shared, not copied), LoRA layers and the
+    trained head from the folder. Every adapter tensor must fit a module of the base and every trainable tensor of
+    the model must come from the folder; anything else is an error naming it."""
+    from .modeling import LoadReport, PreTrainedEncoder as _Encoder
+    from .registry import get_family
+    from .tasks import EncoderModel
+
+    folder = Path(folder)
+    raw = read_adapter_config(folder)
+    task = adapter_task(folder)
+    if cls.task != task and cls.task != EncoderModel.task:
+        raise LoraError(f"{folder}: a {task} adapter; {cls.__name__} computes {cls.task}")
+    if cls.task == EncoderModel.task and task != cls.task:
+        raise LoraError(f"{folder}: a {task} adapter (its head is part of it); load it with its task's class")
+    # the base: shared when given loaded, else loaded as the bare encoder (its head, if any, is not used)
+    if isinstance(base_model, _Encoder):
+        base = base_model
+        base_name = str(base.load_report.source) if base.load_report else "the given model"
+    else:
+        base_name = str(base_model) if base_model is not None else raw.get("base_model_name_or_path")
+        if not base_name:
+            raise LoraError(f"{folder / ADAPTER_CONFIG}: base_model_name_or_path is empty; pass base_model=")
+        base = EncoderModel.from_pretrained(base_name, dtype=dtype, device=device)
+    if has_lora(base):
+        raise LoraError(f"base {base_name}: already carries a LoRA adapter; give the plain base model")
+    config = copy.deepcopy(base.config)
+    if (folder / "config.json").is_file():
+        own_raw, own_source = hub.read_config(folder)
+        own = get_family(own_raw.get("model_type"), own_source).config_from_hf(own_raw, own_source)
+        _check_base(folder, base.config, own)
+        labels = {"id2label": own.id2label, "problem_type": own.problem_type} if own.id2label else {}
+        config.set_labels(**labels)
+    config.set_labels(num_labels=num_labels, id2label=id2label, label2id=label2id, problem_type=problem_type)
+    with torch.device("meta"):
+        model = cls(config, base.family)
+    # the body: the base's tensors themselves (two adapters over one base hold one copy of its weights)
+    theirs = dict(base.body.named_parameters()) | dict(base.body.named_buffers())
+    missing_body = []
+    for name, tensor in list(model.body.named_parameters()) + list(model.body.named_buffers()):
+        if name not in theirs:
+            missing_body.append(name)
+            continue
+        owner, _, leaf = name.rpartition(".")
+        module = model.body.get_submodule(owner)
+        if leaf in module._parameters:
+            module._parameters[leaf] = theirs[name]
+        else:
+            module._buffers[leaf] = theirs[name]
+        if base.load_report and ("body." + name) in base.load_report.initialized:
+            missing_body.append(name)
+    if missing_body:
+        raise LoraError(f"base {base_name}: lacks body weights this {task} adapter uses: {missing_body[:5]}")
+    ref = next(base.parameters())
+    if model.head is not None:
+        model.head.to_empty(device=ref.device)
+        model.head.to(ref.dtype)
+    # LoRA layers on PEFT's targets (its matching rule on transformers' module names)
+    hf_names = model.hf_names()
+    modules = _linear_modules(model)
+    targets_raw = raw["target_modules"]
+    chosen = [n for n in modules if (re.fullmatch(targets_raw, _hf_module(hf_names, n)) if isinstance(targets_raw, str)
+                                     else any(_matches(_hf_module(hf_names, n), t) for t in targets_raw))]
+    if not chosen:
+        raise LoraError(f"{folder / ADAPTER_CONFIG}: target_modules {targets_raw!r} match no layer of the base "
+                        f"{base_name} ({model.family.model_type})")
+    r, alpha = raw["r"], float(raw.get("lora_alpha", 8))
+    with torch.device(ref.device):
+        for name in chosen:
+            parent, _, child = name.rpartition(".")
+            owner = model.get_submodule(parent)
+            setattr(owner, child, LoraLinear(getattr(owner, child), r, alpha, float(raw.get("lora_dropout", 0.0)),
+                                             bool(raw.get("use_rslora", False))))
+    model.adapter = AdapterInfo(r, alpha, float(raw.get("lora_dropout", 0.0)), chosen,
+                                targets_raw if isinstance(targets_raw, list) else [targets_raw],
+                                modules_to_save(model), base_name, bool(raw.get("use_rslora", False)), str(folder))
+    _load_adapter_tensors(model, folder)
+    model.load_report = LoadReport(str(folder), loaded=sorted(n for n, p in model.named_parameters()
+                                                              if p.requires_grad or ".lora_" in n),
+                                   notes=[f"LoRA adapter (r={r}, alpha={alpha:g}) over {base_name}"])
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+@torch.no_grad()
+def _load_adapter_tensors(model: PreTrainedEncoder, folder: Path) -> None:
+    from safetensors import safe_open
+
+    path = folder / ADAPTER_WEIGHTS
+    if not path.is_file():
+        raise LoraError(f"{folder}: no {ADAPTER_WEIGHTS} (safetensors only; an adapter_model.bin is not read)")
+    hub.read_safetensors_header(path)  # validated against the file size before anything is read
+    expected = adapter_state_dict(model)  # peft key -> the model's tensor to fill (or a tied one to compare)
+    tied = {id(t) for t in _tied_values(model).values()}
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+        unexpected = sorted(set(keys) - set(expected))
+        if unexpected:
+            raise LoraError(f"{path}: tensors that fit no module of the adapted model: {unexpected[:6]}"
+                            + (f" (+{len(unexpected) - 6})" if len(unexpected) > 6 else ""))
+        missing = sorted(k for k, t in expected.items() if k not in keys and id(t) not in tied)
+        if missing:
+            raise LoraError(f"{path}: lacks {len(missing)} tensor(s) the adapter's model needs: {missing[:6]}")
+        bad = []
+        for key in keys:
+            target, tensor = expected[key], f.get_tensor(key)
+            if tuple(tensor.shape) != tuple(target.shape):
+                bad.append(f"{key}: adapter {list(tensor.shape)} vs base model {list(target.shape)}")
+                continue
+            if id(target) in tied:  # a copy of a tied weight (PEFT saves the whole head module): must agree
+                if not torch.equal(tensor.to(target.dtype), target):
+                    raise LoraError(f"{path}: {key} differs from the weight it is tied to in the base "
+                                    "(hfport computes the MLM decoder tied to the word embeddings)")
+                continue
+            target.copy_(tensor)
+        if bad:
+            raise LoraError(f"{path}: adapter tensors do not fit the base model (a different base? hidden size, "
+                            "layer sizes or r): " + "; ".join(bad[:5]))
+
+
+# --- merging ------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def merged(model: PreTrainedEncoder) -> PreTrainedEncoder:
+    """A plain copy of `model` with each LoRA update folded in: W' = W + scaling * B A (in float32, then the
+    weight's dtype). New tensors: the adapter's model, and any base it shares, stay as they are."""
+    if not has_lora(model):
+        raise LoraError("merged: the model carries no LoRA adapter")
+    out = copy.deepcopy(model)
+    for name, layer in lora_modules(out).items():
+        plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                          device=layer.weight.device, dtype=layer.weight.dtype)
+        plain.weight.copy_((layer.weight.float() + layer.delta_weight()).to(layer.weight.dtype))
+        if layer.bias is not None:
+            plain.bias.copy_(layer.bias)
+        parent, _, child = name.rpartition(".")
+        setattr(out.get_submodule(parent), child, plain)
+    out.adapter = None
+    for p in out.parameters():
+        p.requires_grad_(False)
+    return out

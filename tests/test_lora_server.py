@@ -1,0 +1,100 @@
+"""LoRA adapters in the service: a fine-tune job with `lora` registers its adapter over its base, an adapter
+registers over a registered base (checked to fit), /predict answers by adapter name with what the merged export
+computes, and adapters over one base share its tensors in the model cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+import hfport
+from hfport import lora
+from tests.test_server import Server, assert_error, finetune_config, root, wait_job  # noqa: F401 - root: fixture
+from tests.tiny import save_hf
+
+TEXTS = ["the plot was great overall", "the acting was awful overall", "the ending was lovely overall"]
+
+
+def _adapter(base: Path, out: Path, task: str = "text-classification", seed: int = 0) -> Path:
+    model = hfport.tasks.get(task).model_class.from_pretrained(base, id2label={0: "negative", 1: "positive"})
+    lora.apply_lora(model, r=4, alpha=8, targets=["q", "v"], base=str(base))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    lora.save_adapter(model, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def client(root, tmp_path_factory):  # noqa: F811
+    srv = Server(tmp_path_factory.mktemp("lora-srv") / "data", root, HFPORT_BATCH_MAX_WAIT_MS="5").start()
+    with httpx.Client(base_url=srv.url, timeout=120) as c:
+        yield c
+    srv.stop()
+
+
+def test_lora_job_registers_its_adapter_and_predict_equals_the_merged_export(client, root, tmp_path):  # noqa: F811
+    r = client.post("/models", json={"name": "ftbase", "path": str(root / "models" / "ft-base")})
+    assert r.status_code == 201, r.text
+    config = finetune_config(root, epochs=1, lora={"r": 4, "target_modules": ["q", "k", "v", "o", "ffn.up"]})
+    job = client.post("/jobs/finetune", json={"config": config, "register_as": "sent-lora"}).json()
+    done = wait_job(client, job["id"], lambda j: j["status"] == "succeeded", timeout=300)
+    entry = client.get("/models/sent-lora").json()
+    assert entry["kind"] == "adapter" and entry["task"] == "text-classification"
+    assert Path(entry["base"]) == (root / "models" / "ft-base").resolve()
+    assert (Path(done["result"]["model_path"]) / "adapter_config.json").is_file()
+    r = client.post("/predict", json={"model": "sent-lora", "inputs": TEXTS, "parameters": {"top_k": None}})
+    assert r.status_code == 200, r.text
+    served = r.json()["outputs"]
+    hfport.export(entry["path"], tmp_path / "merged", merge=True, verify=True)
+    merged = hfport.pipeline("text-classification", model=tmp_path / "merged")(TEXTS, top_k=None)
+    for got, want in zip(served, merged):
+        assert [d["label"] for d in got] == [d["label"] for d in want]
+        assert [d["score"] for d in got] == pytest.approx([d["score"] for d in want], abs=1e-5)
+
+
+def test_adapter_registers_over_a_registered_base(client, root):  # noqa: F811
+    client.post("/models", json={"name": "ftbase", "path": str(root / "models" / "ft-base")})
+    folder = _adapter(root / "models" / "ft-base", root / "adapters" / "two", seed=2)
+    r = client.post("/models", json={"name": "two", "path": str(folder), "base": "ftbase"})
+    assert r.status_code == 201, r.text
+    assert r.json()["kind"] == "adapter" and r.json()["base"] == str(root / "models" / "ft-base")
+    out = client.post("/predict", json={"model": "two", "inputs": TEXTS})
+    assert out.status_code == 200, out.text
+    want = hfport.pipeline("text-classification", model=folder)(TEXTS)
+    assert [o["label"] for o in out.json()["outputs"]] == [w["label"] for w in want]
+    assert [o["score"] for o in out.json()["outputs"]] == pytest.approx([w["score"] for w in want], abs=1e-5)
+    # bad input: a base the adapter does not fit, an adapter given as a base, a base for a plain model
+    other = root / "models" / "wide-base"
+    save_hf("bert", "base", other, vocab_size=30522, hidden_size=48)
+    body = assert_error(client.post("/models", json={"name": "bad", "path": str(folder), "base": str(other)}), 400)
+    assert "hidden_size 32 (adapter) vs 48 (base)" in body["error"]
+    assert_error(client.post("/models", json={"name": "bad", "path": str(folder), "base": "two"}), 400)
+    assert_error(client.post("/models", json={"name": "bad", "path": str(root / "models" / "ft-base"),
+                                              "base": "ftbase"}), 400)
+
+
+def test_adapters_over_one_base_share_its_tensors(root, tmp_path):  # noqa: F811
+    from server.serving import ModelService, total_weight_bytes, weight_bytes
+    from server.settings import Settings
+
+    base = root / "models" / "ft-base"
+    one, two = _adapter(base, tmp_path / "one", seed=3), _adapter(base, tmp_path / "two", seed=4)
+    service = ModelService(Settings(data_dir=tmp_path / "data", batch_autotune=False))
+    try:
+        for name, folder in (("one", one), ("two", two)):
+            service._adapter_bases[(name, str(folder), "text-classification")] = str(base)
+        a = service._load(("one", str(one), "text-classification"))
+        b = service._load(("two", str(two), "text-classification"))
+    finally:
+        service.close()
+    for name in ("embeddings.word.weight", "encoder.layers.0.attn.q.weight", "encoder.layers.1.ffn.up.weight"):
+        assert a.model.body.get_parameter(name).data_ptr() == b.model.body.get_parameter(name).data_ptr()
+    # the cache's memory budget counts the shared base once
+    assert total_weight_bytes([a, b]) < weight_bytes(a) + weight_bytes(b)
+    assert total_weight_bytes([a, b]) < 1.1 * weight_bytes(a)
