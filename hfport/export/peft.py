@@ -27,7 +27,7 @@ from ..tasks import load_any
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
 from .common import DTYPE_NAMES, OUTPUTS, TRANSFORMERS_AUTO, ExportError, Source, no_tokenizer_message, \
     resolve_source, tokenizer_folder
-from .verify import (TOLERANCES, VerifyFailed, VerifyReport, _check, _check_labels, _check_tokenizer,
+from .verify import (TOLERANCES, VerifyFailed, VerifyReport, check_row, _check_labels, _check_tokenizer,
                      _check_weights, _compare, _load_transformers, _quiet_transformers)
 
 log = logging.getLogger("hfport")
@@ -43,7 +43,7 @@ def verify_adapter(dir: str | Path, source: Any = None, *, atol: float | None = 
     report.atol, report.rtol = (TOLERANCES["float32"][0] if atol is None else atol,
                                 TOLERANCES["float32"][1] if rtol is None else rtol)
     try:
-        with _check(report, "verify", "run"):
+        with check_row(report, "verify", "run"):
             _verify_adapter(folder, source, which, report)
     finally:
         if json_path is not None:
@@ -54,7 +54,7 @@ def verify_adapter(dir: str | Path, source: Any = None, *, atol: float | None = 
 def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport) -> None:
     tol = f"atol={report.atol:g} rtol={report.rtol:g}"
     ctx: dict[str, Any] = {}
-    with _check(report, "config", lora.ADAPTER_CONFIG):
+    with check_row(report, "config", lora.ADAPTER_CONFIG):
         raw = lora.read_adapter_config(folder)  # refuses what hfport cannot compute (IA3, DoRA, ...)
         task = lora.adapter_task(folder)
         ctx.update(raw=raw, task=task)
@@ -65,7 +65,7 @@ def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport)
         return
     raw, task = ctx["raw"], ctx["task"]
     ours: PreTrainedEncoder | None = None
-    with _check(report, "source", str(source or folder)):
+    with check_row(report, "source", str(source or folder)):
         src = resolve_source(source if source is not None else folder, which)
         ours = load_any(src.model, dtype=torch.float32)
         if ours.task != task:
@@ -74,14 +74,14 @@ def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport)
     cfg = {"id2label": ours.config.id2label} if ours is not None and \
         ours.head is not None and task in ("text-classification", "token-classification") else {}
     if ours is not None and (folder / "config.json").is_file():
-        with _check(report, "labels", "id2label/label2id"):
+        with check_row(report, "labels", "id2label/label2id"):
             _check_labels(report, hub.read_config(folder)[0], ours)
     theirs = None
     with _quiet_transformers() as transformers:
-        with _check(report, "load", f"peft over {TRANSFORMERS_AUTO[task]}"):
+        with check_row(report, "load", f"peft over {TRANSFORMERS_AUTO[task]}"):
             theirs = _load_peft(report, transformers, folder, raw, task, cfg)
         batches: dict[str, Any] = {}
-        with _check(report, "tokenizer", "load"):
+        with check_row(report, "tokenizer", "load"):
             tok = folder if has_tokenizer_files(folder) else Path(raw.get("base_model_name_or_path") or folder)
             batches = _check_tokenizer(report, transformers, tok, task, hub.read_config(tok)[0]
                                        if (tok / "config.json").is_file() else {})
@@ -89,7 +89,7 @@ def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport)
         return
     for name, enc in batches.items():
         for out_name in OUTPUTS[task]:
-            with _check(report, "outputs", f"{name}/{out_name}"):
+            with check_row(report, "outputs", f"{name}/{out_name}"):
                 _compare(report, name, out_name, ours, theirs, enc, task, tol)
 
 
@@ -134,27 +134,27 @@ def verify_merged(dir: Path, adapter_model: PreTrainedEncoder, merged_model: Pre
     dtype's rounding), and it computes what the unmerged adapter model computes."""
     report = VerifyReport(label or str(dir), source)
     try:
-        with _check(report, "verify", "run"):
+        with check_row(report, "verify", "run"):
             raw, _ = hub.read_config(dir)
             report.dtype = DTYPE_NAMES[merged_model.dtype]
             report.atol = TOLERANCES[report.dtype][0] if atol is None else atol
             report.rtol = TOLERANCES[report.dtype][1] if rtol is None else rtol
             task, tol = adapter_model.task, f"atol={report.atol:g} rtol={report.rtol:g}"
             report.add("config", "config.json", True, detail=f"merged {raw.get('model_type')} {task}")
-            with _check(report, "labels", "id2label/label2id"):
+            with check_row(report, "labels", "id2label/label2id"):
                 _check_labels(report, raw, adapter_model)
-            with _check(report, "weights", "model.safetensors (merged)"):
+            with check_row(report, "weights", "model.safetensors (merged)"):
                 _check_weights(report, dir, merged_model)
             theirs, batches = None, {}
             with _quiet_transformers() as transformers:
-                with _check(report, "load", TRANSFORMERS_AUTO[task]):
+                with check_row(report, "load", TRANSFORMERS_AUTO[task]):
                     theirs = _load_transformers(report, transformers, dir, task, raw)
-                with _check(report, "tokenizer", "load"):
+                with check_row(report, "tokenizer", "load"):
                     batches = _check_tokenizer(report, transformers, dir, task, raw)
             if theirs is not None:
                 for name, enc in batches.items():
                     for out_name in OUTPUTS[task]:
-                        with _check(report, "outputs", f"{name}/{out_name} (merged vs adapter)"):
+                        with check_row(report, "outputs", f"{name}/{out_name} (merged vs adapter)"):
                             _compare(report, name, out_name, adapter_model, theirs, enc, task, tol)
     finally:
         if json_path is not None:
