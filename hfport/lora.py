@@ -58,7 +58,6 @@ PEFT_TASK_TYPES: dict[str, str | None] = {
 TASKS_OF_PEFT = {v: k for k, v in PEFT_TASK_TYPES.items() if v is not None}
 # hfport names, the same in every family; each family's key map gives them its HF names (query/value, q_lin/v_lin,
 # query_proj/value_proj). The LoRA paper's and peft's default for these encoders: the query and value projections.
-DEFAULT_TARGETS = ("attn.q", "attn.v")
 # PEFT config fields hfport computes only at these values (anything else changes the computation): refused, named
 SUPPORTED_VALUES: dict[str, tuple[Any, ...]] = {
     "use_dora": (False, None), "bias": ("none", None), "lora_bias": (False, None), "fan_in_fan_out": (False, None),
@@ -156,7 +155,7 @@ def _matches(name: str, target: str) -> bool:
 
 def resolve_targets(model: PreTrainedEncoder, targets: list[str] | tuple[str, ...] | None) -> list[str]:
     """hfport module paths of the linear layers `targets` name (hfport or HF names, any suffix of the path)."""
-    targets = list(DEFAULT_TARGETS if not targets else targets)
+    targets = list(model.family.lora_targets if not targets else targets)  # the family's default: its attention
     hf_names = model.hf_names()
     prefix = model.family.prefix + "."
     modules = _linear_modules(model)

@@ -166,7 +166,8 @@ def export_lora(source: Source, out: Path, *, merge: bool, dtype: torch.dtype, l
                 atol: float | None, rtol: float | None, json_path: Any, replace: Any) -> Any:
     """The adapter of SOURCE at OUT: as the adapter folder (merge=False) or merged into a plain HF folder."""
     from .card import model_card
-    from .folder import ExportResult, _export_config
+    from .common import export_config
+    from .folder import ExportResult
 
     model = load_any(source.model, dtype=torch.float32)
     tok_folder = tokenizer_folder(source)
@@ -180,7 +181,7 @@ def export_lora(source: Source, out: Path, *, merge: bool, dtype: torch.dtype, l
         if merge:
             plain = lora.merged(model).to(dtype)
             files = hub.save_weights(plain.hf_state_dict(), staging, limit)
-            config = _export_config(plain, plain.family.architectures[plain.task], dtype)
+            config = export_config(plain, plain.family.architectures[plain.task], dtype)
             hub.write_json_atomic(staging / "config.json", config)
             copy_tokenizer_files(tok_folder, staging)
             (staging / "README.md").write_text(model_card(source, config, model.task, out.name), encoding="utf-8")

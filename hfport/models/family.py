@@ -26,6 +26,8 @@ class Family:
     # how this family's heads differ from the task's defaults (RoBERTa's dense layer before the classifier,
     # DeBERTa's ContextPooler, the MLM activation...); a task absent here uses the defaults
     head_options: HeadOptions = field(default_factory=dict)
+    # the linear layers LoRA adapts when the user names none (hfport names): attention's query and value by default
+    lora_targets: tuple[str, ...] = ("attn.q", "attn.v")
     ignored_keys: KeyMap = field(default_factory=lambda: KeyMap({}))  # pre-training heads hfport never loads
     after_init: Callable[[nn.Module, EncoderConfig], None] | None = None  # a family's own fresh-init values
     # a family whose head names depend on the config (DeBERTa's two MLM layouts) picks the head's table here
