@@ -49,10 +49,12 @@ def bases(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def _perturbed_adapter(family: str, task: str, base: Path, out: Path, targets=("q", "v", "ffn.up")):
-    """An hfport model with LoRA whose A, B and head are moved off their init (B = 0 would hide errors)."""
+def _perturbed_adapter(family: str, task: str, base: Path, out: Path, targets=None):
+    """An hfport model with LoRA whose A, B and head are moved off their init (B = 0 would hide errors). Targets: the
+    family's attention defaults (q, v; ModernBERT's fused Wqkv) and the feed-forward's first layer."""
     model = hfport.tasks.get(task).model_class.from_pretrained(base, **_labels(task))
-    lora.apply_lora(model, r=4, alpha=8, targets=list(targets), base=str(base))
+    targets = list(targets or (*model.family.lora_targets, "ffn.up"))
+    lora.apply_lora(model, r=4, alpha=8, targets=targets, base=str(base))
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for _, p in model.named_parameters():
