@@ -63,7 +63,7 @@ def test_padded_call_and_banded_equal_per_run_calls(family: str, tmp_path, monke
     real = inputs["attention_mask"].bool()
     assert isinstance(model.body.plan(inputs["input_ids"], inputs["attention_mask"]), Packed)
     results = {}
-    for strategy, band_from in [("runs", 10**9), ("runs", 2), ("padded", 10**9), ("padded", 2), ("padded", 0)]:
+    for strategy, band_from in [("runs", 10**9), ("runs", 2), ("padded", 10**9), ("padded", 2), ("padded", 0), ("auto", 2.5)]:
         monkeypatch.setattr(layout_module, "PACKED_ATTENTION", strategy)
         monkeypatch.setattr(layout_module, "BANDED_MIN_WINDOWS", band_from)
         results[strategy, band_from] = run_model(model, inputs, real)

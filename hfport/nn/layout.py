@@ -76,9 +76,10 @@ class _PerBatch:
 # texts, e.g. 128 rows of a few tokens each).
 CALL_COST = 1_300_000
 SCATTER_COST = 100
-# Banded local attention (see `BandPlan`) from this many windows of length on: below it the slabs' copies and
-# the extra block overhead eat the saved scores (measured on a 2-core CPU; L = 2w saves 25% of the scores).
-BANDED_MIN_WINDOWS = 2
+# Banded local attention (see `BandPlan`) from this many windows of length on. Measured on a 2-core CPU, one
+# thread, window 128, 6 heads of 64, two sequences, attention forward + backward (min of 16, blocked / full masked):
+# L = 256 1.06, 320 0.89, 384 0.78, 512 0.57; below ~2.5 windows the slab copies eat the saved scores.
+BANDED_MIN_WINDOWS = 2.5
 # "auto" (the cost rule), "runs" or "padded": how Packed.attend runs a batch without a bias callback.
 PACKED_ATTENTION = "auto"
 
@@ -311,7 +312,9 @@ class Packed(_PerBatch):
         """q, k, v: (N, C) packed rows -> (N, C): each sequence attends over its own L_i tokens only.
 
         One kernel call per run of equal-length sequences (often one per sequence); the per-call overhead is
-        small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away.
+        small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away. Without
+        a bias callback, a batch of very many short runs takes one padded call over (B, Lmax) instead (the cost
+        rule at CALL_COST), and sequences of >= BANDED_MIN_WINDOWS windows run local attention blocked (BandPlan).
         Measured on a 2-core CPU, 16 rows with 41% padding, attention forward + backward with dropout / without:
         per sequence 156 / 105 ms, one masked padded call 380 / 126 ms, nested-tensor SDPA 672 / 700 ms.
         A sliding window is a band mask per run, built here on any device; on CUDA, flash-attn's varlen kernel
