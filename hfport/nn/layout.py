@@ -24,6 +24,7 @@ from itertools import accumulate
 from typing import Any, Callable, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 # bias(q, k) -> the additive score bias (G|1, H|1, L, L) of G sequences of length L given their (G, H, L, D) queries
@@ -64,11 +65,96 @@ class _PerBatch:
         return memo[key]
 
 
+# When Packed.attend runs one padded call instead of one call per run, in units of one multiply-add of q.k or p.v
+# per channel (~0.1 ns on a 2-core CPU): per runs, sum over runs of G * L^2 * C plus CALL_COST per call (a small
+# fused SDPA call's fixed cost, forward + backward, ~130 us); padded, B * Lmax^2 * C plus SCATTER_COST per padded
+# element B * Lmax * C (scattering q, k, v and the mask, gathering the output, and the backward of each, all memory
+# bound, ~10 ms for 64 rows of <= 30 tokens at C = 384). Measured there, attention forward + backward, C = 384,
+# 12 heads (medians of 12 interleaved repeats, noisy shared machine): 64 rows of 10-30 tokens in 62 runs, per run
+# 9.9 ms / padded 12.1 ms; the same length-sorted (18 runs) 6.6 / 11.4; 16 rows of 16-128 tokens 8.4 / 18.3;
+# 4 rows of 16-512 19.7 / 34.4. Padded wins only with many more runs than that (long unsorted batches of short
+# texts, e.g. 128 rows of a few tokens each).
+CALL_COST = 1_300_000
+SCATTER_COST = 100
+# Banded local attention (see `BandPlan`) from this many windows of length on. Measured on a 2-core CPU, one
+# thread, window 128, 6 heads of 64, two sequences, attention forward + backward (min of 16, blocked / full masked):
+# L = 256 1.06, 320 0.89, 384 0.78, 512 0.57; below ~2.5 windows the slab copies eat the saved scores.
+BANDED_MIN_WINDOWS = 2.5
+# "auto" (the cost rule), "runs" or "padded": how Packed.attend runs a batch without a bias callback.
+PACKED_ATTENTION = "auto"
+
+
 def window_band(positions: Tensor, window: int) -> Tensor:
     """(..., L) position ids -> (..., L, L) bool: True where |p_i - p_j| <= window // 2 (ModernBERT's local
     attention, symmetric, window // 2 tokens each side). Distances are between position ids, so a hole in the mask
     keeps its width, as in the padded layout."""
     return (positions[..., :, None] - positions[..., None, :]).abs() <= window // 2  # (..., L, L)
+
+
+@dataclass(frozen=True, eq=False)
+class BandPlan:
+    """Local attention over G sequences of length L in query blocks: block [s, s + Q) needs only the keys
+    [s - w // 2, s + Q + w // 2) (a slab of S = Q + 2 * (w // 2) rows), so one kernel call over G * nb blocks
+    scores G * L * S pairs instead of G * L^2 (PyTorch's CPU SDPA scores the whole L x L, then masks the band).
+
+    Exact: every key outside a block's slab is outside the band of its queries (position ids grow at least as
+    fast as the row index, holes included), so a query's softmax sees the same keys; only the summation order
+    differs (fp32 ~1e-7). With attention dropout the dropped entries come from another RNG stream than the full
+    call's (the same distribution: each in-band probability dropped independently)."""
+
+    blocks: int  # nb = ceil(L / Q)
+    block: int  # Q = w // 2 queries per block
+    half: int  # w // 2
+    length: int  # L
+    mask: Tensor  # (G * nb, 1, Q, S) bool, True = attend
+
+    @staticmethod
+    def build(positions: Tensor, valid: Tensor | None, window: int) -> BandPlan:
+        """positions (G, L) long; valid (G, L) bool real tokens (None: all real). Query rows that are not real
+        attend to their whole slab (their outputs are thrown away; a fully masked row would be NaN)."""
+        g, length = positions.shape
+        half = window // 2
+        block = max(half, 1)
+        blocks = -(-length // block)
+        tail = blocks * block - length
+        slab = block + 2 * half
+        if valid is None:
+            valid = torch.ones_like(positions, dtype=torch.bool)
+        qpos = F.pad(positions, (0, tail)).view(g, blocks, block)  # (G, nb, Q)
+        qreal = F.pad(valid, (0, tail), value=False).view(g, blocks, block)  # (G, nb, Q)
+        kpos = F.pad(positions, (half, tail + half)).unfold(1, slab, block)  # (G, nb, S)
+        kreal = F.pad(valid, (half, tail + half), value=False).unfold(1, slab, block)  # (G, nb, S)
+        mask = ((qpos[..., :, None] - kpos[..., None, :]).abs() <= half) & kreal[..., None, :]  # (G, nb, Q, S)
+        mask = mask | ~qreal[..., :, None]
+        return BandPlan(blocks, block, half, length, mask.reshape(g * blocks, 1, block, slab))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, kernel: Kernel) -> Tensor:
+        """q, k, v (G, H, L, D) -> (G, H, L, D)."""
+        g, h, length, d = q.shape
+        nb, block, half = self.blocks, self.block, self.half
+        tail = nb * block - length
+        slab = block + 2 * half
+        qb = F.pad(q, (0, 0, 0, tail)).view(g, h, nb, block, d).transpose(1, 2).reshape(g * nb, h, block, d)
+
+        def slabs(x: Tensor) -> Tensor:  # (G, H, L, D) -> (G * nb, H, S, D)
+            x = F.pad(x, (0, 0, half, tail + half)).unfold(2, slab, block)  # (G, H, nb, D, S)
+            return x.permute(0, 2, 1, 4, 3).reshape(g * nb, h, slab, d)
+
+        out = kernel(qb, slabs(k), slabs(v), mask=self.mask, bias=None)  # (G * nb, H, Q, D)
+        out = out.view(g, nb, h, block, d).transpose(1, 2).reshape(g, h, nb * block, d)  # (G, H, nb * Q, D)
+        return out[:, :, :length]
+
+
+def _local(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel, mask: Tensor | BandPlan | None) -> Tensor:
+    """One sequence group's kernel call: a BandPlan runs blocked, a mask (or None) one full call."""
+    if isinstance(mask, BandPlan):
+        return mask.attend(q, k, v, kernel)
+    return kernel(q, k, v, mask=mask, bias=None)
+
+
+def banded(length: int, window: int | None) -> bool:
+    """Whether local attention over sequences of this length runs blocked (BandPlan)."""
+    return window is not None and length >= BANDED_MIN_WINDOWS * window
 
 
 def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
@@ -126,6 +212,10 @@ class Padded(_PerBatch):
         """q, k, v: (B, T, C) -> (B, T, C): one kernel call over the whole batch."""
         q, k, v = _heads(q, heads), _heads(k, heads), _heads(v, heads)  # (B, H, T, D)
         mask = self.key_mask  # (B, 1, 1, T) | None
+        if bias is None and self.keep is None and banded(q.shape[2], window):  # nothing padded: blocked band
+            plan = self.cached(("band", window), lambda: BandPlan.build(
+                self.positions.expand(q.shape[0], -1), None, window))
+            return _merge_heads(plan.attend(q, k, v, kernel))  # (B, T, C)
         if window is not None:
             mask = self.cached(("window", window), lambda: self._window_mask(window))  # (B|1, 1, T, T) | None
         out = kernel(q, k, v, mask=mask, bias=bias(q, k) if bias is not None else None)  # (B, H, T, D)
@@ -222,28 +312,93 @@ class Packed(_PerBatch):
         """q, k, v: (N, C) packed rows -> (N, C): each sequence attends over its own L_i tokens only.
 
         One kernel call per run of equal-length sequences (often one per sequence); the per-call overhead is
-        small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away.
+        small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away. Without
+        a bias callback, a batch of very many short runs takes one padded call over (B, Lmax) instead (the cost
+        rule at CALL_COST), and sequences of >= BANDED_MIN_WINDOWS windows run local attention blocked (BandPlan).
         Measured on a 2-core CPU, 16 rows with 41% padding, attention forward + backward with dropout / without:
         per sequence 156 / 105 ms, one masked padded call 380 / 126 ms, nested-tensor SDPA 672 / 700 ms.
         A sliding window is a band mask per run, built here on any device; on CUDA, flash-attn's varlen kernel
         (cu_seqlens from `starts`, window_size=(w // 2, w // 2)) would do all runs in one call without masks."""
         n, c = q.shape
         d = c // heads
+        if bias is None and self._one_padded_call(c):
+            return self._attend_padded(q, k, v, heads, kernel, window)
         masks = self.cached(("window", window), lambda: self._window_masks(window)) if window is not None else None
         pieces = []
-        for r, (start, count, length) in enumerate(self.runs):
-            rows = slice(start, start + count * length)
-            qi, ki, vi = (x[rows].view(count, length, heads, d).transpose(1, 2) for x in (q, k, v))  # (G, H, L, D)
-            out = kernel(qi, ki, vi, mask=masks[r] if masks is not None else None,
-                         bias=bias(qi, ki) if bias is not None else None)  # (G, H, L, D)
+        # split, not slicing: a slice's backward writes a zero (N, C) gradient per run, quadratic in runs
+        sizes = [count * length for _, count, length in self.runs]
+        for r, ((_, count, length), qr, kr, vr) in enumerate(zip(self.runs, *(x.split(sizes) for x in (q, k, v)))):
+            qi, ki, vi = (x.view(count, length, heads, d).transpose(1, 2) for x in (qr, kr, vr))  # (G, H, L, D)
+            if bias is None:
+                out = _local(qi, ki, vi, kernel, masks[r] if masks is not None else None)  # (G, H, L, D)
+            else:
+                out = kernel(qi, ki, vi, mask=masks[r] if masks is not None else None, bias=bias(qi, ki))
             pieces.append(out.transpose(1, 2).reshape(count * length, c))  # (G * L, C)
         return torch.cat(pieces)  # (N, C)
 
-    def _window_masks(self, window: int) -> list[Tensor | None]:
-        """Per run (G, 1, L, L) band masks, None for a run the window covers whole."""
-        masks: list[Tensor | None] = []
+    def _one_padded_call(self, width: int) -> bool:
+        """The cost rule (see CALL_COST): one padded call over (B, Lmax) when its wasted scores and copies cost less
+        than the per-run calls' overheads: very many short runs go padded, few long varied ones per run.
+        PACKED_ATTENTION forces either ("runs" / "padded"), for tests and measurements."""
+        if PACKED_ATTENTION != "auto":
+            return PACKED_ATTENTION == "padded"
+        if len(self.runs) == 1:
+            return False
+        padded = self.batch * self.max_length * width * (self.max_length + SCATTER_COST)
+        runs = sum(count * length ** 2 * width + CALL_COST for _, count, length in self.runs)
+        return padded < runs
+
+    @cached_property
+    def _slots(self) -> Tensor:
+        """(N,) long: each packed row's slot b * Lmax + i in the (B, Lmax) batch its sequence's rows start."""
+        lengths = torch.tensor(self.lengths, device=self.index.device)  # (B,)
+        seq = torch.repeat_interleave(torch.arange(self.batch, device=lengths.device), lengths)  # (N,)
+        starts = torch.tensor(self.starts, device=lengths.device)  # (B,)
+        offset = torch.arange(seq.shape[0], device=lengths.device) - starts[seq]  # (N,)
+        return seq * self.max_length + offset
+
+    def _attend_padded(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kernel: Kernel,
+                       window: int | None) -> Tensor:
+        """One kernel call over the rows scattered to (B, H, Lmax, D) (Lmax: this batch's longest sequence, not
+        the caller's T), real keys only; rows gathered back. Padded query rows attend to every key (thrown away;
+        a fully masked row would be NaN and poison the backward)."""
+        n, c = q.shape
+        b, lmax = self.batch, self.max_length
+        slots = self._slots
+        qp, kp, vp = (_heads(_Scatter.apply(x, slots, b * lmax).view(b, lmax, c), heads) for x in (q, k, v))
+        if banded(lmax, window):
+            plan = self.cached(("band padded", window), lambda: BandPlan.build(*self._padded_rows(), window))
+            out = plan.attend(qp, kp, vp, kernel)  # (B, H, Lmax, D)
+        else:
+            mask = self.cached(("padded mask", window), lambda: self._padded_mask(window))  # (B, 1, Lmax|1, Lmax)
+            out = kernel(qp, kp, vp, mask=mask, bias=None)  # (B, H, Lmax, D)
+        return Rows.apply(_merge_heads(out).reshape(b * lmax, c), slots, True)  # (N, C)
+
+    def _padded_rows(self) -> tuple[Tensor, Tensor]:
+        """positions (B, Lmax) (0 at padding) and real (B, Lmax) bool of the (B, Lmax) batch."""
+        b, lmax = self.batch, self.max_length
+        real = torch.zeros(b * lmax, dtype=torch.bool, device=self.index.device)
+        real[self._slots] = True
+        positions = torch.zeros(b * lmax, dtype=self.positions.dtype, device=self.index.device)
+        positions[self._slots] = self.positions
+        return positions.view(b, lmax), real.view(b, lmax)
+
+    def _padded_mask(self, window: int | None) -> Tensor:
+        positions, real = self._padded_rows()  # (B, Lmax) each
+        mask = real[:, None, None, :]  # (B, 1, 1, Lmax)
+        if window is not None:
+            mask = window_band(positions, window)[:, None] & mask  # (B, 1, Lmax, Lmax)
+        return mask | ~real[:, None, :, None]  # (B, 1, Lmax, Lmax)
+
+    def _window_masks(self, window: int) -> list[Tensor | BandPlan | None]:
+        """Per run (G, 1, L, L) band masks (a BandPlan for long runs), None for a run the window covers whole."""
+        masks: list[Tensor | BandPlan | None] = []
         for start, count, length in self.runs:
-            band = window_band(self.positions[start: start + count * length].view(count, length), window)  # (G, L, L)
+            positions = self.positions[start: start + count * length].view(count, length)  # (G, L)
+            if banded(length, window):
+                masks.append(BandPlan.build(positions, None, window))
+                continue
+            band = window_band(positions, window)  # (G, L, L)
             masks.append(None if bool(band.all()) else band[:, None])  # (G, 1, L, L)
         return masks
 

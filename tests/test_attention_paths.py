@@ -1,0 +1,105 @@
+"""The attention paths of nn/layout.py agree: per-run calls, one padded call over the packed rows, and blocked
+local attention (BandPlan) against the full masked call. Outputs and every gradient at real positions.
+
+Tolerance fp32 atol 1e-6 on attention itself and rtol 1e-6 / atol 2e-6 through whole models: the paths differ
+only in summation order (the softmax sees the same keys), and a tiny model's hidden states are O(1).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hfport
+from hfport.nn import layout as layout_module
+from hfport.nn.attention import sdpa_attention
+from hfport.nn.layout import BandPlan, Packed, window_band
+from tests.tiny import batch, save_hf
+
+LENGTHS = (70, 41, 41, 9, 33)  # runs of 1, 2, 1, 1: windowed runs of 70 and 41 are >= 2 windows of 16
+MODEL_TOL = dict(atol=2e-6, rtol=1e-6)
+
+
+def kernel(q, k, v, *, mask, bias):
+    return sdpa_attention(q, k, v, mask=mask, bias=bias, dropout_p=0.0, scale=q.shape[-1] ** -0.5)
+
+
+@pytest.mark.parametrize("holes", [False, True])
+@pytest.mark.parametrize("window", [16, 17, 6])
+def test_band_plan_equals_full_masked_call(window: int, holes: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    length = 53
+    positions = torch.arange(length).repeat(3, 1)  # (G, L)
+    if holes:  # position ids skip over holes in the mask: the band is between position ids
+        positions = torch.cumsum(torch.randint(1, 3, (3, length), generator=g), dim=1)
+    valid = torch.rand(3, length, generator=g) > 0.2  # (G, L): some keys not real
+    valid[:, 0] = True
+    q, k, v = (torch.randn(3, 2, length, 8, generator=g, requires_grad=True) for _ in range(3))
+    full_mask = (window_band(positions, window) & valid[:, None, :]) | ~valid[:, :, None]  # (G, L, L)
+    full = F.scaled_dot_product_attention(q, k, v, attn_mask=full_mask[:, None])
+    blocked = BandPlan.build(positions, valid, window).attend(q, k, v, kernel)
+    real = valid[:, None, :, None].expand_as(full)
+    torch.testing.assert_close(blocked[real], full[real], atol=1e-6, rtol=1e-6)
+    w = torch.randn(full.shape, generator=g) * real
+    grads_full = torch.autograd.grad((full * w).sum(), (q, k, v))
+    grads_blocked = torch.autograd.grad((blocked * w).sum(), (q, k, v))
+    for a, b in zip(grads_blocked, grads_full):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def run_model(model, inputs, real):
+    model.zero_grad()
+    out = model(**inputs).last_hidden_state
+    out[real].square().mean().backward()
+    return out[real].detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_padded_call_and_banded_equal_per_run_calls(family: str, tmp_path, monkeypatch) -> None:
+    save_hf(family, "base", tmp_path)
+    model = hfport.AutoModel.from_pretrained(tmp_path)
+    inputs = batch(family, lengths=LENGTHS, pairs=False)
+    real = inputs["attention_mask"].bool()
+    assert isinstance(model.body.plan(inputs["input_ids"], inputs["attention_mask"]), Packed)
+    results = {}
+    for strategy, band_from in [("runs", 10**9), ("runs", 2), ("padded", 10**9), ("padded", 2), ("padded", 0), ("auto", 2.5)]:
+        monkeypatch.setattr(layout_module, "PACKED_ATTENTION", strategy)
+        monkeypatch.setattr(layout_module, "BANDED_MIN_WINDOWS", band_from)
+        results[strategy, band_from] = run_model(model, inputs, real)
+    reference_out, reference_grads = results.pop(("runs", 10**9))  # one full masked call per run
+    for key, (out, grads) in results.items():
+        torch.testing.assert_close(out, reference_out, **MODEL_TOL, msg=lambda m, key=key: f"{key}: {m}")
+        assert grads.keys() == reference_grads.keys()
+        for name in grads:
+            torch.testing.assert_close(grads[name], reference_grads[name], **MODEL_TOL,
+                                       msg=lambda m, key=key, n=name: f"{key} {n}: {m}")
+
+
+def test_modernbert_unpadded_batch_banded_equals_full(tmp_path, monkeypatch) -> None:
+    """Nothing padded: the Padded layout's one call, blocked when the sequence spans two windows."""
+    save_hf("modernbert", "base", tmp_path)
+    model = hfport.AutoModel.from_pretrained(tmp_path)
+    inputs = batch("modernbert", lengths=(40, 40), pairs=False)
+    real = inputs["attention_mask"].bool()
+    assert real.all()
+    monkeypatch.setattr(layout_module, "BANDED_MIN_WINDOWS", 10**9)
+    out_full, grads_full = run_model(model, inputs, real)
+    monkeypatch.setattr(layout_module, "BANDED_MIN_WINDOWS", 2)
+    out_band, grads_band = run_model(model, inputs, real)
+    torch.testing.assert_close(out_band, out_full, **MODEL_TOL)
+    for name in grads_full:
+        torch.testing.assert_close(grads_band[name], grads_full[name], **MODEL_TOL, msg=name)
+
+
+def test_cost_rule_picks_padded_only_for_very_many_short_runs() -> None:
+    def packed(lengths: list[int]) -> Packed:
+        lengths = torch.tensor(lengths)
+        return Packed.from_mask((torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long())
+
+    tiny = packed([2, 3, 4, 5, 6, 7, 8] * 20)  # 140 runs of a few tokens: call overheads dominate
+    assert len(tiny.runs) == 140 and tiny._one_padded_call(384)
+    assert not packed(list(range(10, 42, 2)) * 4)._one_padded_call(384)  # 64 rows of 10-40 tokens, 64 runs
+    assert not packed([512, 40, 30, 20])._one_padded_call(384)  # varied lengths: padding would be most of the work
+    assert packed([8, 8, 8, 5])._one_padded_call(384)  # two tiny calls cost more than one padded
+    assert not packed([100, 100, 100, 60])._one_padded_call(384)
