@@ -450,7 +450,18 @@ def listening_addresses(port: int) -> set[str]:
 
 # --- 7. security --------------------------------------------------------------------------------------------------
 
-PUBLIC = {("GET", "/health"), ("GET", "/")}  # liveness, and the static dashboard page that holds no data
+# liveness, and the static dashboard page that holds no data with the chart script it loads before the user types
+# the token (a static file of the package, no data either)
+PUBLIC = {("GET", "/health"), ("GET", "/"), ("GET", "/static/charts.js")}
+
+
+def assert_openai_error(r: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code, error
+    return error
 
 
 def walk_routes(items, kinds, prefix: str = "") -> set[tuple[str, str]]:
@@ -488,12 +499,13 @@ def test_every_route_needs_the_token(tmp_path):
         for method, path in sorted(routes - PUBLIC):
             url = path.replace("{", "").replace("}", "")  # any value: the token is checked first
             body = {} if method in ("POST", "PUT", "PATCH") else None
+            # OpenAI's routes answer in OpenAI's error shape ({"error": {message, type, param, code}}): its clients parse it
+            check = assert_openai_error if path.startswith("/v1/") else assert_error
             r = c.request(method, url, json=body)
-            assert_error(r, 401, "Unauthorized")
+            check(r, 401, "Unauthorized")
             assert r.headers.get("www-authenticate") == "Bearer", (method, path)
-            assert_error(c.request(method, url, json=body, headers={"Authorization": "Bearer wrong"}), 403,
-                         "Forbidden")
-            assert_error(c.request(method, url, json=body, headers={"Authorization": "Bearer "}), 401)
+            check(c.request(method, url, json=body, headers={"Authorization": "Bearer wrong"}), 403, "Forbidden")
+            check(c.request(method, url, json=body, headers={"Authorization": "Bearer "}), 401)
             checked.append(f"{method} {path}")
         for method, path in PUBLIC:
             assert c.request(method, path).status_code == 200
