@@ -98,7 +98,7 @@ def main() -> None:
 
     real = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
-    print(f"machine: {describe(machine())} (shared and noisy: other work ran alongside)")
+    print(f"machine: {describe(machine())}")
     print(f"model: hidden {CONFIG['hidden_size']}, {CONFIG['num_hidden_layers']} layers (global every "
           f"{CONFIG['global_attn_every_n_layers']}, window {CONFIG['local_attention']}), {CONFIG['num_attention_heads']}"
           f" heads, GeGLU intermediate {CONFIG['intermediate_size']}, vocab {CONFIG['vocab_size']}; transformers "
