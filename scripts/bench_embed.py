@@ -152,8 +152,8 @@ def main() -> None:
     keys = ("mrr@10", "ndcg@10", "recall@1", "recall@10", "ranking_loss")
     lines = ["", "## Embedding fine-tuning vs sentence-transformers (scripts/bench_embed.py)", "",
              f"Machine: {describe(machine())}; sentence-transformers "
-             f"{__import__('sentence_transformers').__version__}. Shared and noisy (other processes were running): "
-             "the rounds alternate the two trainers so the load falls on both.", "",
+             f"{__import__('sentence_transformers').__version__}. The rounds alternate the two trainers, so a "
+             "passing load falls on both.", "",
              f"all-MiniLM-L6-v2 (real weights), {len(pairs())} (question, answer) pairs from examples/data, "
              f"MultipleNegativesRankingLoss (scale {SCALE:g}), batch {a.batch_size}, {a.steps} steps, lr {LR:g}, "
              f"fp32 on the CPU, {a.rounds} rounds.", "",
