@@ -4,14 +4,15 @@ The public API is the names below, plus these submodules: hfport.errors (excepti
 (finetune, preflight, FinetuneConfig, resolve_config, the monitor's readers), hfport.export (export, verify and their
 options and results), hfport.rundir (RunDir, RunSummary), hfport.lora (LoRA adapters in PEFT's format: apply, save,
 load, merge), hfport.pipelines, hfport.tasks (the task records: names, aliases, model classes), hfport.embeddings
-(sentence-transformers folders: pooling, prompts), hfport.hub (resolve a folder or cached repo id) and
-hfport.verbosity (HFPORT_VERBOSITY, log set-up). The CLI and the server use nothing else.
+(sentence-transformers folders: pooling, prompts) and hfport.verbosity (HFPORT_VERBOSITY, log set-up); `resolve_model`
+finds a local folder or a repo id in the local HF cache. The CLI and the server use nothing else.
 """
 
-from . import lora
+from . import lora, tasks
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelNotFoundError
 from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
+from .hub import resolve as resolve_model
 from .modeling import LoadReport, PreTrainedEncoder
 from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
                     AutoModelForTokenClassification, EncoderForMaskedLM, EncoderForQuestionAnswering,
@@ -29,7 +30,9 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            "AutoModelForTokenClassification", "CheckpointError", "ConfigError", "EncoderConfig", "EncoderForMaskedLM",
            "EncoderForQuestionAnswering", "EncoderForSequenceClassification", "EncoderForTokenClassification",
            "EncoderModel", "HfportError", "LoadReport", "ModelNotFoundError", "PreTrainedEncoder", "load_any",
-           "supported", "__version__",
+           "supported", "__version__", "resolve_model",
+           # the task records (names, aliases, model classes, pipelines): tasks.TASKS, tasks.get, tasks.canonical
+           "tasks",
            # tokenizers and pipelines
            "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline", "model_task",
            "ItemError",

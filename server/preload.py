@@ -31,7 +31,7 @@ class Startup:
 
 def parse_spec(spec: str) -> tuple[str, Path]:
     """`name=path` or `path` -> (name, folder). A repo id resolves through the local HF cache."""
-    from hfport.hub import resolve
+    from hfport import resolve_model
 
     name, sep, where = spec.partition("=")
     if not sep:
@@ -39,7 +39,7 @@ def parse_spec(spec: str) -> tuple[str, Path]:
     folder = Path(where).expanduser()
     if not folder.is_dir():
         try:
-            folder = Path(resolve(where))
+            folder = Path(resolve_model(where))
         except Exception as e:  # noqa: BLE001 - any failure means the same to the operator
             raise ApiError(400, f"--model {spec!r}: not a folder, and not a repo id in the local HF cache ({e})",
                            "InvalidModel") from e

@@ -6,14 +6,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from hfport import ExportOptions
-from hfport.tasks import TASKS, canonical, names_help
+from hfport import ExportOptions, tasks
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 # transformers' pipeline tags; an alias (sentiment-analysis, ner, hfport's old sequence-classification...) is
 # accepted and stored as the canonical name; an unknown name is an error listing them all
-PipelineTask = Annotated[Literal[tuple(TASKS)], BeforeValidator(  # type: ignore[valid-type]
-    lambda v: canonical(v) if isinstance(v, str) else v)]
+PipelineTask = Annotated[Literal[tuple(tasks.TASKS)], BeforeValidator(  # type: ignore[valid-type]
+    lambda v: tasks.canonical(v) if isinstance(v, str) else v)]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
@@ -43,7 +42,7 @@ class ModelRegistration(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="the name /predict and jobs refer to")
     path: str = Field(description="an HF model folder inside the allowed dirs (relative: from the data dir)")
     task: PipelineTask | None = Field(None, description="default task; else taken from the model's head. "
-                                       f"{names_help()}")
+                                       f"{tasks.names_help()}")
     kind: Literal["model", "adapter"] | None = Field(None, description="'adapter' for a LoRA adapter folder (PEFT's "
                                                      "format); default: read off the folder")
     base: str | None = Field(None, description="an adapter's base model: a registered model name or a folder; "
@@ -80,7 +79,7 @@ class PredictRequest(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict,
                                        description="pipeline options, named as in transformers (top_k, "
                                                    "aggregation_strategy, ...)")
-    task: PipelineTask | None = Field(None, description=f"overrides the model's task. {names_help()}")
+    task: PipelineTask | None = Field(None, description=f"overrides the model's task. {tasks.names_help()}")
 
 
 class PredictResponse(BaseModel):
@@ -93,7 +92,7 @@ class PredictResponse(BaseModel):
 class FinetuneJobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     config: dict[str, Any] = Field(description="hfport.FinetuneConfig fields (as `hfport finetune --config`; task "
-                                               f"as {names_help(trainable_only=True)}); "
+                                               f"as {tasks.names_help(trainable_only=True)}); "
                                                "model is a registered name or a folder, train/eval are files, "
                                                "all inside the allowed dirs; output_dir defaults to "
                                                "<data_dir>/runs/<job id>/run")

@@ -77,8 +77,7 @@ class ModelService:
             return pipe
 
     def _adapter_pipeline(self, key: tuple[str, str, str], base: str) -> Any:
-        from hfport import AutoModel, lora, pipeline
-        from hfport.tasks import get as task_record
+        from hfport import AutoModel, lora, pipeline, tasks
 
         with self._lock:
             gate = self._loading.setdefault(("base", base, ""), threading.Lock())
@@ -86,7 +85,7 @@ class ModelService:
             shared = self._bases.get(base)
             if shared is None:
                 shared = self._bases[base] = AutoModel.from_pretrained(base)
-        model = task_record(key[2]).model_class.from_pretrained(key[1], base_model=shared)
+        model = tasks.get(key[2]).model_class.from_pretrained(key[1], base_model=shared)
         return pipeline(key[2], model=model, tokenizer=lora.adapter_tokenizer(key[1], base))
 
     def _warm_up(self, key: tuple[str, str, str], pipe: Any) -> None:

@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from .. import hub
 from ..modeling import PreTrainedEncoder
-from ..tasks import load_any
+from ..tasks import TASKS, load_any
 from .common import TRANSFORMERS_AUTO, ExportError, export_config, resolve_source, staged
 from .verify import VerifyFailed, VerifyReport, check_row
 from ..pipelines.onnx_backend import (DYNAMIC_AXES, GRAPH_OUTPUTS, INSTALL_HINT, ONNX_FILE, QUANTIZED_FILE, OnnxModel,
@@ -423,16 +423,17 @@ def _probe_batches(folder: Path, task: str, config: Any) -> dict[str, dict[str, 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     kwargs = {"padding": True, "truncation": True, "max_length": _max_length(config.max_position_embeddings),
               "return_tensors": "pt"}
+    record = TASKS[task]
     probes: dict[str, tuple[Any, ...]] = {}
-    if task != "question-answering":
+    if not record.pair_input:
         probes["texts"] = (PROBE_TEXTS,)
-    if task == "question-answering" or "token_type_ids" in tokenizer.model_input_names:
+    if record.pair_input or "token_type_ids" in tokenizer.model_input_names:
         probes["pairs"] = ([q for q, _ in PROBE_PAIRS], [c for _, c in PROBE_PAIRS])
     out = {}
     for name, args in probes.items():
         enc = tokenizer(*args, **kwargs)
         batch = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
-        if task == "fill-mask":  # one word masked in each row, where a user of fill-mask puts it
+        if record.masked_input:  # one word masked in each row, where a user of fill-mask puts it
             if tokenizer.mask_token_id is None:
                 raise ExportError(f"{folder}: the tokenizer has no mask token; fill-mask cannot be probed")
             ids = batch["input_ids"].clone()

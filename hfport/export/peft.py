@@ -23,7 +23,7 @@ import torch
 
 from .. import hub, lora
 from ..modeling import PreTrainedEncoder
-from ..tasks import load_any
+from ..tasks import TASKS, load_any
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
 from .common import DTYPE_NAMES, OUTPUTS, TRANSFORMERS_AUTO, ExportError, Source, no_tokenizer_message, \
     resolve_source, tokenizer_folder
@@ -72,7 +72,7 @@ def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport)
             raise ExportError(f"{src.model} holds a {ours.task} model; {folder} holds a {task} adapter")
         report.source = str(src.model)
     cfg = {"id2label": ours.config.id2label} if ours is not None and \
-        ours.head is not None and task in ("text-classification", "token-classification") else {}
+        ours.head is not None and TASKS[task].labels else {}
     if ours is not None and (folder / "config.json").is_file():
         with check_row(report, "labels", "id2label/label2id"):
             _check_labels(report, hub.read_config(folder)[0], ours)

@@ -330,7 +330,7 @@ def _check_tokenizer(report: VerifyReport, transformers: Any, folder: Path, task
     max_length = min(PROBE_MAX_LENGTH, int(raw.get("max_position_embeddings", 512)) - 2)
     kwargs = {"padding": True, "truncation": True, "max_length": max_length, "return_tensors": "pt"}
     probes: dict[str, tuple[Any, ...]] = {"texts": (PROBE_TEXTS,)}
-    if "token_type_ids" in ours.model_input_names or task == "question-answering":
+    if "token_type_ids" in ours.model_input_names or TASKS[task].pair_input:
         probes["pairs"] = ([q for q, _ in PROBE_PAIRS], [c for _, c in PROBE_PAIRS])
     out = {}
     for name, args in probes.items():

@@ -43,4 +43,5 @@ TASK = Task(
     name="question-answering", aliases=(), model_class=EncoderForQuestionAnswering,
     outputs=("start_logits", "end_logits"), per_sequence=frozenset(), auto_class="AutoModelForQuestionAnswering",
     pipeline="hfport.pipelines.qa:QuestionAnsweringPipeline", train="hfport.train.tasks.qa:QuestionAnswering",
-    default_metrics={None: ("f1", "max")})  # SQuAD token F1
+    default_metrics={None: ("f1", "max")},  # SQuAD token F1
+    pair_input=True)

@@ -43,6 +43,8 @@ class Task:
     # problem type (None: the task has none, or it is not known yet) -> the metric that picks the best model
     default_metrics: dict[str | None, Metric] = field(default_factory=dict)
     labels: bool = False  # the head is sized by config.id2label (classification heads)
+    pair_input: bool = False  # its inputs are text pairs (question, context): probes and exports feed pairs
+    masked_input: bool = False  # its inputs carry the tokenizer's mask token (fill-mask): probes mask a word
     # a task that trains another task's model names that task here: sentence-embedding trains the bare encoder
     # (feature-extraction) and text-ranking a one-label text-classification head, so their checkpoints are plain
     # transformers folders (BertModel, BertForSequenceClassification) and the families need no tables for them

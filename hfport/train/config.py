@@ -184,7 +184,7 @@ class FinetuneConfig(BaseModel):
             raise ValueError("eval_strategy 'steps' needs eval_steps")
         if self.score_range[0] >= self.score_range[1]:
             raise ValueError(f"score_range {list(self.score_range)}: the low end must be below the high end")
-        if self.task == "question-answering" and self.doc_stride >= self.max_length:
+        if tasks.get(self.task).pair_input and self.doc_stride >= self.max_length:  # contexts cut into windows
             raise ValueError(f"doc_stride ({self.doc_stride}) must be smaller than max_length ({self.max_length})")
         return self
 

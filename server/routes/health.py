@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 import hfport
-from hfport.tasks import TASKS
+from hfport import tasks
 from hfport.train import FinetuneConfig, ResourceSampler
 
 from ..deps import ModelServiceDep, StoreDep
@@ -31,5 +31,5 @@ def health(request: Request, store: StoreDep, models: ModelServiceDep) -> Health
         _sampler = ResourceSampler().start()
     resources = _sampler.latest or _sampler.sample()
     return Health(version=hfport.__version__, jobs=store.count_by_status(), models_loaded=models.loaded,
-                  resources=resources, trainable_tasks=[t.name for t in TASKS.values() if t.train],
+                  resources=resources, trainable_tasks=[t.name for t in tasks.TASKS.values() if t.train],
                   features={"lora": any(n.startswith("lora") for n in FinetuneConfig.model_fields)})
