@@ -83,3 +83,17 @@ def test_openai_errors(oai, server):
     ok = httpx.post(server.url + "/v1/embeddings", json={"input": "x"})
     assert ok.status_code == 200 and ok.json()["model"] == "minilm" and "x-inference-time" in ok.headers
     assert httpx.get(server.url + "/v1/models").json()["data"][0]["id"] == "minilm"
+
+
+def test_a_body_that_is_not_json_gets_openais_error_shape(tmp_path):
+    """FastAPI refuses an unparseable body before the route runs; OpenAI's clients still get OpenAI's shape."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    with TestClient(create_app(Settings(data_dir=tmp_path / "d"), run_worker=False)) as c:
+        r = c.post("/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code in (400, 422), r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error", error

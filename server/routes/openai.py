@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, ShapedErrorRoute, validation_message
@@ -37,9 +38,11 @@ def openai_error(status: int, message: str, code: str | None = None, param: str 
 class OpenAIRoute(ShapedErrorRoute):
     """Every error of these routes leaves in OpenAI's shape (validation: 400 invalid_request_error, as OpenAI)."""
 
-    shaped = (RequestValidationError, ApiError)
+    shaped = (RequestValidationError, ApiError, StarletteHTTPException)  # the last: a body that is not JSON
 
     def shape(self, exc: Exception) -> Response:
+        if isinstance(exc, StarletteHTTPException):
+            return openai_error(exc.status_code, str(exc.detail), None, None, getattr(exc, "headers", None))
         if isinstance(exc, ApiError):
             status = 400 if exc.status == 422 else exc.status  # OpenAI answers every invalid request 400
             return openai_error(status, exc.message, CODES.get(exc.error_type, exc.error_type), None, exc.headers)
