@@ -18,6 +18,11 @@ libraries load:
   n * (2 * P + 4 * L * n * d), training 3x that (forward + backward); P = parameters outside embedding tables,
   L layers, d hidden size; the second term is attention's QK^T and AV over real tokens only. DeBERTa's relative
   c2p/p2c products are not counted, so its fractions are a lower bound.
+- pipelines: inference as a user calls it, text in and labels out: hfport.pipeline("text-classification") against
+  transformers.pipeline on the same texts (the rows above as text, which tokenize back to the same ids), the same
+  batch_size, each library's own batching (hfport sorts a call's rows by length before batching, transformers keeps
+  them in order), tokenization included; fp32 both, and hfport dtype="auto" against transformers fp32 and bf16.
+  Interleaved rounds, each one call over all texts.
 - entry points: hfport.finetune against transformers.Trainer on the same JSONL data and batch size (lr, schedule,
   weight decay, clipping and logging interval equal; shuffled batches, not grouped by length; no evaluation, no
   checkpoint inside the measured steps), each with its own defaults otherwise. Tokens/s over a fixed number of
@@ -542,6 +547,35 @@ def entry_points(spec: ModelSpec, folder: Path, data: Path, scratch: Path, work:
     return result
 
 
+def pipelines(folder: Path, texts: list[str], tokens: int, work: Workload, precisions: list[str]) -> dict[str, Any]:
+    """Each library's text-classification pipeline over the same texts (see the module docstring)."""
+    import hfport
+    import transformers
+
+    pipes = {"transformers": transformers.pipeline("text-classification", model=str(folder),
+                                                   batch_size=work.batch_size, device=DEVICE),
+             "hfport": hfport.pipeline("text-classification", model=folder, batch_size=work.batch_size,
+                                       device=DEVICE, dtype="float32")}
+    if "bf16" in precisions:
+        pipes["transformers bf16"] = transformers.pipeline("text-classification", model=str(folder),
+                                                           batch_size=work.batch_size, device=DEVICE,
+                                                           dtype=torch.bfloat16)
+        pipes["hfport auto"] = hfport.pipeline("text-classification", model=folder, batch_size=work.batch_size,
+                                               device=DEVICE, dtype="auto")
+    ours, theirs = pipes["hfport"](texts[:8]), pipes["transformers"](texts[:8])
+    if [o["label"] for o in ours] != [t["label"] for t in theirs]:
+        raise RuntimeError(f"the two fp32 pipelines disagree on labels: {ours} vs {theirs}")
+    steps = {name: (lambda batch, pipe=pipe: pipe(texts)) for name, pipe in pipes.items()}
+    warm_up(steps, [{}])
+    per_round = interleaved(steps, [{}], work.rounds, work.seed, "pipelines")
+    result = compare(per_round, tokens)
+    if "bf16" in precisions:
+        result["auto_vs_fp32"] = compare(per_round, tokens, ours="hfport auto")
+        result["auto_vs_bf16"] = compare(per_round, tokens, ours="hfport auto", theirs="transformers bf16")
+        result["dtype_auto"] = str(pipes["hfport auto"].model.dtype).removeprefix("torch.")
+    return result
+
+
 # --- peak memory, one fresh process per implementation ------------------------------------------------------------
 
 
@@ -627,6 +661,9 @@ def measure_model(name: str, work: Workload, scratch: Path, with_compile: bool, 
     result: dict[str, Any] = {"about": spec.about, "hf_attention": spec.hf_attention,
                               "finetune_target": spec.finetune_target, "padding": padding_fraction(batches)}
     result.update(plain_loops(spec, folder, batches, work, with_compile, precisions))
+    pipeline_rows = examples[:work.batches * work.batch_size]  # the plain loops' rows
+    texts = [json.loads(line)["text"] for line in data.read_text().splitlines()[:len(pipeline_rows)]]
+    result["pipelines"] = pipelines(folder, texts, sum(len(x.ids) for x in pipeline_rows), work, precisions)
     if entry:
         result["entry_points"] = entry_points(spec, folder, data, scratch / name, work, precisions)
     if with_memory:
@@ -664,6 +701,13 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[list[str]]:
         ft_target, stretch = throughput_target(r["finetune_target"])
         row(name, "fine-tune loop, tok/s", r["finetune_loop"], ft_target, r["finetune_target"], stretch)
         row(name, "inference, tok/s", r["inference"], f">= {TARGET_INFERENCE:g}x", TARGET_INFERENCE)
+        if "pipelines" in r:
+            pipe = r["pipelines"]
+            row(name, "pipeline() inference, fp32 both, tok/s", pipe)
+            if "auto_vs_fp32" in pipe:
+                row(name, f"pipeline(dtype=auto -> {pipe['dtype_auto']}) vs transformers fp32", pipe["auto_vs_fp32"],
+                    f">= {TARGET_BF16_INFERENCE_VS_FP32:g}x", TARGET_BF16_INFERENCE_VS_FP32)
+                row(name, f"pipeline(dtype=auto -> {pipe['dtype_auto']}) vs transformers bf16", pipe["auto_vs_bf16"])
         if "entry_points" in r:
             row(name, "finetune() vs Trainer, tok/s", r["entry_points"], ft_target, r["finetune_target"], stretch)
         if "bf16" in r:
