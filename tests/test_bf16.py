@@ -221,6 +221,49 @@ def test_bf16_autocast_parity_with_transformers(family, tmp_path):
         assert my_err <= 2 * their_err + 1e-3 and my_err < 0.1, (family, hidden, my_err, their_err)
 
 
+@pytest.mark.parametrize("family", ["bert", "deberta-v2"])
+def test_bf16_autocast_gradients_match_transformers(family, tmp_path, monkeypatch):
+    """Training under bf16 autocast (what precision auto runs here), where attention takes the math form instead of
+    the fused kernel (nn/attention.py: the fused CPU backward is slow in bf16): the loss and the word-embedding
+    gradient, which every layer's backward flows into, are at most 2x transformers' own bf16 distance from the fp32
+    answer (relative, in norm; + 1e-3 for a loss that lands almost exactly on fp32). Dropout off, so both runs are
+    deterministic."""
+    from hfport.nn import attention
+
+    math_calls = []
+    eager = attention.eager_attention
+    monkeypatch.setattr(attention, "eager_attention", lambda *a, **k: math_calls.append(1) or eager(*a, **k))
+    tiny.save_hf(family, "sequence-classification", tmp_path / "m")
+    hf = tiny.build_hf(family, "sequence-classification").eval()
+    ours = hfport.AutoModelForSequenceClassification.from_pretrained(tmp_path / "m").eval()
+    batch, labels = tiny.batch(family), torch.tensor([0, 2, 1])
+    tables = {id(hf): hf.get_input_embeddings().weight, id(ours): ours.body.word_embeddings.weight}
+
+    def run(model, bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            logits = model(**batch).logits
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+        loss.backward()
+        return loss.detach(), tables[id(model)].grad.clone()
+
+    ref_loss, ref_grad = run(hf, False)
+    my_loss, my_grad = run(ours, False)
+    torch.testing.assert_close(my_loss, ref_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(my_grad, ref_grad, atol=1e-5, rtol=1e-4)  # summed rows: fp32 stays exact
+    calls = len(math_calls)
+    their_loss, their_grad = run(hf, True)
+    my_loss, my_grad = run(ours, True)
+    assert len(math_calls) > calls, "bf16 training did not take the math attention"
+
+    def rel(grad: torch.Tensor) -> float:
+        return ((grad - ref_grad).norm() / ref_grad.norm()).item()
+
+    assert rel(their_grad) > 0, "transformers' bf16 run equals its fp32 run: autocast did not engage"
+    assert rel(my_grad) <= 2 * rel(their_grad), (family, rel(my_grad), rel(their_grad))
+    assert (my_loss - ref_loss).abs() <= 2 * (their_loss - ref_loss).abs() + 1e-3
+
+
 # --- 4. inference: dtype="auto" agrees with fp32 at the task level (real MiniLM) -----------------------------------
 
 
