@@ -576,6 +576,61 @@ def pipelines(folder: Path, texts: list[str], tokens: int, work: Workload, preci
     return result
 
 
+# --- where the time goes (--profile) ------------------------------------------------------------------------------
+
+# torch operator -> part of the work; the first group whose fragment is in the name wins. bmm is attention's (the
+# linear layers run addmm / mm on 2-D rows)
+PROFILE_GROUPS = (
+    ("attention", ("scaled_dot_product", "flash_attention", "softmax", "bmm", "masked_fill")),
+    ("linear layers (matmul)", ("addmm", "aten::mm", "linear_pointwise")),
+    ("optimizer", ("_foreach", "adam", "lerp", "addcmul", "addcdiv", "sqrt")),
+    ("norms, activations, residuals", ("layer_norm", "gelu", "tanh", "add", "mul", "div", "sub", "dropout",
+                                       "bernoulli", "sum", "norm", "clamp")),
+    ("moving data (pack, copy, cast)", ("copy", "cat", "index", "scatter", "gather", "fill", "embedding", "stack",
+                                        "zero", "_to_copy", "clone", "contiguous", "split", "nonzero")),
+)
+
+
+def profile_breakdown(step: Callable[[dict[str, torch.Tensor]], None],
+                      batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Share of self CPU time per part of the work, one pass over the batches under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in batches:
+            step(batch)
+    spent: dict[str, float] = {}
+    for event in prof.key_averages():
+        group = next((g for g, fragments in PROFILE_GROUPS if any(f in event.key for f in fragments)), "other")
+        spent[group] = spent.get(group, 0.0) + event.self_cpu_time_total
+    total = sum(spent.values()) or 1.0
+    return {g: spent.get(g, 0.0) / total for g in [g for g, _ in PROFILE_GROUPS] + ["other"]}
+
+
+def profiles(spec: ModelSpec, folder: Path, batches: list[dict[str, torch.Tensor]],
+             precisions: list[str]) -> dict[str, dict[str, float]]:
+    """hfport's fine-tune step and inference per precision, and transformers' fp32 ones for contrast."""
+    batches = [on_device(b) for b in batches]
+    out = {}
+    for impl in IMPLS:
+        for precision in precisions if impl == "hfport" else ["fp32"]:
+            model = load_model(impl, folder, spec.hf_attention)
+            train = trainer_step(model, precision)
+            warm_up({"train": train}, batches[:1])
+            out[f"{impl} {precision} fine-tune"] = profile_breakdown(train, batches)
+            infer = inference_step(model if precision == "fp32" else model.to(torch.bfloat16))
+            warm_up({"infer": infer}, batches[:1])
+            out[f"{impl} {precision} inference"] = profile_breakdown(infer, batches)
+    return out
+
+
+def profile_rows(results: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    groups = [g for g, _ in PROFILE_GROUPS] + ["other"]
+    rows = [[name, run, *(f"{shares[g]:.0%}" for g in groups)]
+            for name, r in results.items() for run, shares in r.get("profile", {}).items()]
+    return ["model", "run", *groups], rows
+
+
 # --- peak memory, one fresh process per implementation ------------------------------------------------------------
 
 
@@ -645,7 +700,7 @@ def memory(spec: ModelSpec, folder: Path, batches_file: Path) -> dict[str, Any]:
 
 
 def measure_model(name: str, work: Workload, scratch: Path, with_compile: bool, precisions: list[str],
-                  entry: bool = True, with_memory: bool = True) -> dict[str, Any]:
+                  entry: bool = True, with_memory: bool = True, with_profile: bool = False) -> dict[str, Any]:
     spec = MODELS[name]
     say(f"{name}: {spec.about}")
     folder = scratch / name / "checkpoint"
@@ -664,6 +719,8 @@ def measure_model(name: str, work: Workload, scratch: Path, with_compile: bool, 
     pipeline_rows = examples[:work.batches * work.batch_size]  # the plain loops' rows
     texts = [json.loads(line)["text"] for line in data.read_text().splitlines()[:len(pipeline_rows)]]
     result["pipelines"] = pipelines(folder, texts, sum(len(x.ids) for x in pipeline_rows), work, precisions)
+    if with_profile:
+        result["profile"] = profiles(spec, folder, batches, precisions)
     if entry:
         result["entry_points"] = entry_points(spec, folder, data, scratch / name, work, precisions)
     if with_memory:
@@ -825,6 +882,9 @@ def docs_section(results: dict[str, dict[str, Any]], work: Workload, m: dict[str
         markdown_table(table_rows(results)),
         f"Matmul peaks measured at the start of the run (GFLOP/s): {peaks_text(peaks)}. Achieved model FLOP/s:",
         markdown_table(flops_rows(results, peaks), FLOPS_HEADER),
+        *(["Where the time goes (share of self CPU time under torch.profiler, one pass over the batches):",
+           markdown_table(profile_rows(results)[1], profile_rows(results)[0])]
+          if any("profile" in r for r in results.values()) else []),
         "\n".join(f"- {line}" for line in notes(results, work)),
         ("Ratios are hfport / transformers for throughput (higher is better; median over rounds, min-max in "
          "brackets) and for memory (lower is better)."),
@@ -863,6 +923,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--precisions", default="fp32,bf16", help="plain-loop precisions: fp32, bf16 or both")
     parser.add_argument("--no-entry", action="store_true", help="skip the entry points (finetune() vs Trainer)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    parser.add_argument("--profile", action="store_true",
+                        help="also break each loop's time into attention, linear layers, optimizer, ... (torch.profiler)")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     parser.add_argument("--write-docs", action="store_true", help=f"rewrite this script's section of {DOCS.name}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only the final table")
@@ -908,7 +970,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hfport-bench-") as scratch:
         for name in args.models:
             results[name] = measure_model(name, work, Path(scratch), args.compile, args.precisions,
-                                          entry=not args.no_entry, with_memory=not args.no_memory)
+                                          entry=not args.no_entry, with_memory=not args.no_memory,
+                                          with_profile=args.profile)
 
     rows = table_rows(results)
     if not QUIET:
@@ -920,6 +983,10 @@ def main() -> None:
     print(text_table(rows))
     print(f"\nmatmul peaks, GFLOP/s: {peaks_text(peaks)}; achieved model FLOP/s on real tokens:\n")
     print(text_table(flops_rows(results, peaks), FLOPS_HEADER))
+    if args.profile:
+        header, rows = profile_rows(results)
+        print("\nwhere the time goes (share of self CPU time under torch.profiler, one pass over the batches):\n")
+        print(text_table(rows, header))
     if args.json:
         args.json.write_text(json.dumps({"machine": m, "device": DEVICE.type, "workload": asdict(work), "peaks": peaks,
                                          "command": reproduce_command(), "models": results}, indent=2))
