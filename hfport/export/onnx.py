@@ -61,11 +61,12 @@ from torch import Tensor, nn
 from .. import hub
 from ..modeling import PreTrainedEncoder
 from ..tasks import TASKS, load_any
-from .common import TRANSFORMERS_AUTO, ExportError, export_config, resolve_source, staged
+from .common import (TRANSFORMERS_AUTO, ExportError, export_config, no_tokenizer_message, resolve_source, staged,
+                     tokenizer_folder)
 from .verify import VerifyFailed, VerifyReport, check_row
 from ..pipelines.onnx_backend import (DYNAMIC_AXES, GRAPH_OUTPUTS, INSTALL_HINT, ONNX_FILE, QUANTIZED_FILE, OnnxModel,
                                      OnnxModelError, check_signature, graph_inputs, open_session, read_folder_config)
-from ..tokenizer import SLOW_FILES, TOKENIZER_FILE, TOKENIZER_FILES, AutoTokenizer
+from ..tokenizer import TOKENIZER_FILES, AutoTokenizer
 
 log = logging.getLogger("hfport")
 
@@ -215,13 +216,11 @@ def _check_out(model: Path, out: Path, force: bool) -> None:
 
 
 def _tokenizer_folder(source: Any) -> Path:
-    """The model folder, or a fine-tune run's final/ or best/, whichever first has tokenizer files."""
-    candidates = [source.model] + ([source.run / "final", source.run / "best"] if source.run is not None else [])
-    for folder in candidates:
-        if any((folder / name).is_file() for name in (TOKENIZER_FILE, *SLOW_FILES)):
-            return folder
-    raise ExportError(f"{source.model}: no tokenizer files ({TOKENIZER_FILE} or one of {', '.join(SLOW_FILES)}); "
-                      "the ONNX folder needs them to be verified and served")
+    """The model folder, a fine-tune run's final/ or best/, or the run's base model: whichever has tokenizer files."""
+    folder = tokenizer_folder(source)
+    if folder is None:
+        raise ExportError(no_tokenizer_message(source) + "; the ONNX folder needs them to be verified and served")
+    return folder
 
 
 @torch.no_grad()
