@@ -29,6 +29,7 @@ from hfport.export import onnx as onnx_export  # noqa: E402
 from hfport.cli import app  # noqa: E402
 from hfport.export import ExportError, VerifyFailed  # noqa: E402
 from hfport.export.onnx import MANIFEST, PROBE_TEXTS, export_onnx, verify_onnx  # noqa: E402
+from hfport.export.onnx_fusion import OPTIMIZED_FILE  # noqa: E402
 from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
                                            is_onnx_model)
 from tests.test_export import add_tokenizer, vocab  # noqa: E402
@@ -273,8 +274,8 @@ def test_int8_below_threshold_writes_nothing(source, tmp_path, monkeypatch):
     """A quantizer that damages the graph (every int8 weight's scale doubled, in effect): the gate rejects it."""
     real = onnx_export._quantize
 
-    def damaging(src, dst, per_channel):
-        kept = real(src, dst, per_channel)
+    def damaging(src, dst, *args):
+        kept = real(src, dst, *args)
         model = onnx.load(str(dst))
         for init in model.graph.initializer:
             if init.name.endswith("_scale"):
@@ -441,3 +442,69 @@ def test_backend_choice(exported, source):
     assert sum(t.numel() for t in pipe.model.buffers()) == (out / ONNX_FILE).stat().st_size
     bad = pipe.predict(["fine", "", "great"])  # a bad item fails alone, as with the PyTorch backend
     assert isinstance(bad[1], hfport.ItemError) and bad[0]["label"] and bad[2]["label"]
+
+
+# --- the onnxruntime-fused graph (model_optimized.onnx) the int8 graph is made from ----------------------------
+
+
+def contrib_ops(path: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path)).graph.node:
+        if node.domain == "com.microsoft":
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def test_optimized_graph_is_fused_verified_and_feeds_int8(exported, source):
+    out, report = exported("bert", "text-classification")
+    layers = json.loads((source("bert", "text-classification") / "config.json").read_text())["num_hidden_layers"]
+    assert contrib_ops(out / ONNX_FILE) == {}  # model.onnx stays portable
+    fused = contrib_ops(out / OPTIMIZED_FILE)
+    assert fused.get("MultiHeadAttention") == layers and fused.get("SkipLayerNormalization", 0) >= 2 * layers - 1
+    assert contrib_ops(out / QUANTIZED_FILE).get("MultiHeadAttention") == layers  # quantized from the fused graph
+    optimized = rows(report, "fp32 optimized vs hfport") + rows(report, "fp32 optimized vs transformers")
+    assert optimized and all(r.passed and r.max_abs_diff <= 1e-4 for r in optimized)
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["optimized"]["fused"] == fused and manifest["quantization"]["from"] == OPTIMIZED_FILE
+    assert isinstance(manifest["quantization"]["kept_fp32"], dict)
+
+
+def test_optimize_without_quantize(source, tmp_path):
+    result = export_onnx(source("bert", "feature-extraction"), tmp_path / "out", optimize=True)
+    assert result.report.passed, result.report.table()
+    assert result.graphs == [ONNX_FILE, OPTIMIZED_FILE] and not (tmp_path / "out" / QUANTIZED_FILE).exists()
+    assert rows(result.report, "fp32 optimized vs hfport")
+
+
+def test_changed_optimized_graph_fails_verify(exported, tmp_path):
+    folder = copy_export(exported, "bert", "text-classification", tmp_path)
+    model = onnx.load(str(folder / OPTIMIZED_FILE))
+    for node in model.graph.node:
+        if node.op_type == "MultiHeadAttention":  # a wrong scale: softmax turns into argmax
+            for attr in node.attribute:
+                if attr.name == "scale":
+                    attr.f = 1000.0
+    onnx.save(model, str(folder / OPTIMIZED_FILE))
+    report = verify_onnx(folder)
+    assert not report.passed
+    assert {r.check for r in report.failures} >= {"files", "fp32 optimized vs hfport"}
+
+
+def test_onnx_pipeline_sorts_and_returns_input_order(exported, source):
+    """hfport's pipelines batch by length for every backend: outputs come back in input order, equal to torch's."""
+    out, _ = exported("bert", "text-classification")
+    texts = [PROBE_TEXTS[i] for i in (7, 2, 0, 3, 9, 1, 5)]  # lengths mixed, long and short interleaved
+    want = hfport.pipeline("text-classification", model=source("bert", "text-classification"), batch_size=2,
+                           top_k=None)(texts)
+    for file in (ONNX_FILE, OPTIMIZED_FILE):
+        pipe = hfport.pipeline("text-classification", model=out / file, batch_size=2, top_k=None)
+        assert_same(want, pipe(texts), atol=1e-4)
+        assert_same([pipe(t) for t in texts], pipe(texts), atol=1e-4)  # batch-mates change nothing
+
+
+def test_export_from_a_run_folder(source, tmp_path):
+    """A fine-tune output folder (run/best/ holding the model and tokenizer) exports its best/ model."""
+    run = tmp_path / "run"
+    shutil.copytree(source("bert", "text-classification"), run / "best")
+    result = export_onnx(run, tmp_path / "out")
+    assert result.report.passed and result.source == run / "best"

@@ -89,8 +89,9 @@ def open_session(path: Path, threads: int | None = None) -> Any:
         raise OnnxModelError(f"{path}: no such ONNX file")
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise here
-    if threads is not None:
-        options.intra_op_num_threads = threads
+    # as many threads as torch uses (what the PyTorch backend gets); ORT's defaults already are ORT_ENABLE_ALL
+    # graph optimizations and sequential execution
+    options.intra_op_num_threads = torch.get_num_threads() if threads is None else threads
     try:
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - ORT raises its own pybind classes (InvalidProtobuf, Fail, ...)

@@ -1,0 +1,157 @@
+"""The onnxruntime-fused fp32 graph (model_optimized.onnx, optimum's name for what its ORTOptimizer writes), and the
+activation statistics that choose which MatMuls of the int8 graph stay fp32.
+
+Fusing is what makes the int8 graph fast: profiled on a fine-tuned all-MiniLM-L6-v2 (16 rows of 8-256 tokens), the
+int8 graph made from the plain model.onnx spent ~47% of its time in attention's unfused pieces (the mask Where,
+the NaN guard torch's SDPA export adds after Softmax, Add, Softmax, two batched MatMuls, Transposes) and ~34% in
+the quantized projections. Two steps:
+  1. the trace itself emits onnxruntime's MultiHeadAttention (com.microsoft) for every attention call that has
+     only a key-padding mask: the kernel is swapped for `ort_attention` while tracing, exactly as DeBERTa's
+     `traceable` switch is. onnxruntime's own pattern matcher cannot find attention in hfport's graphs (its
+     patterns are transformers' BERT exports), which is why the trace emits it rather than a pass matching it.
+     Calls with a score bias (DeBERTa) or a mask that is not a key-padding mask (local windows) keep the
+     portable SDPA pieces.
+  2. onnxruntime.transformers' optimizer fuses Add + LayerNormalization into SkipLayerNormalization and
+     Add + Gelu into BiasGelu. EmbedLayerNormalization stays off: it assumes BERT's position ids, which RoBERTa's
+     offset ones are not; the exact GELU stays exact.
+model.onnx remains the portable graph (standard ONNX ops only); model_optimized.onnx runs on onnxruntime only.
+Both are checked against hfport at the same fp32 tolerance.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..nn.attention import ATTENTION_BACKENDS, SelfAttention, sdpa_attention
+
+OPTIMIZED_FILE = "model_optimized.onnx"  # as optimum's ORTOptimizer names it
+FUSED_BACKEND = "onnxruntime"  # the kernel name registered while tracing
+CONTRIB_DOMAIN = "com.microsoft"
+
+
+class _MultiHeadAttention(torch.autograd.Function):
+    """Eager: SDPA with a key-padding mask. Traced: one com.microsoft MultiHeadAttention node."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, heads: int, width: int,
+                scale: float) -> Tensor:
+        b, t, c = q.shape  # (B, T, C) each; keep (B, T) int32, 1 = attend
+
+        def split(x: Tensor) -> Tensor:
+            return x.view(b, t, heads, c // heads).transpose(1, 2)  # (B, H, T, D)
+
+        out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=keep.bool()[:, None, None, :],
+                                             scale=scale)  # (B, H, T, D)
+        return out.transpose(1, 2).reshape(b, t, c)  # (B, T, C)
+
+    @staticmethod
+    def symbolic(g: Any, q: Any, k: Any, v: Any, keep: Any, heads: int, width: int, scale: float) -> Any:
+        # the optional bias input cannot be left empty from a symbolic (the TorchScript exporter asserts), and
+        # key_padding_mask comes after it: a zero bias, added inside the kernel
+        bias = g.op("Constant", value_t=torch.zeros(3 * width))
+        return g.op(f"{CONTRIB_DOMAIN}::MultiHeadAttention", q, k, v, bias, keep, num_heads_i=heads, scale_f=scale)
+
+
+def ort_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
+                  scale: float) -> Tensor:
+    """An attention backend (nn/attention.py's signature) that traces into MultiHeadAttention where it can."""
+    g, h, length, d = q.shape  # (G, H, L, D)
+    if bias is not None or dropout_p or mask is None or tuple(mask.shape) != (g, 1, 1, length):
+        return sdpa_attention(q, k, v, mask=mask, bias=bias, dropout_p=dropout_p, scale=scale)
+
+    def merge(x: Tensor) -> Tensor:
+        return x.transpose(1, 2).reshape(g, length, h * d)  # (G, L, C)
+
+    keep = mask[:, 0, 0, :].to(torch.int32)  # (G, L)
+    out = _MultiHeadAttention.apply(merge(q), merge(k), merge(v), keep, int(h), int(h * d), float(scale))
+    return out.view(g, length, h, d).transpose(1, 2)  # (G, H, L, D)
+
+
+@contextmanager
+def fused_attention(model: nn.Module) -> Iterator[None]:
+    """While tracing: every SelfAttention of `model` runs `ort_attention` (restored afterwards)."""
+    modules = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    before = [m.backend for m in modules]
+    had = FUSED_BACKEND in ATTENTION_BACKENDS
+    ATTENTION_BACKENDS[FUSED_BACKEND] = ort_attention
+    try:
+        for m in modules:
+            m.backend = FUSED_BACKEND
+        yield
+    finally:
+        for m, name in zip(modules, before):
+            m.backend = name
+        if not had:
+            del ATTENTION_BACKENDS[FUSED_BACKEND]
+
+
+def optimize_graph(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict[str, int]:
+    """Fuse SkipLayerNormalization and BiasGelu into the graph at `src` (already carrying MultiHeadAttention);
+    write `dst`. Returns the count of each fused op in `dst`."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions("bert")
+    options.enable_attention = False  # emitted by the trace (module docstring)
+    options.enable_embed_layer_norm = False  # BERT's position ids only
+    options.enable_gelu_approximation = False
+    quiet = logging.getLogger()  # the optimizer logs through the root logger
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # opt_level 0: the Python fusions only; no onnxruntime session passes, whose output can be specific to
+            # this machine's CPU
+            model = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
+                                   opt_level=0, optimization_options=options)
+            model.save_model_to_file(str(dst))
+    finally:
+        quiet.setLevel(level)
+    counts: dict[str, int] = {}
+    for node in model.model.graph.node:
+        if node.domain == CONTRIB_DOMAIN:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def activation_errors(path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """For each MatMul with a constant weight in the graph at `path`: the relative L2 error that dynamic
+    quantization's per-tensor uint8 activation scale puts on its input, over the real tokens of `feeds` (each
+    batch quantized on its own, as at run time). What decides which MatMuls stay fp32 in the int8 graph."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    weights = {i.name for i in model.graph.initializer}
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    inputs = sorted({n.input[0] for n in matmuls})
+    if not inputs:  # no weight MatMul to keep (the projections became something else): nothing to measure
+        return {}
+    del model.graph.output[:]  # only the MatMul inputs are needed
+    model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in inputs)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    noise = {name: 0.0 for name in inputs}
+    signal = {name: 0.0 for name in inputs}
+    for feed in feeds:
+        real = feed["attention_mask"].astype(bool)  # (B, T)
+        for name, x in zip(inputs, session.run(inputs, feed)):
+            lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)  # the quantizer's range includes 0
+            step = (hi - lo) / 255 or 1.0
+            zero = np.round(-lo / step)
+            back = (np.clip(np.round(x / step) + zero, 0, 255) - zero) * step
+            noise[name] += float(np.square((x - back)[real]).sum())
+            signal[name] += float(np.square(x[real]).sum())
+    return {n.name: (noise[n.input[0]] / signal[n.input[0]]) ** 0.5 if signal[n.input[0]] else 0.0 for n in matmuls}
