@@ -271,6 +271,10 @@ def export(
     format_: Annotated[str, typer.Option("--format", help="hf: a folder transformers loads; onnx: model.onnx (+ "
                                                          "model_quantized.onnx), always verified.")] = "hf",
     quantize: Annotated[Optional[str], typer.Option(help="onnx: also write an int8 graph (int8).")] = None,
+    optimize: Annotated[bool, typer.Option("--optimize", help="onnx: also write model_optimized.onnx, the graph "
+                                                              "with onnxruntime's fused attention and norms (always "
+                                                              "with --quantize: the int8 graph is made from it).")]
+    = False,
     opset: Annotated[Optional[int], typer.Option(help="onnx: the ONNX opset (default 17).")] = None,
     min_agreement: Annotated[Optional[float], typer.Option(help="onnx: the least task-level agreement of the int8 "
                                                                "graph with fp32, and least mean cosine for "
@@ -293,9 +297,10 @@ def export(
         if dtype != "fp32" or max_shard_size != "5GB" or atol is not None or rtol is not None:
             fail("--format onnx writes fp32 graphs (+ int8 with --quantize) with its own tolerances: --dtype, "
                  "--max-shard-size, --atol and --rtol apply to --format hf")
-        _export_onnx(src, out, verify, json_path, final, force, quantize, opset, min_agreement, quiet)
+        _export_onnx(src, out, verify, json_path, final, force, quantize, optimize, opset, min_agreement, quiet)
         return
-    onnx_only = {"--quantize": quantize, "--opset": opset, "--min-agreement": min_agreement}
+    onnx_only = {"--quantize": quantize, "--opset": opset, "--min-agreement": min_agreement,
+                 "--optimize": optimize or None}
     given = [name for name, value in onnx_only.items() if value is not None]
     if given:
         fail(f"{', '.join(given)}: only with --format onnx")
@@ -320,7 +325,8 @@ def export(
 
 
 def _export_onnx(src: str, out: Path, verify: bool, json_path: Optional[Path], final: bool, force: bool,
-                 quantize: Optional[str], opset: Optional[int], min_agreement: Optional[float], quiet: bool) -> None:
+                 quantize: Optional[str], optimize: bool, opset: Optional[int], min_agreement: Optional[float],
+                 quiet: bool) -> None:
     """--format onnx: the ONNX graphs are always verified (the report is printed with --verify or on failure)."""
     from .errors import HfportError
     from .export import VerifyFailed
@@ -329,7 +335,8 @@ def _export_onnx(src: str, out: Path, verify: bool, json_path: Optional[Path], f
     threshold = MIN_AGREEMENT if min_agreement is None else min_agreement
     try:
         result = export_onnx(src, out, which="final" if final else "best", opset=opset or DEFAULT_OPSET,
-                             quantize=quantize, force=force, min_agreement=threshold, min_cosine=threshold,
+                             quantize=quantize, optimize=optimize, force=force, min_agreement=threshold,
+                             min_cosine=threshold,
                              json_path=json_path)
     except VerifyFailed as e:
         _print_report(e.report, json_path)

@@ -425,6 +425,19 @@ def test_cli_export_onnx(source, tmp_path):
     bad = CliRunner().invoke(app, ["export", str(source("bert", "feature-extraction")), "--out", str(tmp_path / "x"),
                                    "--quantize", "int8"])
     assert bad.exit_code == 1 and "only with --format onnx" in bad.output
+    bad = CliRunner().invoke(app, ["export", str(source("bert", "feature-extraction")), "--out", str(tmp_path / "x"),
+                                   "--optimize"])
+    assert bad.exit_code == 1 and "--optimize: only with --format onnx" in bad.output
+
+
+def test_cli_export_onnx_optimize(source, tmp_path):
+    """--optimize without --quantize: model.onnx and the fused model_optimized.onnx, both verified."""
+    out = tmp_path / "out"
+    run = CliRunner().invoke(app, ["export", str(source("bert", "text-classification")), "--out", str(out),
+                                   "--format", "onnx", "--optimize"])
+    assert run.exit_code == 0, run.output
+    assert (out / ONNX_FILE).is_file() and (out / "model_optimized.onnx").is_file()
+    assert not (out / QUANTIZED_FILE).exists()
 
 
 def test_backend_choice(exported, source):
