@@ -521,3 +521,27 @@ def test_zz_measured_diffs(capsys):
     fp32 = [d for (f, t), d in MEASURED.items() if "bf16" not in t and "fp16" not in t]
     assert len(fp32) >= 30, "the round trips did not all record a diff"
     assert max(fp32) <= TOLERANCES["float32"][0]
+
+
+@pytest.mark.parametrize("kind", ["embedding", "cross-encoder"])
+def test_sentence_transformers_folders_get_their_card(kind, minilm_path, tmp_path):
+    """An embedding folder (sentence-transformers modules) and a reranker (CrossEncoder's marker) export with a card
+    that lists them as sentence-transformers models, with their Hub pipeline tag and how to load them there."""
+    from hfport.export.sentence_transformers import mark_cross_encoder, write_embedding_layout
+
+    src = tmp_path / "src"
+    if kind == "embedding":
+        model = save_hf("bert", "base", src)
+        write_embedding_layout(src, pooling="mean", normalize=True, hidden_size=model.config.hidden_size,
+                               max_seq_length=128)
+    else:
+        save_hf("bert", "sequence-classification", src, num_labels=1)
+        mark_cross_encoder(src)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm_path / name, src / name)
+    export(src, tmp_path / "out")
+    card = (tmp_path / "out" / "README.md").read_text()
+    tag, cls = {"embedding": ("sentence-similarity", "SentenceTransformer"),
+                "cross-encoder": ("text-ranking", "CrossEncoder")}[kind]
+    assert "library_name: sentence-transformers" in card and f"pipeline_tag: {tag}\n" in card
+    assert f"from sentence_transformers import {cls}" in card and "from transformers import" not in card

@@ -158,8 +158,10 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
         del model  # verify loads the source afresh, in float32
         hub.write_json_atomic(staging / "config.json", config)
         copy_tokenizer_files(tok_folder, staging)
-        copy_st_layout(source.model, staging)  # an embedding model keeps its sentence-transformers modules
-        (staging / "README.md").write_text(model_card(source, config, task, out.name), encoding="utf-8")
+        # an embedding model keeps its sentence-transformers modules
+        embedding_layout = bool(copy_st_layout(source.model, staging))
+        (staging / "README.md").write_text(model_card(source, config, task, out.name,
+                                                      embedding_layout=embedding_layout), encoding="utf-8")
         result = ExportResult(out, source.model, config["model_type"], task, DTYPE_NAMES[torch_dtype],
                               sorted(p.name for p in staging.iterdir()), files, tok_folder)
         if verify:
