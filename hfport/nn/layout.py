@@ -18,6 +18,7 @@ sliding window, merge heads). `positions` holds each row's position id, for rota
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
@@ -409,8 +410,11 @@ class Packed(_PerBatch):
         over all sequences), for tests and measurements."""
         if PACKED_ATTENTION == "runs" or (PACKED_ATTENTION == "auto" and len(self.runs) == 1):
             return None
-        lengths = sorted({n for n in self.lengths if n})
-        counts = [sum(1 for n in self.lengths if n == length) for length in lengths]  # (D,) sequences per length
+        per_length = Counter(n for n in self.lengths if n)
+        if not per_length:  # nothing real to attend over
+            return None
+        lengths = sorted(per_length)  # (D,) distinct lengths
+        counts = [per_length[n] for n in lengths]  # (D,) sequences of each
         if PACKED_ATTENTION == "padded":
             return Groups.build(self, ((sum(counts), lengths[-1]),))
         # best[j]: the cheapest cut of the shortest j distinct lengths; the last group spans lengths[i:j]
