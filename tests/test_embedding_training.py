@@ -123,6 +123,40 @@ def test_gradcache_chunks_give_the_whole_batch_gradient(model_dir, tmp_path):
         torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_embedding_batch_loss_and_gradients_are_the_same_on_every_attention_path(model_dir, tmp_path, monkeypatch):
+    """An MNRL batch of real (question, answer) texts: per-run attention calls, one padded call, the padded groups by
+    length, and the padded layout (no packing at all) give the same loss and every gradient (fp32; the paths differ
+    only in summation order)."""
+    from hfport.nn import layout as layout_module
+
+    checked = preflight(cfg(model_dir, tmp_path, batch_size=16))
+    task, data = checked.task, checked.data
+    batch = task.collate(data.train[:16], data, seed=0)
+    assert len(set(batch["attention_mask"].sum(1).tolist())) > 4  # texts of many lengths
+    model = hfport.AutoModel.from_pretrained(model_dir).train()
+    results = {}
+    for path in ("runs", "padded", "groups", "padded layout"):
+        monkeypatch.setattr(layout_module, "PACKED_ATTENTION", "auto" if path == "groups" else path)
+        # free calls and no scatter cost: the rule cuts a group per distinct length
+        monkeypatch.setattr(layout_module, "CALL_COST", 0 if path == "groups" else 1_300_000)
+        monkeypatch.setattr(layout_module, "SCATTER_COST", -1 if path == "groups" else 100)
+        model.padding_free = path != "padded layout"
+        if path == "groups":
+            groups = model.body.plan(batch["input_ids"], batch["attention_mask"])._groups(model.config.hidden_size)
+            assert len(groups.shapes) > 4
+        model.zero_grad()
+        loss = task.loss(task.forward(model, batch, data), batch, data, None, 0.0)
+        loss.backward()
+        results[path] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    reference_loss, reference_grads = results.pop("padded layout")
+    for path, (loss, grads) in results.items():
+        torch.testing.assert_close(loss, reference_loss, rtol=1e-5, atol=1e-5, msg=path)
+        assert grads.keys() == reference_grads.keys() and len(grads) > 10
+        for name in grads:
+            torch.testing.assert_close(grads[name], reference_grads[name], rtol=1e-5, atol=1e-5,
+                                       msg=lambda m, path=path, name=name: f"{path} {name}: {m}")
+
+
 # --- metrics ----------------------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ sliding window, merge heads). `positions` holds each row's position id, for rota
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
@@ -65,23 +66,29 @@ class _PerBatch:
         return memo[key]
 
 
-# When Packed.attend runs one padded call instead of one call per run, in units of one multiply-add of q.k or p.v
+# When Packed.attend runs padded groups instead of one call per run, in units of one multiply-add of q.k or p.v
 # per channel (~0.1 ns on a 2-core CPU): per runs, sum over runs of G * L^2 * C plus CALL_COST per call (a small
-# fused SDPA call's fixed cost, forward + backward, ~130 us); padded, B * Lmax^2 * C plus SCATTER_COST per padded
-# element B * Lmax * C (scattering q, k, v and the mask, gathering the output, and the backward of each, all memory
-# bound, ~10 ms for 64 rows of <= 30 tokens at C = 384). Measured there, attention forward + backward, C = 384,
-# 12 heads (medians of 12 interleaved repeats, noisy shared machine): 64 rows of 10-30 tokens in 62 runs, per run
+# fused SDPA call's fixed cost, forward + backward, ~130 us); a padded group of G sequences padded to L, G * L^2 * C
+# plus CALL_COST plus SCATTER_COST per padded element G * L * C (scattering q, k, v and the mask, gathering the
+# output, and the backward of each, all memory bound, ~10 ms for 64 rows of <= 30 tokens at C = 384). Measured
+# there, attention forward + backward, C = 384, 12 heads (medians of 12 interleaved repeats, noisy shared machine),
+# one padded call over all rows against per run: 64 rows of 10-30 tokens in 62 runs, per run
 # 9.9 ms / padded 12.1 ms; the same length-sorted (18 runs) 6.6 / 11.4; 16 rows of 16-128 tokens 8.4 / 18.3;
 # 4 rows of 16-512 19.7 / 34.4. Padded wins only with many more runs than that (long unsorted batches of short
-# texts, e.g. 128 rows of a few tokens each).
+# texts, e.g. 128 rows of a few tokens each). Grouping by length (the rule picks the groups): 64 rows, 32 of 8-13
+# and 32 of 10-21 tokens (an embedding fine-tune's anchors and answers), dropout 0.1, per layer forward + backward,
+# medians of 8-10 interleaved repeats (1 thread, noisy shared machine): per run 21.9 ms, one padded call 16.5,
+# the 5 groups the rule picks 10.8-11.7, 2 groups 11.9-13.1; without dropout per run 10.9, padded 14.5, 5 groups 9.2.
 CALL_COST = 1_300_000
 SCATTER_COST = 100
 # Banded local attention (see `BandPlan`) from this many windows of length on. Measured on a 2-core CPU, one
 # thread, window 128, 6 heads of 64, two sequences, attention forward + backward (min of 16, blocked / full masked):
 # L = 256 1.06, 320 0.89, 384 0.78, 512 0.57; below ~2.5 windows the slab copies eat the saved scores.
 BANDED_MIN_WINDOWS = 2.5
-# "auto" (the cost rule), "runs" or "padded": how Packed.attend runs a batch without a bias callback.
+# "auto" (the cost rule), "runs" or "padded" (one group): how Packed.attend runs a batch without a bias callback.
 PACKED_ATTENTION = "auto"
+# A padded group spans at most this many distinct lengths (bounds the cost rule's DP at D * 64 steps).
+MAX_GROUP_SPAN = 64
 
 
 def window_band(positions: Tensor, window: int) -> Tensor:
@@ -229,6 +236,62 @@ class Padded(_PerBatch):
 
 
 @dataclass(frozen=True, eq=False)
+class Groups:
+    """Packed sequences regrouped for padded attention: sorted by length and cut into groups, group g holding G_g
+    sequences padded to its longest, L_g. Its buffer is the groups' (G_g, L_g) blocks one after the other, each
+    sequence's rows first in its block row, padding after."""
+
+    shapes: tuple[tuple[int, int], ...]  # (G, L) of each group, shortest first
+    slots: Tensor  # (N,) long: each packed row's row in the buffer
+    real: Tensor  # (S,) bool, S = sum G * L: buffer rows that hold a token
+    positions: Tensor  # (S,) long: each buffer row's position id (0 at padding)
+
+    @property
+    def size(self) -> int:
+        return self.real.shape[0]
+
+    @staticmethod
+    def build(packed: Packed, shapes: tuple[tuple[int, int], ...]) -> Groups:
+        """Sequences into the groups in length order (stable; empty sequences have no rows and no slot)."""
+        device = packed.index.device
+        order = sorted((i for i, n in enumerate(packed.lengths) if n), key=lambda i: packed.lengths[i])
+        first = torch.empty(packed.batch, dtype=torch.long)  # (B,): buffer row of each sequence's first token
+        block, taken = 0, 0
+        for count, length in shapes:
+            members = torch.tensor(order[taken:taken + count], dtype=torch.long)
+            first[members] = block + torch.arange(count) * length
+            block, taken = block + count * length, taken + count
+        lengths = torch.tensor(packed.lengths, device=device)  # (B,)
+        seq = torch.repeat_interleave(torch.arange(packed.batch, device=device), lengths)  # (N,)
+        starts = torch.tensor(packed.starts, device=device)  # (B,)
+        slots = first.to(device)[seq] + torch.arange(seq.shape[0], device=device) - starts[seq]  # (N,)
+        real = torch.zeros(block, dtype=torch.bool, device=device)
+        real[slots] = True
+        positions = torch.zeros(block, dtype=packed.positions.dtype, device=device)
+        positions[slots] = packed.positions
+        return Groups(shapes, slots, real, positions)
+
+    def masks(self, window: int | None) -> list[Tensor | BandPlan | None]:
+        """Per group: None (nothing padded, no window), a (G, 1, L|1, L) bool mask (real keys, and the band with a
+        window; padded query rows attend to every key), or a BandPlan for long windowed groups."""
+        out: list[Tensor | BandPlan | None] = []
+        for (count, length), real, positions in zip(self.shapes, *(x.split([g * n for g, n in self.shapes])
+                                                                   for x in (self.real, self.positions))):
+            real, positions = real.view(count, length), positions.view(count, length)  # (G, L) each
+            if banded(length, window):
+                out.append(BandPlan.build(positions, real, window))
+                continue
+            mask = real[:, None, None, :]  # (G, 1, 1, L)
+            if window is not None:
+                mask = window_band(positions, window)[:, None] & mask  # (G, 1, L, L)
+            elif bool(real.all()):
+                out.append(None)
+                continue
+            out.append(mask | ~real[:, None, :, None])  # (G, 1, L, L)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
 class Packed(_PerBatch):
     """Padding-free: only the real tokens, rows (N, C), packed sequence by sequence in their order within the
     sequence, so sequence i owns rows [starts[i], starts[i] + lengths[i]). Unpacking puts zeros at padding."""
@@ -313,16 +376,18 @@ class Packed(_PerBatch):
 
         One kernel call per run of equal-length sequences (often one per sequence); the per-call overhead is
         small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away. Without
-        a bias callback, a batch of very many short runs takes one padded call over (B, Lmax) instead (the cost
-        rule at CALL_COST), and sequences of >= BANDED_MIN_WINDOWS windows run local attention blocked (BandPlan).
+        a bias callback, a batch of many short runs takes a few padded calls instead, its sequences grouped by
+        length (the cost rule at CALL_COST, `_groups`), and sequences of >= BANDED_MIN_WINDOWS windows run local
+        attention blocked (BandPlan).
         Measured on a 2-core CPU, 16 rows with 41% padding, attention forward + backward with dropout / without:
         per sequence 156 / 105 ms, one masked padded call 380 / 126 ms, nested-tensor SDPA 672 / 700 ms.
         A sliding window is a band mask per run, built here on any device; on CUDA, flash-attn's varlen kernel
         (cu_seqlens from `starts`, window_size=(w // 2, w // 2)) would do all runs in one call without masks."""
-        n, c = q.shape
+        c = q.shape[1]
         d = c // heads
-        if bias is None and self._one_padded_call(c):
-            return self._attend_padded(q, k, v, heads, kernel, window)
+        groups = self.cached(("groups", c), lambda: self._groups(c)) if bias is None else None
+        if groups is not None:
+            return self._attend_grouped(q, k, v, heads, kernel, window, groups)
         masks = self.cached(("window", window), lambda: self._window_masks(window)) if window is not None else None
         pieces = []
         # split, not slicing: a slice's backward writes a zero (N, C) gradient per run, quadratic in runs
@@ -336,59 +401,54 @@ class Packed(_PerBatch):
             pieces.append(out.transpose(1, 2).reshape(count * length, c))  # (G * L, C)
         return torch.cat(pieces)  # (N, C)
 
-    def _one_padded_call(self, width: int) -> bool:
-        """The cost rule (see CALL_COST): one padded call over (B, Lmax) when its wasted scores and copies cost less
-        than the per-run calls' overheads: very many short runs go padded, few long varied ones per run.
-        PACKED_ATTENTION forces either ("runs" / "padded"), for tests and measurements."""
-        if PACKED_ATTENTION != "auto":
-            return PACKED_ATTENTION == "padded"
-        if len(self.runs) == 1:
-            return False
-        padded = self.batch * self.max_length * width * (self.max_length + SCATTER_COST)
+    def _groups(self, width: int) -> Groups | None:
+        """The cost rule (see CALL_COST): padded groups by length when they cost less than one call per run, else
+        None (per-run calls). Sequences sorted by length are cut where the DP over their distinct lengths says: a
+        group costs CALL_COST + G * L * width * (L + SCATTER_COST) for G sequences padded to its longest, L. So a
+        batch of many short runs of mixed lengths (64 texts of 8-21 tokens) becomes two or three calls over little
+        padding, few long varied ones stay per run. PACKED_ATTENTION forces either ("runs" / "padded": one group
+        over all sequences), for tests and measurements."""
+        if PACKED_ATTENTION == "runs" or (PACKED_ATTENTION == "auto" and len(self.runs) == 1):
+            return None
+        per_length = Counter(n for n in self.lengths if n)
+        if not per_length:  # nothing real to attend over
+            return None
+        lengths = sorted(per_length)  # (D,) distinct lengths
+        counts = [per_length[n] for n in lengths]  # (D,) sequences of each
+        if PACKED_ATTENTION == "padded":
+            return Groups.build(self, ((sum(counts), lengths[-1]),))
+        # best[j]: the cheapest cut of the shortest j distinct lengths; the last group spans lengths[i:j]
+        best, cut = [0.0] * (len(lengths) + 1), [0] * (len(lengths) + 1)
+        for j in range(1, len(lengths) + 1):
+            longest, count, best[j] = lengths[j - 1], 0, float("inf")
+            for i in range(j - 1, max(j - 1 - MAX_GROUP_SPAN, -1), -1):
+                count += counts[i]
+                cost = best[i] + CALL_COST + count * longest * width * (longest + SCATTER_COST)
+                if cost < best[j]:
+                    best[j], cut[j] = cost, i
         runs = sum(count * length ** 2 * width + CALL_COST for _, count, length in self.runs)
-        return padded < runs
+        if PACKED_ATTENTION == "auto" and runs <= best[-1]:
+            return None
+        shapes, j = [], len(lengths)
+        while j:
+            shapes.append((sum(counts[cut[j]:j]), lengths[j - 1]))
+            j = cut[j]
+        return Groups.build(self, tuple(reversed(shapes)))
 
-    @cached_property
-    def _slots(self) -> Tensor:
-        """(N,) long: each packed row's slot b * Lmax + i in the (B, Lmax) batch its sequence's rows start."""
-        lengths = torch.tensor(self.lengths, device=self.index.device)  # (B,)
-        seq = torch.repeat_interleave(torch.arange(self.batch, device=lengths.device), lengths)  # (N,)
-        starts = torch.tensor(self.starts, device=lengths.device)  # (B,)
-        offset = torch.arange(seq.shape[0], device=lengths.device) - starts[seq]  # (N,)
-        return seq * self.max_length + offset
-
-    def _attend_padded(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kernel: Kernel,
-                       window: int | None) -> Tensor:
-        """One kernel call over the rows scattered to (B, H, Lmax, D) (Lmax: this batch's longest sequence, not
-        the caller's T), real keys only; rows gathered back. Padded query rows attend to every key (thrown away;
-        a fully masked row would be NaN and poison the backward)."""
-        n, c = q.shape
-        b, lmax = self.batch, self.max_length
-        slots = self._slots
-        qp, kp, vp = (_heads(_Scatter.apply(x, slots, b * lmax).view(b, lmax, c), heads) for x in (q, k, v))
-        if banded(lmax, window):
-            plan = self.cached(("band padded", window), lambda: BandPlan.build(*self._padded_rows(), window))
-            out = plan.attend(qp, kp, vp, kernel)  # (B, H, Lmax, D)
-        else:
-            mask = self.cached(("padded mask", window), lambda: self._padded_mask(window))  # (B, 1, Lmax|1, Lmax)
-            out = kernel(qp, kp, vp, mask=mask, bias=None)  # (B, H, Lmax, D)
-        return Rows.apply(_merge_heads(out).reshape(b * lmax, c), slots, True)  # (N, C)
-
-    def _padded_rows(self) -> tuple[Tensor, Tensor]:
-        """positions (B, Lmax) (0 at padding) and real (B, Lmax) bool of the (B, Lmax) batch."""
-        b, lmax = self.batch, self.max_length
-        real = torch.zeros(b * lmax, dtype=torch.bool, device=self.index.device)
-        real[self._slots] = True
-        positions = torch.zeros(b * lmax, dtype=self.positions.dtype, device=self.index.device)
-        positions[self._slots] = self.positions
-        return positions.view(b, lmax), real.view(b, lmax)
-
-    def _padded_mask(self, window: int | None) -> Tensor:
-        positions, real = self._padded_rows()  # (B, Lmax) each
-        mask = real[:, None, None, :]  # (B, 1, 1, Lmax)
-        if window is not None:
-            mask = window_band(positions, window)[:, None] & mask  # (B, 1, Lmax, Lmax)
-        return mask | ~real[:, None, :, None]  # (B, 1, Lmax, Lmax)
+    def _attend_grouped(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kernel: Kernel, window: int | None,
+                        groups: Groups) -> Tensor:
+        """q, k, v (N, C) -> (N, C): the rows scattered into the groups' padded buffer (S = sum G * L rows), one
+        kernel call per group over (G, H, L, D) with real keys only, rows gathered back. Padded query rows attend
+        to every key (thrown away; a fully masked row would be NaN and poison the backward)."""
+        c = q.shape[1]
+        masks = self.cached(("group masks", window), lambda: groups.masks(window))
+        sizes = [count * length for count, length in groups.shapes]
+        buffers = (_Scatter.apply(x, groups.slots, groups.size).split(sizes) for x in (q, k, v))  # (G * L, C) each
+        pieces = []
+        for (count, length), mask, qg, kg, vg in zip(groups.shapes, masks, *buffers):
+            qh, kh, vh = (_heads(x.view(count, length, c), heads) for x in (qg, kg, vg))  # (G, H, L, D)
+            pieces.append(_merge_heads(_local(qh, kh, vh, kernel, mask)).reshape(count * length, c))  # (G * L, C)
+        return Rows.apply(torch.cat(pieces) if len(pieces) > 1 else pieces[0], groups.slots, True)  # (N, C)
 
     def _window_masks(self, window: int) -> list[Tensor | BandPlan | None]:
         """Per run (G, 1, L, L) band masks (a BandPlan for long runs), None for a run the window covers whole."""
