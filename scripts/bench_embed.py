@@ -11,7 +11,8 @@ processes on a shared machine falls on both. Quality: both trained folders are l
 scored on examples/data/embed_eval.jsonl as a retrieval task (40 queries; the corpus is every positive and negative
 text of the file) with hfport's retrieval metrics, beside the untrained base model.
 
-Both train in fp32 on the CPU with dropout on, lr 2e-5 linear decay, no warm-up, no weight decay, grad-norm clip 1.0,
+Both train in fp32 (--precision bf16: both under bf16 autocast) on the CPU with dropout on, lr 2e-5 linear decay,
+no warm-up, no weight decay, grad-norm clip 1.0,
 batches shuffled without length grouping (hfport's group_by_length would change which texts share a batch, and so
 the in-batch negatives). One asymmetry remains: finetune() writes a checkpoint (model and optimizer state, in the
 background) at every epoch end, 5 steps here (160 pairs, batch 32), and has no switch to turn that off; the
@@ -65,7 +66,7 @@ class Clock:
 
 
 def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int,
-             clock: Clock) -> list[tuple[float, float]]:
+             clock: Clock, precision: str = "fp32") -> list[tuple[float, float]]:
     """SentenceTransformerTrainer with MNRL; returns (wall-clock, process CPU) time at the end of every step."""
     from datasets import Dataset
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
@@ -82,7 +83,7 @@ def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int,
         output_dir=str(out / "st-trainer"), per_device_train_batch_size=batch_size, max_steps=steps,
         learning_rate=LR, warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="linear",
         save_strategy="no", logging_steps=steps, report_to="none", seed=seed, use_cpu=True,
-        dataloader_drop_last=True, disable_tqdm=True)
+        dataloader_drop_last=True, disable_tqdm=True, bf16=precision == "bf16")
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_list(pairs()),
                                          loss=MultipleNegativesRankingLoss(model, scale=SCALE), callbacks=[Tick()])
     trainer.train()
@@ -91,7 +92,7 @@ def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int,
 
 
 def train_hfport(base: Path, out: Path, steps: int, batch_size: int, seed: int,
-                 clock: Clock) -> list[tuple[float, float]]:
+                 clock: Clock, precision: str = "fp32") -> list[tuple[float, float]]:
     from hfport import finetune
 
     data = out / "pairs.jsonl"
@@ -105,7 +106,7 @@ def train_hfport(base: Path, out: Path, steps: int, batch_size: int, seed: int,
               "output_dir": str(out / "hfport-run"), "overwrite": True, "batch_size": batch_size, "max_steps": steps,
               "lr": LR, "weight_decay": 0.0, "warmup_steps": 0, "max_grad_norm": 1.0, "scheduler": "linear",
               "loss": "mnrl", "scale": SCALE, "group_by_length": False, "logging_steps": 1, "eval_strategy": "no",
-              "precision": "fp32", "seed": seed, "max_length": 256}, progress=False, on_event=on_event)
+              "precision": precision, "seed": seed, "max_length": 256}, progress=False, on_event=on_event)
     return clock.stamps
 
 
@@ -171,6 +172,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="then one more run of each under torch.profiler (steps 2..N): self CPU time per step by "
                              "operator, side by side")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="both trainers: fp32, or bf16 autocast over fp32 weights (sentence-transformers' bf16=True, "
+                             "hfport's precision bf16, which precision auto picks on a CPU with native bf16)")
     parser.add_argument("--append", type=Path, help="append the results table to this markdown file")
     a = parser.parse_args()
     base = Path(gt.get_model_path())
@@ -186,7 +190,7 @@ def main() -> None:
                 out = work / f"{name}-{r}"
                 out.mkdir()
                 torch.manual_seed(r)
-                stamps = fn(base, out, a.steps, a.batch_size, seed=r, clock=Clock(a.steps))
+                stamps = fn(base, out, a.steps, a.batch_size, seed=r, clock=Clock(a.steps), precision=a.precision)
                 rates[name].append(throughput(stamps, a.batch_size))
                 cpu_rates[name].append(throughput(stamps, a.batch_size, clock=1))
                 scores[name].append(quality(out / folder))
@@ -211,7 +215,7 @@ def main() -> None:
              "passing load falls on both.", "",
              f"all-MiniLM-L6-v2 (real weights), {len(pairs())} (question, answer) pairs from examples/data, "
              f"MultipleNegativesRankingLoss (scale {SCALE:g}), batch {a.batch_size}, {a.steps} steps, lr {LR:g}, "
-             f"fp32 on the CPU, {a.rounds} rounds.", "",
+             f"{a.precision} on the CPU, {a.rounds} rounds.", "",
              "| | sentence-transformers (SentenceTransformerTrainer) | hfport finetune() | ratio |",
              "|---|---:|---:|---:|",
              f"| training, examples/s (median; steps 2..N) | {st:.1f} | {ours:.1f} | "
