@@ -1,15 +1,10 @@
 """Sentence embeddings as sentence-transformers computes them, read from the folder's own files, plus what an
 embedding server needs around them (token listings, a measured batch budget).
 
-A sentence-transformers folder says how to pool in three files, which `read_sentence_config` reads:
-  modules.json                   the module chain; a `...models.Pooling` entry names the pooling folder, a
-                                 `...models.Normalize` entry means the embeddings are L2-normalized
-  <pooling folder>/config.json   `pooling_mode_cls_token` / `_mean_tokens` / `_max_tokens` /
-                                 `_mean_sqrt_len_tokens` / `_lasttoken`: exactly one must be true
-  sentence_bert_config.json      `max_seq_length`: inputs are cut (or refused) beyond it
-  config_sentence_transformers.json  `prompts` ({name: prefix}) and `default_prompt_name`
-A folder without modules.json pools by mean and does not normalize (sentence-transformers' default for a bare
-transformers checkpoint).
+A sentence-transformers folder says how to pool in its own files (modules.json, the Pooling module's config.json,
+sentence_bert_config.json's max_seq_length, config_sentence_transformers.json's prompts), which the layout's one
+reader, `export.sentence_transformers.read_layout`, reads into a SentenceLayout. A folder without modules.json pools
+by mean and does not normalize (sentence-transformers' default for a bare transformers checkpoint).
 
 `pipeline("sentence-embedding", model=folder)` gives a SentenceEmbeddingPipeline: one vector per text (or, with
 output="tokens", the per-token hidden states), batched under the token budget like every hfport pipeline.
@@ -30,87 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .errors import ConfigError
+from .export.sentence_transformers import ST_POOLINGS, SentenceLayout, read_layout
 from .pipelines.base import Feature, Pipeline, PipelineInputError, check_text, positive_int
 
-POOLING_KEYS = {  # sentence-transformers' Pooling config key -> hfport's pooling name
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
-    "pooling_mode_lasttoken": "lasttoken",
-}
-POOLINGS = tuple(POOLING_KEYS.values())
-MODULE_POOLING = "sentence_transformers.models.Pooling"
-MODULE_NORMALIZE = "sentence_transformers.models.Normalize"
+POOLINGS = tuple(ST_POOLINGS.values())
 DIRECTIONS = ("right", "left")
-
-
-@dataclass(frozen=True)
-class SentenceConfig:
-    """How a folder's embeddings are made; `source` says where that was read from."""
-
-    pooling: str = "mean"
-    normalize: bool = False
-    max_seq_length: int | None = None
-    prompts: dict[str, str] = field(default_factory=dict)
-    default_prompt_name: str | None = None
-    source: str = "default (no modules.json)"
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read it as JSON: {e}") from e
-
-
-def read_sentence_config(folder: str | os.PathLike[str]) -> SentenceConfig:
-    """The pooling, normalization, length limit and prompts of a sentence-transformers folder (see the module
-    docstring); a folder without modules.json gets the defaults."""
-    folder = Path(folder)
-    extra: dict[str, Any] = {}
-    st_config = folder / "sentence_bert_config.json"
-    if st_config.is_file():
-        length = _json(st_config).get("max_seq_length")
-        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-            raise ConfigError(f"{st_config}: max_seq_length must be a positive integer, got {length!r}")
-        extra["max_seq_length"] = length
-    prompts_file = folder / "config_sentence_transformers.json"
-    if prompts_file.is_file():
-        raw = _json(prompts_file)
-        prompts = raw.get("prompts") or {}
-        if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
-            raise ConfigError(f"{prompts_file}: prompts must be an object of strings, got {prompts!r}")
-        default = raw.get("default_prompt_name")
-        if default is not None and default not in prompts:
-            raise ConfigError(f"{prompts_file}: default_prompt_name {default!r} is not one of the prompts "
-                              f"{sorted(prompts)}")
-        extra |= {"prompts": dict(prompts), "default_prompt_name": default}
-    modules_file = folder / "modules.json"
-    if not modules_file.is_file():
-        return SentenceConfig(**extra)
-    modules = _json(modules_file)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
-        raise ConfigError(f"{modules_file}: expected a list of {{'type', 'path', ...}} entries")
-    types = [m["type"] for m in modules]
-    pooling_entry = next((m for m in modules if m["type"] == MODULE_POOLING), None)
-    pooling = "mean"
-    if pooling_entry is not None:
-        pooling_file = folder / pooling_entry.get("path", "") / "config.json"
-        if not pooling_file.is_file():
-            raise ConfigError(f"{modules_file}: the Pooling module's config {pooling_file} is missing")
-        raw = _json(pooling_file)
-        chosen = [name for key, name in POOLING_KEYS.items() if raw.get(key)]
-        unknown = sorted(k for k, v in raw.items() if k.startswith("pooling_mode") and v and k not in POOLING_KEYS)
-        if unknown:
-            raise ConfigError(f"{pooling_file}: unsupported pooling mode(s) {unknown}; supported: {list(POOLING_KEYS)}")
-        if len(chosen) != 1:
-            # sentence-transformers concatenates several modes; no served model we know does, so it is refused
-            raise ConfigError(f"{pooling_file}: exactly one pooling_mode_* must be true, found {chosen or 'none'}")
-        pooling = chosen[0]
-    return SentenceConfig(pooling=pooling, normalize=MODULE_NORMALIZE in types,
-                          source=f"{modules_file} ({', '.join(t.rsplit('.', 1)[-1] for t in types)})", **extra)
 
 
 def pool(hidden: Tensor, mode: str) -> Tensor:
@@ -131,7 +50,7 @@ def pool(hidden: Tensor, mode: str) -> Tensor:
 
 
 class SentenceEmbeddingPipeline(Pipeline):
-    """task "sentence-embedding": a vector per text, pooled as the folder says (read_sentence_config).
+    """task "sentence-embedding": a vector per text, pooled as the folder says (read_layout).
 
     Options: pooling / normalize (default: the folder's), truncate (cut inputs longer than max_input_length instead
     of failing them), truncation_direction ("right"|"left"), dimensions (Matryoshka: keep the first n values, then
@@ -151,7 +70,7 @@ class SentenceEmbeddingPipeline(Pipeline):
     def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
         source = model.load_report.source if model.load_report is not None else None
-        self.sentence = read_sentence_config(source) if source and Path(source).is_dir() else SentenceConfig()
+        self.sentence = read_layout(source) if source and Path(source).is_dir() else SentenceLayout()
         limits = [n for n in (self.max_positions, self.sentence.max_seq_length) if n is not None]
         self.max_input_length = min(limits) if limits else None
         self.dimension = model.config.hidden_size
@@ -334,5 +253,5 @@ def tune_batch_tokens(pipe: Pipeline, budgets: tuple[int, ...] = (1024, 2048, 40
     return BatchTuning(chosen=chosen, throughput=throughput, seq_len=seq_len, skipped=skipped)
 
 
-__all__ = ["POOLINGS", "BatchTuning", "SentenceConfig", "SentenceEmbeddingPipeline", "pool", "read_sentence_config",
+__all__ = ["POOLINGS", "BatchTuning", "SentenceLayout", "SentenceEmbeddingPipeline", "pool", "read_layout",
            "token_listing", "tune_batch_tokens"]

@@ -300,3 +300,47 @@ def test_http_finetune_job_trains_an_embedding_model(tmp_path, model_dir):
             assert pred.status_code == 200 and len(pred.json()["outputs"][0]) == 32, pred.text  # pooled
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def st6_folder(minilm_path, tmp_path_factory) -> Path:
+    """MiniLM saved by sentence-transformers itself (6.x writes `...sentence_transformer.modules.pooling.Pooling`
+    and a `pooling_mode` string, where older versions wrote `...models.Pooling` and pooling_mode_* flags)."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path_factory.mktemp("st6") / "minilm"
+    SentenceTransformer(str(minilm_path), device="cpu").save(str(folder))
+    return folder
+
+
+def test_every_reader_of_a_sentence_transformers_6_folder_sees_its_pooling_and_normalize(st6_folder):
+    """The serving pipelines (sentence-embedding, as TEI's /embed and OpenAI's embeddings run it, and
+    feature-extraction) and the export/training reader all read one layout; each equals SentenceTransformer.encode()
+    on the folder, normalized as it says."""
+    from sentence_transformers import SentenceTransformer
+
+    from hfport.export.sentence_transformers import read_layout
+
+    modules = json.loads((st6_folder / "modules.json").read_text())
+    assert any(m["type"].endswith("modules.pooling.Pooling") for m in modules), modules  # the new spelling
+    layout = read_layout(st6_folder)
+    assert (layout.pooling, layout.normalize, layout.max_seq_length) == ("mean", True, 256)
+    assert read_st_pooling(st6_folder) == ("mean", True)
+    texts = ["The cat sat on the mat.", "A dog barked at the mailman all morning long.", "ok"]
+    theirs = SentenceTransformer(str(st6_folder), device="cpu").encode(texts, convert_to_numpy=True)  # (N, C)
+    for task in ("sentence-embedding", "feature-extraction"):
+        mine = np.array([np.asarray(v) for v in hfport.pipeline(task, model=st6_folder)(texts)])  # (N, C)
+        np.testing.assert_allclose(np.linalg.norm(mine, axis=1), 1.0, atol=1e-5)
+        np.testing.assert_allclose(mine, theirs, atol=1e-5)
+
+
+def test_a_module_hfport_does_not_compute_is_refused_by_name(st6_folder, tmp_path):
+    """A Dense layer after pooling changes every embedding: serving without it would be silently wrong."""
+    folder = tmp_path / "dense"
+    shutil.copytree(st6_folder, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    for task in ("sentence-embedding", "feature-extraction"):
+        with pytest.raises(ConfigError, match=r"modules\.json: module\(s\) \['sentence_transformers\.models\.Dense'\]"):
+            hfport.pipeline(task, model=folder)

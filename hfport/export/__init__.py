@@ -4,7 +4,8 @@
   card.py     the model card (README.md) from the config and the run's RunSummary
   verify.py   verify(dir, source): transformers loads DIR and computes what hfport computes from SOURCE
   sentence_transformers.py  the sentence-transformers layout (modules.json, 1_Pooling, 2_Normalize; the
-              CrossEncoder marker): writer, reader (read_st_pooling) and its verify rows
+              CrossEncoder marker): its writer, its one reader (read_layout, which serving uses too) and its
+              verify rows
   common.py   what formats share: ExportError, where SRC's model is (resolve_source, through RunDir), dtype and
               task tables
 

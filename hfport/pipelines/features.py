@@ -42,13 +42,13 @@ class FeatureExtractionPipeline(Pipeline):
 
     def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
         # a sentence-transformers folder says how its embeddings are pooled: the defaults when no pooling is given
-        from ..export.sentence_transformers import has_embedding_layout, read_st_pooling
+        from ..export.sentence_transformers import has_embedding_layout, read_layout
 
         folder = Path(model.config.source).parent
         self.folder_defaults = {}
         if has_embedding_layout(folder):
-            pooling, normalize = read_st_pooling(folder)
-            self.folder_defaults = {"pooling": pooling, "normalize": normalize}
+            layout = read_layout(folder)
+            self.folder_defaults = {"pooling": layout.pooling, "normalize": layout.normalize}
         super().__init__(model, tokenizer, **kwargs)
 
     def validate(self, opts: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
