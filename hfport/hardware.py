@@ -29,7 +29,7 @@ log = logging.getLogger("hfport.hardware")
 
 CACHE_ENV = "HFPORT_CACHE_DIR"
 CACHE_FILE = "hardware.json"
-FORMAT = 1  # bumped when the probe changes, so older files are measured again
+FORMAT = 2  # bumped when the probe changes, so older files are measured again (2: one thread, CPU time)
 NATIVE_MARGIN = 1.5  # bf16 matmul at least this much faster than fp32: native (emulated bf16 runs slower than fp32)
 
 # (matrix side, dtype) per probe. fp32 and bf16 decide; fp16 and int8 are informative. fp16 is kept small because
@@ -47,7 +47,7 @@ class Capabilities:
     cpu: str
     cores: int
     torch: str
-    threads: int  # torch's intra-op threads during the probe
+    threads: int  # torch's intra-op threads during the probe (1: per-core peaks)
     peaks: dict[str, float]
     measured_at: str
     format: int = FORMAT
@@ -102,41 +102,53 @@ def _operands(dtype: torch.dtype, n: int) -> tuple[Any, torch.Tensor, torch.Tens
     return torch.matmul, a, b
 
 
-def _timed(product: Any, a: torch.Tensor, b: torch.Tensor) -> float:
-    start = time.perf_counter()
+def _timed(product: Any, a: torch.Tensor, b: torch.Tensor, clock: Any = time.perf_counter) -> float:
+    start = clock()
     product(a, b)
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def matmul_peak(dtype: torch.dtype, n: int, seconds: float = 0.3, min_reps: int = 3) -> float:
+def matmul_peak(dtype: torch.dtype, n: int, seconds: float = 0.3, min_reps: int = 3,
+                clock: Any = time.perf_counter) -> float:
     """Best GFLOP/s (2 n^3 per product) of an n x n product over `seconds` (at least min_reps timed runs)."""
     product, a, b = _operands(dtype, n)
     product(a, b)  # warm-up: kernel selection, first-touch of the output
     best, reps, stop = float("inf"), 0, time.perf_counter() + seconds
     while reps < min_reps or time.perf_counter() < stop:
-        best, reps = min(best, _timed(product, a, b)), reps + 1
+        best, reps = min(best, _timed(product, a, b, clock)), reps + 1
     return 2 * n**3 / best / 1e9
 
 
-def measure(seconds: float = 0.4) -> dict[str, float]:
+def measure(seconds: float = 0.4, per_core: bool = False) -> dict[str, float]:
     """Matmul peaks per dtype. fp32 and bf16 alternate product by product for `seconds` and keep their best, so a
-    burst of load from another process hits both rather than skewing their ratio. About half a second in all."""
-    runs = {name: _operands(PROBES[name][1], PROBES[name][0]) for name in DECIDING}
-    for product, a, b in runs.values():
-        product(a, b)  # warm-up
-    best = {name: float("inf") for name in DECIDING}
-    rounds, stop = 0, time.perf_counter() + seconds
-    while rounds < 3 or time.perf_counter() < stop:
-        for name, (product, a, b) in runs.items():
-            best[name] = min(best[name], _timed(product, a, b))
-        rounds += 1
-    peaks = {name: 2 * PROBES[name][0] ** 3 / best[name] / 1e9 for name in DECIDING}
-    for name in PROBES.keys() - set(DECIDING):
-        n, dtype = PROBES[name]
-        try:
-            peaks[name] = matmul_peak(dtype, n, seconds=0.0, min_reps=1)
-        except RuntimeError as e:  # a build without the kernel: informative only, so just absent
-            log.debug("no %s matmul here: %s", name, e)
+    burst of load from another process hits both rather than skewing their ratio. About half a second in all.
+
+    per_core: on one thread, timed by that thread's own CPU time. What the capability decision uses: on a busy
+    machine, wall-clock time of a multi-threaded product stretches with every descheduled thread its barrier waits
+    for (longer products more often, so fp32 more than bf16: a loaded 2-core machine once read 30x), while one
+    thread's CPU time does not. Otherwise all of torch's threads by wall clock (what scripts/bench.py divides by)."""
+    threads, clock = torch.get_num_threads(), time.thread_time if per_core else time.perf_counter
+    if per_core:
+        torch.set_num_threads(1)
+    try:
+        runs = {name: _operands(PROBES[name][1], PROBES[name][0]) for name in DECIDING}
+        for product, a, b in runs.values():
+            product(a, b)  # warm-up
+        best = {name: float("inf") for name in DECIDING}
+        rounds, stop = 0, time.perf_counter() + seconds
+        while rounds < 3 or time.perf_counter() < stop:
+            for name, (product, a, b) in runs.items():
+                best[name] = min(best[name], _timed(product, a, b, clock))
+            rounds += 1
+        peaks = {name: 2 * PROBES[name][0] ** 3 / best[name] / 1e9 for name in DECIDING}
+        for name in PROBES.keys() - set(DECIDING):
+            n, dtype = PROBES[name]
+            try:
+                peaks[name] = matmul_peak(dtype, n, seconds=0.0, min_reps=1, clock=clock)
+            except RuntimeError as e:  # a build without the kernel: informative only, so just absent
+                log.debug("no %s matmul here: %s", name, e)
+    finally:
+        torch.set_num_threads(threads)
     return {name: round(value, 1) for name, value in peaks.items()}
 
 
@@ -152,8 +164,8 @@ def cpu_capabilities(refresh: bool = False) -> Capabilities:
         return _memo[memo_key]
     caps = None if refresh else _read_cache(key)
     if caps is None:
-        caps = Capabilities(**{k: v for k, v in key.items() if k != "format"}, threads=torch.get_num_threads(),
-                            peaks=measure(), measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        caps = Capabilities(**{k: v for k, v in key.items() if k != "format"}, threads=1,
+                            peaks=measure(per_core=True), measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         _write_cache(caps)
     _memo[memo_key] = caps
     return caps
@@ -207,8 +219,9 @@ def auto_dtype(checkpoint_dtype: torch.dtype, device: Any = None) -> torch.dtype
 
 def describe(caps: Capabilities) -> str:
     """The human-readable lines `hfport info --hardware` prints."""
-    lines = [f"cpu: {caps.cpu} ({caps.cores} cores, torch {caps.torch}, {caps.threads} threads)",
-             f"matmul peaks ({caps.source} {caps.measured_at}):"]
+    lines = [f"cpu: {caps.cpu} ({caps.cores} cores, torch {caps.torch})",
+             f"matmul peaks on {caps.threads} thread{'s' if caps.threads != 1 else ''} ({caps.source} "
+             f"{caps.measured_at}):"]
     for name, value in caps.peaks.items():
         unit = "GOP/s" if name == "int8" else "GFLOP/s"
         lines.append(f"  {name:<9} {value:8.1f} {unit}  ({value / caps.peaks['float32']:.2f}x float32)")

@@ -51,7 +51,8 @@ class FakeProbe:
     def __init__(self):
         self.peaks, self.calls = NATIVE, 0
 
-    def __call__(self) -> dict[str, float]:
+    def __call__(self, **kwargs) -> dict[str, float]:
+        assert kwargs == {"per_core": True}, kwargs  # the decision is measured on one thread, by CPU time
         self.calls += 1
         return dict(self.peaks)
 
@@ -67,8 +68,10 @@ def fake_measure(cache, monkeypatch) -> FakeProbe:
 
 
 def test_real_probe_measures_and_caches(cache):
+    threads = torch.get_num_threads()
     caps = hardware.cpu_capabilities()
     assert caps.source == "measured" and caps.peaks["float32"] > 0 and caps.peaks["bfloat16"] > 0
+    assert caps.threads == 1 and torch.get_num_threads() == threads  # one thread for the probe, then restored
     assert caps.bf16_native == (caps.peaks["bfloat16"] / caps.peaks["float32"] >= hardware.NATIVE_MARGIN)
     saved = json.loads(cache.read_text())
     assert saved["cpu"] == hardware.cpu_name() and saved["torch"] == torch.__version__
