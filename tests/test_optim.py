@@ -135,3 +135,38 @@ def test_freeze_accepts_hf_and_hfport_names(model):
         p.requires_grad_(True)
     with pytest.raises(hfport.ConfigError, match="match no parameter"):
         freeze(model, ["encoder.layer.7"])
+
+
+def _with_grads(model, seed: int):
+    """A copy of the model holding the gradients of a random batch's logits."""
+    m = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    ids = torch.randint(5, m.config.vocab_size, (3, 9))  # (B, T)
+    m(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.square().sum().backward()
+    return m
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 1e3, math.inf], ids=["clipped", "under-the-limit", "no-limit"])
+def test_loop_clip_is_torchs_clip_bit_for_bit(model, max_norm):
+    """The loop's clip_grad_norm returns torch's norm and leaves torch's gradients, bit for bit; under the limit it
+    skips the scaling pass (no in-place write: the version counters stay put), where torch multiplies by 1.0."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from hfport.train.loop import clip_grad_norm
+
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True)
+    ours, theirs = _with_grads(model, 0), _with_grads(model, 0)
+    params = [p for p in ours.parameters() if p.grad is not None]
+    versions = [p.grad._version for p in params]
+    norm = clip_grad_norm(accelerator, params, max_norm)
+    torch_norm = torch.nn.utils.clip_grad_norm_([p for p in theirs.parameters() if p.grad is not None], max_norm)
+    assert torch.equal(norm, torch_norm)
+    assert (norm.item() > max_norm) == (max_norm == 1e-3), "each case must be the regime it is named after"
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        assert p.grad is None or torch.equal(p.grad, q.grad), name
+    written = [p.grad._version != v for p, v in zip(params, versions)]
+    assert all(written) if max_norm < norm.item() else not any(written)
+    AcceleratorState._reset_state()
