@@ -146,10 +146,12 @@ def _with_grads(model, seed: int):
     return m
 
 
-@pytest.mark.parametrize("max_norm", [1e-3, 1e3, math.inf], ids=["clipped", "under-the-limit", "no-limit"])
-def test_loop_clip_is_torchs_clip_bit_for_bit(model, max_norm):
+@pytest.mark.parametrize(("max_norm", "nan"), [(1e-3, False), (1e3, False), (math.inf, False), (1e3, True)],
+                         ids=["clipped", "under-the-limit", "no-limit", "nan-gradient"])
+def test_loop_clip_is_torchs_clip_bit_for_bit(model, max_norm, nan):
     """The loop's clip_grad_norm returns torch's norm and leaves torch's gradients, bit for bit; under the limit it
-    skips the scaling pass (no in-place write: the version counters stay put), where torch multiplies by 1.0."""
+    skips the scaling pass (no in-place write: the version counters stay put), where torch multiplies by 1.0. A NaN
+    gradient makes the norm NaN, and then torch scales every gradient to NaN: so does the loop."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -158,15 +160,20 @@ def test_loop_clip_is_torchs_clip_bit_for_bit(model, max_norm):
     AcceleratorState._reset_state()
     accelerator = Accelerator(cpu=True)
     ours, theirs = _with_grads(model, 0), _with_grads(model, 0)
+    if nan:
+        for m in (ours, theirs):
+            next(p for p in m.parameters() if p.grad is not None).grad[0, 0] = math.nan
     params = [p for p in ours.parameters() if p.grad is not None]
     versions = [p.grad._version for p in params]
     norm = clip_grad_norm(accelerator, params, max_norm)
     torch_norm = torch.nn.utils.clip_grad_norm_([p for p in theirs.parameters() if p.grad is not None], max_norm)
-    assert torch.equal(norm, torch_norm)
-    assert (norm.item() > max_norm) == (max_norm == 1e-3), "each case must be the regime it is named after"
+    torch.testing.assert_close(norm, torch_norm, rtol=0, atol=0, equal_nan=True)
+    clipped = nan or max_norm == 1e-3
+    assert (norm.isnan() or norm.item() > max_norm) == clipped, "each case must be the regime it is named after"
     for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
         assert (p.grad is None) == (q.grad is None), name
-        assert p.grad is None or torch.equal(p.grad, q.grad), name
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, equal_nan=True, msg=name)
     written = [p.grad._version != v for p, v in zip(params, versions)]
-    assert all(written) if max_norm < norm.item() else not any(written)
+    assert all(written) if clipped else not any(written)
     AcceleratorState._reset_state()

@@ -375,7 +375,8 @@ def clip_grad_norm(accelerator: Any, params: list[torch.nn.Parameter], max_norm:
         return accelerator.clip_grad_norm_(params, max_norm)
     accelerator.unscale_gradients()  # fp16 loss scaling; a no-op otherwise
     total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])  # () fp32
-    if (max_norm / (total + 1e-6)).item() < 1.0:  # torch's clip_coef; clamped to 1.0 it is a no-op
+    coef = (max_norm / (total + 1e-6)).item()  # torch's clip_coef: clamped to 1.0, the multiply is a no-op
+    if not coef >= 1.0:  # a NaN norm scales too, as torch does (every gradient becomes NaN)
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
 
