@@ -77,11 +77,17 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=2, help="steps before the measured window")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--trainer-bf16", action="store_true", help="also Trainer(bf16=True)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's; 1 on a shared machine "
+                        "keeps other jobs from stalling every parallel kernel)")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     bench.quiet_libraries()
-    m = machine()
+    m = machine()  # after --threads: the report names the threads used
     # max_len 128: MiniLM's own limit for sentences; every sentence here is shorter, so nothing is cut
     work = replace(bench.FULL, batch_size=args.batch_size, min_len=0, max_len=128, warmup_steps=args.warmup_steps,
                    steps=args.steps, entry_runs=args.runs)
