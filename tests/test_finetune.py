@@ -517,3 +517,32 @@ def test_heap_policy_changes_no_value_and_is_undone(workdir, tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="boom"):
         finetune(base_config(workdir, tmp_path / "failed", max_steps=5, eval_strategy="no"), progress=False)
     assert calls == ["keep", "restore"]
+
+
+def test_heap_policy_is_restored_by_its_last_holder():
+    """The allocator setting is the process's: two fine-tunes in one process (threads of a worker) share it, and
+    only the second to end puts glibc back; restoring twice does nothing."""
+    from hfport.train.loop import HeapPolicy
+
+    calls = []
+
+    class Libc:  # records what HeapPolicy asks of glibc
+        def mallopt(self, what: int, value: int) -> int:
+            calls.append((what, value))
+            return 1
+
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(("trim", pad))
+            return 1
+
+    first, second = HeapPolicy(), HeapPolicy()
+    first.libc = second.libc = Libc()
+    first.keep_large_blocks()
+    second.keep_large_blocks()
+    assert calls == [(HeapPolicy.M_MMAP_THRESHOLD, 1 << 30), (HeapPolicy.M_TRIM_THRESHOLD, 1 << 30)]
+    first.restore()
+    first.restore()
+    assert len(calls) == 2, "the second holder still runs"
+    second.restore()
+    assert calls[2:] == [(HeapPolicy.M_MMAP_THRESHOLD, 32 << 20), (HeapPolicy.M_TRIM_THRESHOLD, 64 << 20),
+                         ("trim", 0)]
