@@ -482,3 +482,67 @@ def test_fp16_on_cpu_is_refused(workdir, tmp_path):
     with pytest.raises(hfport.ConfigError, match="precision: 'fp16' needs a CUDA GPU"):
         finetune(base_config(workdir, tmp_path / "run", precision="fp16"), progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_heap_policy_changes_no_value_and_is_undone(workdir, tmp_path, monkeypatch):
+    """The loop keeps big per-step blocks on the heap (HeapPolicy: where the word-embedding gradient lives, not what
+    it holds): a run without it gives the same weights bit for bit and the same metrics; the policy is undone when
+    the run ends, and when it fails."""
+    from hfport.train import loop
+
+    if sys.platform == "linux" and os.confstr("CS_GNU_LIBC_VERSION"):
+        assert loop.HeapPolicy().libc is not None, "on glibc the policy must find mallopt"
+
+    def run(out: Path) -> tuple[list[str], dict[str, torch.Tensor]]:
+        finetune(base_config(workdir, out, max_steps=5, eval_strategy="no", eval=None, eval_fraction=0.0),
+                 progress=False)
+        return model_lines((out / "metrics.jsonl").read_text()), load_file(str(out / "final" / "model.safetensors"))
+
+    calls = []
+    keep, restore = loop.HeapPolicy.keep_large_blocks, loop.HeapPolicy.restore
+    monkeypatch.setattr(loop.HeapPolicy, "keep_large_blocks", lambda self: calls.append("keep") or keep(self))
+    monkeypatch.setattr(loop.HeapPolicy, "restore", lambda self: calls.append("restore") or restore(self))
+    lines, weights = run(tmp_path / "with")
+    assert calls == ["keep", "restore"]
+    monkeypatch.setattr(loop.HeapPolicy, "keep_large_blocks", lambda self: self)  # glibc's own thresholds
+    plain_lines, plain_weights = run(tmp_path / "without")
+    assert lines == plain_lines
+    assert weights.keys() == plain_weights.keys()
+    for key in weights:
+        assert torch.equal(weights[key], plain_weights[key]), key
+
+    calls.clear()
+    monkeypatch.setattr(loop.HeapPolicy, "keep_large_blocks", lambda self: calls.append("keep") or keep(self))
+    monkeypatch.setattr(loop, "float32_outputs", lambda outputs: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        finetune(base_config(workdir, tmp_path / "failed", max_steps=5, eval_strategy="no"), progress=False)
+    assert calls == ["keep", "restore"]
+
+
+def test_heap_policy_is_restored_by_its_last_holder():
+    """The allocator setting is the process's: two fine-tunes in one process (threads of a worker) share it, and
+    only the second to end puts glibc back; restoring twice does nothing."""
+    from hfport.train.loop import HeapPolicy
+
+    calls = []
+
+    class Libc:  # records what HeapPolicy asks of glibc
+        def mallopt(self, what: int, value: int) -> int:
+            calls.append((what, value))
+            return 1
+
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(("trim", pad))
+            return 1
+
+    first, second = HeapPolicy(), HeapPolicy()
+    first.libc = second.libc = Libc()
+    first.keep_large_blocks()
+    second.keep_large_blocks()
+    assert calls == [(HeapPolicy.M_MMAP_THRESHOLD, 1 << 30), (HeapPolicy.M_TRIM_THRESHOLD, 1 << 30)]
+    first.restore()
+    first.restore()
+    assert len(calls) == 2, "the second holder still runs"
+    second.restore()
+    assert calls[2:] == [(HeapPolicy.M_MMAP_THRESHOLD, 32 << 20), (HeapPolicy.M_TRIM_THRESHOLD, 64 << 20),
+                         ("trim", 0)]

@@ -135,3 +135,45 @@ def test_freeze_accepts_hf_and_hfport_names(model):
         p.requires_grad_(True)
     with pytest.raises(hfport.ConfigError, match="match no parameter"):
         freeze(model, ["encoder.layer.7"])
+
+
+def _with_grads(model, seed: int):
+    """A copy of the model holding the gradients of a random batch's logits."""
+    m = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    ids = torch.randint(5, m.config.vocab_size, (3, 9))  # (B, T)
+    m(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.square().sum().backward()
+    return m
+
+
+@pytest.mark.parametrize(("max_norm", "nan"), [(1e-3, False), (1e3, False), (math.inf, False), (1e3, True)],
+                         ids=["clipped", "under-the-limit", "no-limit", "nan-gradient"])
+def test_loop_clip_is_torchs_clip_bit_for_bit(model, max_norm, nan):
+    """The loop's clip_grad_norm returns torch's norm and leaves torch's gradients, bit for bit; under the limit it
+    skips the scaling pass (no in-place write: the version counters stay put), where torch multiplies by 1.0. A NaN
+    gradient makes the norm NaN, and then torch scales every gradient to NaN: so does the loop."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from hfport.train.loop import clip_grad_norm
+
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True)
+    ours, theirs = _with_grads(model, 0), _with_grads(model, 0)
+    if nan:
+        for m in (ours, theirs):
+            next(p for p in m.parameters() if p.grad is not None).grad[0, 0] = math.nan
+    params = [p for p in ours.parameters() if p.grad is not None]
+    versions = [p.grad._version for p in params]
+    norm = clip_grad_norm(accelerator, params, max_norm)
+    torch_norm = torch.nn.utils.clip_grad_norm_([p for p in theirs.parameters() if p.grad is not None], max_norm)
+    torch.testing.assert_close(norm, torch_norm, rtol=0, atol=0, equal_nan=True)
+    clipped = nan or max_norm == 1e-3
+    assert (norm.isnan() or norm.item() > max_norm) == clipped, "each case must be the regime it is named after"
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, equal_nan=True, msg=name)
+    written = [p.grad._version != v for p, v in zip(params, versions)]
+    assert all(written) if clipped else not any(written)
+    AcceleratorState._reset_state()

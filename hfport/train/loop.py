@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -198,6 +199,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     bar = Progress(total_steps, state["step"], enabled=progress and main)
     stop = False
     pace, sampler = Pace(), ResourceSampler().start() if main else None
+    heap = HeapPolicy().keep_large_blocks()  # per-step big tensors reuse memory; restored on every way out
 
     def remaining_evals() -> int:
         return evals_left(state["step"], total_steps, strategy=config.eval_strategy, every=config.eval_steps or 0,
@@ -226,7 +228,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                     step_tokens += int(batch["attention_mask"].sum()) * world
                     state["examples_seen"] += len(global_idx)
                 params = [p for p in model.parameters() if p.requires_grad]
-                grad_norm = accelerator.clip_grad_norm_(params, config.max_grad_norm or float("inf"))
+                grad_norm = clip_grad_norm(accelerator, params, config.max_grad_norm or float("inf"))
                 optimizer.step()
                 scheduler.step()
                 step_loss = accelerator.reduce(step_loss, "mean").item()  # the global batch's loss, every process
@@ -240,8 +242,9 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                     log_event("train", {"loss": round(step_loss, 6), "lr": lr, "grad_norm": float(grad_norm)})
                     # speed, ETA and memory on a line of their own: train/eval lines stay identical across resumes
                     log_event(PERF, {**perf, "checkpoint_wait_s": round(writer.waited_s, 3)})
-                log.log(verbosity.TRACE, "step %d loss %.6f lr %.3e grad_norm %.4f", state["step"], step_loss, lr,
-                        float(grad_norm))
+                if log.isEnabledFor(verbosity.TRACE):  # float(grad_norm) waits for a GPU: only when it is shown
+                    log.log(verbosity.TRACE, "step %d loss %.6f lr %.3e grad_norm %.4f", state["step"], step_loss, lr,
+                            float(grad_norm))
                 bar.update(1, loss=step_loss, lr=lr, perf=perf)
                 epoch_done = state["batch_in_epoch"] >= len(batches)
                 if epoch_done:
@@ -261,6 +264,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
             after_eval(timed_evaluate())
         writer.wait()  # re-raises a failed background save
     finally:
+        heap.restore()
         bar.close()
         if sampler is not None:
             sampler.stop()
@@ -359,6 +363,72 @@ def _class_weights(config: FinetuneConfig, data: EncodedData) -> torch.Tensor | 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def clip_grad_norm(accelerator: Any, params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """accelerate's clip_grad_norm_ (unscale, global norm, scale by min(1, max_norm / (norm + 1e-6))), without the
+    scaling pass when that factor is exactly 1.0: multiplying by 1.0 changes no bit, and skipping it saves a read and a
+    write of every gradient (~90 MB for MiniLM) on each step whose norm is under the limit. torch's own arithmetic
+    decides, so the gradients are identical either way. FSDP, DeepSpeed and XLA keep accelerate's own path."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        return accelerator.clip_grad_norm_(params, max_norm)
+    accelerator.unscale_gradients()  # fp16 loss scaling; a no-op otherwise
+    total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])  # () fp32
+    coef = (max_norm / (total + 1e-6)).item()  # torch's clip_coef: clamped to 1.0, the multiply is a no-op
+    if not coef >= 1.0:  # a NaN norm scales too, as torch does (every gradient becomes NaN)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+class HeapPolicy:
+    """glibc serves every allocation above 32 MiB with a fresh mmap and unmaps it on free, so a tensor that size made
+    on every step pays page faults on every step. The word-embedding gradient is one (vocab x hidden fp32: 47 MB for
+    MiniLM, 94 MB for BERT-base; autograd builds it dense each backward), and so are a long batch's attention scores.
+    Measured for MiniLM on 16 short sentences (one thread, a shared 2-core EPYC): 12.6k page faults a backward before,
+    none after; backward 0.45 -> 0.41 s. While a loop runs, the heap serves blocks up to 1 GiB and keeps freed ones
+    for the next step; when the last loop of the process ends, restore() sets glibc's steady state (mmap threshold
+    32 MiB, trim threshold 64 MiB: where its dynamic thresholds settle in any process that has freed a block that
+    size) and returns the kept memory to the system. Only the allocator's bookkeeping changes: no value does.
+    Elsewhere than glibc (macOS, musl) it does nothing."""
+
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+    KEEP, STEADY_MMAP, STEADY_TRIM = 1 << 30, 32 << 20, 64 << 20
+    _lock, _holders = threading.Lock(), 0  # the setting is the process's: fine-tunes in threads share it
+
+    def __init__(self) -> None:
+        self.libc, self.held = None, False
+        import platform
+
+        if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+            import ctypes
+
+            libc = ctypes.CDLL(None)  # the process's own C library
+            if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim"):
+                self.libc = libc
+
+    def keep_large_blocks(self) -> HeapPolicy:
+        if self.libc is not None and not self.held:
+            with HeapPolicy._lock:
+                if HeapPolicy._holders == 0:
+                    self.libc.mallopt(self.M_MMAP_THRESHOLD, self.KEEP)
+                    self.libc.mallopt(self.M_TRIM_THRESHOLD, self.KEEP)
+                HeapPolicy._holders += 1
+                self.held = True
+        return self
+
+    def restore(self) -> None:
+        """Undo this holder's keep_large_blocks (a second call does nothing); the last holder restores glibc."""
+        if not self.held:
+            return
+        with HeapPolicy._lock:
+            HeapPolicy._holders -= 1
+            self.held = False
+            if HeapPolicy._holders == 0:
+                self.libc.mallopt(self.M_MMAP_THRESHOLD, self.STEADY_MMAP)
+                self.libc.mallopt(self.M_TRIM_THRESHOLD, self.STEADY_TRIM)
+                self.libc.malloc_trim(0)
 
 
 
