@@ -111,6 +111,8 @@ def finetune(
     precision: Annotated[Optional[str], typer.Option(help="auto | bf16 | fp16 | fp32")] = None,
     compile_: Annotated[bool, typer.Option("--compile", help="torch.compile the model (dynamic shapes).")] = False,
     max_grad_norm: Annotated[Optional[float], typer.Option()] = None,
+    save_strategy: Annotated[Optional[str], typer.Option(help="epoch | steps | no: when to write a resumable "
+                                                              "checkpoint (default epoch).")] = None,
     save_steps: Annotated[Optional[int], typer.Option()] = None,
     eval_steps: Annotated[Optional[int], typer.Option()] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
@@ -141,7 +143,8 @@ def finetune(
              "max_steps": max_steps, "batch_size": batch_size, "grad_accum": grad_accum,
              "group_by_length": group_by_length, "max_batch_tokens": max_batch_tokens, "lr": lr,
              "precision": precision, "compile": compile_ or None, "max_grad_norm": max_grad_norm,
-             "save_steps": save_steps, "eval_steps": eval_steps, "seed": seed, "freeze": freeze, "resume": resume,
+             "save_strategy": save_strategy, "save_steps": save_steps, "eval_steps": eval_steps, "seed": seed,
+             "freeze": freeze, "resume": resume,
              "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None}
     given = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "target_modules": lora_targets}
     if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on

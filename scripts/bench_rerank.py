@@ -78,7 +78,8 @@ def train_hfport(base: Path, out: Path, steps: int, queries: int, seed: int, clo
               "output_dir": str(out / "hfport-run"), "overwrite": True, "batch_size": queries, "max_steps": steps,
               "lr": LR, "weight_decay": 0.0, "warmup_steps": 0, "max_grad_norm": 1.0, "scheduler": "linear",
               "loss": "bce", "group_by_length": False, "logging_steps": 1, "eval_strategy": "no",
-              "precision": "fp32", "seed": seed, "max_length": 256}, progress=False, on_event=on_event)
+              "precision": "fp32", "seed": seed, "max_length": 256, "save_strategy": "no"}, progress=False,
+             on_event=on_event)
     return clock.stamps
 
 

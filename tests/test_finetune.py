@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 import hfport
 from hfport.hardware import cpu_capabilities
+from hfport.rundir import RunDir
 from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError, epoch_batches, eval_batches, padding_fraction, planned_steps
 from hfport.train.loop import finetune
@@ -546,3 +547,22 @@ def test_heap_policy_is_restored_by_its_last_holder():
     second.restore()
     assert calls[2:] == [(HeapPolicy.M_MMAP_THRESHOLD, 32 << 20), (HeapPolicy.M_TRIM_THRESHOLD, 64 << 20),
                          ("trim", 0)]
+
+
+@pytest.mark.parametrize("strategy, save_steps, expected", [
+    ("epoch", None, [2, 4]),  # every epoch end (192 rows, batch 96: 2 steps an epoch)
+    ("epoch", 3, [2, 3, 4]),  # epoch ends and every save_steps
+    ("steps", 3, [3]),
+    ("no", 3, []),  # none at all; best/ and final/ are still written
+])
+def test_save_strategy_decides_the_checkpoints(workdir, tmp_path, strategy, save_steps, expected):
+    out = tmp_path / "run"
+    finetune(base_config(workdir, out, epochs=2, batch_size=96, save_strategy=strategy, save_steps=save_steps,
+                         save_total_limit=10, eval_strategy="no"), progress=False)
+    assert RunDir(out).checkpoint_steps() == expected
+    assert (out / "final" / "model.safetensors").is_file() and (out / "best" / "model.safetensors").is_file()
+
+
+def test_save_strategy_steps_needs_save_steps(workdir, tmp_path):
+    with pytest.raises(ValueError, match="save_strategy 'steps' needs save_steps"):
+        base_config(workdir, tmp_path / "run", save_strategy="steps")

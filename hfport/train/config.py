@@ -154,6 +154,10 @@ class FinetuneConfig(BaseModel):
     converged_window: int | None = Field(None, ge=2, description="stop once the last N evals of the metric "
                                          "span at most converged_tolerance")
     converged_tolerance: float = Field(1e-4, ge=0)
+    save_strategy: Literal["epoch", "steps", "no"] = Field("epoch", description=(
+        "when to write a checkpoint (model, optimizer and RNG state, what exact resume needs): epoch (every epoch "
+        "end, and every save_steps when given), steps (every save_steps only) or no (none: best/ and final/ are "
+        "still written, but the run cannot be resumed)"))
     save_steps: int | None = Field(None, ge=1)
     save_total_limit: int = Field(2, ge=1)
     logging_steps: int = Field(10, ge=1)
@@ -182,6 +186,8 @@ class FinetuneConfig(BaseModel):
     def _check(self) -> FinetuneConfig:
         if self.eval_strategy == "steps" and self.eval_steps is None:
             raise ValueError("eval_strategy 'steps' needs eval_steps")
+        if self.save_strategy == "steps" and self.save_steps is None:
+            raise ValueError("save_strategy 'steps' needs save_steps")
         if self.score_range[0] >= self.score_range[1]:
             raise ValueError(f"score_range {list(self.score_range)}: the low end must be below the high end")
         if tasks.get(self.task).pair_input and self.doc_stride >= self.max_length:  # contexts cut into windows

@@ -253,7 +253,10 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                                           or (config.eval_strategy == "epoch" and epoch_done))
                 if due_eval:
                     stop = after_eval(timed_evaluate())
-                if (config.save_steps and state["step"] % config.save_steps == 0) or epoch_done:
+                due_save = config.save_strategy != "no" and (
+                    (config.save_steps and state["step"] % config.save_steps == 0)
+                    or (config.save_strategy == "epoch" and epoch_done))
+                if due_save:
                     checkpoint()
                 if epoch_done:
                     break  # the next epoch has its own order (the position was reset to 0, so `while` alone would not)
