@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .nn.activations import Activation
+from .nn.dropout import Dropout
 
 
 class PredictionHead(nn.Module):
@@ -59,11 +60,11 @@ class SequenceClassificationHead(nn.Module):
             raise ValueError(f"pooling {pooling!r} is not one of {list(POOLINGS)}")
         dense_size = dense_size or hidden_size
         self.pooling = pooling
-        self.pre_dropout = nn.Dropout(pre_dropout)
+        self.pre_dropout = Dropout(pre_dropout)
         self.dense = nn.Linear(hidden_size, dense_size) if dense_act else None
         self.act = Activation(dense_act) if dense_act else None
         self.transform = _transform(hidden_size, transform)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.out = nn.Linear(dense_size if dense_act else hidden_size, num_labels)
 
     def forward(self, features: Tensor) -> Tensor:  # (B, C) -> (B, L)
@@ -80,7 +81,7 @@ class TokenClassificationHead(nn.Module):
     def __init__(self, hidden_size: int, num_labels: int, dropout: float, transform: dict | None = None):
         super().__init__()
         self.transform = _transform(hidden_size, transform)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.out = nn.Linear(hidden_size, num_labels)
 
     def forward(self, hidden: Tensor) -> Tensor:  # (B, T, C) -> (B, T, L)
@@ -95,7 +96,7 @@ class QuestionAnsweringHead(nn.Module):
     def __init__(self, hidden_size: int, dropout: float = 0.0, transform: dict | None = None):
         super().__init__()
         self.transform = _transform(hidden_size, transform)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.qa = nn.Linear(hidden_size, 2)
 
     def forward(self, hidden: Tensor) -> tuple[Tensor, Tensor]:  # (B, T, C) -> 2 x (B, T)

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from . import hub
 from .errors import CheckpointError, ConfigError
+from .nn.dropout import Dropout
 
 if TYPE_CHECKING:
     from .modeling import PreTrainedEncoder
@@ -85,7 +86,7 @@ class LoraLinear(nn.Linear):
         self.weight = base.weight  # (out, in), the same Parameter: nothing copied
         self.bias = base.bias
         kw = {"device": base.weight.device, "dtype": base.weight.dtype}
-        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # peft: Identity at 0
+        self.lora_dropout = Dropout(dropout) if dropout > 0 else nn.Identity()  # peft: Identity at 0
         self.lora_A = nn.Linear(self.in_features, r, bias=False, **kw)  # (r, in)
         self.lora_B = nn.Linear(r, self.out_features, bias=False, **kw)  # (out, r)
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora

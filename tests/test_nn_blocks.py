@@ -334,3 +334,28 @@ def test_modernbert_body_composed_from_nn_matches_transformers(biases: bool) -> 
         got[keep].square().mean().backward()
         for name, p in body.named_parameters():
             torch.testing.assert_close(p.grad, hf_grads[name], **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# --- dropout -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_keeps_torchs_distribution_scale_and_gradient(dtype):
+    """hfport's CPU dropout (a uniform draw against p, see nn/dropout.py): kept values scaled by 1/(1-p) exactly,
+    dropped ones 0; the keep rate is 1 - p within 5 standard errors; the gradient is the mask times the scale; the
+    same seed draws the same mask; eval mode and p=0 are the identity."""
+    from hfport.nn import Dropout, dropout
+
+    p, n = 0.1, 200_000
+    x = (torch.rand(n) + 0.5).to(dtype).requires_grad_()  # no zeros: a 0 output means dropped
+    torch.manual_seed(3)
+    y = dropout(x, p)
+    keep = y != 0
+    assert abs(keep.float().mean().item() - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5
+    torch.testing.assert_close(y[keep], x[keep] * (1 / (1 - p)), rtol=0, atol=0)
+    y.backward(torch.ones_like(y))
+    torch.testing.assert_close(x.grad, keep.to(dtype) * (1 / (1 - p)), rtol=0, atol=0)
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, p), y)
+    module = Dropout(p).eval()
+    assert module(x) is x and dropout(x, 0.0) is x and isinstance(module, torch.nn.Dropout)

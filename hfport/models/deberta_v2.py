@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..keymap import KeyMap, params, tables
 from ..nn import Activation, EncoderBody, Layout, RepresentativePadding, SelfAttention, SequenceBias
 from ..nn.activations import ACTIVATIONS
+from ..nn.dropout import Dropout
 from ..nn.layout import Rows
 from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias, gathered_bias, relative_rows
 from .bert import architectures, bert_layer, number
@@ -136,7 +137,7 @@ class DebertaEmbeddings(nn.Module):
         self.token_type = nn.Embedding(c.type_vocab_size, e) if c.type_vocab_size > 0 else None
         self.project = nn.Linear(e, c.hidden_size, bias=False) if e != c.hidden_size else None
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.hidden_dropout)
+        self.dropout = Dropout(c.hidden_dropout)
 
     def position_ids(self, input_ids: Tensor) -> Tensor:
         return torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
@@ -171,7 +172,7 @@ class DisentangledAttention(SelfAttention):
         unshared = relative and not self.share_att_key
         self.pos_k = nn.Linear(c.hidden_size, c.hidden_size) if unshared and self.c2p else None
         self.pos_q = nn.Linear(c.hidden_size, c.hidden_size) if unshared and self.p2c else None
-        self.pos_dropout = nn.Dropout(c.hidden_dropout)
+        self.pos_dropout = Dropout(c.hidden_dropout)
         # relative_rows' arguments, for the traceable path
         self.rel_args = (c.extra["pos_ebd_size"], c.extra["position_buckets"], c.extra["max_relative_positions"])
 
@@ -231,7 +232,7 @@ class ConvLayer(nn.Module):
                               groups=c.extra["conv_groups"])
         self.act = Activation(c.extra["conv_act"])
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.hidden_dropout)
+        self.dropout = Dropout(c.hidden_dropout)
 
     def forward(self, embedded: Tensor, residual: Tensor, keep: Tensor | None) -> Tensor:
         out = self.conv(embedded.transpose(1, 2)).transpose(1, 2)  # (B, T, C)

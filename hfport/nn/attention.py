@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dropout import dropout
 from .layout import Layout, SequenceBias
 from .positions import Rotary
 
@@ -68,7 +69,7 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bia
         scores = scores + bias
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    probs = F.dropout(scores.softmax(dim=-1), p=dropout_p)
+    probs = dropout(scores.softmax(dim=-1), dropout_p)
     return probs @ v  # (B, H, T, D)
 
 

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from .activations import Activation
+from .dropout import Dropout
 from .layout import Layout, Packed, Padded
 from .positions import positions_from_padding
 
@@ -31,7 +32,7 @@ class Embeddings(nn.Module):
                                      else None) if max_positions > 0 else None
         self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size > 0 else None
         self.norm = layer_norm(dim, eps, norm_bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.project = nn.Linear(dim, hidden_size) if hidden_size is not None else None
         self.pad_token_id = pad_token_id
         self.positions_offset_by_padding = positions_offset_by_padding
@@ -79,7 +80,7 @@ class GatedFeedForward(nn.Module):
         super().__init__()
         self.up = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.act = Activation(act)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.down = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -102,8 +103,8 @@ class EncoderLayer(nn.Module):
         self.attn_norm = attn_norm
         self.ffn = ffn
         self.ffn_norm = ffn_norm
-        self.attn_dropout = nn.Dropout(attn_out_dropout)
-        self.ffn_dropout = nn.Dropout(ffn_out_dropout)
+        self.attn_dropout = Dropout(attn_out_dropout)
+        self.ffn_dropout = Dropout(ffn_out_dropout)
         self.norm_first = norm_first
         self.checkpointed = False  # gradient checkpointing (PreTrainedEncoder.gradient_checkpointing_enable)
 
