@@ -358,6 +358,10 @@ class PreTrainedEncoder(nn.Module):
     def padding_free(self, value: bool) -> None:
         self.body.padding_free = bool(value)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The word-embedding table (transformers' name; the MLM head's decoder shares it when tied)."""
+        return self.body.word_embeddings
+
     def _body(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
               position_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
         return self.body(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,

@@ -240,7 +240,7 @@ def test_bf16_autocast_gradients_match_transformers(family, tmp_path, monkeypatc
     hf = tiny.build_hf(family, "sequence-classification").eval()
     ours = hfport.AutoModelForSequenceClassification.from_pretrained(tmp_path / "m").eval()
     batch, labels = tiny.batch(family), torch.tensor([0, 2, 1])
-    tables = {id(hf): hf.get_input_embeddings().weight, id(ours): ours.body.word_embeddings.weight}
+    tables = {id(hf): hf.get_input_embeddings().weight, id(ours): ours.get_input_embeddings().weight}
 
     def run(model, bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
         model.zero_grad(set_to_none=True)

@@ -799,3 +799,17 @@ def test_failed_save_leaves_folder_as_it_was(ckpts, tmp_path, monkeypatch):
         model.save_pretrained(target, max_shard_size="20KB")
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before
     assert stray_files(target, tmp_path) == []
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "albert", "deberta-v2", "modernbert"])
+def test_get_input_embeddings_is_the_word_table(family, tmp_path):
+    """transformers' accessor: the same word-embedding values as transformers' model, and the table itself (a
+    change through it changes the model)."""
+    from tests import tiny
+
+    hf = tiny.save_hf(family, "base", tmp_path / "m")
+    ours = hfport.AutoModel.from_pretrained(tmp_path / "m")
+    table = ours.get_input_embeddings()
+    assert isinstance(table, torch.nn.Embedding)
+    torch.testing.assert_close(table.weight, hf.get_input_embeddings().weight, rtol=0, atol=0)
+    assert table is ours.body.word_embeddings
