@@ -11,7 +11,8 @@ processes on a shared machine falls on both. Quality: both trained folders are l
 scored on examples/data/embed_eval.jsonl as a retrieval task (40 queries; the corpus is every positive and negative
 text of the file) with hfport's retrieval metrics, beside the untrained base model.
 
-Both train in fp32 (--precision bf16: both under bf16 autocast) on the CPU with dropout on, lr 2e-5 linear decay,
+Both train in fp32 (--precision bf16: both under bf16 autocast; --precision auto: each its default, hfport's
+precision auto against sentence-transformers' fp32) on the CPU with dropout on, lr 2e-5 linear decay,
 no warm-up, no weight decay, grad-norm clip 1.0,
 batches shuffled without length grouping (hfport's group_by_length would change which texts share a batch, and so
 the in-batch negatives). Neither writes a checkpoint inside the measured steps: sentence-transformers' trainer runs
@@ -83,7 +84,7 @@ def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int,
         output_dir=str(out / "st-trainer"), per_device_train_batch_size=batch_size, max_steps=steps,
         learning_rate=LR, warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="linear",
         save_strategy="no", logging_steps=steps, report_to="none", seed=seed, use_cpu=True,
-        dataloader_drop_last=True, disable_tqdm=True, bf16=precision == "bf16")
+        dataloader_drop_last=True, disable_tqdm=True, bf16=precision == "bf16")  # auto: fp32, the trainer's default
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_list(pairs()),
                                          loss=MultipleNegativesRankingLoss(model, scale=SCALE), callbacks=[Tick()])
     trainer.train()
@@ -173,9 +174,10 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="then one more run of each under torch.profiler (steps 2..N): self CPU time per step by "
                              "operator, side by side")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    parser.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
                         help="both trainers: fp32, or bf16 autocast over fp32 weights (sentence-transformers' bf16=True, "
-                             "hfport's precision bf16, which precision auto picks on a CPU with native bf16)")
+                             "hfport's precision bf16, which precision auto picks on a CPU with native bf16); auto: "
+                             "each trainer's default (hfport precision auto, sentence-transformers fp32)")
     parser.add_argument("--append", type=Path, help="append the results table to this markdown file")
     a = parser.parse_args()
     base = Path(gt.get_model_path())
@@ -210,13 +212,15 @@ def main() -> None:
         return float(np.mean([s[key] for s in scores[name]]))
 
     keys = ("mrr@10", "ndcg@10", "recall@1", "recall@10", "ranking_loss")
+    precision_text = (f"{a.precision} on the CPU" if a.precision != "auto" else
+                      "each trainer's default precision on the CPU (hfport: precision auto; sentence-transformers: fp32)")
     lines = ["", "## Embedding fine-tuning vs sentence-transformers (scripts/bench_embed.py)", "",
              f"Machine: {describe(machine())}; sentence-transformers "
              f"{__import__('sentence_transformers').__version__}. The rounds alternate the two trainers, so a "
              "passing load falls on both.", "",
              f"all-MiniLM-L6-v2 (real weights), {len(pairs())} (question, answer) pairs from examples/data, "
              f"MultipleNegativesRankingLoss (scale {SCALE:g}), batch {a.batch_size}, {a.steps} steps, lr {LR:g}, "
-             f"{a.precision} on the CPU, {a.rounds} rounds.", "",
+             f"{precision_text}, {a.rounds} rounds.", "",
              "| | sentence-transformers (SentenceTransformerTrainer) | hfport finetune() | ratio |",
              "|---|---:|---:|---:|",
              f"| training, examples/s (median; steps 2..N) | {st:.1f} | {ours:.1f} | "
