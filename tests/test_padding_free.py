@@ -165,3 +165,20 @@ def test_packed_layout() -> None:
     back.sum().backward()
     torch.testing.assert_close(x.grad, mask[..., None].float().expand(4, 4, 2))
     assert Packed.from_mask(torch.ones(2, 3)) is None
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_training_after_inference_mode(family: str, tmp_path) -> None:
+    """A model used under torch.inference_mode (as pipelines and the server do) then trained on batches of the same
+    lengths: nothing cached during inference may be an inference tensor (DeBERTa's per-length relative index once
+    was, and the training step failed with "Inference tensors cannot be saved for backward")."""
+    save_hf(family, "sequence-classification", tmp_path / "m")
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(tmp_path / "m")
+    inputs = batch(family)
+    model.eval()
+    with torch.inference_mode():
+        model(**inputs)
+    model.train()
+    loss = model(**inputs, labels=torch.tensor([0, 1, 2])).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

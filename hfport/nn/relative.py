@@ -108,8 +108,11 @@ class RelativeIndexCache:
         if index is None:
             if len(self._cache) >= self.max_entries:  # many distinct lengths: keep memory bounded
                 self._cache.clear()
-            index = self._cache[key] = RelativeIndex.build(length, self.span, self.bucket_size, self.max_position,
-                                                           device)
+            # built as normal tensors even under torch.inference_mode: a cached inference tensor would make every
+            # later training step that indexes with it fail ("Inference tensors cannot be saved for backward")
+            with torch.inference_mode(False):
+                index = self._cache[key] = RelativeIndex.build(length, self.span, self.bucket_size,
+                                                               self.max_position, device)
         return index
 
 
