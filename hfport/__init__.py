@@ -4,7 +4,7 @@ The public API is the names below, plus these submodules: hfport.errors (excepti
 (finetune, preflight, FinetuneConfig, resolve_config, the monitor's readers), hfport.export (export, verify and their
 options and results), hfport.rundir (RunDir, RunSummary), hfport.lora (LoRA adapters in PEFT's format: apply, save,
 load, merge), hfport.pipelines, hfport.tasks (the task records: names, aliases, model classes), hfport.embeddings
-(sentence-transformers folders: pooling, prompts) and hfport.verbosity (HFPORT_VERBOSITY, log set-up); `resolve_model`
+(sentence-transformers folders: pooling, prompts, batch budgets) and hfport.verbosity (HFPORT_VERBOSITY, log set-up); `resolve_model`
 finds a local folder or a repo id in the local HF cache. The CLI and the server use nothing else.
 """
 
@@ -17,12 +17,14 @@ from .modeling import LoadReport, PreTrainedEncoder
 from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
                     AutoModelForTokenClassification, EncoderForMaskedLM, EncoderForQuestionAnswering,
                     EncoderForSequenceClassification, EncoderForTokenClassification, EncoderModel, load_any)
-from .pipelines import model_task, pipeline
+from .pipelines import model_task, phase_times, pipeline
+from .embeddings import tune_batch_tokens  # noqa: I001 - after pipelines, whose registry loads embeddings' pipeline
 from .registry import supported
 from .rundir import RunDir, RunSummary
 from .tokenizer import AutoTokenizer, BatchEncoding, PreTrainedTokenizer, TokenizerError
 from .train.config import FinetuneConfig
 from .train.loop import finetune
+from .train.monitor import PERF
 
 from .version import __version__
 
@@ -36,7 +38,11 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            # tokenizers and pipelines
            "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline", "model_task",
            "ItemError",
+           # serving: time a call's phases (tokenize, forward, ...), pick a pipeline's token budget by measurement
+           "phase_times", "tune_batch_tokens",
            # fine-tuning and its run folder
            "FinetuneConfig", "finetune", "RunDir", "RunSummary", "lora",
+           # the event type of metrics.jsonl's speed/ETA/memory lines
+           "PERF",
            # export to an HF folder, with proof
            "ExportError", "ExportOptions", "ExportResult", "VerifyReport", "export", "verify"]

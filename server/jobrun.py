@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import hfport
-from hfport import RunDir
+from hfport import PERF, RunDir
 from hfport.errors import HfportError
-from hfport.train import PERF
 from hfport.verbosity import configure as configure_logging, from_env as verbosity_from_env
 
 from .store import BaseStore, open_store

@@ -91,7 +91,7 @@ class ModelService:
     def _warm_up(self, key: tuple[str, str, str], pipe: Any) -> None:
         """A first forward pass before the model takes requests; with batch_autotune, forward passes at each
         budget of batch_token_budgets pick the pipeline's max_batch_tokens (hfport.embeddings.tune_batch_tokens)."""
-        from hfport.embeddings import tune_batch_tokens
+        from hfport import tune_batch_tokens
 
         budgets = tuple(self.settings.batch_token_budgets) if self.settings.batch_autotune else (pipe.max_batch_tokens,)
         tuning = tune_batch_tokens(pipe, budgets)
@@ -184,7 +184,7 @@ class _Batcher:
         loop = asyncio.get_running_loop()
 
         def call() -> tuple[list[Any], float, dict[str, float]]:
-            from hfport.pipelines import phase_times
+            from hfport import phase_times
 
             started = time.perf_counter()
             with phase_times() as phases:
