@@ -3,7 +3,12 @@ SentenceTransformerTrainer, on the same base model (the real all-MiniLM-L6-v2), 
 settings and loss (MultipleNegativesRankingLoss, scale 20). One run:
 
   python scripts/bench_embed.py [--steps 12] [--rounds 2] [--batch-size 32] [--threads N] [--profile]
-                                [--append docs/benchmarks.md]
+                                [--precision fp32|bf16|auto] [--data pairs|passages] [--append docs/benchmarks.md]
+
+Two workloads (--data): pairs, the 160 (question, answer) pairs of examples/data/embed_train.jsonl, questions of 8..13
+tokens and answers of 7..21 (so little padding that a padding-free trainer saves little: ~1.3x fewer token rows);
+passages, the same questions with each answer placed among 0..14 other sentences of examples/data (seeded), passages
+of 7..256 tokens, mean ~127, the shape of real retrieval data (short queries, passages of varied length).
 
 Throughput: training examples per second over steps 2..N (the first step, with its warm-up, is left out), taken
 from each trainer's own per-step callback. The rounds alternate (ST, hfport, ST, hfport, ...) so that load from other
@@ -47,9 +52,32 @@ EVAL = REPO / "examples" / "data" / "embed_eval.jsonl"
 LR, SCALE = 2e-5, 20.0
 
 
-def pairs() -> list[dict[str, str]]:
-    return [{"anchor": r["anchor"], "positive": r["positive"]}
+def pairs(data: str = "pairs") -> list[dict[str, str]]:
+    """The training rows: the (question, answer) pairs of examples/data/embed_train.jsonl, or (data "passages") the
+    same questions with each answer grown into a passage (`passages`)."""
+    rows = [{"anchor": r["anchor"], "positive": r["positive"]}
             for r in map(json.loads, TRAIN.read_text(encoding="utf-8").splitlines())]
+    return passages(rows) if data == "passages" else rows
+
+
+def passages(rows: list[dict[str, str]], seed: int = 0) -> list[dict[str, str]]:
+    """Each answer placed among 0..14 other sentences (examples/data/topics_*.csv, seeded): retrieval passages of
+    ~10..250 tokens beside short queries, the shape of real retrieval data (MS MARCO's passages average ~60 words),
+    where the answers alone are 8..20 tokens. The question stays answerable from its passage."""
+    import csv
+    import random
+
+    filler = []
+    for name in ("topics_train.csv", "topics_eval.csv"):
+        with open(TRAIN.parent / name, encoding="utf-8") as f:
+            filler += [r["text"] for r in csv.DictReader(f)]
+    rng = random.Random(seed)
+    out = []
+    for r in rows:
+        sentences = rng.sample(filler, rng.randint(0, 14))
+        sentences.insert(rng.randint(0, len(sentences)), r["positive"])
+        out.append({"anchor": r["anchor"], "positive": " ".join(sentences)})
+    return out
 
 
 class Clock:
@@ -67,7 +95,7 @@ class Clock:
 
 
 def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int,
-             clock: Clock, precision: str = "fp32") -> list[tuple[float, float]]:
+             clock: Clock, precision: str = "fp32", data: str = "pairs") -> list[tuple[float, float]]:
     """SentenceTransformerTrainer with MNRL; returns (wall-clock, process CPU) time at the end of every step."""
     from datasets import Dataset
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
@@ -85,7 +113,7 @@ def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int,
         learning_rate=LR, warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="linear",
         save_strategy="no", logging_steps=steps, report_to="none", seed=seed, use_cpu=True,
         dataloader_drop_last=True, disable_tqdm=True, bf16=precision == "bf16")  # auto: fp32, the trainer's default
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_list(pairs()),
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_list(pairs(data)),
                                          loss=MultipleNegativesRankingLoss(model, scale=SCALE), callbacks=[Tick()])
     trainer.train()
     model.save(str(out / "st-model"))
@@ -93,17 +121,17 @@ def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int,
 
 
 def train_hfport(base: Path, out: Path, steps: int, batch_size: int, seed: int,
-                 clock: Clock, precision: str = "fp32") -> list[tuple[float, float]]:
+                 clock: Clock, precision: str = "fp32", data: str = "pairs") -> list[tuple[float, float]]:
     from hfport import finetune
 
-    data = out / "pairs.jsonl"
-    data.write_text("".join(json.dumps(p) + "\n" for p in pairs()), encoding="utf-8")
+    rows = out / "pairs.jsonl"
+    rows.write_text("".join(json.dumps(p) + "\n" for p in pairs(data)), encoding="utf-8")
 
     def on_event(event: dict) -> None:
         if event.get("type") == "train":
             clock()
 
-    finetune({"model": str(base), "task": "sentence-embedding", "train": str(data), "eval_fraction": 0.0,
+    finetune({"model": str(base), "task": "sentence-embedding", "train": str(rows), "eval_fraction": 0.0,
               "output_dir": str(out / "hfport-run"), "overwrite": True, "batch_size": batch_size, "max_steps": steps,
               "lr": LR, "weight_decay": 0.0, "warmup_steps": 0, "max_grad_norm": 1.0, "scheduler": "linear",
               "loss": "mnrl", "scale": SCALE, "group_by_length": False, "logging_steps": 1, "eval_strategy": "no",
@@ -139,7 +167,8 @@ def quality(folder: Path) -> dict[str, float]:
     return out
 
 
-def profile_table(base: Path, work: Path, steps: int, batch_size: int, rows: int = 25) -> None:
+def profile_table(base: Path, work: Path, steps: int, batch_size: int, precision: str = "fp32",
+                  data: str = "pairs", rows: int = 40) -> None:
     """Where the time goes: each trainer once more, steps 2..N under torch.profiler; self CPU ms per step of the
     operators that take the most in either, and the totals."""
     from torch.profiler import ProfilerActivity, profile
@@ -149,7 +178,7 @@ def profile_table(base: Path, work: Path, steps: int, batch_size: int, rows: int
         out = work / f"{name}-profile"
         out.mkdir()
         profiler = profile(activities=[ProfilerActivity.CPU])
-        fn(base, out, steps, batch_size, seed=0, clock=Clock(steps, profiler))
+        fn(base, out, steps, batch_size, seed=0, clock=Clock(steps, profiler), precision=precision, data=data)
         for event in profiler.key_averages():
             per_step.setdefault(event.key, {})[name] = event.self_cpu_time_total / 1000 / (steps - 1)
     names = ("sentence-transformers", "hfport")
@@ -178,6 +207,9 @@ def main() -> None:
                         help="both trainers: fp32, or bf16 autocast over fp32 weights (sentence-transformers' bf16=True, "
                              "hfport's precision bf16, which precision auto picks on a CPU with native bf16); auto: "
                              "each trainer's default (hfport precision auto, sentence-transformers fp32)")
+    parser.add_argument("--data", choices=("pairs", "passages"), default="pairs",
+                        help="pairs: the (question, answer) pairs of examples/data (8..20-token answers); passages: "
+                             "the same questions, each answer inside a passage of ~10..250 tokens")
     parser.add_argument("--append", type=Path, help="append the results table to this markdown file")
     a = parser.parse_args()
     base = Path(gt.get_model_path())
@@ -193,7 +225,8 @@ def main() -> None:
                 out = work / f"{name}-{r}"
                 out.mkdir()
                 torch.manual_seed(r)
-                stamps = fn(base, out, a.steps, a.batch_size, seed=r, clock=Clock(a.steps), precision=a.precision)
+                stamps = fn(base, out, a.steps, a.batch_size, seed=r, clock=Clock(a.steps), precision=a.precision,
+                            data=a.data)
                 rates[name].append(throughput(stamps, a.batch_size))
                 cpu_rates[name].append(throughput(stamps, a.batch_size, clock=1))
                 scores[name].append(quality(out / folder))
@@ -201,7 +234,7 @@ def main() -> None:
                       f"CPU-second, {scores[name][-1]}", flush=True)
         untrained = quality(base)
         if a.profile:
-            profile_table(base, work, a.steps, a.batch_size)
+            profile_table(base, work, a.steps, a.batch_size, a.precision, a.data)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     st, ours = statistics.median(rates["sentence-transformers"]), statistics.median(rates["hfport"])
@@ -218,7 +251,8 @@ def main() -> None:
              f"Machine: {describe(machine())}; sentence-transformers "
              f"{__import__('sentence_transformers').__version__}. The rounds alternate the two trainers, so a "
              "passing load falls on both.", "",
-             f"all-MiniLM-L6-v2 (real weights), {len(pairs())} (question, answer) pairs from examples/data, "
+             f"all-MiniLM-L6-v2 (real weights), {len(pairs())} (question, answer) pairs from examples/data"
+             f"{'' if a.data == 'pairs' else ', each answer inside a passage of 0..14 other sentences (--data passages)'}, "
              f"MultipleNegativesRankingLoss (scale {SCALE:g}), batch {a.batch_size}, {a.steps} steps, lr {LR:g}, "
              f"{precision_text}, {a.rounds} rounds.", "",
              "| | sentence-transformers (SentenceTransformerTrainer) | hfport finetune() | ratio |",
