@@ -423,7 +423,7 @@ def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *
     folder, or `base_model=` a loaded hfport model whose tensors are then shared, not copied), LoRA layers and the
     trained head from the folder. Every adapter tensor must fit a module of the base and every trainable tensor of
     the model must come from the folder; anything else is an error naming it."""
-    from .modeling import LoadReport, PreTrainedEncoder as _Encoder
+    from .modeling import LoadReport, PreTrainedEncoder as _Encoder, on_meta
     from .registry import get_family
     from .tasks import EncoderModel
 
@@ -453,7 +453,7 @@ def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *
         labels = {"id2label": own.id2label, "problem_type": own.problem_type} if own.id2label else {}
         config.set_labels(**labels)
     config.set_labels(num_labels=num_labels, id2label=id2label, label2id=label2id, problem_type=problem_type)
-    with torch.device("meta"):
+    with on_meta():
         model = cls(config, base.family)
     # the body: the base's tensors themselves (two adapters over one base hold one copy of its weights)
     theirs = dict(base.body.named_parameters()) | dict(base.body.named_buffers())

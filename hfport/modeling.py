@@ -8,11 +8,12 @@ checkpoint's names.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -103,6 +104,35 @@ def init_module(module: nn.Module, std: float) -> None:
 BASE_TASK = "feature-extraction"  # the bare encoder's task: what a checkpoint without a known head loads as
 
 
+class _SkipInit(torch.overrides.TorchFunctionMode):
+    """While a model is built on the meta device to be loaded: the modules' own initialisers (normal_, uniform_,
+    fill_, zero_ on their fresh parameters) return the tensor untouched. On meta they compute nothing anyway, but
+    torch implements normal_ there in Python and the first call imports torch._dynamo: ~1 s of every process's
+    first from_pretrained (MiniLM: 0.97 -> 0.1 s), i.e. of every CLI call and server start. A mode is per thread:
+    a model built meanwhile in another thread initialises as usual."""
+
+    SKIP = frozenset({torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_, torch.Tensor.zero_,
+                      *(getattr(nn.init, name) for name in ("normal_", "uniform_", "trunc_normal_", "constant_",
+                                                            "ones_", "zeros_", "kaiming_uniform_", "kaiming_normal_",
+                                                            "xavier_uniform_", "xavier_normal_"))})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func in self.SKIP:
+            target = args[0] if args else kwargs.get("tensor")  # nn.init passes its tensor by keyword
+            if isinstance(target, Tensor) and target.is_meta:
+                return target
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Build modules on the meta device, their initialisers skipped (_SkipInit says why): for models whose tensors
+    come next from a checkpoint or another model."""
+    with torch.device("meta"), _SkipInit():
+        yield
+
+
 class PreTrainedEncoder(nn.Module):
     """Shared by the task classes: construction from a config, from_pretrained and save_pretrained."""
 
@@ -159,7 +189,7 @@ class PreTrainedEncoder(nn.Module):
         config.check_size(torch.finfo(torch_dtype).bits // 8)
         checkpoint = hub.Checkpoint.open(folder)  # headers validated before anything is allocated
 
-        with torch.device("meta"):
+        with on_meta():
             model = cls(config, family)
         model = model.to(torch_dtype).to_empty(device=device or "cpu")
         model.load_report = model._load(checkpoint, ignore_mismatched_sizes)

@@ -813,3 +813,20 @@ def test_get_input_embeddings_is_the_word_table(family, tmp_path):
     assert isinstance(table, torch.nn.Embedding)
     torch.testing.assert_close(table.weight, hf.get_input_embeddings().weight, rtol=0, atol=0)
     assert table is ours.body.word_embeddings
+
+
+def test_loading_skips_the_modules_initialisers(tmp_path):
+    """from_pretrained builds on the meta device without running the modules' initialisers (on meta they compute
+    nothing, and torch's Python normal_ there costs the first load ~1 s); a head the checkpoint lacks still gets
+    transformers' initialisation (normal, std initializer_range), and modules built outside are initialised."""
+    from hfport.modeling import on_meta
+
+    with on_meta():
+        layer, emb = torch.nn.Linear(4, 4), torch.nn.Embedding(10, 4)
+    assert layer.weight.is_meta and emb.weight.is_meta
+    tiny.save_hf("bert", "base", tmp_path / "base")
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(tmp_path / "base", num_labels=3)
+    head = model.head.out.weight  # (3, C), not in the checkpoint
+    std = model.config.initializer_range
+    assert torch.isfinite(head).all() and 0.5 * std < float(head.std()) < 1.5 * std
+    assert float(torch.nn.Embedding(1000, 8).weight.std()) > 0.5  # outside: torch's N(0, 1) as usual

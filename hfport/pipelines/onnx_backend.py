@@ -24,7 +24,7 @@ from torch import Tensor
 from .. import hub
 from ..config import EncoderConfig
 from ..errors import HfportError
-from ..modeling import task_of
+from ..modeling import on_meta, task_of
 from ..outputs import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                        TokenClassifierOutput)
 from ..registry import Family, get_family
@@ -138,7 +138,7 @@ class OnnxModel:
         self.outputs = list(GRAPH_OUTPUTS[task])
         # The module tree on the meta device (no memory): what the pipelines read about the model's layout, such
         # as the position table's size, comes from the same code as for the PyTorch model.
-        with torch.device("meta"):
+        with on_meta():
             self.body = family.build_body(config, task)
 
     @classmethod
