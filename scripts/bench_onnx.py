@@ -82,7 +82,8 @@ def make_models(root: Path, args) -> dict[str, tuple[Path, str]]:
         hfport.finetune({"model": str(minilm), "task": "sequence-classification",
                          "train": str(DATA / "topics_train.csv"), "eval": str(DATA / "topics_eval.csv"),
                          "output_dir": str(trained), "overwrite": True, "epochs": args.epochs, "batch_size": 16,
-                         "lr": 2e-4, "warmup_ratio": 0.1, "seed": 42, "logging_steps": 1000})
+                         "lr": 2e-4, "warmup_ratio": 0.1, "seed": args.seed, "logging_steps": 1000,
+                         "precision": args.precision})
         print(f"fine-tuned MiniLM in {time.perf_counter() - t:.0f} s", flush=True)
     config = transformers.BertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
                                      num_hidden_layers=args.bert_layers, vocab_size=30522)
@@ -184,6 +185,9 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=2, help="MiniLM fine-tune epochs")
     parser.add_argument("--bert-layers", type=int, default=4, help="layers of the BERT-base shape (12 in BERT-base)")
+    parser.add_argument("--seed", type=int, default=42, help="MiniLM fine-tune seed (int8 agreement varies by head)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"],
+                        help="MiniLM fine-tune precision")
     parser.add_argument("--trained", help="a finished hfport fine-tune run of MiniLM to use instead of training one")
     parser.add_argument("--no-pipelines", action="store_true", help="skip (b), the end-to-end pipeline runs")
     parser.add_argument("--json", type=Path)

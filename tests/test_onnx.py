@@ -29,7 +29,7 @@ from hfport.export import onnx as onnx_export  # noqa: E402
 from hfport.cli import app  # noqa: E402
 from hfport.export import ExportError, VerifyFailed  # noqa: E402
 from hfport.export.onnx import MANIFEST, PROBE_TEXTS, export_onnx, verify_onnx  # noqa: E402
-from hfport.export.onnx_fusion import OPTIMIZED_FILE  # noqa: E402
+from hfport.export.onnx_fusion import OPTIMIZED_FILE, split_outliers  # noqa: E402
 from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
                                            is_onnx_model)
 from tests.test_export import add_tokenizer, vocab  # noqa: E402
@@ -181,6 +181,43 @@ def test_real_minilm_exports_with_int8_agreement(minilm_path, tmp_path):
     assert max(r.max_abs_diff for r in fp32) < 1e-4
     cosine = rows(result.report, "int8 vs fp32")
     assert cosine and all(r.passed for r in cosine)
+    # the outlier split: MiniLM's outlier channels (LayerNorm dim 99, a few GELU units) leave the int8 path, and the
+    # int8 graph is closer to fp32 than plain quantization of every MatMul
+    out = tmp_path / "out"
+    quantization = json.loads((out / MANIFEST).read_text())["quantization"]
+    assert quantization["outlier_channels"]
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    plain = out / "plain.onnx"  # beside config.json, which OnnxModel reads
+    quantize_dynamic(str(out / OPTIMIZED_FILE), str(plain), weight_type=QuantType.QInt8, per_channel=True,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    fp32_model = OnnxModel.from_pretrained(out / ONNX_FILE)
+    enc = hfport.AutoTokenizer.from_pretrained(out)(PROBE_TEXTS, padding=True, return_tensors="pt")
+
+    def error(graph: Path) -> float:
+        a, b = (m(enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
+                for m in (OnnxModel.from_pretrained(graph), fp32_model))
+        real = enc["attention_mask"].bool()  # (B, T)
+        return ((a - b)[real].norm() / b[real].norm()).item()
+
+    assert error(out / QUANTIZED_FILE) < 0.8 * error(plain)
+
+
+@pytest.mark.parametrize("family", ["bert", "albert", "modernbert"])
+def test_outlier_split_is_exact_in_fp32(family, exported, tmp_path):
+    """The graph the int8 one is quantized from computes model_optimized.onnx's outputs. A low ratio splits
+    channels even in a random tiny model; ALBERT shares one layer's weights across layers (the split must not
+    change the other layers' weights); ModernBERT's rotary-angle MatMuls are left alone."""
+    out, _ = exported(family, "text-classification")
+    config = onnx_export.read_folder_config(out)[2]
+    feeds = [onnx_export._feeds(enc, onnx_export.graph_inputs(config))
+             for enc in onnx_export._probe_batches(out, "text-classification", config).values()]
+    split = tmp_path / "split.onnx"
+    side, channels = split_outliers(out / OPTIMIZED_FILE, split, feeds, ratio=1.5, max_channels=4)
+    assert channels and len(side) >= len(channels) and all(len(c) <= 4 for c in channels.values())
+    for feed in feeds:
+        want = onnx_export.open_session(out / OPTIMIZED_FILE).run(["logits"], feed)[0]
+        got = onnx_export.open_session(split).run(["logits"], feed)[0]
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)  # fp32 sums in another order: FP32_TOLERANCE
 
 
 # --- verify fails closed ------------------------------------------------------------------------------------

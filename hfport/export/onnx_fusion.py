@@ -1,5 +1,6 @@
 """The onnxruntime-fused fp32 graph (model_optimized.onnx, optimum's name for what its ORTOptimizer writes), and the
-activation statistics that choose which MatMuls of the int8 graph stay fp32.
+activation statistics behind the int8 graph: which input channels leave the int8 path (split_outliers) and which
+MatMuls stay fp32 (activation_errors).
 
 Fusing is what makes the int8 graph fast: profiled on a fine-tuned all-MiniLM-L6-v2 (16 rows of 8-256 tokens), the
 int8 graph made from the plain model.onnx spent ~47% of its time in attention's unfused pieces (the mask Where,
@@ -142,6 +143,7 @@ def activation_errors(path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[st
     model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in inputs)
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.intra_op_num_threads = torch.get_num_threads()  # as open_session: what the caller gave torch
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     noise = {name: 0.0 for name in inputs}
     signal = {name: 0.0 for name in inputs}
@@ -158,3 +160,103 @@ def activation_errors(path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[st
             noise[name] += float(np.square((x - back)[real]).sum())
             signal[name] += float(np.square(x[real]).sum())
     return {n.name: (noise[n.input[0]] / signal[n.input[0]]) ** 0.5 if signal[n.input[0]] else 0.0 for n in matmuls}
+
+
+def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], ratio: float,
+                   max_channels: int) -> tuple[list[str], dict[str, list[int]]]:
+    """LLM.int8()-style outlier decomposition (Dettmers et al. 2022) for dynamic quantization, written to `dst`.
+
+    For each input X of MatMuls with constant weights (Q/K/V share theirs): the input channels whose largest |value|
+    over the real tokens of `feeds` exceeds `ratio` times the median channel's (at most `max_channels`, the largest
+    first) leave the int8 path. Each such MatMul X.W becomes
+        (X * inlier_mask) . W_inliers   (the int8 candidate: W's outlier rows zeroed, so neither the per-tensor
+                                         activation scale nor the weight's per-channel scale sees the outliers)
+      + Gather(X, outliers) . W[outliers]   (a fp32 MatMul of width <= max_channels)
+    which is X.W exactly in fp32. Returns (the fp32 side MatMuls' names, to keep out of quantization; the split
+    channels per input). Inputs that are not token rows (ModernBERT's rotary angles) are left alone."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src))
+    weights = {i.name: i for i in model.graph.initializer}
+    groups: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in weights and len(weights[node.input[1]].dims) == 2:
+            groups.setdefault(node.input[0], []).append(node)
+    peaks = _channel_peaks(model, list(groups), feeds)
+    nodes = list(model.graph.node)
+    side: list[str] = []
+    split: dict[str, list[int]] = {}
+    for x, group in groups.items():
+        peak = peaks.get(x)
+        if peak is None or any(weights[n.input[1]].dims[0] != len(peak) for n in group):
+            continue
+        order = np.argsort(peak)[::-1][:max_channels]
+        out = sorted(int(j) for j in order if peak[j] > ratio * np.median(peak))
+        if not out:
+            continue
+        split[x] = out
+        mask = np.ones(len(peak), np.float32)
+        mask[out] = 0.0
+        model.graph.initializer.extend([numpy_helper.from_array(mask, f"{x}/inlier_mask"),
+                                        numpy_helper.from_array(np.array(out, np.int64), f"{x}/outlier_index")])
+        first = min(nodes.index(n) for n in group)
+        new = [helper.make_node("Mul", [x, f"{x}/inlier_mask"], [f"{x}/inliers"], name=f"{x}/Inliers"),
+               helper.make_node("Gather", [x, f"{x}/outlier_index"], [f"{x}/outliers"], name=f"{x}/Outliers",
+                                axis=-1)]  # (B, T, k)
+        adds = []
+        for n in group:
+            w = numpy_helper.to_array(weights[n.input[1]])  # (C_in, C_out)
+            rows = w[out]  # (k, C_out)
+            w = w.copy()
+            w[out] = 0.0
+            # new initializers per node: a weight can be shared by MatMuls on other inputs (ALBERT's layers)
+            model.graph.initializer.extend([numpy_helper.from_array(w, f"{n.name}/inlier_weight"),
+                                            numpy_helper.from_array(rows, f"{n.name}/outlier_weight")])
+            y = n.output[0]
+            n.input[0], n.input[1], n.output[0] = f"{x}/inliers", f"{n.name}/inlier_weight", f"{y}/inlier_part"
+            side.append(f"{n.name}/Outliers")
+            new.append(helper.make_node("MatMul", [f"{x}/outliers", f"{n.name}/outlier_weight"],
+                                        [f"{y}/outlier_part"], name=side[-1]))
+            adds.append((n, helper.make_node("Add", [f"{y}/inlier_part", f"{y}/outlier_part"], [y],
+                                             name=f"{n.name}/AddOutliers")))
+        nodes[first:first] = new  # before the group's first MatMul: X exists there
+        for n, add in adds:
+            nodes.insert(nodes.index(n) + 1, add)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {name for n in nodes for name in n.input}
+    kept = [i for i in model.graph.initializer if i.name in used or i.name not in weights]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)  # the replaced weights no longer feed anything
+    onnx.save(model, str(dst))
+    return side, split
+
+
+def _channel_peaks(model: Any, inputs: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The largest |value| of each channel (last axis) of each tensor in `inputs`, over the real tokens of `feeds`;
+    tensors that are not token rows are left out."""
+    import onnx
+    import onnxruntime as ort
+
+    if not inputs:
+        return {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in inputs)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    peaks: dict[str, np.ndarray] = {}
+    skip: set[str] = set()
+    for feed in feeds:
+        real = feed["attention_mask"].astype(bool)  # (B, T)
+        for name, x in zip(inputs, session.run(inputs, feed)):
+            if x.ndim != 3 or x.shape[:2] != real.shape:
+                skip.add(name)
+                continue
+            peak = np.abs(x[real]).max(0)  # (C,)
+            peaks[name] = np.maximum(peaks[name], peak) if name in peaks else peak
+    return {name: p for name, p in peaks.items() if name not in skip}
