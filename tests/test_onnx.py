@@ -560,3 +560,32 @@ def test_export_from_a_run_folder(source, tmp_path):
     shutil.copytree(source("bert", "text-classification"), run / "best")
     result = export_onnx(run, tmp_path / "out")
     assert result.report.passed and result.source == run / "best"
+
+
+def test_label_agreement_leaves_out_fp32_near_ties():
+    """Label and tag agreement count the items fp32 decides (top two probabilities >= NEAR_TIE apart): an int8 flip of
+    a near tie is reported, not counted; a flip of a decided item counts; when fp32 decides nothing, all count."""
+    from types import SimpleNamespace
+
+    from hfport.export import onnx as onnx_export
+
+    cfg = SimpleNamespace(problem_type="single_label_classification", num_labels=3)
+    fp32 = torch.tensor([[3.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.10, 0.05, -2.0], [0.0, 0.0, 1.5]])  # row 2: a near tie
+    assert onnx_export._decisive(fp32).tolist() == [True, True, False, True]
+    flip_tie = fp32.clone()
+    flip_tie[2] = torch.tensor([0.05, 0.10, -2.0])
+    assert onnx_export._labels({"logits": flip_tie}, {"logits": fp32}, {}, cfg) == (1.0, 3, 1)
+    flip_decided = fp32.clone()
+    flip_decided[0] = torch.tensor([0.0, 3.0, 0.0])
+    value, n, ties = onnx_export._labels({"logits": flip_decided}, {"logits": fp32}, {}, cfg)
+    assert (round(value, 4), n, ties) == (round(2 / 3, 4), 3, 1)
+    ties_only = torch.tensor([[0.10, 0.05, 0.0], [0.0, 0.01, 0.02]])
+    value, n, ties = onnx_export._labels({"logits": ties_only.flip(-1)}, {"logits": ties_only}, {}, cfg)
+    assert (value, n, ties) == (0.0, 2, 0)  # nothing decided: every item counts, so this graph fails
+    tokens = {"attention_mask": torch.tensor([[1, 1, 1, 0]])}
+    value, n, ties = onnx_export._tags({"logits": flip_tie[None]}, {"logits": fp32[None]}, tokens, cfg)
+    assert (value, n, ties) == (1.0, 2, 1)  # the padded 4th token is not an item
+    multi = SimpleNamespace(problem_type="multi_label_classification", num_labels=2)
+    fp32_multi = torch.tensor([[4.0, 0.01], [-4.0, 3.0]])  # text 0: label 1 is a near tie (sigmoid 0.5025)
+    int8_multi = torch.tensor([[4.0, -0.01], [-4.0, -3.0]])  # flips that tie, and text 1's decided label 1
+    assert onnx_export._labels({"logits": int8_multi}, {"logits": fp32_multi}, {}, multi) == (0.5, 2, 0)
