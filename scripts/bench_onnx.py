@@ -20,7 +20,9 @@ Backends: transformers (sdpa), hfport (eager, padding-free), ONNX fp32 (model.on
                the three ONNX graphs, transformers.pipeline(batch_size=16) (input order, no sorting), tokenizing
                included; one timed pass each after an untimed one.
 Quality of int8 against fp32 (model.onnx): minilm label agreement on the 80 in-domain eval sentences and on all 800
-(the other 720 include 400 geography facts that are near ties between topics); bert-base embedding cosine.
+(the other 720 include 400 geography facts that are near ties between topics), and on the texts fp32 decides (its top
+two probabilities >= NEAR_TIE apart, the rule of verify's gate); bert-base embedding cosine. --seed and --precision
+train other MiniLM heads, to see how agreement varies between fine-tunes.
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_onnx.py            # both models, ~6-8 min on a quiet 2-core CPU
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_onnx.py --quick    # smoke run
@@ -44,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 import hfport  # noqa: E402
 from hfport import load_any  # noqa: E402
-from hfport.export.onnx import export_onnx  # noqa: E402
+from hfport.export.onnx import export_onnx, fp32_decides  # noqa: E402
 from hfport.export.onnx_fusion import OPTIMIZED_FILE  # noqa: E402
 from hfport.pipelines.onnx_backend import ONNX_FILE, QUANTIZED_FILE, OnnxModel  # noqa: E402
 
@@ -157,12 +159,13 @@ def quality(name: str, folder: Path, task: str, texts: dict[str, str]) -> dict:
     fp32, int8 = (OnnxModel.from_pretrained(folder / f) for f in (ONNX_FILE, QUANTIZED_FILE))
     tokenizer = hfport.AutoTokenizer.from_pretrained(folder)
     items = sorted(texts, key=len)
-    same, cos, sources = [], [], []
+    same, cos, sources, decided = [], [], [], []
     for i in range(0, len(items), 32):
         enc = tokenizer(items[i:i + 32], padding=True, truncation=True, max_length=256, return_tensors="pt")
         a, b = (output(run(m, enc), task) for m in (fp32, int8))
         if task == "text-classification":
             same += (a.argmax(-1) == b.argmax(-1)).tolist()
+            decided += fp32_decides(a).tolist()  # fp32's top two probabilities >= NEAR_TIE apart (verify's rule)
         else:
             m = enc["attention_mask"][..., None].float()  # (B, T, 1)
             pool = [(x * m).sum(1) / m.sum(1) for x in (a, b)]  # (B, C) each: mean pooling
@@ -171,7 +174,9 @@ def quality(name: str, folder: Path, task: str, texts: dict[str, str]) -> dict:
     if task == "text-classification":
         eval_same = [s for s, src in zip(same, sources) if src == "topics_eval"]
         return {"int8_label_agreement_eval": round(sum(eval_same) / len(eval_same), 4), "eval_texts": len(eval_same),
-                "int8_label_agreement_all": round(sum(same) / len(same), 4), "all_texts": len(same)}
+                "int8_label_agreement_all": round(sum(same) / len(same), 4), "all_texts": len(same),
+                "int8_label_agreement_decided": round(sum(s for s, d in zip(same, decided) if d) / sum(decided), 4),
+                "decided_texts": sum(decided)}
     return {"int8_embedding_cosine": {"mean": round(statistics.mean(cos), 4), "min": round(min(cos), 4)},
             "texts": len(cos)}
 

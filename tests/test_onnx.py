@@ -571,7 +571,7 @@ def test_label_agreement_leaves_out_fp32_near_ties():
 
     cfg = SimpleNamespace(problem_type="single_label_classification", num_labels=3)
     fp32 = torch.tensor([[3.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.10, 0.05, -2.0], [0.0, 0.0, 1.5]])  # row 2: a near tie
-    assert onnx_export._decisive(fp32).tolist() == [True, True, False, True]
+    assert onnx_export.fp32_decides(fp32).tolist() == [True, True, False, True]
     flip_tie = fp32.clone()
     flip_tie[2] = torch.tensor([0.05, 0.10, -2.0])
     assert onnx_export._labels({"logits": flip_tie}, {"logits": fp32}, {}, cfg) == (1.0, 3, 1)

@@ -466,7 +466,7 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
             with check_row(report, "int8 vs fp32", f"{name}/{what}"):
                 value, n, ties = agree(_run(graphs[QUANTIZED_FILE], enc, task), onnx_out[name], enc, ctx["config"])
                 bound = min_cosine if threshold == "cosine" else min_agreement
-                items = f"{n} items" + (f" ({ties} fp32 near ties left out)" if ties else "")
+                items = f"{n} items" + (f" ({ties} fp32 near tie{'s' * (ties > 1)} left out)" if ties else "")
                 report.add("int8 vs fp32", f"{name}/{what} {value:.4f}", value >= bound, shape=items,
                            diff=1.0 - value, tolerance=f"{threshold} >= {bound:g}",
                            detail=f"{what} {value:.4f} over {items} is below {bound:g}: the int8 graph changes "
@@ -569,7 +569,7 @@ def _load_transformers(folder: Path, task: str) -> Any:
 # --- int8 agreement, by task: (int8 outputs, fp32 outputs, batch, config) -> (agreement, items) ----------------
 
 
-def _decisive(b: Tensor) -> Tensor:
+def fp32_decides(b: Tensor) -> Tensor:
     """Where fp32 (logits b, (..., L)) makes a decision: its two most probable labels at least NEAR_TIE apart in
     softmax probability. (..., L) -> (...,) bool."""
     top = b.softmax(-1).topk(2, dim=-1).values  # (..., 2)
@@ -593,13 +593,13 @@ def _labels(q: dict[str, Tensor], f: dict[str, Tensor], enc: dict[str, Tensor],
         decisive = (torch.sigmoid(b) - 0.5).abs() >= NEAR_TIE / 2  # (B, L) per label
         same = (((a > 0) == (b > 0)) | ~decisive).all(dim=1)  # the decided labels all agree
         return _agreement(same, decisive.any(dim=1))
-    return _agreement(a.argmax(-1) == b.argmax(-1), _decisive(b))
+    return _agreement(a.argmax(-1) == b.argmax(-1), fp32_decides(b))
 
 
 def _tags(q: dict[str, Tensor], f: dict[str, Tensor], enc: dict[str, Tensor], config: Any) -> tuple[float, int, int]:
     real = enc["attention_mask"].bool()  # (B, T)
     a, b = q["logits"][real], f["logits"][real]  # (N, L)
-    return _agreement(a.argmax(-1) == b.argmax(-1), _decisive(b))
+    return _agreement(a.argmax(-1) == b.argmax(-1), fp32_decides(b))
 
 
 def _spans(q: dict[str, Tensor], f: dict[str, Tensor], enc: dict[str, Tensor], config: Any) -> tuple[float, int, int]:
