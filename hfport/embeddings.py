@@ -32,6 +32,9 @@ POOLINGS = tuple(ST_POOLINGS.values())
 DIRECTIONS = ("right", "left")
 
 
+UNPOSITIONED = ("mean", "max", "mean_sqrt_len")  # the poolings over every token, which a prompt's tokens can skew
+
+
 def pool(hidden: Tensor, mode: str) -> Tensor:
     """One vector from a row's own token states (no padding: the pipeline cut the row to its length).
     hidden: (T, C) -> (C,), as sentence-transformers' Pooling computes it."""
@@ -99,9 +102,17 @@ class SentenceEmbeddingPipeline(Pipeline):
         if name is not None and name not in self.sentence.prompts:
             raise ValueError(f"prompt_name={name!r}: the model's prompts are {sorted(self.sentence.prompts) or 'none'}")
         opts["_prompt"] = self.sentence.prompts.get(name, "") if name is not None else ""
+        opts["_skip"] = 0 if self.sentence.include_prompt or not opts["_prompt"] else self.prompt_tokens(opts["_prompt"])
         if opts["output"] not in ("sentence", "tokens"):
             raise ValueError(f"output={opts['output']!r}: use 'sentence' or 'tokens'")
         return opts
+
+    def prompt_tokens(self, prompt: str) -> int:
+        """How many leading tokens a prompt takes, as sentence-transformers counts them for include_prompt false: the
+        prompt tokenized alone with its special tokens, less a trailing special token (so the leading [CLS] or <s>
+        is counted and left out of pooling too)."""
+        ids = self.tokenizer(prompt)["input_ids"]
+        return len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
 
     def tokenizer_for(self, direction: str) -> Any:
         """The tokenizer truncating on `direction`: a copy for the side the folder does not use (the backend's
@@ -136,6 +147,10 @@ class SentenceEmbeddingPipeline(Pipeline):
         tokenizer = self.tokenizer_for(opts["truncation_direction"])
         enc = tokenizer(text, return_token_type_ids="token_type_ids" in tokenizer.model_input_names,
                         return_attention_mask=True, **kwargs)
+        if opts["_skip"] and len(enc["input_ids"]) <= opts["_skip"]:
+            raise PipelineInputError(f"nothing of the text is left to pool after its {opts['_skip']}-token prompt "
+                                     "(the model's pooling has include_prompt false); shorten the text's truncation "
+                                     "or use another prompt")
         return [Feature(item=-1, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                         token_type_ids=enc.get("token_type_ids"))]
 
@@ -155,6 +170,9 @@ class SentenceEmbeddingPipeline(Pipeline):
         if opts["output"] == "tokens":
             out = hidden.tolist()  # TEI's embed_all: raw states, no pooling, no normalization
         else:
+            if opts["_skip"] and opts["pooling"] in UNPOSITIONED and isinstance(item, str):
+                # include_prompt false: the prompt's tokens are not pooled (cls and lasttoken pick one position)
+                hidden = hidden[opts["_skip"]:]  # (T - prompt, C), never empty (preprocess checked)
             vector = pool(hidden, opts["pooling"])  # (C,)
             if opts["dimensions"] is not None:
                 vector = vector[: opts["dimensions"]]  # (D,): Matryoshka, cut before normalizing

@@ -344,3 +344,47 @@ def test_a_module_hfport_does_not_compute_is_refused_by_name(st6_folder, tmp_pat
     for task in ("sentence-embedding", "feature-extraction"):
         with pytest.raises(ConfigError, match=r"modules\.json: module\(s\) \['sentence_transformers\.models\.Dense'\]"):
             hfport.pipeline(task, model=folder)
+
+
+def test_prompts_with_include_prompt_false_pool_as_sentence_transformers_does(minilm_path, tmp_path):
+    """A folder whose Pooling says include_prompt false (instruction-tuned embedders): the prompt's tokens, and the
+    leading [CLS], are left out of mean pooling. hfport's sentence-embedding pipeline (what TEI's /embed and OpenAI's
+    embeddings run) equals SentenceTransformer.encode(prompt_name=...) on it, and `hfport export` keeps the prompts
+    and the setting."""
+    from sentence_transformers import SentenceTransformer
+
+    from hfport.export.sentence_transformers import read_layout
+
+    folder = tmp_path / "prompted"
+    st = SentenceTransformer(str(minilm_path), device="cpu",
+                             prompts={"query": "query: ", "passage": "passage: represent this text for retrieval: "})
+    st[1].include_prompt = False
+    st.save(str(folder))
+    layout = read_layout(folder)
+    assert layout.include_prompt is False and layout.prompts["query"] == "query: "
+    theirs_st = SentenceTransformer(str(folder), device="cpu")
+    texts = ["The cat sat on the mat.", "A dog barked at the mailman all morning long.", "ok"]
+    pipe = hfport.pipeline("sentence-embedding", model=folder)
+    for name in ("query", "passage"):
+        theirs = theirs_st.encode(texts, prompt_name=name, convert_to_numpy=True)  # (N, C)
+        mine = np.array(pipe(texts, prompt_name=name))  # (N, C)
+        np.testing.assert_allclose(mine, theirs, atol=1e-5, err_msg=name)
+        included = np.array(hfport.pipeline("sentence-embedding", model=include_prompt_true(folder, tmp_path))(texts,
+                                                                                                 prompt_name=name))
+        assert np.abs(included - theirs).max() > 1e-3, "the prompt tokens must make a difference here"
+    np.testing.assert_allclose(np.array(pipe(texts)), theirs_st.encode(texts, convert_to_numpy=True), atol=1e-5)
+
+    out = tmp_path / "exported"
+    hfport.export(folder, out, verify=False)
+    again = read_layout(out)
+    assert (again.include_prompt, again.prompts) == (False, layout.prompts)
+
+
+def include_prompt_true(folder: Path, tmp_path: Path) -> Path:
+    """The same folder with include_prompt true: prompts pooled with the text."""
+    copy = tmp_path / "included"
+    if not copy.exists():
+        shutil.copytree(folder, copy)
+        config = copy / "1_Pooling" / "config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "include_prompt": True}))
+    return copy

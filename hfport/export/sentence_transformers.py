@@ -63,7 +63,8 @@ class SentenceTransformersError(ConfigError):
 
 
 def write_embedding_layout(folder: str | Path, *, pooling: str, normalize: bool, hidden_size: int,
-                           max_seq_length: int) -> list[str]:
+                           max_seq_length: int, prompts: dict[str, str] | None = None,
+                           default_prompt_name: str | None = None, include_prompt: bool = True) -> list[str]:
     """Add the sentence-transformers files to an HF folder (its config and weights already there). Returns the names
     written. Each file is written whole (write_json_atomic), and a folder from an earlier save is replaced."""
     if pooling not in POOLING_MODES:
@@ -79,13 +80,14 @@ def write_embedding_layout(folder: str | Path, *, pooling: str, normalize: bool,
     flags = {flag: False for flag in ALL_FLAGS}
     flags[POOLING_FLAGS[pooling]] = True
     hub.write_json_atomic(folder / POOLING_DIR / "config.json",
-                          {"word_embedding_dimension": int(hidden_size), **flags, "include_prompt": True})
+                          {"word_embedding_dimension": int(hidden_size), **flags, "include_prompt": include_prompt})
     if normalize:
         (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
     elif (folder / NORMALIZE_DIR).exists():
         shutil.rmtree(folder / NORMALIZE_DIR)
-    hub.write_json_atomic(folder / ST_MODEL_CONFIG, {"model_type": "SentenceTransformer", "prompts": {},
-                                                     "default_prompt_name": None, "similarity_fn_name": "cosine"})
+    hub.write_json_atomic(folder / ST_MODEL_CONFIG, {"model_type": "SentenceTransformer", "prompts": dict(prompts or {}),
+                                                     "default_prompt_name": default_prompt_name,
+                                                     "similarity_fn_name": "cosine"})
     return [MODULES, ST_CONFIG, f"{POOLING_DIR}/config.json", ST_MODEL_CONFIG] + ([NORMALIZE_DIR] if normalize
                                                                                   else [])
 
@@ -116,10 +118,12 @@ def copy_layout(source: str | Path, out: str | Path) -> list[str]:
     if not has_embedding_layout(source):
         return []
     pooling, normalize = read_st_pooling(source)
+    layout = read_layout(source)
     raw, _ = hub.read_config(Path(source))
     return write_embedding_layout(out, pooling=pooling, normalize=normalize, hidden_size=raw["hidden_size"],
-                                  max_seq_length=read_max_seq_length(source) or raw.get("max_position_embeddings",
-                                                                                            512))
+                                  max_seq_length=layout.max_seq_length or raw.get("max_position_embeddings", 512),
+                                  prompts=layout.prompts, default_prompt_name=layout.default_prompt_name,
+                                  include_prompt=layout.include_prompt)
 
 
 # --- reading ----------------------------------------------------------------------------------------------------
@@ -150,6 +154,7 @@ class SentenceLayout:
     max_seq_length: int | None = None
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    include_prompt: bool = True  # False: a prompt's tokens (and the leading special token) are not pooled
     source: str = "default (no modules.json)"
 
 
@@ -209,7 +214,10 @@ def read_layout(folder: str | Path) -> SentenceLayout:
     if len(modes) != 1 or modes[0] not in ST_POOLINGS:
         raise SentenceTransformersError(f"{pooling_file}: pooling {modes or 'none'}; hfport computes exactly one of "
                                         f"{list(ST_POOLINGS)}")
-    return SentenceLayout(pooling=ST_POOLINGS[modes[0]], normalize="Normalize" in kinds,
+    include_prompt = config.get("include_prompt", True)
+    if not isinstance(include_prompt, bool):
+        raise SentenceTransformersError(f"{pooling_file}: include_prompt must be true or false, got {include_prompt!r}")
+    return SentenceLayout(pooling=ST_POOLINGS[modes[0]], normalize="Normalize" in kinds, include_prompt=include_prompt,
                           source=f"{folder / MODULES} ({', '.join(kinds)})", **extra)
 
 
