@@ -4,11 +4,12 @@ The public API is the names below, plus these submodules: hfport.errors (excepti
 (finetune, preflight, FinetuneConfig, resolve_config, the monitor's readers), hfport.export (export, verify and their
 options and results), hfport.rundir (RunDir, RunSummary), hfport.lora (LoRA adapters in PEFT's format: apply, save,
 load, merge), hfport.pipelines, hfport.tasks (the task records: names, aliases, model classes), hfport.embeddings
-(sentence-transformers folders: pooling, prompts, batch budgets) and hfport.verbosity (HFPORT_VERBOSITY, log set-up); `resolve_model`
-finds a local folder or a repo id in the local HF cache. The CLI and the server use nothing else.
+(sentence-transformers folders: pooling, prompts, batch budgets) and hfport.verbosity (HFPORT_VERBOSITY, log
+set-up); `resolve_model` finds a local folder or a repo id in the local HF cache. The CLI and the server use nothing
+else; the server takes every name it needs from the top-level namespace.
 """
 
-from . import lora, tasks
+from . import lora, tasks, verbosity
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelNotFoundError
 from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
@@ -17,8 +18,10 @@ from .modeling import LoadReport, PreTrainedEncoder
 from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
                     AutoModelForTokenClassification, EncoderForMaskedLM, EncoderForQuestionAnswering,
                     EncoderForSequenceClassification, EncoderForTokenClassification, EncoderModel, load_any)
-from .pipelines import model_task, phase_times, pipeline
-from .embeddings import tune_batch_tokens  # noqa: I001 - after pipelines, whose registry loads embeddings' pipeline
+from .pipelines import (SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, phase_times,
+                        pipeline)
+# after pipelines, whose registry loads embeddings' pipeline
+from .embeddings import token_listing, tune_batch_tokens  # noqa: I001
 from .registry import supported
 from .rundir import RunDir, RunSummary
 from .tokenizer import AutoTokenizer, BatchEncoding, PreTrainedTokenizer, TokenizerError
@@ -40,6 +43,10 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            "ItemError",
            # serving: time a call's phases (tokenize, forward, ...), pick a pipeline's token budget by measurement
            "phase_times", "tune_batch_tokens",
+           # what a server tells apart and lists: the embedding and classification pipelines, a text's tokens
+           "SentenceEmbeddingPipeline", "TextClassificationPipeline", "token_listing",
+           # -q/-v verbosity: verbosity.configure(level, format), verbosity.from_env(default)
+           "verbosity",
            # fine-tuning and its run folder
            "FinetuneConfig", "finetune", "RunDir", "RunSummary", "lora",
            # the event type of metrics.jsonl's speed/ETA/memory lines

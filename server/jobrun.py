@@ -21,7 +21,6 @@ from typing import Any
 import hfport
 from hfport import PERF, RunDir
 from hfport.errors import HfportError
-from hfport.verbosity import configure as configure_logging, from_env as verbosity_from_env
 
 from .store import BaseStore, open_store
 
@@ -132,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_parent(args.parent_pid)
     # HFPORT_VERBOSITY reaches the job process (and each of its ranks) through the environment
-    configure_logging(verbosity_from_env(default="verbose"), "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    hfport.verbosity.configure(hfport.verbosity.from_env(default="verbose"),
+                               "%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def terminated(signum: int, frame: Any) -> None:
         log.info("job %s: terminated by signal %d", args.job_id, signum)

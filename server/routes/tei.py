@@ -24,8 +24,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 import hfport
+from hfport import SentenceEmbeddingPipeline, TextClassificationPipeline, token_listing
 from hfport.errors import HfportError, ItemError
-from hfport.pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, ShapedErrorRoute, error_response, validation_message
@@ -378,7 +378,6 @@ async def similarity(body: SimilarityRequest, request: Request, response: Respon
 @router.post("/tokenize", response_model=list[list[SimpleToken]], summary="Tokens with offsets (TEI)")
 async def tokenize(body: TokenizeRequest, request: Request, store: StoreDep, service: ModelServiceDep,
                    settings: SettingsDep) -> list:
-    from hfport.embeddings import token_listing
 
     model = await served(request, store, service)
     items, _ = _listify(body.inputs)
