@@ -120,24 +120,27 @@ def train_st(base: Path, out: Path, steps: int, batch_size: int, seed: int,
     return clock.stamps
 
 
-def train_hfport(base: Path, out: Path, steps: int, batch_size: int, seed: int,
-                 clock: Clock, precision: str = "fp32", data: str = "pairs") -> list[tuple[float, float]]:
+# the settings both trainers share in these races, as the sentence-transformers side is given them
+RACE = {"lr": LR, "weight_decay": 0.0, "warmup_steps": 0, "max_grad_norm": 1.0, "scheduler": "linear",
+        "group_by_length": False, "logging_steps": 1, "eval_strategy": "no", "save_strategy": "no", "max_length": 256,
+        "eval_fraction": 0.0, "overwrite": True}
+
+
+def finetune_timed(config: dict[str, Any], clock: Clock) -> list[tuple[float, float]]:
+    """hfport.finetune(RACE | config), calling clock() at the end of every training step; returns the stamps."""
     from hfport import finetune
 
+    finetune(RACE | config, progress=False, on_event=lambda event: clock() if event.get("type") == "train" else None)
+    return clock.stamps
+
+
+def train_hfport(base: Path, out: Path, steps: int, batch_size: int, seed: int,
+                 clock: Clock, precision: str = "fp32", data: str = "pairs") -> list[tuple[float, float]]:
     rows = out / "pairs.jsonl"
     rows.write_text("".join(json.dumps(p) + "\n" for p in pairs(data)), encoding="utf-8")
-
-    def on_event(event: dict) -> None:
-        if event.get("type") == "train":
-            clock()
-
-    finetune({"model": str(base), "task": "sentence-embedding", "train": str(rows), "eval_fraction": 0.0,
-              "output_dir": str(out / "hfport-run"), "overwrite": True, "batch_size": batch_size, "max_steps": steps,
-              "lr": LR, "weight_decay": 0.0, "warmup_steps": 0, "max_grad_norm": 1.0, "scheduler": "linear",
-              "loss": "mnrl", "scale": SCALE, "group_by_length": False, "logging_steps": 1, "eval_strategy": "no",
-              "precision": precision, "seed": seed, "max_length": 256,
-              "save_strategy": "no"}, progress=False, on_event=on_event)
-    return clock.stamps
+    return finetune_timed({"model": str(base), "task": "sentence-embedding", "train": str(rows),
+                           "output_dir": str(out / "hfport-run"), "batch_size": batch_size, "max_steps": steps,
+                           "loss": "mnrl", "scale": SCALE, "precision": precision, "seed": seed}, clock)
 
 
 def throughput(stamps: list[tuple[float, float]], batch_size: int, clock: int = 0) -> float:

@@ -28,13 +28,12 @@ import numpy as np
 import torch
 
 from _benchutil import describe, machine
-from bench_embed import Clock, throughput
+from bench_embed import LR, Clock, finetune_timed, throughput  # LR: finetune_timed's, for both trainers
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 TRAIN = REPO / "examples" / "data" / "rerank_train.jsonl"
 EVAL = REPO / "examples" / "data" / "rerank_eval.jsonl"
-LR = 2e-5
 
 
 def groups(path: Path) -> list[dict]:
@@ -68,19 +67,9 @@ def train_st(base: Path, out: Path, steps: int, pairs_per_step: int, seed: int, 
 
 
 def train_hfport(base: Path, out: Path, steps: int, queries: int, seed: int, clock: Clock) -> list:
-    from hfport import finetune
-
-    def on_event(event: dict) -> None:
-        if event.get("type") == "train":
-            clock()
-
-    finetune({"model": str(base), "task": "text-ranking", "train": str(TRAIN), "eval_fraction": 0.0,
-              "output_dir": str(out / "hfport-run"), "overwrite": True, "batch_size": queries, "max_steps": steps,
-              "lr": LR, "weight_decay": 0.0, "warmup_steps": 0, "max_grad_norm": 1.0, "scheduler": "linear",
-              "loss": "bce", "group_by_length": False, "logging_steps": 1, "eval_strategy": "no",
-              "precision": "fp32", "seed": seed, "max_length": 256, "save_strategy": "no"}, progress=False,
-             on_event=on_event)
-    return clock.stamps
+    return finetune_timed({"model": str(base), "task": "text-ranking", "train": str(TRAIN),
+                           "output_dir": str(out / "hfport-run"), "batch_size": queries, "max_steps": steps,
+                           "loss": "bce", "precision": "fp32", "seed": seed}, clock)
 
 
 def quality(folder: Path) -> dict[str, float]:
