@@ -126,39 +126,51 @@ def optimize_graph(src: Path, dst: Path, num_heads: int, hidden_size: int) -> di
     return counts
 
 
+def _token_rows(model: Any, names: list[str], feeds: list[dict[str, np.ndarray]]) -> Iterator[tuple[str, Any, Any]]:
+    """Runs `model` (an onnx.ModelProto, left as it is) on each of `feeds` with the tensors `names` as its outputs,
+    with as many threads as torch has: yields (name, x, real) per feed and name, `real` the (B, T) mask of real
+    tokens and `x` the tensor (B, T, C), or None where it is not token rows (ModernBERT's rotary angles)."""
+    import onnx
+    import onnxruntime as ort
+
+    if not names:
+        return
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]  # only the named tensors are needed
+    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = torch.get_num_threads()  # as open_session: what the caller gave torch
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        real = feed["attention_mask"].astype(bool)  # (B, T)
+        for name, x in zip(names, session.run(names, feed)):
+            yield name, (x if x.ndim == 3 and x.shape[:2] == real.shape else None), real
+
+
 def activation_errors(path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """For each MatMul with a constant weight in the graph at `path`: the relative L2 error that dynamic
     quantization's per-tensor uint8 activation scale puts on its input, over the real tokens of `feeds` (each
     batch quantized on its own, as at run time). What decides which MatMuls stay fp32 in the int8 graph."""
     import onnx
-    import onnxruntime as ort
 
     model = onnx.load(str(path))
     weights = {i.name for i in model.graph.initializer}
     matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
     inputs = sorted({n.input[0] for n in matmuls})
-    if not inputs:  # no weight MatMul to keep (the projections became something else): nothing to measure
-        return {}
-    del model.graph.output[:]  # only the MatMul inputs are needed
-    model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in inputs)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = torch.get_num_threads()  # as open_session: what the caller gave torch
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     noise = {name: 0.0 for name in inputs}
     signal = {name: 0.0 for name in inputs}
-    for feed in feeds:
-        real = feed["attention_mask"].astype(bool)  # (B, T)
-        for name, x in zip(inputs, session.run(inputs, feed)):
-            if x.shape[:2] != real.shape:  # not token rows (ModernBERT's rotary angles): never quantized
-                noise[name], signal[name] = float("inf"), 1.0
-                continue
-            lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)  # the quantizer's range includes 0
-            step = (hi - lo) / 255 or 1.0
-            zero = np.round(-lo / step)
-            back = (np.clip(np.round(x / step) + zero, 0, 255) - zero) * step
-            noise[name] += float(np.square((x - back)[real]).sum())
-            signal[name] += float(np.square(x[real]).sum())
+    for name, x, real in _token_rows(model, inputs, feeds):
+        if x is None:  # not token rows: never quantized
+            noise[name], signal[name] = float("inf"), 1.0
+            continue
+        lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)  # the quantizer's range includes 0
+        step = (hi - lo) / 255 or 1.0
+        zero = np.round(-lo / step)
+        back = (np.clip(np.round(x / step) + zero, 0, 255) - zero) * step
+        noise[name] += float(np.square((x - back)[real]).sum())
+        signal[name] += float(np.square(x[real]).sum())
     return {n.name: (noise[n.input[0]] / signal[n.input[0]]) ** 0.5 if signal[n.input[0]] else 0.0 for n in matmuls}
 
 
@@ -236,27 +248,12 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], rat
 def _channel_peaks(model: Any, inputs: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The largest |value| of each channel (last axis) of each tensor in `inputs`, over the real tokens of `feeds`;
     tensors that are not token rows are left out."""
-    import onnx
-    import onnxruntime as ort
-
-    if not inputs:
-        return {}
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    del probe.graph.output[:]
-    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in inputs)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = torch.get_num_threads()
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     peaks: dict[str, np.ndarray] = {}
     skip: set[str] = set()
-    for feed in feeds:
-        real = feed["attention_mask"].astype(bool)  # (B, T)
-        for name, x in zip(inputs, session.run(inputs, feed)):
-            if x.ndim != 3 or x.shape[:2] != real.shape:
-                skip.add(name)
-                continue
-            peak = np.abs(x[real]).max(0)  # (C,)
-            peaks[name] = np.maximum(peaks[name], peak) if name in peaks else peak
+    for name, x, real in _token_rows(model, inputs, feeds):
+        if x is None:
+            skip.add(name)
+            continue
+        peak = np.abs(x[real]).max(0)  # (C,)
+        peaks[name] = np.maximum(peaks[name], peak) if name in peaks else peak
     return {name: p for name, p in peaks.items() if name not in skip}
