@@ -102,7 +102,8 @@ class SentenceEmbeddingPipeline(Pipeline):
         if name is not None and name not in self.sentence.prompts:
             raise ValueError(f"prompt_name={name!r}: the model's prompts are {sorted(self.sentence.prompts) or 'none'}")
         opts["_prompt"] = self.sentence.prompts.get(name, "") if name is not None else ""
-        opts["_skip"] = 0 if self.sentence.include_prompt or not opts["_prompt"] else self.prompt_tokens(opts["_prompt"])
+        excluded = opts["_prompt"] and not self.sentence.include_prompt
+        opts["_skip"] = self.prompt_tokens(opts["_prompt"]) if excluded else 0  # leading tokens not pooled
         if opts["output"] not in ("sentence", "tokens"):
             raise ValueError(f"output={opts['output']!r}: use 'sentence' or 'tokens'")
         return opts

@@ -207,8 +207,9 @@ def main() -> None:
                         help="then one more run of each under torch.profiler (steps 2..N): self CPU time per step by "
                              "operator, side by side")
     parser.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
-                        help="both trainers: fp32, or bf16 autocast over fp32 weights (sentence-transformers' bf16=True, "
-                             "hfport's precision bf16, which precision auto picks on a CPU with native bf16); auto: "
+                        help="both trainers: fp32, or bf16 autocast over fp32 weights (sentence-transformers' "
+                             "bf16=True, hfport's precision bf16, which precision auto picks on a CPU with native "
+                             "bf16); auto: "
                              "each trainer's default (hfport precision auto, sentence-transformers fp32)")
     parser.add_argument("--data", choices=("pairs", "passages"), default="pairs",
                         help="pairs: the (question, answer) pairs of examples/data (8..20-token answers); passages: "
@@ -249,13 +250,15 @@ def main() -> None:
 
     keys = ("mrr@10", "ndcg@10", "recall@1", "recall@10", "ranking_loss")
     precision_text = (f"{a.precision} on the CPU" if a.precision != "auto" else
-                      "each trainer's default precision on the CPU (hfport: precision auto; sentence-transformers: fp32)")
+                      "each trainer's default precision on the CPU (hfport: precision auto; "
+                      "sentence-transformers: fp32)")
     lines = ["", "## Embedding fine-tuning vs sentence-transformers (scripts/bench_embed.py)", "",
              f"Machine: {describe(machine())}; sentence-transformers "
              f"{__import__('sentence_transformers').__version__}. The rounds alternate the two trainers, so a "
              "passing load falls on both.", "",
              f"all-MiniLM-L6-v2 (real weights), {len(pairs())} (question, answer) pairs from examples/data"
-             f"{'' if a.data == 'pairs' else ', each answer inside a passage of 0..14 other sentences (--data passages)'}, "
+             f"{'' if a.data == 'pairs' else ', each answer inside a passage of 0..14 other sentences'}"
+             f"{'' if a.data == 'pairs' else ' (--data passages)'}, "
              f"MultipleNegativesRankingLoss (scale {SCALE:g}), batch {a.batch_size}, {a.steps} steps, lr {LR:g}, "
              f"{precision_text}, {a.rounds} rounds.", "",
              "| | sentence-transformers (SentenceTransformerTrainer) | hfport finetune() | ratio |",

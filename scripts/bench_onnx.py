@@ -187,7 +187,8 @@ def quality(name: str, folder: Path, task: str, texts: dict[str, str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 layers, short batches, 1 epoch: a smoke run")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the padded and pipeline benchmarks")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved rounds of the padded and pipeline benchmarks")
     parser.add_argument("--batches", type=int, default=4, help="padded batches of 16 rows per round")
     parser.add_argument("--min-len", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=256)

@@ -52,10 +52,10 @@ batches) and compares at real positions:
                LayerNorm/GELU/MatMul+Add and sums in its own order (max abs diff on all-MiniLM-L6-v2: ~3e-6);
     int8       model_quantized.onnx against model.onnx at the task level: label agreement (text
                classification), tag agreement over real tokens (token classification), both over the items fp32
-               decides (top two probabilities at least NEAR_TIE apart; the near ties left out are reported), identical argmax start and
-               end (question answering), top-5 overlap at masked positions (fill-mask), cosine of mean-pooled
-               embeddings (feature extraction, the mean over the probe texts); at
-               least `min_agreement` (default 0.99) or `min_cosine` (0.99).
+               decides (top two probabilities at least NEAR_TIE apart; the near ties left out are reported),
+               identical argmax start and end (question answering), top-5 overlap at masked positions
+               (fill-mask), cosine of mean-pooled embeddings (feature extraction, the mean over the probe texts);
+               at least `min_agreement` (default 0.99) or `min_cosine` (0.99).
 Every check that cannot run is a failed row. SOURCE defaults to the one hfport_onnx.json records.
 """
 

@@ -85,7 +85,8 @@ def write_embedding_layout(folder: str | Path, *, pooling: str, normalize: bool,
         (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
     elif (folder / NORMALIZE_DIR).exists():
         shutil.rmtree(folder / NORMALIZE_DIR)
-    hub.write_json_atomic(folder / ST_MODEL_CONFIG, {"model_type": "SentenceTransformer", "prompts": dict(prompts or {}),
+    hub.write_json_atomic(folder / ST_MODEL_CONFIG, {"model_type": "SentenceTransformer",
+                                                     "prompts": dict(prompts or {}),
                                                      "default_prompt_name": default_prompt_name,
                                                      "similarity_fn_name": "cosine"})
     return [MODULES, ST_CONFIG, f"{POOLING_DIR}/config.json", ST_MODEL_CONFIG] + ([NORMALIZE_DIR] if normalize
