@@ -26,4 +26,6 @@ class EncoderModel(PreTrainedEncoder):
 TASK = Task(
     name="feature-extraction", aliases=("base",), model_class=EncoderModel,
     outputs=("last_hidden_state", "pooler_output"), per_sequence=frozenset({"pooler_output"}),  # (B, C)
-    auto_class="AutoModel", pipeline="hfport.pipelines.features:FeatureExtractionPipeline", train=None)
+    auto_class="AutoModel", pipeline="hfport.pipelines.features:FeatureExtractionPipeline", train=None,
+    output_type=BaseModelOutput, architecture_suffix="Model", peft_task_type="FEATURE_EXTRACTION",
+    graph_outputs={"last_hidden_state": (3, "hidden_size")}, agreement="cosine", pooler=True)

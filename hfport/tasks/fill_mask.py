@@ -35,4 +35,6 @@ class EncoderForMaskedLM(PreTrainedEncoder):
 TASK = Task(
     name="fill-mask", aliases=("masked-lm",), model_class=EncoderForMaskedLM, outputs=("logits",),
     per_sequence=frozenset(), auto_class="AutoModelForMaskedLM", pipeline="hfport.pipelines.fill_mask:FillMaskPipeline",
-    train="hfport.train.tasks.mlm:MaskedLM", default_metrics={None: ("perplexity", "min")}, masked_input=True)
+    train="hfport.train.tasks.mlm:MaskedLM", default_metrics={None: ("perplexity", "min")}, masked_input=True,
+    output_type=MaskedLMOutput, architecture_suffix="ForMaskedLM", graph_outputs={"logits": (3, "vocab_size")},
+    agreement="top_k")

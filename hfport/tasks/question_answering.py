@@ -44,4 +44,6 @@ TASK = Task(
     outputs=("start_logits", "end_logits"), per_sequence=frozenset(), auto_class="AutoModelForQuestionAnswering",
     pipeline="hfport.pipelines.qa:QuestionAnsweringPipeline", train="hfport.train.tasks.qa:QuestionAnswering",
     default_metrics={None: ("f1", "max")},  # SQuAD token F1
-    pair_input=True)
+    pair_input=True,
+    output_type=QuestionAnsweringOutput, architecture_suffix="ForQuestionAnswering", peft_task_type="QUESTION_ANS",
+    graph_outputs={"start_logits": (2, None), "end_logits": (2, None)}, agreement="spans")

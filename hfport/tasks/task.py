@@ -49,6 +49,15 @@ class Task:
     # (feature-extraction) and text-ranking a one-label text-classification head, so their checkpoints are plain
     # transformers folders (BertModel, BertForSequenceClassification) and the families need no tables for them
     model_task: str | None = None
+    # --- facts the loaders, exporters and gates read (one place, no side tables) ---
+    output_type: type | None = None  # the model's output record (hfport/outputs.py): what an ONNX graph's arrays fill
+    # transformers' class name is the family's prefix + this suffix ("Bert" + "ForSequenceClassification")
+    architecture_suffix: str | None = None
+    peft_task_type: str | None = None  # PEFT's task_type for an adapter of this task (None: PEFT has none)
+    # ONNX graph outputs under transformers' names: name -> (rank, the config field the last axis equals, or None)
+    graph_outputs: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    agreement: str | None = None  # how the int8/verify gate judges this head: labels | tags | spans | top_k | cosine
+    pooler: bool = False  # transformers builds this head's body with the pooler (BERT; a family may say otherwise)
 
     def __post_init__(self) -> None:
         if self.model_class.task != (self.model_task or self.name):

@@ -51,4 +51,6 @@ TASK = Task(
                      # subset accuracy is harsh with many labels; micro F1 credits each label that is right
                      "multi_label_classification": ("f1_micro", "max"),
                      "regression": ("mse", "min")},
-    labels=True)
+    labels=True,
+    output_type=SequenceClassifierOutput, architecture_suffix="ForSequenceClassification", peft_task_type="SEQ_CLS",
+    graph_outputs={"logits": (2, "num_labels")}, agreement="labels", pooler=True)

@@ -36,4 +36,6 @@ TASK = Task(
     pipeline="hfport.pipelines.tokens:TokenClassificationPipeline",
     train="hfport.train.tasks.tokens:TokenClassification",
     default_metrics={None: ("f1", "max")},  # entity-level micro F1
-    labels=True)
+    labels=True,
+    output_type=TokenClassifierOutput, architecture_suffix="ForTokenClassification", peft_task_type="TOKEN_CLS",
+    graph_outputs={"logits": (3, "num_labels")}, agreement="tags")
