@@ -196,11 +196,14 @@ def tiny_run(tmp_path_factory, minilm_path) -> Path:
 
 
 def _cli(root: Path, out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    args = [sys.executable, "-m", "hfport", "finetune", "-q", "--model", str(root / "model"), "--train",
+    # with a fault to inject (tests/faults.py), the same CLI runs through the fixture that installs it
+    entry = "tests.faults" if env and "HFPORT_TESTS_FAULT" in env else "hfport"
+    args = [sys.executable, "-m", entry, "finetune", "-q", "--model", str(root / "model"), "--train",
             str(root / "train.jsonl"), "--eval", str(root / "eval.jsonl"), "--batch-size", "8", "--max-steps", "6",
             "--save-steps", "2", "--eval-steps", "3", "--set", "eval_strategy=steps", "--set", "logging_steps=1",
             "--lr", "3e-3", "--seed", "7", "--output-dir", str(out), *extra]
-    return subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=Path(__file__).resolve().parents[1])
 
 
 def _model_lines(out: Path) -> list[str]:
@@ -214,7 +217,7 @@ def test_sigkill_during_a_background_write_never_becomes_latest(tiny_run, tmp_pa
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()
     out = tmp_path / "killed"
     # the writer stalls half-way through step 4's checkpoint (weights written, optimizer not yet)
-    child = _cli(tiny_run, out, env={"HFPORT_TEST_CHECKPOINT_STALL": "4:120"})
+    child = _cli(tiny_run, out, env={"HFPORT_TESTS_FAULT": "after-weights:4:stall=120"})
     deadline = time.time() + 300
     while time.time() < deadline and child.poll() is None:
         if any((p / "model.safetensors").exists() for p in (out / "checkpoints").glob(".tmp-step-4-*")):

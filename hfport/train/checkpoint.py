@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from .. import hub
-from ..rundir import TRAINER_STATE, RunDir
+from ..rundir import STEP_DIR, TRAINER_STATE, RunDir
 
 
 def capture_rng() -> dict[str, Any]:
@@ -106,11 +106,13 @@ def snapshot(step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any,
         state={**json.loads(json.dumps(state)), "rng": capture_rng()})
 
 
-STALL_ENV = "HFPORT_TEST_CHECKPOINT_STALL"  # tests only, "STEP:SECONDS": the writer sleeps half-way through that step's
-
-
 def write_checkpoint(run: RunDir, snap: Snapshot) -> Path:
-    """Write checkpoints/step-<step>/ under a temporary name, fsync, rename, then point checkpoints/latest at it."""
+    """Write checkpoints/step-<step>/ under a temporary name, fsync, rename, then point checkpoints/latest at it.
+
+    A step-<N> folder is only ever made by renaming a complete one into place and only ever unmade by renaming it
+    away (`retire`), so under its own name it is always whole, wherever the process is killed. Re-saving a step that
+    exists (a run resumed from an older checkpoint) retires the old folder first; a kill between the two renames
+    leaves `latest` naming no folder, and RunDir.latest_checkpoint falls back to the newest complete one."""
     run.checkpoints.mkdir(parents=True, exist_ok=True)
     final = run.checkpoint(snap.step)
     tmp = run.checkpoints / f".tmp-step-{snap.step}-{os.getpid()}"
@@ -118,9 +120,6 @@ def write_checkpoint(run: RunDir, snap: Snapshot) -> Path:
     tmp.mkdir()
     hub.save_weights(snap.weights, tmp)
     hub.write_json_atomic(tmp / "config.json", snap.config)
-    stall_step, _, stall_s = os.environ.get(STALL_ENV, "").partition(":")
-    if stall_s and int(stall_step) == snap.step:  # lets a test SIGKILL the process mid-write
-        time.sleep(float(stall_s))
     torch.save(snap.optimizer, tmp / "optimizer.pt")
     torch.save(snap.scheduler, tmp / "scheduler.pt")
     if snap.scaler is not None:
@@ -130,11 +129,21 @@ def write_checkpoint(run: RunDir, snap: Snapshot) -> Path:
     for f in tmp.iterdir():  # the data must be on disk before the rename makes it visible
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
-    if final.exists():
-        shutil.rmtree(final)
+    old = retire(run, final) if final.exists() else None
     os.replace(tmp, final)
     run.set_latest(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def retire(run: RunDir, checkpoint: Path) -> Path:
+    """Rename a checkpoint out of the step-<N> namespace (one atomic step) before it is deleted: an rmtree in place,
+    killed half-way, would leave a folder that still looks like a checkpoint. prune() sweeps what a kill left."""
+    old = run.checkpoints / f".old-{checkpoint.name}-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(checkpoint, old)
+    return old
 
 
 def save_checkpoint(run: RunDir, step: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any,
@@ -189,13 +198,29 @@ class CheckpointWriter:
             raise error
 
 
+def rewind(run: RunDir, checkpoint: Path) -> list[int]:
+    """A run resumed from a checkpoint older than its newest continues from there: `latest` names that checkpoint
+    and the newer ones (the future the resumed run replaces, whose metrics.jsonl lines are cut) are retired. Without
+    this, a kill before the resumed run's first save would resume from that abandoned future. Returns the retired
+    steps; a checkpoint outside this run's folder changes nothing."""
+    match = STEP_DIR.match(checkpoint.name)
+    if match is None or checkpoint.parent.resolve() != run.checkpoints.resolve():
+        return []
+    newer = [s for s in run.checkpoint_steps() if s > int(match.group(1))]
+    run.set_latest(checkpoint)  # first: from here on a kill resumes where this run is
+    for step in newer:
+        shutil.rmtree(retire(run, run.checkpoint(step)), ignore_errors=True)
+    return newer
+
+
 def prune(run: RunDir, keep: int, protect: set[int]) -> None:
     """Keep the newest `keep` checkpoints plus the protected ones (the best)."""
     steps = run.checkpoint_steps()
     for step in steps[:-keep] if keep else steps:
         if step not in protect:
-            shutil.rmtree(run.checkpoint(step), ignore_errors=True)
-    for stale in run.checkpoints.glob(".tmp-step-*"):  # left by a run killed mid-write: never "latest", safe to drop
+            shutil.rmtree(retire(run, run.checkpoint(step)), ignore_errors=True)
+    # left by a run killed mid-write or mid-delete: never named by "latest", safe to drop
+    for stale in [*run.checkpoints.glob(".tmp-step-*"), *run.checkpoints.glob(".old-step-*")]:
         shutil.rmtree(stale, ignore_errors=True)
 
 

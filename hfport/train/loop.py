@@ -29,7 +29,8 @@ from ..errors import ConfigError
 from ..tasks import get as task_record
 from ..rundir import TRAINER_STATE, RunDir, RunSummary
 from ..tokenizer import copy_tokenizer_files
-from .checkpoint import CheckpointWriter, load_checkpoint, prune, restore_rng, snapshot, write_checkpoint
+from .checkpoint import (CheckpointWriter, load_checkpoint, prune, restore_rng, rewind, snapshot,
+                         write_checkpoint)
 from .config import FinetuneConfig
 from .data import EncodedData, epoch_batches, eval_batches, planned_steps
 from .monitor import PERF, Pace, ResourceSampler, evals_left, fmt_duration, fmt_resources, read_metrics
@@ -126,6 +127,9 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
         state = load_checkpoint(ckpt, unwrapped, optimizer, scheduler, scaler)
         tracker.load_state_dict(state["tracker"])
         log.info("resuming from %s (step %d)", ckpt, state["step"])
+        if main and (dropped := rewind(run, ckpt)):
+            log.warning("resumed from step %d: the newer checkpoints %s are dropped (the run continues from here)",
+                        state["step"], ", ".join(f"step-{s}" for s in dropped))
     metrics_file = MetricsLog(run.metrics, keep_through_step=state["step"] if config.resume else None,
                               enabled=main)
     if config.resume:
