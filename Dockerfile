@@ -3,6 +3,8 @@
 #   CUDA:           docker build -t hfport:cuda --build-arg TORCH_VARIANT=cu128 .
 #                   docker run --gpus all ...   (TORCH_VARIANT is the wheel index tag of the CUDA build to install)
 #   run:            docker run -p 127.0.0.1:8000:8000 -v hfport-data:/data -e HFPORT_API_TOKEN=... hfport
+#                   (without HFPORT_API_TOKEN the first start generates one, keeps it in /data/api_token and
+#                   prints it once: the server refuses a non-loopback bind without a token)
 ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim
 
@@ -23,10 +25,10 @@ RUN pip install -e . && python -c "import hfport, server.app; assert server.app.
 RUN useradd --create-home --uid 1000 hfport && mkdir -p /data && chown hfport /data
 USER hfport
 # inside the container the server must listen on all interfaces for -p to reach it; publish the port on the
-# host's loopback (-p 127.0.0.1:8000:8000) or put a reverse proxy in front, and set HFPORT_API_TOKEN
+# host's loopback (-p 127.0.0.1:8000:8000) or put a reverse proxy in front; the entry point makes sure a token is set
 ENV HFPORT_HOST=0.0.0.0 HFPORT_PORT=8000 HFPORT_DATA_DIR=/data
 VOLUME /data
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
     CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('HFPORT_PORT', '8000'), timeout=3)"
-CMD ["hfport", "serve"]
+ENTRYPOINT ["python", "-m", "server.entrypoint"]

@@ -4,6 +4,7 @@ app with their own Settings instead of patching the environment."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import Depends, Request
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -80,6 +81,15 @@ class Settings(BaseSettings):
     def _absolute_all(cls, v: list[Path]) -> list[Path]:
         return [p.expanduser().resolve() for p in v]
 
+    @model_validator(mode="after")
+    def _no_open_bind_without_a_token(self) -> Settings:
+        """A process that listens on anything but loopback needs HFPORT_API_TOKEN: anyone who reaches the port could
+        otherwise submit jobs that read and write server-side files. A worker (role=worker) opens no port."""
+        if self.role != "worker" and self.api_token is None and not is_loopback(self.host):
+            raise ValueError(f"host {self.host!r} is not a loopback address and HFPORT_API_TOKEN is not set: set a "
+                             "token (every route but GET /health then needs it as a Bearer token), or bind 127.0.0.1")
+        return self
+
     @property
     def roots(self) -> list[Path]:
         """Every folder server-side paths may resolve into (the data dir first)."""
@@ -101,6 +111,16 @@ class Settings(BaseSettings):
     @property
     def runs_dir(self) -> Path:
         return self.data_dir / "runs"
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost; a name or a wildcard (0.0.0.0, ::) is not."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def get_settings(request: Request) -> Settings:

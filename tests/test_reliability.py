@@ -520,10 +520,34 @@ def test_binds_loopback_unless_told(monkeypatch, tmp_path):
     assert Settings(data_dir=tmp_path).host == "127.0.0.1"
     assert Settings.model_fields["host"].default == "127.0.0.1"
     monkeypatch.setenv("HFPORT_HOST", "0.0.0.0")
-    assert Settings(data_dir=tmp_path).host == "0.0.0.0"  # only when told
+    with pytest.raises(ValueError, match="not a loopback address and HFPORT_API_TOKEN is not set"):
+        Settings(data_dir=tmp_path)  # an open bind needs a token
+    monkeypatch.setenv("HFPORT_API_TOKEN", "s3cret")
+    assert Settings(data_dir=tmp_path).host == "0.0.0.0"  # only when told, and with a token
+    monkeypatch.delenv("HFPORT_API_TOKEN")
+    assert Settings(data_dir=tmp_path, role="worker").host == "0.0.0.0"  # a worker opens no port
+    for host in ("127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost"):
+        assert Settings(data_dir=tmp_path, host=host).host == host
+    for host in ("0.0.0.0", "::", "10.1.2.3", "example.org"):
+        with pytest.raises(ValueError, match="HFPORT_API_TOKEN"):
+            Settings(data_dir=tmp_path, host=host)
     from typer.testing import CliRunner
 
     from hfport.cli import app
 
     help_text = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"}).output
     assert "default 127.0.0.1" in " ".join(help_text.split()), help_text
+
+
+def test_docker_entrypoint_generates_a_token_once(tmp_path):
+    import stat
+
+    from server.entrypoint import TOKEN_FILE, ensure_token
+
+    assert ensure_token(tmp_path, {"HFPORT_API_TOKEN": "mine"}) == ("mine", False)  # the user's wins
+    assert not (tmp_path / TOKEN_FILE).exists()
+    token, new = ensure_token(tmp_path / "data", {})
+    assert new and len(token) >= 40
+    path = tmp_path / "data" / TOKEN_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # readable by its owner only
+    assert ensure_token(tmp_path / "data", {}) == (token, False)  # a restart keeps it, and does not print it again

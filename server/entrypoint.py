@@ -1,0 +1,45 @@
+"""The Docker image's entry point: `hfport serve` with an API token guaranteed.
+
+The image listens on 0.0.0.0 (inside a container that is the only way a published port reaches it), and the server
+refuses a non-loopback bind without HFPORT_API_TOKEN. When the user gives none, one is generated on the first start,
+kept in the data volume (api_token, readable by its owner only, so a restart keeps the same token) and printed once,
+on the start that made it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+TOKEN_FILE = "api_token"
+
+
+def ensure_token(data_dir: Path, env: dict[str, str]) -> tuple[str, bool]:
+    """(the token to serve with, whether it was generated now)."""
+    if env.get("HFPORT_API_TOKEN"):
+        return env["HFPORT_API_TOKEN"], False
+    path = data_dir / TOKEN_FILE
+    if path.is_file():
+        return path.read_text().strip(), False
+    data_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, never overwritten
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token, True
+
+
+def main() -> None:
+    data_dir = Path(os.environ.get("HFPORT_DATA_DIR", "/data"))
+    token, new = ensure_token(data_dir, dict(os.environ))
+    if new:
+        print(f"hfport: no HFPORT_API_TOKEN was set; generated one (kept in {data_dir / TOKEN_FILE}):\n"
+              f"  {token}\nSend it as 'Authorization: Bearer <token>'. Set HFPORT_API_TOKEN to choose your own.",
+              file=sys.stderr, flush=True)
+    os.environ["HFPORT_API_TOKEN"] = token
+    os.execvp("hfport", ["hfport", "serve", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()
