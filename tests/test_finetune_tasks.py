@@ -452,6 +452,13 @@ def test_collate_masks_per_seed_and_never_specials(model_dir, tmp_path, tokenize
         chosen = a["labels"][i, :len(ids)] != -100
         assert not torch.isin(ids[chosen], specials).any(), "special tokens are never masked"
     assert torch.equal(original, a["labels"])
+    # per example: the same example is masked the same way whichever batch (or process's share) it is in
+    halves = [task.collate(items[:4], data, seed=5), task.collate(items[4:], data, seed=5)]
+    for i, x in enumerate(items):
+        half, j = (halves[0], i) if i < 4 else (halves[1], i - 4)
+        n = len(x.input_ids)
+        assert torch.equal(half["labels"][j, :n], a["labels"][i, :n]) and torch.equal(half["input_ids"][j, :n],
+                                                                                     a["input_ids"][i, :n])
 
 
 def test_mlm_data_errors(model_dir, tmp_path, tokenizer):

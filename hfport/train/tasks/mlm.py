@@ -1,12 +1,15 @@
 """Masked language modelling: raw text, masked afresh in every batch (BERT's 15% with 80/10/10).
 
-The masking draws from a torch.Generator seeded with the batch's seed, which the loop derives from (run seed,
-step, micro-batch, rank): the same batch is masked the same way after a resume, and evaluation, whose batch
-seeds are fixed, sees the same masks at every eval, so its perplexities are comparable across the run.
+Each example is masked by a torch.Generator of its own, seeded from the batch's seed and the example's identity
+(its file line): an example gets the same mask whichever batch, micro-batch or process it lands in, so a run on
+two processes masks exactly as one process with the whole batch does. The loop's seed is the same for a batch after
+a resume, and evaluation's seeds are fixed, so it sees the same masks at every eval and its perplexities compare
+across the run.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,12 @@ def mask_tokens(input_ids: torch.Tensor, maskable: torch.Tensor, generator: torc
     return corrupted, labels
 
 
+def example_generator(seed: int, example: Features) -> torch.Generator:
+    """A generator for one example, from the batch's seed and the example's file and line (its identity)."""
+    digest = hashlib.blake2b(f"{seed}\0{example.source[0]}\0{example.source[1]}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") % 2**63)
+
+
 class MaskedLM(TrainTask):
     name = "fill-mask"
     compute_metrics = staticmethod(metrics.compute)
@@ -93,13 +102,13 @@ class MaskedLM(TrainTask):
 
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
         batch = pad_ids(items, data.pad_token_id)
-        special = torch.ones_like(batch["input_ids"], dtype=torch.bool)  # (B, T): padding counts as special
-        for i, x in enumerate(items):
-            special[i, :len(x.input_ids)] = torch.tensor(x.meta["special"], dtype=torch.bool)
-        generator = torch.Generator().manual_seed(seed % 2**63)
-        batch["input_ids"], batch["labels"] = mask_tokens(batch["input_ids"], ~special, generator,
-                                                          data.extra["mask_token_id"], data.extra["vocab_size"],
-                                                          data.extra["probability"])
+        batch["labels"] = torch.full_like(batch["input_ids"], IGNORE)  # (B, T): padding is never a target
+        for i, x in enumerate(items):  # one generator per example: its mask does not depend on its batch-mates
+            ids = batch["input_ids"][i:i + 1, :len(x.input_ids)]  # (1, T_i)
+            maskable = ~torch.tensor(x.meta["special"], dtype=torch.bool)[None]  # (1, T_i)
+            corrupted, labels = mask_tokens(ids, maskable, example_generator(seed, x), data.extra["mask_token_id"],
+                                            data.extra["vocab_size"], data.extra["probability"])
+            batch["input_ids"][i, :len(x.input_ids)], batch["labels"][i, :len(x.input_ids)] = corrupted[0], labels[0]
         return batch
 
     def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
