@@ -141,7 +141,7 @@ def test_http_predict_gives_each_request_its_own_indices(tmp_path):
     pipe = FakePipe()
     with TestClient(app) as client:
         app.state.store.register_model("fake", str(tmp_path), "text-classification")
-        app.state.model_service._load = lambda key: pipe
+        app.state.model_service.cache.get = lambda record: pipe
         bodies = {"a": ["good-a", "bad"], "b": ["bad", "good-b"]}
         answers: dict[str, object] = {}
 

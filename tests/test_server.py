@@ -464,15 +464,15 @@ def test_predict_timeout_is_a_json_504(tmp_path, root):
 def test_model_cache_is_bounded_by_count_and_memory(tmp_path, root):
     import asyncio
 
-    from server.serving import ModelService, weight_bytes
+    from server.serving import ModelRecord, ModelService, weight_bytes
     from server.settings import Settings
 
     async def load_all(service: ModelService) -> list[str]:
         for folder, task in (("sequence-classification", "text-classification"),
                              ("token-classification", "token-classification"), ("base", "feature-extraction")):
-            out = await service.predict(folder, str(root / "models" / folder), task, ["some text"], {})
+            out = await service.predict(ModelRecord(folder, str(root / "models" / folder), task), ["some text"], {})
             assert "error" not in out[0], out
-        return [key[0] for key in service._pipes]
+        return [record.name for record in service.cache.records()]
 
     def run(**limits: int) -> list[str]:
         service = ModelService(Settings(data_dir=tmp_path / "d", **limits))
