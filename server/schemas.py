@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from hfport import ExportOptions, FinetuneConfig, tasks
 
@@ -89,27 +89,27 @@ class PredictResponse(BaseModel):
                                      "{'error','error_type','index'} entries); a single input gets its result")
 
 
-# The fine-tune body's `config` is FinetuneConfig itself, subclassed: every field with its type, default,
-# description and validators (a new field appears here untouched), unknown fields refused. Only what the service
-# means differently is restated: paths inside the allowed dirs, the job's own run folder, and the two options the
-# server sets itself.
-FinetuneJobConfig = create_model(
-    "FinetuneJobConfig", __base__=FinetuneConfig,
-    __doc__="hfport.FinetuneConfig (as `hfport finetune --config`), with paths inside the allowed dirs.",
-    model=(str, Field(description="a registered model name, or a model folder inside the allowed dirs")),
-    train=(str, Field(description="training data file (CSV or JSONL) inside the allowed dirs (relative: from the "
-                                  "data dir); the upload route takes it from the uploaded file")),
-    eval=(str | None, Field(None, description="evaluation data file inside the allowed dirs; else a seeded "
-                                              "eval_fraction of train")),
-    output_dir=(str | None, Field(None, description="the run folder: default <data_dir>/runs/<job id>/run; else "
-                                                    "a new or empty folder inside the allowed dirs")),
-    resume=(None, Field(None, description="set by the server: a restarted job resumes on its own")),
-    overwrite=(Literal[False], Field(False, description="set by the server: a job writes a fresh folder")))
+class FinetuneJobConfig(FinetuneConfig):
+    """hfport.FinetuneConfig (as `hfport finetune --config`), with paths inside the allowed dirs.
+
+    A subclass, so every field comes with its type, default, description and validators (a new field appears here
+    untouched) and unknown fields are refused; restated is only what the service means differently: paths inside
+    the allowed dirs, the job's own run folder, and the two options the server sets itself."""
+
+    model: str = Field(description="a registered model name, or a model folder inside the allowed dirs")
+    train: str = Field(description="training data file (CSV or JSONL) inside the allowed dirs (relative: from the "
+                                   "data dir); the upload route takes it from the uploaded file")
+    eval: str | None = Field(None, description="evaluation data file inside the allowed dirs; else a seeded "
+                                               "eval_fraction of train")
+    output_dir: str | None = Field(None, description="the run folder: default <data_dir>/runs/<job id>/run; else a "
+                                                     "new or empty folder inside the allowed dirs")
+    resume: None = Field(None, description="set by the server: a restarted job resumes on its own")
+    overwrite: Literal[False] = Field(False, description="set by the server: a job writes a fresh folder")
 
 
 class FinetuneJobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    config: FinetuneJobConfig = Field(  # type: ignore[valid-type]
+    config: FinetuneJobConfig = Field(
         description=f"the fine-tune's options (task as {tasks.names_help(trainable_only=True)})")
     register_as: str | None = Field(None, pattern=NAME_PATTERN,
                                     description="model name for the best checkpoint (default finetune-<job id>)")

@@ -98,8 +98,7 @@ class FinetuneRoute(ShapedErrorRoute):
         return error_response(422, validation_message(exc), "ValidationError")
 
 
-def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: Store,  # type: ignore[valid-type]
-                     settings: Settings) -> JobInfo:
+def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: Store, settings: Settings) -> JobInfo:
     """Paths confined (the model may be a registered name), the run folder the job's own, the config resolved as
     the CLI resolves it and its data read (preflight), then the job queued."""
     job_id = store.new_id()
