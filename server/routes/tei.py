@@ -21,7 +21,7 @@ from hfport import token_listing
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, validation_message
-from ..serving import ModelService, check_inputs, served
+from ..serving import ModelService, Served, check_inputs, served
 from ..settings import SettingsDep
 from ..store import BaseStore
 from ..tei_api import (TEI_ANSWERS, TEI_ERRORS, DecodeRequest, EmbedAllRequest, EmbedRequest, Info, Rank,
@@ -169,16 +169,22 @@ async def root(request: Request, response: Response, store: StoreDep, service: M
         raise ApiError(422, "parameters: must be an object", "Validation")
     if model.kind in ("classifier", "reranker") and parameters is None:
         return await tei_predict(parse(TeiPredictRequest, body), request, response, store, service)
+    return await _inference_api(model, body, parameters or {}, response, service)
+
+
+async def _inference_api(model: Served, body: dict[str, Any], parameters: dict[str, Any], response: Response,
+                         service: ModelService) -> Any:
+    """The Inference API's {inputs, parameters}: the pipeline with transformers' option names, in its own shape."""
     unknown = sorted(set(body) - {"inputs", "parameters"})
     if unknown or "inputs" not in body:
         raise ApiError(422, f"body: expected {{inputs, parameters}}; unknown fields {unknown}" if unknown
                        else "inputs: field required", "Validation")
     started = time.perf_counter()
-    params = dict(parameters or {})
+    params = dict(parameters)
     if model.kind in ("classifier", "reranker"):
         params.setdefault("top_k", None)  # the Inference API lists every label unless top_k says otherwise
-    items, single = ([body["inputs"]], True) if not isinstance(body["inputs"], list) else (list(body["inputs"]),
-                                                                                          False)
+    single = not isinstance(body["inputs"], list)
+    items = [body["inputs"]] if single else list(body["inputs"])
     results, timing = await tei_infer(model, service, items, params)
     set_timing(response, started, timing, model)
     if model.kind in ("classifier", "reranker"):
