@@ -1,6 +1,7 @@
 """create_app(settings): the FastAPI app. It opens the store (SQLite, or PostgreSQL by HFPORT_DATABASE_URL); the
-lifespan starts the job worker when the role is `all`; routers are mounted here, every one but /health and the dashboard page behind the bearer token when one is set (the dashboard
-is a static page without data: its requests carry the token the user types in)."""
+lifespan starts the job worker when the role is `all`; routers are mounted here, every one but /health and the
+dashboard page behind the bearer token when one is set (the dashboard is a static page without data: its requests
+carry the token the user types in). One model service (server/serving) runs every protocol's inference."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fastapi.responses import HTMLResponse
 import hfport
 
 from . import errors, metrics, preload
-from .routes import dashboard, health, jobs, models, openai, tei
+from .routes import dashboard, health, jobs, models, openai, predict, tei
 from .security import Authorized, BodyLimit
 from .serving import ModelService
 from .settings import Settings
@@ -79,8 +80,8 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
     app.add_middleware(BodyLimit, settings=settings, upload_paths=(jobs.UPLOAD_PATH,))
     app.include_router(health.router)
     app.include_router(dashboard.router)
-    # /predict takes hfport's native body and TEI's (routes/tei.py tells them apart); TEI's and OpenAI's routes
-    for router in (models.router, tei.predict_router, jobs.router, tei.router, openai.router, metrics.router):
+    # /predict takes hfport's native body and TEI's (routes/predict.py tells them apart); TEI's and OpenAI's routes
+    for router in (models.router, predict.router, jobs.router, tei.router, openai.router, metrics.router):
         app.include_router(router, dependencies=[Authorized])
     return app
 

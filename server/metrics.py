@@ -55,8 +55,8 @@ class Metrics:
                 yield models
                 memory = GaugeMetricFamily("hfport_model_memory_bytes", "weight memory of a loaded pipeline",
                                            labels=["model", "task"])
-                for (name, _path, task), nbytes in service.memory().items():
-                    memory.add_metric([name, task], nbytes)
+                for record, nbytes in service.memory().items():
+                    memory.add_metric([record.name, record.task], nbytes)
                 yield memory
                 jobs = GaugeMetricFamily("hfport_jobs", "jobs by status", labels=["status"])
                 for status, n in app.state.store.count_by_status().items():

@@ -13,13 +13,10 @@ from pathlib import Path
 from .errors import ApiError
 from .jobrun import model_task
 from .schemas import NAME_PATTERN
+from .serving import PROTOCOL_TASK, ModelRecord, ModelService
 from .store import BaseStore as Store
 
 log = logging.getLogger("hfport.server")
-
-# what a registered model's task is served as by the TEI/OpenAI routes: a bare encoder embeds sentences
-SERVED_TASK = {"feature-extraction": "sentence-embedding"}
-
 
 @dataclass
 class Startup:
@@ -67,8 +64,9 @@ def register(specs: list[str], store: Store) -> Startup:
     return startup
 
 
-def load_in_background(startup: Startup, store: Store, service: object) -> threading.Thread | None:
-    """Load and warm up every start-up model, the default first; `ready` is set once the default is loaded."""
+def load_in_background(startup: Startup, store: Store, service: ModelService) -> threading.Thread | None:
+    """Load and warm up every start-up model, the default first, as the TEI and OpenAI routes serve it (a bare
+    encoder as sentence embeddings); `ready` is set once the default is loaded."""
     if not startup.names:
         return None
 
@@ -76,7 +74,7 @@ def load_in_background(startup: Startup, store: Store, service: object) -> threa
         for name in startup.names:
             entry = store.get_model(name)
             try:
-                service._load((name, entry["path"], SERVED_TASK.get(entry["task"], entry["task"])))
+                service.load(ModelRecord.of(entry, PROTOCOL_TASK.get(entry["task"], entry["task"])))
                 log.info("model %s ready (%s)", name, entry["path"])
             except Exception as e:  # noqa: BLE001 - reported on /health, logged with its traceback
                 log.exception("loading start-up model %s failed", name)

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from hfport import ExportOptions, tasks
+from hfport import ExportOptions, FinetuneConfig, tasks
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 # transformers' pipeline tags; an alias (sentiment-analysis, ner, hfport's old sequence-classification...) is
@@ -89,13 +89,28 @@ class PredictResponse(BaseModel):
                                      "{'error','error_type','index'} entries); a single input gets its result")
 
 
+class FinetuneJobConfig(FinetuneConfig):
+    """hfport.FinetuneConfig (as `hfport finetune --config`), with paths inside the allowed dirs.
+
+    A subclass, so every field comes with its type, default, description and validators (a new field appears here
+    untouched) and unknown fields are refused; restated is only what the service means differently: paths inside
+    the allowed dirs, the job's own run folder, and the two options the server sets itself."""
+
+    model: str = Field(description="a registered model name, or a model folder inside the allowed dirs")
+    train: str = Field(description="training data file (CSV or JSONL) inside the allowed dirs (relative: from the "
+                                   "data dir); the upload route takes it from the uploaded file")
+    eval: str | None = Field(None, description="evaluation data file inside the allowed dirs; else a seeded "
+                                               "eval_fraction of train")
+    output_dir: str | None = Field(None, description="the run folder: default <data_dir>/runs/<job id>/run; else a "
+                                                     "new or empty folder inside the allowed dirs")
+    resume: None = Field(None, description="set by the server: a restarted job resumes on its own")
+    overwrite: Literal[False] = Field(False, description="set by the server: a job writes a fresh folder")
+
+
 class FinetuneJobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    config: dict[str, Any] = Field(description="hfport.FinetuneConfig fields (as `hfport finetune --config`; task "
-                                               f"as {tasks.names_help(trainable_only=True)}); "
-                                               "model is a registered name or a folder, train/eval are files, "
-                                               "all inside the allowed dirs; output_dir defaults to "
-                                               "<data_dir>/runs/<job id>/run")
+    config: FinetuneJobConfig = Field(
+        description=f"the fine-tune's options (task as {tasks.names_help(trainable_only=True)})")
     register_as: str | None = Field(None, pattern=NAME_PATTERN,
                                     description="model name for the best checkpoint (default finetune-<job id>)")
 

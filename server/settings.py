@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     predict_dtype: str = Field("auto", description="dtype models are served in: auto (the checkpoint's, but bf16 "
                                "for an fp32 checkpoint on a CPU with native bf16), float32, bfloat16 or float16")
     model_cache_size: int = Field(4, ge=1, description="loaded pipelines kept in memory (least recently used go)")
-    model_cache_mb: float = Field(4096, gt=0, description="weight memory of the kept pipelines (the newest always stays)")
+    model_cache_mb: float = Field(4096, gt=0,
+                                  description="weight memory of the kept pipelines (the newest always stays)")
     job_heartbeat_s: float = Field(2.0, gt=0, description="how often a job process proves it is alive")
     job_lease_s: float = Field(30.0, gt=0, description="a running job (or a worker) silent this long is presumed "
                                                        "dead, by the database's clock (HFPORT_LEASE_S)",

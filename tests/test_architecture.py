@@ -141,7 +141,7 @@ def test_http_predict_gives_each_request_its_own_indices(tmp_path):
     pipe = FakePipe()
     with TestClient(app) as client:
         app.state.store.register_model("fake", str(tmp_path), "text-classification")
-        app.state.model_service._load = lambda key: pipe
+        app.state.model_service.cache.get = lambda record: pipe
         bodies = {"a": ["good-a", "bad"], "b": ["bad", "good-b"]}
         answers: dict[str, object] = {}
 
@@ -210,4 +210,32 @@ def test_the_server_uses_only_hfports_public_api():
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
                 if node.attr not in public["hfport"]:
                     problems.append(f"{path.relative_to(REPO)}:{node.lineno}: hfport.{node.attr} is not public")
+    assert not problems, "\n".join(problems)
+
+
+def test_routes_import_no_route_and_the_server_shares_no_private_names():
+    """One serving core (server/serving): a route imports it (and the protocol modules), never another route; no
+    server module reaches for another's private name (`from x import _y`, `module._y`)."""
+    problems = []
+    for path in sorted((REPO / "server").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        where = path.relative_to(REPO)
+        modules = set()  # local names bound to server modules
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or (node.level == 0 and not (node.module or "").startswith(
+                    "server")):
+                continue
+            module = node.module or ""
+            route_import = (path.parent.name == "routes" and node.level == 1) or (
+                module == "routes" or module.startswith("routes.") or module.startswith("server.routes"))
+            if route_import and path.parent.name == "routes":
+                problems.append(f"{where}:{node.lineno}: a route imports a route ({'.' * node.level}{module})")
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    problems.append(f"{where}:{node.lineno}: imports the private name {a.name}")
+                modules.add(a.asname or a.name)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                problems.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr} is another module's private name")
     assert not problems, "\n".join(problems)

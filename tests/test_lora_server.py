@@ -80,17 +80,15 @@ def test_adapter_registers_over_a_registered_base(client, root):  # noqa: F811
 
 
 def test_adapters_over_one_base_share_its_tensors(root, tmp_path):  # noqa: F811
-    from server.serving import ModelService, total_weight_bytes, weight_bytes
+    from server.serving import ModelRecord, ModelService, total_weight_bytes, weight_bytes
     from server.settings import Settings
 
     base = root / "models" / "ft-base"
     one, two = _adapter(base, tmp_path / "one", seed=3), _adapter(base, tmp_path / "two", seed=4)
     service = ModelService(Settings(data_dir=tmp_path / "data", batch_autotune=False))
     try:
-        for name, folder in (("one", one), ("two", two)):
-            service._adapter_bases[(name, str(folder), "text-classification")] = str(base)
-        a = service._load(("one", str(one), "text-classification"))
-        b = service._load(("two", str(two), "text-classification"))
+        a = service.load(ModelRecord("one", str(one), "text-classification", base=str(base)))
+        b = service.load(ModelRecord("two", str(two), "text-classification", base=str(base)))
     finally:
         service.close()
     for name in ("embeddings.word.weight", "encoder.layers.0.attn.q.weight", "encoder.layers.1.ffn.up.weight"):
@@ -98,3 +96,55 @@ def test_adapters_over_one_base_share_its_tensors(root, tmp_path):  # noqa: F811
     # the cache's memory budget counts the shared base once
     assert total_weight_bytes([a, b]) < weight_bytes(a) + weight_bytes(b)
     assert total_weight_bytes([a, b]) < 1.1 * weight_bytes(a)
+
+
+def test_an_adapter_with_an_explicit_base_embeds_the_same_on_every_route(root, tmp_path):  # noqa: F811
+    """The base given at registration travels with the model (the cache's record), so TEI's /embed and OpenAI's
+    embeddings run the adapter over the same base as /predict, not over the one its adapter_config.json names."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+    from safetensors.torch import load_file, save_file
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    base = root / "models" / "ft-base"
+    decoy = tmp_path / "decoy-base"  # what adapter_config.json names: same shapes, other weights
+    shutil.copytree(base, decoy)
+    g = torch.Generator().manual_seed(5)
+    weights = {k: v + torch.randn(v.shape, generator=g) * 0.5 if v.is_floating_point() else v
+               for k, v in load_file(decoy / "model.safetensors").items()}
+    save_file(weights, decoy / "model.safetensors", metadata={"format": "pt"})
+    model = hfport.tasks.get("feature-extraction").model_class.from_pretrained(base)
+    lora.apply_lora(model, r=4, alpha=8, targets=["q", "v"], base=str(decoy))
+    g = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    folder = root / "adapters" / "embed-explicit-base"
+    lora.save_adapter(model, folder)
+
+    def fresh(data: str) -> TestClient:  # a fresh service: nothing loaded yet
+        return TestClient(create_app(Settings(data_dir=tmp_path / data, allowed_dirs=[root, tmp_path],
+                                              batch_autotune=False), run_worker=False))
+
+    def register(c: TestClient) -> None:
+        r = c.post("/models", json={"name": "emb-lora", "path": str(folder), "base": str(base)})
+        assert r.status_code == 201 and r.json()["base"] == str(base), r.text
+
+    with fresh("one") as c:
+        register(c)
+        native = c.post("/predict", json={"model": "emb-lora", "inputs": TEXTS, "task": "sentence-embedding",
+                                          "parameters": {"normalize": True}})
+        assert native.status_code == 200, native.text
+    with fresh("two") as c:  # /embed first: no /predict has loaded the adapter before it
+        register(c)
+        embed = c.post("/embed", json={"inputs": TEXTS}, headers={"x-model": "emb-lora"})
+        assert embed.status_code == 200, embed.text
+        openai = c.post("/v1/embeddings", json={"input": TEXTS, "model": "emb-lora"})
+        assert openai.status_code == 200, openai.text
+    want = torch.tensor(native.json()["outputs"])
+    assert torch.tensor(embed.json()).allclose(want, atol=1e-5)
+    assert torch.tensor([d["embedding"] for d in openai.json()["data"]]).allclose(want, atol=1e-5)

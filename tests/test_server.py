@@ -307,7 +307,9 @@ def test_finetune_job_end_to_end_with_sse(client, server, registered, root):
 
 
 def test_finetune_job_input_errors(client, registered, root, tmp_path):
-    assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, bogus=1)}), 422, "InvalidConfig")
+    body = assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, bogus=1)}), 422,
+                        "InvalidConfig")
+    assert "'bogus'" in body["error"], body  # an unknown field is named
     assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, train="/etc/passwd")}), 403)
     assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, train="../x.jsonl")}), 400)
     assert_error(client.post("/jobs/finetune", json={"config": finetune_config(root, model="/etc")}), 403)
@@ -320,6 +322,73 @@ def test_finetune_job_input_errors(client, registered, root, tmp_path):
         root, train=str(root / "data" / "nolabel.jsonl"), eval=None, max_steps=2)}), 422, "DataError")
     assert "nolabel.jsonl, line 1, field 'label'" in body["error"], body
     assert len(client.get("/jobs").json()["jobs"]) == before
+
+
+def test_finetune_body_is_typed_from_finetune_config(root, tmp_path):
+    """POST /jobs/finetune's `config` is FinetuneConfig's fields in OpenAPI (type, default, description; derived, so
+    a new field shows untouched); an unknown field is 422 naming it; a typed body, and the dashboard's upload body,
+    queue a job as before."""
+    from fastapi.testclient import TestClient
+    from pydantic_core import PydanticUndefined
+
+    from hfport.train import FinetuneConfig
+    from server.app import create_app
+    from server.settings import Settings
+
+    app = create_app(Settings(data_dir=tmp_path / "d", allowed_dirs=[root]), run_worker=False)
+    with TestClient(app) as c:
+        schemas = c.get("/openapi.json").json()["components"]["schemas"]
+        request = schemas["FinetuneJobRequest"]["properties"]["config"]
+        assert request.get("$ref") == "#/components/schemas/FinetuneJobConfig" or any(
+            x.get("$ref") == "#/components/schemas/FinetuneJobConfig" for x in request.get("allOf", [])), request
+        config = schemas["FinetuneJobConfig"]
+        assert config["additionalProperties"] is False and set(config["required"]) == {"model", "train"}
+        assert set(config["properties"]) == set(FinetuneConfig.model_fields)
+        restated = {"model", "train", "eval", "output_dir", "resume", "overwrite"}  # the service's own meaning
+        for name, field in FinetuneConfig.model_fields.items():
+            shown = config["properties"][name]
+            assert shown.get("description"), name  # every field says what it is
+            if name not in restated:
+                assert shown["description"] == field.description, name
+                assert (name in config["required"]) == field.is_required(), name
+                if field.default not in (None, PydanticUndefined):  # OpenAPI leaves a null default implied
+                    assert shown["default"] == json.loads(json.dumps(field.default)), name
+        assert config["properties"]["lr"]["type"] == "number" and config["properties"]["lr"]["default"] == 5e-5
+        assert config["properties"]["lr"]["exclusiveMinimum"] == 0
+        assert config["properties"]["scheduler"]["enum"] == ["linear", "cosine", "constant", "one_cycle", "plateau"]
+        assert "$ref" in str(config["properties"]["lora"]) and "LoraSettings" in schemas
+
+        c.post("/models", json={"name": "ftbase", "path": str(root / "models" / "ft-base")})
+        bad = assert_error(c.post("/jobs/finetune", json={"config": finetune_config(root, bogus=1, lr=-1)}), 422,
+                           "InvalidConfig")
+        assert "unknown option(s) ['bogus']" in bad["error"] and "config.lr:" in bad["error"], bad
+        bad = assert_error(c.post("/jobs/finetune", json={"config": finetune_config(root, lora={"rank": 4})}), 422,
+                           "InvalidConfig")
+        assert "config.lora.rank" in bad["error"], bad
+        bad = assert_error(c.post("/jobs/finetune", json={"config": finetune_config(root), "bogus": 1}), 422,
+                           "ValidationError")
+        assert "bogus" in bad["error"], bad
+        # what FinetuneConfig's own validators take still goes: a task alias, `lora: true`, freeze as "a,b"
+        r = c.post("/jobs/finetune", json={"config": finetune_config(root, task="sentiment-analysis", lora=True,
+                                                                     freeze="embeddings.,pooler.", max_steps=2)})
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert job["status"] == "queued" and job["config"]["task"] == "text-classification"
+        assert job["config"]["lora"]["r"] == 8 and job["config"]["freeze"] == ["embeddings.", "pooler."]
+        assert job["config"]["output_dir"] == str(tmp_path / "d" / "runs" / job["id"] / "run")
+        assert job["config"]["model"] == str(root / "models" / "ft-base")
+        # the body the dashboard builds (server/static/index.html), through the upload route
+        dashboard = {"model": "ftbase", "task": "text-classification", "epochs": 3, "max_steps": 4,
+                     "batch_size": 16, "lr": 0.00003, "eval_steps": 2, "eval_strategy": "steps",
+                     "lora": {"r": 4, "alpha": 8}}
+        r = c.post("/jobs/finetune/upload", data={"config": json.dumps(dashboard)},
+                   files={"train": ("train.jsonl", (root / "data" / "train.jsonl").read_bytes())})
+        assert r.status_code == 202, r.text
+        assert r.json()["config"]["lora"]["alpha"] == 8
+        up = assert_error(c.post("/jobs/finetune/upload", data={"config": json.dumps({**dashboard, "lora_r": 4})},
+                                 files={"train": ("train.jsonl", b'{"text": "a", "label": "x"}\n')}), 422,
+                          "InvalidConfig")
+        assert "unknown option(s) ['lora_r']" in up["error"], up
 
 
 def test_upload_and_cancel(client, server, registered, root):
@@ -464,15 +533,15 @@ def test_predict_timeout_is_a_json_504(tmp_path, root):
 def test_model_cache_is_bounded_by_count_and_memory(tmp_path, root):
     import asyncio
 
-    from server.serving import ModelService, weight_bytes
+    from server.serving import ModelRecord, ModelService, weight_bytes
     from server.settings import Settings
 
     async def load_all(service: ModelService) -> list[str]:
         for folder, task in (("sequence-classification", "text-classification"),
                              ("token-classification", "token-classification"), ("base", "feature-extraction")):
-            out = await service.predict(folder, str(root / "models" / folder), task, ["some text"], {})
+            out = await service.predict(ModelRecord(folder, str(root / "models" / folder), task), ["some text"], {})
             assert "error" not in out[0], out
-        return [key[0] for key in service._pipes]
+        return [record.name for record in service.cache.records()]
 
     def run(**limits: int) -> list[str]:
         service = ModelService(Settings(data_dir=tmp_path / "d", **limits))

@@ -47,24 +47,28 @@ class FinetuneConfig(BaseModel):
         "aliases are stored as the canonical name"))
     train: str = Field(description="training data file (CSV or JSONL)")
     eval: str | None = Field(None, description="evaluation data file; else a seeded eval_fraction of train")
-    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
-    output_dir: str = "hfport-run"
-    overwrite: bool = False
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=(
+        "without eval: the seeded fraction of train held out for evaluation"))
+    output_dir: str = Field("hfport-run", description="where the run goes (checkpoints, best/, final/, metrics.jsonl)")
+    overwrite: bool = Field(False, description="replace a run already in output_dir")
     resume: str | None = Field(None, description="'latest' or a checkpoint folder")
     # data
-    text_column: str = "text"
-    text_pair_column: str | None = None
-    label_column: str = "label"
-    problem_type: Literal["single_label_classification", "multi_label_classification", "regression"] | None = None
-    max_length: int = Field(256, ge=8)
+    text_column: str = Field("text", description="the column of the text (a pair's first text)")
+    text_pair_column: str | None = Field(None, description="the column of a pair's second text; none: single texts")
+    label_column: str = Field("label", description=(
+        "the column of the label (a name, a number, or a list of names for multi-label)"))
+    problem_type: Literal["single_label_classification", "multi_label_classification", "regression"] | None = Field(
+        None, description="default: read off the labels (one name, a list of names, or numbers)")
+    max_length: int = Field(256, ge=8, description="tokens per example; longer ones are cut")
     # token classification
-    tokens_column: str = "tokens"
-    tags_column: str = "tags"
+    tokens_column: str = Field("tokens", description="token classification: the column of the words")
+    tags_column: str = Field("tags", description="token classification: the column of the words' tags")
     label_all_subtokens: bool = Field(False, description="label every sub-token of a word, not only the first")
     # question answering
-    question_column: str = "question"
-    context_column: str = "context"
-    answers_column: str = "answers"
+    question_column: str = Field("question", description="question answering: the column of the question")
+    context_column: str = Field("context", description="question answering: the column of the context")
+    answers_column: str = Field("answers", description=(
+        "question answering: the column of the answers (SQuAD's {text, answer_start})"))
     doc_stride: int = Field(128, ge=0, description="tokens shared by consecutive windows of a long context")
     max_answer_length: int = Field(30, ge=1, description="longest answer span (tokens) evaluation may pick")
     # sentence embeddings (sentence-embedding) and rerankers (text-ranking)
@@ -97,10 +101,10 @@ class FinetuneConfig(BaseModel):
     # masked LM
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="fraction of tokens chosen for masking")
     # schedule
-    epochs: float = Field(3.0, gt=0)
+    epochs: float = Field(3.0, gt=0, description="passes over the training data (a fraction is allowed)")
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
     batch_size: int = Field(16, ge=1, description="examples per optimizer step per process, before accumulation")
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1, description="batches whose gradients add up to one optimizer step")
     group_by_length: bool = Field(True, description=(
         "batch examples of similar length together (less padding, faster steps): the epoch is shuffled, cut into "
         f"groups of {MEGA_BUCKET_STEPS} steps' worth of examples, each sorted by length and cut into batches, and "
@@ -112,21 +116,26 @@ class FinetuneConfig(BaseModel):
         "batch_size still caps the examples. Batches of short examples get more of them, so the number of steps "
         "per epoch varies with the shuffle; a single longer example still forms its own batch"))
     # optimisation
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: float = Field(5e-5, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="AdamW or SGD")
+    lr: float = Field(5e-5, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.01, ge=0, description="decoupled weight decay (none on biases and LayerNorm weights)")
     momentum: float = Field(0.9, ge=0, description="SGD only")
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's betas")
+    adam_eps: float = Field(1e-8, description="AdamW's epsilon")
     layer_lr_decay: float = Field(1.0, gt=0, le=1.0, description="lr multiplier per layer going down the stack")
-    scheduler: Literal["linear", "cosine", "constant", "one_cycle", "plateau"] = "linear"
-    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    scheduler: Literal["linear", "cosine", "constant", "one_cycle", "plateau"] = Field("linear", description=(
+        "the learning-rate schedule after warmup"))
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description=(
+        "the fraction of the steps over which the learning rate warms up"))
     warmup_steps: int = Field(0, ge=0, description="overrides warmup_ratio when > 0")
-    plateau_factor: float = Field(0.5, gt=0, lt=1)
-    plateau_patience: int = Field(1, ge=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    label_smoothing: float = Field(0.0, ge=0, lt=1)
-    class_weights: list[float] | Literal["balanced"] | None = None
+    plateau_factor: float = Field(0.5, gt=0, lt=1, description=(
+        "plateau scheduler: the lr is multiplied by this when the metric stalls"))
+    plateau_patience: int = Field(1, ge=0, description=(
+        "plateau scheduler: evaluations without improvement before the lr is cut"))
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the gradient norm to this; null: no clipping")
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="label smoothing of the classification loss")
+    class_weights: list[float] | Literal["balanced"] | None = Field(None, description=(
+        "classification loss weights: one per label, or 'balanced' (n_examples / (n_classes * count))"))
     freeze: list[str] = Field(default_factory=list, description="parameter-name prefixes to freeze")
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter instead of every weight ({} or true "
                                       "for the defaults)")
@@ -143,25 +152,31 @@ class FinetuneConfig(BaseModel):
         "AdamW's fused kernel: auto uses it when every trained parameter is on the CPU or on CUDA (the same "
         "update to float rounding, several times faster); on insists (an error elsewhere); off never"))
     # evaluation, checkpoints, logging
-    eval_strategy: Literal["epoch", "steps", "no"] = "epoch"
-    eval_steps: int | None = Field(None, ge=1)
+    eval_strategy: Literal["epoch", "steps", "no"] = Field("epoch", description=(
+        "when to evaluate: every epoch, every eval_steps, or never"))
+    eval_steps: int | None = Field(None, ge=1, description=(
+        "evaluate every this many optimizer steps (eval_strategy 'steps')"))
     metric: str | None = Field(None, description="metric that picks the best model; default by task and "
                                "problem type (the task's record: e.g. accuracy, f1_micro for multi-label, mse for "
                                "regression, f1 for tokens and QA, perplexity for fill-mask)")
-    metric_mode: Literal["max", "min"] | None = None
-    early_stopping_patience: int | None = Field(None, ge=1)
-    early_stopping_threshold: float = Field(0.0, ge=0)
+    metric_mode: Literal["max", "min"] | None = Field(None, description=(
+        "whether a higher (max) or lower (min) metric is better; default by the metric"))
+    early_stopping_patience: int | None = Field(None, ge=1, description=(
+        "stop after this many evaluations without improvement of the metric"))
+    early_stopping_threshold: float = Field(0.0, ge=0, description=(
+        "the least change of the metric that counts as an improvement"))
     converged_window: int | None = Field(None, ge=2, description="stop once the last N evals of the metric "
                                          "span at most converged_tolerance")
-    converged_tolerance: float = Field(1e-4, ge=0)
+    converged_tolerance: float = Field(1e-4, ge=0, description="see converged_window")
     save_strategy: Literal["epoch", "steps", "no"] = Field("epoch", description=(
         "when to write a checkpoint (model, optimizer and RNG state, what exact resume needs): epoch (every epoch "
         "end, and every save_steps when given), steps (every save_steps only) or no (none: best/ and final/ are "
         "still written, but the run cannot be resumed)"))
-    save_steps: int | None = Field(None, ge=1)
-    save_total_limit: int = Field(2, ge=1)
-    logging_steps: int = Field(10, ge=1)
-    seed: int = 42
+    save_steps: int | None = Field(None, ge=1, description="write a checkpoint every this many optimizer steps")
+    save_total_limit: int = Field(2, ge=1, description="checkpoints kept on disk (the oldest go; the best one stays)")
+    logging_steps: int = Field(10, ge=1, description="log the training loss every this many optimizer steps")
+    seed: int = Field(42, description=(
+        "seed of the data order, the held-out split, dropout and new heads' initialisation"))
 
     @field_validator("task", mode="before")
     @classmethod

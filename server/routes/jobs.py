@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, Header, Query, Request, UploadFile, status
+from fastapi import APIRouter, File, Form, Header, Query, Request, Response, UploadFile, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
 
 from hfport import RunDir
 from hfport.errors import ConfigError, HfportError
@@ -20,8 +22,8 @@ from hfport.train import preflight, resolve_config
 from hfport.train import metrics_csv, read_metrics
 
 from ..deps import StoreDep
-from ..errors import ApiError
-from ..schemas import ERRORS, ExportJobRequest, FinetuneJobRequest, JobInfo, JobList, JobStatus
+from ..errors import ApiError, ShapedErrorRoute, error_response, validation_message
+from ..schemas import ERRORS, ExportJobRequest, FinetuneJobConfig, FinetuneJobRequest, JobInfo, JobList, JobStatus
 from ..security import confine
 from ..settings import Settings, SettingsDep
 from ..store import TERMINAL, BaseStore as Store
@@ -66,22 +68,48 @@ def check_data(config: Any) -> None:
         raise ApiError(400, f"config.train/eval: cannot be read ({e.strerror or e})", "InvalidData") from e
 
 
-def _submit_finetune(config: dict[str, Any], register_as: str | None, store: Store, settings: Settings) -> JobInfo:
-    config = dict(config)
-    for key in ("resume", "overwrite"):
-        if config.pop(key, None) not in (None, False):
-            raise ApiError(422, f"config.{key}: set by the server (a restarted job resumes on its own)",
-                           "ValidationError")
+def config_error(errors: list[Any], prefix: tuple[str, ...] = ()) -> ApiError:
+    """FinetuneJobConfig's refusals as one 422 InvalidConfig naming each field: unknown ones listed with the valid
+    options, as `hfport finetune` lists them. `prefix`: where the config sits in the errors' locations."""
+    unknown, problems = [], []
+    for err in errors:
+        loc = tuple(err.get("loc", ()))[len(prefix):]
+        if err.get("type") == "extra_forbidden" and len(loc) == 1:
+            unknown.append(str(loc[0]))
+        else:
+            problems.append(f"{'.'.join(['config', *map(str, loc)])}: {err.get('msg')}")
+    if unknown:
+        problems.insert(0, f"config: unknown option(s) {sorted(unknown)}; valid options: "
+                           f"{sorted(FinetuneJobConfig.model_fields)}")
+    return ApiError(422, "; ".join(problems) or "config: invalid", "InvalidConfig")
+
+
+class FinetuneRoute(ShapedErrorRoute):
+    """A `config` that FinetuneJobConfig refuses is 422 InvalidConfig naming the fields (as the upload route's and
+    the CLI's); any other malformed body is the app's 422 ValidationError."""
+
+    shaped = (RequestValidationError,)
+
+    def shape(self, exc: Exception) -> Response:
+        errors = exc.errors()
+        if errors and all(tuple(e.get("loc", ()))[:2] == ("body", "config") for e in errors):
+            error = config_error(errors, ("body", "config"))
+            return error_response(error.status, error.message, error.error_type)
+        return error_response(422, validation_message(exc), "ValidationError")
+
+
+def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: Store, settings: Settings) -> JobInfo:
+    """Paths confined (the model may be a registered name), the run folder the job's own, the config resolved as
+    the CLI resolves it and its data read (preflight), then the job queued."""
     job_id = store.new_id()
-    if not isinstance(config.get("model"), str) or not isinstance(config.get("train"), str):
-        raise ApiError(422, "config: \"model\" and \"train\" are required strings", "ValidationError")
-    config["model"] = _model_path(config["model"], store, settings)
-    config["train"] = str(confine(config["train"], settings, "config.train"))
-    if config.get("eval") is not None:
-        config["eval"] = str(confine(str(config["eval"]), settings, "config.eval"))
-    config["output_dir"] = _output_dir(config.get("output_dir"), settings, job_id, "run")
+    values = config.model_dump(exclude_unset=True, exclude={"resume", "overwrite"})  # the rest: FinetuneConfig's
+    values["model"] = _model_path(config.model, store, settings)
+    values["train"] = str(confine(config.train, settings, "config.train"))
+    if config.eval is not None:
+        values["eval"] = str(confine(config.eval, settings, "config.eval"))
+    values["output_dir"] = _output_dir(config.output_dir, settings, job_id, "run")
     try:
-        resolved, _ = resolve_config(config, {}, "config")
+        resolved, _ = resolve_config(values, {}, "config")
     except ConfigError as e:
         raise ApiError(422, str(e), "InvalidConfig") from e
     check_data(resolved)
@@ -93,10 +121,13 @@ def _submit_finetune(config: dict[str, Any], register_as: str | None, store: Sto
     return JobInfo(**store.create_job("finetune", stored, job_id))
 
 
-@router.post("/finetune", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
-             summary="Queue a fine-tune (data by path inside the allowed dirs)")
 def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep) -> JobInfo:
     return _submit_finetune(body.config, body.register_as, store, settings)
+
+
+router.add_api_route("/finetune", submit_finetune, methods=["POST"], response_model=JobInfo,
+                     status_code=status.HTTP_202_ACCEPTED, route_class_override=FinetuneRoute,
+                     summary="Queue a fine-tune (data by path inside the allowed dirs)")
 
 
 async def _save_upload(upload: UploadFile, settings: Settings, folder: Path) -> str:
@@ -122,7 +153,8 @@ async def _save_upload(upload: UploadFile, settings: Settings, folder: Path) -> 
              summary="Queue a fine-tune on uploaded data files (multipart)")
 async def submit_finetune_upload(
     store: StoreDep, settings: SettingsDep,
-    config: Annotated[str, Form(description="the fine-tune config as a JSON object; train/eval come from the files")],
+    config: Annotated[str, Form(description="the fine-tune config (FinetuneJobConfig) as a JSON object; train/eval "
+                                            "come from the files")],
     train: Annotated[UploadFile, File(description="training data (.jsonl or .csv)")],
     eval: Annotated[UploadFile | None, File(description="evaluation data")] = None,
     register_as: Annotated[str | None, Form(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")] = None,
@@ -139,7 +171,11 @@ async def submit_finetune_upload(
         values["train"] = await _save_upload(train, settings, folder)
         if eval is not None:
             values["eval"] = await _save_upload(eval, settings, folder)
-        return await asyncio.to_thread(_submit_finetune, values, register_as, store, settings)
+        try:
+            typed = FinetuneJobConfig.model_validate(values)
+        except ValidationError as e:
+            raise config_error(e.errors()) from e
+        return await asyncio.to_thread(_submit_finetune, typed, register_as, store, settings)
     except ApiError:
         import shutil
 

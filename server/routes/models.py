@@ -13,17 +13,10 @@ from ..errors import ApiError
 from ..jobrun import model_task
 from ..schemas import ERRORS, Deleted, ModelInfo, ModelList, ModelRegistration
 from ..security import confine
+from ..serving import lookup
 from ..settings import SettingsDep
 
 router = APIRouter(prefix="/models", tags=["models"], responses=ERRORS)
-
-
-def lookup(store, name: str) -> dict:
-    entry = store.get_model(name)
-    if entry is None:
-        known = [m["name"] for m in store.list_models()]
-        raise ApiError(404, f"no model named {name!r}; registered: {known}", "ModelNotFound")
-    return entry
 
 
 @router.get("", response_model=ModelList, summary="Registered models")

@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, ShapedErrorRoute, validation_message
-from .tei import infer, served, set_timing
+from ..serving import served
+from ..tei_api import set_timing, tei_infer
 
 # hfport's error types -> OpenAI's (type, code)
 OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_exceeded",
@@ -101,14 +102,12 @@ def _b64(vector: list[float]) -> str:
 async def embeddings(body: EmbeddingsRequest, request: Request, response: Response, store: StoreDep,
                      service: ModelServiceDep) -> EmbeddingsResponse:
     started = time.perf_counter()
-    settings = request.app.state.settings
     model = await served(request, store, service, body.model)
     model.need("embedding", route="/v1/embeddings")
     single = isinstance(body.input, str) or (bool(body.input) and isinstance(body.input[0], int))
     items: list[Any] = [body.input] if single else list(body.input)
-    results, timing = await infer(model, service, settings, items,
-                                  {"normalize": True, "dimensions": body.dimensions, "with_token_count": True},
-                                  field="input")
+    params = {"normalize": True, "dimensions": body.dimensions, "with_token_count": True}
+    results, timing = await tei_infer(model, service, items, params, field="input")  # TEI's words, OpenAI's codes
     tokens = sum(r["tokens"] for r in results)
     data = [Embedding(index=i, embedding=_b64(r["embedding"]) if body.encoding_format == "base64" else r["embedding"])
             for i, r in enumerate(results)]

@@ -1,71 +1,67 @@
-"""POST /predict: run a registered model's pipeline on inputs, with count/size limits and a deadline."""
+"""POST /predict, the one route for two bodies: hfport's native {model, inputs, parameters, task} (any registered
+model and task, answered {model, task, outputs}, a failed item rendered at its index) and TEI's {inputs, raw_scores,
+...} (the default or x-model classifier or reranker; server/tei_api.py). Both run through server/serving."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request, Response
+from pydantic import Discriminator, Tag
 
-from hfport.errors import HfportError, ItemError
+from hfport import ItemError
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError
-from ..schemas import ERRORS, PredictRequest, PredictResponse
-from ..settings import SettingsDep
-from .models import lookup
+from ..schemas import PredictRequest, PredictResponse
+from ..serving import Answer, Answers, ModelRecord, ModelService, infer, lookup
+from ..store import BaseStore
+from ..tei_api import TEI_ERRORS, Prediction, TeiPredictRequest, tei_predict
 
-router = APIRouter(tags=["predict"], responses=ERRORS)
+router = APIRouter(tags=["predict"], responses=TEI_ERRORS)  # hfport's error types for the native shape
+NATIVE_ANSWERS = Answers(
+    empty=Answer(422, "ValidationError", "{field}: empty list"),
+    too_many=Answer(413, "TooManyInputs", "{field}: {count} inputs, the limit is {limit} a request"),
+    too_long=Answer(413, "InputTooLong", "{field}[{index}]: {chars} characters, the limit is {limit}"),
+    overloaded=Answer(429, "TooManyRequests", "{pending} predict requests are waiting; retry shortly"),
+    timeout=Answer(504, "Timeout", "predict took longer than {seconds} s; send fewer or shorter inputs"),
+    backend=Answer(400, "{error_kind}", "model {model!r}: {error}"),
+    options=Answer(422, "InvalidParameters", "{error}"))  # unknown or bad pipeline options
 
 
-def _chars(item: Any) -> int:
-    if isinstance(item, str):
-        return len(item)
-    if isinstance(item, dict):
-        return sum(_chars(v) for v in item.values())
-    if isinstance(item, list):
-        return sum(_chars(v) for v in item)
-    return 0
-
-
-@router.post("/predict", response_model=PredictResponse, summary="Run a model on one input or a list")
-async def predict(body: PredictRequest, store: StoreDep, service: ModelServiceDep,
-                  settings: SettingsDep) -> PredictResponse:
+async def native_predict(body: PredictRequest, store: BaseStore, service: ModelService) -> PredictResponse:
     entry = await asyncio.to_thread(lookup, store, body.model)
     task = body.task or entry["task"]
     if task is None:
         raise ApiError(422, f"model {body.model!r} has no default task; give \"task\"", "ValidationError")
     single = not isinstance(body.inputs, list)
     items = [body.inputs] if single else list(body.inputs)
-    if not items:
-        raise ApiError(422, "inputs: empty list", "ValidationError")
-    if len(items) > settings.predict_max_inputs:
-        raise ApiError(413, f"inputs: {len(items)} inputs, the limit is {settings.predict_max_inputs} a request",
-                       "TooManyInputs")
-    for i, item in enumerate(items):
-        if _chars(item) > settings.predict_max_chars:
-            raise ApiError(413, f"inputs[{i}]: {_chars(item)} characters, the limit is {settings.predict_max_chars}",
-                           "InputTooLong")
-    if service.pending >= settings.predict_max_pending:
-        raise ApiError(429, f"{service.pending} predict requests are waiting; retry shortly", "TooManyRequests",
-                       headers={"Retry-After": "1"})
-    service.pending += 1
-    try:
-        results = await asyncio.wait_for(service.predict(entry["name"], entry["path"], task, items, body.parameters,
-                                                         base=entry.get("base")),
-                                         settings.predict_timeout_s)
-    except (asyncio.TimeoutError, TimeoutError) as e:
-        raise ApiError(504, f"predict took longer than {settings.predict_timeout_s} s; send fewer or shorter "
-                            "inputs", "Timeout") from e
-    except HfportError as e:
-        raise ApiError(400, f"model {body.model!r}: {e}", type(e).__name__) from e
-    except (ValueError, TypeError) as e:  # unknown or bad pipeline options
-        raise ApiError(422, str(e), "InvalidParameters") from e
-    finally:
-        service.pending -= 1
+    results, _ = await infer(service, ModelRecord.of(entry, task), items, body.parameters, NATIVE_ANSWERS)
     outputs = ItemError.render(results)  # a failed item: {"error": "input i: ...", "error_type", "index": i}
     if single:
         if isinstance(results[0], ItemError):
             raise ApiError(422, outputs[0]["error"], results[0].error_type)
         return PredictResponse(model=body.model, task=task, outputs=outputs[0])
     return PredictResponse(model=body.model, task=task, outputs=outputs)
+
+
+def _predict_shape(body: Any) -> str:
+    """hfport's native body names its model (and may carry task/parameters); TEI's never does."""
+    return "native" if isinstance(body, dict) and {"model", "task", "parameters"} & set(body) else "tei"
+
+
+PredictBody = Annotated[Annotated[PredictRequest, Tag("native")] | Annotated[TeiPredictRequest, Tag("tei")],
+                        Discriminator(_predict_shape)]
+
+
+@router.post("/predict", response_model=PredictResponse | list[Prediction] | list[list[Prediction]],
+             summary="Run a model: hfport's {model, inputs, parameters, task} or TEI's {inputs, raw_scores}")
+async def predict(body: PredictBody, request: Request, response: Response, store: StoreDep,
+                  service: ModelServiceDep) -> Any:
+    """One path, two shapes, told apart by the body: a `model`, `task` or `parameters` field means hfport's native
+    request (answered {model, task, outputs}); otherwise it is TEI's, for the default model (or `x-model`)."""
+    if isinstance(body, PredictRequest):
+        request.state.model_name = body.model
+        return await native_predict(body, store, service)
+    return await tei_predict(body, request, response, store, service)

@@ -1,0 +1,15 @@
+"""The serving core every protocol (native /predict, TEI, OpenAI) runs through: admission (input limits, the
+pending bound, the deadline), batching (the micro-batcher), the model cache keyed by a typed record (a LoRA
+adapter's base inside it) and `infer`. Routes parse their protocol's body, call `infer` with their protocol's
+Answers (how it words a refusal) and shape the results."""
+
+from .admission import Answer, Answers, characters, check_inputs
+from .batching import Batcher, Timing
+from .cache import ModelCache, total_weight_bytes, weight_bytes
+from .records import PROTOCOL_TASK, ModelRecord, lookup
+from .served import Served, served
+from .service import ModelService, infer
+
+__all__ = ["Answer", "Answers", "Batcher", "ModelCache", "ModelRecord", "ModelService", "PROTOCOL_TASK", "Served",
+           "Timing", "characters", "check_inputs", "infer", "lookup", "served", "total_weight_bytes",
+           "weight_bytes"]

@@ -1,0 +1,67 @@
+"""Admission: what a request must pass before it reaches a model (input count, input size, a bound on waiting
+requests), and how each protocol words a refusal. The checks are one; the words are each protocol's own: a table of
+Answers that the native, TEI and OpenAI routes pass to infer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ApiError
+from ..settings import Settings
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One refusal as a protocol answers it. `error_type` and `message` are str.format templates over the facts
+    the core passes: field, index, count, chars, limit, pending, seconds, model, error, error_kind."""
+
+    status: int
+    error_type: str
+    message: str
+
+    def error(self, headers: dict[str, str] | None = None, **facts: Any) -> ApiError:
+        return ApiError(self.status, self.message.format(**facts), self.error_type.format(**facts), headers)
+
+
+@dataclass(frozen=True)
+class Answers:
+    """A protocol's answers to every way the serving core refuses a request or a model fails it."""
+
+    empty: Answer  # no inputs
+    too_many: Answer  # more than predict_max_inputs inputs
+    too_long: Answer  # an input over predict_max_chars characters (all its text fields)
+    overloaded: Answer  # predict_max_pending requests already waiting (sent with Retry-After)
+    timeout: Answer  # no answer within predict_timeout_s
+    backend: Answer  # the model failed (an HfportError)
+    options: Answer  # the pipeline refused an option (a ValueError or TypeError: dimensions, prompt_name, ...)
+    blank: Answer | None = None  # a whitespace-only text; None: the pipeline gets it
+    # a failed item (ItemError) fails the whole request, by its error_type -> (status, error_type); None: failed
+    # items come back in place for the protocol to render
+    failed_item: dict[str, tuple[int, str]] | None = None
+    failed_item_default: tuple[int, str] = (422, "Validation")
+
+
+def characters(item: Any) -> int:
+    """The characters of an input's text fields (a text, a {text, text_pair} object, a list of them)."""
+    if isinstance(item, str):
+        return len(item)
+    if isinstance(item, dict):
+        return sum(characters(v) for v in item.values())
+    if isinstance(item, list):
+        return sum(characters(v) for v in item)
+    return 0
+
+
+def check_inputs(items: list[Any], settings: Settings, answers: Answers, field: str = "inputs") -> None:
+    """Refuse an empty request, too many inputs, or an input too long (or blank, where the protocol refuses it)."""
+    if not items:
+        raise answers.empty.error(field=field)
+    if len(items) > settings.predict_max_inputs:
+        raise answers.too_many.error(field=field, count=len(items), limit=settings.predict_max_inputs)
+    for i, item in enumerate(items):
+        chars = characters(item)
+        if chars > settings.predict_max_chars:
+            raise answers.too_long.error(field=field, index=i, chars=chars, limit=settings.predict_max_chars)
+        if answers.blank is not None and isinstance(item, str) and not item.strip():
+            raise answers.blank.error(field=field, index=i)

@@ -1,0 +1,94 @@
+"""The model service every protocol runs through: the model cache, a micro-batcher per (model, options), the
+thread pool that runs forward passes, and `infer` (admission, the pending count, the deadline, the model's errors
+worded by the calling protocol)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from hfport import ItemError
+from hfport.errors import HfportError
+
+from ..errors import ApiError
+from ..settings import Settings
+from .admission import Answers, check_inputs
+from .batching import Batcher, Timing
+from .cache import ModelCache
+from .records import ModelRecord
+
+
+class ModelService:
+    def __init__(self, settings: Settings, metrics: Any = None):
+        self.settings = settings
+        self.metrics = metrics  # server.metrics.Metrics, or None
+        self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict")
+        self.cache = ModelCache(settings, metrics)
+        self._batchers: dict[tuple[ModelRecord, str], Batcher] = {}
+        self.pending = 0  # requests admitted and not answered yet (waiting for a model or in a call)
+
+    @property
+    def loaded(self) -> int:
+        return len(self.cache)
+
+    def load(self, record: ModelRecord) -> Any:
+        """The loaded, warmed-up pipeline of `record` (blocking: start-up preloading, tests)."""
+        return self.cache.get(record)
+
+    async def get(self, record: ModelRecord) -> Any:
+        """The loaded pipeline, loading it in the pool if needed."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.cache.get, record)
+
+    def memory(self) -> dict[ModelRecord, int]:
+        return self.cache.memory()
+
+    def evict(self, name: str) -> None:
+        self.cache.evict(name)
+
+    async def predict(self, record: ModelRecord, items: list[Any], parameters: dict[str, Any]) -> list:
+        return (await self.predict_timed(record, items, parameters))[0]
+
+    async def predict_timed(self, record: ModelRecord, items: list[Any],
+                            parameters: dict[str, Any]) -> tuple[list, Timing]:
+        """The items' results through the record's micro-batcher, and where the request's time went."""
+        pipe = await self.get(record)
+        key = (record, json.dumps(parameters, sort_keys=True, default=str))
+        batcher = self._batchers.get(key)
+        if batcher is None or batcher.pipe is not pipe:  # first use, or the pipeline was evicted and reloaded
+            batcher = self._batchers[key] = Batcher(pipe, parameters, self.pool, self.settings, record.name,
+                                                    self.metrics)
+        return await batcher.submit(items)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def infer(service: ModelService, record: ModelRecord, items: list[Any], params: dict[str, Any],
+                answers: Answers, field: str = "inputs") -> tuple[list[Any], Timing]:
+    """Run items through the record's pipeline, as every protocol does: admission (count, size, waiting requests),
+    the deadline, the model's errors worded by `answers`. Failed items come back as ItemError, unless the protocol
+    fails the whole request on the first (answers.failed_item)."""
+    settings = service.settings
+    check_inputs(items, settings, answers, field)
+    if service.pending >= settings.predict_max_pending:
+        raise answers.overloaded.error(headers={"Retry-After": "1"}, pending=service.pending)
+    service.pending += 1
+    try:
+        results, timing = await asyncio.wait_for(service.predict_timed(record, items, params),
+                                                 settings.predict_timeout_s)
+    except (asyncio.TimeoutError, TimeoutError) as e:
+        raise answers.timeout.error(seconds=settings.predict_timeout_s) from e
+    except HfportError as e:
+        raise answers.backend.error(model=record.name, error=e, error_kind=type(e).__name__) from e
+    except (ValueError, TypeError) as e:  # options the pipeline refuses
+        raise answers.options.error(error=e) from e
+    finally:
+        service.pending -= 1
+    if answers.failed_item is not None:
+        for i, r in enumerate(results):
+            if isinstance(r, ItemError):  # the whole request fails with the first failed input's error
+                status, kind = answers.failed_item.get(r.error_type, answers.failed_item_default)
+                raise ApiError(status, f"{field}[{i}]: {r.message}", kind)
+    return results, timing
