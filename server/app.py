@@ -36,9 +36,6 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
     worker = Worker(settings, store)
     if run_worker:
         worker.register()  # now, so a duplicate worker id fails before the port opens, with its message
-    if settings.api_token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("listening on %s without HFPORT_API_TOKEN: anyone who reaches the port can use the API",
-                    settings.host)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
