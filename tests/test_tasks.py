@@ -21,7 +21,8 @@ from hfport.train.config import FinetuneConfig, resolve_config
 from hfport.train.loop import finetune
 from tests.tiny import ALL_FAMILIES, batch, build_hf, save_hf
 
-MODEL_TASKS = ["feature-extraction", "text-classification", "token-classification", "question-answering", "fill-mask"]
+MODEL_TASKS = ["feature-extraction", "text-classification", "token-classification", "question-answering", "fill-mask",
+               "multiple-choice"]
 # tasks that train one of the model tasks' models (their records' model_task)
 TRAINING_ONLY = {"sentence-embedding": "feature-extraction", "text-ranking": "text-classification"}
 CANONICAL = [*MODEL_TASKS, *TRAINING_ONLY]
