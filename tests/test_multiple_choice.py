@@ -270,3 +270,16 @@ def test_http_predict(run, tmp_path):
         assert bad["index"] == 1 and bad["error_type"] == "PipelineInputError"
         one = client.post("/predict", json={"model": "mc", "inputs": QUESTIONS[0]}).json()
         assert one["task"] == TASK and set(one["outputs"]) == {"index", "choice", "score"}
+
+
+def test_lora_adapter_trains_exports_and_verifies_with_peft(tiny_model, tmp_path):
+    """PEFT has no multiple-choice task type: the adapter's task_type is null and config.json names the head."""
+    pytest.importorskip("peft")
+    write_questions(tmp_path / "train.jsonl", 16)
+    finetune(FinetuneConfig(model=str(tiny_model), task=TASK, train=str(tmp_path / "train.jsonl"),
+                            output_dir=str(tmp_path / "run"), max_steps=2, batch_size=8, lora={"r": 4}), progress=False)
+    best = tmp_path / "run" / "best"
+    assert json.loads((best / "adapter_config.json").read_text())["task_type"] is None
+    assert hfport.load_any(best).task == TASK
+    result = export(tmp_path / "run", tmp_path / "adapter", verify=True)
+    assert result.report.passed and ("outputs", "texts/logits") in {(r.check, r.output) for r in result.report.rows}
