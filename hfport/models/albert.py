@@ -57,5 +57,5 @@ HEAD_KEYS = {
 
 ALBERT = Family(
     model_type="albert", prefix="albert", class_prefix="Albert", config_from_hf=albert_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body=build_body,
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body,
     ignored_keys=KeyMap(params("sop_classifier.classifier", "unused")))

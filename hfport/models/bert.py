@@ -114,4 +114,4 @@ IGNORED_KEYS = KeyMap(params("cls.seq_relationship", "unused"))
 
 BERT = Family(
     model_type="bert", prefix="bert", class_prefix="Bert", config_from_hf=bert_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body=build_body, ignored_keys=IGNORED_KEYS)
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body, ignored_keys=IGNORED_KEYS)

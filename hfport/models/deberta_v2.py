@@ -407,5 +407,5 @@ def select_head_keys(c: EncoderConfig, task: str) -> KeyMap | None:
 
 DEBERTA_V2 = Family(
     model_type="deberta-v2", prefix="deberta", class_prefix="DebertaV2",
-    config_from_hf=deberta_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body=build_body,
+    config_from_hf=deberta_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body,
     head_options=HEAD_OPTIONS, ignored_keys=IGNORED_KEYS, after_init=after_init, select_head_keys=select_head_keys)

@@ -100,5 +100,5 @@ HEAD_KEYS = {
 
 DISTILBERT = Family(
     model_type="distilbert", prefix="distilbert", class_prefix="DistilBert",
-    config_from_hf=distilbert_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body=build_body,
+    config_from_hf=distilbert_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body,
     head_options=HEAD_OPTIONS, after_init=after_init)

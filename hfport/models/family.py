@@ -41,7 +41,7 @@ class Family:
     config_from_hf: Callable[[dict[str, Any], str], EncoderConfig]
     body_keys: KeyMap
     head_keys: dict[str, KeyMap]  # task -> table of the head's own keys
-    body: Callable[[EncoderConfig, bool], nn.Module]  # (config, pooler: whether to build the pooler)
+    body_builder: Callable[[EncoderConfig, bool], nn.Module]  # (config, pooler: whether to build the pooler)
     # how this family's heads differ from the task's defaults (RoBERTa's dense layer before the classifier,
     # DeBERTa's ContextPooler, the MLM activation...); a task absent here uses the defaults
     head_options: HeadOptions = field(default_factory=dict)
@@ -63,7 +63,7 @@ class Family:
 
     def build_body(self, config: EncoderConfig, task: str) -> nn.Module:
         """The encoder for `task`'s model: with the pooler where that task's head reads it in this family."""
-        return self.body(config, self.pooler.get(task, MODEL_TASKS[task].pooler))
+        return self.body_builder(config, self.pooler.get(task, MODEL_TASKS[task].pooler))
 
     def head_map(self, config: EncoderConfig, task: str) -> KeyMap | None:
         return self.select_head_keys(config, task) if self.select_head_keys else self.head_keys.get(task)

@@ -272,6 +272,6 @@ HEAD_KEYS = {
 
 MODERNBERT = Family(
     model_type="modernbert", prefix="model", class_prefix="ModernBert",
-    config_from_hf=modernbert_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body=build_body,
+    config_from_hf=modernbert_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body,
     head_options=HEAD_OPTIONS, after_init=after_init,
     lora_targets=("attn.qkv.proj",))  # the fused Wqkv: LoRA adapts query, key and value together (peft's choice too)

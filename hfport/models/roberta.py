@@ -42,7 +42,7 @@ HEAD_KEYS = {
 def roberta_family(model_type: str, class_prefix: str) -> Family:
     return Family(model_type=model_type, prefix="roberta", class_prefix=class_prefix,
                   config_from_hf=bert.bert_config, body_keys=bert.BODY_KEYS, head_keys=HEAD_KEYS,
-                  body=build_body, head_options=HEAD_OPTIONS, pooler=POOLER)
+                  body_builder=build_body, head_options=HEAD_OPTIONS, pooler=POOLER)
 
 
 ROBERTA = roberta_family("roberta", "Roberta")

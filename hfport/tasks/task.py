@@ -5,7 +5,9 @@ Task record naming the rest: the names users know, the outputs, transformers' au
 training task, the default metric per problem type. Whatever asks "which task?" reads a record.
 
 The pipeline and the training task sit above the model code (they import it), so the record names them as
-"module:Class" and imports them on first use.
+"module:Class" and imports them on first use. The families sit below (the task models import them): a model task's
+record registers itself with them (hfport/models/family.py: MODEL_TASKS), and they read its class-name suffix and
+pooler use there, so no family keeps a table of tasks' facts.
 """
 
 from __future__ import annotations
