@@ -24,13 +24,13 @@ class TaskFacts(Protocol):
 
 # The model tasks' records by canonical name, each registered by its record as hfport.tasks loads
 # (Task.__post_init__). The families sit below the tasks and never import them; they read the tasks' facts here.
-MODEL_TASKS: dict[str, TaskFacts] = {}
+MODEL_TASK_RECORDS: dict[str, TaskFacts] = {}
 
 
 def register_task(record: TaskFacts) -> None:
-    if record.name in MODEL_TASKS and MODEL_TASKS[record.name] is not record:
+    if record.name in MODEL_TASK_RECORDS and MODEL_TASK_RECORDS[record.name] is not record:
         raise ValueError(f"task {record.name!r} is registered twice")
-    MODEL_TASKS[record.name] = record
+    MODEL_TASK_RECORDS[record.name] = record
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,12 @@ class Family:
     @property
     def architectures(self) -> dict[str, str]:
         """task -> transformers class name written to config.json, for every model task this family builds."""
-        return {name: self.class_prefix + record.architecture_suffix for name, record in MODEL_TASKS.items()
+        return {name: self.class_prefix + record.architecture_suffix for name, record in MODEL_TASK_RECORDS.items()
                 if record.architecture_suffix is not None}
 
     def build_body(self, config: EncoderConfig, task: str) -> nn.Module:
         """The encoder for `task`'s model: with the pooler where that task's head reads it in this family."""
-        return self.body_builder(config, self.pooler.get(task, MODEL_TASKS[task].pooler))
+        return self.body_builder(config, self.pooler.get(task, MODEL_TASK_RECORDS[task].pooler))
 
     def head_map(self, config: EncoderConfig, task: str) -> KeyMap | None:
         return self.select_head_keys(config, task) if self.select_head_keys else self.head_keys.get(task)

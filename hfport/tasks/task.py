@@ -5,9 +5,9 @@ Task record naming the rest: the names users know, the outputs, transformers' au
 training task, the default metric per problem type. Whatever asks "which task?" reads a record.
 
 The pipeline and the training task sit above the model code (they import it), so the record names them as
-"module:Class" and imports them on first use. The families sit below (the task models import them): a model task's
-record registers itself with them (hfport/models/family.py: MODEL_TASKS), and they read its class-name suffix and
-pooler use there, so no family keeps a table of tasks' facts.
+"module:Class" and imports them on first use. The families sit below (the task models import them): a model
+task's record registers itself with them (hfport/models/family.py: MODEL_TASK_RECORDS), and they read its class-name
+suffix and pooler use there, so no family keeps a table of tasks' facts.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from ..models.family import MODEL_TASKS, register_task
+from ..models.family import MODEL_TASK_RECORDS, register_task
 
 if TYPE_CHECKING:
     from torch import nn
@@ -76,7 +76,7 @@ class Task:
     def model_record(self) -> Task:
         """The record of the task whose model this one trains (itself for a model task): its output type,
         architecture suffix, PEFT task type, ONNX graph outputs, agreement kind and pooler use apply here too."""
-        return MODEL_TASKS[self.model_task] if self.model_task else self  # type: ignore[return-value]
+        return MODEL_TASK_RECORDS[self.model_task] if self.model_task else self  # type: ignore[return-value]
 
     @property
     def checkpoint_task(self) -> str:
