@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from . import hub
 from .errors import CheckpointError, ConfigError
 from .nn.dropout import Dropout
+from .tasks import TASKS
 
 if TYPE_CHECKING:
     from .modeling import PreTrainedEncoder
@@ -51,11 +52,9 @@ log = logging.getLogger("hfport")
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the transformers model
-# hfport task -> PEFT's task_type. PEFT has no masked-LM task type: a fill-mask adapter is a plain PeftModel
-# (task_type null), loaded over AutoModelForMaskedLM.
-PEFT_TASK_TYPES: dict[str, str | None] = {
-    "text-classification": "SEQ_CLS", "token-classification": "TOKEN_CLS", "question-answering": "QUESTION_ANS",
-    "feature-extraction": "FEATURE_EXTRACTION", "fill-mask": None}
+# hfport task -> PEFT's task_type, from the task records. PEFT has no masked-LM or multiple-choice task type: such an
+# adapter is a plain PeftModel (task_type null), loaded over the Auto class its config.json's architectures name.
+PEFT_TASK_TYPES: dict[str, str | None] = {name: t.peft_task_type for name, t in TASKS.items() if not t.model_task}
 TASKS_OF_PEFT = {v: k for k, v in PEFT_TASK_TYPES.items() if v is not None}
 # hfport names, the same in every family; each family's key map gives them its HF names (query/value, q_lin/v_lin,
 # query_proj/value_proj). The LoRA paper's and peft's default for these encoders: the query and value projections.

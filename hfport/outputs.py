@@ -44,3 +44,9 @@ class QuestionAnsweringOutput(_Output):
 class MaskedLMOutput(_Output):
     logits: Tensor
     loss: Tensor | None = None
+
+
+@dataclass
+class MultipleChoiceModelOutput(_Output):
+    logits: Tensor  # (B, C): one score per choice
+    loss: Tensor | None = None

@@ -21,7 +21,8 @@ from hfport.train.config import FinetuneConfig, resolve_config
 from hfport.train.loop import finetune
 from tests.tiny import ALL_FAMILIES, batch, build_hf, save_hf
 
-MODEL_TASKS = ["feature-extraction", "text-classification", "token-classification", "question-answering", "fill-mask"]
+MODEL_TASKS = ["feature-extraction", "text-classification", "token-classification", "question-answering", "fill-mask",
+               "multiple-choice"]
 # tasks that train one of the model tasks' models (their records' model_task)
 TRAINING_ONLY = {"sentence-embedding": "feature-extraction", "text-ranking": "text-classification"}
 CANONICAL = [*MODEL_TASKS, *TRAINING_ONLY]
@@ -60,6 +61,26 @@ def test_records_agree_with_model_classes_pipelines_and_families():
     for family in FAMILIES.values():  # every family keys its tables by canonical task names only
         assert set(family.architectures) == set(tasks.MODEL_TASKS)
         assert set(family.head_keys) | set(family.head_options) <= set(tasks.MODEL_TASKS) - {"feature-extraction"}
+
+
+def test_the_families_read_task_facts_from_the_records():
+    """No side tables: class names are the family's prefix + the record's suffix; whether a head reads the pooler is
+    the record's `pooler`, unless the family's record says otherwise (RoBERTa's classifier); a training-only task
+    reaches its model task's facts through `model_record`."""
+    for family in FAMILIES.values():
+        assert family.architectures == {name: family.class_prefix + tasks.TASKS[name].architecture_suffix
+                                        for name in tasks.MODEL_TASKS}
+        for name in tasks.MODEL_TASKS:
+            built = family.build_body(family.config_from_hf(build_hf(family.model_type, "base").config.to_dict(),
+                                                            "config"), name)
+            has_pooler = family.model_type in ("bert", "roberta", "xlm-roberta", "albert") and \
+                family.pooler.get(name, tasks.TASKS[name].pooler)
+            assert (built.pooler is not None) == has_pooler, (family.model_type, name)
+    assert FAMILIES["roberta"].pooler == {"text-classification": False}
+    for name, record in tasks.TASKS.items():
+        assert record.model_record.name == record.checkpoint_task
+        assert record.model_record.output_type is not None and record.model_record.architecture_suffix
+    assert tasks.get("text-ranking").model_record.peft_task_type == "SEQ_CLS"
 
 
 @pytest.mark.parametrize("family", list(ALL_FAMILIES))

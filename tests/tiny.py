@@ -15,6 +15,8 @@ HEADS = {
     "question-answering": "AutoModelForQuestionAnswering",
     "masked-lm": "AutoModelForMaskedLM",
 }
+# heads whose inputs differ from the grid's (B, T) batch, with tests of their own (multiple-choice: (B, C, T))
+OTHER_HEADS = {"multiple-choice": "AutoModelForMultipleChoice"}
 # build_hf also takes the canonical task names (transformers' pipeline tags) of the heads above
 OLD_NAMES = {"feature-extraction": "base", "text-classification": "sequence-classification", "fill-mask": "masked-lm"}
 
@@ -70,7 +72,8 @@ def build_hf(family: str, task: str, seed: int = 0, **overrides: Any):
         config.id2label = {i: f"L{i}" for i in range(NUM_LABELS)}
         config.label2id = {f"L{i}": i for i in range(NUM_LABELS)}
     torch.manual_seed(seed)
-    model = getattr(transformers, HEADS[OLD_NAMES.get(task, task)]).from_config(config)
+    head = OLD_NAMES.get(task, task)
+    model = getattr(transformers, HEADS.get(head) or OTHER_HEADS[head]).from_config(config)
     # transformers zero-initialises some biases; random values make the parity check see every term
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -84,7 +84,7 @@ from .common import (TRANSFORMERS_AUTO, ExportError, export_config, no_tokenizer
 from .onnx_fusion import (CONTRIB_DOMAIN, OPTIMIZED_FILE, activation_errors, fused_attention, optimize_graph,
                           split_outliers)
 from .verify import VerifyFailed, VerifyReport, check_row
-from ..pipelines.onnx_backend import (DYNAMIC_AXES, GRAPH_OUTPUTS, INSTALL_HINT, ONNX_FILE, QUANTIZED_FILE, OnnxModel,
+from ..pipelines.onnx_backend import (DYNAMIC_AXES, INSTALL_HINT, ONNX_FILE, QUANTIZED_FILE, OnnxModel,
                                      OnnxModelError, check_signature, graph_inputs, open_session, read_folder_config)
 from ..tokenizer import TOKENIZER_FILES, AutoTokenizer
 
@@ -196,6 +196,8 @@ def export_onnx(src: str | os.PathLike[str], out: str | os.PathLike[str], *, whi
                                                  f"NaN or inf values in {', '.join(report.nonfinite[:8])}")
                           + "; refusing to export it")
     architecture = model.family.architectures.get(model.task)
+    if not TASKS[model.task].graph_outputs:
+        raise ExportError(f"{source.model}: hfport has no ONNX graph for {model.task} models")
     if architecture is None:
         raise ExportError(f"{source.model}: the {model.family.model_type} family has no transformers class for the "
                           f"{model.task} head")
@@ -226,7 +228,7 @@ def export_onnx(src: str | os.PathLike[str], out: str | os.PathLike[str], *, whi
         hub.write_json_atomic(staging / MANIFEST, {
             "format": "onnx", "hfport_version": config["hfport_version"], "opset": opset,
             "exporter": f"torch.onnx TorchScript exporter (torch {torch.__version__})", "padded": True,
-            "inputs": inputs, "outputs": list(GRAPH_OUTPUTS[model.task]), "source": str(source.model.resolve()),
+            "inputs": inputs, "outputs": list(TASKS[model.task].graph_outputs), "source": str(source.model.resolve()),
             "optimized": {"file": OPTIMIZED_FILE, "fused": fused} if fused else None,
             "quantization": {"type": quantize, "weights": "QInt8", "per_channel": per_channel, "from": OPTIMIZED_FILE,
                              "outlier_channels": outliers,
@@ -283,10 +285,10 @@ def _trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int, f
         args.append(enc.get("token_type_ids", torch.zeros_like(enc["input_ids"])))
     if bool(enc["attention_mask"].all()):  # the tracer keeps the branch it sees: it must see padding
         raise ExportError(f"{tok_folder}: the tokenizer did not pad the trace batch; cannot trace the masked path")
-    outputs = list(GRAPH_OUTPUTS[model.task])
+    outputs = list(TASKS[model.task].graph_outputs)
     axes = dict(enumerate(DYNAMIC_AXES))
     dynamic = {name: axes for name in inputs} | {
-        name: {i: axes[i] for i in range(min(GRAPH_OUTPUTS[model.task][name][0], 2))} for name in outputs}
+        name: {i: axes[i] for i in range(min(TASKS[model.task].graph_outputs[name][0], 2))} for name in outputs}
     previous = model.body.padding_free
     model.body.padding_free = False
     # modules with a `traceable` switch (DeBERTa's encoder) compute from tensor ops what they otherwise keep in
@@ -461,7 +463,7 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
                     _compare_all(report, f"{label} vs transformers", got, refs, batches, task, tol)
 
     if QUANTIZED_FILE in graphs:
-        agree, threshold, what = AGREEMENT[task]
+        agree, threshold, what = AGREEMENT[TASKS[task].agreement]
         for name, enc in batches.items():
             with check_row(report, "int8 vs fp32", f"{name}/{what}"):
                 value, n, ties = agree(_run(graphs[QUANTIZED_FILE], enc, task), onnx_out[name], enc, ctx["config"])
@@ -520,14 +522,14 @@ def _probe_batches(folder: Path, task: str, config: Any) -> dict[str, dict[str, 
 def _run(model: Any, enc: dict[str, Tensor], task: str) -> dict[str, Tensor]:
     """The task's graph outputs from an ONNX, hfport or transformers model on one probe batch."""
     out = model(enc["input_ids"], attention_mask=enc["attention_mask"], token_type_ids=enc.get("token_type_ids"))
-    return {name: out[name].float() for name in GRAPH_OUTPUTS[task]}
+    return {name: out[name].float() for name in TASKS[task].graph_outputs}
 
 
 def _compare_all(report: VerifyReport, check: str, got: dict[str, dict[str, Tensor]],
                  refs: dict[str, dict[str, Tensor]], batches: dict[str, dict[str, Tensor]], task: str,
                  tol: str) -> None:
     for batch, outputs in got.items():
-        for name, rank_field in GRAPH_OUTPUTS[task].items():
+        for name, rank_field in TASKS[task].graph_outputs.items():
             with check_row(report, check, f"{batch}/{name}"):
                 a, b = outputs[name], refs[batch].get(name)
                 if b is None or a.shape != b.shape:
@@ -630,12 +632,13 @@ def _cosine(q: dict[str, Tensor], f: dict[str, Tensor], enc: dict[str, Tensor], 
     return cos.mean().item(), len(cos), 0  # (B,) -> the mean, as agreement is a mean
 
 
-# task -> (measure: (value, items counted, fp32 near ties left out), which threshold applies, its name in the report)
+# a task record's agreement kind -> (measure: (value, items counted, fp32 near ties left out), which threshold
+# applies, its name in the report)
 AGREEMENT: dict[str, tuple[Callable[..., tuple[float, int, int]], str, str]] = {
-    "text-classification": (_labels, "agreement", "label agreement"),
-    "token-classification": (_tags, "agreement", "tag agreement"),
-    "question-answering": (_spans, "agreement", "span agreement"),
-    "fill-mask": (_top_k, "agreement", f"top-{TOP_K} overlap"),
-    "feature-extraction": (_cosine, "cosine", "mean cosine"),
+    "labels": (_labels, "agreement", "label agreement"),
+    "tags": (_tags, "agreement", "tag agreement"),
+    "spans": (_spans, "agreement", "span agreement"),
+    "top_k": (_top_k, "agreement", f"top-{TOP_K} overlap"),
+    "cosine": (_cosine, "cosine", "mean cosine"),
 }
-assert set(AGREEMENT) == set(GRAPH_OUTPUTS)
+assert {t.agreement for t in TASKS.values() if t.graph_outputs} <= set(AGREEMENT)

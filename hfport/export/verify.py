@@ -352,8 +352,9 @@ def _check_tokenizer(report: VerifyReport, transformers: Any, folder: Path, task
 @torch.inference_mode()
 def _compare(report: VerifyReport, batch: str, name: str, ours: PreTrainedEncoder, theirs: Any,
              enc: dict[str, Tensor], task: str, tol: str) -> None:
-    a = getattr(theirs(**enc), name, None)  # transformers, from DIR
-    b = getattr(ours(**enc), name, None)  # hfport, from SOURCE: the reference
+    inputs = TASKS[task].model_inputs(enc)  # (1, B, T) where the model takes choices: the rows as one question's
+    a = getattr(theirs(**inputs), name, None)  # transformers, from DIR
+    b = getattr(ours(**inputs), name, None)  # hfport, from SOURCE: the reference
     if a is None and b is None:
         return  # neither has it (DistilBERT has no pooler)
     if a is None or b is None:

@@ -21,14 +21,14 @@ def albert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
                             inner_group_num=raw.get("inner_group_num", 1))
 
 
-def build_body(c: EncoderConfig, task: str) -> EncoderBody:
+def build_body(c: EncoderConfig, pooler: bool) -> EncoderBody:
     embeddings = Embeddings(c.vocab_size, c.embedding_size, c.max_position_embeddings, c.type_vocab_size,
                             c.layer_norm_eps, c.hidden_dropout, c.pad_token_id, hidden_size=c.hidden_size)
 
     groups = [[bert.bert_layer(c, ffn_out_dropout=0.0) for _ in range(c.inner_group_num)]
               for _ in range(c.num_hidden_groups)]
-    pooler = Pooler(c.hidden_size) if task in bert.POOLER_TASKS else None
-    return EncoderBody(embeddings, SharedEncoder(groups, c.num_hidden_layers), pooler)
+    return EncoderBody(embeddings, SharedEncoder(groups, c.num_hidden_layers),
+                       Pooler(c.hidden_size) if pooler else None)
 
 
 LAYER = ("encoder.albert_layer_groups.{g}.albert_layers.{j}", "encoder.groups.{g}.layers.{j}")
@@ -49,12 +49,13 @@ HEAD_KEYS = {
     "text-classification": KeyMap(params("classifier", "out")),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
+    "multiple-choice": KeyMap(params("classifier", "out")),
     "fill-mask": KeyMap({**params("predictions.dense", "dense"), **params("predictions.LayerNorm", "norm"),
                          "predictions.bias": "bias", "predictions.decoder.bias": "decoder.bias",
                          "predictions.decoder.weight": "decoder.weight"}),
 }
 
 ALBERT = Family(
-    model_type="albert", prefix="albert", architectures=bert.architectures("Albert"), config_from_hf=albert_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body,
+    model_type="albert", prefix="albert", class_prefix="Albert", config_from_hf=albert_config,
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body,
     ignored_keys=KeyMap(params("sop_classifier.classifier", "unused")))

@@ -63,12 +63,9 @@ def bert_embeddings(c: EncoderConfig, *, positions_offset_by_padding: bool = Fal
                       c.hidden_dropout, c.pad_token_id, positions_offset_by_padding=positions_offset_by_padding)
 
 
-POOLER_TASKS = ("feature-extraction", "text-classification")  # transformers builds the other heads without one
-
-
-def build_body(c: EncoderConfig, task: str) -> EncoderBody:
+def build_body(c: EncoderConfig, pooler: bool) -> EncoderBody:
     encoder = Encoder([bert_layer(c) for _ in range(c.num_hidden_layers)])
-    return EncoderBody(bert_embeddings(c), encoder, Pooler(c.hidden_size) if task in POOLER_TASKS else None)
+    return EncoderBody(bert_embeddings(c), encoder, Pooler(c.hidden_size) if pooler else None)
 
 
 def layer_keys(hf: str, ours: str) -> dict[str, str]:
@@ -101,6 +98,7 @@ HEAD_KEYS = {
     "text-classification": KeyMap(params("classifier", "out")),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
+    "multiple-choice": KeyMap(params("classifier", "out")),
     "fill-mask": KeyMap({
         **params("cls.predictions.transform.dense", "dense"),
         **params("cls.predictions.transform.LayerNorm", "norm"),
@@ -114,16 +112,6 @@ HEAD_KEYS = {
 IGNORED_KEYS = KeyMap(params("cls.seq_relationship", "unused"))
 
 
-# transformers' class names: the family's prefix + the head's suffix, for every task hfport knows
-ARCHITECTURE_SUFFIXES = {"feature-extraction": "Model", "text-classification": "ForSequenceClassification",
-                         "token-classification": "ForTokenClassification",
-                         "question-answering": "ForQuestionAnswering", "fill-mask": "ForMaskedLM"}
-
-
-def architectures(prefix: str) -> dict[str, str]:
-    return {task: prefix + suffix for task, suffix in ARCHITECTURE_SUFFIXES.items()}
-
-
 BERT = Family(
-    model_type="bert", prefix="bert", architectures=architectures("Bert"), config_from_hf=bert_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body, ignored_keys=IGNORED_KEYS)
+    model_type="bert", prefix="bert", class_prefix="Bert", config_from_hf=bert_config,
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body, ignored_keys=IGNORED_KEYS)

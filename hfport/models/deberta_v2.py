@@ -17,7 +17,7 @@ from ..nn.activations import ACTIVATIONS
 from ..nn.dropout import Dropout
 from ..nn.layout import Rows
 from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias, gathered_bias, relative_rows
-from .bert import architectures, bert_layer, number
+from .bert import bert_layer, number
 from .family import Family, HeadOptions
 
 # DebertaV2Config's defaults (transformers 5.23), where they differ from EncoderConfig's or are DeBERTa's own.
@@ -289,7 +289,7 @@ class DebertaEncoder(nn.Module):
         return x
 
 
-def build_body(c: EncoderConfig, task: str) -> EncoderBody:
+def build_body(c: EncoderConfig, pooler: bool) -> EncoderBody:
     return EncoderBody(DebertaEmbeddings(c), DebertaEncoder(c), pooler=None)  # the ContextPooler is the head's
 
 
@@ -316,6 +316,7 @@ def mlm_head(c: EncoderConfig) -> dict[str, Any]:
 
 HEAD_OPTIONS: HeadOptions = {
     "text-classification": context_pooler,
+    "multiple-choice": context_pooler,
     "token-classification": lambda c: {"dropout": c.hidden_dropout},
     "fill-mask": mlm_head,
 }
@@ -387,6 +388,7 @@ HEAD_KEYS = {
     "text-classification": KeyMap({**params("pooler.dense", "dense"), **params("classifier", "out")}),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
+    "multiple-choice": KeyMap({**params("pooler.dense", "dense"), **params("classifier", "out")}),
     "fill-mask": MLM_KEYS,
 }
 
@@ -404,6 +406,6 @@ def select_head_keys(c: EncoderConfig, task: str) -> KeyMap | None:
 
 
 DEBERTA_V2 = Family(
-    model_type="deberta-v2", prefix="deberta", architectures=architectures("DebertaV2"),
-    config_from_hf=deberta_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body,
+    model_type="deberta-v2", prefix="deberta", class_prefix="DebertaV2",
+    config_from_hf=deberta_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body,
     head_options=HEAD_OPTIONS, ignored_keys=IGNORED_KEYS, after_init=after_init, select_head_keys=select_head_keys)

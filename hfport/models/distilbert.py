@@ -11,7 +11,7 @@ import torch
 from ..config import EncoderConfig, head_fields, require
 from ..keymap import KeyMap, params, tables
 from ..nn import Embeddings, Encoder, EncoderBody
-from .bert import architectures, bert_layer, number
+from .bert import bert_layer, number
 from .family import Family, HeadOptions
 
 EPS = 1e-12  # DistilBERT hard-codes its LayerNorm epsilon
@@ -34,16 +34,22 @@ def distilbert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
         **head_fields(raw), raw=raw, source=source)
 
 
-def build_body(c: EncoderConfig, task: str) -> EncoderBody:
+def build_body(c: EncoderConfig, pooler: bool) -> EncoderBody:
+    """DistilBERT has no pooler: its classifiers read the first token through their own pre_classifier."""
     embeddings = Embeddings(c.vocab_size, c.hidden_size, c.max_position_embeddings, 0, EPS, c.hidden_dropout,
                             c.pad_token_id)
     layers = [bert_layer(c, attn_out_dropout=0.0) for _ in range(c.num_hidden_layers)]  # layer_norm_eps is EPS
     return EncoderBody(embeddings, Encoder(layers), pooler=None)
 
 
+def first_token_classifier(c: EncoderConfig) -> dict[str, Any]:
+    """pre_classifier -> ReLU -> dropout -> classifier on [CLS]"""
+    return {"dense_act": "relu", "dropout": c.extra["seq_classif_dropout"]}
+
+
 HEAD_OPTIONS: HeadOptions = {
-    # pre_classifier -> ReLU -> dropout -> classifier on [CLS]
-    "text-classification": lambda c: {"dense_act": "relu", "dropout": c.extra["seq_classif_dropout"]},
+    "text-classification": first_token_classifier,
+    "multiple-choice": first_token_classifier,
     "token-classification": lambda c: {"dropout": c.hidden_dropout},
     "question-answering": lambda c: {"dropout": c.extra["qa_dropout"]},
     "fill-mask": lambda c: {"decoder_bias": False},  # vocab_projector's bias is the head's `bias` itself
@@ -87,11 +93,12 @@ HEAD_KEYS = {
     "text-classification": KeyMap({**params("pre_classifier", "dense"), **params("classifier", "out")}),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
+    "multiple-choice": KeyMap({**params("pre_classifier", "dense"), **params("classifier", "out")}),
     "fill-mask": KeyMap({**params("vocab_transform", "dense"), **params("vocab_layer_norm", "norm"),
                          "vocab_projector.bias": "bias", "vocab_projector.weight": "decoder.weight"}),
 }
 
 DISTILBERT = Family(
-    model_type="distilbert", prefix="distilbert", architectures=architectures("DistilBert"),
-    config_from_hf=distilbert_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body,
+    model_type="distilbert", prefix="distilbert", class_prefix="DistilBert",
+    config_from_hf=distilbert_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body,
     head_options=HEAD_OPTIONS, after_init=after_init)

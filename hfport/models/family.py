@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from torch import nn
 
@@ -14,24 +14,56 @@ from ..keymap import KeyMap
 HeadOptions = dict[str, Callable[[EncoderConfig], dict[str, Any]]]
 
 
+class TaskFacts(Protocol):
+    """What a family reads of a model task's record (hfport/tasks/task.py: Task)."""
+
+    name: str
+    architecture_suffix: str | None  # transformers' class name is the family's class prefix + this
+    pooler: bool  # the head reads the pooler's output, unless a family says otherwise
+
+
+# The model tasks' records by canonical name, each registered by its record as hfport.tasks loads
+# (Task.__post_init__). The families sit below the tasks and never import them; they read the tasks' facts here.
+MODEL_TASK_RECORDS: dict[str, TaskFacts] = {}
+
+
+def register_task(record: TaskFacts) -> None:
+    if record.name in MODEL_TASK_RECORDS and MODEL_TASK_RECORDS[record.name] is not record:
+        raise ValueError(f"task {record.name!r} is registered twice")
+    MODEL_TASK_RECORDS[record.name] = record
+
+
 @dataclass(frozen=True)
 class Family:
     model_type: str
     prefix: str  # transformers' base_model_prefix: head checkpoints store the body under "<prefix>."
-    architectures: dict[str, str]  # task -> transformers class name written to config.json
+    class_prefix: str  # transformers' class names: this + the task's suffix ("Bert" + "ForSequenceClassification")
     config_from_hf: Callable[[dict[str, Any], str], EncoderConfig]
     body_keys: KeyMap
     head_keys: dict[str, KeyMap]  # task -> table of the head's own keys
-    build_body: Callable[[EncoderConfig, str], nn.Module]  # (config, task)
+    body_builder: Callable[[EncoderConfig, bool], nn.Module]  # (config, pooler: whether to build the pooler)
     # how this family's heads differ from the task's defaults (RoBERTa's dense layer before the classifier,
     # DeBERTa's ContextPooler, the MLM activation...); a task absent here uses the defaults
     head_options: HeadOptions = field(default_factory=dict)
+    # task -> whether its head reads the pooler, where this family's head differs from the task's record
+    # (RobertaForSequenceClassification has its own dense layer on <s> and no pooler)
+    pooler: dict[str, bool] = field(default_factory=dict)
     # the linear layers LoRA adapts when the user names none (hfport names): attention's query and value by default
     lora_targets: tuple[str, ...] = ("attn.q", "attn.v")
     ignored_keys: KeyMap = field(default_factory=lambda: KeyMap({}))  # pre-training heads hfport never loads
     after_init: Callable[[nn.Module, EncoderConfig], None] | None = None  # a family's own fresh-init values
     # a family whose head names depend on the config (DeBERTa's two MLM layouts) picks the head's table here
     select_head_keys: Callable[[EncoderConfig, str], KeyMap | None] | None = None
+
+    @property
+    def architectures(self) -> dict[str, str]:
+        """task -> transformers class name written to config.json, for every model task this family builds."""
+        return {name: self.class_prefix + record.architecture_suffix for name, record in MODEL_TASK_RECORDS.items()
+                if record.architecture_suffix is not None}
+
+    def build_body(self, config: EncoderConfig, task: str) -> nn.Module:
+        """The encoder for `task`'s model: with the pooler where that task's head reads it in this family."""
+        return self.body_builder(config, self.pooler.get(task, MODEL_TASK_RECORDS[task].pooler))
 
     def head_map(self, config: EncoderConfig, task: str) -> KeyMap | None:
         return self.select_head_keys(config, task) if self.select_head_keys else self.head_keys.get(task)

@@ -18,7 +18,6 @@ from ..keymap import KeyMap, params, tables
 from ..nn import (Embeddings, Encoder, EncoderBody, EncoderLayer, FusedQKV, GatedFeedForward, Rotary, SelfAttention,
                   layer_norm)
 from ..nn.activations import ACTIVATIONS
-from .bert import architectures
 from .family import Family, HeadOptions
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -163,7 +162,7 @@ def modernbert_layer(c: EncoderConfig, i: int) -> EncoderLayer:
                         norm_first=True, attn_out_dropout=c.attention_dropout)
 
 
-def build_body(c: EncoderConfig, task: str) -> EncoderBody:
+def build_body(c: EncoderConfig, pooler: bool) -> EncoderBody:
     x = c.extra
     embeddings = Embeddings(c.vocab_size, c.hidden_size, 0, 0, c.layer_norm_eps, x["embedding_dropout"],
                             c.pad_token_id, norm_bias=x["norm_bias"])  # no position table: rotary instead
@@ -199,9 +198,14 @@ def mlm_options(c: EncoderConfig) -> dict[str, Any]:
             "norm_bias": x["norm_bias"], "output_bias": x["decoder_bias"]}
 
 
+def classifier_options(c: EncoderConfig) -> dict[str, Any]:
+    """the prediction head on the first real token or the mean (classifier_pooling) -> dropout -> classifier"""
+    return {"transform": prediction_head(c), "pooling": c.extra["pooling"], "dropout": c.classifier_dropout}
+
+
 HEAD_OPTIONS: HeadOptions = {
-    "text-classification": lambda c: {"transform": prediction_head(c), "pooling": c.extra["pooling"],
-                                      "dropout": c.classifier_dropout},
+    "text-classification": classifier_options,
+    "multiple-choice": classifier_options,
     "token-classification": lambda c: {"transform": prediction_head(c), "dropout": c.classifier_dropout},
     "question-answering": qa_options,
     "fill-mask": mlm_options,
@@ -260,13 +264,14 @@ HEAD_KEYS = {
     "text-classification": KeyMap(tables(_PREDICTION, params("classifier", "out"))),
     "token-classification": KeyMap(tables(_PREDICTION, params("classifier", "out"))),
     "question-answering": KeyMap(tables(_PREDICTION, params("classifier", "qa"))),
+    "multiple-choice": KeyMap(tables(_PREDICTION, params("classifier", "out"))),
     "fill-mask": KeyMap(tables(params("head.dense", "dense"), params("head.norm", "norm"),
                                {"decoder.weight": "decoder.weight",  # tied to tok_embeddings unless untied
                                 "decoder.bias": "bias"})),
 }
 
 MODERNBERT = Family(
-    model_type="modernbert", prefix="model", architectures=architectures("ModernBert"),
-    config_from_hf=modernbert_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, build_body=build_body,
+    model_type="modernbert", prefix="model", class_prefix="ModernBert",
+    config_from_hf=modernbert_config, body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body,
     head_options=HEAD_OPTIONS, after_init=after_init,
     lora_targets=("attn.qkv.proj",))  # the fused Wqkv: LoRA adapts query, key and value together (peft's choice too)

@@ -6,6 +6,7 @@ Tasks, with transformers' option names, defaults and output shapes:
   question-answering    top_k, doc_stride, max_answer_len, max_seq_len, max_question_len,
                         handle_impossible_answer, align_to_words       (transformers 4.57's QuestionAnsweringPipeline)
   fill-mask             top_k, targets                                 (FillMaskPipeline)
+  multiple-choice       top_k; {"question" (or "context"), "choices"} inputs, the choices ranked  (hfport's own)
   feature-extraction    per-token hidden states; pooling="mean"|"cls"|"max", normalize=True give sentence
                         embeddings (a sentence-transformers folder's modules.json sets the default pooling)
 A task may be named by an alias too ("sentiment-analysis", "ner", hfport's old "sequence-classification", ...):

@@ -25,27 +25,13 @@ from .. import hub
 from ..config import EncoderConfig
 from ..errors import HfportError
 from ..modeling import on_meta, task_of
-from ..outputs import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
-                       TokenClassifierOutput)
 from ..registry import Family, get_family
+from ..tasks import TASKS
 
 ONNX_FILE = "model.onnx"  # the fp32 graph, as optimum names it
 QUANTIZED_FILE = "model_quantized.onnx"  # the int8 graph beside it
 INSTALL_HINT = "pip install 'hfport[onnx]'"
 
-# What each task's graph returns, under transformers' names, with the rank of each output and the config field its
-# last axis equals (None: the batch/sequence axes only). pooler_output is not exported: optimum's
-# feature-extraction graphs return last_hidden_state alone, and sentence embeddings pool it.
-GRAPH_OUTPUTS: dict[str, dict[str, tuple[int, str | None]]] = {
-    "feature-extraction": {"last_hidden_state": (3, "hidden_size")},
-    "text-classification": {"logits": (2, "num_labels")},
-    "token-classification": {"logits": (3, "num_labels")},
-    "question-answering": {"start_logits": (2, None), "end_logits": (2, None)},
-    "fill-mask": {"logits": (3, "vocab_size")},
-}
-OUTPUT_TYPES = {"feature-extraction": BaseModelOutput, "text-classification": SequenceClassifierOutput,
-                "token-classification": TokenClassifierOutput, "question-answering": QuestionAnsweringOutput,
-                "fill-mask": MaskedLMOutput}
 DYNAMIC_AXES = ("batch_size", "sequence_length")  # the names of the two input axes, as optimum names them
 
 
@@ -110,12 +96,15 @@ def check_signature(session: Any, config: EncoderConfig, task: str, path: Path) 
     if sorted(have_in) != sorted(want_in):
         raise OnnxModelError(f"{path}: graph inputs {have_in} do not match config.json, which implies {want_in} "
                              f"(type_vocab_size {config.type_vocab_size})")
+    if not TASKS[task].graph_outputs:
+        raise OnnxModelError(f"{path}: config.json's architectures make it a {task} model; hfport has no ONNX graph "
+                             f"for {task}")
     outputs = {o.name: o for o in session.get_outputs()}
-    for name, (rank, field) in GRAPH_OUTPUTS[task].items():
+    for name, (rank, field) in TASKS[task].graph_outputs.items():
         if name not in outputs:
             raise OnnxModelError(f"{path}: the graph has no output {name!r} (it has {sorted(outputs)}); config.json's "
                                  f"architectures make it a {task} model, whose graph returns "
-                                 f"{list(GRAPH_OUTPUTS[task])}")
+                                 f"{list(TASKS[task].graph_outputs)}")
         shape = outputs[name].shape
         if len(shape) != rank:
             raise OnnxModelError(f"{path}: output {name!r} has rank {len(shape)} ({shape}); a {task} graph's has "
@@ -135,7 +124,7 @@ class OnnxModel:
         self.family = family
         self.task = task
         self.inputs = [i.name for i in session.get_inputs()]
-        self.outputs = list(GRAPH_OUTPUTS[task])
+        self.outputs = list(TASKS[task].graph_outputs)
         # The module tree on the meta device (no memory): what the pipelines read about the model's layout, such
         # as the position table's size, comes from the same code as for the PyTorch model.
         with on_meta():
@@ -196,6 +185,6 @@ class OnnxModel:
             arrays = self.session.run(self.outputs, feeds)
         except Exception as e:  # noqa: BLE001 - ORT's pybind errors are not RuntimeError; the pipeline retries those
             raise RuntimeError(f"{self.path}: onnxruntime failed ({type(e).__name__}: {e})") from e
-        return OUTPUT_TYPES[self.task](**{n: torch.from_numpy(a) for n, a in zip(self.outputs, arrays)})
+        return TASKS[self.task].output_type(**{n: torch.from_numpy(a) for n, a in zip(self.outputs, arrays)})
 
     forward = __call__

@@ -28,4 +28,6 @@ TASK = Task(
     outputs=("last_hidden_state", "pooler_output"), per_sequence=frozenset({"pooler_output"}),  # (B, C)
     auto_class="AutoModel", pipeline="hfport.pipelines.features:FeatureExtractionPipeline", train=None,
     output_type=BaseModelOutput, architecture_suffix="Model", peft_task_type="FEATURE_EXTRACTION",
+    # pooler_output is not exported: optimum's feature-extraction graphs return last_hidden_state alone, and
+    # sentence embeddings pool it
     graph_outputs={"last_hidden_state": (3, "hidden_size")}, agreement="cosine", pooler=True)

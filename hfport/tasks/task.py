@@ -5,7 +5,9 @@ Task record naming the rest: the names users know, the outputs, transformers' au
 training task, the default metric per problem type. Whatever asks "which task?" reads a record.
 
 The pipeline and the training task sit above the model code (they import it), so the record names them as
-"module:Class" and imports them on first use.
+"module:Class" and imports them on first use. The families sit below (the task models import them): a model
+task's record registers itself with them (hfport/models/family.py: MODEL_TASK_RECORDS), and they read its class-name
+suffix and pooler use there, so no family keeps a table of tasks' facts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import importlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
+
+from ..models.family import MODEL_TASK_RECORDS, register_task
 
 if TYPE_CHECKING:
     from torch import nn
@@ -45,9 +49,11 @@ class Task:
     labels: bool = False  # the head is sized by config.id2label (classification heads)
     pair_input: bool = False  # its inputs are text pairs (question, context): probes and exports feed pairs
     masked_input: bool = False  # its inputs carry the tokenizer's mask token (fill-mask): probes mask a word
+    choice_axis: bool = False  # its inputs are (B, C, T), C choices per question (multiple-choice)
     # a task that trains another task's model names that task here: sentence-embedding trains the bare encoder
     # (feature-extraction) and text-ranking a one-label text-classification head, so their checkpoints are plain
-    # transformers folders (BertModel, BertForSequenceClassification) and the families need no tables for them
+    # transformers folders (BertModel, BertForSequenceClassification) and the families need no tables for them.
+    # Such a task leaves the facts below at their defaults: they are its model task's (`model_record`).
     model_task: str | None = None
     # --- facts the loaders, exporters and gates read (one place, no side tables) ---
     output_type: type | None = None  # the model's output record (hfport/outputs.py): what an ONNX graph's arrays fill
@@ -63,6 +69,14 @@ class Task:
         if self.model_class.task != (self.model_task or self.name):
             raise ValueError(f"task {self.name!r}: its model class {self.model_class.__name__} says "
                              f"{self.model_class.task!r}")
+        if self.model_task is None:  # a model task: the families read its class-name suffix and pooler use
+            register_task(self)
+
+    @property
+    def model_record(self) -> Task:
+        """The record of the task whose model this one trains (itself for a model task): its output type,
+        architecture suffix, PEFT task type, ONNX graph outputs, agreement kind and pooler use apply here too."""
+        return MODEL_TASK_RECORDS[self.model_task] if self.model_task else self  # type: ignore[return-value]
 
     @property
     def checkpoint_task(self) -> str:
@@ -72,6 +86,11 @@ class Task:
     def build_head(self, config: EncoderConfig, family: Family) -> nn.Module | None:
         """The task's head, with the options `family` gives it."""
         return self.model_class.head_factory(config, **family.options_for(config, self.name))
+
+    def model_inputs(self, encoded: dict[str, Any]) -> dict[str, Any]:
+        """A (B, T) batch of probe rows as this task's model takes them: with a choice axis, one question whose
+        C = B choices are the rows, (1, B, T)."""
+        return {k: v[None] for k, v in encoded.items()} if self.choice_axis else encoded
 
     def per_token(self, output: str) -> bool:
         return output not in self.per_sequence
