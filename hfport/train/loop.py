@@ -200,7 +200,8 @@ class Trainer:
     def __init__(self, config: FinetuneConfig, accelerator: Accelerator, run: RunDir, checked: Preflight,
                  model: Any, optimizer: Any, scheduler: Any, plan: EpochPlan, total_steps: int,
                  tracker: EarlyStopping, emit: Callable[[dict[str, Any]], None] | None):
-        self.config, self.accelerator, self.run, self.plan, self.total_steps = config, accelerator, run, plan, total_steps
+        self.config, self.accelerator, self.run = config, accelerator, run
+        self.plan, self.total_steps = plan, total_steps
         self.main, self.rank, self.world = (accelerator.is_main_process, accelerator.process_index,
                                             accelerator.num_processes)
         self.source, self.task, self.data = checked.source, checked.task, checked.data
@@ -288,7 +289,8 @@ class Trainer:
             with self.no_sync(last=k == len(group) - 1):
                 with self.accelerator.autocast():
                     outputs = float32_outputs(self.task.forward(self.model, batch, self.data))
-                loss = self.task.loss(outputs, batch, self.data, self.class_weights, self.config.label_smoothing)  # fp32
+                loss = self.task.loss(outputs, batch, self.data, self.class_weights,
+                                      self.config.label_smoothing)  # fp32
                 self.accelerator.backward(loss / len(group))  # fp16: the loss scaler scales it first
             step_loss += loss.detach().float() / len(group)
             tokens += int(batch["attention_mask"].sum()) * self.world
