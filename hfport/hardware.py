@@ -10,14 +10,19 @@ parse, is measured again and replaced.
 
 Decisions that read it: fine-tuning's `precision: auto` (bf16 autocast where native) and `dtype="auto"` when
 loading a model for the CPU (an fp32 checkpoint runs in bf16 where native; see `auto_dtype`).
+
+HeapPolicy, the C allocator's setting a training loop holds while it runs, lives here too: it is about the machine
+(glibc's malloc), not about training.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
 import platform
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -231,3 +236,48 @@ def describe(caps: Capabilities) -> str:
                  f"dtype auto for an fp32 checkpoint: {'bfloat16' if caps.bf16_native else 'float32'}")
     lines.append(f"cache: {cache_path()}")
     return "\n".join(lines)
+
+
+class HeapPolicy:
+    """glibc serves every allocation above 32 MiB with a fresh mmap and unmaps it on free, so a tensor that size made
+    on every step pays page faults on every step. The word-embedding gradient is one (vocab x hidden fp32: 47 MB for
+    MiniLM, 94 MB for BERT-base; autograd builds it dense each backward), and so are a long batch's attention scores.
+    Measured for MiniLM on 16 short sentences (one thread, a shared 2-core EPYC): 12.6k page faults a backward before,
+    none after; backward 0.45 -> 0.41 s. While a loop runs, the heap serves blocks up to 1 GiB and keeps freed ones
+    for the next step; when the last loop of the process ends, restore() sets glibc's steady state (mmap threshold
+    32 MiB, trim threshold 64 MiB: where its dynamic thresholds settle in any process that has freed a block that
+    size) and returns the kept memory to the system. Only the allocator's bookkeeping changes: no value does.
+    Elsewhere than glibc (macOS, musl) it does nothing."""
+
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+    KEEP, STEADY_MMAP, STEADY_TRIM = 1 << 30, 32 << 20, 64 << 20
+    _lock, _holders = threading.Lock(), 0  # the setting is the process's: fine-tunes in threads share it
+
+    def __init__(self) -> None:
+        self.libc, self.held = None, False
+        if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+            libc = ctypes.CDLL(None)  # the process's own C library
+            if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim"):
+                self.libc = libc
+
+    def keep_large_blocks(self) -> HeapPolicy:
+        if self.libc is not None and not self.held:
+            with HeapPolicy._lock:
+                if HeapPolicy._holders == 0:
+                    self.libc.mallopt(self.M_MMAP_THRESHOLD, self.KEEP)
+                    self.libc.mallopt(self.M_TRIM_THRESHOLD, self.KEEP)
+                HeapPolicy._holders += 1
+                self.held = True
+        return self
+
+    def restore(self) -> None:
+        """Undo this holder's keep_large_blocks (a second call does nothing); the last holder restores glibc."""
+        if not self.held:
+            return
+        with HeapPolicy._lock:
+            HeapPolicy._holders -= 1
+            self.held = False
+            if HeapPolicy._holders == 0:
+                self.libc.mallopt(self.M_MMAP_THRESHOLD, self.STEADY_MMAP)
+                self.libc.mallopt(self.M_TRIM_THRESHOLD, self.STEADY_TRIM)
+                self.libc.malloc_trim(0)

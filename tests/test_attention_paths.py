@@ -13,9 +13,11 @@ import torch
 import torch.nn.functional as F
 
 import hfport
-from hfport.nn import layout as layout_module
+from hfport.nn import band as band_module
+from hfport.nn import groups as groups_module
 from hfport.nn.attention import sdpa_attention
-from hfport.nn.layout import BandPlan, Packed, window_band
+from hfport.nn.band import BandPlan, window_band
+from hfport.nn.layout import Packed
 from tests.tiny import batch, save_hf
 
 LENGTHS = (70, 41, 41, 9, 33)  # runs of 1, 2, 1, 1: windowed runs of 70 and 41 are >= 2 windows of 16
@@ -69,13 +71,14 @@ def test_padded_call_and_banded_equal_per_run_calls(family: str, tmp_path, monke
     for strategy, band_from in plans:
         # "groups": the cost rule with free calls and no scatter cost cuts one group per distinct length (4 here),
         # each padded or not: several groups, shortest first, whose rows are not in the batch's order
-        monkeypatch.setattr(layout_module, "PACKED_ATTENTION", "auto" if strategy == "groups" else strategy)
-        monkeypatch.setattr(layout_module, "CALL_COST", 0 if strategy == "groups" else 1_300_000)
-        monkeypatch.setattr(layout_module, "SCATTER_COST", -1 if strategy == "groups" else 100)
-        monkeypatch.setattr(layout_module, "BANDED_MIN_WINDOWS", band_from)
+        monkeypatch.setattr(groups_module, "PACKED_ATTENTION", "auto" if strategy == "groups" else strategy)
+        monkeypatch.setattr(groups_module, "CALL_COST", 0 if strategy == "groups" else 1_300_000)
+        monkeypatch.setattr(groups_module, "SCATTER_COST", -1 if strategy == "groups" else 100)
+        monkeypatch.setattr(band_module, "BANDED_MIN_WINDOWS", band_from)
         if strategy == "groups":
             layout = model.body.plan(inputs["input_ids"], inputs["attention_mask"])
-            assert [shape for shape in layout._groups(32).shapes] == [(1, 9), (1, 33), (2, 41), (1, 70)]
+            shapes = list(groups_module.plan_groups(layout, 32).shapes)
+            assert shapes == [(1, 9), (1, 33), (2, 41), (1, 70)]
         results[strategy, band_from] = run_model(model, inputs, real)
     reference_out, reference_grads = results.pop(("runs", 10**9))  # one full masked call per run
     for key, (out, grads) in results.items():
@@ -93,9 +96,9 @@ def test_modernbert_unpadded_batch_banded_equals_full(tmp_path, monkeypatch) -> 
     inputs = batch("modernbert", lengths=(40, 40), pairs=False)
     real = inputs["attention_mask"].bool()
     assert real.all()
-    monkeypatch.setattr(layout_module, "BANDED_MIN_WINDOWS", 10**9)
+    monkeypatch.setattr(band_module, "BANDED_MIN_WINDOWS", 10**9)
     out_full, grads_full = run_model(model, inputs, real)
-    monkeypatch.setattr(layout_module, "BANDED_MIN_WINDOWS", 2)
+    monkeypatch.setattr(band_module, "BANDED_MIN_WINDOWS", 2)
     out_band, grads_band = run_model(model, inputs, real)
     torch.testing.assert_close(out_band, out_full, **MODEL_TOL)
     for name in grads_full:
@@ -109,7 +112,7 @@ def packed(lengths: list[int]) -> Packed:
 
 def test_cost_rule_groups_many_short_runs_by_length() -> None:
     def shapes(lengths: list[int]) -> list[tuple[int, int]] | None:
-        groups = packed(lengths)._groups(384)
+        groups = groups_module.plan_groups(packed(lengths), 384)
         return None if groups is None else list(groups.shapes)
 
     tiny = [2, 3, 4, 5, 6, 7, 8] * 20  # 140 runs of a few tokens: call overheads dominate
@@ -131,7 +134,7 @@ def test_groups_place_every_token_once() -> None:
     """Each packed row has its own buffer row, inside its group's block at its offset in its sequence; rows of the
     same sequence are consecutive; padding rows are the only ones not real; empty sequences take no slot."""
     layout = packed([5, 3, 0, 5, 2, 3])
-    groups = layout_module.Groups.build(layout, ((3, 3), (2, 5)))  # the 2 and the two 3s, then the two 5s
+    groups = groups_module.Groups.build(layout, ((3, 3), (2, 5)))  # the 2 and the two 3s, then the two 5s
     assert groups.size == 3 * 3 + 2 * 5 and groups.slots.unique().numel() == sum(layout.lengths)
     assert groups.real.sum() == sum(layout.lengths) and bool(groups.real[groups.slots].all())
     by_sequence = groups.slots.split([n for n in layout.lengths])

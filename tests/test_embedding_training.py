@@ -127,7 +127,7 @@ def test_embedding_batch_loss_and_gradients_are_the_same_on_every_attention_path
     """An MNRL batch of real (question, answer) texts: per-run attention calls, one padded call, the padded groups by
     length, and the padded layout (no packing at all) give the same loss and every gradient (fp32; the paths differ
     only in summation order)."""
-    from hfport.nn import layout as layout_module
+    from hfport.nn import groups as groups_module
 
     checked = preflight(cfg(model_dir, tmp_path, batch_size=16))
     task, data = checked.task, checked.data
@@ -136,13 +136,14 @@ def test_embedding_batch_loss_and_gradients_are_the_same_on_every_attention_path
     model = hfport.AutoModel.from_pretrained(model_dir).train()
     results = {}
     for path in ("runs", "padded", "groups", "padded layout"):
-        monkeypatch.setattr(layout_module, "PACKED_ATTENTION", "auto" if path == "groups" else path)
+        monkeypatch.setattr(groups_module, "PACKED_ATTENTION", "auto" if path == "groups" else path)
         # free calls and no scatter cost: the rule cuts a group per distinct length
-        monkeypatch.setattr(layout_module, "CALL_COST", 0 if path == "groups" else 1_300_000)
-        monkeypatch.setattr(layout_module, "SCATTER_COST", -1 if path == "groups" else 100)
+        monkeypatch.setattr(groups_module, "CALL_COST", 0 if path == "groups" else 1_300_000)
+        monkeypatch.setattr(groups_module, "SCATTER_COST", -1 if path == "groups" else 100)
         model.padding_free = path != "padded layout"
         if path == "groups":
-            groups = model.body.plan(batch["input_ids"], batch["attention_mask"])._groups(model.config.hidden_size)
+            groups = groups_module.plan_groups(model.body.plan(batch["input_ids"], batch["attention_mask"]),
+                                                model.config.hidden_size)
             assert len(groups.shapes) > 4
         model.zero_grad()
         loss = task.loss(task.forward(model, batch, data), batch, data, None, 0.0)

@@ -489,10 +489,11 @@ def test_heap_policy_changes_no_value_and_is_undone(workdir, tmp_path, monkeypat
     """The loop keeps big per-step blocks on the heap (HeapPolicy: where the word-embedding gradient lives, not what
     it holds): a run without it gives the same weights bit for bit and the same metrics; the policy is undone when
     the run ends, and when it fails."""
+    from hfport import hardware
     from hfport.train import loop
 
     if sys.platform == "linux" and os.confstr("CS_GNU_LIBC_VERSION"):
-        assert loop.HeapPolicy().libc is not None, "on glibc the policy must find mallopt"
+        assert hardware.HeapPolicy().libc is not None, "on glibc the policy must find mallopt"
 
     def run(out: Path) -> tuple[list[str], dict[str, torch.Tensor]]:
         finetune(base_config(workdir, out, max_steps=5, eval_strategy="no", eval=None, eval_fraction=0.0),
@@ -500,12 +501,12 @@ def test_heap_policy_changes_no_value_and_is_undone(workdir, tmp_path, monkeypat
         return model_lines((out / "metrics.jsonl").read_text()), load_file(str(out / "final" / "model.safetensors"))
 
     calls = []
-    keep, restore = loop.HeapPolicy.keep_large_blocks, loop.HeapPolicy.restore
-    monkeypatch.setattr(loop.HeapPolicy, "keep_large_blocks", lambda self: calls.append("keep") or keep(self))
-    monkeypatch.setattr(loop.HeapPolicy, "restore", lambda self: calls.append("restore") or restore(self))
+    keep, restore = hardware.HeapPolicy.keep_large_blocks, hardware.HeapPolicy.restore
+    monkeypatch.setattr(hardware.HeapPolicy, "keep_large_blocks", lambda self: calls.append("keep") or keep(self))
+    monkeypatch.setattr(hardware.HeapPolicy, "restore", lambda self: calls.append("restore") or restore(self))
     lines, weights = run(tmp_path / "with")
     assert calls == ["keep", "restore"]
-    monkeypatch.setattr(loop.HeapPolicy, "keep_large_blocks", lambda self: self)  # glibc's own thresholds
+    monkeypatch.setattr(hardware.HeapPolicy, "keep_large_blocks", lambda self: self)  # glibc's own thresholds
     plain_lines, plain_weights = run(tmp_path / "without")
     assert lines == plain_lines
     assert weights.keys() == plain_weights.keys()
@@ -513,7 +514,7 @@ def test_heap_policy_changes_no_value_and_is_undone(workdir, tmp_path, monkeypat
         assert torch.equal(weights[key], plain_weights[key]), key
 
     calls.clear()
-    monkeypatch.setattr(loop.HeapPolicy, "keep_large_blocks", lambda self: calls.append("keep") or keep(self))
+    monkeypatch.setattr(hardware.HeapPolicy, "keep_large_blocks", lambda self: calls.append("keep") or keep(self))
     monkeypatch.setattr(loop, "float32_outputs", lambda outputs: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         finetune(base_config(workdir, tmp_path / "failed", max_steps=5, eval_strategy="no"), progress=False)
@@ -523,7 +524,7 @@ def test_heap_policy_changes_no_value_and_is_undone(workdir, tmp_path, monkeypat
 def test_heap_policy_is_restored_by_its_last_holder():
     """The allocator setting is the process's: two fine-tunes in one process (threads of a worker) share it, and
     only the second to end puts glibc back; restoring twice does nothing."""
-    from hfport.train.loop import HeapPolicy
+    from hfport.hardware import HeapPolicy
 
     calls = []
 
@@ -566,3 +567,50 @@ def test_save_strategy_decides_the_checkpoints(workdir, tmp_path, strategy, save
 def test_save_strategy_steps_needs_save_steps(workdir, tmp_path):
     with pytest.raises(ValueError, match="save_strategy 'steps' needs save_steps"):
         base_config(workdir, tmp_path / "run", save_strategy="steps")
+
+
+@pytest.mark.parametrize("fused", ["on", "off"])  # the fused AdamW takes the scale itself: accelerate's flag misses it
+def test_a_step_the_loss_scaler_skips_holds_the_schedule_and_is_counted(workdir, tmp_path, monkeypatch, fused):
+    """AMP bookkeeping: with a loss scaler (a CPU GradScaler stands in for fp16's on a GPU), a step whose gradients
+    overflow is skipped by the scaler; the scheduler does not advance on it (transformers' Trainer neither), the step
+    still counts, and the train lines count the skips."""
+    from hfport.train import loop
+
+    skip, steps = 3, 6
+    build, clip = loop.build_accelerator, loop.clip_grad_norm
+
+    def with_scaler(config):
+        accelerator = build(config)
+        # scale 1.0: the scaled loss and gradients equal the plain ones bit for bit until the overflow
+        accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+        return accelerator
+
+    calls = []
+
+    def overflow_once(accelerator, params, max_norm):
+        calls.append(len(calls) + 1)
+        if calls[-1] == skip:  # an overflow in one gradient on this step
+            next(p for p in params if p.grad is not None).grad[0].fill_(float("inf"))
+        return clip(accelerator, params, max_norm)
+
+    def train_lines(out: Path) -> list[dict]:
+        return [e for e in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if e["type"] == "train"]
+
+    cfg = dict(max_steps=steps, eval_strategy="no", eval=None, eval_fraction=0.0, scheduler="linear", warmup_ratio=0.0,
+               max_grad_norm=None, fused_optimizer=fused, save_steps=steps, save_strategy="steps")
+    monkeypatch.setattr(loop, "build_accelerator", with_scaler)
+    monkeypatch.setattr(loop, "clip_grad_norm", overflow_once)
+    finetune(base_config(workdir, tmp_path / "scaled", **cfg), progress=False)
+    monkeypatch.undo()
+    finetune(base_config(workdir, tmp_path / "plain", **cfg), progress=False)
+    scaled, plain = train_lines(tmp_path / "scaled"), train_lines(tmp_path / "plain")
+
+    assert [e["step"] for e in scaled] == list(range(1, steps + 1)), "a skipped step still counts"
+    assert [e["loss"] for e in scaled[:skip]] == [e["loss"] for e in plain[:skip]]
+    lrs, plain_lrs = [e["lr"] for e in scaled], [e["lr"] for e in plain]
+    assert lrs[:skip - 1] == plain_lrs[:skip - 1]
+    assert lrs[skip - 1:] == plain_lrs[skip - 2:-1], "the schedule stood still on the skipped step"
+    assert [e["skipped_steps"] for e in scaled] == [0] * (skip - 1) + [1] * (steps - skip + 1)
+    assert all("skipped_steps" not in e for e in plain), "runs without a loss scaler keep their lines"
+    state = json.loads((RunDir(tmp_path / "scaled").checkpoint(steps) / "trainer_state.json").read_text())
+    assert state["skipped_steps"] == 1 and state["step"] == steps  # a resumed run goes on counting

@@ -14,27 +14,27 @@ Everything per token is layout-blind; a layout owns the three things that are no
 rows (`embed`), moving tensors between its rows and (B, T, ...) (`pack`, `unpack`), and attention (`attend`: split
 heads, run the kernel over whole sequences with the layout's mask, the family's bias callback and an optional
 sliding window, merge heads). `positions` holds each row's position id, for rotary embeddings and windows.
+Two attention helpers sit beside this file: nn/band.py (a sliding window's band, run blocked on long sequences) and
+nn/groups.py (Packed's short runs regrouped by length into a few padded calls, and the cost rule that decides).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
 from typing import Any, Callable, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .band import BandPlan, Kernel, attend_local, banded, window_band
+from .groups import Groups, plan_groups
 
 # bias(q, k) -> the additive score bias (G|1, H|1, L, L) of G sequences of length L given their (G, H, L, D) queries
 # and keys (DeBERTa's relative terms), or None. The one injection point for score terms, on every layout. It returns
 # a fresh tensor: a layout may write its mask into it in place.
 SequenceBias = Callable[[Tensor, Tensor], "Tensor | None"]
-# kernel(q, k, v, mask=, bias=) -> (G, H, L, D): q, k, v (G, H, L, D); mask bool (G|1, 1, L|1, L), True = attend,
-# or None; bias additive (G|1, H|1, L, L) or None. Dropout and scale are bound by the attention module.
-Kernel = Callable[..., Tensor]
 
 
 class Layout(Protocol):
@@ -64,104 +64,6 @@ class _PerBatch:
         if key not in memo:
             memo[key] = build()
         return memo[key]
-
-
-# When Packed.attend runs padded groups instead of one call per run, in units of one multiply-add of q.k or p.v
-# per channel (~0.1 ns on a 2-core CPU): per runs, sum over runs of G * L^2 * C plus CALL_COST per call (a small
-# fused SDPA call's fixed cost, forward + backward, ~130 us); a padded group of G sequences padded to L, G * L^2 * C
-# plus CALL_COST plus SCATTER_COST per padded element G * L * C (scattering q, k, v and the mask, gathering the
-# output, and the backward of each, all memory bound, ~10 ms for 64 rows of <= 30 tokens at C = 384). Measured
-# there, attention forward + backward, C = 384, 12 heads (medians of 12 interleaved repeats, noisy shared machine),
-# one padded call over all rows against per run: 64 rows of 10-30 tokens in 62 runs, per run
-# 9.9 ms / padded 12.1 ms; the same length-sorted (18 runs) 6.6 / 11.4; 16 rows of 16-128 tokens 8.4 / 18.3;
-# 4 rows of 16-512 19.7 / 34.4. Padded wins only with many more runs than that (long unsorted batches of short
-# texts, e.g. 128 rows of a few tokens each). Grouping by length (the rule picks the groups): 64 rows, 32 of 8-13
-# and 32 of 10-21 tokens (an embedding fine-tune's anchors and answers), dropout 0.1, per layer forward + backward,
-# medians of 8-10 interleaved repeats (1 thread, noisy shared machine): per run 21.9 ms, one padded call 16.5,
-# the 5 groups the rule picks 10.8-11.7, 2 groups 11.9-13.1; without dropout per run 10.9, padded 14.5, 5 groups 9.2.
-CALL_COST = 1_300_000
-SCATTER_COST = 100
-# Banded local attention (see `BandPlan`) from this many windows of length on. Measured on a 2-core CPU, one
-# thread, window 128, 6 heads of 64, two sequences, attention forward + backward (min of 16, blocked / full masked):
-# L = 256 1.06, 320 0.89, 384 0.78, 512 0.57; below ~2.5 windows the slab copies eat the saved scores.
-BANDED_MIN_WINDOWS = 2.5
-# "auto" (the cost rule), "runs" or "padded" (one group): how Packed.attend runs a batch without a bias callback.
-PACKED_ATTENTION = "auto"
-# A padded group spans at most this many distinct lengths (bounds the cost rule's DP at D * 64 steps).
-MAX_GROUP_SPAN = 64
-
-
-def window_band(positions: Tensor, window: int) -> Tensor:
-    """(..., L) position ids -> (..., L, L) bool: True where |p_i - p_j| <= window // 2 (ModernBERT's local
-    attention, symmetric, window // 2 tokens each side). Distances are between position ids, so a hole in the mask
-    keeps its width, as in the padded layout."""
-    return (positions[..., :, None] - positions[..., None, :]).abs() <= window // 2  # (..., L, L)
-
-
-@dataclass(frozen=True, eq=False)
-class BandPlan:
-    """Local attention over G sequences of length L in query blocks: block [s, s + Q) needs only the keys
-    [s - w // 2, s + Q + w // 2) (a slab of S = Q + 2 * (w // 2) rows), so one kernel call over G * nb blocks
-    scores G * L * S pairs instead of G * L^2 (PyTorch's CPU SDPA scores the whole L x L, then masks the band).
-
-    Exact: every key outside a block's slab is outside the band of its queries (position ids grow at least as
-    fast as the row index, holes included), so a query's softmax sees the same keys; only the summation order
-    differs (fp32 ~1e-7). With attention dropout the dropped entries come from another RNG stream than the full
-    call's (the same distribution: each in-band probability dropped independently)."""
-
-    blocks: int  # nb = ceil(L / Q)
-    block: int  # Q = w // 2 queries per block
-    half: int  # w // 2
-    length: int  # L
-    mask: Tensor  # (G * nb, 1, Q, S) bool, True = attend
-
-    @staticmethod
-    def build(positions: Tensor, valid: Tensor | None, window: int) -> BandPlan:
-        """positions (G, L) long; valid (G, L) bool real tokens (None: all real). Query rows that are not real
-        attend to their whole slab (their outputs are thrown away; a fully masked row would be NaN)."""
-        g, length = positions.shape
-        half = window // 2
-        block = max(half, 1)
-        blocks = -(-length // block)
-        tail = blocks * block - length
-        slab = block + 2 * half
-        if valid is None:
-            valid = torch.ones_like(positions, dtype=torch.bool)
-        qpos = F.pad(positions, (0, tail)).view(g, blocks, block)  # (G, nb, Q)
-        qreal = F.pad(valid, (0, tail), value=False).view(g, blocks, block)  # (G, nb, Q)
-        kpos = F.pad(positions, (half, tail + half)).unfold(1, slab, block)  # (G, nb, S)
-        kreal = F.pad(valid, (half, tail + half), value=False).unfold(1, slab, block)  # (G, nb, S)
-        mask = ((qpos[..., :, None] - kpos[..., None, :]).abs() <= half) & kreal[..., None, :]  # (G, nb, Q, S)
-        mask = mask | ~qreal[..., :, None]
-        return BandPlan(blocks, block, half, length, mask.reshape(g * blocks, 1, block, slab))
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, kernel: Kernel) -> Tensor:
-        """q, k, v (G, H, L, D) -> (G, H, L, D)."""
-        g, h, length, d = q.shape
-        nb, block, half = self.blocks, self.block, self.half
-        tail = nb * block - length
-        slab = block + 2 * half
-        qb = F.pad(q, (0, 0, 0, tail)).view(g, h, nb, block, d).transpose(1, 2).reshape(g * nb, h, block, d)
-
-        def slabs(x: Tensor) -> Tensor:  # (G, H, L, D) -> (G * nb, H, S, D)
-            x = F.pad(x, (0, 0, half, tail + half)).unfold(2, slab, block)  # (G, H, nb, D, S)
-            return x.permute(0, 2, 1, 4, 3).reshape(g * nb, h, slab, d)
-
-        out = kernel(qb, slabs(k), slabs(v), mask=self.mask, bias=None)  # (G * nb, H, Q, D)
-        out = out.view(g, nb, h, block, d).transpose(1, 2).reshape(g, h, nb * block, d)  # (G, H, nb * Q, D)
-        return out[:, :, :length]
-
-
-def _local(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel, mask: Tensor | BandPlan | None) -> Tensor:
-    """One sequence group's kernel call: a BandPlan runs blocked, a mask (or None) one full call."""
-    if isinstance(mask, BandPlan):
-        return mask.attend(q, k, v, kernel)
-    return kernel(q, k, v, mask=mask, bias=None)
-
-
-def banded(length: int, window: int | None) -> bool:
-    """Whether local attention over sequences of this length runs blocked (BandPlan)."""
-    return window is not None and length >= BANDED_MIN_WINDOWS * window
 
 
 def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
@@ -233,62 +135,6 @@ class Padded(_PerBatch):
         if self.key_mask is not None:
             band = band & self.key_mask  # (B, 1, T, T)
         return None if bool(band.all()) else band
-
-
-@dataclass(frozen=True, eq=False)
-class Groups:
-    """Packed sequences regrouped for padded attention: sorted by length and cut into groups, group g holding G_g
-    sequences padded to its longest, L_g. Its buffer is the groups' (G_g, L_g) blocks one after the other, each
-    sequence's rows first in its block row, padding after."""
-
-    shapes: tuple[tuple[int, int], ...]  # (G, L) of each group, shortest first
-    slots: Tensor  # (N,) long: each packed row's row in the buffer
-    real: Tensor  # (S,) bool, S = sum G * L: buffer rows that hold a token
-    positions: Tensor  # (S,) long: each buffer row's position id (0 at padding)
-
-    @property
-    def size(self) -> int:
-        return self.real.shape[0]
-
-    @staticmethod
-    def build(packed: Packed, shapes: tuple[tuple[int, int], ...]) -> Groups:
-        """Sequences into the groups in length order (stable; empty sequences have no rows and no slot)."""
-        device = packed.index.device
-        order = sorted((i for i, n in enumerate(packed.lengths) if n), key=lambda i: packed.lengths[i])
-        first = torch.empty(packed.batch, dtype=torch.long)  # (B,): buffer row of each sequence's first token
-        block, taken = 0, 0
-        for count, length in shapes:
-            members = torch.tensor(order[taken:taken + count], dtype=torch.long)
-            first[members] = block + torch.arange(count) * length
-            block, taken = block + count * length, taken + count
-        lengths = torch.tensor(packed.lengths, device=device)  # (B,)
-        seq = torch.repeat_interleave(torch.arange(packed.batch, device=device), lengths)  # (N,)
-        starts = torch.tensor(packed.starts, device=device)  # (B,)
-        slots = first.to(device)[seq] + torch.arange(seq.shape[0], device=device) - starts[seq]  # (N,)
-        real = torch.zeros(block, dtype=torch.bool, device=device)
-        real[slots] = True
-        positions = torch.zeros(block, dtype=packed.positions.dtype, device=device)
-        positions[slots] = packed.positions
-        return Groups(shapes, slots, real, positions)
-
-    def masks(self, window: int | None) -> list[Tensor | BandPlan | None]:
-        """Per group: None (nothing padded, no window), a (G, 1, L|1, L) bool mask (real keys, and the band with a
-        window; padded query rows attend to every key), or a BandPlan for long windowed groups."""
-        out: list[Tensor | BandPlan | None] = []
-        for (count, length), real, positions in zip(self.shapes, *(x.split([g * n for g, n in self.shapes])
-                                                                   for x in (self.real, self.positions))):
-            real, positions = real.view(count, length), positions.view(count, length)  # (G, L) each
-            if banded(length, window):
-                out.append(BandPlan.build(positions, real, window))
-                continue
-            mask = real[:, None, None, :]  # (G, 1, 1, L)
-            if window is not None:
-                mask = window_band(positions, window)[:, None] & mask  # (G, 1, L, L)
-            elif bool(real.all()):
-                out.append(None)
-                continue
-            out.append(mask | ~real[:, None, :, None])  # (G, 1, L, L)
-        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -377,15 +223,15 @@ class Packed(_PerBatch):
         One kernel call per run of equal-length sequences (often one per sequence); the per-call overhead is
         small next to the B * T^2 - sum(L_i^2) score entries a masked padded call computes and throws away. Without
         a bias callback, a batch of many short runs takes a few padded calls instead, its sequences grouped by
-        length (the cost rule at CALL_COST, `_groups`), and sequences of >= BANDED_MIN_WINDOWS windows run local
-        attention blocked (BandPlan).
+        length (the cost rule at CALL_COST, nn/groups.py's plan_groups), and sequences of >= BANDED_MIN_WINDOWS
+        windows run local attention blocked (BandPlan).
         Measured on a 2-core CPU, 16 rows with 41% padding, attention forward + backward with dropout / without:
         per sequence 156 / 105 ms, one masked padded call 380 / 126 ms, nested-tensor SDPA 672 / 700 ms.
         A sliding window is a band mask per run, built here on any device; on CUDA, flash-attn's varlen kernel
         (cu_seqlens from `starts`, window_size=(w // 2, w // 2)) would do all runs in one call without masks."""
         c = q.shape[1]
         d = c // heads
-        groups = self.cached(("groups", c), lambda: self._groups(c)) if bias is None else None
+        groups = self.cached(("groups", c), lambda: plan_groups(self, c)) if bias is None else None
         if groups is not None:
             return self._attend_grouped(q, k, v, heads, kernel, window, groups)
         masks = self.cached(("window", window), lambda: self._window_masks(window)) if window is not None else None
@@ -395,45 +241,11 @@ class Packed(_PerBatch):
         for r, ((_, count, length), qr, kr, vr) in enumerate(zip(self.runs, *(x.split(sizes) for x in (q, k, v)))):
             qi, ki, vi = (x.view(count, length, heads, d).transpose(1, 2) for x in (qr, kr, vr))  # (G, H, L, D)
             if bias is None:
-                out = _local(qi, ki, vi, kernel, masks[r] if masks is not None else None)  # (G, H, L, D)
+                out = attend_local(qi, ki, vi, kernel, masks[r] if masks is not None else None)  # (G, H, L, D)
             else:
                 out = kernel(qi, ki, vi, mask=masks[r] if masks is not None else None, bias=bias(qi, ki))
             pieces.append(out.transpose(1, 2).reshape(count * length, c))  # (G * L, C)
         return torch.cat(pieces)  # (N, C)
-
-    def _groups(self, width: int) -> Groups | None:
-        """The cost rule (see CALL_COST): padded groups by length when they cost less than one call per run, else
-        None (per-run calls). Sequences sorted by length are cut where the DP over their distinct lengths says: a
-        group costs CALL_COST + G * L * width * (L + SCATTER_COST) for G sequences padded to its longest, L. So a
-        batch of many short runs of mixed lengths (64 texts of 8-21 tokens) becomes two or three calls over little
-        padding, few long varied ones stay per run. PACKED_ATTENTION forces either ("runs" / "padded": one group
-        over all sequences), for tests and measurements."""
-        if PACKED_ATTENTION == "runs" or (PACKED_ATTENTION == "auto" and len(self.runs) == 1):
-            return None
-        per_length = Counter(n for n in self.lengths if n)
-        if not per_length:  # nothing real to attend over
-            return None
-        lengths = sorted(per_length)  # (D,) distinct lengths
-        counts = [per_length[n] for n in lengths]  # (D,) sequences of each
-        if PACKED_ATTENTION == "padded":
-            return Groups.build(self, ((sum(counts), lengths[-1]),))
-        # best[j]: the cheapest cut of the shortest j distinct lengths; the last group spans lengths[i:j]
-        best, cut = [0.0] * (len(lengths) + 1), [0] * (len(lengths) + 1)
-        for j in range(1, len(lengths) + 1):
-            longest, count, best[j] = lengths[j - 1], 0, float("inf")
-            for i in range(j - 1, max(j - 1 - MAX_GROUP_SPAN, -1), -1):
-                count += counts[i]
-                cost = best[i] + CALL_COST + count * longest * width * (longest + SCATTER_COST)
-                if cost < best[j]:
-                    best[j], cut[j] = cost, i
-        runs = sum(count * length ** 2 * width + CALL_COST for _, count, length in self.runs)
-        if PACKED_ATTENTION == "auto" and runs <= best[-1]:
-            return None
-        shapes, j = [], len(lengths)
-        while j:
-            shapes.append((sum(counts[cut[j]:j]), lengths[j - 1]))
-            j = cut[j]
-        return Groups.build(self, tuple(reversed(shapes)))
 
     def _attend_grouped(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kernel: Kernel, window: int | None,
                         groups: Groups) -> Tensor:
@@ -447,7 +259,7 @@ class Packed(_PerBatch):
         pieces = []
         for (count, length), mask, qg, kg, vg in zip(groups.shapes, masks, *buffers):
             qh, kh, vh = (_heads(x.view(count, length, c), heads) for x in (qg, kg, vg))  # (G, H, L, D)
-            pieces.append(_merge_heads(_local(qh, kh, vh, kernel, mask)).reshape(count * length, c))  # (G * L, C)
+            pieces.append(_merge_heads(attend_local(qh, kh, vh, kernel, mask)).reshape(count * length, c))  # (G * L, C)
         return Rows.apply(torch.cat(pieces) if len(pieces) > 1 else pieces[0], groups.slots, True)  # (N, C)
 
     def _window_masks(self, window: int) -> list[Tensor | BandPlan | None]:

@@ -27,7 +27,8 @@ class TrainTask:
         raise NotImplementedError
 
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
-        """A padded batch. `seed` is unique to the batch (and fixed across resumes) for random corruption."""
+        """A padded batch. `seed` names the training step (fixed across resumes; the same in every process and
+        micro-batch of the step): random corruption draws per example from it and the example's identity."""
         raise NotImplementedError
 
     def forward(self, model: Any, batch: dict[str, torch.Tensor], data: EncodedData) -> Any:

@@ -1,0 +1,85 @@
+"""What the loop writes into the run folder besides checkpoints (checkpoint.py) and the report (report.py): the
+folder itself (prepare_output_dir), metrics.jsonl (MetricsLog) and the model folders final/ and best/
+(save_model_folder). Where each lives is RunDir's (hfport/rundir.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .. import lora
+from ..errors import ConfigError
+from ..rundir import RunDir
+from ..tokenizer import copy_tokenizer_files
+from .config import FinetuneConfig
+from .data import EncodedData
+from .monitor import read_metrics
+
+log = logging.getLogger("hfport.train")
+
+
+def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:
+    """Refuse to overwrite an earlier run unless asked to (--overwrite) or continuing it (--resume)."""
+    existing = run.existing()
+    if existing and not config.resume:
+        if not config.overwrite:
+            raise ConfigError(f"{run.root}: already holds a run ({', '.join(existing)}); pass --overwrite to "
+                              "replace it or --resume to continue it")
+        run.clear()
+    run.root.mkdir(parents=True, exist_ok=True)
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON line per logged step and per eval. On resume, lines past the checkpoint's step
+    are dropped first so the file ends exactly as an unbroken run's would."""
+
+    def __init__(self, path: Path, keep_through_step: int | None, enabled: bool):
+        self.path, self.enabled = path, enabled
+        if enabled and keep_through_step is not None and path.exists():
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= keep_through_step]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, entry: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        entries, problems = read_metrics(self.path)
+        for problem in problems:
+            log.warning("%s", problem)
+        return entries
+
+
+def _step_of(line: str) -> int:
+    """A metrics.jsonl line's step; a line that cannot be read (cut off by a kill) counts as past every step."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 2**62
+
+
+def save_model_folder(model: Any, source: Path, target: Path, task: Any, data: EncodedData,
+                      copy_to: Path | None = None) -> None:
+    """An HF model folder (weights + config) with the source's tokenizer files beside it, and the task's own files
+    (a sentence-transformers layout, say)."""
+    if copy_to is not None:
+        if copy_to.exists():
+            shutil.rmtree(copy_to)
+        shutil.copytree(target, copy_to)
+        return
+    if lora.has_lora(model):  # the adapter in PEFT's format (+ config.json with the labels)
+        lora.save_adapter(model, target)
+    else:
+        model.save_pretrained(target)
+    copy_tokenizer_files(source, target)
+    task.write_model_files(target, data)
+
+
+def lora_base(model: str, source: Path) -> str:
+    """base_model_name_or_path: a local folder as an absolute path (the adapter is read from anywhere), a repo id
+    as given."""
+    return str(source.resolve()) if Path(model).expanduser().exists() else model
