@@ -545,3 +545,42 @@ def test_sentence_transformers_folders_get_their_card(kind, minilm_path, tmp_pat
                 "cross-encoder": ("text-ranking", "CrossEncoder")}[kind]
     assert "library_name: sentence-transformers" in card and f"pipeline_tag: {tag}\n" in card
     assert f"from sentence_transformers import {cls}" in card and "from transformers import" not in card
+
+
+def test_export_floors():
+    """Inside hfport/export/ imports only point down: no circle among its modules, no function-level import of an
+    hfport module (optional extras only), no private name imported from another module."""
+    import ast
+
+    folder = Path(hfport.__file__).parent / "export"
+    graph: dict[str, set[str]] = {}
+    problems = []
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        top = set(tree.body)
+        graph[path.stem] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            if node not in top and not any(isinstance(n, ast.If) and node in ast.walk(n) for n in tree.body):
+                problems.append(f"{path.name}:{node.lineno}: function-level import of {'.' * node.level}{node.module}")
+            if node.level == 1 and node.module and node in top:  # (imports under TYPE_CHECKING are types only)
+                graph[path.stem].add(node.module.split(".")[0])
+            problems += [f"{path.name}:{node.lineno}: private name {a.name}" for a in node.names
+                         if a.name.startswith("_") and a.name != "__version__"]
+    seen: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        if seen.get(name) == 1:
+            problems.append("import circle: " + " -> ".join([*trail, name]))
+            return
+        if seen.get(name) == 2:
+            return
+        seen[name] = 1
+        for dep in sorted(graph.get(name, ())):
+            visit(dep, [*trail, name])
+        seen[name] = 2
+
+    for name in graph:
+        visit(name, [])
+    assert not problems, "\n".join(problems)

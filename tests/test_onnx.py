@@ -27,7 +27,7 @@ pytest.importorskip("onnxruntime")
 import hfport  # noqa: E402
 from hfport.export import onnx as onnx_export  # noqa: E402
 from hfport.cli import app  # noqa: E402
-from hfport.export import ExportError, VerifyFailed  # noqa: E402
+from hfport.export import FORMATS, ExportError, VerifyFailed, detect_format, verify  # noqa: E402
 from hfport.export import onnx_agreement, onnx_verify  # noqa: E402
 from hfport.export.onnx import MANIFEST, PROBE_TEXTS, export_onnx, verify_onnx  # noqa: E402
 from hfport.export.onnx_fusion import OPTIMIZED_FILE, split_outliers  # noqa: E402
@@ -258,6 +258,33 @@ def test_clean_folder_verifies_without_source(exported):
     run = CliRunner().invoke(app, ["verify", str(out)])
     assert run.exit_code == 0, run.output
     assert "PASS" in run.output
+
+
+def test_folder_whose_source_is_gone_verifies_against_its_own_graphs(exported, tmp_path):
+    """Copied to a machine without its source: verify says so and compares hfport's ONNX backend with onnxruntime
+    running model.onnx directly; the int8 gate and the recorded hashes still hold. A damaged graph still fails, and
+    a --source that cannot be loaded is a FAIL row."""
+    folder = copy_export(exported, "bert", "text-classification", tmp_path)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["source"] = str(tmp_path / "gone")
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    manifest_sha = {k: v for k, v in manifest["sha256"].items()}
+    assert detect_format(folder) is FORMATS["onnx-int8"]
+    report = verify(folder)
+    assert report.passed, report.table()
+    assert "onnxruntime directly" in report.source and "no PyTorch model compared" in report.source
+    assert any(r.check == "source" and "none reachable" in r.output for r in report.rows)
+    assert rows(report, "fp32 vs onnxruntime") and rows(report, "int8 vs fp32") and not rows(report, "fp32 vs hfport")
+    assert manifest_sha == json.loads((folder / MANIFEST).read_text())["sha256"]
+    assert not verify(folder, tmp_path / "gone").passed  # a --source given must load
+    model = onnx.load(str(folder / ONNX_FILE))
+    init = max(model.graph.initializer, key=lambda t: np.prod(t.dims))
+    array = onnx.numpy_helper.to_array(init).copy()
+    array[:, 0] += 0.5
+    init.CopyFrom(onnx.numpy_helper.from_array(array, init.name))
+    onnx.save(model, str(folder / ONNX_FILE))
+    report = verify(folder)
+    assert not report.passed and ("files", ONNX_FILE) in {(r.check, r.output) for r in report.failures}
 
 
 def test_graph_outputs_that_disagree_with_config(exported, tmp_path):

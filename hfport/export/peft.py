@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from .. import hub, lora
 from ..modeling import PreTrainedEncoder
@@ -115,7 +116,6 @@ def adapter_key_problems(peft_model: Any, folder: Path) -> tuple[list[str], list
     """(missing, unexpected): the keys peft's model would save for its adapter (its LoRA layers and its
     modules_to_save copies) against the keys in the folder's adapter_model.safetensors."""
     from peft.utils import get_peft_model_state_dict
-    from safetensors import safe_open
 
     with safe_open(str(folder / lora.ADAPTER_WEIGHTS), framework="pt") as f:
         saved = set(f.keys())
