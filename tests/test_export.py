@@ -584,3 +584,30 @@ def test_export_floors():
     for name in graph:
         visit(name, [])
     assert not problems, "\n".join(problems)
+
+
+def test_staged_writes_one_helper(tmp_path):
+    """hfport/staging.py: the one staged write. Replace (exports), merge into an existing folder (model saves:
+    other files kept, stale weights of another layout dropped), and a fixed staging name a killed writer leaves
+    behind, fsynced before the rename (the checkpoint writer's needs); a failure leaves the target as it was."""
+    from hfport import staging
+
+    target = tmp_path / "out"
+    with staging.staged(target) as folder:
+        (folder / "a.txt").write_text("1")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (target / "a.txt").read_text() == "1"
+    with pytest.raises(RuntimeError), staging.staged(target) as folder:
+        (folder / "a.txt").write_text("2")
+        raise RuntimeError("the writer failed")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (target / "a.txt").read_text() == "1"
+    (target / "model.safetensors").write_text("old layout")
+    with staging.staged(target, merge=True, stale=("model*.safetensors*",)) as folder:
+        (folder / "model-00001-of-00001.safetensors").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == ["a.txt", "model-00001-of-00001.safetensors"]
+    leftover = tmp_path / ".tmp-step-3-1"  # a killed writer's staging folder of that name
+    leftover.mkdir()
+    (leftover / "half.pt").write_text("x")
+    with staging.staged(tmp_path / "step-3", name=leftover.name, fsync=True) as folder:
+        assert folder == leftover and not (folder / "half.pt").exists()
+        (folder / "trainer_state.json").write_text("{}")
+    assert not leftover.exists() and (tmp_path / "step-3" / "trainer_state.json").is_file()

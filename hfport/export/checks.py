@@ -171,8 +171,8 @@ def check_tokenizer(report: VerifyReport, transformers: Any, folder: Path, task:
 def compare_models(report: VerifyReport, batches: dict[str, dict[str, Tensor]], ours: PreTrainedEncoder,
                    theirs: Any, task: str, suffix: str = "") -> None:
     """Every output the task names, on every probe batch: transformers' model from DIR against hfport's (the
-    reference), per-token outputs at real positions (SUFFIX names the pair in a row that could not run). An output neither returns is skipped (DistilBERT has no
-    pooler); one only one side returns fails."""
+    reference), per-token outputs at real positions. An output neither returns is skipped (DistilBERT has no
+    pooler); one only one side returns fails. SUFFIX names the pair in a row that could not run."""
     record = TASKS[task]
     for batch, enc in batches.items():
         runs: dict[str, Any] = {}
