@@ -119,6 +119,16 @@ def test_damaged_reranker_fails(folders, tmp_path):
     assert not report.passed and "CrossEncoder activation" in failed, report.table()
 
 
+def test_merged_folder_verifies_against_its_adapter(folders, tmp_path):
+    """An HF folder checked against an adapter source is proven as the merge of it (format merged)."""
+    export(folders["peft"], tmp_path / "merged", merge=True)
+    assert detect_format(tmp_path / "merged") is FORMATS["hf"]
+    report = verify(tmp_path / "merged", folders["peft"])
+    assert report.passed, report.table()
+    assert any(r.check == "config" and r.detail.startswith("merged") for r in report.rows), report.table()
+    assert verify(tmp_path / "merged").passed  # and, without a source, as the plain HF folder it is
+
+
 def test_damaged_adapter_fails(folders, tmp_path):
     folder = damaged(folders["peft"], tmp_path)
     weights = load_file(str(folder / "adapter_model.safetensors"))

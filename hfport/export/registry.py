@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import hub, lora
+from ..errors import HfportError
 from ..pipelines.onnx_backend import QUANTIZED_FILE, is_onnx_model
 from .common import ExportError, ExportResult, FormatOptions, check_out, resolve_source
 from .folder import ExportOptions, SentenceTransformersOptions, verify_folder, write_folder
@@ -46,6 +47,7 @@ class ExportFormat:
     detect: Callable[[Path], bool] | None = None  # is a folder one of its own (None: its output is another's)
     verify_options: tuple[str, ...] = ("atol", "rtol")  # keywords its verify takes besides which/json_path/label
     adapter_format: str | None = None  # a LoRA adapter source is written in this format instead
+    adapter_verify: str | None = None  # a folder of this format checked against an adapter SOURCE: that format's
     always_verified: bool = False  # the writer proves the folder whatever `verify` says
 
     def option_names(self) -> list[str]:
@@ -85,7 +87,8 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
                  detect=lambda p: is_cross_encoder(_config(p))),
     ExportFormat("hf", "a folder transformers loads: config.json, model.safetensors, tokenizer, README.md (an "
                  "adapter source stays an adapter: peft)", ExportOptions, write_folder, verify_folder,
-                 detect=lambda p: (p / "config.json").is_file(), adapter_format="peft"),
+                 detect=lambda p: (p / "config.json").is_file(), adapter_format="peft",
+                 adapter_verify="merged"),
 )}
 DEFAULT_FORMAT = "hf"
 
@@ -146,6 +149,12 @@ def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = 
     folder = Path(dir).expanduser()
     fmt = get_format(format) if format is not None else detect_format(folder)
     given = {k: v for k, v in checks.items() if v is not None}
+    if fmt is not None and format is None and fmt.adapter_verify is not None and source is not None:
+        try:
+            if resolve_source(source, which).adapter:  # an HF folder from an adapter: the merge of it
+                fmt = FORMATS[fmt.adapter_verify]
+        except HfportError:
+            pass  # the format's own verify reports the source it cannot resolve
     if fmt is not None:
         unknown = sorted(set(given) - set(fmt.verify_options))
         if unknown:
