@@ -15,7 +15,6 @@ from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFa
     get_format
 from .export import export as export_to
 from .export import verify as verify_folder
-from .export.onnx import QUANTIZE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Lean HF encoders: inspect, predict, fine-tune, export and serve.")
@@ -320,17 +319,18 @@ def export(
     weights, tokenizer files and a model card); proven against SRC before it appears with --verify (always for
     ONNX)."""
     setup_logging(verbose, quiet)
-    if quantize is not None:  # the older spelling of the int8 format
-        if format_ != "onnx":
-            fail("--quantize: only with --format onnx (or use --format onnx-int8)")
-        if quantize not in QUANTIZE:
-            fail(f"--quantize {quantize!r}: expected one of {list(QUANTIZE)}")
-        format_ = "onnx-int8"
     try:
-        fmt = get_format("merged" if merge and format_ == DEFAULT_FORMAT else format_)
+        fmt = get_format(format_)
     except ExportError as e:
         fail(str(e))
         return
+    if quantize is not None:  # the older spelling of the quantized formats: --format onnx --quantize int8
+        if quantize not in fmt.quantized:
+            takers = sorted(f.name for f in FORMATS.values() if quantize in f.quantized)
+            known = sorted({q for f in FORMATS.values() for q in f.quantized})
+            fail(f"--quantize {quantize}: only with --format {' or '.join(takers)}" if takers else
+                 f"--quantize {quantize!r}: expected one of {known}")
+        fmt = FORMATS[fmt.quantized[quantize]]
     options = _format_options(fmt, [
         ("--dtype", "dtype", dtype), ("--max-shard-size", "max_shard_size", max_shard_size), ("--atol", "atol", atol),
         ("--rtol", "rtol", rtol), ("--opset", "opset", opset), ("--optimize", "optimize", optimize or None),
@@ -340,7 +340,7 @@ def export(
         fail("--json writes the verify report: add --verify")
     try:
         result = export_to(src, out, format=fmt.name, which="final" if final else "best", force=force, verify=verify,
-                           json_path=json_path, **options)
+                           json_path=json_path, merge=merge, **options)
     except VerifyFailed as e:
         _print_report(e.report, json_path)
         fail(f"{out}: the export does not match {e.report.source or src}; nothing was written")

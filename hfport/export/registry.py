@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ class ExportFormat:
     adapter_format: str | None = None  # a LoRA adapter source is written in this format instead
     adapter_verify: str | None = None  # a folder of this format checked against an adapter SOURCE: that format's
     always_verified: bool = False  # the writer proves the folder whatever `verify` says
+    quantized: dict[str, str] = field(default_factory=dict)  # `--quantize` value -> the format that writes it
 
     def option_names(self) -> list[str]:
         return list(self.options.model_fields)
@@ -72,7 +73,8 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
                  verify_options=("atol", "rtol", "min_agreement", "min_cosine"), always_verified=True),
     ExportFormat("onnx", "model.onnx (fp32, the layout optimum writes), config.json, tokenizer, hfport_onnx.json",
                  OnnxOptions, write_onnx, verify_onnx, detect=_is_onnx,
-                 verify_options=("atol", "rtol", "min_agreement", "min_cosine"), always_verified=True),
+                 verify_options=("atol", "rtol", "min_agreement", "min_cosine"), always_verified=True,
+                 quantized={"int8": "onnx-int8"}),
     ExportFormat("peft", "a LoRA adapter in PEFT's format (adapter_config.json, adapter_model.safetensors), "
                  "config.json, tokenizer", ExportOptions, write_adapter, verify_adapter,
                  detect=lora.is_adapter_folder),
