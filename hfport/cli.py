@@ -10,6 +10,11 @@ from typing import Annotated, Optional
 import typer
 
 from . import tasks, verbosity
+from .errors import HfportError
+from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFailed, VerifyReport, formats_help, \
+    get_format
+from .export import export as export_to
+from .export import verify as verify_folder
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Lean HF encoders: inspect, predict, fine-tune, export and serve.")
@@ -249,101 +254,96 @@ def predict(
         typer.echo(json.dumps(result, ensure_ascii=False))
 
 
-def _print_report(report, json_path: Optional[Path]) -> None:
+def _print_report(report: VerifyReport, json_path: Optional[Path]) -> None:
     typer.echo(report.table())
     if json_path is not None:
         typer.echo(f"report written to {json_path}")
+
+
+def _format_options(fmt: ExportFormat, flags: list[tuple[str, str, object]]) -> dict[str, object]:
+    """The given flags ((flag, option, value); None: not given) as FMT's options; a flag FMT does not take is an
+    error naming the formats that do."""
+    options: dict[str, object] = {}
+    wrong: dict[str, str] = {}
+    for flag, option, value in flags:
+        if value is None:
+            continue
+        if option not in fmt.option_names():
+            takers = sorted(f.name for f in FORMATS.values() if option in f.option_names())
+            wrong[flag] = f"{flag}: only with --format {' or '.join(takers)}"
+        options[option] = value
+    if wrong:
+        fail("; ".join(wrong.values()))
+    return options
 
 
 @app.command()
 def export(
     src: Annotated[str, typer.Argument(help="A fine-tune output folder (its best/ unless --final), a checkpoint "
                                             "folder, or a model folder.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="The HF folder to write.")],
-    verify: Annotated[bool, typer.Option("--verify", help="Prove the export against SRC with transformers before "
-                                                          "DIR appears; non-zero exit on any failure.")] = False,
+    out: Annotated[Path, typer.Option("--out", "-o", help="The folder to write.")],
+    format_: Annotated[str, typer.Option("--format", help=f"What to write: {formats_help()}.")] = DEFAULT_FORMAT,
+    verify: Annotated[bool, typer.Option("--verify", help="Prove the export against SRC before DIR appears (the ONNX "
+                                                          "formats always do; this prints the report); non-zero exit "
+                                                          "on any failure.")] = False,
     atol: Annotated[Optional[float], typer.Option(help="Absolute tolerance (default by dtype: fp32 1e-5, fp16 1e-2, "
                                                        "bf16 5e-2).")] = None,
     rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2, "
                                                        "bf16 5e-2).")] = None,
-    dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16: the dtype the weights are stored in.")] = "fp32",
-    max_shard_size: Annotated[str, typer.Option(help="Shard the weights above this size, e.g. 500MB, 2GB.")] = "5GB",
+    dtype: Annotated[Optional[str], typer.Option(help="fp32 | fp16 | bf16: the dtype the weights are stored in "
+                                                      "(default fp32).")] = None,
+    max_shard_size: Annotated[Optional[str], typer.Option(help="Shard the weights above this size, e.g. 500MB "
+                                                               "(default 5GB).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the verify report here as JSON.")] = None,
     final: Annotated[bool, typer.Option("--final", help="Export a fine-tune run's final/ instead of best/.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing DIR.")] = False,
-    format_: Annotated[str, typer.Option("--format", help="hf: a folder transformers loads; onnx: model.onnx (+ "
-                                                         "model_quantized.onnx), always verified.")] = "hf",
-    quantize: Annotated[Optional[str], typer.Option(help="onnx: also write an int8 graph (int8).")] = None,
+    quantize: Annotated[Optional[str], typer.Option(help="int8: with --format onnx, the same as --format onnx-int8 "
+                                                         "(model_quantized.onnx beside model.onnx).")] = None,
     optimize: Annotated[bool, typer.Option("--optimize", help="onnx: also write model_optimized.onnx, the graph "
                                                               "with onnxruntime's fused attention and norms (always "
-                                                              "with --quantize: the int8 graph is made from it).")]
-    = False,
+                                                              "with int8: the int8 graph is made from it).")] = False,
     opset: Annotated[Optional[int], typer.Option(help="onnx: the ONNX opset (default 17).")] = None,
     min_agreement: Annotated[Optional[float], typer.Option(help="onnx: the least task-level agreement of the int8 "
                                                                "graph with fp32, and least mean cosine for "
                                                                "embeddings (default 0.99).")] = None,
+    pooling: Annotated[Optional[str], typer.Option(help="sentence-transformers: mean | cls | max (default: the "
+                                                        "source's pooling, else mean).")] = None,
+    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="sentence-transformers: "
+                                                      "L2-normalise the embeddings (default: as the source).")]
+    = None,
     merge: Annotated[bool, typer.Option("--merge", help="A LoRA adapter: write a plain HF folder with the updates "
-                                                        "merged (head included); --verify proves it equals the "
-                                                        "unmerged adapter.")] = False,
+                                                        "merged (head included): --format merged.")] = False,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
-    """Write SRC as a folder transformers loads: config, safetensors weights, tokenizer files and a model card;
-    or, with --format onnx, as an ONNX folder (the layout optimum writes), proven against SRC before it appears."""
+    """Write SRC in an export format (--format): by default a folder transformers loads (config, safetensors
+    weights, tokenizer files and a model card); proven against SRC before it appears with --verify (always for
+    ONNX)."""
     setup_logging(verbose, quiet)
-    from .errors import HfportError
-    from .export import ExportOptions, VerifyFailed
-    from .export import export as run
-
-    if format_ not in ("hf", "onnx"):
-        fail(f"--format {format_!r}: expected hf or onnx")
-    if format_ == "onnx":
-        if dtype != "fp32" or max_shard_size != "5GB" or atol is not None or rtol is not None:
-            fail("--format onnx writes fp32 graphs (+ int8 with --quantize) with its own tolerances: --dtype, "
-                 "--max-shard-size, --atol and --rtol apply to --format hf")
-        _export_onnx(src, out, verify, json_path, final, force, quantize, optimize, opset, min_agreement, quiet)
-        return
-    onnx_only = {"--quantize": quantize, "--opset": opset, "--min-agreement": min_agreement,
-                 "--optimize": optimize or None}
-    given = [name for name, value in onnx_only.items() if value is not None]
-    if given:
-        fail(f"{', '.join(given)}: only with --format onnx")
-    if json_path is not None and not verify:
-        fail("--json writes the verify report: add --verify")
     try:
-        options = ExportOptions.of(which="final" if final else "best", dtype=dtype, max_shard_size=max_shard_size,
-                                   atol=atol, rtol=rtol)
-        result = run(src, out, **options.model_dump(), force=force, verify=verify, json_path=json_path, merge=merge)
-    except VerifyFailed as e:
-        _print_report(e.report, json_path)
-        fail(f"{out}: the export does not match {e.report.source}; nothing was written")
-        return
-    except (HfportError, ValueError) as e:
+        fmt = get_format(format_)
+    except ExportError as e:
         fail(str(e))
         return
-    if result.report is not None:
-        _print_report(result.report, json_path)
-    if not quiet:
-        typer.echo(f"exported {result.source} ({result.family}, {result.task}, {result.dtype}) to {result.out}: "
-                   + ", ".join(result.files))
-
-
-def _export_onnx(src: str, out: Path, verify: bool, json_path: Optional[Path], final: bool, force: bool,
-                 quantize: Optional[str], optimize: bool, opset: Optional[int], min_agreement: Optional[float],
-                 quiet: bool) -> None:
-    """--format onnx: the ONNX graphs are always verified (the report is printed with --verify or on failure)."""
-    from .errors import HfportError
-    from .export import VerifyFailed
-    from .export.onnx import DEFAULT_OPSET, MIN_AGREEMENT, export_onnx
-
-    threshold = MIN_AGREEMENT if min_agreement is None else min_agreement
+    if quantize is not None:  # the older spelling of the quantized formats: --format onnx --quantize int8
+        if quantize not in fmt.quantized:
+            takers = sorted(f.name for f in FORMATS.values() if quantize in f.quantized)
+            known = sorted({q for f in FORMATS.values() for q in f.quantized})
+            fail(f"--quantize {quantize}: only with --format {' or '.join(takers)}" if takers else
+                 f"--quantize {quantize!r}: expected one of {known}")
+        fmt = FORMATS[fmt.quantized[quantize]]
+    options = _format_options(fmt, [
+        ("--dtype", "dtype", dtype), ("--max-shard-size", "max_shard_size", max_shard_size), ("--atol", "atol", atol),
+        ("--rtol", "rtol", rtol), ("--opset", "opset", opset), ("--optimize", "optimize", optimize or None),
+        ("--min-agreement", "min_agreement", min_agreement), ("--min-agreement", "min_cosine", min_agreement),
+        ("--pooling", "pooling", pooling), ("--normalize", "normalize", normalize)])
+    if json_path is not None and not (verify or fmt.always_verified):
+        fail("--json writes the verify report: add --verify")
     try:
-        result = export_onnx(src, out, which="final" if final else "best", opset=opset or DEFAULT_OPSET,
-                             quantize=quantize, optimize=optimize, force=force, min_agreement=threshold,
-                             min_cosine=threshold,
-                             json_path=json_path)
+        result = export_to(src, out, format=fmt.name, which="final" if final else "best", force=force, verify=verify,
+                           json_path=json_path, merge=merge, **options)
     except VerifyFailed as e:
         _print_report(e.report, json_path)
-        fail(f"{out}: the ONNX export does not match {e.report.source or src}; nothing was written")
+        fail(f"{out}: the export does not match {e.report.source or src}; nothing was written")
         return
     except (HfportError, ValueError) as e:
         fail(str(e))
@@ -351,22 +351,28 @@ def _export_onnx(src: str, out: Path, verify: bool, json_path: Optional[Path], f
     if verify and result.report is not None:
         _print_report(result.report, json_path)
     if not quiet:
-        typer.echo(f"exported {result.source} ({result.family}, {result.task}, opset {result.opset}) to {result.out}: "
-                   + ", ".join(result.files))
+        typer.echo(f"exported {result.source} as {result.format} ({result.family}, {result.task}, {result.dtype}) to "
+                   f"{result.out}: " + ", ".join(result.files))
 
 
 @app.command()
 def verify(
-    folder: Annotated[str, typer.Argument(metavar="DIR", help="An exported HF folder.")],
+    folder: Annotated[str, typer.Argument(metavar="DIR", help="A folder in an export format (an HF folder, a "
+                                                               "LoRA adapter, a sentence-transformers embedding "
+                                                               "or reranker folder, an ONNX folder).")],
     source: Annotated[Optional[str], typer.Option("--source", help="What DIR was exported from (a fine-tune output "
-                                                                   "folder, a checkpoint or a model folder); an "
-                                                                   "ONNX folder defaults to the one it records; "
-                                                                   "optional for a LoRA adapter folder (compared "
-                                                                   "with hfport's own load of it).")] = None,
+                                                                   "folder, a checkpoint or a model folder). "
+                                                                   "Without it DIR is checked against hfport's own "
+                                                                   "load of what it names: an adapter over its "
+                                                                   "base, an ONNX folder against its recorded "
+                                                                   "source, any other folder against itself.")]
+    = None,
+    format_: Annotated[Optional[str], typer.Option("--format", help="Check DIR as this format (default: the one it "
+                                                                    f"says it is): {', '.join(FORMATS)}.")] = None,
     atol: Annotated[Optional[float], typer.Option(help="Absolute tolerance (default by DIR's dtype: fp32 1e-5, "
-                                                       "fp16 1e-2, bf16 5e-2).")] = None,
+                                                       "fp16 1e-2, bf16 5e-2; ONNX 1e-4).")] = None,
     rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by DIR's dtype: fp32 1e-4, "
-                                                       "fp16 1e-2, bf16 5e-2).")] = None,
+                                                       "fp16 1e-2, bf16 5e-2; ONNX 1e-4).")] = None,
     final: Annotated[bool, typer.Option("--final", help="SOURCE is a run: compare with its final/, not best/.")]
     = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report here as JSON.")] = None,
@@ -374,29 +380,14 @@ def verify(
                                                                "cosine with fp32 (default 0.99).")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
-    """Check that transformers loads DIR cleanly and computes what hfport computes from SOURCE; exit 1 on any FAIL.
-    An ONNX folder (model.onnx, no safetensors) is checked as `export --format onnx` checks it."""
+    """Prove DIR with the verify of the format it is; exit 1 on any FAIL. With --source: DIR computes what hfport
+    computes from SOURCE (transformers, peft, sentence-transformers or onnxruntime loading DIR)."""
     setup_logging(verbose, quiet)
-    from .errors import HfportError
-    from .export import verify as run
-    from .pipelines.onnx_backend import is_onnx_model
-
     try:
-        if is_onnx_model(folder) and Path(folder).is_dir():
-            from .export.onnx import MIN_AGREEMENT, verify_onnx
-
-            threshold = MIN_AGREEMENT if min_agreement is None else min_agreement
-            report = verify_onnx(folder, source, atol=atol, rtol=rtol, json_path=json_path,
-                                 which="final" if final else "best", min_agreement=threshold, min_cosine=threshold)
-        elif source is None:
-            fail("--source is required for an HF folder (what DIR was exported from)")
-            return
-        elif min_agreement is not None:
-            fail("--min-agreement applies to ONNX folders only")
-            return
-        else:
-            report = run(folder, source, atol=atol, rtol=rtol, json_path=json_path, which="final" if final else "best")
-    except (HfportError, ValueError, OSError) as e:  # the report itself could not be written
+        report = verify_folder(folder, source, format=format_, which="final" if final else "best", atol=atol,
+                               rtol=rtol, json_path=json_path, min_agreement=min_agreement,
+                               min_cosine=min_agreement)
+    except (HfportError, ValueError, OSError) as e:  # a bad option, or the report itself could not be written
         fail(str(e))
         return
     _print_report(report, json_path)

@@ -47,7 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 import hfport  # noqa: E402
 from hfport import load_any  # noqa: E402
-from hfport.export.onnx import export_onnx, fp32_decides  # noqa: E402
+from hfport.export.onnx import export_onnx  # noqa: E402
+from hfport.export.onnx_agreement import fp32_decides  # noqa: E402
 from hfport.export.onnx_fusion import OPTIMIZED_FILE  # noqa: E402
 from hfport.pipelines.onnx_backend import ONNX_FILE, QUANTIZED_FILE, OnnxModel  # noqa: E402
 

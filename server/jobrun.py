@@ -21,6 +21,7 @@ from typing import Any
 import hfport
 from hfport import PERF, RunDir
 from hfport.errors import HfportError
+from hfport.export import DEFAULT_FORMAT
 
 from .store import BaseStore, open_store
 
@@ -107,12 +108,13 @@ def run_finetune(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
 
 def run_export(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
     config = dict(job["config"])
-    options = hfport.ExportOptions.of(**(config.get("options") or {}))
+    format_ = config.get("format") or DEFAULT_FORMAT  # jobs queued before formats existed wrote HF folders
     verify = bool(config.get("verify"))
     store.add_event(job["id"], {"type": "export", "stage": "export" + (" + verify" if verify else ""),
-                                "source": config["model"]})
-    result = hfport.export(config["model"], config["output_dir"], verify=verify, **options.model_dump()).to_dict()
-    out = {"output_dir": result["out"], **{k: result[k] for k in ("family", "task", "dtype", "files")}}
+                                "source": config["model"], "format": format_})
+    result = hfport.export(config["model"], config["output_dir"], format=format_, verify=verify,
+                           **(config.get("options") or {})).to_dict()
+    out = {"output_dir": result["out"], **{k: result[k] for k in ("format", "family", "task", "dtype", "files")}}
     if result["verify"] is not None:
         out["verify"] = result["verify"]
         store.add_event(job["id"], {"type": "export", "stage": "verified", "passed": out["verify"]["passed"]})

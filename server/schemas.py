@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from hfport import ExportOptions, FinetuneConfig, tasks
+from hfport import FinetuneConfig, tasks
+from hfport.export import DEFAULT_FORMAT, FORMATS, ExportError
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 # transformers' pipeline tags; an alias (sentiment-analysis, ner, hfport's old sequence-classification...) is
@@ -119,10 +120,22 @@ class ExportJobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(description="a registered model name, a model folder or a fine-tune run folder (its best/), "
                                    "inside the allowed dirs")
+    format: Literal[tuple(FORMATS)] = Field(  # type: ignore[valid-type]
+        DEFAULT_FORMAT, description="the export format (hfport.export.FORMATS): "
+                                    + "; ".join(f"{f.name}: {f.writes}" for f in FORMATS.values()))
     output_dir: str | None = Field(None, description="default <data_dir>/runs/<job id>/export")
-    options: ExportOptions = Field(default_factory=ExportOptions,
-                                   description="hfport.ExportOptions: which, dtype, max_shard_size, atol, rtol")
-    verify: bool = Field(True, description="check the export against transformers afterwards")
+    options: dict[str, Any] = Field(default_factory=dict, description="the format's options: " + "; ".join(
+        f"{f.name}: {', '.join(f.option_names())}" for f in FORMATS.values()))
+    verify: bool = Field(True, description="check the export against its source before it appears (the ONNX "
+                                           "formats always do)")
+
+    @model_validator(mode="after")
+    def _options(self) -> ExportJobRequest:
+        try:  # the format's own options model: an unknown or bad option is a 422 naming it
+            self.options = FORMATS[self.format].options.of(**self.options).model_dump(exclude_unset=True)
+        except ExportError as e:
+            raise ValueError(f"options for format {self.format}: {e}") from e
+        return self
 
 
 class JobInfo(BaseModel):

@@ -545,3 +545,69 @@ def test_sentence_transformers_folders_get_their_card(kind, minilm_path, tmp_pat
                 "cross-encoder": ("text-ranking", "CrossEncoder")}[kind]
     assert "library_name: sentence-transformers" in card and f"pipeline_tag: {tag}\n" in card
     assert f"from sentence_transformers import {cls}" in card and "from transformers import" not in card
+
+
+def test_export_floors():
+    """Inside hfport/export/ imports only point down: no circle among its modules, no function-level import of an
+    hfport module (optional extras only), no private name imported from another module."""
+    import ast
+
+    folder = Path(hfport.__file__).parent / "export"
+    graph: dict[str, set[str]] = {}
+    problems = []
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        top = set(tree.body)
+        graph[path.stem] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            if node not in top and not any(isinstance(n, ast.If) and node in ast.walk(n) for n in tree.body):
+                problems.append(f"{path.name}:{node.lineno}: function-level import of {'.' * node.level}{node.module}")
+            if node.level == 1 and node.module and node in top:  # (imports under TYPE_CHECKING are types only)
+                graph[path.stem].add(node.module.split(".")[0])
+            problems += [f"{path.name}:{node.lineno}: private name {a.name}" for a in node.names
+                         if a.name.startswith("_") and a.name != "__version__"]
+    seen: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        if seen.get(name) == 1:
+            problems.append("import circle: " + " -> ".join([*trail, name]))
+            return
+        if seen.get(name) == 2:
+            return
+        seen[name] = 1
+        for dep in sorted(graph.get(name, ())):
+            visit(dep, [*trail, name])
+        seen[name] = 2
+
+    for name in graph:
+        visit(name, [])
+    assert not problems, "\n".join(problems)
+
+
+def test_staged_writes_one_helper(tmp_path):
+    """hfport/staging.py: the one staged write. Replace (exports), merge into an existing folder (model saves:
+    other files kept, stale weights of another layout dropped), and a fixed staging name a killed writer leaves
+    behind, fsynced before the rename (the checkpoint writer's needs); a failure leaves the target as it was."""
+    from hfport import staging
+
+    target = tmp_path / "out"
+    with staging.staged(target) as folder:
+        (folder / "a.txt").write_text("1")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (target / "a.txt").read_text() == "1"
+    with pytest.raises(RuntimeError), staging.staged(target) as folder:
+        (folder / "a.txt").write_text("2")
+        raise RuntimeError("the writer failed")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (target / "a.txt").read_text() == "1"
+    (target / "model.safetensors").write_text("old layout")
+    with staging.staged(target, merge=True, stale=("model*.safetensors*",)) as folder:
+        (folder / "model-00001-of-00001.safetensors").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == ["a.txt", "model-00001-of-00001.safetensors"]
+    leftover = tmp_path / ".tmp-step-3-1"  # a killed writer's staging folder of that name
+    leftover.mkdir()
+    (leftover / "half.pt").write_text("x")
+    with staging.staged(tmp_path / "step-3", name=leftover.name, fsync=True) as folder:
+        assert folder == leftover and not (folder / "half.pt").exists()
+        (folder / "trainer_state.json").write_text("{}")
+    assert not leftover.exists() and (tmp_path / "step-3" / "trainer_state.json").is_file()

@@ -27,11 +27,12 @@ pytest.importorskip("onnxruntime")
 import hfport  # noqa: E402
 from hfport.export import onnx as onnx_export  # noqa: E402
 from hfport.cli import app  # noqa: E402
-from hfport.export import ExportError, VerifyFailed  # noqa: E402
+from hfport.export import FORMATS, ExportError, VerifyFailed, detect_format, verify  # noqa: E402
+from hfport.export import onnx_agreement, onnx_verify  # noqa: E402
 from hfport.export.onnx import MANIFEST, PROBE_TEXTS, export_onnx, verify_onnx  # noqa: E402
 from hfport.export.onnx_fusion import OPTIMIZED_FILE, split_outliers  # noqa: E402
 from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
-                                           is_onnx_model)
+                                           graph_inputs, is_onnx_model, open_session, read_folder_config)
 from tests.test_export import add_tokenizer, vocab  # noqa: E402
 from hfport.tasks import canonical  # noqa: E402
 from tests.tiny import HEADS, save_hf  # noqa: E402
@@ -208,15 +209,15 @@ def test_outlier_split_is_exact_in_fp32(family, exported, tmp_path):
     channels even in a random tiny model; ALBERT shares one layer's weights across layers (the split must not
     change the other layers' weights); ModernBERT's rotary-angle MatMuls are left alone."""
     out, _ = exported(family, "text-classification")
-    config = onnx_export.read_folder_config(out)[2]
-    feeds = [onnx_export._feeds(enc, onnx_export.graph_inputs(config))
-             for enc in onnx_export._probe_batches(out, "text-classification", config).values()]
+    config = read_folder_config(out)[2]
+    feeds = [onnx_verify.feeds(enc, graph_inputs(config))
+             for enc in onnx_verify.probe_batches(out, "text-classification", config).values()]
     split = tmp_path / "split.onnx"
     side, channels = split_outliers(out / OPTIMIZED_FILE, split, feeds, ratio=1.5, max_channels=4)
     assert channels and len(side) >= len(channels) and all(len(c) <= 4 for c in channels.values())
     for feed in feeds:
-        want = onnx_export.open_session(out / OPTIMIZED_FILE).run(["logits"], feed)[0]
-        got = onnx_export.open_session(split).run(["logits"], feed)[0]
+        want = open_session(out / OPTIMIZED_FILE).run(["logits"], feed)[0]
+        got = open_session(split).run(["logits"], feed)[0]
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)  # fp32 sums in another order: FP32_TOLERANCE
 
 
@@ -257,6 +258,33 @@ def test_clean_folder_verifies_without_source(exported):
     run = CliRunner().invoke(app, ["verify", str(out)])
     assert run.exit_code == 0, run.output
     assert "PASS" in run.output
+
+
+def test_folder_whose_source_is_gone_verifies_against_its_own_graphs(exported, tmp_path):
+    """Copied to a machine without its source: verify says so and compares hfport's ONNX backend with onnxruntime
+    running model.onnx directly; the int8 gate and the recorded hashes still hold. A damaged graph still fails, and
+    a --source that cannot be loaded is a FAIL row."""
+    folder = copy_export(exported, "bert", "text-classification", tmp_path)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["source"] = str(tmp_path / "gone")
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    manifest_sha = {k: v for k, v in manifest["sha256"].items()}
+    assert detect_format(folder) is FORMATS["onnx-int8"]
+    report = verify(folder)
+    assert report.passed, report.table()
+    assert "onnxruntime directly" in report.source and "no PyTorch model compared" in report.source
+    assert any(r.check == "source" and "none reachable" in r.output for r in report.rows)
+    assert rows(report, "fp32 vs onnxruntime") and rows(report, "int8 vs fp32") and not rows(report, "fp32 vs hfport")
+    assert manifest_sha == json.loads((folder / MANIFEST).read_text())["sha256"]
+    assert not verify(folder, tmp_path / "gone").passed  # a --source given must load
+    model = onnx.load(str(folder / ONNX_FILE))
+    init = max(model.graph.initializer, key=lambda t: np.prod(t.dims))
+    array = onnx.numpy_helper.to_array(init).copy()
+    array[:, 0] += 0.5
+    init.CopyFrom(onnx.numpy_helper.from_array(array, init.name))
+    onnx.save(model, str(folder / ONNX_FILE))
+    report = verify(folder)
+    assert not report.passed and ("files", ONNX_FILE) in {(r.check, r.output) for r in report.failures}
 
 
 def test_graph_outputs_that_disagree_with_config(exported, tmp_path):
@@ -567,25 +595,23 @@ def test_label_agreement_leaves_out_fp32_near_ties():
     a near tie is reported, not counted; a flip of a decided item counts; when fp32 decides nothing, all count."""
     from types import SimpleNamespace
 
-    from hfport.export import onnx as onnx_export
-
     cfg = SimpleNamespace(problem_type="single_label_classification", num_labels=3)
     fp32 = torch.tensor([[3.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.10, 0.05, -2.0], [0.0, 0.0, 1.5]])  # row 2: a near tie
-    assert onnx_export.fp32_decides(fp32).tolist() == [True, True, False, True]
+    assert onnx_agreement.fp32_decides(fp32).tolist() == [True, True, False, True]
     flip_tie = fp32.clone()
     flip_tie[2] = torch.tensor([0.05, 0.10, -2.0])
-    assert onnx_export._labels({"logits": flip_tie}, {"logits": fp32}, {}, cfg) == (1.0, 3, 1)
+    assert onnx_agreement.labels({"logits": flip_tie}, {"logits": fp32}, {}, cfg) == (1.0, 3, 1)
     flip_decided = fp32.clone()
     flip_decided[0] = torch.tensor([0.0, 3.0, 0.0])
-    value, n, ties = onnx_export._labels({"logits": flip_decided}, {"logits": fp32}, {}, cfg)
+    value, n, ties = onnx_agreement.labels({"logits": flip_decided}, {"logits": fp32}, {}, cfg)
     assert (round(value, 4), n, ties) == (round(2 / 3, 4), 3, 1)
     ties_only = torch.tensor([[0.10, 0.05, 0.0], [0.0, 0.01, 0.02]])
-    value, n, ties = onnx_export._labels({"logits": ties_only.flip(-1)}, {"logits": ties_only}, {}, cfg)
+    value, n, ties = onnx_agreement.labels({"logits": ties_only.flip(-1)}, {"logits": ties_only}, {}, cfg)
     assert (value, n, ties) == (0.0, 2, 0)  # nothing decided: every item counts, so this graph fails
     tokens = {"attention_mask": torch.tensor([[1, 1, 1, 0]])}
-    value, n, ties = onnx_export._tags({"logits": flip_tie[None]}, {"logits": fp32[None]}, tokens, cfg)
+    value, n, ties = onnx_agreement.tags({"logits": flip_tie[None]}, {"logits": fp32[None]}, tokens, cfg)
     assert (value, n, ties) == (1.0, 2, 1)  # the padded 4th token is not an item
     multi = SimpleNamespace(problem_type="multi_label_classification", num_labels=2)
     fp32_multi = torch.tensor([[4.0, 0.01], [-4.0, 3.0]])  # text 0: label 1 is a near tie (sigmoid 0.5025)
     int8_multi = torch.tensor([[4.0, -0.01], [-4.0, -3.0]])  # flips that tie, and text 1's decided label 1
-    assert onnx_export._labels({"logits": int8_multi}, {"logits": fp32_multi}, {}, multi) == (0.5, 2, 0)
+    assert onnx_agreement.labels({"logits": int8_multi}, {"logits": fp32_multi}, {}, multi) == (0.5, 2, 0)

@@ -440,6 +440,53 @@ def test_export_job(client, registered, root):
     assert_error(client.post("/jobs/export", json={"model": "cls", "options": {"force": True}}), 422)
 
 
+def test_export_job_every_format(client, registered, root):
+    """An HTTP export job for every format the CLI writes (hfport.export.FORMATS): each succeeds, is verified, and
+    leaves a folder its format recognises; an unknown format is a 422 listing them, another format's option a 422."""
+    import torch
+
+    import hfport
+    from hfport.export import FORMATS, detect_format
+    from tests.tiny import save_hf
+
+    models = root / "models"
+    scorer = models / "scorer"  # a one-label classifier: the reranker format's source
+    if not scorer.exists():
+        shutil.copytree(models / "sequence-classification", scorer)
+        config = json.loads((scorer / "config.json").read_text())
+        save_hf("bert", "sequence-classification", scorer, vocab_size=config["vocab_size"],
+                pad_token_id=config["pad_token_id"], num_labels=1)
+    adapter = models / "adapter"  # a LoRA adapter over the base: the peft and merged formats' source
+    if not adapter.exists():
+        model = hfport.AutoModelForSequenceClassification.from_pretrained(models / "base", id2label={0: "a", 1: "b"})
+        hfport.lora.apply_lora(model, r=4, alpha=8, targets=["q", "v"], base=str(models / "base"))
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.05)
+        hfport.lora.save_adapter(model, adapter)
+    sources = {"hf": "cls", "onnx": "cls", "onnx-int8": "cls", "sentence-transformers": "feat",
+               "cross-encoder": str(scorer), "peft": str(adapter), "merged": str(adapter)}
+    assert set(sources) == set(FORMATS)
+    jobs = {}
+    for name, model_ref in sources.items():
+        r = client.post("/jobs/export", json={"model": model_ref, "format": name})
+        assert r.status_code == 202, r.text
+        jobs[name] = r.json()["id"]
+    for name, job_id in jobs.items():
+        done = wait_job(client, job_id, lambda j: j["status"] in TERMINAL, timeout=240)
+        assert done["status"] == "succeeded", (name, done)
+        result = done["result"]
+        assert result["format"] == name and result["verify"]["passed"] is True, (name, result)
+        found = detect_format(result["output_dir"])
+        assert found is not None and found.name == ("hf" if name == "merged" else name), (name, found)
+    body = assert_error(client.post("/jobs/export", json={"model": "cls", "format": "tarball"}), 422)
+    assert "onnx-int8" in body["error"] and "sentence-transformers" in body["error"], body
+    body = assert_error(client.post("/jobs/export", json={"model": "cls", "format": "hf", "options": {"opset": 17}}),
+                        422)
+    assert "opset" in body["error"], body
+
+
 def test_restart_recovery_after_kill(root, tmp_path):
     """kill -9 the server and its job process mid-run; a new server resumes the job from its checkpoint."""
     srv = Server(tmp_path / "data", root, workers=1).start()

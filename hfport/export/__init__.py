@@ -1,24 +1,31 @@
-"""Export: writers per format, each with its proof.
+"""Export: a registry of formats (registry.py), each a writer and its proof, and `export` / `verify` dispatching
+through it. The floors, bottom up (each imports only from below):
 
-  folder.py   export(src, out): an HF folder transformers loads (config, safetensors, tokenizer, model card)
-  card.py     the model card (README.md) from the config and the run's RunSummary
-  verify.py   verify(dir, source): transformers loads DIR and computes what hfport computes from SOURCE
-  sentence_transformers.py  the sentence-transformers layout (modules.json, 1_Pooling, 2_Normalize; the
-              CrossEncoder marker): its writer, its one reader (read_layout, which serving uses too) and its
-              verify rows
-  common.py   what formats share: ExportError, where SRC's model is (resolve_source, through RunDir), dtype and
-              task tables
+  common.py     what formats share: ExportError, ExportResult, FormatOptions, where SRC's model is (resolve_source,
+                through RunDir), where OUT may go, the staged write (hfport/staging.py), dtype and task tables
+  report.py     VerifyReport and its rows, the fail-closed row guard, tolerances, the one output comparison
+  checks.py     the checks verifies share: transformers' load, labels, weights, tokenizer, model outputs
+  card.py, sentence_transformers.py   the model card; the sentence-transformers layout (writer and reader)
+  sentence_formats.py  the sentence-transformers formats' layout steps and encode()/predict() rows
+  folder.py     format hf: the HF folder (ExportOptions, write_folder, verify_folder)
+  peft.py       formats peft and merged: a LoRA adapter as itself or folded into its base
+  onnx_agreement.py, onnx_fusion.py, onnx_verify.py, onnx.py   formats onnx and onnx-int8
+  registry.py   FORMATS (one record a format), detect_format, export, verify
 
-A new format is a module here (its writer and its verify) re-exported below.
+A new format is a module with its writer and its verify, and one record in registry.py.
 """
 
 from .card import model_card
 from .common import (DTYPE_NAMES, EXPORT_DTYPES, OUTPUTS, PIPELINE_TAGS, TRANSFORMERS_AUTO, WHICH, ExportError,
-                     Source, resolve_source)
-from .folder import ExportOptions, ExportResult, export
+                     ExportResult, FormatOptions, Source, resolve_source)
+from .folder import ExportOptions, SentenceTransformersOptions
+from .onnx import OnnxOptions
+from .registry import DEFAULT_FORMAT, FORMATS, ExportFormat, detect_format, export, formats_help, get_format, verify
+from .report import TOLERANCES, Row, VerifyFailed, VerifyReport
 from .sentence_transformers import read_st_pooling, write_embedding_layout
-from .verify import TOLERANCES, Row, VerifyFailed, VerifyReport, verify
 
-__all__ = ["DTYPE_NAMES", "EXPORT_DTYPES", "OUTPUTS", "PIPELINE_TAGS", "TOLERANCES", "TRANSFORMERS_AUTO", "WHICH",
-           "ExportError", "ExportOptions", "ExportResult", "Row", "Source", "VerifyFailed", "VerifyReport", "export",
-           "model_card", "read_st_pooling", "resolve_source", "verify", "write_embedding_layout"]
+__all__ = ["DEFAULT_FORMAT", "DTYPE_NAMES", "EXPORT_DTYPES", "FORMATS", "OUTPUTS", "PIPELINE_TAGS", "TOLERANCES",
+           "TRANSFORMERS_AUTO", "WHICH", "ExportError", "ExportFormat", "ExportOptions", "ExportResult",
+           "FormatOptions", "OnnxOptions", "Row", "SentenceTransformersOptions", "Source", "VerifyFailed",
+           "VerifyReport", "detect_format", "export", "formats_help", "get_format", "model_card", "read_st_pooling",
+           "resolve_source", "verify", "write_embedding_layout"]

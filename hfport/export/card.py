@@ -67,7 +67,7 @@ def model_card(source: Source, config: dict[str, Any], task: str, name: str, *,
         _, cls, call = SENTENCE_TRANSFORMERS_KINDS[st_kind]
         lines += ["## Use", "", "```python", f"from sentence_transformers import {cls}", "",
                   f'model = {cls}("{name}")', call, "```", "",
-                  "With hfport: `hfport.pipeline(" + ('"feature-extraction"' if st_kind == "embedding"
+                  "With hfport: `hfport.pipeline(" + ('"sentence-embedding"' if st_kind == "embedding"
                                                       else '"text-ranking"') + f', model="{name}")`.', ""]
         return "\n".join(lines)
     auto = TRANSFORMERS_AUTO[task]

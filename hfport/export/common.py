@@ -1,4 +1,5 @@
-"""What every export format shares: its errors, the dtype and task tables, and where the source model is.
+"""What every export format shares: its errors, its result, the dtype and task tables, where the source model is,
+where the export may go, and the staged write (hfport/staging.py) that turns an OSError into an ExportError.
 
 SRC may be a fine-tune run folder (its best/ or final/), one of its checkpoints, any model folder hfport loads, or a
 repo id in the local HF cache; the run folder's layout is RunDir's (hfport/rundir.py).
@@ -7,24 +8,25 @@ repo id in the local HF cache; the run folder's layout is RunDir's (hfport/rundi
 from __future__ import annotations
 
 import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .. import hub
+from .. import hub, lora, staging
 from ..errors import HfportError
 from ..rundir import MODELS, RunDir, RunSummary
 from ..tasks import TASKS
 from ..tokenizer import SLOW_FILES, TOKENIZER_FILE, has_tokenizer_files
+from ..version import __version__
 
 if TYPE_CHECKING:
     from ..modeling import PreTrainedEncoder
+    from .report import VerifyReport
 
 WHICH = MODELS  # a run's model folders: best/, final/
 EXPORT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -40,6 +42,55 @@ class ExportError(HfportError):
     """SRC or DIR is not usable, or writing the export failed; nothing was left at DIR."""
 
 
+class FormatOptions(BaseModel):
+    """The options every export format takes (each format's options extend these); unknown ones are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    which: Literal["best", "final"] = Field("best", description="a run's best/ or final/ model")
+
+    @field_validator("which", mode="before")
+    @classmethod
+    def _which(cls, v: Any) -> Any:
+        if v not in WHICH:
+            raise ValueError(f"which={v!r}: expected one of {list(WHICH)}")
+        return v
+
+    @classmethod
+    def of(cls, **values: Any) -> Any:
+        """Validated options; a bad or unknown value is an ExportError that names it."""
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            problems = "; ".join(str(err["ctx"]["error"]) if "error" in err.get("ctx", {}) else
+                                 f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise ExportError(problems) from e
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote, in any format (export/registry.py): `weights` are the weight files (model.safetensors
+    or its shards, adapter_model.safetensors, or the ONNX graphs)."""
+
+    out: Path
+    source: Path  # the model folder that was exported
+    family: str
+    task: str
+    dtype: str
+    files: list[str]  # everything in OUT
+    weights: list[str]
+    tokenizer_from: Path | None
+    report: VerifyReport | None = None
+    format: str = "hf"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: paths as strings, the verify report as its own dict."""
+        return {"out": str(self.out), "source": str(self.source), "format": self.format, "family": self.family,
+                "task": self.task, "dtype": self.dtype, "files": list(self.files), "weights": list(self.weights),
+                "tokenizer_from": str(self.tokenizer_from) if self.tokenizer_from is not None else None,
+                "verify": self.report.to_dict() if self.report is not None else None}
+
+
 @dataclass
 class Source:
     """The model folder SRC names, and the fine-tune run it belongs to (if any)."""
@@ -47,6 +98,11 @@ class Source:
     given: Path
     model: Path  # the folder with config.json + weights
     run: RunDir | None = None  # the fine-tune output folder (summary.json, best/, final/, checkpoints/)
+
+    @property
+    def adapter(self) -> bool:
+        """The model folder holds a LoRA adapter (PEFT's layout) rather than a whole model."""
+        return lora.is_adapter_folder(self.model)
 
     def summary(self) -> RunSummary | None:
         """The run's summary.json, when SRC belongs to a run that finished."""
@@ -112,10 +168,17 @@ def check_places(source: Source, out: Path) -> None:
             raise ExportError(f"--out {out} contains the source {place}; replacing it would delete the source")
 
 
+def check_out(source: Source, out: Path, force: bool) -> None:
+    """OUT lies outside the source, is a folder if it exists, and is only replaced with force."""
+    check_places(source, out)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: exists and is not a folder")
+    if out.exists() and not force:
+        raise ExportError(f"{out}: already exists; pass --force (force=True) to replace it")
+
+
 def export_config(model: PreTrainedEncoder, architecture: str, dtype: torch.dtype) -> dict[str, Any]:
     """The source config.json, with the head's metadata as the loaded model has it, the dtype and hfport version."""
-    from ..version import __version__
-
     out = model.config.to_hf_dict(architecture)
     out.pop("torch_dtype", None)
     out["dtype"] = DTYPE_NAMES[dtype]
@@ -125,31 +188,10 @@ def export_config(model: PreTrainedEncoder, architecture: str, dtype: torch.dtyp
 
 @contextmanager
 def staged(out: Path) -> Iterator[Path]:
-    """A hidden sibling folder to write the export into; it replaces OUT when the body returns. If the body (or the
-    rename) fails, the staging folder is removed and OUT is left as it was; an OSError becomes an ExportError."""
-    staging = hub.staging_dir(out)
+    """hfport/staging.py's staged write of OUT, an OSError becoming an ExportError that says what was left."""
     try:
-        yield staging
-        replace_folder(staging, out)
+        with staging.staged(out) as folder:
+            yield folder
     except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
         raise ExportError(f"{out}: writing the export failed ({e.strerror or e}); "
                           + ("the previous folder is unchanged" if out.exists() else "nothing was left there")) from e
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def replace_folder(staging: Path, out: Path) -> None:
-    """Rename the finished staging folder to OUT; an old OUT is moved aside first and restored if that fails."""
-    if not out.exists():
-        os.replace(staging, out)
-        return
-    aside = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.old"
-    os.replace(out, aside)
-    try:
-        os.replace(staging, out)
-    except BaseException:
-        os.replace(aside, out)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)

@@ -1,56 +1,61 @@
-"""`export(src, out)`: SRC as an HF folder that transformers loads.
+"""The HF folder format: SRC as a folder transformers loads, and the proof that it computes what SRC computes.
 
-OUT gets the layout transformers writes: config.json (the source config with the trained head's metadata and the
-hfport version), model.safetensors (or shards + index) under transformers' key names, the tokenizer files, and a
-README.md model card; a source in the sentence-transformers layout keeps it (export/sentence_transformers.py). Everything is written into a hidden sibling folder and renamed into place at the end, so no
-failure (a full disk included) leaves a half-written OUT; an existing OUT is only replaced with `force`. With
-verify=True the staged folder is proven against SRC (export/verify.py) before it is renamed.
+`write_folder(source, out, options)` gives OUT the layout transformers writes: config.json (the source config with
+the trained head's metadata and the hfport version), model.safetensors (or shards + index) under transformers' key
+names, the tokenizer files, and a README.md model card. A layout step adds a format's own files (the
+sentence-transformers formats, export/sentence_formats.py); the plain format keeps a source's sentence-transformers
+layout. Everything is written into a hidden sibling folder (hfport/staging.py) and renamed into place at the end, so
+no failure (a full disk included) leaves a half-written OUT; with verify=True the staged folder is proven before the
+rename.
+
+`verify_folder(dir, source)`: transformers loads DIR cleanly and computes what hfport computes from SOURCE
+(export/checks.py has the checks, export/report.py the tolerances); a folder in a sentence-transformers format also
+gets its own loader's rows. Without SOURCE, DIR itself is the source: transformers' load of DIR against hfport's
+load of the same folder. Both models run in float32 on the CPU, so the comparison isolates what the export changed;
+the `weights` check stays exact at every dtype, so a tampered tensor is caught even where the output tolerance is
+loose. Fails closed: every check that cannot run counts as a failure.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from .. import hub, lora
-from ..modeling import PreTrainedEncoder
+from .. import hub
+from ..modeling import PreTrainedEncoder, task_of
+from ..registry import get_family
 from ..tasks import load_any
 from ..tokenizer import copy_tokenizer_files
 from .card import model_card
-from .common import (DTYPE_NAMES, EXPORT_DTYPES, WHICH, ExportError, check_places, export_config,
-                     no_tokenizer_message, replace_folder, resolve_source, staged, tokenizer_folder)
-from .sentence_transformers import copy_layout as copy_st_layout
-from .verify import VerifyFailed, VerifyReport
-from .verify import verify as verify_folder
+from .checks import (PROBE_PAIRS, PROBE_TEXTS, check_labels, check_tokenizer, check_weights, compare_models,
+                     folder_dtype, load_transformers, quiet_transformers)
+from .common import (DTYPE_NAMES, EXPORT_DTYPES, TRANSFORMERS_AUTO, ExportError, ExportResult, FormatOptions, Source,
+                     export_config, no_tokenizer_message, resolve_source, staged, tokenizer_folder)
+from .report import VerifyFailed, VerifyReport, check_row, reporting
+from .sentence_formats import keep_layout, sentence_rows
 
 log = logging.getLogger("hfport")
 
+# (staged folder, source, the loaded model, the options) -> whether OUT has the embedding layout (for the card)
+LayoutStep = Callable[[Path, Source, PreTrainedEncoder, Any], bool]
 
-class ExportOptions(BaseModel):
-    """How to export: the options `hfport export`, `hfport.export()` and the server's export jobs share.
+
+class ExportOptions(FormatOptions):
+    """How to export a folder of weights (the HF folder, adapter and sentence-transformers formats): the options
+    `hfport export`, `hfport.export()` and the server's export jobs share.
 
     (Where to write, whether to replace it, verify and the report path are the caller's, not options.)"""
 
-    model_config = ConfigDict(extra="forbid")
-
-    which: Literal["best", "final"] = Field("best", description="a run's best/ or final/ model")
     dtype: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="the dtype the weights are stored in")
     max_shard_size: int | str = Field("5GB", description="shard the weights above this size (bytes, or '500MB')")
     atol: float | None = Field(None, description="verify's absolute tolerance (default by dtype)")
     rtol: float | None = Field(None, description="verify's relative tolerance (default by dtype)")
-
-    @field_validator("which", mode="before")
-    @classmethod
-    def _which(cls, v: Any) -> Any:
-        if v not in WHICH:
-            raise ValueError(f"which={v!r}: expected one of {list(WHICH)}")
-        return v
 
     @field_validator("dtype", mode="before")
     @classmethod
@@ -70,65 +75,18 @@ class ExportOptions(BaseModel):
             raise ValueError(f"max_shard_size {v!r}: must be positive")
         return v
 
-    @classmethod
-    def of(cls, **values: Any) -> ExportOptions:
-        """Validated options; a bad value is an ExportError that names it."""
-        try:
-            return cls(**values)
-        except ValidationError as e:
-            problems = "; ".join(str(err["ctx"]["error"]) if "error" in err.get("ctx", {}) else
-                                 f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-            raise ExportError(problems) from e
+
+class SentenceTransformersOptions(ExportOptions):
+    """The sentence-transformers embedding format: ExportOptions, and how the folder pools (default: as the source's
+    layout says, else mean pooling without normalizing)."""
+
+    pooling: Literal["mean", "cls", "max"] | None = Field(None, description="mean | cls | max (default: the "
+                                                                            "source's)")
+    normalize: bool | None = Field(None, description="L2-normalise the embeddings (default: the source's)")
 
 
-@dataclass
-class ExportResult:
-    out: Path
-    source: Path  # the model folder that was exported
-    family: str
-    task: str
-    dtype: str
-    files: list[str]  # everything in OUT
-    weights: list[str]  # model.safetensors, or the shards
-    tokenizer_from: Path
-    report: VerifyReport | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: paths as strings, the verify report as its own dict."""
-        return {"out": str(self.out), "source": str(self.source), "family": self.family, "task": self.task,
-                "dtype": self.dtype, "files": list(self.files), "weights": list(self.weights),
-                "tokenizer_from": str(self.tokenizer_from),
-                "verify": self.report.to_dict() if self.report is not None else None}
-
-
-def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: str = "best", dtype: str = "fp32",
-           max_shard_size: int | str = "5GB", force: bool = False, verify: bool = False, atol: float | None = None,
-           rtol: float | None = None, json_path: str | os.PathLike[str] | None = None,
-           merge: bool = False) -> ExportResult:
-    """Write SRC as an HF folder at OUT; with verify=True, prove it against SRC before OUT appears.
-
-    A LoRA adapter (SRC's model folder holds adapter_config.json) is exported as the adapter in PEFT's format, or,
-    with merge=True, as a plain HF folder with the updates folded in (export/peft.py, with their proofs).
-
-    which, dtype, max_shard_size, atol, rtol: ExportOptions (the same options the CLI and the server take)."""
-    options = ExportOptions.of(which=which, dtype=dtype, max_shard_size=max_shard_size, atol=atol, rtol=rtol)
-    limit = hub.parse_size(options.max_shard_size)
-    source = resolve_source(src, options.which)
-    out = Path(out).expanduser()
-    check_places(source, out)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out}: exists and is not a folder")
-    if out.exists() and not force:
-        raise ExportError(f"{out}: already exists; pass --force (force=True) to replace it")
-    if lora.is_adapter_folder(source.model):
-        from .peft import export_lora
-
-        return export_lora(source, out, merge=merge, dtype=EXPORT_DTYPES[options.dtype], limit=limit, verify=verify,
-                           atol=options.atol, rtol=options.rtol, json_path=json_path, replace=replace_folder)
-    if merge:
-        raise ExportError(f"{source.model}: merge applies to LoRA adapter folders (adapter_config.json); this is a "
-                          "plain model")
-
+def load_exportable(source: Source) -> PreTrainedEncoder:
+    """SRC's model in float32, refused when hfport would have to initialise weights or some are NaN/inf."""
     model = load_any(source.model, dtype=torch.float32)
     report = model.load_report
     if report is not None and report.initialized:
@@ -141,10 +99,21 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
     if report is not None and report.unexpected:
         log.warning("%s: not exported (the %s head does not use them): %s", source.model, model.task,
                     ", ".join(report.unexpected[:8]))
-    architecture = model.family.architectures.get(model.task)
-    if architecture is None:
+    if model.family.architectures.get(model.task) is None:
         raise ExportError(f"{source.model}: the {model.family.model_type} family has no transformers class for "
                           f"the {model.task} head")
+    return model
+
+
+def write_folder(source: Source, out: Path, options: ExportOptions, *, verify: bool = False,
+                 json_path: str | os.PathLike[str] | None = None, layout: LayoutStep = keep_layout) -> ExportResult:
+    """SOURCE as an HF folder at OUT (plus LAYOUT's files); with verify=True, proven before OUT appears."""
+    if source.adapter:
+        raise ExportError(f"{source.model}: a LoRA adapter; export it as the adapter (format peft) or merged "
+                          "(format merged)")
+    limit = hub.parse_size(options.max_shard_size)
+    model = load_exportable(source)
+    architecture = model.family.architectures[model.task]
     tok_folder = tokenizer_folder(source)
     if tok_folder is None:
         raise ExportError(no_tokenizer_message(source))
@@ -155,20 +124,88 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: s
     with staged(out) as staging:
         files = hub.save_weights(model.hf_state_dict(), staging, limit)
         config = export_config(model, architecture, torch_dtype)
-        del model  # verify loads the source afresh, in float32
         hub.write_json_atomic(staging / "config.json", config)
         copy_tokenizer_files(tok_folder, staging)
-        # an embedding model keeps its sentence-transformers modules
-        embedding_layout = bool(copy_st_layout(source.model, staging))
-        (staging / "README.md").write_text(model_card(source, config, task, out.name,
-                                                      embedding_layout=embedding_layout), encoding="utf-8")
+        embedding = layout(staging, source, model, options)
+        del model  # verify loads the source afresh, in float32
+        config = hub.read_config(staging)[0]  # as the layout step left it (a reranker's marker)
+        (staging / "README.md").write_text(model_card(source, config, task, out.name, embedding_layout=embedding),
+                                           encoding="utf-8")
         result = ExportResult(out, source.model, config["model_type"], task, DTYPE_NAMES[torch_dtype],
                               sorted(p.name for p in staging.iterdir()), files, tok_folder)
         if verify:
             result.report = verify_folder(staging, source.model, atol=options.atol, rtol=options.rtol,
                                           json_path=json_path, label=str(out))
-            if not result.report.passed:
-                raise VerifyFailed(f"{out}: the export does not match {source.model}; nothing was written\n"
-                                   + result.report.table(), result.report)
+            raise_unless_passed(result.report, out, source.model)
     return result
 
+
+def raise_unless_passed(report: VerifyReport, out: Path, source: Path, what: str = "export") -> None:
+    if not report.passed:
+        raise VerifyFailed(f"{out}: the {what} does not match {source}; nothing was written\n" + report.table(),
+                           report)
+
+
+def verify_folder(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *,
+                  atol: float | None = None, rtol: float | None = None,
+                  json_path: str | os.PathLike[str] | None = None, which: str = "best",
+                  label: str | None = None) -> VerifyReport:
+    """transformers loads DIR cleanly and computes what hfport computes from SOURCE (default: DIR itself).
+
+    atol/rtol default by DIR's dtype (report.TOLERANCES). Never raises for a failed check: the report says FAIL and
+    names what failed. json_path: also write the report there."""
+    folder = Path(dir).expanduser()
+    report = VerifyReport(label or str(folder), str(source if source is not None else folder))
+    with reporting(report, json_path):
+        _verify_folder(folder, source if source is not None else folder, which, atol, rtol, report)
+    return report
+
+
+def _read_head(folder: Path, report: VerifyReport, atol: float | None, rtol: float | None) -> tuple[dict, str] | None:
+    """DIR's config.json and task (a config row), and the report's dtype and tolerances; None when it failed."""
+    with check_row(report, "config", "config.json"):
+        if not folder.is_dir():
+            raise ExportError(f"{folder}: no such folder")
+        raw, cfg_source = hub.read_config(folder)
+        family = get_family(raw.get("model_type"), cfg_source)
+        if not raw.get("architectures"):
+            raise ExportError(f"{cfg_source}: no 'architectures' entry; transformers' head cannot be chosen")
+        task = task_of(family, raw["architectures"])
+        if family.architectures.get(task) != raw["architectures"][0]:
+            raise ExportError(f"{cfg_source}: architectures {raw['architectures']} is not a "
+                              f"{family.model_type} class hfport knows ({sorted(family.architectures.values())})")
+        report.set_tolerances(folder_dtype(folder, raw), atol, rtol)
+        report.add("config", "config.json", True, detail=f"{family.model_type} {task} {report.dtype}")
+        return raw, task
+    return None
+
+
+def _verify_folder(folder: Path, source_arg: Any, which: str, atol: float | None, rtol: float | None,
+                   report: VerifyReport) -> None:
+    head = _read_head(folder, report, atol, rtol)
+    if head is None:
+        return
+    raw, task = head
+    ours: PreTrainedEncoder | None = None
+    with check_row(report, "source", str(source_arg)):
+        src = resolve_source(source_arg, which)
+        model = load_any(src.model, dtype=torch.float32)
+        if model.task != task:
+            raise ExportError(f"{src.model} holds a {model.task} model; {folder} holds a {task} model")
+        ours, report.source = model, str(src.model)
+    if ours is not None:
+        with check_row(report, "labels", "id2label/label2id"):
+            check_labels(report, raw, ours)
+        with check_row(report, "weights", "model.safetensors"):
+            check_weights(report, folder, ours)
+    theirs, batches = None, {}
+    with quiet_transformers() as transformers:
+        with check_row(report, "load", TRANSFORMERS_AUTO[task]):
+            theirs = load_transformers(report, transformers, folder, task, raw)
+        with check_row(report, "tokenizer", "load"):
+            batches = check_tokenizer(report, transformers, folder, task, raw)
+    if ours is not None:  # a sentence-transformers folder (embeddings, cross-encoder): its own loader agrees too
+        with check_row(report, "sentence-transformers", "load"):
+            sentence_rows(report, folder, raw, ours, Path(report.source), PROBE_TEXTS, PROBE_PAIRS)
+    if ours is not None and theirs is not None and batches:
+        compare_models(report, batches, ours, theirs, task)

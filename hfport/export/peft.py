@@ -1,13 +1,14 @@
-"""LoRA adapters: export (as the adapter, or merged into a plain HF folder) and the proof of each.
+"""The two LoRA adapter formats: the adapter itself (PEFT's layout) and the adapter merged into a plain HF folder,
+each with its proof.
 
-    verify_adapter(DIR)   peft loads DIR over transformers' AutoModelFor<Task> of its base (no missing or
-                          unexpected adapter keys) and computes what hfport computes from SOURCE (default DIR
-                          itself), at real positions, fp32 atol 1e-5 / rtol 1e-4 (export/verify.py says why)
-    export_lora(...)      merge=False: the adapter folder (PEFT's format, config.json, tokenizer), verified as above;
-                          merge=True: a plain HF folder with every LoRA update folded into its layer and the head
-                          included, verified by transformers loading it cleanly (no missing/unexpected keys), its
-                          weights equal to the merge hfport computed, and its outputs equal to the unmerged
-                          adapter model's (hfport, from SOURCE)
+    write_adapter / verify_adapter   the adapter folder (PEFT's format, config.json, tokenizer); proven by peft
+                          loading DIR over transformers' AutoModelFor<Task> of its base (no missing or unexpected
+                          adapter keys) and computing what hfport computes from SOURCE (default DIR itself), at real
+                          positions, fp32 atol 1e-5 / rtol 1e-4 (export/report.py says why)
+    write_merged / verify_merged     a plain HF folder with every LoRA update folded into its layer and the head
+                          included; proven by transformers loading it cleanly (no missing/unexpected keys), its
+                          weights equal to the merge hfport computed, and its outputs equal to the unmerged adapter
+                          model's (hfport, from SOURCE)
 
 peft and transformers are imported inside the checks only: the core never needs them.
 """
@@ -15,44 +16,45 @@ peft and transformers are imported inside the checks only: the core never needs 
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from .. import hub, lora
 from ..modeling import PreTrainedEncoder
 from ..tasks import TASKS, load_any
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
-from .common import DTYPE_NAMES, OUTPUTS, TRANSFORMERS_AUTO, ExportError, Source, no_tokenizer_message, \
-    resolve_source, tokenizer_folder
-from .verify import (TOLERANCES, VerifyFailed, VerifyReport, check_row, _check_labels, _check_tokenizer,
-                     _check_weights, _compare, _load_transformers, _quiet_transformers)
+from .card import model_card
+from .checks import (check_labels, check_tokenizer, check_weights, compare_models, load_transformers,
+                     quiet_transformers)
+from .common import (DTYPE_NAMES, EXPORT_DTYPES, TRANSFORMERS_AUTO, ExportError, ExportResult, Source,
+                     export_config, no_tokenizer_message, resolve_source, staged, tokenizer_folder)
+from .folder import ExportOptions, raise_unless_passed
+from .report import VerifyReport, check_row, reporting
 
 log = logging.getLogger("hfport")
 
 
-def verify_adapter(dir: str | Path, source: Any = None, *, atol: float | None = None, rtol: float | None = None,
-                   json_path: Any = None, which: str = "best", label: str | None = None) -> VerifyReport:
+# --- the adapter --------------------------------------------------------------------------------------------------
+
+
+def verify_adapter(dir: str | os.PathLike[str], source: Any = None, *, atol: float | None = None,
+                   rtol: float | None = None, json_path: Any = None, which: str = "best",
+                   label: str | None = None) -> VerifyReport:
     """peft over transformers computes, from adapter folder DIR, what hfport computes from SOURCE (default DIR).
     Never raises for a failed check: every failure is a FAIL row."""
     folder = Path(dir).expanduser()
     report = VerifyReport(label or str(folder), str(source if source is not None else folder))
-    report.dtype = "float32"
-    report.atol, report.rtol = (TOLERANCES["float32"][0] if atol is None else atol,
-                                TOLERANCES["float32"][1] if rtol is None else rtol)
-    try:
-        with check_row(report, "verify", "run"):
-            _verify_adapter(folder, source, which, report)
-    finally:
-        if json_path is not None:
-            report.write_json(json_path)
+    report.set_tolerances("float32", atol, rtol)
+    with reporting(report, json_path):
+        _verify_adapter(folder, source, which, report)
     return report
 
 
 def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport) -> None:
-    tol = f"atol={report.atol:g} rtol={report.rtol:g}"
     ctx: dict[str, Any] = {}
     with check_row(report, "config", lora.ADAPTER_CONFIG):
         raw = lora.read_adapter_config(folder)  # refuses what hfport cannot compute (IA3, DoRA, ...)
@@ -67,34 +69,29 @@ def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport)
     ours: PreTrainedEncoder | None = None
     with check_row(report, "source", str(source or folder)):
         src = resolve_source(source if source is not None else folder, which)
-        ours = load_any(src.model, dtype=torch.float32)
-        if ours.task != task:
-            raise ExportError(f"{src.model} holds a {ours.task} model; {folder} holds a {task} adapter")
-        report.source = str(src.model)
+        model = load_any(src.model, dtype=torch.float32)
+        if model.task != task:
+            raise ExportError(f"{src.model} holds a {model.task} model; {folder} holds a {task} adapter")
+        ours, report.source = model, str(src.model)
     cfg = {"id2label": ours.config.id2label} if ours is not None and \
         ours.head is not None and TASKS[task].labels else {}
     if ours is not None and (folder / "config.json").is_file():
         with check_row(report, "labels", "id2label/label2id"):
-            _check_labels(report, hub.read_config(folder)[0], ours)
-    theirs = None
-    with _quiet_transformers() as transformers:
+            check_labels(report, hub.read_config(folder)[0], ours)
+    theirs, batches = None, {}
+    with quiet_transformers() as transformers:
         with check_row(report, "load", f"peft over {TRANSFORMERS_AUTO[task]}"):
-            theirs = _load_peft(report, transformers, folder, raw, task, cfg)
-        batches: dict[str, Any] = {}
+            theirs = load_peft(report, transformers, folder, raw, task, cfg)
         with check_row(report, "tokenizer", "load"):
             tok = folder if has_tokenizer_files(folder) else Path(raw.get("base_model_name_or_path") or folder)
-            batches = _check_tokenizer(report, transformers, tok, task, hub.read_config(tok)[0]
-                                       if (tok / "config.json").is_file() else {})
-    if ours is None or theirs is None or not batches:
-        return
-    for name, enc in batches.items():
-        for out_name in OUTPUTS[task]:
-            with check_row(report, "outputs", f"{name}/{out_name}"):
-                _compare(report, name, out_name, ours, theirs, enc, task, tol)
+            batches = check_tokenizer(report, transformers, tok, task, hub.read_config(tok)[0]
+                                      if (tok / "config.json").is_file() else {})
+    if ours is not None and theirs is not None and batches:
+        compare_models(report, batches, ours, theirs, task)
 
 
-def _load_peft(report: VerifyReport, transformers: Any, folder: Path, raw: dict[str, Any], task: str,
-               labels: dict[str, Any]) -> Any:
+def load_peft(report: VerifyReport, transformers: Any, folder: Path, raw: dict[str, Any], task: str,
+              labels: dict[str, Any]) -> Any:
     """transformers' head model of the base, then peft's adapter over it; None when a load row failed."""
     from peft import PeftModel
 
@@ -119,7 +116,6 @@ def adapter_key_problems(peft_model: Any, folder: Path) -> tuple[list[str], list
     """(missing, unexpected): the keys peft's model would save for its adapter (its LoRA layers and its
     modules_to_save copies) against the keys in the folder's adapter_model.safetensors."""
     from peft.utils import get_peft_model_state_dict
-    from safetensors import safe_open
 
     with safe_open(str(folder / lora.ADAPTER_WEIGHTS), framework="pt") as f:
         saved = set(f.keys())
@@ -127,48 +123,11 @@ def adapter_key_problems(peft_model: Any, folder: Path) -> tuple[list[str], list
     return sorted(wanted - saved), sorted(saved - wanted)
 
 
-def verify_merged(dir: Path, adapter_model: PreTrainedEncoder, merged_model: PreTrainedEncoder, source: str, *,
-                  atol: float | None = None, rtol: float | None = None, json_path: Any = None,
-                  label: str | None = None) -> VerifyReport:
-    """transformers loads merged folder DIR cleanly, its weights are the merge hfport computed (exactly, after the
-    dtype's rounding), and it computes what the unmerged adapter model computes."""
-    report = VerifyReport(label or str(dir), source)
-    try:
-        with check_row(report, "verify", "run"):
-            raw, _ = hub.read_config(dir)
-            report.dtype = DTYPE_NAMES[merged_model.dtype]
-            report.atol = TOLERANCES[report.dtype][0] if atol is None else atol
-            report.rtol = TOLERANCES[report.dtype][1] if rtol is None else rtol
-            task, tol = adapter_model.task, f"atol={report.atol:g} rtol={report.rtol:g}"
-            report.add("config", "config.json", True, detail=f"merged {raw.get('model_type')} {task}")
-            with check_row(report, "labels", "id2label/label2id"):
-                _check_labels(report, raw, adapter_model)
-            with check_row(report, "weights", "model.safetensors (merged)"):
-                _check_weights(report, dir, merged_model)
-            theirs, batches = None, {}
-            with _quiet_transformers() as transformers:
-                with check_row(report, "load", TRANSFORMERS_AUTO[task]):
-                    theirs = _load_transformers(report, transformers, dir, task, raw)
-                with check_row(report, "tokenizer", "load"):
-                    batches = _check_tokenizer(report, transformers, dir, task, raw)
-            if theirs is not None:
-                for name, enc in batches.items():
-                    for out_name in OUTPUTS[task]:
-                        with check_row(report, "outputs", f"{name}/{out_name} (merged vs adapter)"):
-                            _compare(report, name, out_name, adapter_model, theirs, enc, task, tol)
-    finally:
-        if json_path is not None:
-            report.write_json(json_path)
-    return report
-
-
-def export_lora(source: Source, out: Path, *, merge: bool, dtype: torch.dtype, limit: int, verify: bool,
-                atol: float | None, rtol: float | None, json_path: Any, replace: Any) -> Any:
-    """The adapter of SOURCE at OUT: as the adapter folder (merge=False) or merged into a plain HF folder."""
-    from .card import model_card
-    from .common import export_config
-    from .folder import ExportResult
-
+def _load_adapter_model(source: Source, what: str) -> tuple[PreTrainedEncoder, Path]:
+    """SOURCE's adapter model (float32) and the folder whose tokenizer it uses."""
+    if not source.adapter:
+        raise ExportError(f"{source.model}: {what} applies to LoRA adapter folders (adapter_config.json); this is "
+                          "a plain model")
     model = load_any(source.model, dtype=torch.float32)
     tok_folder = tokenizer_folder(source)
     if tok_folder is None and model.adapter is not None and model.adapter.base:
@@ -176,37 +135,101 @@ def export_lora(source: Source, out: Path, *, merge: bool, dtype: torch.dtype, l
         tok_folder = base if has_tokenizer_files(base) else None
     if tok_folder is None:
         raise ExportError(no_tokenizer_message(source))
-    staging = hub.staging_dir(out)
-    try:
-        if merge:
-            plain = lora.merged(model).to(dtype)
-            files = hub.save_weights(plain.hf_state_dict(), staging, limit)
-            config = export_config(plain, plain.family.architectures[plain.task], dtype)
-            hub.write_json_atomic(staging / "config.json", config)
-            copy_tokenizer_files(tok_folder, staging)
-            (staging / "README.md").write_text(model_card(source, config, model.task, out.name), encoding="utf-8")
-        else:
-            if dtype != torch.float32:
-                raise ExportError("an adapter is exported in float32; pass --merge for a merged model in another "
-                                  "dtype")
-            lora.save_adapter(model, staging / "adapter")
-            for item in (staging / "adapter").iterdir():
-                item.rename(staging / item.name)
-            (staging / "adapter").rmdir()
-            copy_tokenizer_files(tok_folder, staging)
-            files = [lora.ADAPTER_WEIGHTS]
-        result = ExportResult(out, source.model, model.family.model_type, model.task, DTYPE_NAMES[dtype],
-                              sorted(p.name for p in staging.iterdir()), files, tok_folder)
+    return model, tok_folder
+
+
+def write_adapter(source: Source, out: Path, options: ExportOptions, *, verify: bool = False,
+                  json_path: Any = None) -> ExportResult:
+    """The adapter of SOURCE at OUT, in PEFT's format (float32), with its config.json and tokenizer."""
+    if options.dtype != "fp32":
+        raise ExportError("an adapter is exported in float32; pass --merge (format merged) for a merged model in "
+                          "another dtype")
+    model, tok_folder = _load_adapter_model(source, "the adapter format")
+    with staged(out) as staging:
+        lora.save_adapter(model, staging / "adapter")
+        for item in (staging / "adapter").iterdir():
+            item.rename(staging / item.name)
+        (staging / "adapter").rmdir()
+        copy_tokenizer_files(tok_folder, staging)
+        result = ExportResult(out, source.model, model.family.model_type, model.task, "float32",
+                              sorted(p.name for p in staging.iterdir()), [lora.ADAPTER_WEIGHTS], tok_folder,
+                              format="peft")
         if verify:
-            result.report = (verify_merged(staging, model, plain, str(source.model), atol=atol, rtol=rtol,
-                                           json_path=json_path, label=str(out)) if merge else
-                             verify_adapter(staging, source.model, atol=atol, rtol=rtol, json_path=json_path,
-                                            label=str(out)))
-            if not result.report.passed:
-                raise VerifyFailed(f"{out}: the export does not match {source.model}; nothing was written\n"
-                                   + result.report.table(), result.report)
-        replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+            result.report = verify_adapter(staging, source.model, atol=options.atol, rtol=options.rtol,
+                                           json_path=json_path, label=str(out))
+            raise_unless_passed(result.report, out, source.model)
     return result
+
+
+# --- merged -------------------------------------------------------------------------------------------------------
+
+
+def write_merged(source: Source, out: Path, options: ExportOptions, *, verify: bool = False,
+                 json_path: Any = None) -> ExportResult:
+    """The adapter of SOURCE folded into its base: a plain HF folder (head included) in options.dtype."""
+    model, tok_folder = _load_adapter_model(source, "merge")
+    dtype = EXPORT_DTYPES[options.dtype]
+    with staged(out) as staging:
+        plain = lora.merged(model).to(dtype)
+        files = hub.save_weights(plain.hf_state_dict(), staging, hub.parse_size(options.max_shard_size))
+        config = export_config(plain, plain.family.architectures[plain.task], dtype)
+        hub.write_json_atomic(staging / "config.json", config)
+        copy_tokenizer_files(tok_folder, staging)
+        (staging / "README.md").write_text(model_card(source, config, model.task, out.name), encoding="utf-8")
+        result = ExportResult(out, source.model, model.family.model_type, model.task, DTYPE_NAMES[dtype],
+                              sorted(p.name for p in staging.iterdir()), files, tok_folder, format="merged")
+        if verify:
+            result.report = check_merged(staging, model, plain, str(source.model), atol=options.atol,
+                                         rtol=options.rtol, json_path=json_path, label=str(out))
+            raise_unless_passed(result.report, out, source.model)
+    return result
+
+
+def verify_merged(dir: str | os.PathLike[str], source: Any, *, atol: float | None = None, rtol: float | None = None,
+                  json_path: Any = None, which: str = "best", label: str | None = None) -> VerifyReport:
+    """A merged folder DIR against the adapter SOURCE it was merged from (the merge recomputed by hfport)."""
+    folder = Path(dir).expanduser()
+    report = VerifyReport(label or str(folder), str(source))
+    models: dict[str, PreTrainedEncoder] = {}
+    with check_row(report, "source", str(source)):
+        if source is None:
+            raise ExportError(f"{folder}: a merged folder is compared with the adapter it was merged from; give "
+                              "--source (without it, verify proves it as a plain HF folder)")
+        model = load_any(resolve_source(source, which).model, dtype=torch.float32)
+        if not lora.has_lora(model):
+            raise ExportError(f"{source}: not a LoRA adapter; a merged folder is compared with its adapter")
+        dtype = {name: d for d, name in DTYPE_NAMES.items()}.get(hub.read_config(folder)[0].get("dtype"),
+                                                                torch.float32)
+        models.update(adapter=model, plain=lora.merged(model).to(dtype))
+    if not models:
+        if json_path is not None:
+            report.write_json(json_path)
+        return report
+    return check_merged(folder, models["adapter"], models["plain"], str(source), atol=atol, rtol=rtol,
+                        json_path=json_path, label=label)
+
+
+def check_merged(dir: Path, adapter_model: PreTrainedEncoder, merged_model: PreTrainedEncoder, source: str, *,
+                 atol: float | None = None, rtol: float | None = None, json_path: Any = None,
+                 label: str | None = None) -> VerifyReport:
+    """transformers loads merged folder DIR cleanly, its weights are the merge hfport computed (exactly, after the
+    dtype's rounding), and it computes what the unmerged adapter model computes."""
+    report = VerifyReport(label or str(dir), source)
+    with reporting(report, json_path):
+        raw, _ = hub.read_config(dir)
+        report.set_tolerances(DTYPE_NAMES[merged_model.dtype], atol, rtol)
+        task = adapter_model.task
+        report.add("config", "config.json", True, detail=f"merged {raw.get('model_type')} {task}")
+        with check_row(report, "labels", "id2label/label2id"):
+            check_labels(report, raw, adapter_model)
+        with check_row(report, "weights", "model.safetensors (merged)"):
+            check_weights(report, dir, merged_model)
+        theirs, batches = None, {}
+        with quiet_transformers() as transformers:
+            with check_row(report, "load", TRANSFORMERS_AUTO[task]):
+                theirs = load_transformers(report, transformers, dir, task, raw)
+            with check_row(report, "tokenizer", "load"):
+                batches = check_tokenizer(report, transformers, dir, task, raw)
+        if theirs is not None:
+            compare_models(report, batches, adapter_model, theirs, task, suffix=" (merged vs adapter)")
+    return report

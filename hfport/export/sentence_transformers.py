@@ -15,8 +15,7 @@ A reranker (cross-encoder) folder is a one-label HF sequence-classification fold
 (sentence-transformers >= 4), read by its `predict()` to put a sigmoid on the logit, as hfport's
 text-classification pipeline does for one label.
 
-`verify_rows` is the proof (called by export/verify.py): sentence-transformers loads DIR and its `encode()` /
-`predict()` equals hfport's embeddings / scores from SOURCE. sentence-transformers is imported there only.
+The proof of both (sentence-transformers' own loaders against hfport) is export/sentence_formats.py's.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from .. import hub
 from ..errors import ConfigError
@@ -48,11 +45,6 @@ MODULE_TYPES = {"transformer": "sentence_transformers.models.Transformer",
                 "normalize": "sentence_transformers.models.Normalize"}
 CROSS_ENCODER_KEY = "sentence_transformers"
 SIGMOID = "torch.nn.modules.activation.Sigmoid"
-# cosine similarity of encode() to hfport's embedding, per text, at least this (and the max abs diff within verify's
-# atol), by the dtype DIR's weights are stored in. sentence-transformers computes in that dtype, hfport in float32
-# from the source: float32 differs by summation order only; fp16/bf16 add weight and activation rounding (measured on
-# the real MiniLM: lowest cosine 0.99983 at bf16), so their floors are looser.
-MIN_COSINE = {"float32": 0.99999, "float16": 0.9995, "bfloat16": 0.999}
 
 
 class SentenceTransformersError(ConfigError):
@@ -234,84 +226,3 @@ def read_st_pooling(folder: str | Path) -> tuple[str, bool]:
 
 def read_max_seq_length(folder: str | Path) -> int | None:
     return read_layout(folder).max_seq_length
-
-
-# --- the proof --------------------------------------------------------------------------------------------------
-
-
-def verify_rows(report: Any, folder: Path, raw: dict[str, Any], ours: Any, source_model: Path, texts: list[str],
-                pairs: list[tuple[str, str]]) -> None:
-    """Rows of export/verify.py's report for a sentence-transformers folder: SentenceTransformer(DIR).encode() against
-    hfport's embeddings (pooling as SOURCE declares it), or CrossEncoder(DIR).predict() against hfport's scores.
-    Adds nothing for a folder that is neither. Raises (-> a FAIL row) when sentence-transformers is missing."""
-    embedding, cross = has_embedding_layout(folder), is_cross_encoder(raw)
-    if not embedding and not cross:
-        return
-    try:
-        import sentence_transformers
-    except ImportError as e:
-        raise SentenceTransformersError("the folder is a sentence-transformers model, and proving it needs the "
-                                        "sentence-transformers package: pip install sentence-transformers") from e
-    if embedding:
-        _verify_embeddings(report, sentence_transformers, folder, ours, source_model, texts)
-    if cross:
-        _verify_cross_encoder(report, sentence_transformers, folder, ours, source_model, pairs)
-
-
-def _verify_embeddings(report: Any, st: Any, folder: Path, ours: Any, source_model: Path, texts: list[str]) -> None:
-    from ..pipelines.features import FeatureExtractionPipeline
-    from ..tokenizer import AutoTokenizer
-
-    declared = read_st_pooling(folder)
-    reference = read_st_pooling(source_model) if has_embedding_layout(source_model) else declared
-    report.add("sentence-transformers", "pooling", declared == reference, tolerance="equal",
-               detail=f"DIR declares {declared}, the source {reference}")
-    pooling, normalize = reference
-    model = st.SentenceTransformer(str(folder), device="cpu", trust_remote_code=False)
-    report.add("sentence-transformers", f"load ({len(model)} modules)", True)
-    theirs = model.encode(texts, convert_to_numpy=True, batch_size=len(texts)).astype(np.float64)  # (N, C)
-    pipe = FeatureExtractionPipeline(ours, AutoTokenizer.from_pretrained(folder), pooling=pooling,
-                                     normalize=normalize, return_tensors=True)
-    max_length = read_max_seq_length(folder)
-    mine = np.stack([v.double().numpy() for v in pipe(texts, truncation=True, max_length=max_length)])  # (N, C)
-    _embedding_rows(report, "encode", theirs, mine)
-
-
-def _embedding_rows(report: Any, name: str, theirs: np.ndarray, mine: np.ndarray) -> None:
-    if theirs.shape != mine.shape:
-        report.add("sentence-transformers", name, False, shape=theirs.shape,
-                   detail=f"sentence-transformers {list(theirs.shape)} vs hfport {list(mine.shape)}")
-        return
-    cosine = (theirs * mine).sum(-1) / (np.linalg.norm(theirs, axis=-1) * np.linalg.norm(mine, axis=-1))  # (N,)
-    diff = float(np.abs(theirs - mine).max())
-    worst = float(cosine.min())
-    floor = MIN_COSINE.get(report.dtype or "float32", MIN_COSINE["float32"])
-    report.add("sentence-transformers", f"{name}/cosine", bool(worst >= floor), shape=theirs.shape,
-               diff=1.0 - worst, tolerance=f"cosine >= {floor}",
-               detail=f"lowest cosine {worst:.8f} between sentence-transformers' and hfport's embedding")
-    ok = bool(np.isfinite(diff) and diff <= report.atol)
-    report.add("sentence-transformers", f"{name}/values", ok, shape=theirs.shape, diff=diff,
-               tolerance=f"atol={report.atol:g}", detail="" if ok else f"max abs diff {diff:.3g}")
-
-
-def _verify_cross_encoder(report: Any, st: Any, folder: Path, ours: Any, source_model: Path,
-                          pairs: list[tuple[str, str]]) -> None:
-    from ..pipelines.classification import TextClassificationPipeline
-    from ..tokenizer import AutoTokenizer
-
-    model = st.CrossEncoder(str(folder), device="cpu", trust_remote_code=False)
-    activation = type(model.activation_fn).__name__
-    report.add("sentence-transformers", "CrossEncoder activation", activation == "Sigmoid", tolerance="Sigmoid",
-               detail=f"CrossEncoder applies {activation}; hfport's one-label pipeline applies a sigmoid")
-    theirs = np.asarray(model.predict(pairs, convert_to_numpy=True, batch_size=len(pairs)),
-                        dtype=np.float64).reshape(-1)  # (N,)
-    pipe = TextClassificationPipeline(ours, AutoTokenizer.from_pretrained(folder))
-    mine = np.asarray([r["score"] for r in pipe([{"text": q, "text_pair": d} for q, d in pairs])], dtype=np.float64)
-    if theirs.shape != mine.shape:
-        report.add("sentence-transformers", "predict", False, shape=theirs.shape,
-                   detail=f"sentence-transformers {list(theirs.shape)} vs hfport {list(mine.shape)}")
-        return
-    diff = float(np.abs(theirs - mine).max())
-    ok = bool(np.isfinite(diff) and diff <= report.atol)
-    report.add("sentence-transformers", "predict", ok, shape=theirs.shape, diff=diff, tolerance=f"atol={report.atol:g}",
-               detail="" if ok else f"CrossEncoder.predict differs from hfport's scores (max abs diff {diff:.3g})")

@@ -184,11 +184,11 @@ async def submit_finetune_upload(
 
 
 @router.post("/export", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
-             summary="Queue an export to an HF folder (+ verification)")
+             summary="Queue an export in one of the export formats (+ verification)")
 def submit_export(body: ExportJobRequest, store: StoreDep, settings: SettingsDep) -> JobInfo:
     job_id = store.new_id()
-    config = {"model": _model_path(body.model, store, settings, run_ok=True),
-              "options": body.options.model_dump(exclude_unset=True), "verify": body.verify,
+    config = {"model": _model_path(body.model, store, settings, run_ok=True), "format": body.format,
+              "options": body.options, "verify": body.verify,
               "output_dir": _output_dir(body.output_dir, settings, job_id, "export")}
     return JobInfo(**store.create_job("export", config, job_id))
 

@@ -1,0 +1,309 @@
+"""`verify_onnx(dir, source)`: the proof of an ONNX folder (export/onnx.py writes it), failing closed.
+
+The probe texts (`PROBE_TEXTS`, `PROBE_PAIRS`, through DIR's tokenizer, padded batches) are compared at real positions:
+    graph      each graph loads in onnxruntime, its inputs/outputs match config.json, its axes are dynamic;
+    files      each graph's sha256 equals the one recorded at export (when hfport_onnx.json is there);
+    fp32       model.onnx (and model_optimized.onnx) against hfport's model from SOURCE, and against transformers'
+               (when installed): |onnx - reference| <= atol + rtol * |reference|, atol = rtol = 1e-4 by default:
+               onnxruntime fuses LayerNorm/GELU/MatMul+Add and sums in its own order (max abs diff on
+               all-MiniLM-L6-v2: ~3e-6);
+    int8       model_quantized.onnx against model.onnx at the task level (export/onnx_agreement.py), at least
+               `min_agreement` (default 0.99) or `min_cosine` (0.99).
+SOURCE defaults to the one hfport_onnx.json records. When no source is given and the recorded one cannot be reached
+(the folder was copied to another machine), the fp32 rows compare hfport's own load of DIR (the ONNX backend its
+pipelines serve) with onnxruntime running model.onnx directly, and the report names that reference: the graph is
+then not compared with a PyTorch model. A --source that cannot be loaded is a FAIL row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..pipelines.onnx_backend import (INSTALL_HINT, ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,
+                                     check_signature, open_session, read_folder_config)
+from ..tasks import TASKS, load_any
+from ..tokenizer import AutoTokenizer
+from .checks import quiet_transformers
+from .common import TRANSFORMERS_AUTO, ExportError, resolve_source
+from .onnx_agreement import AGREEMENT, MIN_AGREEMENT, MIN_COSINE, check_thresholds
+from .onnx_fusion import OPTIMIZED_FILE
+from .report import VerifyReport, check_row, compare, reporting
+
+MANIFEST = "hfport_onnx.json"
+FP32_TOLERANCE = (1e-4, 1e-4)  # (atol, rtol); the module docstring says why
+PROBE_TEXTS = [
+    "The film was wonderful.",
+    "I would not recommend this restaurant to anyone; the service was slow and the food was cold.",
+    "ok",
+    "Marie Curie was born in Warsaw in 1867 and later moved to Paris, where she studied physics and chemistry.",
+    "The committee will meet again next Tuesday to discuss the budget.",
+    "What a terrible, awful, disappointing day!",
+    "Shares of the company rose three percent after the quarterly report.",
+    ("The old lighthouse keeper walked along the rocky shore every evening, watching the ships pass by and writing "
+     "long letters to his sister in New York about the weather, the birds and the quiet life on the island."),
+    "She plays the violin beautifully.",
+    "Please send the invoice to the accounting department before Friday.",
+]
+PROBE_PAIRS = [
+    ("Who wrote the novel?", "Herman Melville wrote Moby-Dick in 1851, a long time ago."),
+    ("Where is Berlin?", "Berlin is the capital of Germany and lies on the river Spree."),
+    ("When did the war end?", "The war ended in 1945, after six years of fighting across Europe and Asia."),
+    ("What colour is the sky?", "On a clear day the sky is blue."),
+    ("How many legs does a spider have?", "Spiders have eight legs, while insects have six."),
+]
+PROBE_MAX_LENGTH = 96
+
+
+def require_onnx() -> tuple[Any, Any]:
+    """(onnx, onnxruntime), or an ExportError saying how to install them."""
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as e:
+        raise ExportError(f"ONNX export needs the onnx and onnxruntime packages ({e}); {INSTALL_HINT}") from e
+    return onnx, onnxruntime
+
+
+def max_length(max_positions: int) -> int:
+    return min(PROBE_MAX_LENGTH, max_positions - 2)  # room for RoBERTa's position offset
+
+
+def probe_batches(folder: Path, task: str, config: Any) -> dict[str, dict[str, Tensor]]:
+    """The probe texts through DIR's tokenizer as padded batches (pairs for QA and two-segment models)."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    kwargs = {"padding": True, "truncation": True, "max_length": max_length(config.max_position_embeddings),
+              "return_tensors": "pt"}
+    record = TASKS[task]
+    probes: dict[str, tuple[Any, ...]] = {}
+    if not record.pair_input:
+        probes["texts"] = (PROBE_TEXTS,)
+    if record.pair_input or "token_type_ids" in tokenizer.model_input_names:
+        probes["pairs"] = ([q for q, _ in PROBE_PAIRS], [c for _, c in PROBE_PAIRS])
+    out = {}
+    for name, args in probes.items():
+        enc = tokenizer(*args, **kwargs)
+        batch = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
+        if record.masked_input:  # one word masked in each row, where a user of fill-mask puts it
+            if tokenizer.mask_token_id is None:
+                raise ExportError(f"{folder}: the tokenizer has no mask token; fill-mask cannot be probed")
+            ids = batch["input_ids"].clone()
+            lengths = batch["attention_mask"].sum(1)  # (B,)
+            for row, n in enumerate(lengths.tolist()):
+                ids[row, max(1, n // 2)] = tokenizer.mask_token_id  # a real token, never [CLS]
+            batch["input_ids"] = ids
+            batch["masked"] = ids.eq(tokenizer.mask_token_id)
+        out[name] = batch
+    return out
+
+
+def feeds(enc: dict[str, Tensor], inputs: list[str]) -> dict[str, Any]:
+    """A probe batch as onnxruntime feeds for a graph with these inputs."""
+    return {name: (enc[name] if name in enc else torch.zeros_like(enc["input_ids"])).numpy() for name in inputs}
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@torch.inference_mode()
+def run(model: Any, enc: dict[str, Tensor], task: str) -> dict[str, Tensor]:
+    """The task's graph outputs from an ONNX, hfport or transformers model on one probe batch."""
+    out = model(enc["input_ids"], attention_mask=enc["attention_mask"], token_type_ids=enc.get("token_type_ids"))
+    return {name: out[name].float() for name in TASKS[task].graph_outputs}
+
+
+class RawGraph:
+    """model.onnx run by onnxruntime directly (its own session, feeds built here): the reference for hfport's ONNX
+    backend when no PyTorch source can be reached."""
+
+    def __init__(self, path: Path, task: str):
+        self.session = open_session(path)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = list(TASKS[task].graph_outputs)
+
+    def __call__(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Any:
+        enc = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            enc["token_type_ids"] = token_type_ids
+        arrays = self.session.run(self.outputs, feeds(enc, self.inputs))
+        return {name: torch.from_numpy(a) for name, a in zip(self.outputs, arrays)}
+
+
+def verify_onnx(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *, which: str = "best",
+                atol: float | None = None, rtol: float | None = None, min_agreement: float = MIN_AGREEMENT,
+                min_cosine: float = MIN_COSINE, json_path: str | os.PathLike[str] | None = None,
+                label: str | None = None) -> VerifyReport:
+    """Check the ONNX folder DIR against SOURCE (default: the source its hfport_onnx.json records). Never raises
+    for a failed check: the report says FAIL and names what failed. json_path: also write the report there."""
+    folder = Path(dir).expanduser()
+    report = VerifyReport(label or str(folder), str(source) if source is not None else "")
+    report.set_tolerances("float32", atol, rtol, FP32_TOLERANCE)
+    with reporting(report, json_path):
+        check_thresholds(min_agreement, min_cosine)
+        require_onnx()
+        _verify(folder, source, which, min_agreement, min_cosine, report)
+    return report
+
+
+def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min_cosine: float,
+            report: VerifyReport) -> None:
+    if not folder.is_dir():
+        raise ExportError(f"{folder}: no such folder")
+    ctx: dict[str, Any] = {}
+    with check_row(report, "config", "config.json"):
+        raw, family, config, task = read_folder_config(folder)
+        ctx.update(config=config, task=task)
+        report.add("config", "config.json", True, detail=f"{family.model_type} {task}")
+    if not ctx:
+        return
+    config, task = ctx["config"], ctx["task"]
+    manifest = _manifest(folder, report)
+    graphs = _graphs(folder, config, task, manifest, report)
+    if ONNX_FILE not in graphs:
+        return
+    references = _references(folder, source_arg, manifest, which, task, report)
+    batches: dict[str, dict[str, Tensor]] = {}
+    with check_row(report, "tokenizer", "probes"):
+        batches = probe_batches(folder, task, config)
+        report.add("tokenizer", "probes", True, shape=f"{len(batches)} batches",
+                   detail=", ".join(f"{k} {tuple(v['input_ids'].shape)}" for k, v in batches.items()))
+    if not batches:
+        return
+    fp32 = {name: run(graphs[ONNX_FILE], enc, task) for name, enc in batches.items()}
+    # each fp32 graph: the portable one, and the onnxruntime-fused one when there is one
+    outs = {"fp32": fp32} | ({"fp32 optimized": {name: run(graphs[OPTIMIZED_FILE], enc, task)
+                                                 for name, enc in batches.items()}}
+                             if OPTIMIZED_FILE in graphs else {})
+    for against, load in references.items():
+        with check_row(report, f"fp32 vs {against}", "load"):
+            reference = load()
+            if reference is None:  # an optional second reference: said in the report, never dropped silently
+                report.add(f"fp32 vs {against}", "not installed: the graph is compared with hfport only", True)
+                continue
+            refs = {name: run(reference, enc, task) for name, enc in batches.items()}
+            for label, got in outs.items():
+                _compare_all(report, f"{label} vs {against}", got, refs, batches, task)
+    if QUANTIZED_FILE in graphs:
+        _int8_rows(report, graphs[QUANTIZED_FILE], fp32, batches, config, task, min_agreement, min_cosine)
+
+
+def _manifest(folder: Path, report: VerifyReport) -> dict[str, Any] | None:
+    if not (folder / MANIFEST).is_file():
+        return None
+    with check_row(report, "files", MANIFEST):
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict):
+            raise ExportError(f"{folder / MANIFEST}: the top level must be a JSON object")
+        return manifest
+    return None
+
+
+def _graphs(folder: Path, config: Any, task: str, manifest: dict[str, Any] | None,
+            report: VerifyReport) -> dict[str, OnnxModel]:
+    """Each graph in DIR that loads with the signature config.json implies (+ its recorded sha256)."""
+    graphs: dict[str, OnnxModel] = {}
+    for name in (ONNX_FILE, OPTIMIZED_FILE, QUANTIZED_FILE):
+        if name != ONNX_FILE and not (folder / name).is_file():
+            continue
+        with check_row(report, "graph", name):
+            graphs[name] = check_graph(report, folder / name, config, task)
+        if manifest is not None:
+            with check_row(report, "files", name):
+                want = (manifest.get("sha256") or {}).get(name)
+                have = sha256(folder / name)
+                report.add("files", name, have == want, tolerance="sha256 as recorded at export",
+                           detail="" if have == want else f"sha256 {have[:16]}... differs from the recorded "
+                                                          f"{str(want)[:16]}...: the graph changed after export")
+    return graphs
+
+
+def _references(folder: Path, source_arg: Any, manifest: dict[str, Any] | None, which: str, task: str,
+                report: VerifyReport) -> dict[str, Any]:
+    """What the fp32 graphs (run by hfport's ONNX backend) are compared with, each a loader: hfport's model from
+    SOURCE and transformers', or, with no source given and the recorded one out of reach, onnxruntime running
+    model.onnx directly."""
+    recorded = (manifest or {}).get("source")
+    if source_arg is None and not (recorded and Path(recorded).exists()):
+        why = f"the recorded source {recorded} is gone" if recorded else f"no source in {MANIFEST}"
+        report.source = f"{folder / ONNX_FILE} run by onnxruntime directly ({why}; no PyTorch model compared)"
+        report.add("source", f"none reachable ({why}): hfport's ONNX backend vs onnxruntime", True,
+                   detail=report.source)
+        return {"onnxruntime": lambda: RawGraph(folder / ONNX_FILE, task)}
+    references: dict[str, Any] = {}
+    with check_row(report, "source", str(source_arg or recorded)):
+        src = resolve_source(source_arg if source_arg is not None else recorded, which)
+        ours = load_any(src.model, dtype=torch.float32)
+        if ours.task != task:
+            raise ExportError(f"{src.model} holds a {ours.task} model; {folder} holds a {task} graph")
+        report.source = str(src.model)
+        references = {"hfport": lambda: ours, "transformers": lambda: _load_transformers(src.model, task)}
+    return references
+
+
+def check_graph(report: VerifyReport, path: Path, config: Any, task: str) -> OnnxModel:
+    """Loads in onnxruntime with the signature config.json implies, and dynamic batch and sequence axes."""
+    session = open_session(path)
+    check_signature(session, config, task, path)
+    static = [f"{i.name} {i.shape}" for i in session.get_inputs()
+              if len(i.shape) != 2 or any(isinstance(d, int) for d in i.shape)]
+    if static:
+        raise OnnxModelError(f"{path}: inputs with fixed axes ({'; '.join(static)}); the graph must take any batch "
+                             "size and sequence length")
+    report.add("graph", path.name, True, shape=f"{len(session.get_inputs())} inputs",
+               tolerance="loads; inputs/outputs as config.json; dynamic axes")
+    _, family, cfg, _ = read_folder_config(path.parent)
+    return OnnxModel(path, session, cfg, family, task)
+
+
+def _compare_all(report: VerifyReport, check: str, got: dict[str, dict[str, Tensor]],
+                 refs: dict[str, dict[str, Tensor]], batches: dict[str, dict[str, Tensor]], task: str) -> None:
+    for batch, outputs in got.items():
+        for name, (rank, _) in TASKS[task].graph_outputs.items():
+            with check_row(report, check, f"{batch}/{name}"):
+                per_token = rank == 3 or TASKS[task].per_token(name)  # start/end logits are per token at rank 2
+                compare(report, check, f"{batch}/{name}", outputs[name], refs[batch].get(name),
+                        real=batches[batch]["attention_mask"] if per_token else None,
+                        what=f"the graph's {name}")
+
+
+def _int8_rows(report: VerifyReport, int8: OnnxModel, fp32: dict[str, dict[str, Tensor]],
+               batches: dict[str, dict[str, Tensor]], config: Any, task: str, min_agreement: float,
+               min_cosine: float) -> None:
+    measure, threshold, what = AGREEMENT[TASKS[task].agreement]
+    for name, enc in batches.items():
+        with check_row(report, "int8 vs fp32", f"{name}/{what}"):
+            value, n, ties = measure(run(int8, enc, task), fp32[name], enc, config)
+            bound = min_cosine if threshold == "cosine" else min_agreement
+            items = f"{n} items" + (f" ({ties} fp32 near tie{'s' * (ties > 1)} left out)" if ties else "")
+            report.add("int8 vs fp32", f"{name}/{what} {value:.4f}", value >= bound, shape=items,
+                       diff=1.0 - value, tolerance=f"{threshold} >= {bound:g}",
+                       detail=f"{what} {value:.4f} over {items} is below {bound:g}: the int8 graph changes "
+                              "the model's answers")
+
+
+def _load_transformers(folder: Path, task: str) -> Any:
+    """transformers' model from the source folder, or None when transformers is not installed."""
+    try:
+        import transformers  # noqa: F401 - only: is it installed?
+    except ImportError:
+        return None  # the fp32 graph is checked against hfport only
+    with quiet_transformers() as transformers:
+        auto = getattr(transformers, TRANSFORMERS_AUTO[task])
+        model, info = auto.from_pretrained(str(folder), output_loading_info=True, dtype=torch.float32,
+                                           trust_remote_code=False)
+    missing = sorted(map(str, info.get("missing_keys") or []))
+    if missing:
+        raise ExportError(f"transformers initialised weights the source lacks ({', '.join(missing[:5])}): no "
+                          "reference")
+    return model.eval()
