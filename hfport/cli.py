@@ -10,6 +10,18 @@ from typing import Annotated, Optional
 import typer
 
 from . import tasks, verbosity
+from .convert import convert as convert_folder
+from .errors import HfportError, ItemError
+from .export import ExportOptions, VerifyFailed
+from .export import export as run_export
+from .export import verify as run_verify
+from .export.onnx import DEFAULT_OPSET, MIN_AGREEMENT, export_onnx, verify_onnx
+from .formats.onnx import is_onnx_model
+from .hardware import cpu_capabilities, describe
+from .pipelines import InvalidInput, pipeline
+from .tasks import load_any
+from .train.config import read_config_file, resolve_config
+from .train.loop import finetune
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Lean HF encoders: inspect, predict, fine-tune, export and serve.")
@@ -49,13 +61,9 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
          verbose: Verbose = 0, quiet: Quiet = False) -> None:
     """Family, head, parameter count, dtype and the load report of MODEL; --hardware: what this CPU computes fast."""
     setup_logging(verbose, quiet)
-    from . import HfportError, load_any
-
     if model is None and not hardware:
         fail("give a MODEL, or --hardware for this machine's measured capabilities")
     if hardware:
-        from .hardware import cpu_capabilities, describe
-
         caps = cpu_capabilities(refresh=remeasure)
         typer.echo(json.dumps(caps.to_dict(), indent=2) if as_json else describe(caps))
         if model is None:
@@ -136,9 +144,6 @@ def finetune(
 ) -> None:
     """Fine-tune MODEL on a data file; writes checkpoints, best/, final/, metrics.jsonl, report.html."""
     quiet = setup_logging(verbose, quiet) == "quiet"  # HFPORT_VERBOSITY=quiet silences the bar and summary too
-    from .errors import HfportError
-    from .train.config import read_config_file, resolve_config
-
     flags = {"model": model, "task": task, "train": train, "eval": eval, "output_dir": output_dir, "epochs": epochs,
              "max_steps": max_steps, "batch_size": batch_size, "grad_accum": grad_accum,
              "group_by_length": group_by_length, "max_batch_tokens": max_batch_tokens, "lr": lr,
@@ -161,9 +166,7 @@ def finetune(
             for name, value in config.model_dump().items():
                 typer.echo(f"{name:<24} {json.dumps(value):<40} ({sources[name]})")
             return
-        from .train.loop import finetune as run
-
-        summary = run(config, progress=not quiet)
+        summary = finetune(config, progress=not quiet)
     except (HfportError, ValueError) as e:
         fail(str(e))
         return
@@ -189,8 +192,6 @@ def _option(pair: str) -> tuple[str, object]:
 def _read_inputs(texts: list[str], input_file: Optional[str]) -> list[object]:
     """TEXT arguments, then the lines of --input (JSON per line). A TEXT that is a JSON object is used as one
     ({"text", "text_pair"} or {"question", "context"}); a line that cannot be read stays an error in its place."""
-    from .pipelines import InvalidInput
-
     items: list[object] = []
     for text in texts:
         try:
@@ -233,8 +234,6 @@ def predict(
 ) -> None:
     """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input)."""
     setup_logging(verbose, quiet)
-    from . import HfportError, ItemError, pipeline
-
     items = _read_inputs(texts or [], input_file)
     if not items:
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
@@ -290,10 +289,6 @@ def export(
     """Write SRC as a folder transformers loads: config, safetensors weights, tokenizer files and a model card;
     or, with --format onnx, as an ONNX folder (the layout optimum writes), proven against SRC before it appears."""
     setup_logging(verbose, quiet)
-    from .errors import HfportError
-    from .export import ExportOptions, VerifyFailed
-    from .export import export as run
-
     if format_ not in ("hf", "onnx"):
         fail(f"--format {format_!r}: expected hf or onnx")
     if format_ == "onnx":
@@ -312,7 +307,8 @@ def export(
     try:
         options = ExportOptions.of(which="final" if final else "best", dtype=dtype, max_shard_size=max_shard_size,
                                    atol=atol, rtol=rtol)
-        result = run(src, out, **options.model_dump(), force=force, verify=verify, json_path=json_path, merge=merge)
+        result = run_export(src, out, **options.model_dump(), force=force, verify=verify, json_path=json_path,
+                            merge=merge)
     except VerifyFailed as e:
         _print_report(e.report, json_path)
         fail(f"{out}: the export does not match {e.report.source}; nothing was written")
@@ -331,10 +327,6 @@ def _export_onnx(src: str, out: Path, verify: bool, json_path: Optional[Path], f
                  quantize: Optional[str], optimize: bool, opset: Optional[int], min_agreement: Optional[float],
                  quiet: bool) -> None:
     """--format onnx: the ONNX graphs are always verified (the report is printed with --verify or on failure)."""
-    from .errors import HfportError
-    from .export import VerifyFailed
-    from .export.onnx import DEFAULT_OPSET, MIN_AGREEMENT, export_onnx
-
     threshold = MIN_AGREEMENT if min_agreement is None else min_agreement
     try:
         result = export_onnx(src, out, which="final" if final else "best", opset=opset or DEFAULT_OPSET,
@@ -377,14 +369,8 @@ def verify(
     """Check that transformers loads DIR cleanly and computes what hfport computes from SOURCE; exit 1 on any FAIL.
     An ONNX folder (model.onnx, no safetensors) is checked as `export --format onnx` checks it."""
     setup_logging(verbose, quiet)
-    from .errors import HfportError
-    from .export import verify as run
-    from .pipelines.onnx_backend import is_onnx_model
-
     try:
         if is_onnx_model(folder) and Path(folder).is_dir():
-            from .export.onnx import MIN_AGREEMENT, verify_onnx
-
             threshold = MIN_AGREEMENT if min_agreement is None else min_agreement
             report = verify_onnx(folder, source, atol=atol, rtol=rtol, json_path=json_path,
                                  which="final" if final else "best", min_agreement=threshold, min_cosine=threshold)
@@ -395,7 +381,7 @@ def verify(
             fail("--min-agreement applies to ONNX folders only")
             return
         else:
-            report = run(folder, source, atol=atol, rtol=rtol, json_path=json_path, which="final" if final else "best")
+            report = run_verify(folder, source, atol=atol, rtol=rtol, json_path=json_path, which="final" if final else "best")
     except (HfportError, ValueError, OSError) as e:  # the report itself could not be written
         fail(str(e))
         return
@@ -418,9 +404,6 @@ def convert(
     Only torch's restricted loader (weights_only=True) reads the pickle: a file holding anything but tensors is
     refused, not run. Loading never unpickles; this command is the one explicit step that does."""
     setup_logging(verbose, quiet)
-    from .convert import convert as convert_folder
-    from .errors import HfportError
-
     try:
         result = convert_folder(folder, out, max_shard_size=max_shard_size, overwrite=overwrite)
     except (HfportError, ValueError) as e:
@@ -469,8 +452,6 @@ def serve(
 
 
 def main() -> None:
-    import sys
-
     # `--resume` with no value means the latest checkpoint (typer options always take a value)
     argv = sys.argv[1:]
     for i, arg in enumerate(argv):

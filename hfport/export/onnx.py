@@ -84,13 +84,13 @@ from .common import (TRANSFORMERS_AUTO, ExportError, export_config, no_tokenizer
 from .onnx_fusion import (CONTRIB_DOMAIN, OPTIMIZED_FILE, activation_errors, fused_attention, optimize_graph,
                           split_outliers)
 from .verify import VerifyFailed, VerifyReport, check_row
-from ..pipelines.onnx_backend import (DYNAMIC_AXES, GRAPH_OUTPUTS, INSTALL_HINT, ONNX_FILE, QUANTIZED_FILE, OnnxModel,
-                                     OnnxModelError, check_signature, graph_inputs, open_session, read_folder_config)
+from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE
+from ..pipelines.onnx_backend import (DYNAMIC_AXES, GRAPH_OUTPUTS, INSTALL_HINT, OnnxModel, OnnxModelError,
+                                     check_signature, graph_inputs, open_session, read_folder_config)
 from ..tokenizer import TOKENIZER_FILES, AutoTokenizer
 
 log = logging.getLogger("hfport")
 
-MANIFEST = "hfport_onnx.json"
 DEFAULT_OPSET = 17  # LayerNormalization is a single op from 17; every onnxruntime >= 1.14 runs it
 QUANTIZE = ("int8",)
 FP32_TOLERANCE = (1e-4, 1e-4)  # (atol, rtol); the module docstring says why

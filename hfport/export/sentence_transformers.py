@@ -21,42 +21,23 @@ text-classification pipeline does for one label.
 
 from __future__ import annotations
 
-import json
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .. import hub
-from ..errors import ConfigError
+from ..formats.sentence_transformers import (ALL_FLAGS, CROSS_ENCODER_KEY, MODULE_TYPES, MODULES, NORMALIZE_DIR,
+                                             POOLING_DIR, POOLING_FLAGS, POOLING_MODES, SIGMOID, ST_CONFIG,
+                                             ST_MODEL_CONFIG, SentenceTransformersError, has_embedding_layout,
+                                             is_cross_encoder, read_layout, read_max_seq_length, read_st_pooling)
 
-MODULES = "modules.json"
-ST_CONFIG = "sentence_bert_config.json"
-ST_MODEL_CONFIG = "config_sentence_transformers.json"
-POOLING_DIR = "1_Pooling"
-NORMALIZE_DIR = "2_Normalize"
-POOLING_MODES = ("mean", "cls", "max")
-# hfport's pooling name -> the classic 1_Pooling/config.json flag (sentence-transformers 6 reads these too)
-POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
-                 "max": "pooling_mode_max_tokens"}
-ALL_FLAGS = (*POOLING_FLAGS.values(), "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
-             "pooling_mode_lasttoken")  # every classic flag, written false but the chosen one
-MODULE_TYPES = {"transformer": "sentence_transformers.models.Transformer",
-                "pooling": "sentence_transformers.models.Pooling",
-                "normalize": "sentence_transformers.models.Normalize"}
-CROSS_ENCODER_KEY = "sentence_transformers"
-SIGMOID = "torch.nn.modules.activation.Sigmoid"
 # cosine similarity of encode() to hfport's embedding, per text, at least this (and the max abs diff within verify's
 # atol), by the dtype DIR's weights are stored in. sentence-transformers computes in that dtype, hfport in float32
 # from the source: float32 differs by summation order only; fp16/bf16 add weight and activation rounding (measured on
 # the real MiniLM: lowest cosine 0.99983 at bf16), so their floors are looser.
 MIN_COSINE = {"float32": 0.99999, "float16": 0.9995, "bfloat16": 0.999}
-
-
-class SentenceTransformersError(ConfigError):
-    """A sentence-transformers folder hfport cannot read (or write)."""
 
 
 # --- writing ----------------------------------------------------------------------------------------------------
@@ -104,14 +85,6 @@ def mark_cross_encoder(folder: str | Path) -> None:
     hub.write_json_atomic(path, raw)
 
 
-def is_cross_encoder(raw: dict[str, Any]) -> bool:
-    return isinstance(raw.get(CROSS_ENCODER_KEY), dict)
-
-
-def has_embedding_layout(folder: str | Path) -> bool:
-    return (Path(folder) / MODULES).is_file()
-
-
 def copy_layout(source: str | Path, out: str | Path) -> list[str]:
     """Copy an embedding folder's sentence-transformers files to OUT (an export of its weights); [] when SOURCE has
     none. The files are re-written from what the reader understood, so OUT never carries a module hfport did not
@@ -125,115 +98,6 @@ def copy_layout(source: str | Path, out: str | Path) -> list[str]:
                                   max_seq_length=layout.max_seq_length or raw.get("max_position_embeddings", 512),
                                   prompts=layout.prompts, default_prompt_name=layout.default_prompt_name,
                                   include_prompt=layout.include_prompt)
-
-
-# --- reading ----------------------------------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SentenceTransformersError(f"{path}: cannot be read as JSON ({e})") from e
-
-
-# sentence-transformers' pooling names -> hfport's (hfport.embeddings.pool computes each): the `pooling_mode` string
-# that sentence-transformers >= 6 writes, and the classic pooling_mode_* flag of each
-ST_POOLINGS = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
-               "lasttoken": "lasttoken"}
-CLASSIC_POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
-                         "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-                         "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
-
-
-@dataclass(frozen=True)
-class SentenceLayout:
-    """What a folder's sentence-transformers files say about its embeddings; `source` says where it was read."""
-
-    pooling: str = "mean"  # hfport's name, see ST_POOLINGS
-    normalize: bool = False
-    max_seq_length: int | None = None
-    prompts: dict[str, str] = field(default_factory=dict)
-    default_prompt_name: str | None = None
-    include_prompt: bool = True  # False: a prompt's tokens (and the leading special token) are not pooled
-    source: str = "default (no modules.json)"
-
-
-def read_layout(folder: str | Path) -> SentenceLayout:
-    """The one reader of the sentence-transformers layout (serving, export, training and verify all use it).
-
-    Modules are matched by class name: sentence-transformers 6 writes `...sentence_transformer.modules.pooling.Pooling`
-    where older versions wrote `...models.Pooling`. Pooling is read from the `pooling_mode` string (>= 6) or the
-    classic flags. A chain hfport does not compute (a Dense layer, weighted-mean pooling, two poolings) is an error
-    naming it, never a silent default. A folder without modules.json pools by mean and does not normalize
-    (sentence-transformers' own default for a bare transformers checkpoint)."""
-    folder = Path(folder)
-    extra: dict[str, Any] = {}
-    st_config = folder / ST_CONFIG
-    if st_config.is_file():
-        raw = _read_json(st_config)
-        length = raw.get("max_seq_length")
-        tokenizer_config = folder / "tokenizer_config.json"
-        if length is None and "modality_config" in raw and tokenizer_config.is_file():
-            # sentence-transformers >= 6 keeps it as the tokenizer's model_max_length
-            length = _read_json(tokenizer_config).get("model_max_length")
-        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-            raise SentenceTransformersError(f"{st_config}: max_seq_length must be a positive integer, got {length!r}")
-        extra["max_seq_length"] = length
-    prompts_file = folder / ST_MODEL_CONFIG
-    if prompts_file.is_file():
-        raw = _read_json(prompts_file)
-        prompts = raw.get("prompts") or {}
-        if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
-            raise SentenceTransformersError(f"{prompts_file}: prompts must be an object of strings, got {prompts!r}")
-        default = raw.get("default_prompt_name")
-        if default is not None and default not in prompts:
-            raise SentenceTransformersError(f"{prompts_file}: default_prompt_name {default!r} is not one of the "
-                                            f"prompts {sorted(prompts)}")
-        extra |= {"prompts": dict(prompts), "default_prompt_name": default}
-    if not has_embedding_layout(folder):
-        return SentenceLayout(**extra)
-    modules = _read_json(folder / MODULES)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
-                                                for m in modules):
-        raise SentenceTransformersError(f"{folder / MODULES}: expected a list of modules with a 'type' each")
-    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
-    unknown = [m["type"] for m, kind in zip(modules, kinds) if kind not in ("Transformer", "Pooling", "Normalize")]
-    if unknown:
-        raise SentenceTransformersError(f"{folder / MODULES}: module(s) {unknown} are not ones hfport computes "
-                                        "(Transformer, Pooling and Normalize are)")
-    poolings = [m for m, kind in zip(modules, kinds) if kind == "Pooling"]
-    if len(poolings) != 1:
-        raise SentenceTransformersError(f"{folder / MODULES}: expected one Pooling module, found {len(poolings)}")
-    pooling_file = folder / str(poolings[0].get("path") or "") / "config.json"
-    if not pooling_file.is_file():
-        raise SentenceTransformersError(f"{folder / MODULES}: the Pooling module's config {pooling_file} is missing")
-    config = _read_json(pooling_file)
-    mode = config.get("pooling_mode")
-    modes = ([mode] if isinstance(mode, str) else list(mode) if isinstance(mode, list)
-             else [name for flag, name in CLASSIC_POOLING_FLAGS.items() if config.get(flag)])
-    if len(modes) != 1 or modes[0] not in ST_POOLINGS:
-        raise SentenceTransformersError(f"{pooling_file}: pooling {modes or 'none'}; hfport computes exactly one of "
-                                        f"{list(ST_POOLINGS)}")
-    include_prompt = config.get("include_prompt", True)
-    if not isinstance(include_prompt, bool):
-        raise SentenceTransformersError(f"{pooling_file}: include_prompt must be true or false, got {include_prompt!r}")
-    return SentenceLayout(pooling=ST_POOLINGS[modes[0]], normalize="Normalize" in kinds, include_prompt=include_prompt,
-                          source=f"{folder / MODULES} ({', '.join(kinds)})", **extra)
-
-
-def read_st_pooling(folder: str | Path) -> tuple[str, bool]:
-    """(pooling, normalize) of a sentence-transformers folder, for what writes this layout again (export, training):
-    one of the poolings write_embedding_layout writes ("mean" | "cls" | "max")."""
-    layout = read_layout(folder)
-    if layout.pooling not in POOLING_MODES:
-        raise SentenceTransformersError(f"{Path(folder) / MODULES}: pooling {layout.pooling!r} is served but not "
-                                        f"exported or trained by hfport (those write one of {list(POOLING_MODES)})")
-    return layout.pooling, layout.normalize
-
-
-def read_max_seq_length(folder: str | Path) -> int | None:
-    return read_layout(folder).max_seq_length
 
 
 # --- the proof --------------------------------------------------------------------------------------------------
