@@ -381,7 +381,8 @@ def verify(
             fail("--min-agreement applies to ONNX folders only")
             return
         else:
-            report = run_verify(folder, source, atol=atol, rtol=rtol, json_path=json_path, which="final" if final else "best")
+            report = run_verify(folder, source, atol=atol, rtol=rtol, json_path=json_path,
+                                which="final" if final else "best")
     except (HfportError, ValueError, OSError) as e:  # the report itself could not be written
         fail(str(e))
         return

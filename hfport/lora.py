@@ -76,11 +76,12 @@ def resolve_targets(model: PreTrainedEncoder, targets: list[str] | tuple[str, ..
         t = target.strip()
         if not t:
             raise LoraError("lora.target_modules: an empty name")
-        found = [n for n in modules if suffix_match(n, t) or suffix_match(hf[n], t) or suffix_match(hf[n].removeprefix(prefix), t)]
+        found = [n for n in modules if any(suffix_match(name, t) for name in (n, hf[n], hf[n].removeprefix(prefix)))]
         if not found:
             in_head = [n for n in head_hf if suffix_match(n, t) or suffix_match(head_hf[n], t)]
             if in_head:
-                raise LoraError(f"lora.target_modules: {t!r} names the task head ({', '.join(head_hf[n] for n in in_head)}),"
+                heads = ", ".join(head_hf[n] for n in in_head)
+                raise LoraError(f"lora.target_modules: {t!r} names the task head ({heads}),"
                                 " which is trained in full and saved whole (PEFT's modules_to_save)")
             ours = sorted({re.sub(r"^body\.(encoder\.(layers|groups)\.\d+\.(layers\.\d+\.)?)?", "", n)
                            for n, m in modules.items() if isinstance(m, nn.Linear)})
@@ -158,7 +159,7 @@ def apply_lora(model: PreTrainedEncoder, r: int = 8, alpha: float = 16.0, dropou
     model.adapter = AdapterInfo(r, float(alpha), float(dropout), chosen, peft_names, saved, base, use_rslora)
     return model
 
-# --- saving in PEFT's format ------------------------------------------------------------------------------------------------
+# --- saving in PEFT's format -------------------------------------------------------------------------------------
 
 
 def _tied_values(model: PreTrainedEncoder) -> dict[str, Tensor]:

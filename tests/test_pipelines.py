@@ -191,7 +191,10 @@ def test_minilm_sentence_embeddings_match_sentence_transformers(minilm_path):
     # the folder is in the sentence-transformers layout: feature-extraction still gives token states without options
     # (transformers' meaning); the sentence-embedding pipeline pools as its modules say
     torch.testing.assert_close(torch.tensor(pipe(sentences[0]))[0], tokens, rtol=0, atol=0)
-    assert torch.tensor(hf_pipeline("feature-extraction", str(minilm_path))(sentences[0])).shape == (1, *tokens.shape)
+    theirs = [torch.tensor(t) for t in hf_pipeline("feature-extraction", minilm_path)(sentences)]  # (1, T, 384) each
+    for mine, reference in zip(pipe(sentences), theirs):
+        assert torch.tensor(mine).shape == reference.shape
+        assert (torch.tensor(mine) - reference).abs().max().item() <= SCORE_TOL
     pooled = hfport.pipeline("sentence-embedding", model=minilm_path, batch_size=2)
     torch.testing.assert_close(torch.tensor(pooled(sentences)), ours, rtol=0, atol=0)
     torch.testing.assert_close(cls, tokens[0], rtol=0, atol=0)
