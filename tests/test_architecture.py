@@ -118,9 +118,10 @@ def test_item_error_renders_with_its_position():
 def test_cli_predict_lines_carry_the_index(monkeypatch):
     from typer.testing import CliRunner
 
+    from hfport import cli
     from hfport.cli import app
 
-    monkeypatch.setattr(hfport, "pipeline", lambda task, model, **kw: FakePipe())
+    monkeypatch.setattr(cli, "pipeline", lambda task, model, **kw: FakePipe())  # the name the CLI calls
     result = CliRunner().invoke(app, ["predict", "some-model", "--task", "text-classification", "good", "bad"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]

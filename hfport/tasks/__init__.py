@@ -6,6 +6,9 @@ Adding a task: a file here with its model class and Task record, a line in TASKS
 (hfport/models/) a line in HEAD_KEYS (+ head options where that family's head differs from the default). A task that
 trains another task's model (sentence-embedding trains the bare encoder, text-ranking a one-label classifier) names
 it in `model_task` and needs no family lines.
+
+Adapter folders (PEFT's layout, hfport/formats/adapter.py) get their task here too: `adapter_task` reads config.json's
+architectures, else maps PEFT's task_type through the records' `peft_task_type`.
 """
 
 from __future__ import annotations
