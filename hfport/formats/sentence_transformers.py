@@ -65,7 +65,7 @@ def _read_json(path: Path) -> Any:
         raise SentenceTransformersError(f"{path}: cannot be read as JSON ({e})") from e
 
 
-# sentence-transformers' pooling names -> hfport's (hfport.embeddings.pool computes each): the `pooling_mode` string
+# sentence-transformers' pooling names -> hfport's (hfport.heads.pool computes each): the `pooling_mode` string
 # that sentence-transformers >= 6 writes, and the classic pooling_mode_* flag of each
 ST_POOLINGS = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
                "lasttoken": "lasttoken"}
