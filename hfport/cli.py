@@ -21,7 +21,7 @@ from .hardware import cpu_capabilities, describe
 from .pipelines import InvalidInput, pipeline
 from .tasks import load_any
 from .train.config import read_config_file, resolve_config
-from .train.loop import finetune
+from .train.loop import finetune as run_finetune
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Lean HF encoders: inspect, predict, fine-tune, export and serve.")
@@ -166,7 +166,7 @@ def finetune(
             for name, value in config.model_dump().items():
                 typer.echo(f"{name:<24} {json.dumps(value):<40} ({sources[name]})")
             return
-        summary = finetune(config, progress=not quiet)
+        summary = run_finetune(config, progress=not quiet)
     except (HfportError, ValueError) as e:
         fail(str(e))
         return
