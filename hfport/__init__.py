@@ -11,29 +11,27 @@ else; the server takes every name it needs from the top-level namespace.
 
 from . import lora, tasks, verbosity
 from .config import EncoderConfig
+from .embeddings import token_listing, tune_batch_tokens
 from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelNotFoundError
 from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
 from .hub import resolve as resolve_model
 from .modeling import LoadReport, PreTrainedEncoder
-from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
-                    AutoModelForTokenClassification, EncoderForMaskedLM, EncoderForQuestionAnswering,
-                    EncoderForSequenceClassification, EncoderForTokenClassification, EncoderModel, load_any)
-from .pipelines import (SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, phase_times,
-                        pipeline)
-# after pipelines, whose registry loads embeddings' pipeline
-from .embeddings import token_listing, tune_batch_tokens  # noqa: I001
+from .pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, phase_times, pipeline
 from .registry import supported
 from .rundir import RunDir, RunSummary
+from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForMultipleChoice, AutoModelForQuestionAnswering,
+                    AutoModelForSequenceClassification, AutoModelForTokenClassification, EncoderForMaskedLM,
+                    EncoderForMultipleChoice, EncoderForQuestionAnswering, EncoderForSequenceClassification,
+                    EncoderForTokenClassification, EncoderModel, load_any)
 from .tokenizer import AutoTokenizer, BatchEncoding, PreTrainedTokenizer, TokenizerError
 from .train.config import FinetuneConfig
 from .train.loop import finetune
 from .train.monitor import PERF
-
 from .version import __version__
 
-__all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering", "AutoModelForSequenceClassification",
-           "AutoModelForTokenClassification", "CheckpointError", "ConfigError", "EncoderConfig", "EncoderForMaskedLM",
-           "EncoderForQuestionAnswering", "EncoderForSequenceClassification", "EncoderForTokenClassification",
+__all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice", "AutoModelForQuestionAnswering",
+           "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "CheckpointError", "ConfigError",
+           "EncoderConfig", "EncoderForMaskedLM", "EncoderForMultipleChoice", "EncoderForQuestionAnswering", "EncoderForSequenceClassification", "EncoderForTokenClassification",
            "EncoderModel", "HfportError", "LoadReport", "ModelNotFoundError", "PreTrainedEncoder", "load_any",
            "supported", "__version__", "resolve_model",
            # the task records (names, aliases, model classes, pipelines): tasks.TASKS, tasks.get, tasks.canonical

@@ -10,11 +10,17 @@ from typing import Annotated, Optional
 import typer
 
 from . import tasks, verbosity
-from .errors import HfportError
+from .convert import convert as convert_folder
+from .errors import HfportError, ItemError
 from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFailed, VerifyReport, formats_help, \
     get_format
 from .export import export as export_to
 from .export import verify as verify_folder
+from .hardware import cpu_capabilities, describe
+from .pipelines import InvalidInput, pipeline
+from .tasks import load_any
+from .train.config import read_config_file, resolve_config
+from .train.loop import finetune as run_finetune
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Lean HF encoders: inspect, predict, fine-tune, export and serve.")
@@ -54,13 +60,9 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
          verbose: Verbose = 0, quiet: Quiet = False) -> None:
     """Family, head, parameter count, dtype and the load report of MODEL; --hardware: what this CPU computes fast."""
     setup_logging(verbose, quiet)
-    from . import HfportError, load_any
-
     if model is None and not hardware:
         fail("give a MODEL, or --hardware for this machine's measured capabilities")
     if hardware:
-        from .hardware import cpu_capabilities, describe
-
         caps = cpu_capabilities(refresh=remeasure)
         typer.echo(json.dumps(caps.to_dict(), indent=2) if as_json else describe(caps))
         if model is None:
@@ -141,9 +143,6 @@ def finetune(
 ) -> None:
     """Fine-tune MODEL on a data file; writes checkpoints, best/, final/, metrics.jsonl, report.html."""
     quiet = setup_logging(verbose, quiet) == "quiet"  # HFPORT_VERBOSITY=quiet silences the bar and summary too
-    from .errors import HfportError
-    from .train.config import read_config_file, resolve_config
-
     flags = {"model": model, "task": task, "train": train, "eval": eval, "output_dir": output_dir, "epochs": epochs,
              "max_steps": max_steps, "batch_size": batch_size, "grad_accum": grad_accum,
              "group_by_length": group_by_length, "max_batch_tokens": max_batch_tokens, "lr": lr,
@@ -166,9 +165,7 @@ def finetune(
             for name, value in config.model_dump().items():
                 typer.echo(f"{name:<24} {json.dumps(value):<40} ({sources[name]})")
             return
-        from .train.loop import finetune as run
-
-        summary = run(config, progress=not quiet)
+        summary = run_finetune(config, progress=not quiet)
     except (HfportError, ValueError) as e:
         fail(str(e))
         return
@@ -194,8 +191,6 @@ def _option(pair: str) -> tuple[str, object]:
 def _read_inputs(texts: list[str], input_file: Optional[str]) -> list[object]:
     """TEXT arguments, then the lines of --input (JSON per line). A TEXT that is a JSON object is used as one
     ({"text", "text_pair"} or {"question", "context"}); a line that cannot be read stays an error in its place."""
-    from .pipelines import InvalidInput
-
     items: list[object] = []
     for text in texts:
         try:
@@ -238,8 +233,6 @@ def predict(
 ) -> None:
     """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input)."""
     setup_logging(verbose, quiet)
-    from . import HfportError, ItemError, pipeline
-
     items = _read_inputs(texts or [], input_file)
     if not items:
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
@@ -409,9 +402,6 @@ def convert(
     Only torch's restricted loader (weights_only=True) reads the pickle: a file holding anything but tensors is
     refused, not run. Loading never unpickles; this command is the one explicit step that does."""
     setup_logging(verbose, quiet)
-    from .convert import convert as convert_folder
-    from .errors import HfportError
-
     try:
         result = convert_folder(folder, out, max_shard_size=max_shard_size, overwrite=overwrite)
     except (HfportError, ValueError) as e:
@@ -460,8 +450,6 @@ def serve(
 
 
 def main() -> None:
-    import sys
-
     # `--resume` with no value means the latest checkpoint (typer options always take a value)
     argv = sys.argv[1:]
     for i, arg in enumerate(argv):

@@ -22,6 +22,8 @@ import torch
 
 from . import hub
 from .errors import CheckpointError, ConfigError
+from .modeling import legacy_name
+from .registry import get_family
 
 # Never copied to the output: weights in other formats and pickles (a .bin beside the weights is often a pickled
 # training_args.bin; optimizer.pt, rng_state.pth, ...).
@@ -140,9 +142,6 @@ def tied_source_preference(folder: Path):
     `_tied_weights_keys` (the decoder). Without transformers' classes, the body key map of hfport's family says
     which names the body owns; among the rest, the first in the file wins (the source module is registered, and
     so saved, before the head that ties to it: `cls.predictions.bias` before `cls.predictions.decoder.bias`)."""
-    from .modeling import legacy_name
-    from .registry import get_family
-
     try:
         raw, source = hub.read_config(folder)
         family = get_family(raw.get("model_type"), source)

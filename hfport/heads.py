@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,20 +31,44 @@ def _transform(hidden_size: int, transform: dict | None) -> PredictionHead | Non
 
 
 POOLINGS = ("first", "mean")  # the sequence classifier's features: the first token's state, or the real tokens' mean
+# sentence-transformers' Pooling modes (hfport's names; formats/sentence_transformers.py maps theirs): what a sentence
+# embedding can be pooled by. "cls" is "first".
+SENTENCE_POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "lasttoken")
 
 
 def pool(hidden: Tensor, attention_mask: Tensor | None, how: str, first_real: bool = False) -> Tensor:
-    """(B, T, C) -> (B, C). "mean" averages the real positions (all when there is no mask). "first" reads position
-    0, or with first_real each sequence's first real token (left padding)."""
-    if how == "mean":
+    """The library's one pooling: (B, T, C) -> (B, C), over the real positions (all when there is no mask), as
+    transformers' heads and sentence-transformers' Pooling compute it.
+
+    first | cls      position 0, or with first_real each sequence's first real token (left padding)
+    mean             the real tokens' mean
+    max              the real tokens' maximum (padding set to -1e9 first, as sentence-transformers does)
+    mean_sqrt_len    the real tokens' sum over sqrt(their count)
+    lasttoken        each sequence's last real token"""
+    if how in ("first", "cls"):
+        if first_real and attention_mask is not None:
+            first = attention_mask.int().argmax(dim=1)  # (B,)
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, C)
+        return hidden[:, 0]  # (B, C)
+    if how == "lasttoken":
         if attention_mask is None:
-            return hidden.mean(dim=1)
-        mask = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
-        return (hidden * mask).sum(dim=1) / mask.sum(dim=1)  # (B, C)
-    if first_real and attention_mask is not None:
-        first = attention_mask.int().argmax(dim=1)  # (B,)
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, C)
-    return hidden[:, 0]  # (B, C)
+            return hidden[:, -1]  # (B, C)
+        last = hidden.shape[1] - 1 - attention_mask.flip(1).int().argmax(dim=1)  # (B,)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, C)
+    if how not in ("mean", "max", "mean_sqrt_len"):
+        raise ValueError(f"pooling={how!r}: use one of {list(SENTENCE_POOLINGS)} (or 'first' for 'cls')")
+    if attention_mask is None:
+        if how == "max":
+            return hidden.max(dim=1).values  # (B, C)
+        if how == "mean":
+            return hidden.mean(dim=1)  # (B, C)
+        return hidden.sum(dim=1) / math.sqrt(hidden.shape[1])  # (B, C)
+    mask = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
+    if how == "max":
+        return hidden.masked_fill(mask == 0, -1e9).max(dim=1).values  # (B, C)
+    counts = mask.sum(dim=1).clamp(min=1e-9)  # (B, 1)
+    summed = (hidden * mask).sum(dim=1)  # (B, C)
+    return summed / counts if how == "mean" else summed / counts.sqrt()  # (B, C)
 
 
 class SequenceClassificationHead(nn.Module):

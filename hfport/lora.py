@@ -1,22 +1,21 @@
-"""LoRA adapters on hfport's own modules, saved and loaded in PEFT's format.
+"""LoRA adapters on hfport's task models, saved and loaded in PEFT's format.
 
-Why hfport writes its own LoRA layer instead of using peft for training: the layer is ~20 lines, it wraps
-hfport's module names (`body.encoder.layers.{i}.attn.q`) on every layout (padded, packed), its parameters go
-through the same checkpoints as any other weight (exact resume), and the core keeps no dependency on peft. peft
-is needed only to *prove* compatibility (hfport/export/peft.py, tests): an adapter folder hfport writes is loaded
-by `peft.PeftModel.from_pretrained(transformers.AutoModelFor<Task>.from_pretrained(base), folder)` and computes
-what hfport computes.
+The layer and what it does to a module tree (wrap, merge) are hfport/nn/lora.py's; PEFT's folder layout (file names,
+adapter_config.json and its checks, the target-matching rule) is hfport/formats/adapter.py's; which task a PEFT
+task_type is, the task records' (hfport/tasks/). This module puts them together on task models, and is the public
+`hfport.lora` (every name it has had stays importable here). peft is needed only to *prove* compatibility
+(hfport/export/peft.py, tests): an adapter folder hfport writes is loaded by
+`peft.PeftModel.from_pretrained(transformers.AutoModelFor<Task>.from_pretrained(base), folder)` and computes what
+hfport computes.
 
-    LoraLinear       y = x W^T + b + scaling * B(A(dropout(x))), W and b frozen (the base's own tensors, shared,
-                     never copied); A (r x in) kaiming-uniform(a=sqrt(5)) as peft, B (out x r) zeros;
-                     scaling = alpha / r (alpha / sqrt(r) with use_rslora)
     apply_lora       wrap the target linear layers of a task model; freeze everything but LoRA and the task head
                      (PEFT's modules_to_save: the head is trained in full and saved with the adapter)
     save_adapter     adapter_config.json + adapter_model.safetensors under PEFT's key names
                      (`base_model.model.<HF module>.lora_A.weight`, the head as `base_model.model.classifier.weight`)
                      + config.json (labels) beside them
     load_adapter     an adapter folder over its base (`base_model_name_or_path`, or a given folder or a loaded
-                     model whose tensors are then shared, not copied)
+                     model whose tensors are then shared, not copied); every `<Task>.from_pretrained(adapter folder)`
+                     comes here (this module installs it as modeling's ADAPTER_LOADER)
     merged           a plain model with B A folded into W (new tensors: a shared base is never written)
 
 Targets are named in hfport names (`attn.q`, `q`, `ffn.up`, `body.encoder.layers.0.attn.q`) or HF names (`query`,
@@ -26,116 +25,29 @@ Targets are named in hfport names (`attn.q`, `q`, `ffn.up`, `body.encoder.layers
 from __future__ import annotations
 
 import copy
-import json
 import logging
-import math
 import os
 import re
-from dataclasses import dataclass, field
+import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from . import hub
-from .errors import CheckpointError, ConfigError
-from .nn.dropout import Dropout
-from .tasks import TASKS
-
-if TYPE_CHECKING:
-    from .modeling import PreTrainedEncoder
+from . import hub, modeling
+from .formats.adapter import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, SUPPORTED_VALUES, is_adapter_folder,
+                              selects, suffix_match, weights_path)
+from .heads import MaskedLMHead
+from .modeling import BASE_TASK, LoadReport, PreTrainedEncoder, on_meta
+from .nn.lora import AdapterInfo, LoraError, LoraLinear, has_lora, lora_modules, merged, wrap
+from .registry import get_family
+from .tasks import PEFT_TASK_TYPES, TASKS_OF_PEFT, EncoderModel, adapter_task, read_adapter_config
+from .tokenizer import has_tokenizer_files
 
 log = logging.getLogger("hfport")
-
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the transformers model
-# hfport task -> PEFT's task_type, from the task records. PEFT has no masked-LM or multiple-choice task type: such an
-# adapter is a plain PeftModel (task_type null), loaded over the Auto class its config.json's architectures name.
-PEFT_TASK_TYPES: dict[str, str | None] = {name: t.peft_task_type for name, t in TASKS.items() if not t.model_task}
-TASKS_OF_PEFT = {v: k for k, v in PEFT_TASK_TYPES.items() if v is not None}
-# hfport names, the same in every family; each family's key map gives them its HF names (query/value, q_lin/v_lin,
-# query_proj/value_proj). The LoRA paper's and peft's default for these encoders: the query and value projections.
-# PEFT config fields hfport computes only at these values (anything else changes the computation): refused, named
-SUPPORTED_VALUES: dict[str, tuple[Any, ...]] = {
-    "use_dora": (False, None), "bias": ("none", None), "lora_bias": (False, None), "fan_in_fan_out": (False, None),
-    "layers_to_transform": (None,), "layers_pattern": (None, [], ""), "rank_pattern": ({}, None),
-    "alpha_pattern": ({}, None), "layer_replication": (None,), "target_parameters": (None, []),
-    "trainable_token_indices": (None,), "exclude_modules": (None, [], ""), "use_qalora": (False, None),
-    "megatron_config": (None,), "use_bdlora": (None, False), "alora_invocation_tokens": (None,)}
-
-
-class LoraError(ConfigError):
-    """A LoRA setting, an adapter folder or an adapter/base pairing hfport cannot use; the message names it."""
-
-
-# --- the layer ------------------------------------------------------------------------------------------------
-
-
-class LoraLinear(nn.Linear):
-    """A linear layer plus a low-rank update. `weight` and `bias` are the wrapped layer's own Parameters (kept
-    under their names, so key maps and checkpoints see the layer as before); `lora_A.weight`, `lora_B.weight` are
-    named as PEFT names them."""
-
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, use_rslora: bool = False):
-        nn.Module.__init__(self)
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight  # (out, in), the same Parameter: nothing copied
-        self.bias = base.bias
-        kw = {"device": base.weight.device, "dtype": base.weight.dtype}
-        self.lora_dropout = Dropout(dropout) if dropout > 0 else nn.Identity()  # peft: Identity at 0
-        self.lora_A = nn.Linear(self.in_features, r, bias=False, **kw)  # (r, in)
-        self.lora_B = nn.Linear(r, self.out_features, bias=False, **kw)  # (out, r)
-        self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
-        self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r
-        self.reset_lora_parameters()
-
-    @torch.no_grad()
-    def reset_lora_parameters(self) -> None:
-        if self.lora_A.weight.device.type == "meta":
-            return
-        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # as peft (and nn.Linear's default)
-        nn.init.zeros_(self.lora_B.weight)  # the update starts at zero: the model starts as the base
-
-    def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = F.linear(x, self.weight, self.bias)
-        return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
-
-    def delta_weight(self) -> Tensor:
-        """scaling * B A, (out, in), computed in float32."""
-        return (self.lora_B.weight.float() @ self.lora_A.weight.float()) * self.scaling
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, alpha={self.alpha}"
-
-
-# --- what an adapted model carries -------------------------------------------------------------------------------
-
-
-@dataclass
-class AdapterInfo:
-    """The adapter on a model: its settings, targets in both namings, the saved head modules and the base."""
-
-    r: int
-    alpha: float
-    dropout: float
-    targets: list[str]  # hfport module paths (body.encoder.layers.0.attn.q, ...)
-    peft_targets: list[str]  # PEFT target_modules: shortest HF suffixes that select exactly `targets`
-    modules_to_save: list[str]  # the head's HF modules (classifier, pre_classifier, cls, qa_outputs, ...)
-    base: str | None = None  # base_model_name_or_path
-    use_rslora: bool = False
-    folder: str | None = None  # the adapter folder it was loaded from
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def lora_modules(model: nn.Module) -> dict[str, LoraLinear]:
-    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLinear)}
-
-
-def has_lora(model: nn.Module) -> bool:
-    return getattr(model, "adapter", None) is not None and bool(lora_modules(model))
 
 
 def _hf_module(hf_names: dict[str, str], module: str) -> str:
@@ -147,10 +59,6 @@ def _linear_modules(model: PreTrainedEncoder) -> dict[str, nn.Module]:
     return {name: m for name, m in model.named_modules() if name.startswith("body.")
             and isinstance(getattr(m, "weight", None), Tensor) and not isinstance(m, LoraLinear)
             and not name.endswith((".lora_A", ".lora_B"))}
-
-
-def _matches(name: str, target: str) -> bool:
-    return name == target or name.endswith("." + target)
 
 
 def resolve_targets(model: PreTrainedEncoder, targets: list[str] | tuple[str, ...] | None) -> list[str]:
@@ -168,11 +76,12 @@ def resolve_targets(model: PreTrainedEncoder, targets: list[str] | tuple[str, ..
         t = target.strip()
         if not t:
             raise LoraError("lora.target_modules: an empty name")
-        found = [n for n in modules if _matches(n, t) or _matches(hf[n], t) or _matches(hf[n].removeprefix(prefix), t)]
+        found = [n for n in modules if any(suffix_match(name, t) for name in (n, hf[n], hf[n].removeprefix(prefix)))]
         if not found:
-            in_head = [n for n in head_hf if _matches(n, t) or _matches(head_hf[n], t)]
+            in_head = [n for n in head_hf if suffix_match(n, t) or suffix_match(head_hf[n], t)]
             if in_head:
-                raise LoraError(f"lora.target_modules: {t!r} names the task head ({', '.join(head_hf[n] for n in in_head)}),"
+                heads = ", ".join(head_hf[n] for n in in_head)
+                raise LoraError(f"lora.target_modules: {t!r} names the task head ({heads}),"
                                 " which is trained in full and saved whole (PEFT's modules_to_save)")
             ours = sorted({re.sub(r"^body\.(encoder\.(layers|groups)\.\d+\.(layers\.\d+\.)?)?", "", n)
                            for n, m in modules.items() if isinstance(m, nn.Linear)})
@@ -202,7 +111,7 @@ def peft_target_names(model: PreTrainedEncoder, targets: list[str]) -> list[str]
         parts = members[0].split(".")
         for k in range(1, len(parts) + 1):
             suffix = ".".join(parts[-k:])
-            hit = {m for m in every if _matches(m, suffix)}
+            hit = {m for m in every if suffix_match(m, suffix)}
             if hit <= wanted and set(members) <= hit:
                 break
         else:  # no common suffix: name each layer in full
@@ -210,7 +119,7 @@ def peft_target_names(model: PreTrainedEncoder, targets: list[str]) -> list[str]
             continue
         if suffix not in out:
             out.append(suffix)
-    selected = {m for m in every if any(_matches(m, s) for s in out)}
+    selected = {m for m in every if any(suffix_match(m, s) for s in out)}
     assert selected == wanted, (selected ^ wanted)  # the rule above guarantees it
     return out
 
@@ -225,7 +134,6 @@ def modules_to_save(model: PreTrainedEncoder) -> list[str]:
             if top not in out:
                 out.append(top)
     return out
-
 
 def apply_lora(model: PreTrainedEncoder, r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
                targets: list[str] | tuple[str, ...] | None = None, *, use_rslora: bool = False,
@@ -244,24 +152,18 @@ def apply_lora(model: PreTrainedEncoder, r: int = 8, alpha: float = 16.0, dropou
     saved = modules_to_save(model)
     for p in model.parameters():
         p.requires_grad_(False)
-    for name in chosen:
-        parent, _, child = name.rpartition(".")
-        owner = model.get_submodule(parent)
-        setattr(owner, child, LoraLinear(getattr(owner, child), r, alpha, dropout, use_rslora))
+    wrap(model, chosen, r, alpha, dropout, use_rslora)
     for name, p in model.named_parameters():
         if name.startswith("head.") or ".lora_A." in name or ".lora_B." in name:
             p.requires_grad_(True)
     model.adapter = AdapterInfo(r, float(alpha), float(dropout), chosen, peft_names, saved, base, use_rslora)
     return model
 
-
-# --- PEFT's format ------------------------------------------------------------------------------------------------
+# --- saving in PEFT's format -------------------------------------------------------------------------------------
 
 
 def _tied_values(model: PreTrainedEncoder) -> dict[str, Tensor]:
     """hfport names transformers keeps as separate (tied) tensors, with the tensors they are tied to."""
-    from .heads import MaskedLMHead
-
     if isinstance(model.head, MaskedLMHead) and model.head.decoder is None:
         return {"head.decoder.weight": model.body.word_embeddings.weight, "head.decoder.bias": model.head.bias}
     return {}
@@ -303,8 +205,6 @@ def peft_config(model: PreTrainedEncoder, base: str | None) -> dict[str, Any]:
 def save_adapter(model: PreTrainedEncoder, folder: str | os.PathLike[str], base: str | None = None) -> Path:
     """adapter_config.json + adapter_model.safetensors (PEFT's names) + config.json (the head's labels), written
     into a staging folder and renamed into place."""
-    from safetensors.torch import save_file
-
     if not has_lora(model):
         raise LoraError("save_adapter: the model carries no LoRA adapter")
     target = Path(folder)
@@ -325,8 +225,6 @@ def save_adapter(model: PreTrainedEncoder, folder: str | os.PathLike[str], base:
         hub.write_json_atomic(staging / "config.json", config)
         hub.publish(staging, target)
     except BaseException:
-        import shutil
-
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
@@ -334,60 +232,7 @@ def save_adapter(model: PreTrainedEncoder, folder: str | os.PathLike[str], base:
 
 def adapter_tokenizer(folder: str | os.PathLike[str], base: str | os.PathLike[str]) -> str:
     """Where an adapter's tokenizer is: its own folder (hfport writes it there), else the base's (PEFT's folders)."""
-    from .tokenizer import has_tokenizer_files
-
     return str(folder) if has_tokenizer_files(folder) else str(base)
-
-
-def is_adapter_folder(path: str | os.PathLike[str]) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def read_adapter_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """adapter_config.json, refused (naming the field) where hfport cannot compute what PEFT would."""
-    path = Path(folder) / ADAPTER_CONFIG
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LoraError(f"{path}: cannot be read ({e})") from e
-    if not isinstance(raw, dict):
-        raise LoraError(f"{path}: expected a JSON object")
-    if raw.get("peft_type") != "LORA":
-        raise LoraError(f"{path}: peft_type {raw.get('peft_type')!r} is not supported; hfport computes LORA adapters "
-                        "only")
-    for name, allowed in SUPPORTED_VALUES.items():
-        if name in raw and raw[name] not in allowed:
-            raise LoraError(f"{path}: {name} = {raw[name]!r} is not supported (hfport computes plain LoRA: "
-                            f"{name} must be {allowed[0]!r})")
-    if raw.get("task_type") not in (*TASKS_OF_PEFT, None):
-        raise LoraError(f"{path}: task_type {raw.get('task_type')!r} is not an encoder task hfport has; "
-                        f"supported: {sorted(TASKS_OF_PEFT)} or null (fill-mask)")
-    r = raw.get("r")
-    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise LoraError(f"{path}: r must be a positive integer, got {r!r}")
-    targets = raw.get("target_modules")
-    if not (isinstance(targets, str) or (isinstance(targets, list) and targets and
-                                         all(isinstance(t, str) for t in targets))):
-        raise LoraError(f"{path}: target_modules must be a list of module names or a regex, got {targets!r}")
-    return raw
-
-
-def adapter_task(folder: str | os.PathLike[str]) -> str:
-    """The task of an adapter folder: its config.json's architectures when present, else PEFT's task_type."""
-    from .modeling import task_of
-    from .registry import get_family
-
-    folder = Path(folder)
-    raw = read_adapter_config(folder)
-    if (folder / "config.json").is_file():
-        config, source = hub.read_config(folder)
-        if config.get("architectures"):
-            return task_of(get_family(config.get("model_type"), source), config["architectures"])
-    if raw.get("task_type") is None:
-        return "fill-mask" if any("lm_head" in m or m in ("cls", "vocab_projector", "lm_predictions")
-                                  for m in raw.get("modules_to_save") or []) else "feature-extraction"
-    return TASKS_OF_PEFT[raw["task_type"]]
-
 
 BODY_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "vocab_size", "embedding_size")
@@ -403,8 +248,6 @@ def _check_base(adapter_folder: Path, base_config: Any, adapter_config: Any) -> 
 
 def check_adapter_base(folder: str | os.PathLike[str], base: str | os.PathLike[str]) -> None:
     """The adapter folder fits the base model folder: its config is valid and the body's sizes agree."""
-    from .registry import get_family
-
     folder = Path(folder)
     read_adapter_config(folder)
     base_raw, base_source = hub.read_config(hub.resolve(base))
@@ -422,19 +265,15 @@ def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *
     folder, or `base_model=` a loaded hfport model whose tensors are then shared, not copied), LoRA layers and the
     trained head from the folder. Every adapter tensor must fit a module of the base and every trainable tensor of
     the model must come from the folder; anything else is an error naming it."""
-    from .modeling import LoadReport, PreTrainedEncoder as _Encoder, on_meta
-    from .registry import get_family
-    from .tasks import EncoderModel
-
     folder = Path(folder)
     raw = read_adapter_config(folder)
     task = adapter_task(folder)
-    if cls.task != task and cls.task != EncoderModel.task:
+    if cls.task != task and cls.task != BASE_TASK:
         raise LoraError(f"{folder}: a {task} adapter; {cls.__name__} computes {cls.task}")
-    if cls.task == EncoderModel.task and task != cls.task:
+    if cls.task == BASE_TASK and task != cls.task:
         raise LoraError(f"{folder}: a {task} adapter (its head is part of it); load it with its task's class")
     # the base: shared when given loaded, else loaded as the bare encoder (its head, if any, is not used)
-    if isinstance(base_model, _Encoder):
+    if isinstance(base_model, PreTrainedEncoder):
         base = base_model
         base_name = str(base.load_report.source) if base.load_report else "the given model"
     else:
@@ -479,18 +318,13 @@ def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *
     hf_names = model.hf_names()
     modules = _linear_modules(model)
     targets_raw = raw["target_modules"]
-    chosen = [n for n in modules if (re.fullmatch(targets_raw, _hf_module(hf_names, n)) if isinstance(targets_raw, str)
-                                     else any(_matches(_hf_module(hf_names, n), t) for t in targets_raw))]
+    chosen = [n for n in modules if selects(targets_raw, _hf_module(hf_names, n))]
     if not chosen:
         raise LoraError(f"{folder / ADAPTER_CONFIG}: target_modules {targets_raw!r} match no layer of the base "
                         f"{base_name} ({model.family.model_type})")
     r, alpha = raw["r"], float(raw.get("lora_alpha", 8))
     with torch.device(ref.device):
-        for name in chosen:
-            parent, _, child = name.rpartition(".")
-            owner = model.get_submodule(parent)
-            setattr(owner, child, LoraLinear(getattr(owner, child), r, alpha, float(raw.get("lora_dropout", 0.0)),
-                                             bool(raw.get("use_rslora", False))))
+        wrap(model, chosen, r, alpha, float(raw.get("lora_dropout", 0.0)), bool(raw.get("use_rslora", False)))
     model.adapter = AdapterInfo(r, alpha, float(raw.get("lora_dropout", 0.0)), chosen,
                                 targets_raw if isinstance(targets_raw, list) else [targets_raw],
                                 modules_to_save(model), base_name, bool(raw.get("use_rslora", False)), str(folder))
@@ -505,12 +339,7 @@ def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *
 
 @torch.no_grad()
 def _load_adapter_tensors(model: PreTrainedEncoder, folder: Path) -> None:
-    from safetensors import safe_open
-
-    path = folder / ADAPTER_WEIGHTS
-    if not path.is_file():
-        raise LoraError(f"{folder}: no {ADAPTER_WEIGHTS} (safetensors only; an adapter_model.bin is not read)")
-    hub.read_safetensors_header(path)  # validated against the file size before anything is read
+    path = weights_path(folder)  # its header validated against the file size before anything is read
     expected = adapter_state_dict(model)  # peft key -> the model's tensor to fill (or a tied one to compare)
     tied = {id(t) for t in _tied_values(model).values()}
     with safe_open(str(path), framework="pt") as f:
@@ -539,25 +368,10 @@ def _load_adapter_tensors(model: PreTrainedEncoder, folder: Path) -> None:
                             "layer sizes or r): " + "; ".join(bad[:5]))
 
 
-# --- merging ------------------------------------------------------------------------------------------------------
+modeling.ADAPTER_LOADER = load_adapter  # every <Task>.from_pretrained(adapter folder) loads through it
 
-
-@torch.no_grad()
-def merged(model: PreTrainedEncoder) -> PreTrainedEncoder:
-    """A plain copy of `model` with each LoRA update folded in: W' = W + scaling * B A (in float32, then the
-    weight's dtype). New tensors: the adapter's model, and any base it shares, stay as they are."""
-    if not has_lora(model):
-        raise LoraError("merged: the model carries no LoRA adapter")
-    out = copy.deepcopy(model)
-    for name, layer in lora_modules(out).items():
-        plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
-                          device=layer.weight.device, dtype=layer.weight.dtype)
-        plain.weight.copy_((layer.weight.float() + layer.delta_weight()).to(layer.weight.dtype))
-        if layer.bias is not None:
-            plain.bias.copy_(layer.bias)
-        parent, _, child = name.rpartition(".")
-        setattr(out.get_submodule(parent), child, plain)
-    out.adapter = None
-    for p in out.parameters():
-        p.requires_grad_(False)
-    return out
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PEFT_PREFIX", "PEFT_TASK_TYPES", "SUPPORTED_VALUES", "TASKS_OF_PEFT",
+           "AdapterInfo", "LoraError", "LoraLinear", "adapter_state_dict", "adapter_task", "adapter_tokenizer",
+           "apply_lora", "check_adapter_base", "has_lora", "is_adapter_folder", "load_adapter", "lora_modules",
+           "merged", "modules_to_save", "peft_config", "peft_target_names", "read_adapter_config", "resolve_targets",
+           "save_adapter"]

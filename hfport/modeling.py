@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
@@ -21,8 +22,11 @@ from torch import Tensor, nn
 from . import hub
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError
+from .formats.adapter import is_adapter_folder
+from .hardware import auto_dtype
 from .heads import MaskedLMHead
 from .keymap import KeyMap
+from .nn.layers import EncoderLayer
 from .registry import Family, get_family
 
 log = logging.getLogger("hfport")
@@ -71,8 +75,6 @@ def resolve_dtype(dtype: Any, config: EncoderConfig | None = None, device: Any =
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        from .hardware import auto_dtype
-
         raw = config.raw if config else {}
         return auto_dtype(resolve_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32"), device)
     name = str(dtype).removeprefix("torch.")
@@ -102,6 +104,13 @@ def init_module(module: nn.Module, std: float) -> None:
 
 
 BASE_TASK = "feature-extraction"  # the bare encoder's task: what a checkpoint without a known head loads as
+
+
+# How an adapter folder (formats/adapter.py) becomes a `cls` model over its base: hfport.lora.load_adapter. It sits a
+# floor above this module (which task a PEFT task_type is comes from the task records, and the base loads as the bare
+# encoder's class), so it is handed down instead of imported: hfport.lora installs it when imported, and hfport's
+# __init__ imports hfport.lora, so every from_pretrained has it.
+ADAPTER_LOADER: Callable[..., PreTrainedEncoder] | None = None
 
 
 class _SkipInit(torch.overrides.TorchFunctionMode):
@@ -173,12 +182,12 @@ class PreTrainedEncoder(nn.Module):
         """A model folder, or a LoRA adapter folder in PEFT's format (adapter_config.json): its base comes from
         `base_model_name_or_path`, or `base_model=` (a folder, or a loaded model whose tensors are shared)."""
         folder = hub.resolve(path_or_repo_id, revision=revision, cache_dir=cache_dir)
-        from . import lora
-
-        if lora.is_adapter_folder(folder):
-            return lora.load_adapter(cls, folder, base_model=base_model, dtype=dtype, device=device,
-                                     num_labels=num_labels, id2label=id2label, label2id=label2id,
-                                     problem_type=problem_type)
+        if is_adapter_folder(folder):
+            if ADAPTER_LOADER is None:
+                raise ConfigError(f"{folder}: an adapter folder, and no adapter loader is installed (import hfport)")
+            return ADAPTER_LOADER(cls, folder, base_model=base_model, dtype=dtype, device=device,
+                                  num_labels=num_labels, id2label=id2label, label2id=label2id,
+                                  problem_type=problem_type)
         if base_model is not None:
             raise ConfigError(f"{folder}: base_model= applies to adapter folders (with adapter_config.json) only")
         raw, source = hub.read_config(folder)
@@ -349,8 +358,6 @@ class PreTrainedEncoder(nn.Module):
             hub.write_json_atomic(staging / "config.json", config)
             hub.publish(staging, target)
         except BaseException:
-            import shutil
-
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return target
@@ -372,8 +379,6 @@ class PreTrainedEncoder(nn.Module):
         """Recompute each encoder layer's activations in the backward pass instead of keeping them
         (torch.utils.checkpoint, non-reentrant; the RNG state is replayed, so dropout masks and gradients are the
         same as without it). Only while training with gradients; inference is unchanged."""
-        from .nn.layers import EncoderLayer
-
         for module in self.modules():
             if isinstance(module, EncoderLayer):
                 module.checkpointed = bool(enabled)

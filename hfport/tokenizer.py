@@ -14,9 +14,11 @@ transformers is only imported on that path.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,8 +66,6 @@ def has_tokenizer_files(folder: str | os.PathLike[str]) -> bool:
 
 def copy_tokenizer_files(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> list[str]:
     """Copy the tokenizer files `source` has (of TOKENIZER_FILES) into `target`; returns the names copied."""
-    import shutil
-
     source, target = Path(source), Path(target)
     copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
     for name in copied:
@@ -460,8 +460,6 @@ def _to_tensor(key: str, rows: list[Any]) -> torch.Tensor:
 
 
 def _importable(module: str) -> bool:
-    import importlib.util
-
     try:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # a missing parent package ("google")

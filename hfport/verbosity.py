@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 
+from .errors import ConfigError
+
 ENV = "HFPORT_VERBOSITY"
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
@@ -25,8 +27,6 @@ def from_env(default: str = "normal") -> str:
     """The verbosity HFPORT_VERBOSITY names (default when unset); an unknown value is an error listing the valid."""
     value = os.environ.get(ENV, "").strip().lower() or default
     if value not in LEVELS:
-        from .errors import ConfigError
-
         raise ConfigError(f"{ENV}={value!r}: expected one of {list(LEVELS)}")
     return value
 

@@ -118,9 +118,10 @@ def test_item_error_renders_with_its_position():
 def test_cli_predict_lines_carry_the_index(monkeypatch):
     from typer.testing import CliRunner
 
+    from hfport import cli
     from hfport.cli import app
 
-    monkeypatch.setattr(hfport, "pipeline", lambda task, model, **kw: FakePipe())
+    monkeypatch.setattr(cli, "pipeline", lambda task, model, **kw: FakePipe())  # the name the CLI calls
     result = CliRunner().invoke(app, ["predict", "some-model", "--task", "text-classification", "good", "bad"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]
@@ -239,3 +240,158 @@ def test_routes_import_no_route_and_the_server_shares_no_private_names():
                     and node.attr.startswith("_") and not node.attr.startswith("__")):
                 problems.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr} is another module's private name")
     assert not problems, "\n".join(problems)
+
+
+# --- floors: imports only point down ----------------------------------------------------------------------------
+
+# hfport's floors, lowest first. A module may import from its own floor and the floors below; nothing imports from a
+# floor above it, at module level or inside a function, and no import circle (also not across function-level
+# imports) exists. The longest matching prefix names a module's floor.
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("hfport.errors", "hfport.version", "hfport.keymap", "hfport.hardware", "hfport.verbosity",
+              "hfport.outputs")),
+    ("core", ("hfport.config", "hfport.hub", "hfport.nn", "hfport.staging")),  # nn/: the blocks and the LoRA layer
+    ("formats", ("hfport.formats", "hfport.rundir")),  # the on-disk formats (adapter, sentence-transformers, ONNX, run)
+    ("families", ("hfport.registry", "hfport.models", "hfport.heads", "hfport.tokenizer")),
+    ("modeling", ("hfport.modeling",)),
+    ("tasks", ("hfport.tasks", "hfport.lora", "hfport.convert")),
+    ("pipelines", ("hfport.pipelines", "hfport.embeddings")),
+    ("train/export", ("hfport.train", "hfport.export")),
+    ("entry", ("hfport.cli", "hfport.__main__", "hfport")),
+)
+# what a function may import: optional extras (hfport imports without them) and these, each with its reason
+OPTIONAL_EXTRAS = {"onnxruntime", "onnx", "peft", "psycopg", "transformers", "sentence_transformers"}
+FUNCTION_IMPORTS_ALLOWED = {
+    ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs",
+    ("hfport/cli.py", "pydantic"): "serve's settings errors, imported with the server",
+    ("hfport/hub.py", "huggingface_hub"): "only for a repo id (not a folder); importing it costs every start-up",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> list[tuple[str, str, Path, int, bool]]:
+    """(module, imported module, file, line, inside a function) for every import of every hfport module, imports
+    under `if TYPE_CHECKING:` left out (they never run). `from . import x` names the submodule x when there is one."""
+    files = {_module_name(p): p for p in sorted((REPO / "hfport").rglob("*.py"))}
+    out = []
+    for module, path in files.items():
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+
+        def visit(node: ast.AST, in_function: bool, module: str = module, path: Path = path,
+                  package: list[str] = package) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                    continue
+                inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                if isinstance(child, ast.Import):
+                    out.extend((module, a.name, path, child.lineno, inside) for a in child.names)
+                elif isinstance(child, ast.ImportFrom):
+                    base = (package[:len(package) - child.level + 1] if child.level else [])
+                    target = ".".join(base + ([child.module] if child.module else []))
+                    for a in child.names:
+                        sub = f"{target}.{a.name}"
+                        out.append((module, sub if sub in files else target, path, child.lineno, inside))
+                visit(child, inside)
+
+        visit(ast.parse(path.read_text(), str(path)), False)
+    return out
+
+
+def _floor(module: str) -> int | None:
+    best: tuple[int, int] | None = None
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return best[0] if best else None
+
+
+def _known(path: Path, target: str) -> bool:
+    """A function-level import FUNCTION_IMPORTS_ALLOWED gives a reason for."""
+    rel = str(path.relative_to(REPO))
+    return any((rel, t) in FUNCTION_IMPORTS_ALLOWED for t in (target, target.split(".")[0]))
+
+
+def test_every_hfport_module_has_a_floor():
+    missing = sorted({m for m, *_ in _imports() if _floor(m) is None})
+    assert not missing, f"modules with no floor in FLOORS (add them): {missing}"
+
+
+def test_imports_only_point_down_a_floor():
+    problems = []
+    for module, target, path, line, _ in _imports():
+        if target.split(".")[0] != "hfport" or _known(path, target):
+            continue
+        mine, theirs = _floor(module), _floor(target)
+        if theirs is not None and mine is not None and theirs > mine:
+            problems.append(f"{path.relative_to(REPO)}:{line}: {module} ({FLOORS[mine][0]}) imports {target} "
+                            f"({FLOORS[theirs][0]}, a floor above)")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_function_level_imports():
+    """Inside hfport/, a function imports only an optional extra (hfport imports without it) or what
+    FUNCTION_IMPORTS_ALLOWED lists with its reason: anything else hides a dependency (or a circle) from the reader."""
+    problems = [f"{path.relative_to(REPO)}:{line}: {module} imports {target} inside a function"
+                for module, target, path, line, inside in _imports()
+                if inside and target.split(".")[0] not in OPTIONAL_EXTRAS and not _known(path, target)]
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_circles():
+    """Tarjan's strongly connected components over every import (function-level ones too): none has two modules."""
+    graph: dict[str, set[str]] = {}
+    where: dict[tuple[str, str], str] = {}
+    for module, target, path, line, _ in _imports():
+        if target.startswith("hfport") and target != module:
+            graph.setdefault(module, set()).add(target)
+            where.setdefault((module, target), f"{path.relative_to(REPO)}:{line}")
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[set[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    new = circles
+    assert not new, "\n".join("circle: " + ", ".join(sorted(c)) + " (" + "; ".join(
+        where[(a, b)] + f" {a} -> {b}" for a in sorted(c) for b in sorted(c) if (a, b) in where) + ")" for c in new)
+
+
+def test_hfport_init_imports_in_any_order():
+    """hfport/__init__.py's imports work in any order (no `noqa: I001` pinning one): the submodules it names,
+    imported below a bare package in forward and in reverse order, each load whole."""
+    init = REPO / "hfport" / "__init__.py"
+    assert "noqa: I001" not in init.read_text()
+    names = [target for module, target, *_ in _imports() if module == "hfport" and target.startswith("hfport.")]
+    order = list(dict.fromkeys(names))
+    code = ("import importlib, sys, types; pkg = types.ModuleType('hfport'); pkg.__path__ = [sys.argv[1]]; "
+            "sys.modules['hfport'] = pkg; [importlib.import_module(m) for m in sys.argv[2:]]")
+    for sequence in (order, order[::-1]):
+        done = subprocess.run([sys.executable, "-c", code, str(init.parent), *sequence], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"importing {sequence}: {done.stderr[-2000:]}"

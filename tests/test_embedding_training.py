@@ -202,8 +202,9 @@ def test_triplets_train_into_a_sentence_transformers_folder_that_verifies(model_
     for which in ("best", "final"):
         folder = tmp_path / "run" / which
         assert read_st_pooling(folder) == ("max", True) and (folder / "2_Normalize").is_dir()
-    # the pipeline pools as the folder says; sentence-transformers agrees (verify fails closed otherwise)
-    pipe = hfport.pipeline("feature-extraction", model=tmp_path / "run" / "best")
+    # the sentence-embedding pipeline pools as the folder says; sentence-transformers agrees (verify fails closed
+    # otherwise)
+    pipe = hfport.pipeline("sentence-embedding", model=tmp_path / "run" / "best")
     vector = np.asarray(pipe("What is the capital of Peru?"))
     assert vector.shape == (32,) and abs(np.linalg.norm(vector) - 1) < 1e-5
     report = verify(tmp_path / "run" / "best", tmp_path / "run")
@@ -297,8 +298,13 @@ def test_http_finetune_job_trains_an_embedding_model(tmp_path, model_dir):
             assert "eval_ndcg@10" in job["metrics"]
             model = client.get("/models/embedder").json()
             assert model["task"] == "feature-extraction" and (Path(model["path"]) / "modules.json").is_file()
-            pred = client.post("/predict", json={"model": "embedder", "inputs": ["What is the capital of Peru?"]})
+            # the registered task (feature-extraction) answers token states, as transformers' pipeline does; the
+            # sentence-embedding task pools as the folder says
+            body = {"model": "embedder", "inputs": ["What is the capital of Peru?"]}
+            pred = client.post("/predict", json={**body, "task": "sentence-embedding"})
             assert pred.status_code == 200 and len(pred.json()["outputs"][0]) == 32, pred.text  # pooled
+            tokens = client.post("/predict", json=body)
+            assert tokens.status_code == 200 and len(tokens.json()["outputs"][0][0][0]) == 32, tokens.text
     finally:
         server.stop()
 
@@ -315,12 +321,12 @@ def st6_folder(minilm_path, tmp_path_factory) -> Path:
 
 
 def test_every_reader_of_a_sentence_transformers_6_folder_sees_its_pooling_and_normalize(st6_folder):
-    """The serving pipelines (sentence-embedding, as TEI's /embed and OpenAI's embeddings run it, and
-    feature-extraction) and the export/training reader all read one layout; each equals SentenceTransformer.encode()
-    on the folder, normalized as it says."""
+    """The serving pipeline (sentence-embedding, as TEI's /embed and OpenAI's embeddings run it) and the
+    export/training reader all read one layout; it equals SentenceTransformer.encode() on the folder, normalized as it
+    says. feature-extraction keeps transformers' meaning there too: per-token states, pooled only when asked."""
     from sentence_transformers import SentenceTransformer
 
-    from hfport.export.sentence_transformers import read_layout
+    from hfport.formats.sentence_transformers import read_layout
 
     modules = json.loads((st6_folder / "modules.json").read_text())
     assert any(m["type"].endswith("modules.pooling.Pooling") for m in modules), modules  # the new spelling
@@ -329,22 +335,25 @@ def test_every_reader_of_a_sentence_transformers_6_folder_sees_its_pooling_and_n
     assert read_st_pooling(st6_folder) == ("mean", True)
     texts = ["The cat sat on the mat.", "A dog barked at the mailman all morning long.", "ok"]
     theirs = SentenceTransformer(str(st6_folder), device="cpu").encode(texts, convert_to_numpy=True)  # (N, C)
-    for task in ("sentence-embedding", "feature-extraction"):
-        mine = np.array([np.asarray(v) for v in hfport.pipeline(task, model=st6_folder)(texts)])  # (N, C)
+    features = hfport.pipeline("feature-extraction", model=st6_folder)
+    for mine in ([np.asarray(v) for v in hfport.pipeline("sentence-embedding", model=st6_folder)(texts)],
+                 features(texts, pooling=layout.pooling, normalize=layout.normalize)):
+        mine = np.array(mine)  # (N, C)
         np.testing.assert_allclose(np.linalg.norm(mine, axis=1), 1.0, atol=1e-5)
         np.testing.assert_allclose(mine, theirs, atol=1e-5)
+    assert np.asarray(features(texts[0])).shape[::2] == (1, theirs.shape[1])  # (1, T, C): token states
 
 
 def test_a_module_hfport_does_not_compute_is_refused_by_name(st6_folder, tmp_path):
-    """A Dense layer after pooling changes every embedding: serving without it would be silently wrong."""
+    """A Dense layer after pooling changes every embedding: serving without it would be silently wrong. (Token
+    states, feature-extraction's answer, are what the Transformer module computes, before any Dense layer.)"""
     folder = tmp_path / "dense"
     shutil.copytree(st6_folder, folder)
     modules = json.loads((folder / "modules.json").read_text())
     modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
     (folder / "modules.json").write_text(json.dumps(modules))
-    for task in ("sentence-embedding", "feature-extraction"):
-        with pytest.raises(ConfigError, match=r"modules\.json: module\(s\) \['sentence_transformers\.models\.Dense'\]"):
-            hfport.pipeline(task, model=folder)
+    with pytest.raises(ConfigError, match=r"modules\.json: module\(s\) \['sentence_transformers\.models\.Dense'\]"):
+        hfport.pipeline("sentence-embedding", model=folder)
 
 
 def test_prompts_with_include_prompt_false_pool_as_sentence_transformers_does(minilm_path, tmp_path):
@@ -354,7 +363,7 @@ def test_prompts_with_include_prompt_false_pool_as_sentence_transformers_does(mi
     and the setting."""
     from sentence_transformers import SentenceTransformer
 
-    from hfport.export.sentence_transformers import read_layout
+    from hfport.formats.sentence_transformers import read_layout
 
     folder = tmp_path / "prompted"
     st = SentenceTransformer(str(minilm_path), device="cpu",

@@ -527,7 +527,7 @@ def test_zz_measured_diffs(capsys):
 def test_sentence_transformers_folders_get_their_card(kind, minilm_path, tmp_path):
     """An embedding folder (sentence-transformers modules) and a reranker (CrossEncoder's marker) export with a card
     that lists them as sentence-transformers models, with their Hub pipeline tag and how to load them there."""
-    from hfport.export.sentence_transformers import mark_cross_encoder, write_embedding_layout
+    from hfport.formats.sentence_transformers import mark_cross_encoder, write_embedding_layout
 
     src = tmp_path / "src"
     if kind == "embedding":

@@ -94,7 +94,9 @@ def test_resource_sampler_runs_off_the_loop_and_omits_absent_gpus():
 
 
 def test_resource_sampler_without_psutil(monkeypatch):
-    monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` now raises ImportError
+    import hfport.train.monitor as monitor
+
+    monkeypatch.setattr(monitor, "psutil", None)  # as if `import psutil` had raised ImportError
     sampler = ResourceSampler(gpu=lambda: {})
     assert sampler._proc is None
     sum(i * i for i in range(200_000))  # some CPU time between the two readings

@@ -188,8 +188,15 @@ def test_minilm_sentence_embeddings_match_sentence_transformers(minilm_path):
     # cls pooling is the first token's hidden state; normalize gives unit vectors
     cls = torch.tensor(pipe(sentences[0], pooling="cls"))
     tokens = torch.tensor(pipe(sentences[0], pooling=None))[0]  # (T, 384): pooling=None asks for token states
-    # the folder is in the sentence-transformers layout: without options the pipeline pools as its modules say
-    torch.testing.assert_close(torch.tensor(pipe(sentences)), ours, rtol=0, atol=0)
+    # the folder is in the sentence-transformers layout: feature-extraction still gives token states without options
+    # (transformers' meaning); the sentence-embedding pipeline pools as its modules say
+    torch.testing.assert_close(torch.tensor(pipe(sentences[0]))[0], tokens, rtol=0, atol=0)
+    theirs = [torch.tensor(t) for t in hf_pipeline("feature-extraction", minilm_path)(sentences)]  # (1, T, 384) each
+    for mine, reference in zip(pipe(sentences), theirs):
+        assert torch.tensor(mine).shape == reference.shape
+        assert (torch.tensor(mine) - reference).abs().max().item() <= SCORE_TOL
+    pooled = hfport.pipeline("sentence-embedding", model=minilm_path, batch_size=2)
+    torch.testing.assert_close(torch.tensor(pooled(sentences)), ours, rtol=0, atol=0)
     torch.testing.assert_close(cls, tokens[0], rtol=0, atol=0)
     assert abs(ours.norm(dim=-1) - 1).max() < 1e-5
 

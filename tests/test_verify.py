@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 import hfport
 from hfport.cli import app
 from hfport.export import FORMATS, ExportError, detect_format, export, read_st_pooling, verify
-from hfport.export.sentence_transformers import mark_cross_encoder, write_embedding_layout
+from hfport.formats.sentence_transformers import mark_cross_encoder, write_embedding_layout
 from tests.test_export import TOKENIZER_FILES
 from tests.tiny import save_hf
 

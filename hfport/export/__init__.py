@@ -22,7 +22,7 @@ from .folder import ExportOptions, SentenceTransformersOptions
 from .onnx import OnnxOptions
 from .registry import DEFAULT_FORMAT, FORMATS, ExportFormat, detect_format, export, formats_help, get_format, verify
 from .report import TOLERANCES, Row, VerifyFailed, VerifyReport
-from .sentence_transformers import read_st_pooling, write_embedding_layout
+from ..formats.sentence_transformers import read_st_pooling, write_embedding_layout
 
 __all__ = ["DEFAULT_FORMAT", "DTYPE_NAMES", "EXPORT_DTYPES", "FORMATS", "OUTPUTS", "PIPELINE_TAGS", "TOLERANCES",
            "TRANSFORMERS_AUTO", "WHICH", "ExportError", "ExportFormat", "ExportOptions", "ExportResult",

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..tasks import TASKS
 from .common import PIPELINE_TAGS, TRANSFORMERS_AUTO, Source
-from .sentence_transformers import is_cross_encoder
+from ..formats.sentence_transformers import is_cross_encoder
 
 # A folder sentence-transformers loads is listed on the Hub under its library and these pipeline tags, and used
 # through its classes: (pipeline tag, class, a call)

@@ -65,7 +65,8 @@ from torch import Tensor, nn
 
 from .. import hub
 from ..modeling import PreTrainedEncoder
-from ..pipelines.onnx_backend import DYNAMIC_AXES, ONNX_FILE, QUANTIZED_FILE, graph_inputs
+from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE
+from ..pipelines.onnx_backend import DYNAMIC_AXES, graph_inputs
 from ..tasks import TASKS
 from ..tokenizer import TOKENIZER_FILES, AutoTokenizer
 from .common import (ExportError, ExportResult, FormatOptions, Source, check_out, export_config,
@@ -74,7 +75,7 @@ from .folder import load_exportable, raise_unless_passed
 from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, check_thresholds
 from .onnx_fusion import (CONTRIB_DOMAIN, OPTIMIZED_FILE, activation_errors, fused_attention, optimize_graph,
                           split_outliers)
-from .onnx_verify import MANIFEST, PROBE_TEXTS, feeds, max_length, probe_batches, require_onnx, sha256, verify_onnx
+from .onnx_verify import PROBE_TEXTS, feeds, max_length, probe_batches, require_onnx, sha256, verify_onnx
 
 log = logging.getLogger("hfport")
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..pipelines.onnx_backend import (INSTALL_HINT, ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,
-                                     check_signature, open_session, read_folder_config)
+from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE, OnnxModelError
+from ..pipelines.onnx_backend import INSTALL_HINT, OnnxModel, check_signature, open_session, read_folder_config
 from ..tasks import TASKS, load_any
 from ..tokenizer import AutoTokenizer
 from .checks import quiet_transformers
@@ -36,7 +36,6 @@ from .onnx_agreement import AGREEMENT, MIN_AGREEMENT, MIN_COSINE, check_threshol
 from .onnx_fusion import OPTIMIZED_FILE
 from .report import VerifyReport, check_row, compare, reporting
 
-MANIFEST = "hfport_onnx.json"
 FP32_TOLERANCE = (1e-4, 1e-4)  # (atol, rtol); the module docstring says why
 PROBE_TEXTS = [
     "The film was wonderful.",

@@ -29,7 +29,7 @@ from .onnx_verify import verify_onnx
 from .peft import verify_adapter, verify_merged, write_adapter, write_merged
 from .report import VerifyReport
 from .sentence_formats import embedding_layout, reranker_marker
-from .sentence_transformers import has_embedding_layout, is_cross_encoder
+from ..formats.sentence_transformers import has_embedding_layout, is_cross_encoder
 
 # (source, out, options, *, verify, json_path) -> ExportResult
 Writer = Callable[..., ExportResult]

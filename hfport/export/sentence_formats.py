@@ -1,4 +1,4 @@
-"""The two sentence-transformers formats, each an HF folder plus its own files (export/sentence_transformers.py
+"""The two sentence-transformers formats, each an HF folder plus its own files (formats/sentence_transformers.py
 owns the layout): the dense embedding folder (modules.json, 1_Pooling, 2_Normalize) and the reranker (CrossEncoder's
 marker in config.json). Here: the layout step each adds to the HF folder writer (export/folder.py), and the rows each
 adds to its verify:
@@ -20,9 +20,9 @@ from ..pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline
 from ..tokenizer import AutoTokenizer
 from .common import ExportError, Source
 from .report import VerifyReport, compare
-from .sentence_transformers import (SentenceTransformersError, copy_layout, has_embedding_layout,
-                                    is_cross_encoder, mark_cross_encoder, read_layout, read_st_pooling,
-                                    write_embedding_layout)
+from ..formats.sentence_transformers import (SentenceTransformersError, copy_layout, has_embedding_layout,
+                                            is_cross_encoder, mark_cross_encoder, read_layout, read_st_pooling,
+                                            write_embedding_layout)
 
 # cosine similarity of encode() to hfport's embedding, per text, at least this (and the max abs diff within verify's
 # atol), by the dtype DIR's weights are stored in. sentence-transformers computes in that dtype, hfport in float32

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .activations import Activation
 from .dropout import Dropout
@@ -110,8 +111,6 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, layout: Layout, **attn_kwargs) -> Tensor:
         if self.checkpointed and self.training and torch.is_grad_enabled():
-            from torch.utils.checkpoint import checkpoint
-
             # non-reentrant: works with the layout object and keyword arguments; the RNG state is preserved by
             # default, so the recomputation draws the same dropout masks
             return checkpoint(self._forward, x, layout, use_reentrant=False, **attn_kwargs)

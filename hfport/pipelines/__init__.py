@@ -7,8 +7,9 @@ Tasks, with transformers' option names, defaults and output shapes:
                         handle_impossible_answer, align_to_words       (transformers 4.57's QuestionAnsweringPipeline)
   fill-mask             top_k, targets                                 (FillMaskPipeline)
   multiple-choice       top_k; {"question" (or "context"), "choices"} inputs, the choices ranked  (hfport's own)
-  feature-extraction    per-token hidden states; pooling="mean"|"cls"|"max", normalize=True give sentence
-                        embeddings (a sentence-transformers folder's modules.json sets the default pooling)
+  feature-extraction    per-token hidden states on every folder, as transformers' pipeline returns them (a
+                        sentence-transformers folder too); pooling="mean"|"cls"|"max"|..., normalize=True give
+                        sentence embeddings
 A task may be named by an alias too ("sentiment-analysis", "ner", hfport's old "sequence-classification", ...):
 hfport/tasks/ holds the names and which pipeline class each task uses.
   sentence-embedding    one vector per text, pooled as the folder's sentence-transformers files say; truncate,
@@ -28,26 +29,46 @@ the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import tasks
+from .. import hub, tasks
 from ..errors import ItemError
-from ..modeling import PreTrainedEncoder, resolve_dtype
-from ..tokenizer import AutoTokenizer, PreTrainedTokenizer
+from ..formats.adapter import is_adapter_folder
+from ..formats.onnx import is_onnx_model
+from ..modeling import PreTrainedEncoder, resolve_dtype, task_of
+from ..registry import get_family
+from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
 from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, phase_times
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
-from .onnx_backend import OnnxModel, is_onnx_model
+from .onnx_backend import OnnxModel
 from .qa import QuestionAnsweringPipeline
+from .sentence_embedding import SentenceEmbeddingPipeline
 from .tokens import TokenClassificationPipeline
 
-PIPELINES: dict[str, type[Pipeline]] = {name: t.pipeline_class for name, t in tasks.TASKS.items()}
-from ..embeddings import SentenceEmbeddingPipeline  # noqa: E402 - sentence-embedding's pipeline, public here too
 BACKENDS = ("torch", "onnx")
+
+
+class _Pipelines(Mapping[str, type[Pipeline]]):
+    """Task name -> its pipeline class, read off the task records when asked (a record names its pipeline as
+    "module:Class", imported on first use, so building this at import would import every pipeline module from here)."""
+
+    def __getitem__(self, name: str) -> type[Pipeline]:
+        return tasks.TASKS[name].pipeline_class
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tasks.TASKS)
+
+    def __len__(self) -> int:
+        return len(tasks.TASKS)
+
+
+PIPELINES: Mapping[str, type[Pipeline]] = _Pipelines()
 
 
 def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
@@ -90,8 +111,6 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     elif isinstance(model, (str, os.PathLike)):
         loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model)
         if tokenizer is None:  # an adapter folder without tokenizer files (as PEFT writes them): the base's
-            from ..tokenizer import has_tokenizer_files
-
             adapter = loaded.adapter
             tokenizer = model if adapter is None or has_tokenizer_files(model) or not isinstance(
                 adapter.base, (str, os.PathLike)) else adapter.base
@@ -108,15 +127,9 @@ def model_task(model: str | os.PathLike[str]) -> str:
     """The pipeline task of a model folder's head (or of a repo id in the local HF cache), read from config.json's
     `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model: feature-extraction).
     """
-    from .. import hub
-    from ..modeling import task_of
-    from ..registry import get_family
-
     folder = hub.resolve(model)
-    from .. import lora
-
-    if lora.is_adapter_folder(folder):
-        return lora.adapter_task(folder)
+    if is_adapter_folder(folder):
+        return tasks.adapter_task(folder)
     raw, source = hub.read_config(folder)
     return task_of(get_family(raw.get("model_type"), source), raw.get("architectures") or [])  # canonical = the tag
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -332,15 +333,11 @@ def model_max_positions(model: PreTrainedEncoder) -> int | None:
 
 def softmax_np(x: Any) -> Any:
     """transformers' numpy softmax over the last axis (max-shifted)."""
-    import numpy as np
-
     shifted = np.exp(x - np.max(x, axis=-1, keepdims=True))
     return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
 def sigmoid_np(x: Any) -> Any:
-    import numpy as np
-
     return 1.0 / (1.0 + np.exp(-x))
 
 

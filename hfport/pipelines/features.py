@@ -1,36 +1,23 @@
-"""feature-extraction: per-token hidden states as transformers' FeatureExtractionPipeline returns them, or
-sentence embeddings with pooling="mean"|"cls"|"max" (+ normalize=True): sentence-transformers' Pooling + Normalize.
+"""feature-extraction: per-token hidden states, as transformers' FeatureExtractionPipeline returns them, on every
+folder (a sentence-transformers folder too: its Pooling is not applied here); or sentence embeddings when asked with
+pooling="mean"|"cls"|"max"|"mean_sqrt_len"|"lasttoken" (+ normalize=True): sentence-transformers' Pooling + Normalize.
 
-A model folder in the sentence-transformers layout (modules.json; hfport/export/sentence_transformers.py reads it)
-gives the defaults: its pooling and normalisation, unless the caller passes `pooling`.
+Sentence embeddings pooled as a folder's sentence-transformers files say are the "sentence-embedding" pipeline's
+(pipelines/sentence_embedding.py).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..heads import SENTENCE_POOLINGS, pool
 from .base import Feature, Pipeline, check_text
 
-POOLINGS = (None, "mean", "cls", "max")
-
-
-def pool_embeddings(hidden: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
-    """Sentence embeddings as sentence-transformers' Pooling computes them: hidden (B, T, C), attention_mask (B, T)
-    -> (B, C). mean: over attended tokens; cls: the first token; max: over attended tokens (padding set to -1e9
-    first, as sentence-transformers does)."""
-    if mode == "cls":
-        return hidden[:, 0]  # (B, C)
-    mask = attention_mask[..., None].to(hidden.dtype)  # (B, T, 1)
-    if mode == "mean":
-        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (B, C)
-    if mode == "max":
-        return hidden.masked_fill(mask == 0, -1e9).max(dim=1).values  # (B, C)
-    raise ValueError(f"pooling={mode!r}: use one of {list(POOLINGS[1:])}")
+POOLINGS = (None, *SENTENCE_POOLINGS)  # None: per-token states (transformers' feature-extraction)
 
 
 class FeatureExtractionPipeline(Pipeline):
@@ -40,22 +27,7 @@ class FeatureExtractionPipeline(Pipeline):
     defaults: ClassVar[dict[str, Any]] = {"truncation": None, "max_length": None, "tokenize_kwargs": None,
                                           "return_tensors": False, "pooling": None, "normalize": False}
 
-    def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
-        # a sentence-transformers folder says how its embeddings are pooled: the defaults when no pooling is given
-        from ..export.sentence_transformers import has_embedding_layout, read_layout
-
-        folder = Path(model.config.source).parent
-        self.folder_defaults = {}
-        if has_embedding_layout(folder):
-            layout = read_layout(folder)
-            self.folder_defaults = {"pooling": layout.pooling, "normalize": layout.normalize}
-        super().__init__(model, tokenizer, **kwargs)
-
     def validate(self, opts: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-        if "pooling" not in given and self.folder_defaults:  # pooling=None asks for per-token states
-            opts["pooling"] = self.folder_defaults["pooling"]
-            if "normalize" not in given:
-                opts["normalize"] = self.folder_defaults["normalize"]
         if opts["pooling"] not in POOLINGS:
             raise ValueError(f"pooling={opts['pooling']!r}: use one of {list(POOLINGS)}")
         if opts["normalize"] and opts["pooling"] is None:
@@ -86,7 +58,7 @@ class FeatureExtractionPipeline(Pipeline):
             out = hidden[None]  # (1, T, C): transformers keeps the batch axis of one
         else:
             mask = torch.tensor(f.attention_mask)[None]  # (1, T)
-            out = pool_embeddings(hidden[None], mask, opts["pooling"])[0]  # (C,)
+            out = pool(hidden[None], mask, opts["pooling"])[0]  # (C,)
             if opts["normalize"]:
                 out = F.normalize(out, p=2, dim=-1)
         return out if opts["return_tensors"] else out.tolist()

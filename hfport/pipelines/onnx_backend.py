@@ -23,20 +23,15 @@ from torch import Tensor
 
 from .. import hub
 from ..config import EncoderConfig
-from ..errors import HfportError
+# the ONNX folder's names (formats/onnx.py); QUANTIZED_FILE and is_onnx_model are named here for the backend's users
+from ..formats.onnx import ONNX_FILE, QUANTIZED_FILE, OnnxModelError, is_onnx_model  # noqa: F401
 from ..modeling import on_meta, task_of
 from ..registry import Family, get_family
 from ..tasks import TASKS
 
-ONNX_FILE = "model.onnx"  # the fp32 graph, as optimum names it
-QUANTIZED_FILE = "model_quantized.onnx"  # the int8 graph beside it
 INSTALL_HINT = "pip install 'hfport[onnx]'"
 
 DYNAMIC_AXES = ("batch_size", "sequence_length")  # the names of the two input axes, as optimum names them
-
-
-class OnnxModelError(HfportError, ValueError):
-    """An ONNX folder or graph that cannot be served as it is; the message names the file and what is wrong."""
 
 
 def require_onnxruntime() -> Any:
@@ -50,14 +45,6 @@ def require_onnxruntime() -> Any:
 def graph_inputs(config: EncoderConfig) -> list[str]:
     """The inputs a graph for this config takes: token types only where the model has a token-type table."""
     return ["input_ids", "attention_mask", *(["token_type_ids"] if config.type_vocab_size > 0 else [])]
-
-
-def is_onnx_model(path: str | os.PathLike[str]) -> bool:
-    """A .onnx file, or a folder with model.onnx and no safetensors weights: what the onnx backend serves."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return p.suffix == ".onnx"
-    return p.is_dir() and (p / ONNX_FILE).is_file() and not any(p.glob("*.safetensors"))
 
 
 def read_folder_config(folder: Path) -> tuple[dict[str, Any], Family, EncoderConfig, str]:
@@ -188,3 +175,4 @@ class OnnxModel:
         return TASKS[self.task].output_type(**{n: torch.from_numpy(a) for n, a in zip(self.outputs, arrays)})
 
     forward = __call__
+

@@ -6,6 +6,9 @@ Adding a task: a file here with its model class and Task record, a line in TASKS
 (hfport/models/) a line in HEAD_KEYS (+ head options where that family's head differs from the default). A task that
 trains another task's model (sentence-embedding trains the bare encoder, text-ranking a one-label classifier) names
 it in `model_task` and needs no family lines.
+
+Adapter folders (PEFT's layout, hfport/formats/adapter.py) get their task here too: `adapter_task` reads config.json's
+architectures, else maps PEFT's task_type through the records' `peft_task_type`.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ import os
 from typing import Any
 
 from .. import hub
-from ..modeling import PreTrainedEncoder, task_of
+from ..formats import adapter
+from ..modeling import BASE_TASK, PreTrainedEncoder, task_of
+from ..nn.lora import LoraError
 from ..registry import get_family
 from . import (feature_extraction, fill_mask, multiple_choice, question_answering, sentence_embedding,
                text_classification, text_ranking, token_classification)
 from .feature_extraction import EncoderModel
 from .fill_mask import EncoderForMaskedLM
+from .multiple_choice import EncoderForMultipleChoice
 from .question_answering import EncoderForQuestionAnswering
 from .task import Task
 from .text_classification import EncoderForSequenceClassification
@@ -43,7 +49,12 @@ AutoModelForSequenceClassification = EncoderForSequenceClassification
 AutoModelForTokenClassification = EncoderForTokenClassification
 AutoModelForQuestionAnswering = EncoderForQuestionAnswering
 AutoModelForMaskedLM = EncoderForMaskedLM
-AutoModelForMultipleChoice = multiple_choice.EncoderForMultipleChoice
+AutoModelForMultipleChoice = EncoderForMultipleChoice
+
+# PEFT's task_type of each task whose model the families build, read off the records (the one truth); PEFT has none
+# for some (fill-mask: a plain PeftModel, task_type null)
+PEFT_TASK_TYPES: dict[str, str | None] = {name: TASKS[name].peft_task_type for name in MODEL_TASKS}
+TASKS_OF_PEFT: dict[str, str] = {v: k for k, v in PEFT_TASK_TYPES.items() if v is not None}
 
 
 class UnknownTaskError(ValueError):
@@ -75,10 +86,8 @@ def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrain
     A class name hfport does not know (a custom `MyBertForEverything`, `BertForPreTraining`) never blocks
     loading: the base model is loaded, and a warning and `load_report.notes` say so."""
     folder = hub.resolve(path_or_repo_id, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
-    from .. import lora
-
-    if lora.is_adapter_folder(folder):  # a LoRA adapter (PEFT's format): its task from its config, base from it
-        return TASKS[lora.adapter_task(folder)].model_class.from_pretrained(folder, **kwargs)
+    if adapter.is_adapter_folder(folder):  # a LoRA adapter (PEFT's format): its task from its config, base from it
+        return TASKS[adapter_task(folder)].model_class.from_pretrained(folder, **kwargs)
     raw, source = hub.read_config(folder)
     family = get_family(raw.get("model_type"), source)
     architectures = raw.get("architectures") or []
@@ -93,8 +102,36 @@ def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrain
     return model
 
 
-__all__ = ["ALIASES", "MODEL_TASKS", "AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
+def read_adapter_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """adapter_config.json (formats/adapter.py validates it), its task_type one of a task hfport has."""
+    return _known_task_type(folder, adapter.read_adapter_config(folder))
+
+
+def _known_task_type(folder: str | os.PathLike[str], raw: dict[str, Any]) -> dict[str, Any]:
+    if raw.get("task_type") not in (*TASKS_OF_PEFT, None):
+        raise LoraError(f"{os.path.join(folder, adapter.ADAPTER_CONFIG)}: task_type {raw.get('task_type')!r} is not "
+                        f"an encoder task hfport has; supported: {sorted(TASKS_OF_PEFT)} or null (fill-mask)")
+    return raw
+
+
+def adapter_task(folder: str | os.PathLike[str]) -> str:
+    """The task of an adapter folder: its config.json's architectures when present, else PEFT's task_type (through
+    the records); a plain PeftModel (task_type null) is a fill-mask adapter when it saves a masked-LM head, else the
+    bare encoder's."""
+    facts = adapter.read_adapter(folder)
+    _known_task_type(folder, facts.config)
+    if facts.architectures:
+        config = facts.model_config or {}
+        return task_of(get_family(config.get("model_type"), facts.model_config_source), facts.architectures)
+    if facts.task_type is None:
+        return fill_mask.TASK.name if facts.saves_mlm_head else BASE_TASK
+    return TASKS_OF_PEFT[facts.task_type]
+
+
+__all__ = ["ALIASES", "MODEL_TASKS", "AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice",
+           "AutoModelForQuestionAnswering",
            "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "TASKS", "TASK_CLASSES",
-           "EncoderForMaskedLM", "EncoderForQuestionAnswering",
-           "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderModel", "Task",
-           "UnknownTaskError", "canonical", "get", "load_any", "names_help"]
+           "EncoderForMaskedLM", "EncoderForMultipleChoice", "EncoderForQuestionAnswering",
+           "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderModel", "PEFT_TASK_TYPES",
+           "TASKS_OF_PEFT", "Task", "UnknownTaskError", "adapter_task", "canonical", "get", "load_any", "names_help",
+           "read_adapter_config"]

@@ -2,9 +2,10 @@
 sentence-embedding model, as sentence-transformers trains one.
 
 The model is feature-extraction's (EncoderModel): a run's best/ and final/ are HF BertModel-style folders in the
-sentence-transformers layout (hfport/export/sentence_transformers.py), which `hfport.pipeline("sentence-embedding")`
-(and "feature-extraction") pool as the folder says. Training: (anchor, positive[, negative]) rows with in-batch negatives, or (sentence1, sentence2,
-score) rows with CoSENT (hfport/train/tasks/embedding.py).
+sentence-transformers layout (hfport/formats/sentence_transformers.py), which `hfport.pipeline("sentence-embedding")`
+pools as the folder says ("feature-extraction" keeps transformers' meaning: token states). Training: (anchor,
+positive[, negative]) rows with in-batch negatives, or (sentence1, sentence2, score) rows with CoSENT
+(hfport/train/tasks/embedding.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .task import Task
 TASK = Task(
     name="sentence-embedding", aliases=("sentence-similarity", "sentence-embeddings"), model_class=EncoderModel,
     outputs=("last_hidden_state", "pooler_output"), per_sequence=frozenset({"pooler_output"}),
-    auto_class="AutoModel", pipeline="hfport.embeddings:SentenceEmbeddingPipeline",
+    auto_class="AutoModel", pipeline="hfport.pipelines.sentence_embedding:SentenceEmbeddingPipeline",
     train="hfport.train.tasks.embedding:SentenceEmbedding",
     # problem types of the data: pairs/triplets are scored as retrieval, scored pairs by rank correlation
     default_metrics={None: ("ndcg@10", "max"), "pairs": ("ndcg@10", "max"), "scored-pairs": ("spearman", "max")},

@@ -12,6 +12,8 @@ never an error.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import os
@@ -19,6 +21,13 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+import torch
+
+try:  # a dependency of hfport, but the monitor still measures without it (_CpuClock)
+    import psutil
+except ImportError:  # pragma: no cover - exercised by the monitor test that hides it
+    psutil = None
 
 log = logging.getLogger("hfport.train")
 
@@ -156,10 +165,6 @@ def gpu_stats() -> dict[str, float]:
     """Per CUDA device i: gpu{i}_util (%, needs NVML; left out without it), gpu{i}_mem_used_gb / _mem_total_gb
     (the whole device, every process), gpu{i}_peak_alloc_gb / _peak_reserved_gb (this process's allocator).
     Empty without CUDA."""
-    try:
-        import torch
-    except ImportError:
-        return {}
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return {}  # never the one to create a CUDA context: that costs memory on every device
     out: dict[str, float] = {}
@@ -189,21 +194,17 @@ class ResourceSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        try:
-            import psutil
-
+        if psutil is not None:
             self._proc = psutil.Process()
             self._proc.cpu_percent(None)  # the first call only sets the reference point
             self._cpu_at = time.monotonic()
-        except ImportError:
+        else:
             self._proc = None
             self._cpu = _CpuClock()
 
     def sample(self) -> dict[str, float]:
         out: dict[str, float] = {}
         if self._proc is not None:
-            import psutil
-
             now = time.monotonic()
             if now - self._cpu_at >= 0.2:  # psutil's percent over a shorter span is noise (often 0.0)
                 out["cpu_percent"] = round(self._proc.cpu_percent(None), 1)
@@ -299,9 +300,6 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
 
 def metrics_csv(entries: list[dict[str, Any]]) -> str:
     """Every entry as a CSV row (all points, no downsampling); columns: type, step, epoch, then the rest sorted."""
-    import csv
-    import io
-
     first = ["type", "step", "epoch"]
     rest = sorted({k for e in entries for k, v in e.items() if k not in first and not isinstance(v, (dict, list))})
     buf = io.StringIO()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import hub
+from ..tokenizer import AutoTokenizer
 from .config import FinetuneConfig, resolve_config
 from .data import DataError, EncodedData
 from .tasks import TrainTask, get_task
@@ -33,8 +34,6 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
     """Check a fine-tune before it runs. `world`: processes that will train (each takes a share of a batch).
 
     Raises ConfigError (bad options), ModelNotFoundError, TokenizerError, DataError (file, line, field)."""
-    from ..tokenizer import AutoTokenizer
-
     config = as_config(config)
     source = hub.resolve(config.model)
     tokenizer = AutoTokenizer.from_pretrained(source)

@@ -26,8 +26,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ... import hub
 from ...errors import ConfigError
-from ...export.sentence_transformers import has_embedding_layout, read_st_pooling, write_embedding_layout
-from ...pipelines.features import pool_embeddings
+from ...formats.sentence_transformers import has_embedding_layout, read_st_pooling, write_embedding_layout
+from ...heads import pool
 from ..data import (DataError, EncodedData, Features, Record, encode_splits, field_of, number_in_range, pad_ids,
                     read_records, where)
 from ..metrics import retrieval as metrics
@@ -215,7 +215,7 @@ class SentenceEmbedding(TrainTask):
         def embed(*tensors: torch.Tensor) -> torch.Tensor:
             kwargs = dict(zip(inputs, tensors))
             hidden = model(**kwargs).last_hidden_state  # (n, T, C)
-            out = pool_embeddings(hidden, kwargs["attention_mask"], pooling)  # (n, C)
+            out = pool(hidden, kwargs["attention_mask"], pooling)  # (n, C)
             return F.normalize(out, p=2, dim=-1) if normalize else out
 
         chunk = data.extra.get("mini_batch_size")

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from ...export.sentence_transformers import mark_cross_encoder
+from ...formats.sentence_transformers import mark_cross_encoder
 from ..data import (DataError, EncodedData, Features, LabelSpace, Record, encode_splits, field_of, number_in_range,
                     pad_ids, read_records, where)
 from ..metrics import retrieval as metrics

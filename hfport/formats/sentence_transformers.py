@@ -1,21 +1,20 @@
-"""The sentence-transformers layout: its one writer, its reader, and its proof.
+"""The sentence-transformers layout: its file names, flags and markers, and its one reader.
 
 An embedding model folder is an HF folder (config.json, weights, tokenizer) plus the files sentence-transformers
 reads to build its module chain Transformer -> Pooling [-> Normalize]:
     modules.json                 the chain: each module's class and sub-folder
     sentence_bert_config.json    max_seq_length (ST truncates there) and do_lower_case
-    1_Pooling/config.json        which pooling (pooling_mode_cls_token / _mean_tokens / _max_tokens booleans)
+    1_Pooling/config.json        which pooling (pooling_mode_cls_token / _mean_tokens / _max_tokens booleans, or the
+                                 `pooling_mode` string sentence-transformers >= 6 writes), include_prompt
     2_Normalize/                 present (empty) when embeddings are L2-normalised
-    config_sentence_transformers.json  the similarity function (cosine) and versions
-This is the classic layout (sentence-transformers 2.x-5.x writes it, 6.x still reads it, and so do text-embeddings-
-inference and other servers), so one folder serves them all.
-
+    config_sentence_transformers.json  the similarity function (cosine), prompts and the default prompt name
 A reranker (cross-encoder) folder is a one-label HF sequence-classification folder whose config.json carries
 `"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}`: CrossEncoder's own marker
-(sentence-transformers >= 4), read by its `predict()` to put a sigmoid on the logit, as hfport's
-text-classification pipeline does for one label.
+(sentence-transformers >= 4), read by its `predict()` to put a sigmoid on the logit.
 
-The proof of both (sentence-transformers' own loaders against hfport) is export/sentence_formats.py's.
+`read_layout` is the one reader (serving, export, training and verify all use it) and `write_embedding_layout` /
+`mark_cross_encoder` / `copy_layout` the one writer (training's best/ and final/, export); the proof, with
+sentence-transformers' own loaders, is hfport/export/sentence_formats.py's.
 """
 
 from __future__ import annotations
@@ -51,72 +50,12 @@ class SentenceTransformersError(ConfigError):
     """A sentence-transformers folder hfport cannot read (or write)."""
 
 
-# --- writing ----------------------------------------------------------------------------------------------------
-
-
-def write_embedding_layout(folder: str | Path, *, pooling: str, normalize: bool, hidden_size: int,
-                           max_seq_length: int, prompts: dict[str, str] | None = None,
-                           default_prompt_name: str | None = None, include_prompt: bool = True) -> list[str]:
-    """Add the sentence-transformers files to an HF folder (its config and weights already there). Returns the names
-    written. Each file is written whole (write_json_atomic), and a folder from an earlier save is replaced."""
-    if pooling not in POOLING_MODES:
-        raise SentenceTransformersError(f"pooling {pooling!r}: expected one of {list(POOLING_MODES)}")
-    folder = Path(folder)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": MODULE_TYPES["transformer"]},
-               {"idx": 1, "name": "1", "path": POOLING_DIR, "type": MODULE_TYPES["pooling"]}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": MODULE_TYPES["normalize"]})
-    hub.write_json_atomic(folder / MODULES, modules)
-    hub.write_json_atomic(folder / ST_CONFIG, {"max_seq_length": int(max_seq_length), "do_lower_case": False})
-    (folder / POOLING_DIR).mkdir(exist_ok=True)
-    flags = {flag: False for flag in ALL_FLAGS}
-    flags[POOLING_FLAGS[pooling]] = True
-    hub.write_json_atomic(folder / POOLING_DIR / "config.json",
-                          {"word_embedding_dimension": int(hidden_size), **flags, "include_prompt": include_prompt})
-    if normalize:
-        (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
-    elif (folder / NORMALIZE_DIR).exists():
-        shutil.rmtree(folder / NORMALIZE_DIR)
-    hub.write_json_atomic(folder / ST_MODEL_CONFIG, {"model_type": "SentenceTransformer",
-                                                     "prompts": dict(prompts or {}),
-                                                     "default_prompt_name": default_prompt_name,
-                                                     "similarity_fn_name": "cosine"})
-    return [MODULES, ST_CONFIG, f"{POOLING_DIR}/config.json", ST_MODEL_CONFIG] + ([NORMALIZE_DIR] if normalize
-                                                                                  else [])
-
-
-def mark_cross_encoder(folder: str | Path) -> None:
-    """Put CrossEncoder's marker into a one-label classification folder's config.json (see the module docstring)."""
-    path = Path(folder) / "config.json"
-    raw, _ = hub.read_config(Path(folder))
-    if raw.get("num_labels", len(raw.get("id2label") or {})) != 1:
-        raise SentenceTransformersError(f"{path}: a cross-encoder has one label; this config has "
-                                        f"{len(raw.get('id2label') or {})}")
-    raw[CROSS_ENCODER_KEY] = {"activation_fn": SIGMOID}
-    hub.write_json_atomic(path, raw)
-
-
 def is_cross_encoder(raw: dict[str, Any]) -> bool:
     return isinstance(raw.get(CROSS_ENCODER_KEY), dict)
 
 
 def has_embedding_layout(folder: str | Path) -> bool:
     return (Path(folder) / MODULES).is_file()
-
-
-def copy_layout(source: str | Path, out: str | Path) -> list[str]:
-    """Copy an embedding folder's sentence-transformers files to OUT (an export of its weights); [] when SOURCE has
-    none. The files are re-written from what the reader understood, so OUT never carries a module hfport did not
-    check (a Dense layer, say, which `read_st_pooling` refuses)."""
-    if not has_embedding_layout(source):
-        return []
-    pooling, normalize = read_st_pooling(source)
-    layout = read_layout(source)
-    raw, _ = hub.read_config(Path(source))
-    return write_embedding_layout(out, pooling=pooling, normalize=normalize, hidden_size=raw["hidden_size"],
-                                  max_seq_length=layout.max_seq_length or raw.get("max_position_embeddings", 512),
-                                  prompts=layout.prompts, default_prompt_name=layout.default_prompt_name,
-                                  include_prompt=layout.include_prompt)
 
 
 # --- reading ----------------------------------------------------------------------------------------------------
@@ -129,7 +68,7 @@ def _read_json(path: Path) -> Any:
         raise SentenceTransformersError(f"{path}: cannot be read as JSON ({e})") from e
 
 
-# sentence-transformers' pooling names -> hfport's (hfport.embeddings.pool computes each): the `pooling_mode` string
+# sentence-transformers' pooling names -> hfport's (hfport.heads.pool computes each): the `pooling_mode` string
 # that sentence-transformers >= 6 writes, and the classic pooling_mode_* flag of each
 ST_POOLINGS = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
                "lasttoken": "lasttoken"}
@@ -226,3 +165,65 @@ def read_st_pooling(folder: str | Path) -> tuple[str, bool]:
 
 def read_max_seq_length(folder: str | Path) -> int | None:
     return read_layout(folder).max_seq_length
+
+
+# --- writing ----------------------------------------------------------------------------------------------------
+
+
+def write_embedding_layout(folder: str | Path, *, pooling: str, normalize: bool, hidden_size: int,
+                           max_seq_length: int, prompts: dict[str, str] | None = None,
+                           default_prompt_name: str | None = None, include_prompt: bool = True) -> list[str]:
+    """Add the sentence-transformers files to an HF folder (its config and weights already there). Returns the names
+    written. Each file is written whole (write_json_atomic), and a folder from an earlier save is replaced."""
+    if pooling not in POOLING_MODES:
+        raise SentenceTransformersError(f"pooling {pooling!r}: expected one of {list(POOLING_MODES)}")
+    folder = Path(folder)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": MODULE_TYPES["transformer"]},
+               {"idx": 1, "name": "1", "path": POOLING_DIR, "type": MODULE_TYPES["pooling"]}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": MODULE_TYPES["normalize"]})
+    hub.write_json_atomic(folder / MODULES, modules)
+    hub.write_json_atomic(folder / ST_CONFIG, {"max_seq_length": int(max_seq_length), "do_lower_case": False})
+    (folder / POOLING_DIR).mkdir(exist_ok=True)
+    flags = {flag: False for flag in ALL_FLAGS}
+    flags[POOLING_FLAGS[pooling]] = True
+    hub.write_json_atomic(folder / POOLING_DIR / "config.json",
+                          {"word_embedding_dimension": int(hidden_size), **flags, "include_prompt": include_prompt})
+    if normalize:
+        (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
+    elif (folder / NORMALIZE_DIR).exists():
+        shutil.rmtree(folder / NORMALIZE_DIR)
+    hub.write_json_atomic(folder / ST_MODEL_CONFIG, {"model_type": "SentenceTransformer",
+                                                     "prompts": dict(prompts or {}),
+                                                     "default_prompt_name": default_prompt_name,
+                                                     "similarity_fn_name": "cosine"})
+    return [MODULES, ST_CONFIG, f"{POOLING_DIR}/config.json", ST_MODEL_CONFIG] + ([NORMALIZE_DIR] if normalize
+                                                                                  else [])
+
+
+def mark_cross_encoder(folder: str | Path) -> None:
+    """Put CrossEncoder's marker into a one-label classification folder's config.json (see the module docstring)."""
+    path = Path(folder) / "config.json"
+    raw, _ = hub.read_config(Path(folder))
+    if raw.get("num_labels", len(raw.get("id2label") or {})) != 1:
+        raise SentenceTransformersError(f"{path}: a cross-encoder has one label; this config has "
+                                        f"{len(raw.get('id2label') or {})}")
+    raw[CROSS_ENCODER_KEY] = {"activation_fn": SIGMOID}
+    hub.write_json_atomic(path, raw)
+
+
+def copy_layout(source: str | Path, out: str | Path) -> list[str]:
+    """Copy an embedding folder's sentence-transformers files to OUT (an export of its weights); [] when SOURCE has
+    none. The files are re-written from what the reader understood, so OUT never carries a module hfport did not
+    check (a Dense layer, say, which `read_st_pooling` refuses)."""
+    if not has_embedding_layout(source):
+        return []
+    pooling, normalize = read_st_pooling(source)
+    layout = read_layout(source)
+    raw, _ = hub.read_config(Path(source))
+    return write_embedding_layout(out, pooling=pooling, normalize=normalize, hidden_size=raw["hidden_size"],
+                                  max_seq_length=layout.max_seq_length or raw.get("max_position_embeddings", 512),
+                                  prompts=layout.prompts, default_prompt_name=layout.default_prompt_name,
+                                  include_prompt=layout.include_prompt)
+
+

@@ -1,0 +1,10 @@
+"""The on-disk formats hfport reads and writes besides the plain HF folder, one module each: detect, read (and the
+names a writer uses). A low floor: these import only config/hub/errors/keymap/nn and the standard library, torch and
+safetensors, so modeling, tasks, pipelines, train and export all read them from below.
+
+    adapter               a LoRA adapter in PEFT's layout (adapter_config.json + adapter_model.safetensors)
+    sentence_transformers a sentence-transformers folder (modules.json, Pooling, Normalize, prompts) and the
+                          CrossEncoder marker
+    onnx                  an ONNX folder (model.onnx, model_quantized.onnx, hfport_onnx.json)
+The run folder (RunDir) is hfport/rundir.py, on the same floor.
+"""

@@ -1,0 +1,154 @@
+"""sentence-embedding: one vector per text, pooled as the folder's sentence-transformers files say (Pooling, Normalize,
+max_seq_length, prompts: hfport/formats/sentence_transformers.py's read_layout), as SentenceTransformer.encode
+computes it. A folder without modules.json pools by mean and does not normalize (sentence-transformers' own default
+for a bare transformers checkpoint). TEI's /embed and OpenAI's embeddings serve through this pipeline.
+
+Per-token hidden states, unpooled, are feature-extraction's (pipelines/features.py), or output="tokens" here.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from ..formats.sentence_transformers import ST_POOLINGS, SentenceLayout, read_layout
+from ..heads import pool
+from .base import Feature, Pipeline, PipelineInputError, check_text, positive_int
+
+POOLINGS = tuple(ST_POOLINGS.values())
+DIRECTIONS = ("right", "left")
+UNPOSITIONED = ("mean", "max", "mean_sqrt_len")  # the poolings over every token, which a prompt's tokens can skew
+
+
+class SentenceEmbeddingPipeline(Pipeline):
+    """task "sentence-embedding": a vector per text, pooled as the folder says (read_layout).
+
+    Options: pooling / normalize (default: the folder's), truncate (cut inputs longer than max_input_length instead
+    of failing them), truncation_direction ("right"|"left"), dimensions (Matryoshka: keep the first n values, then
+    normalize if asked), prompt_name (a prefix from the folder's prompts), output ("sentence" or "tokens": the
+    per-token hidden states, unpooled), with_token_count (each result becomes {"embedding", "tokens"}).
+    An item is a text or a list of token ids (used as given: no special tokens are added)."""
+
+    task = "sentence-embedding"
+    model_task = "feature-extraction"  # the bare encoder; pooling is this pipeline's
+    token_outputs = ("last_hidden_state",)
+    defaults: ClassVar[dict[str, Any]] = {"pooling": None, "normalize": None, "truncate": False,
+                                          "truncation_direction": "right", "dimensions": None, "prompt_name": None,
+                                          "output": "sentence", "with_token_count": False}
+    single_input = (str,)
+    input_description = "a text, a list of token ids, or a list of them"
+
+    def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
+        super().__init__(model, tokenizer, **kwargs)
+        source = model.load_report.source if model.load_report is not None else None
+        self.sentence = read_layout(source) if source and Path(source).is_dir() else SentenceLayout()
+        limits = [n for n in (self.max_positions, self.sentence.max_seq_length) if n is not None]
+        self.max_input_length = min(limits) if limits else None
+        self.dimension = model.config.hidden_size
+        self._left = None  # a left-truncating tokenizer copy, made on first use
+
+    def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
+        if isinstance(inputs, list) and inputs and all(isinstance(x, int) and not isinstance(x, bool) for x in inputs):
+            return [inputs], True  # one input given as token ids
+        return super().normalize(inputs, opts)
+
+    def validate(self, opts: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+        if opts["pooling"] is None:
+            opts["pooling"] = self.sentence.pooling
+        if opts["pooling"] not in POOLINGS:
+            raise ValueError(f"pooling={opts['pooling']!r}: use one of {list(POOLINGS)}")
+        if opts["normalize"] is None:
+            opts["normalize"] = self.sentence.normalize
+        direction = str(opts["truncation_direction"]).lower()
+        if direction not in DIRECTIONS:
+            raise ValueError(f"truncation_direction={opts['truncation_direction']!r}: use 'right' or 'left'")
+        opts["truncation_direction"] = direction
+        positive_int("dimensions", opts["dimensions"], allow_none=True)
+        if opts["dimensions"] is not None and opts["dimensions"] > self.dimension:
+            raise ValueError(f"dimensions={opts['dimensions']}: the model's embeddings have {self.dimension}")
+        name = opts["prompt_name"] if opts["prompt_name"] is not None else self.sentence.default_prompt_name
+        if name is not None and name not in self.sentence.prompts:
+            raise ValueError(f"prompt_name={name!r}: the model's prompts are {sorted(self.sentence.prompts) or 'none'}")
+        opts["_prompt"] = self.sentence.prompts.get(name, "") if name is not None else ""
+        excluded = opts["_prompt"] and not self.sentence.include_prompt
+        opts["_skip"] = self.prompt_tokens(opts["_prompt"]) if excluded else 0  # leading tokens not pooled
+        if opts["output"] not in ("sentence", "tokens"):
+            raise ValueError(f"output={opts['output']!r}: use 'sentence' or 'tokens'")
+        return opts
+
+    def prompt_tokens(self, prompt: str) -> int:
+        """How many leading tokens a prompt takes, as sentence-transformers counts them for include_prompt false: the
+        prompt tokenized alone with its special tokens, less a trailing special token (so the leading [CLS] or <s>
+        is counted and left out of pooling too)."""
+        ids = self.tokenizer(prompt)["input_ids"]
+        return len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
+
+    def tokenizer_for(self, direction: str) -> Any:
+        """The tokenizer truncating on `direction`: a copy for the side the folder does not use (the backend's
+        truncation settings are per call, so sharing one object across both sides would race)."""
+        if direction == self.tokenizer.truncation_side:
+            return self.tokenizer
+        if self._left is None:
+            other = copy.copy(self.tokenizer)
+            other._tokenizer = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+            other.truncation_side = direction
+            self._left = other
+        return self._left
+
+    def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
+        if isinstance(item, list):  # token ids
+            vocab = len(self.tokenizer)
+            bad = [x for x in item if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < vocab]
+            if not item or bad:
+                raise PipelineInputError(f"token ids must be integers in [0, {vocab}); got {bad[:3] or 'none'}")
+            ids = list(item)
+            if opts["truncate"] and self.max_input_length is not None and len(ids) > self.max_input_length:
+                keep = self.max_input_length
+                ids = ids[-keep:] if opts["truncation_direction"] == "left" else ids[:keep]
+            types = [0] * len(ids) if "token_type_ids" in self.tokenizer.model_input_names else None
+            return [Feature(item=-1, input_ids=ids, attention_mask=[1] * len(ids), token_type_ids=types)]
+        text = opts["_prompt"] + check_text(item)
+        kwargs = {}
+        if opts["truncate"] and self.max_input_length is not None:
+            kwargs = {"truncation": True, "max_length": self.max_input_length}
+        tokenizer = self.tokenizer_for(opts["truncation_direction"])
+        enc = tokenizer(text, return_token_type_ids="token_type_ids" in tokenizer.model_input_names,
+                        return_attention_mask=True, **kwargs)
+        if opts["_skip"] and len(enc["input_ids"]) <= opts["_skip"]:
+            raise PipelineInputError(f"nothing of the text is left to pool after its {opts['_skip']}-token prompt "
+                                     "(the model's pooling has include_prompt false); shorten the text's truncation "
+                                     "or use another prompt")
+        return [Feature(item=-1, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                        token_type_ids=enc.get("token_type_ids"))]
+
+    def check_length(self, row: Feature) -> None:
+        n = len(row.input_ids)
+        if self.max_input_length is not None and n > self.max_input_length:
+            raise PipelineInputError(f"{n} tokens, but the model takes at most {self.max_input_length}; "
+                                     "pass truncate=True to cut it")
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return {"last_hidden_state": out.last_hidden_state}  # (B, T, C)
+
+    def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:
+        f = features[0]
+        hidden = f.outputs["last_hidden_state"]  # (T, C), this row's own tokens
+        if opts["output"] == "tokens":
+            out = hidden.tolist()  # TEI's embed_all: raw states, no pooling, no normalization
+        else:
+            if opts["_skip"] and opts["pooling"] in UNPOSITIONED and isinstance(item, str):
+                # include_prompt false: the prompt's tokens are not pooled (cls and lasttoken pick one position)
+                hidden = hidden[opts["_skip"]:]  # (T - prompt, C), never empty (preprocess checked)
+            vector = pool(hidden[None], None, opts["pooling"])[0]  # (C,)
+            if opts["dimensions"] is not None:
+                vector = vector[: opts["dimensions"]]  # (D,): Matryoshka, cut before normalizing
+            if opts["normalize"]:
+                vector = F.normalize(vector, p=2, dim=-1)
+            out = vector.tolist()
+        return {"embedding": out, "tokens": len(f.input_ids)} if opts["with_token_count"] else out
