@@ -24,6 +24,7 @@ from . import hub
 from .errors import CheckpointError, ConfigError
 from .modeling import legacy_name
 from .registry import get_family
+from .staging import staged
 
 # Never copied to the output: weights in other formats and pickles (a .bin beside the weights is often a pickled
 # training_args.bin; optimizer.pt, rng_state.pth, ...).
@@ -84,14 +85,9 @@ def convert(folder: str | os.PathLike[str], out: str | os.PathLike[str], *, max_
             raise CheckpointError(f"{index}: tensors listed but not in their shard: {missing[:5]}")
     state, dropped = deduplicate(state, tied_source_preference(folder))
 
-    staging = hub.staging_dir(out)
-    try:
+    with staged(out, merge=True, stale=hub.STALE_WEIGHTS) as staging:
         files = hub.save_weights(state, staging, max_shard_size)
         copied, skipped = copy_other_files(folder, staging, {p.name for p in sources} | {hub.PT_INDEX})
-        hub.publish(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return ConvertResult(out, [p.name for p in sources], len(state), dropped, files, copied, skipped)
 
 

@@ -24,6 +24,9 @@ from .errors import CheckpointError, ConfigError, ModelNotFoundError
 
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
+# what a save into an existing folder removes if it did not write it: weights of an earlier save in another layout
+# (one file then, shards now, or the reverse)
+STALE_WEIGHTS = ("model*.safetensors*",)
 PT_WEIGHTS = "pytorch_model.bin"  # pickled: read only by `hfport convert`, never by a loading path
 PT_INDEX = "pytorch_model.bin.index.json"
 PICKLE_WEIGHTS = (PT_WEIGHTS, PT_INDEX, "tf_model.h5", "flax_model.msgpack")
@@ -266,25 +269,3 @@ def save_weights(state: dict[str, torch.Tensor], folder: Path, max_shard_size: i
     for name in stale:
         (folder / name).unlink(missing_ok=True)
     return names
-
-
-def staging_dir(target: Path) -> Path:
-    """A fresh sibling folder to write into before the final rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
-    staging.mkdir()  # plain mkdir, not mkdtemp: a new target gets the umask's mode, not 0700
-    return staging
-
-
-def publish(staging: Path, target: Path) -> None:
-    """Move a fully written staging folder into place: a rename for a new target, file by file otherwise."""
-    if not target.exists():
-        os.replace(staging, target)
-        return
-    written = {item.name for item in staging.iterdir()}
-    for item in staging.iterdir():
-        os.replace(item, target / item.name)
-    shutil.rmtree(staging, ignore_errors=True)
-    for old in target.glob("model*.safetensors*"):  # weights of an earlier save in another layout
-        if old.name not in written:
-            old.unlink()

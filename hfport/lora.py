@@ -28,7 +28,6 @@ import copy
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from .heads import MaskedLMHead
 from .modeling import BASE_TASK, LoadReport, PreTrainedEncoder, on_meta
 from .nn.lora import AdapterInfo, LoraError, LoraLinear, has_lora, lora_modules, merged, wrap
 from .registry import get_family
+from .staging import staged
 from .tasks import PEFT_TASK_TYPES, TASKS_OF_PEFT, EncoderModel, adapter_task, read_adapter_config
 from .tokenizer import has_tokenizer_files
 
@@ -209,8 +209,7 @@ def save_adapter(model: PreTrainedEncoder, folder: str | os.PathLike[str], base:
         raise LoraError("save_adapter: the model carries no LoRA adapter")
     target = Path(folder)
     base = base if base is not None else model.adapter.base
-    staging = hub.staging_dir(target)
-    try:
+    with staged(target, merge=True, stale=hub.STALE_WEIGHTS) as staging:
         tensors, seen = {}, set()
         for key, value in adapter_state_dict(model).items():
             value = value.detach().contiguous().cpu()
@@ -223,10 +222,6 @@ def save_adapter(model: PreTrainedEncoder, folder: str | os.PathLike[str], base:
         config.pop("torch_dtype", None)
         config["dtype"] = str(model.dtype).removeprefix("torch.")
         hub.write_json_atomic(staging / "config.json", config)
-        hub.publish(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return target
 
 

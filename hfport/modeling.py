@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
@@ -28,6 +27,7 @@ from .heads import MaskedLMHead
 from .keymap import KeyMap
 from .nn.layers import EncoderLayer
 from .registry import Family, get_family
+from .staging import staged
 
 log = logging.getLogger("hfport")
 
@@ -349,17 +349,12 @@ class PreTrainedEncoder(nn.Module):
     def save_pretrained(self, save_directory: str | os.PathLike[str], max_shard_size: int | str = "5GB") -> Path:
         """config.json + model.safetensors (or shards + index) in the layout transformers writes."""
         target = Path(save_directory)
-        staging = hub.staging_dir(target)
-        try:
+        with staged(target, merge=True, stale=hub.STALE_WEIGHTS) as staging:
             hub.save_weights(self.hf_state_dict(), staging, max_shard_size)
             config = self.config.to_hf_dict(self.family.architectures[self.task])
             config["dtype"] = str(self.dtype).removeprefix("torch.")
             config.pop("torch_dtype", None)
             hub.write_json_atomic(staging / "config.json", config)
-            hub.publish(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         return target
 
     # --- facts --------------------------------------------------------------------------------------------
