@@ -21,6 +21,7 @@ from hfport.train import metrics_csv, read_metrics
 
 from ..deps import StoreDep
 from ..errors import ApiError
+from ..idempotency import IdempotencyKeyHeader, idempotent
 from ..schemas import ERRORS, ExportJobRequest, FinetuneJobRequest, JobInfo, JobList, JobStatus
 from ..security import confine
 from ..settings import Settings, SettingsDep
@@ -95,8 +96,10 @@ def _submit_finetune(config: dict[str, Any], register_as: str | None, store: Sto
 
 @router.post("/finetune", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
              summary="Queue a fine-tune (data by path inside the allowed dirs)")
-def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep) -> JobInfo:
-    return _submit_finetune(body.config, body.register_as, store, settings)
+def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep,
+                    idempotency_key: IdempotencyKeyHeader = None) -> JobInfo:
+    return idempotent(store, settings, "finetune", idempotency_key, body,
+                      lambda s: _submit_finetune(body.config, body.register_as, s, settings))
 
 
 async def _save_upload(upload: UploadFile, settings: Settings, folder: Path) -> str:
@@ -149,7 +152,12 @@ async def submit_finetune_upload(
 
 @router.post("/export", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
              summary="Queue an export to an HF folder (+ verification)")
-def submit_export(body: ExportJobRequest, store: StoreDep, settings: SettingsDep) -> JobInfo:
+def submit_export(body: ExportJobRequest, store: StoreDep, settings: SettingsDep,
+                  idempotency_key: IdempotencyKeyHeader = None) -> JobInfo:
+    return idempotent(store, settings, "export", idempotency_key, body, lambda s: _submit_export(body, s, settings))
+
+
+def _submit_export(body: ExportJobRequest, store: Store, settings: Settings) -> JobInfo:
     job_id = store.new_id()
     config = {"model": _model_path(body.model, store, settings, run_ok=True),
               "options": body.options.model_dump(exclude_unset=True), "verify": body.verify,
