@@ -92,7 +92,7 @@ class Fence:
         self.every_s = min(heartbeat_s, self.budget_s / 3)
         self._sent_ok = 0.0  # monotonic time the last successful renewal was sent
         self._progress = time.monotonic()
-        self._stalls = stall_s is not None
+        self._stalls = False  # from begin(): the engine's import is no stall
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -109,6 +109,11 @@ class Fence:
         self._sent_ok = sent
         threading.Thread(target=self._renew, name="lease-renewer", daemon=True).start()
         threading.Thread(target=self._watch, name="lease-watchdog", daemon=True).start()
+
+    def begin(self) -> None:
+        """The job itself starts (the engine is imported): the stall clock starts now."""
+        self._progress = time.monotonic()
+        self._stalls = self.stall_s is not None
 
     def progress(self) -> None:
         self._progress = time.monotonic()

@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None, fence: Fence | None = None) -> int:
             return code
     if fence is not None:
         store, job = FencedStore(fence.store, fence), fence.store.get_job(args.job_id)
+        fence.begin()
     else:  # a rank other than 0: reads only
         store = open_store(os.environ.get("HFPORT_DATABASE_URL") or args.data_dir / "hfport.db")
         job = store.get_job(args.job_id)

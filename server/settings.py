@@ -46,6 +46,9 @@ class Settings(BaseSettings):
                                              "for job_lease_s minus this (its own monotonic clock, from when it "
                                              "sent the last renewal that succeeded) kills itself, so it is dead "
                                              "before another worker may take the job; default 20% of the lease")
+    job_start_grace_s: float = Field(30.0, ge=0, description="a claimed job's first lease runs this much longer, to "
+                                                              "cover the start of its process until it renews the "
+                                                              "lease itself")
     job_stall_s: float = Field(1800.0, gt=0, description="a fine-tune with no step progress this long stops renewing "
                                                          "its lease and is killed and requeued (liveness is "
                                                          "progress, not pulse)")

@@ -197,7 +197,7 @@ class Worker:
         self._sync_held()
         self._check_leases()
         while len(self.procs) < self.settings.max_concurrent_jobs and not self._stop.is_set():
-            job = self.store.claim_next(self.id)
+            job = self.store.claim_next(self.id, self.settings.job_start_grace_s)
             if job is None:
                 break
             self._spawn(job)

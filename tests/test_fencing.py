@@ -149,7 +149,7 @@ def test_a_job_cut_off_from_the_database_dies_before_its_lease_runs_out(pg_serve
     link = SilentLink(("127.0.0.1", pg_server.port))
     lease_s, margin_s = 4.0, 0.8
     job = store.create_job("finetune", {**hanging_config(inputs, tmp_path), "max_steps": 20})
-    claimed = store.claim_next("w-cut")
+    claimed = store.claim_next("w-cut", start_grace_s=30.0)  # as the worker does: covers the process's start
     proc = subprocess.Popen(
         [str(hanging), "-m", "server.fence", "server.jobrun", job["id"], "--data-dir", str(tmp_path), "--attempt",
          str(claimed["attempts"]), "--heartbeat", "0.3", "--lease-s", str(lease_s), "--lease-margin-s",

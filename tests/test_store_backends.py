@@ -370,6 +370,19 @@ def test_every_write_of_a_lost_attempt_is_refused(store):
     assert store.get_job(job["id"])["result"] == {"ok": True}
 
 
+def test_start_grace_covers_the_first_lease_only(store):
+    """A claim with a start grace is not stale until grace + lease have passed; the job's own first renewal replaces
+    it with an ordinary lease."""
+    job = store.create_job("export", CFG)
+    store.claim_next("A", start_grace_s=30.0)
+    assert store.get_job(job["id"])["heartbeat_at"] > store.db_now() + 25
+    assert store.stale_running(5.0) == []
+    assert store.heartbeat(job["id"], lease=Lease(job["id"], 1, 5.0))
+    assert abs(store.get_job(job["id"])["heartbeat_at"] - store.db_now()) < 5
+    _age_heartbeat(store, job["id"], 6)
+    assert [j["id"] for j in store.stale_running(5.0)] == [job["id"]]
+
+
 def test_concurrent_submissions_with_one_key_create_one_job(target):
     """8 threads (own connections) submit with one Idempotency-Key at once: one job; the others are told which job
     the key names (the unique key decides, not a check before the insert). An expired key is free again."""

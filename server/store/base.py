@@ -152,24 +152,27 @@ class BaseStore:
             rows = db.execute("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status").fetchall()
             return {r["status"]: r["n"] for r in rows}
 
-    def claim_next(self, worker_id: str | None = None) -> dict[str, Any] | None:
+    def claim_next(self, worker_id: str | None = None, start_grace_s: float = 0.0) -> dict[str, Any] | None:
         """The oldest queued job, switched to running (attempts + 1, lease to `worker_id`) in one statement; None
-        when none waits. On PostgreSQL the inner SELECT skips rows another worker is claiming right now."""
+        when none waits. On PostgreSQL the inner SELECT skips rows another worker is claiming right now.
+        `start_grace_s`: the first lease runs that much longer (heartbeat_at in the future), to cover the start of
+        the job's process until its own first renewal, which overwrites it. Nothing of the job writes before."""
         with self.connect() as db:
             row = db.execute(
                 f"UPDATE jobs SET status = 'running', started_at = COALESCE(started_at, {self.NOW}), "
-                f"heartbeat_at = {self.NOW}, attempts = attempts + 1, pid = NULL, error = NULL, worker_id = ? "
+                f"heartbeat_at = {self.NOW} + ?, attempts = attempts + 1, pid = NULL, error = NULL, worker_id = ? "
                 f"WHERE id = (SELECT id FROM jobs WHERE status = 'queued' ORDER BY created_at, id LIMIT 1"
-                f"{self.SKIP_LOCKED}) AND status = 'queued' RETURNING *", (worker_id,)).fetchone()
+                f"{self.SKIP_LOCKED}) AND status = 'queued' RETURNING *", (start_grace_s, worker_id)).fetchone()
             if row is None:
                 return None
             self._append(db, row["id"], {"type": "status", "status": "running", "worker": worker_id})
             return self._job(row)
 
     def set_pid(self, job_id: str, pid: int | None, attempt: int | None = None) -> None:
+        """Record the job's process (of `attempt`, if given). The lease is left as the claim set it."""
         fence, args = ("", ()) if attempt is None else (" AND attempts = ? AND status = 'running'", (attempt,))
         with self.connect() as db:
-            db.execute(f"UPDATE jobs SET pid = ?, heartbeat_at = {self.NOW} WHERE id = ?{fence}", (pid, job_id, *args))
+            db.execute(f"UPDATE jobs SET pid = ? WHERE id = ?{fence}", (pid, job_id, *args))
 
     def _held(self, lease: Lease) -> tuple[str, tuple]:
         """SQL condition (and its arguments): `lease`'s attempt still holds the job by the database clock."""
