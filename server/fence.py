@@ -86,7 +86,8 @@ class Fence:
     def __init__(self, store: BaseStore, lease: Lease, *, heartbeat_s: float, margin_s: float,
                  stall_s: float | None = None, die=_die):
         if not 0 <= margin_s < lease.lease_s:
-            raise ValueError(f"lease margin {margin_s:g} s must be at least 0 and below the lease ({lease.lease_s:g} s)")
+            raise ValueError(f"lease margin {margin_s:g} s must be at least 0 and below the lease "
+                             f"({lease.lease_s:g} s)")
         self.store, self.lease, self.stall_s, self._die = store, lease, stall_s, die
         self.budget_s = lease.lease_s - margin_s
         self.every_s = min(heartbeat_s, self.budget_s / 3)

@@ -171,6 +171,37 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def watch_cut(store, job_id: str, victim_pid: int, run: Path, cut_at: float) -> dict[str, Any]:
+    """After the cut: the job process dies, the run folder stays as it left it, and only then does another worker
+    requeue the job (lease rule). Returns what stale_writes needs and the figures."""
+    wait_for(lambda: not pid_alive(victim_pid), LEASE_S + 10, "the cut-off job process to stop itself", poll=0.02)
+    dead_at = time.time()
+    at_death = snapshot(run)
+    requeue = wait_for(lambda: next((e for _, e in store.events_after(job_id)
+                                     if "lease expired" in e.get("reason", "")), None), 60,
+                       "another worker to requeue the job by the lease rule", poll=0.02)
+    assert snapshot(run) == at_death  # nothing wrote into the run folder from its death to the takeover
+    assert all(mtime <= dead_at * 1e9 for mtime, _ in at_death.values())
+    # dead before the lease ran out by the database clock (one host: the clocks are the same)
+    assert dead_at < requeue["time"], (dead_at, requeue["time"])
+    return {"dead_at": dead_at, "requeue": requeue, "cut_to_death_s": round(dead_at - cut_at, 2),
+            "cut_to_takeover_s": round(requeue["time"] - cut_at, 2)}
+
+
+def stale_writes(store, job_id: str, cut: dict[str, Any]) -> int:
+    """Writes of the cut-off attempt the database holds from its death on: after the requeue only the claim by the
+    next worker, then that attempt's own history from its `resumed` event (so 0 when fencing holds)."""
+    events = [e for _, e in store.events_after(job_id)]
+    requeue, dead_at = cut["requeue"], cut["dead_at"]
+    resumed = [e for e in events if e["type"] == "resumed"]
+    assert len(resumed) == 1, resumed
+    after = [e for e in events if e["time"] >= requeue["time"]]
+    assert after[0] == requeue and after[1]["status"] == "running", after[:3]
+    late = [e for e in after[2:] if e["time"] < resumed[0]["time"]]
+    late += [e for e in events if dead_at < e["time"] < requeue["time"] and e["type"] != "status"]
+    return len(late)
+
+
 def run_partition(root: Path, minilm: Path, part: Partition, pg: PgServer, n_short: int = 2) -> dict[str, Any]:
     """The scenario; returns its figures (and asserts every promise on the way)."""
     data = root / "data"
@@ -199,20 +230,9 @@ def run_partition(root: Path, minilm: Path, part: Partition, pg: PgServer, n_sho
         assert pid_alive(victim_pid)
 
         part.cut()
-        cut_at = time.time()
-        wait_for(lambda: not pid_alive(victim_pid), LEASE_S + 10, "the cut-off job process to stop itself",
-                 poll=0.02)
-        dead_at = time.time()
-        at_death = snapshot(run)
+        cut = watch_cut(store, long_id, victim_pid, run, time.time())
         assert workers.procs["w-cut"].poll() is None, "the partitioned worker itself stays alive"
-        requeue = wait_for(lambda: next((e for _, e in store.events_after(long_id)
-                                         if "lease expired" in e.get("reason", "")), None), 60,
-                           "the root worker to requeue the job by the lease rule", poll=0.02)
-        assert snapshot(run) == at_death  # nothing wrote into the run folder from its death to the takeover
-        assert all(mtime <= dead_at * 1e9 for mtime, _ in at_death.values())
-        # dead before the lease ran out by the database clock (one host: the clocks are the same)
-        assert dead_at < requeue["time"], (dead_at, requeue["time"])
-        figures.update(cut_to_death_s=round(dead_at - cut_at, 2), cut_to_takeover_s=round(requeue["time"] - cut_at, 2))
+        figures.update({k: v for k, v in cut.items() if k.startswith("cut_")})
 
         short = {**job_config(train, 4, 2), "model": str(model)}
         shorts = [store.create_job("finetune", {**short, "output_dir": str(data / f"short-{i}")})["id"]
@@ -221,17 +241,9 @@ def run_partition(root: Path, minilm: Path, part: Partition, pg: PgServer, n_sho
                  "the long job (resumed by the root worker) and the short ones to end", poll=0.5)
         done = store.get_job(long_id)
         assert done["status"] == "succeeded" and done["attempts"] == 2 and done["worker_id"] == "w-root", done
+        figures["stale_writes"] = stale_writes(store, long_id, cut)
+        assert figures["stale_writes"] == 0
         events = store.events_after(long_id)
-        resumed = [e for _, e in events if e["type"] == "resumed"]
-        assert len(resumed) == 1, resumed
-        # the database holds no write of the cut-off attempt after it lost the lease: after the requeue, only the
-        # claim by the root worker, then attempt 2's own history (resumed, steps after its checkpoint, the end)
-        after = [e for _, e in events if e["time"] >= requeue["time"]]
-        assert after[0] == requeue and after[1]["status"] == "running" and after[1]["worker"] == "w-root", after[:3]
-        stale = [e for e in after[2:] if e["time"] < resumed[0]["time"]]
-        figures["stale_writes"] = len(stale) + sum(e["time"] > dead_at for _, e in events if e["time"] < requeue["time"]
-                                                   and e["type"] != "status")
-        assert figures["stale_writes"] == 0, stale
         steps = [e["step"] for _, e in events if e["type"] == "train"]
         assert steps == list(range(1, LONG_STEPS + 1)), steps  # each step once, in order, across the two attempts
         assert done["result"]["summary"]["steps"] == LONG_STEPS

@@ -415,6 +415,28 @@ def test_concurrent_submissions_with_one_key_create_one_job(target):
         s.close()
 
 
+def test_a_fenced_job_process_is_requeued_not_failed(store, target, tmp_path):
+    """A job process that stopped itself because it could not renew its lease (exit FENCED) goes back to the queue
+    (while its attempt still holds the job); any other exit without a result fails the job as before."""
+    from server.fence import FENCED
+
+    worker = Worker(settings_for(tmp_path, target, job_lease_s=5.0), store)
+    fenced, crashed = (store.create_job("export", CFG)["id"] for _ in range(2))
+    for job_id, code in ((fenced, FENCED), (crashed, 3)):
+        claimed = store.claim_next(worker.id)
+        assert claimed["id"] == job_id
+        proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"], start_new_session=True)
+        proc.wait()
+        worker.procs[job_id], worker.attempts[job_id] = proc, claimed["attempts"]
+    worker._reap()
+    assert store.get_job(fenced)["status"] == "queued"
+    assert "could not renew its lease in time" in store.events_after(fenced)[-1][1]["reason"]
+    assert store.get_job(crashed)["status"] == "failed" and "exited with code 3" in store.get_job(crashed)["error"]
+    assert not store.requeue(fenced, "again", attempt=1)  # requeue is fenced by the attempt too
+    store.claim_next("B")
+    assert not store.requeue(fenced, "stale attempt", attempt=1) and store.requeue(fenced, "ok", attempt=2)
+
+
 # --- bad input at start ----------------------------------------------------------------------------------------
 
 

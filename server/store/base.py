@@ -110,8 +110,8 @@ class BaseStore:
             raise ValueError(f"job kind {kind!r}; valid: {KINDS}")
         job_id = job_id or self.new_id()
         with self.connect() as db:
-            db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at) VALUES (?, ?, 'queued', ?, {self.NOW})",
-                       (job_id, kind, json.dumps(config)))
+            db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at) "
+                       f"VALUES (?, ?, 'queued', ?, {self.NOW})", (job_id, kind, json.dumps(config)))
             if idempotency is not None:
                 self._take_key(db, idempotency, job_id)
             self._append(db, job_id, {"type": "status", "status": "queued"})
