@@ -176,17 +176,27 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.1):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def cut_partitioned(cluster: Cluster, partition: Any, ns_url: str, urls: list[str], train: Path) -> dict[str, Any]:
-    """Start the worker of the namespace, give it a long job and cut its link once the job has a checkpoint."""
+def start_partitioned(cluster: Cluster, partition: Any, ns_url: str, urls: list[str], train: Path) -> str:
+    """Start the worker of the namespace (alone: it claims the long job submitted here)."""
     cluster.start_worker("w-part", ns_url, partition.prefix())
-    job_id = submit(urls, 1, job_config(train, LONG_STEPS, 5))
+    job_id = submit(urls, 1, job_config(train, 4 * LONG_STEPS, 5))  # long: it must still run once the others start
+    wait_for(lambda: cluster.store.get_job(job_id)["status"] == "running", 60, "the partitioned worker's claim")
+    return job_id
+
+
+def cut_partitioned(cluster: Cluster, partition: Any, job_id: str) -> dict[str, Any]:
+    """Once its job has a checkpoint, cut the partitioned worker's link; then the job process dies and another
+    worker takes over (tests/test_partition.watch_cut asserts the order and the untouched run folder)."""
+    from tests.test_partition import watch_cut
+
     run = cluster.data / "runs" / job_id / "run"
-    held = wait_for(lambda: (j := cluster.store.get_job(job_id))["status"] == "running" and j["pid"]
+    held = wait_for(lambda: (j := cluster.store.get_job(job_id))["status"] != "running" and j or j["pid"]
                     and any(run.glob("checkpoints/step-*/trainer_state.json")) and j, 180,
                     "the partitioned worker's job to write a checkpoint")
-    assert held["worker_id"] == "w-part", held
+    assert held["worker_id"] == "w-part" and held["status"] == "running", f"it ended before the cut: {held}"
     partition.cut()
-    return {"job_id": job_id, "run": run, "pid": held["pid"], "cut_at": time.time()}
+    cut = {"job_id": job_id, "cut_at_step": held["progress"].get("step")}
+    return {**cut, **watch_cut(cluster.store, job_id, held["pid"], run, time.time())}
 
 
 def rejoin(cluster: Cluster, partition: Any) -> float:
@@ -203,7 +213,7 @@ def run_chaos(data: Path, url: str, minilm: Path, n_jobs: int, *, workers: int =
     """Run the scenario; returns figures. `chaos=False`: no kills (throughput with `workers` workers).
     `partition` (tests.test_partition.Partition) and `ns_url` (the database as the namespace reaches it): one more
     worker, cut off mid-job."""
-    from tests.test_partition import stale_writes, watch_cut  # (it imports this module)
+    from tests.test_partition import stale_writes  # (it imports this module)
 
     data.mkdir(parents=True)
     _, train = build_inputs(data / "inputs", minilm)
@@ -216,11 +226,10 @@ def run_chaos(data: Path, url: str, minilm: Path, n_jobs: int, *, workers: int =
         r = httpx.post(f"{urls[0]}/models", json={"name": "base", "path": str(data / "inputs" / "base")}, timeout=60)
         assert r.status_code == 201, r.text
         started = time.time()
-        cut = cut_partitioned(cluster, partition, ns_url, urls, train) if partition is not None else None
+        cut_off = start_partitioned(cluster, partition, ns_url, urls, train) if partition is not None else None
         for i in range(workers):
             cluster.start_worker(f"w{i + 1}")
-        if cut is not None:
-            cut.update(watch_cut(cluster.store, cut["job_id"], cut["pid"], cut["run"], cut["cut_at"]))
+        cut = cut_partitioned(cluster, partition, cut_off) if cut_off is not None else None
 
         long_id = submit(urls, 0, job_config(train, LONG_STEPS if chaos else SHORT_STEPS, 5 if chaos else 2))
         short = job_config(train, SHORT_STEPS, 2)
@@ -266,7 +275,7 @@ def run_chaos(data: Path, url: str, minilm: Path, n_jobs: int, *, workers: int =
         check(cluster, live, ids, events, [*head, long_id] if chaos else head, data)
         figures["retried_submissions"] = len(RETRIED)
         if cut is not None:
-            figures.update({k: v for k, v in cut.items() if k.startswith("cut_to")})
+            figures.update({k: v for k, v in cut.items() if k.startswith("cut_")})
             figures["stale_writes"] = stale_writes(cluster.store, cut["job_id"], cut)
             assert figures["stale_writes"] == 0
             log = cluster.worker_log("w-part")
@@ -281,6 +290,8 @@ def run_chaos(data: Path, url: str, minilm: Path, n_jobs: int, *, workers: int =
             print(f"--- {name}\n{cluster.worker_log(name)}")
         for api in cluster.apis:
             print(f"--- {api.log_path.name}\n{api.read_log()}")
+        for job_log in sorted((data / "runs").glob("*/job.log"), key=lambda p: p.stat().st_mtime)[-3:]:
+            print(f"--- {job_log}\n{job_log.read_text(errors='replace')[-3000:]}")
         raise
     finally:
         cluster.stop()

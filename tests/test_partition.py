@@ -177,6 +177,10 @@ def watch_cut(store, job_id: str, victim_pid: int, run: Path, cut_at: float) -> 
     wait_for(lambda: not pid_alive(victim_pid), LEASE_S + 10, "the cut-off job process to stop itself", poll=0.02)
     dead_at = time.time()
     at_death = snapshot(run)
+    last = store.get_job(job_id)  # the last renewal that reached the database, before the cut
+    assert last["attempts"] == 1 and last["status"] == "running", last
+    # the lease it held would have run out (by the database clock) only after the process was already gone
+    assert dead_at < last["heartbeat_at"] + LEASE_S, (dead_at, last["heartbeat_at"])
     requeue = wait_for(lambda: next((e for _, e in store.events_after(job_id)
                                      if "lease expired" in e.get("reason", "")), None), 60,
                        "another worker to requeue the job by the lease rule", poll=0.02)
