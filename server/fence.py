@@ -63,7 +63,7 @@ def _die(code: int, reason: str) -> None:
     """SIGKILL the other processes of this job's process group (its ranks and children), then exit at once: no
     cleanup handler runs (the training loop's `finally` would complete a checkpoint save into the run folder)."""
     try:
-        os.write(2, f"job process {os.getpid()}: {reason}; stopping now (exit {code})\n".encode())
+        os.write(2, f"job process {os.getpid()} at {time.time():.3f}: {reason}; stopping now (exit {code})\n".encode())
     except OSError:
         pass
     group, me = os.getpgrp(), os.getpid()

@@ -196,7 +196,7 @@ def cut_partitioned(cluster: Cluster, partition: Any, job_id: str) -> dict[str, 
     assert held["worker_id"] == "w-part" and held["status"] == "running", f"it ended before the cut: {held}"
     partition.cut()
     cut = {"job_id": job_id, "cut_at_step": held["progress"].get("step")}
-    return {**cut, **watch_cut(cluster.store, job_id, held["pid"], run, time.time())}
+    return {**cut, **watch_cut(cluster.store, job_id, held["pid"], run, time.time(), run.parent / "job.log")}
 
 
 def rejoin(cluster: Cluster, partition: Any) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -171,21 +172,29 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def watch_cut(store, job_id: str, victim_pid: int, run: Path, cut_at: float) -> dict[str, Any]:
-    """After the cut: the job process dies, the run folder stays as it left it, and only then does another worker
-    requeue the job (lease rule). Returns what stale_writes needs and the figures."""
+def kill_time(job_log: Path, pid: int) -> float:
+    """When the job process `pid` began to kill itself, by its own last words in job.log (the test's own polling may
+    lag on a loaded host; this does not)."""
+    match = re.search(rf"job process {pid} at ([0-9.]+): .* stopping now", job_log.read_text(errors="replace"))
+    assert match, job_log.read_text(errors="replace")[-3000:]
+    return float(match.group(1))
+
+
+def watch_cut(store, job_id: str, victim_pid: int, run: Path, cut_at: float, job_log: Path) -> dict[str, Any]:
+    """After the cut: the job process kills itself before its lease can run out, the run folder stays as it left it,
+    and only then does another worker requeue the job (lease rule). Returns what stale_writes needs and figures."""
     wait_for(lambda: not pid_alive(victim_pid), LEASE_S + 10, "the cut-off job process to stop itself", poll=0.02)
-    dead_at = time.time()
     at_death = snapshot(run)
     last = store.get_job(job_id)  # the last renewal that reached the database, before the cut
     assert last["attempts"] == 1 and last["status"] == "running", last
+    dead_at = kill_time(job_log, victim_pid)
     # the lease it held would have run out (by the database clock) only after the process was already gone
     assert dead_at < last["heartbeat_at"] + LEASE_S, (dead_at, last["heartbeat_at"])
     requeue = wait_for(lambda: next((e for _, e in store.events_after(job_id)
                                      if "lease expired" in e.get("reason", "")), None), 60,
                        "another worker to requeue the job by the lease rule", poll=0.02)
     assert snapshot(run) == at_death  # nothing wrote into the run folder from its death to the takeover
-    assert all(mtime <= dead_at * 1e9 for mtime, _ in at_death.values())
+    assert all(mtime < requeue["time"] * 1e9 for mtime, _ in at_death.values())
     # dead before the lease ran out by the database clock (one host: the clocks are the same)
     assert dead_at < requeue["time"], (dead_at, requeue["time"])
     return {"dead_at": dead_at, "requeue": requeue, "cut_to_death_s": round(dead_at - cut_at, 2),
@@ -234,7 +243,7 @@ def run_partition(root: Path, minilm: Path, part: Partition, pg: PgServer, n_sho
         assert pid_alive(victim_pid)
 
         part.cut()
-        cut = watch_cut(store, long_id, victim_pid, run, time.time())
+        cut = watch_cut(store, long_id, victim_pid, run, time.time(), data / "runs" / long_id / "job.log")
         assert workers.procs["w-cut"].poll() is None, "the partitioned worker itself stays alive"
         figures.update({k: v for k, v in cut.items() if k.startswith("cut_")})
 
@@ -275,6 +284,8 @@ def run_partition(root: Path, minilm: Path, part: Partition, pg: PgServer, n_sho
         assert workers.procs["w-cut"].poll() is None
         return figures
     except BaseException:
+        print("--- jobs", json.dumps([store.get_job(j["id"]) for j in store.list_jobs()], default=str)[:4000])
+        print("--- db now", store.db_now(), "workers", store.list_workers())
         for worker_id in ("w-cut", "w-root"):
             path = data.parent / f"{worker_id}.log"
             if path.exists():

@@ -437,6 +437,29 @@ def test_a_fenced_job_process_is_requeued_not_failed(store, target, tmp_path):
     assert not store.requeue(fenced, "stale attempt", attempt=1) and store.requeue(fenced, "ok", attempt=2)
 
 
+def test_a_vanished_client_does_not_hold_a_lease_row_locked(pg_server):  # noqa: F811
+    """PostgreSQL: a client cut off inside a transaction (here: one that stops talking while it holds the job row
+    locked) is ended by the server after idle_in_transaction_s, so the requeue by another worker goes through, and
+    the cut-off client's write is rolled back, never committed."""
+    from server.store.postgres import PostgresStore
+
+    url = pg_server.create_database(fresh_db_name())
+    stale, other = PostgresStore(url, idle_in_transaction_s=1.0), open_store(url)
+    job = other.create_job("export", CFG)
+    other.claim_next("A")
+    _age_heartbeat(other, job["id"], 60)
+    with pytest.raises(StoreUnavailable):
+        with stale.connect() as db:
+            db.execute("SELECT id FROM jobs WHERE id = ? FOR UPDATE", (job["id"],))
+            db.execute("UPDATE jobs SET progress = ? WHERE id = ?", ('{"stale": 1}', job["id"]))
+            started = time.monotonic()
+            assert other.requeue(job["id"], "lease expired", stale_after=5.0)  # waits for the lock, then moves
+            took = time.monotonic() - started
+    assert 0.5 < took < 10, took
+    assert other.get_job(job["id"])["progress"] == {}  # the vanished client's write never landed
+    stale.close(), other.close()
+
+
 # --- bad input at start ----------------------------------------------------------------------------------------
 
 
