@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import Depends, Request
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -74,6 +74,14 @@ class Settings(BaseSettings):
                                                    "batch_token_budgets and keep the smallest near the best rate")
     batch_token_budgets: list[int] = Field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384], min_length=1,
                                            description="padded-token budgets batch_autotune tries")
+
+    @model_validator(mode="after")
+    def _lease_margin_fits(self) -> Settings:
+        if self.lease_margin_s >= self.job_lease_s:
+            raise ValueError(f"job_lease_margin_s ({self.lease_margin_s:g} s) must be below the job lease "
+                             f"HFPORT_LEASE_S ({self.job_lease_s:g} s): a job process dies when no renewal succeeded "
+                             f"for the lease minus the margin")
+        return self
 
     @field_validator("models", mode="before")
     @classmethod

@@ -208,13 +208,23 @@ def rejoin(cluster: Cluster, partition: Any) -> float:
     return round(time.time() - healed, 2)
 
 
+def partition_figures(cluster: Cluster, cut: dict[str, Any]) -> dict[str, Any]:
+    """After the run: the cut-off attempt's writes after its death (0), and the rejoined worker is clean."""
+    from tests.test_partition import stale_writes  # (it imports this module)
+
+    figures = {k: v for k, v in cut.items() if k.startswith("cut_")}
+    figures["stale_writes"] = stale_writes(cluster.store, cut["job_id"], cut)
+    assert figures["stale_writes"] == 0
+    log = cluster.worker_log("w-part")
+    assert "Traceback" not in log and cluster.workers["w-part"].poll() is None, log
+    return figures
+
+
 def run_chaos(data: Path, url: str, minilm: Path, n_jobs: int, *, workers: int = 2, chaos: bool = True,
               clients: int = 8, partition: Any = None, ns_url: str | None = None) -> dict[str, Any]:
     """Run the scenario; returns figures. `chaos=False`: no kills (throughput with `workers` workers).
     `partition` (tests.test_partition.Partition) and `ns_url` (the database as the namespace reaches it): one more
     worker, cut off mid-job."""
-    from tests.test_partition import stale_writes  # (it imports this module)
-
     data.mkdir(parents=True)
     _, train = build_inputs(data / "inputs", minilm)
     cluster = Cluster(data, url)
@@ -275,11 +285,7 @@ def run_chaos(data: Path, url: str, minilm: Path, n_jobs: int, *, workers: int =
         check(cluster, live, ids, events, [*head, long_id] if chaos else head, data)
         figures["retried_submissions"] = len(RETRIED)
         if cut is not None:
-            figures.update({k: v for k, v in cut.items() if k.startswith("cut_")})
-            figures["stale_writes"] = stale_writes(cluster.store, cut["job_id"], cut)
-            assert figures["stale_writes"] == 0
-            log = cluster.worker_log("w-part")
-            assert "Traceback" not in log and cluster.workers["w-part"].poll() is None, log
+            figures.update(partition_figures(cluster, cut))
         if chaos:
             resumed = next(e for _, e in events[long_id] if e["type"] == "resumed")
             figures["resumed_at_step"] = resumed["step"]

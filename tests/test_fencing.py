@@ -185,3 +185,13 @@ def test_a_job_cut_off_from_the_database_dies_before_its_lease_runs_out(pg_serve
             proc.wait()
         link.close()
         store.close()
+
+
+def test_fencing_settings(tmp_path):
+    """Defaults: a generous stall limit (30 min) and a margin of a fifth of the lease; a margin that leaves no lease
+    is refused at start, naming both settings."""
+    settings = Settings(data_dir=tmp_path)
+    assert settings.job_stall_s == 1800 and settings.lease_margin_s == 0.2 * settings.job_lease_s
+    assert settings.idempotency_ttl_s == 24 * 3600
+    with pytest.raises(ValueError, match=r"job_lease_margin_s \(5 s\) must be below the job lease HFPORT_LEASE_S"):
+        Settings(data_dir=tmp_path, job_lease_s=4, job_lease_margin_s=5)

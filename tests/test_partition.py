@@ -215,6 +215,28 @@ def stale_writes(store, job_id: str, cut: dict[str, Any]) -> int:
     return len(late)
 
 
+def rejoin(store, workers: Workers, part: Partition, config: dict[str, Any]) -> float:
+    """The link comes back: the stale worker notices, its job is gone, it takes new work (alone now: the root worker
+    is stopped first) and its log shows no error. Returns seconds from the heal to its next heartbeat."""
+    workers.stop("w-root")
+    part.heal()
+    healed_at = time.time()
+    wait_for(lambda: next((w["age"] < 1.5 for w in store.list_workers() if w["id"] == "w-cut"), False), 120,
+             "the stale worker to heartbeat again", poll=0.2)
+    took = round(time.time() - healed_at, 2)
+    last = store.create_job("finetune", config)["id"]
+    wait_for(lambda: store.get_job(last)["status"] in TERMINAL, 180, "the rejoined worker to run a new job", poll=0.5)
+    rejoined = store.get_job(last)
+    assert rejoined["status"] == "succeeded" and rejoined["worker_id"] == "w-cut", rejoined
+    finals = Counter(e["status"] for _, e in store.events_after(last) if e["type"] == "status"
+                     and e["status"] in TERMINAL)
+    assert finals == Counter({"succeeded": 1}), finals
+    log = workers.log("w-cut")
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+    assert workers.procs["w-cut"].poll() is None
+    return took
+
+
 def run_partition(root: Path, minilm: Path, part: Partition, pg: PgServer, n_short: int = 2) -> dict[str, Any]:
     """The scenario; returns its figures (and asserts every promise on the way)."""
     data = root / "data"
@@ -262,26 +284,12 @@ def run_partition(root: Path, minilm: Path, part: Partition, pg: PgServer, n_sho
         assert done["result"]["summary"]["steps"] == LONG_STEPS
         finished = snapshot(run)
 
-        # the link comes back: the stale worker notices, its job is gone, it takes new work (alone now)
-        workers.stop("w-root")
-        part.heal()
-        healed_at = time.time()
-        wait_for(lambda: next((w["age"] < 1.5 for w in store.list_workers() if w["id"] == "w-cut"), False), 120,
-                 "the stale worker to heartbeat again", poll=0.2)
-        figures["heal_to_rejoin_s"] = round(time.time() - healed_at, 2)
-        last = store.create_job("finetune", {**short, "output_dir": str(data / "after-heal")})["id"]
-        wait_for(lambda: store.get_job(last)["status"] in TERMINAL, 180, "the rejoined worker to run a new job",
-                 poll=0.5)
-        rejoined = store.get_job(last)
-        assert rejoined["status"] == "succeeded" and rejoined["worker_id"] == "w-cut", rejoined
-        for job_id in [long_id, *shorts, last]:
+        figures["heal_to_rejoin_s"] = rejoin(store, workers, part, {**short, "output_dir": str(data / "after-heal")})
+        for job_id in [long_id, *shorts]:
             finals = Counter(e["status"] for _, e in store.events_after(job_id)
                              if e["type"] == "status" and e["status"] in TERMINAL)
             assert finals == Counter({"succeeded": 1}), (job_id, finals)
         assert snapshot(run) == finished  # nobody wrote into the taken-over run afterwards
-        log = workers.log("w-cut")
-        assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
-        assert workers.procs["w-cut"].poll() is None
         return figures
     except BaseException:
         print("--- jobs", json.dumps([store.get_job(j["id"]) for j in store.list_jobs()], default=str)[:4000])
