@@ -3,7 +3,9 @@
 The worker (server/worker.py) starts it; it reads the job from the store, runs the same engine as `hfport finetune`
 (or hfport.export for export jobs) and writes events, progress, the result and the final status back. A fine-tune
 whose output folder already holds checkpoints (the server died while it ran) resumes from the latest one.
-Exit codes: 0 succeeded, 1 failed (the error is in the store), 143 terminated (cancel or server shutdown).
+Every write it makes carries its attempt's lease, and it dies before another worker may take the job over
+(server/fence.py). Exit codes: 0 succeeded, 1 failed (the error is in the store), 143 terminated (cancel or server
+shutdown), 75 fenced (its lease was lost or not renewed in time), 76 stalled (no step progress within stall_s).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -23,26 +24,13 @@ from hfport import PERF, RunDir
 from hfport.errors import HfportError
 from hfport.export import DEFAULT_FORMAT
 
+from . import fence as fencing
+from .fence import Fence, FencedStore
 from .store import BaseStore, open_store
 
 log = logging.getLogger("hfport.server.jobrun")
 
 PROGRESS_KEYS = ("step", "epoch")
-
-
-def _die_with_parent(parent_pid: int | None) -> None:
-    """Linux: SIGKILL this process when the server that started it dies, so no orphan keeps training."""
-    if parent_pid is None or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(143)
 
 
 def _is_main_rank() -> bool:
@@ -121,17 +109,24 @@ def run_export(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, fence: Fence | None = None) -> int:
+    """Run the job. `fence`: already started by `python -m server.fence` (which also checked the attempt); without
+    it, this process starts its own (after the engine's import: fine for a long lease)."""
     parser = argparse.ArgumentParser(prog="python -m server.jobrun")
     parser.add_argument("job_id")
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--heartbeat", type=float, default=2.0)
     parser.add_argument("--attempt", type=int, default=None,
-                        help="the attempt the worker claimed (fencing token): heartbeats and the final status "
-                             "apply only while it still holds the job")
+                        help="the attempt the worker claimed (fencing token): every write applies only while it "
+                             "still holds the job (default: the job's current attempt)")
+    parser.add_argument("--lease-s", type=float, default=30.0, help="the job lease, by the database clock")
+    parser.add_argument("--lease-margin-s", type=float, default=None,
+                        help="die when no renewal succeeded for lease-s minus this (default a fifth of the lease)")
+    parser.add_argument("--stall-s", type=float, default=None,
+                        help="a fine-tune with no step progress this long is stopped and requeued")
     args = parser.parse_args(argv)
-    _die_with_parent(args.parent_pid)
+    fencing.die_with_parent(args.parent_pid)
     # HFPORT_VERBOSITY reaches the job process (and each of its ranks) through the environment
     hfport.verbosity.configure(hfport.verbosity.from_env(default="verbose"),
                                "%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -141,31 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(143)  # the worker records why (cancel or shutdown); nothing to write from here
 
     signal.signal(signal.SIGTERM, terminated)
-    # the worker passes a PostgreSQL URL in the environment (never argv); otherwise the data dir's SQLite file
-    store = open_store(os.environ.get("HFPORT_DATABASE_URL") or args.data_dir / "hfport.db")
-    job = store.get_job(args.job_id)
-    if job is None:
-        print(f"no job {args.job_id} in {store.describe()}", file=sys.stderr)
-        return 2
-    if args.attempt is not None and (job["attempts"] != args.attempt or job["status"] != "running"):
-        print(f"job {args.job_id}: attempt {args.attempt} no longer holds it ({job['status']}, attempt "
-              f"{job['attempts']})", file=sys.stderr)
-        return 0
     main_rank = _is_main_rank()
-    stop = threading.Event()
-    if main_rank:
-        def beat() -> None:
-            while not stop.wait(args.heartbeat):
-                try:
-                    held = store.heartbeat(job["id"], args.attempt)
-                except Exception as e:  # noqa: BLE001 - a database blip: the lease rule decides, not this thread
-                    log.warning("heartbeat failed: %s", e)
-                    continue
-                if not held:  # requeued or claimed again elsewhere: that attempt owns the job now
-                    log.warning("job %s: attempt %s lost its lease; stopping", job["id"], args.attempt)
-                    os._exit(143)
-
-        threading.Thread(target=beat, daemon=True, name="heartbeat").start()
+    if main_rank and fence is None:  # the other ranks write nothing to the store; the fence kills them with rank 0
+        fence, code = fencing.start(argv if argv is not None else sys.argv[1:])
+        if code is not None:
+            return code
+    if fence is not None:
+        store, job = FencedStore(fence.store, fence), fence.store.get_job(args.job_id)
+        fence.begin()
+    else:  # a rank other than 0: reads only
+        store = open_store(os.environ.get("HFPORT_DATABASE_URL") or args.data_dir / "hfport.db")
+        job = store.get_job(args.job_id)
     try:
         result = (run_finetune if job["kind"] == "finetune" else run_export)(store, job)
     except Exception as e:  # noqa: BLE001 - every failure ends up in the store, with its message
@@ -173,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         if main_rank:
             store.finish(job["id"], "failed", error=f"{type(e).__name__}: {e}", attempt=args.attempt)
         return 1
-    finally:
-        stop.set()
     if main_rank:
         store.finish(job["id"], "succeeded", result=result, attempt=args.attempt)
     return 0

@@ -44,6 +44,19 @@ class Settings(BaseSettings):
     job_lease_s: float = Field(30.0, gt=0, description="a running job (or a worker) silent this long is presumed "
                                                        "dead, by the database's clock (HFPORT_LEASE_S)",
                                validation_alias=AliasChoices("HFPORT_LEASE_S", "HFPORT_JOB_LEASE_S"))
+    job_lease_margin_s: float | None = Field(None, ge=0, description="a job process that has not renewed its lease "
+                                             "for job_lease_s minus this (its own monotonic clock, from when it "
+                                             "sent the last renewal that succeeded) kills itself, so it is dead "
+                                             "before another worker may take the job; default 20% of the lease")
+    job_start_grace_s: float = Field(30.0, ge=0, description="a claimed job's first lease runs this much longer, to "
+                                                              "cover the start of its process until it renews the "
+                                                              "lease itself")
+    job_stall_s: float = Field(1800.0, gt=0, description="a fine-tune with no step progress this long stops renewing "
+                                                         "its lease and is killed and requeued (liveness is "
+                                                         "progress, not pulse)")
+    idempotency_ttl_s: float = Field(24 * 3600.0, gt=0, description="how long an Idempotency-Key on POST /jobs/* "
+                                                                    "names its job (a retry within it gets the "
+                                                                    "same job)")
     cancel_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling")
     # scale-out: a shared job store, and which parts of the service this process runs
     database_url: str | None = Field(None, description="postgresql://user:password@host:port/db selects a shared "
@@ -63,6 +76,14 @@ class Settings(BaseSettings):
                                                    "batch_token_budgets and keep the smallest near the best rate")
     batch_token_budgets: list[int] = Field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384], min_length=1,
                                            description="padded-token budgets batch_autotune tries")
+
+    @model_validator(mode="after")
+    def _lease_margin_fits(self) -> Settings:
+        if self.lease_margin_s >= self.job_lease_s:
+            raise ValueError(f"job_lease_margin_s ({self.lease_margin_s:g} s) must be below the job lease "
+                             f"HFPORT_LEASE_S ({self.job_lease_s:g} s): a job process dies when no renewal succeeded "
+                             f"for the lease minus the margin")
+        return self
 
     @field_validator("models", mode="before")
     @classmethod
@@ -95,6 +116,11 @@ class Settings(BaseSettings):
     def roots(self) -> list[Path]:
         """Every folder server-side paths may resolve into (the data dir first)."""
         return [self.data_dir, *[p for p in self.allowed_dirs if p != self.data_dir]]
+
+    @property
+    def lease_margin_s(self) -> float:
+        """The self-fencing margin (job_lease_margin_s, default a fifth of the lease)."""
+        return self.job_lease_margin_s if self.job_lease_margin_s is not None else 0.2 * self.job_lease_s
 
     @property
     def db_path(self) -> Path:

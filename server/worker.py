@@ -6,10 +6,14 @@ share one PostgreSQL store.
 - identity: a worker claims its id (HFPORT_WORKER_ID, default hostname-pid) in the `workers` table and heartbeats
   it; a second worker with the id of a live one is refused at start (DuplicateWorker, naming the holder).
 - leases: a claim makes this worker the job's lease holder (jobs.worker_id) and bumps jobs.attempts, the fencing
-  token; the job process heartbeats the lease for that attempt only. A running job whose heartbeat is older than
+  token; the job process renews the lease for that attempt only, every write it makes is fenced by it, and it kills
+  itself before the lease can run out unrenewed (server/fence.py). A running job whose heartbeat is older than
   job_lease_s BY THE DATABASE'S CLOCK is presumed dead and requeued by whichever worker notices first; its next
   run resumes from the last checkpoint. A worker that finds one of its own jobs taken from it (it was silent too
-  long) kills that job's process: the newer attempt owns the job, and the old one can no longer finish it.
+  long) kills that job's process: the newer attempt owns the job, and the old one can no longer write to it. A job
+  process of this worker that stops renewing while alive (hung) is killed and requeued.
+- liveness is progress: a fine-tune with no step progress within job_stall_s stops itself (exit STALLED) and is
+  requeued with the reason; one that lost or could not renew its lease (exit FENCED) is requeued too.
 - cancel: the worker holding a job polls its cancel_requested flag, so a cancel sent to any API process reaches a
   job on any host: SIGTERM to the process group, SIGKILL after cancel_grace_s; the job ends `cancelled`.
 - a process that exits without writing a final status (killed, crashed) fails the job with its exit code.
@@ -33,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .fence import FENCED, STALLED
 from .settings import Settings
 from .store import BaseStore, StoreUnavailable, duplicate_worker_error
 
@@ -192,7 +197,7 @@ class Worker:
         self._sync_held()
         self._check_leases()
         while len(self.procs) < self.settings.max_concurrent_jobs and not self._stop.is_set():
-            job = self.store.claim_next(self.id)
+            job = self.store.claim_next(self.id, self.settings.job_start_grace_s)
             if job is None:
                 break
             self._spawn(job)
@@ -213,9 +218,12 @@ class Worker:
     def _spawn(self, job: dict[str, Any]) -> None:
         log_dir = self.settings.runs_dir / job["id"]
         log_dir.mkdir(parents=True, exist_ok=True)
-        args = ["-m", "server.jobrun", job["id"], "--data-dir", str(self.settings.data_dir),
+        # server.fence renews the lease before the engine is imported, then runs server.jobrun (job_processes
+        # finds it by "server.jobrun" and the job id in its argv)
+        args = ["-m", "server.fence", "server.jobrun", job["id"], "--data-dir", str(self.settings.data_dir),
                 "--parent-pid", str(os.getpid()), "--heartbeat", str(self.settings.job_heartbeat_s),
-                "--attempt", str(job["attempts"])]
+                "--attempt", str(job["attempts"]), "--lease-s", str(self.settings.job_lease_s),
+                "--lease-margin-s", str(self.settings.lease_margin_s), "--stall-s", str(self.settings.job_stall_s)]
         gpus = gpu_count() if job["kind"] == "finetune" else 0
         if gpus > 1:  # one process per GPU, the same engine `accelerate launch hfport finetune` runs
             cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus),
@@ -233,7 +241,7 @@ class Worker:
                                     env=env, start_new_session=True, cwd=str(self.settings.data_dir))
         self.procs[job["id"]] = proc
         self.attempts[job["id"]] = job["attempts"]
-        self.store.set_pid(job["id"], proc.pid)
+        self.store.set_pid(job["id"], proc.pid, attempt=job["attempts"])
         log.info("job %s (%s) attempt %d started as pid %d", job["id"], job["kind"], job["attempts"], proc.pid)
 
     def _mine(self, job: dict[str, Any] | None) -> bool:
@@ -259,11 +267,25 @@ class Worker:
                 continue  # the job process wrote its final status itself, or the job is another attempt's now
             if job["cancel_requested"]:
                 self.store.finish(job_id, "cancelled", attempt=attempt)
+            elif (why := self._requeue_reason(job, code)) is not None:
+                if self.store.requeue(job_id, why, worker_id=self.id, attempt=attempt):
+                    log.warning("job %s: %s", job_id, why)
             else:
                 self.store.finish(job_id, "failed", attempt=attempt,
                                   error=f"the job process exited with code {code} without a result; see "
                                         f"{self.settings.runs_dir / job_id / 'job.log'}"
                                         f"{_tail(self.settings.runs_dir / job_id / 'job.log')}")
+
+    def _requeue_reason(self, job: dict[str, Any], code: int) -> str | None:
+        """Why a job process that ended without a result goes back to the queue (None: it failed)."""
+        last = self.store.events_after(job["id"], max(0, job["event_seq"] - 1))
+        if code == STALLED or (last and last[-1][1].get("type") == "stalled"):  # under accelerate: the launcher's code
+            return (f"no step progress within {self.settings.job_stall_s:g} s (HFPORT_JOB_STALL_S): attempt "
+                    f"{job['attempts']} was killed; the job resumes from its last checkpoint")
+        if code == FENCED:
+            return (f"attempt {job['attempts']} could not renew its lease in time and stopped itself; the job resumes "
+                    f"from its last checkpoint")
+        return None
 
     def _sync_held(self) -> None:
         """For the jobs this worker runs: pass on a cancel request (sent to any API process), and kill a job whose
@@ -301,7 +323,17 @@ class Worker:
             return
         self._last_lease_check = now
         for job in self.store.stale_running(self.settings.job_lease_s):
-            if job["id"] in self.procs or job_processes(job["id"]):
+            proc = self.procs.get(job["id"])
+            if proc is not None and self._mine(job):  # alive but silent (hung): it cannot be trusted to stop itself
+                self._signal(proc, signal.SIGKILL)
+                proc.wait()
+                self._forget(job["id"])
+                if self.store.requeue(job["id"], "the job process stopped renewing its lease (hung); killed, the "
+                                      "job resumes from its last checkpoint", worker_id=self.id,
+                                      attempt=job["attempts"]):
+                    log.warning("job %s: its process stopped renewing its lease; killed and requeued", job["id"])
+                continue
+            if proc is not None or job_processes(job["id"]):
                 continue
             if self.store.requeue(job["id"], "lease expired; the job resumes from its last checkpoint",
                                   stale_after=self.settings.job_lease_s):

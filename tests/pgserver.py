@@ -42,8 +42,11 @@ def require_bin() -> Path:
 
 
 class PgServer:
-    def __init__(self, bindir: Path):
-        self.bindir = bindir
+    """`listen`: the addresses it listens on (more than loopback: the partition test's veth address);
+    `trust_hosts`: further client addresses pg_hba lets in (loopback always may)."""
+
+    def __init__(self, bindir: Path, listen: tuple[str, ...] = ("127.0.0.1",), trust_hosts: tuple[str, ...] = ()):
+        self.bindir, self.listen, self.trust_hosts = bindir, listen, trust_hosts
         self.root = Path(tempfile.mkdtemp(prefix="hfport-pg-"))
         self.data = self.root / "cluster"
         self.port = free_port()
@@ -63,15 +66,18 @@ class PgServer:
         if self.as_root:
             shutil.chown(self.root, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-sync")
+        if self.trust_hosts:
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                hba.writelines(f"host all all {host}/32 trust\n" for host in self.trust_hosts)
         # throwaway cluster: durability off (fsync, synchronous commit) for speed; sockets in the temp folder
-        opts = (f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c synchronous_commit=off "
+        opts = (f"-h {','.join(self.listen)} -p {self.port} -k {self.root} -c fsync=off -c synchronous_commit=off "
                 f"-c full_page_writes=off -c max_connections=200")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", opts, "-w", "-t", "60",
                   "start")
         return self
 
-    def url(self, dbname: str = "postgres") -> str:
-        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{dbname}"
+    def url(self, dbname: str = "postgres", host: str = "127.0.0.1") -> str:
+        return f"postgresql://{self.user}@{host}:{self.port}/{dbname}"
 
     def create_database(self, name: str) -> str:
         import psycopg

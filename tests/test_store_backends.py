@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from server.settings import Settings
-from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, MissingDriver, SchemaTooNew, Store,
-                          StoreError, StoreUnavailable, open_store)
+from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, IdempotencyKey, IdempotencyKeyUsed, Lease,
+                          LeaseLost, MissingDriver, SchemaTooNew, Store, StoreError, StoreUnavailable, open_store)
 from server.worker import Worker
 from tests.pgserver import fresh_db_name, pg_server  # noqa: F401 - the session fixture
 
@@ -318,6 +318,146 @@ def test_a_lost_lease_stops_the_old_attempt(store, target, tmp_path):
     assert not store.finish(job["id"], "succeeded", attempt=1)
     assert store.get_job(job["id"])["worker_id"] == "B"
     assert store.finish(job["id"], "succeeded", attempt=2)
+
+
+def _row(store: BaseStore, job_id: str) -> dict:
+    with store.connect() as db:
+        return dict(db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
+
+
+def test_every_write_of_a_lost_attempt_is_refused(store):
+    """Heartbeat, progress, events, the final status and the model registration of an attempt land only while it
+    holds the lease: the same attempt AND not expired by the database clock. A refused write changes nothing."""
+    job = store.create_job("finetune", CFG)
+    store.claim_next("A")
+    mine = Lease(job["id"], 1, 5.0)
+    assert store.heartbeat(job["id"], lease=mine)
+    store.update_progress(job["id"], {"step": 1}, {"loss": 1.0}, lease=mine)
+    store.add_event(job["id"], {"type": "train", "step": 1}, lease=mine)
+    store.register_model("from-attempt-1", "/runs/a/best", None, lease=mine)
+    store.drop_events_past(job["id"], 1, lease=mine)
+    with pytest.raises(ValueError, match="cannot write to job"):
+        store.add_event("another-job", {"type": "x"}, lease=mine)
+
+    def refused(lease: Lease, name: str) -> None:
+        before, events = _row(store, job["id"]), store.events_after(job["id"])
+        assert not store.heartbeat(job["id"], lease=lease)
+        for write in (lambda: store.update_progress(job["id"], {"step": 99}, {"loss": 9.0}, lease=lease),
+                      lambda: store.add_event(job["id"], {"type": "train", "step": 99}, lease=lease),
+                      lambda: store.drop_events_past(job["id"], 0, lease=lease),
+                      lambda: store.register_model(name, "/stale", None, replace=True, lease=lease)):
+            with pytest.raises(LeaseLost, match=rf"job {job['id']}: attempt {lease.attempt} no longer holds"):
+                write()
+        assert not store.finish(job["id"], "succeeded", result={"stale": True}, lease=lease)
+        assert _row(store, job["id"]) == before and store.events_after(job["id"]) == events  # nothing landed
+        assert store.get_model(name) is None
+
+    # 1. the lease ran out by the database clock (nobody requeued it yet): the same attempt is refused, and its
+    # heartbeat does not revive it
+    _age_heartbeat(store, job["id"], 60)
+    refused(mine, "late-1")
+    assert store.get_job(job["id"])["status"] == "running"
+    # 2. requeued and claimed again: attempt 1 is refused even with a fresh heartbeat on the row
+    assert store.requeue(job["id"], "lease expired", stale_after=5.0)
+    assert store.claim_next("B")["attempts"] == 2
+    refused(mine, "late-2")
+    theirs = Lease(job["id"], 2, 5.0)
+    store.add_event(job["id"], {"type": "train", "step": 2}, lease=theirs)
+    assert store.finish(job["id"], "succeeded", result={"ok": True}, lease=theirs)
+    # 3. finished: even the winning attempt writes nothing more
+    with pytest.raises(LeaseLost):
+        store.add_event(job["id"], {"type": "train", "step": 3}, lease=theirs)
+    assert store.get_job(job["id"])["result"] == {"ok": True}
+
+
+def test_start_grace_covers_the_first_lease_only(store):
+    """A claim with a start grace is not stale until grace + lease have passed; the job's own first renewal replaces
+    it with an ordinary lease."""
+    job = store.create_job("export", CFG)
+    store.claim_next("A", start_grace_s=30.0)
+    assert store.get_job(job["id"])["heartbeat_at"] > store.db_now() + 25
+    assert store.stale_running(5.0) == []
+    assert store.heartbeat(job["id"], lease=Lease(job["id"], 1, 5.0))
+    assert abs(store.get_job(job["id"])["heartbeat_at"] - store.db_now()) < 5
+    _age_heartbeat(store, job["id"], 6)
+    assert [j["id"] for j in store.stale_running(5.0)] == [job["id"]]
+
+
+def test_concurrent_submissions_with_one_key_create_one_job(target):
+    """8 threads (own connections) submit with one Idempotency-Key at once: one job; the others are told which job
+    the key names (the unique key decides, not a check before the insert). An expired key is free again."""
+    stores = [open_store(target) for _ in range(8)]
+    key = IdempotencyKey("finetune", "retry-1", "hash-a", 3600.0)
+    won, lost, barrier = [], [], threading.Barrier(len(stores))
+
+    def submit(i: int) -> None:
+        barrier.wait()
+        try:
+            won.append(stores[i].create_job("finetune", CFG, idempotency=key)["id"])
+        except IdempotencyKeyUsed as e:
+            lost.append((e.job_id, e.body_hash))
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(won) == 1 and lost == [(won[0], "hash-a")] * 7
+    assert [j["id"] for j in stores[0].list_jobs()] == won  # the losers' job rows rolled back
+    assert stores[0].idempotent_job("finetune", "retry-1", 3600.0) == (won[0], "hash-a")
+    assert stores[0].idempotent_job("export", "retry-1", 3600.0) is None  # keys are per route
+    with stores[0].connect() as db:
+        db.execute(f"UPDATE idempotency_keys SET created_at = {stores[0].NOW} - 7200")
+    assert stores[0].idempotent_job("finetune", "retry-1", 3600.0) is None
+    again = stores[0].create_job("finetune", CFG, idempotency=key)
+    assert again["id"] != won[0] and stores[0].idempotent_job("finetune", "retry-1", 3600.0)[0] == again["id"]
+    for s in stores:
+        s.close()
+
+
+def test_a_fenced_job_process_is_requeued_not_failed(store, target, tmp_path):
+    """A job process that stopped itself because it could not renew its lease (exit FENCED) goes back to the queue
+    (while its attempt still holds the job); any other exit without a result fails the job as before."""
+    from server.fence import FENCED
+
+    worker = Worker(settings_for(tmp_path, target, job_lease_s=5.0), store)
+    fenced, crashed = (store.create_job("export", CFG)["id"] for _ in range(2))
+    for job_id, code in ((fenced, FENCED), (crashed, 3)):
+        claimed = store.claim_next(worker.id)
+        assert claimed["id"] == job_id
+        proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"], start_new_session=True)
+        proc.wait()
+        worker.procs[job_id], worker.attempts[job_id] = proc, claimed["attempts"]
+    worker._reap()
+    assert store.get_job(fenced)["status"] == "queued"
+    assert "could not renew its lease in time" in store.events_after(fenced)[-1][1]["reason"]
+    assert store.get_job(crashed)["status"] == "failed" and "exited with code 3" in store.get_job(crashed)["error"]
+    assert not store.requeue(fenced, "again", attempt=1)  # requeue is fenced by the attempt too
+    store.claim_next("B")
+    assert not store.requeue(fenced, "stale attempt", attempt=1) and store.requeue(fenced, "ok", attempt=2)
+
+
+def test_a_vanished_client_does_not_hold_a_lease_row_locked(pg_server):  # noqa: F811
+    """PostgreSQL: a client cut off inside a transaction (here: one that stops talking while it holds the job row
+    locked) is ended by the server after idle_in_transaction_s, so the requeue by another worker goes through, and
+    the cut-off client's write is rolled back, never committed."""
+    from server.store.postgres import PostgresStore
+
+    url = pg_server.create_database(fresh_db_name())
+    stale, other = PostgresStore(url, idle_in_transaction_s=1.0), open_store(url)
+    job = other.create_job("export", CFG)
+    other.claim_next("A")
+    _age_heartbeat(other, job["id"], 60)
+    with pytest.raises(StoreUnavailable):
+        with stale.connect() as db:
+            db.execute("SELECT id FROM jobs WHERE id = ? FOR UPDATE", (job["id"],))
+            db.execute("UPDATE jobs SET progress = ? WHERE id = ?", ('{"stale": 1}', job["id"]))
+            started = time.monotonic()
+            assert other.requeue(job["id"], "lease expired", stale_after=5.0)  # waits for the lock, then moves
+            took = time.monotonic() - started
+    assert 0.5 < took < 10, took
+    assert other.get_job(job["id"])["progress"] == {}  # the vanished client's write never landed
+    stale.close(), other.close()
 
 
 # --- bad input at start ----------------------------------------------------------------------------------------

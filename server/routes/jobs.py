@@ -23,6 +23,7 @@ from hfport.train import metrics_csv, read_metrics
 
 from ..deps import StoreDep
 from ..errors import ApiError, ShapedErrorRoute, error_response, validation_message
+from ..idempotency import IdempotencyKeyHeader, idempotent
 from ..schemas import ERRORS, ExportJobRequest, FinetuneJobConfig, FinetuneJobRequest, JobInfo, JobList, JobStatus
 from ..security import confine
 from ..settings import Settings, SettingsDep
@@ -121,8 +122,10 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
     return JobInfo(**store.create_job("finetune", stored, job_id))
 
 
-def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep) -> JobInfo:
-    return _submit_finetune(body.config, body.register_as, store, settings)
+def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep,
+                    idempotency_key: IdempotencyKeyHeader = None) -> JobInfo:
+    return idempotent(store, settings, "finetune", idempotency_key, body,
+                      lambda s: _submit_finetune(body.config, body.register_as, s, settings))
 
 
 router.add_api_route("/finetune", submit_finetune, methods=["POST"], response_model=JobInfo,
@@ -185,7 +188,12 @@ async def submit_finetune_upload(
 
 @router.post("/export", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
              summary="Queue an export in one of the export formats (+ verification)")
-def submit_export(body: ExportJobRequest, store: StoreDep, settings: SettingsDep) -> JobInfo:
+def submit_export(body: ExportJobRequest, store: StoreDep, settings: SettingsDep,
+                  idempotency_key: IdempotencyKeyHeader = None) -> JobInfo:
+    return idempotent(store, settings, "export", idempotency_key, body, lambda s: _submit_export(body, s, settings))
+
+
+def _submit_export(body: ExportJobRequest, store: Store, settings: Settings) -> JobInfo:
     job_id = store.new_id()
     config = {"model": _model_path(body.model, store, settings, run_ok=True), "format": body.format,
               "options": body.options, "verify": body.verify,

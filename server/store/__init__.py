@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import KINDS, STATUSES, TERMINAL, BaseStore, duplicate_worker_error
-from .errors import DuplicateWorker, MissingDriver, SchemaTooNew, StoreError, StoreUnavailable
+from .base import KINDS, STATUSES, TERMINAL, BaseStore, IdempotencyKey, Lease, duplicate_worker_error
+from .errors import (DuplicateWorker, IdempotencyKeyUsed, LeaseLost, MissingDriver, SchemaTooNew, StoreError,
+                     StoreUnavailable)
 from .migrations import LATEST as SCHEMA_VERSION
 from .sqlite import SQLiteStore
 
 Store = SQLiteStore  # the embedded default, by its historical name: Store(path)
 
 __all__ = ["KINDS", "STATUSES", "TERMINAL", "SCHEMA_VERSION", "BaseStore", "SQLiteStore", "Store", "open_store",
-           "StoreError", "StoreUnavailable", "SchemaTooNew", "DuplicateWorker", "MissingDriver",
-           "duplicate_worker_error"]
+           "Lease", "IdempotencyKey", "StoreError", "StoreUnavailable", "SchemaTooNew", "DuplicateWorker",
+           "MissingDriver", "LeaseLost", "IdempotencyKeyUsed", "duplicate_worker_error"]
 
 SCHEMES = ("postgresql://", "postgres://")
 

@@ -10,6 +10,12 @@ workers  one heartbeat row per live worker id
 Time: every timestamp the store writes, and every lease comparison, uses the DATABASE's clock (`NOW` below), never
 the caller's. Workers on hosts whose clocks disagree, or a worker whose clock jumps, still agree on whose lease ran
 out, because the only clock consulted is the database server's.
+
+Fencing: every write a job attempt makes (lease renewal, progress, events, the final status, the model it
+registers) takes a `Lease` (job id, attempt, lease_s) and lands only if, in the same transaction, that attempt still
+holds the job: status running, attempts equal to its token, and heartbeat_at within lease_s of the database clock.
+Otherwise nothing is written: heartbeat/finish return False, the others raise LeaseLost. The row is locked while
+checked (FOR UPDATE on PostgreSQL, the write lock on SQLite), so a requeue cannot slip in between check and write.
 """
 
 from __future__ import annotations
@@ -17,15 +23,31 @@ from __future__ import annotations
 import json
 import uuid
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NamedTuple
 
-from .errors import DuplicateWorker
+from .errors import DuplicateWorker, IdempotencyKeyUsed, LeaseLost
 from .migrations import migrate
 
 KINDS = ("finetune", "export")
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
 _JSON_COLUMNS = ("config", "progress", "metrics", "result")
+
+
+class Lease(NamedTuple):
+    """One attempt's hold on a job: its fencing token (jobs.attempts at the claim) and the lease length the
+    database clock judges it by."""
+    job_id: str
+    attempt: int
+    lease_s: float
+
+
+class IdempotencyKey(NamedTuple):
+    """A submission's Idempotency-Key: unique per route while younger than ttl_s (database clock)."""
+    route: str
+    key: str
+    body_hash: str
+    ttl_s: float
 
 
 class BaseStore:
@@ -79,15 +101,38 @@ class BaseStore:
     def new_id() -> str:
         return uuid.uuid4().hex[:12]
 
-    def create_job(self, kind: str, config: dict[str, Any], job_id: str | None = None) -> dict[str, Any]:
+    def create_job(self, kind: str, config: dict[str, Any], job_id: str | None = None,
+                   idempotency: IdempotencyKey | None = None) -> dict[str, Any]:
+        """Queue a job. With `idempotency`: the key is inserted in the same transaction, and when a live row for it
+        exists already (a concurrent or earlier submission) the job is rolled back and IdempotencyKeyUsed names the
+        job the key holds: the unique key decides, not a check before the insert."""
         if kind not in KINDS:
             raise ValueError(f"job kind {kind!r}; valid: {KINDS}")
         job_id = job_id or self.new_id()
         with self.connect() as db:
-            db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at) VALUES (?, ?, 'queued', ?, {self.NOW})",
-                       (job_id, kind, json.dumps(config)))
+            db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at) "
+                       f"VALUES (?, ?, 'queued', ?, {self.NOW})", (job_id, kind, json.dumps(config)))
+            if idempotency is not None:
+                self._take_key(db, idempotency, job_id)
             self._append(db, job_id, {"type": "status", "status": "queued"})
         return self.get_job(job_id)
+
+    def _take_key(self, db: Any, idem: IdempotencyKey, job_id: str) -> None:
+        db.execute(f"DELETE FROM idempotency_keys WHERE created_at < {self.NOW} - ?", (idem.ttl_s,))  # expired ones
+        row = db.execute(f"INSERT INTO idempotency_keys (route, key, body_hash, job_id, created_at) "
+                         f"VALUES (?, ?, ?, ?, {self.NOW}) ON CONFLICT (route, key) DO NOTHING RETURNING job_id",
+                         (idem.route, idem.key, idem.body_hash, job_id)).fetchone()
+        if row is None:  # raising rolls the job row back with it
+            held = db.execute("SELECT job_id, body_hash FROM idempotency_keys WHERE route = ? AND key = ?",
+                              (idem.route, idem.key)).fetchone()
+            raise IdempotencyKeyUsed(idem.route, idem.key, held["job_id"], held["body_hash"])
+
+    def idempotent_job(self, route: str, key: str, ttl_s: float) -> tuple[str, str] | None:
+        """(job id, body hash) the key names on `route`, if it was used within ttl_s (database clock)."""
+        with self.connect() as db:
+            row = db.execute(f"SELECT job_id, body_hash FROM idempotency_keys WHERE route = ? AND key = ? "
+                             f"AND created_at >= {self.NOW} - ?", (route, key, ttl_s)).fetchone()
+            return (row["job_id"], row["body_hash"]) if row else None
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         with self.connect() as db:
@@ -107,38 +152,65 @@ class BaseStore:
             rows = db.execute("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status").fetchall()
             return {r["status"]: r["n"] for r in rows}
 
-    def claim_next(self, worker_id: str | None = None) -> dict[str, Any] | None:
+    def claim_next(self, worker_id: str | None = None, start_grace_s: float = 0.0) -> dict[str, Any] | None:
         """The oldest queued job, switched to running (attempts + 1, lease to `worker_id`) in one statement; None
-        when none waits. On PostgreSQL the inner SELECT skips rows another worker is claiming right now."""
+        when none waits. On PostgreSQL the inner SELECT skips rows another worker is claiming right now.
+        `start_grace_s`: the first lease runs that much longer (heartbeat_at in the future), to cover the start of
+        the job's process until its own first renewal, which overwrites it. Nothing of the job writes before."""
         with self.connect() as db:
             row = db.execute(
                 f"UPDATE jobs SET status = 'running', started_at = COALESCE(started_at, {self.NOW}), "
-                f"heartbeat_at = {self.NOW}, attempts = attempts + 1, pid = NULL, error = NULL, worker_id = ? "
+                f"heartbeat_at = {self.NOW} + ?, attempts = attempts + 1, pid = NULL, error = NULL, worker_id = ? "
                 f"WHERE id = (SELECT id FROM jobs WHERE status = 'queued' ORDER BY created_at, id LIMIT 1"
-                f"{self.SKIP_LOCKED}) AND status = 'queued' RETURNING *", (worker_id,)).fetchone()
+                f"{self.SKIP_LOCKED}) AND status = 'queued' RETURNING *", (start_grace_s, worker_id)).fetchone()
             if row is None:
                 return None
             self._append(db, row["id"], {"type": "status", "status": "running", "worker": worker_id})
             return self._job(row)
 
-    def set_pid(self, job_id: str, pid: int | None) -> None:
+    def set_pid(self, job_id: str, pid: int | None, attempt: int | None = None) -> None:
+        """Record the job's process (of `attempt`, if given). The lease is left as the claim set it."""
+        fence, args = ("", ()) if attempt is None else (" AND attempts = ? AND status = 'running'", (attempt,))
         with self.connect() as db:
-            db.execute(f"UPDATE jobs SET pid = ?, heartbeat_at = {self.NOW} WHERE id = ?", (pid, job_id))
+            db.execute(f"UPDATE jobs SET pid = ? WHERE id = ?{fence}", (pid, job_id, *args))
 
-    def heartbeat(self, job_id: str, attempt: int | None = None) -> bool:
-        """Renew the job's lease. With `attempt` (the fencing token) only while that attempt still holds it: False
-        means the lease was lost (the job was requeued or claimed again) and the caller must stop."""
+    def _held(self, lease: Lease) -> tuple[str, tuple]:
+        """SQL condition (and its arguments): `lease`'s attempt still holds the job by the database clock."""
+        return (f" AND attempts = ? AND status = 'running' AND heartbeat_at >= {self.NOW} - ?",
+                (lease.attempt, lease.lease_s))
+
+    def _hold(self, db: Any, lease: Lease, job_id: str | None = None) -> None:
+        """Lock the job row if `lease` still holds it, in this transaction; LeaseLost (nothing written) if not."""
+        if job_id is not None and job_id != lease.job_id:
+            raise ValueError(f"a lease on job {lease.job_id} cannot write to job {job_id}")
+        cond, args = self._held(lease)
+        if db.execute(f"SELECT id FROM jobs WHERE id = ?{cond}{self.FOR_UPDATE}", (lease.job_id, *args)).fetchone() \
+                is None:
+            raise LeaseLost(f"job {lease.job_id}: attempt {lease.attempt} no longer holds the job (requeued, claimed "
+                            f"again, finished, or its {lease.lease_s:g} s lease ran out by the database clock); "
+                            f"the write was refused")
+
+    def heartbeat(self, job_id: str, attempt: int | None = None, *, lease: Lease | None = None) -> bool:
+        """Renew the job's lease. With `attempt` (the fencing token) only while that attempt is the job's; with
+        `lease` also only while its lease has not run out (an expired lease is never revived: whoever noticed it
+        may be requeueing the job). False means the lease was lost and the caller must stop."""
         with self.connect() as db:
-            if attempt is None:
-                cur = db.execute(f"UPDATE jobs SET heartbeat_at = {self.NOW} WHERE id = ?", (job_id,))
-            else:
-                cur = db.execute(f"UPDATE jobs SET heartbeat_at = {self.NOW} WHERE id = ? AND attempts = ? "
-                                 f"AND status = 'running'", (job_id, attempt))
+            cond, args = "", ()
+            if lease is not None:
+                cond, args = self._held(lease)
+                job_id = lease.job_id
+            elif attempt is not None:
+                cond, args = " AND attempts = ? AND status = 'running'", (attempt,)
+            cur = db.execute(f"UPDATE jobs SET heartbeat_at = {self.NOW} WHERE id = ?{cond}", (job_id, *args))
             return bool(cur.rowcount)
 
     def update_progress(self, job_id: str, progress: dict[str, Any] | None = None,
-                        metrics: dict[str, Any] | None = None) -> None:
+                        metrics: dict[str, Any] | None = None, *, lease: Lease | None = None) -> None:
+        """Merge into the job's progress and metrics (and renew its heartbeat). With `lease`: LeaseLost unless
+        that attempt still holds the job."""
         with self.connect() as db:
+            if lease is not None:
+                self._hold(db, lease, job_id)
             job = self._job(db.execute(f"SELECT progress, metrics FROM jobs WHERE id = ?{self.FOR_UPDATE}",
                                        (job_id,)).fetchone())
             if job is None:
@@ -148,12 +220,16 @@ class BaseStore:
                         json.dumps({**job["metrics"], **(metrics or {})}), job_id))
 
     def finish(self, job_id: str, status: str, *, error: str | None = None, result: dict[str, Any] | None = None,
-               only_if: tuple[str, ...] = ("running", "queued"), attempt: int | None = None) -> bool:
+               only_if: tuple[str, ...] = ("running", "queued"), attempt: int | None = None,
+               lease: Lease | None = None) -> bool:
         """Move a job to a terminal status (once: a job already finished keeps its status). True if it moved.
-        With `attempt`: only if that attempt still holds the job (a run that lost its lease cannot finish it)."""
+        With `attempt`: only if that attempt is the job's (a run that lost its lease cannot finish it); with `lease`:
+        and only while its lease has not run out by the database clock."""
         assert status in TERMINAL
         marks = ",".join("?" * len(only_if))
         fence, args = ("", ()) if attempt is None else (" AND attempts = ?", (attempt,))
+        if lease is not None:
+            fence, args = self._held(lease)
         with self.connect() as db:
             cur = db.execute(f"UPDATE jobs SET status = ?, error = ?, result = COALESCE(?, result), "
                              f"finished_at = {self.NOW}, pid = NULL WHERE id = ? AND status IN ({marks}){fence}",
@@ -167,12 +243,15 @@ class BaseStore:
             return bool(cur.rowcount)
 
     def requeue(self, job_id: str, reason: str, *, stale_after: float | None = None,
-                worker_id: str | None = None) -> bool:
+                worker_id: str | None = None, attempt: int | None = None) -> bool:
         """A running job whose process is gone goes back to the queue; its next run resumes from a checkpoint.
         `stale_after`: only if its heartbeat is older than that many seconds by the database clock; `worker_id`:
-        only if that worker holds it. Conditional in SQL, so of two workers noticing the same stale lease one
-        requeues it. True if it moved."""
+        only if that worker holds it; `attempt`: only if it is still that attempt. Conditional in SQL, so of two
+        workers noticing the same stale lease one requeues it. True if it moved."""
         cond, args = "", []
+        if attempt is not None:
+            cond += " AND attempts = ?"
+            args.append(attempt)
         if stale_after is not None:
             cond += f" AND (heartbeat_at IS NULL OR heartbeat_at < {self.NOW} - ?)"
             args.append(stale_after)
@@ -231,8 +310,11 @@ class BaseStore:
                    (job_id, seq, json.dumps({**event, "time": round(float(now), 3)})))
         return seq
 
-    def add_event(self, job_id: str, event: dict[str, Any]) -> int:
+    def add_event(self, job_id: str, event: dict[str, Any], *, lease: Lease | None = None) -> int:
+        """Append to the job's history; with `lease`, LeaseLost unless that attempt still holds the job."""
         with self.connect() as db:
+            if lease is not None:
+                self._hold(db, lease, job_id)
             return self._append(db, job_id, event)
 
     def events_after(self, job_id: str, seq: int = 0) -> list[tuple[int, dict[str, Any]]]:
@@ -241,9 +323,11 @@ class BaseStore:
                               (job_id, seq)).fetchall()
         return [(r["seq"], json.loads(r["data"])) for r in rows]
 
-    def drop_events_past(self, job_id: str, step: int) -> None:
+    def drop_events_past(self, job_id: str, step: int, *, lease: Lease | None = None) -> None:
         """On resume: train/eval events after the checkpoint's step are redone, so the history drops them."""
         with self.connect() as db:
+            if lease is not None:
+                self._hold(db, lease, job_id)
             rows = db.execute("SELECT seq, data FROM events WHERE job_id = ?", (job_id,)).fetchall()
             stale = [r["seq"] for r in rows if (e := json.loads(r["data"])).get("type") in ("train", "eval")
                      and e.get("step", 0) > step]
@@ -253,9 +337,13 @@ class BaseStore:
     # --- models -----------------------------------------------------------------------------------------------
 
     def register_model(self, name: str, path: str, task: str | None, source: str = "registered",
-                       replace: bool = False, kind: str = "model", base: str | None = None) -> dict[str, Any]:
-        """kind 'adapter': `path` is a LoRA adapter folder and `base` the base model's folder it runs over."""
+                       replace: bool = False, kind: str = "model", base: str | None = None, *,
+                       lease: Lease | None = None) -> dict[str, Any]:
+        """kind 'adapter': `path` is a LoRA adapter folder and `base` the base model's folder it runs over. With
+        `lease` (a job registering its result): LeaseLost unless that attempt still holds the job."""
         with self.connect() as db:
+            if lease is not None:
+                self._hold(db, lease)
             upsert = (" ON CONFLICT (name) DO UPDATE SET path = excluded.path, task = excluded.task, "
                       "source = excluded.source, kind = excluded.kind, base = excluded.base, "
                       "created_at = excluded.created_at" if replace else "")

@@ -21,3 +21,16 @@ class DuplicateWorker(StoreError):
 
 class MissingDriver(StoreError):
     """A postgresql:// URL without psycopg installed."""
+
+
+class LeaseLost(StoreError):
+    """A write by a job attempt that no longer holds the job's lease (requeued, claimed again, finished, or its
+    lease ran out by the database clock): refused, nothing was written. The attempt must stop at once."""
+
+
+class IdempotencyKeyUsed(StoreError):
+    """An Idempotency-Key already names a job (`job_id`) submitted with a body whose hash is `body_hash`."""
+
+    def __init__(self, route: str, key: str, job_id: str, body_hash: str):
+        super().__init__(f"Idempotency-Key {key!r} ({route}) already names job {job_id}")
+        self.route, self.key, self.job_id, self.body_hash = route, key, job_id, body_hash

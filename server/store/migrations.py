@@ -81,10 +81,27 @@ def _adapters() -> tuple[str, ...]:
     return ("ALTER TABLE models ADD COLUMN base TEXT",)
 
 
+def _idempotency(real: str) -> tuple[str, ...]:
+    """Version 4: Idempotency-Key -> job, per route. The primary key is what makes two concurrent submissions with
+    one key create one job (the loser's insert conflicts and its job row rolls back with it); the body hash tells a
+    retry (same body) from a misuse of the key (another body)."""
+    return (
+        f"""CREATE TABLE idempotency_keys (
+            route TEXT NOT NULL,
+            key TEXT NOT NULL,
+            body_hash TEXT NOT NULL,
+            job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+            created_at {real} NOT NULL,
+            PRIMARY KEY (route, key))""",
+        "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at)",
+    )
+
+
 def _migrations(real: str) -> tuple[Migration, ...]:
     return (Migration(1, "jobs, events, models", _base(real)),
             Migration(2, "workers, leases, event counter, model kind", _scale_out(real)),
-            Migration(3, "adapter base model", _adapters()))
+            Migration(3, "adapter base model", _adapters()),
+            Migration(4, "idempotency keys", _idempotency(real)))
 
 
 MIGRATIONS: dict[str, tuple[Migration, ...]] = {

@@ -4,6 +4,12 @@ any number of hosts. psycopg 3 (the `postgres` extra); a few pooled connections 
 Claims use `SELECT … FOR UPDATE SKIP LOCKED` (two workers never take the same job, and neither waits on the other's
 claim); timestamps and lease comparisons use the server's `clock_timestamp()`, so worker clocks do not matter.
 Opening a store retries an unreachable server with backoff, for a bounded time, logging once.
+
+A client cut off in the middle of a transaction (a network partition) would keep its row locks until the server
+noticed it was gone (TCP keepalive: hours), blocking the worker that must requeue its job. Every session therefore
+runs with idle_in_transaction_session_timeout: the store's transactions never wait between statements, so a session
+idle inside one for that long is a client that is gone; the server ends it and its locks are released (its writes
+rolled back, never committed).
 """
 
 from __future__ import annotations
@@ -47,13 +53,14 @@ class PostgresStore(BaseStore):
     SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
     FOR_UPDATE = " FOR UPDATE"
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 30.0, pool_size: int = 4):
+    def __init__(self, url: str, *, connect_timeout_s: float = 30.0, pool_size: int = 4,
+                 idle_in_transaction_s: float = 5.0):
         try:
             import psycopg  # noqa: F401
         except ImportError as e:
             raise MissingDriver(f"HFPORT_DATABASE_URL is a PostgreSQL URL but psycopg is not installed ({e}); "
                                 f"pip install 'hfport[postgres]'") from e
-        self.url, self.pool_size = url, pool_size
+        self.url, self.pool_size, self.idle_in_transaction_s = url, pool_size, idle_in_transaction_s
         self._idle: list[Any] = []
         self._lock = threading.Lock()
         self._open_with_retry(connect_timeout_s)
@@ -68,8 +75,10 @@ class PostgresStore(BaseStore):
         import psycopg
         from psycopg.rows import dict_row
 
+        idle_ms = int(self.idle_in_transaction_s * 1000)
         return psycopg.connect(self.url, autocommit=True, row_factory=dict_row,
-                               connect_timeout=max(1, int(timeout)), application_name="hfport")
+                               connect_timeout=max(1, int(timeout)), application_name="hfport",
+                               options=f"-c idle_in_transaction_session_timeout={idle_ms}")
 
     def _open_with_retry(self, budget_s: float) -> None:
         """Connect, retrying with exponential backoff (0.25 s doubling to 5 s) for at most `budget_s`. One warning
@@ -113,7 +122,7 @@ class PostgresStore(BaseStore):
             with conn.transaction():
                 yield _Conn(conn)
             healthy = True
-        except psycopg.OperationalError as e:
+        except (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout) as e:  # the session is gone
             raise StoreUnavailable(f"{self.describe()}: {str(e).strip() or type(e).__name__}") from e
         finally:
             # a connection that failed mid-transaction is dropped rather than reused
