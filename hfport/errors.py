@@ -22,6 +22,10 @@ class ModelNotFoundError(HfportError, FileNotFoundError):
     """Neither a local folder nor a repo id in the local HF cache."""
 
 
+class ExportError(HfportError):
+    """An export's SRC or DIR is not usable, or writing the export failed; nothing was left at DIR."""
+
+
 @dataclass(frozen=True)
 class ItemError:
     """An input a pipeline could not answer, returned in its place when the call gave a list.

@@ -41,6 +41,7 @@ worker requeues it, saying why (it resumes from its last checkpoint)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -260,21 +261,20 @@ def start(argv: list[str]) -> tuple[Fence | None, int | None]:
     return fence, None
 
 
-def run_job(argv: list[str], fence: Fence | None) -> int:
-    from . import jobrun  # the engine: imported once the lease is safe
-
-    return jobrun.main(argv, fence=fence)
+JOB_MODULE = "server.jobrun"  # what `python -m server.fence` runs once the lease is safe
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m server.fence server.jobrun JOB ARGS`: fence first, then the job."""
+    """`python -m server.fence server.jobrun JOB ARGS`: fence first, then the job. The job module is imported by name
+    only after the lease is safe (it imports the whole engine), and so this module never imports it: the job
+    module imports the fence, not the reverse."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["server.jobrun"]:
+    if argv[:1] == [JOB_MODULE]:
         argv = argv[1:]
     fence, code = start(argv)
     if code is not None:
         return code
-    return run_job(argv, fence)
+    return importlib.import_module(JOB_MODULE).main(argv, fence=fence)
 
 
 if __name__ == "__main__":

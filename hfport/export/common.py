@@ -18,15 +18,16 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .. import hub, lora, staging
-from ..errors import HfportError
+from ..errors import ExportError, HfportError
 from ..rundir import MODELS, RunDir, RunSummary
 from ..tasks import TASKS
 from ..tokenizer import SLOW_FILES, TOKENIZER_FILE, has_tokenizer_files
 from ..version import __version__
 
+from .report import VerifyReport
+
 if TYPE_CHECKING:
     from ..modeling import PreTrainedEncoder
-    from .report import VerifyReport
 
 WHICH = MODELS  # a run's model folders: best/, final/
 EXPORT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -36,10 +37,6 @@ DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat1
 PIPELINE_TAGS = {name: name for name in TASKS}
 TRANSFORMERS_AUTO = {name: t.auto_class for name, t in TASKS.items()}
 OUTPUTS = {name: t.outputs for name, t in TASKS.items()}
-
-
-class ExportError(HfportError):
-    """SRC or DIR is not usable, or writing the export failed; nothing was left at DIR."""
 
 
 class FormatOptions(BaseModel):

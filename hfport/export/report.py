@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .. import hub
-from .common import ExportError
+from ..errors import ExportError
 
 # (atol, rtol) by the dtype DIR's weights are stored in; the module docstring says why
 TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-5, 1e-4), "float16": (1e-2, 1e-2),
