@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     api_token: str | None = Field(None, description="when set, every route but GET /health needs it as a Bearer token")
     max_concurrent_jobs: int = Field(1, ge=1, description="jobs running at once (one subprocess each)")
     max_upload_bytes: int = Field(100 * 2**20, ge=1, description="largest accepted upload (multipart body)")
+    upload_grace_s: float = Field(600.0, ge=0, description="an upload no queued or running job refers to is "
+                                  "deleted once it is this old (the grace covers a submission still in flight)")
+    upload_sweep_s: float = Field(60.0, gt=0, description="how often a worker sweeps uploads no job needs")
     max_request_bytes: int = Field(8 * 2**20, ge=1, description="largest accepted JSON body")
     predict_max_inputs: int = Field(256, ge=1, description="inputs per /predict request")
     predict_max_chars: int = Field(20_000, ge=1, description="characters per input (all its text fields)")

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import uploads
 from .fence import FENCED, STALLED
 from .settings import Settings
 from .store import BaseStore, StoreUnavailable, duplicate_worker_error
@@ -94,6 +95,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._last_lease_check = 0.0
         self._last_beat = 0.0
+        self._last_sweep = -float("inf")  # the first tick sweeps
         self._outage: float | None = None  # when the database stopped answering (None: it answers)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
@@ -194,6 +196,7 @@ class Worker:
     def tick(self) -> None:
         self._beat()
         self._reap()
+        self._sweep_uploads()
         self._sync_held()
         self._check_leases()
         while len(self.procs) < self.settings.max_concurrent_jobs and not self._stop.is_set():
@@ -214,6 +217,13 @@ class Worker:
             except Exception as e:  # noqa: BLE001 - DuplicateWorker: the message names the holder
                 log.error("%s; this worker stops taking jobs", e)
                 self._stop.set()
+
+    def _sweep_uploads(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sweep < self.settings.upload_sweep_s:
+            return
+        self._last_sweep = now
+        uploads.sweep(self.store, self.settings.uploads_dir, self.settings.upload_grace_s)
 
     def _spawn(self, job: dict[str, Any]) -> None:
         log_dir = self.settings.runs_dir / job["id"]

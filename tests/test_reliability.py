@@ -553,3 +553,34 @@ def test_docker_entrypoint_generates_a_token_once(tmp_path):
     path = tmp_path / "data" / TOKEN_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # readable by its owner only
     assert ensure_token(tmp_path / "data", {}) == (token, False)  # a restart keeps it, and does not print it again
+
+
+def test_uploads_no_live_job_needs_are_swept(tmp_path):
+    """An upload folder goes once no queued or running job refers to it and it is past the grace period; one a live
+    job reads, or a fresh one whose submission may still be in flight, stays."""
+    from server.store import open_store
+    from server.uploads import sweep
+
+    root = tmp_path / "uploads"
+    store = open_store(str(tmp_path / "hfport.db"))
+    try:
+        folders = {name: root / name for name in ("live", "ended", "orphan", "fresh")}
+        for folder in folders.values():
+            folder.mkdir(parents=True)
+            (folder / "train.jsonl").write_text("{}\n")
+        live = store.create_job("finetune", {"train": str(folders["live"] / "train.jsonl")})
+        ended = store.create_job("finetune", {"train": str(folders["ended"] / "train.jsonl"),
+                                              "eval": str(folders["ended"] / "train.jsonl")})
+        now = time.time()
+        old = now - 3600
+        for name in ("live", "ended", "orphan"):
+            os.utime(folders[name], (old, old))
+        with store.connect() as db:  # the job has ended (how does not matter here)
+            db.execute("UPDATE jobs SET status = 'succeeded' WHERE id = ?", (ended["id"],))
+        removed = sweep(store, root, grace_s=600, now=now)
+        assert sorted(removed) == ["ended", "orphan"]
+        assert folders["live"].is_dir() and folders["fresh"].is_dir()
+        assert live["id"] in {j["id"] for s in ("queued", "running") for j in store.list_jobs(s)}
+        assert sweep(store, root, grace_s=600, now=now) == []  # nothing more to do
+    finally:
+        store.close()

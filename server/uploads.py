@@ -1,0 +1,59 @@
+"""Uploaded data files (POST /jobs/finetune/upload) are removed once no job needs them.
+
+An upload lands in `uploads/<random>/` and the job's config names its files by absolute path. A worker sweeps the
+folder now and then: a sub-folder that no queued or running job refers to, and that is older than the grace period
+(an upload whose job is still being submitted is never swept), is deleted. So an upload goes soon after its job
+ends (succeeded, failed or cancelled), and one whose submission failed half-way does not stay forever. Every worker
+may sweep (the folder is shared across hosts); deleting twice is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("hfport.server.uploads")
+
+LIVE = ("queued", "running")
+PATH_FIELDS = ("train", "eval")
+
+
+def referenced(jobs: list[dict[str, Any]], root: Path) -> set[str]:
+    """The names of the upload folders under ROOT that these jobs' configs point into."""
+    names = set()
+    for job in jobs:
+        for field in PATH_FIELDS:
+            value = (job.get("config") or {}).get(field)
+            if not isinstance(value, str):
+                continue
+            path = Path(value)
+            if path.is_relative_to(root) and path != root:
+                names.add(path.relative_to(root).parts[0])
+    return names
+
+
+def sweep(store: Any, root: Path, grace_s: float, now: float | None = None) -> list[str]:
+    """Delete the upload folders under ROOT that no live job refers to and that are older than GRACE_S seconds;
+    returns their names."""
+    if not root.is_dir():
+        return []
+    now = time.time() if now is None else now
+    live = [job for status in LIVE for job in store.list_jobs(status, limit=100_000)]
+    keep = referenced(live, root.resolve())
+    removed = []
+    for folder in sorted(root.iterdir()):
+        if folder.name in keep or not folder.is_dir():
+            continue
+        try:
+            age = now - folder.stat().st_mtime
+        except FileNotFoundError:  # another worker swept it meanwhile
+            continue
+        if age >= grace_s:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    if removed:
+        log.info("removed %d upload folder(s) no job needs: %s", len(removed), ", ".join(removed))
+    return removed
