@@ -34,6 +34,31 @@ WORDS = ["the", "house", "stood", "near", "a", "river", "and", "people", "walked
 COLORS = ["red", "green", "blue", "yellow", "purple", "orange"]
 
 
+# each case: its FinetuneConfig values, the model and data named relative to ROOT; "equal": False where the two runs
+# cannot be equal (sentence-embedding's in-batch negatives are each process's own)
+CASES: list[dict[str, Any]] = [
+    {"name": "text-classification", "model": "bert", "task": "text-classification", "train": "single.jsonl"},
+    {"name": "text-classification-weighted", "model": "bert", "task": "text-classification", "train": "single.jsonl",
+     "class_weights": [1.0, 3.0, 0.5]},
+    {"name": "multi-label", "model": "bert", "task": "text-classification", "train": "multi.jsonl"},
+    {"name": "regression", "model": "bert", "task": "text-classification", "train": "value.jsonl"},
+    {"name": "token-classification", "model": "bert", "task": "token-classification", "train": "ner.jsonl"},
+    {"name": "token-classification-weighted", "model": "bert", "task": "token-classification", "train": "ner.jsonl",
+     "class_weights": [0.5, 2.0, 1.0]},
+    {"name": "question-answering", "model": "bert", "task": "question-answering", "train": "qa.jsonl",
+     "max_length": 24, "doc_stride": 8},
+    {"name": "fill-mask", "model": "bert", "task": "fill-mask", "train": "mlm.txt"},
+    {"name": "text-ranking-bce", "model": "bert", "task": "text-ranking", "train": "rerank.jsonl", "loss": "bce"},
+    {"name": "text-ranking-listwise", "model": "bert", "task": "text-ranking", "train": "rerank.jsonl",
+     "loss": "listwise"},
+    {"name": "multiple-choice", "model": "bert_mc", "task": "multiple-choice", "train": "mc.jsonl"},
+    {"name": "lora", "model": "bert", "task": "text-classification", "train": "single.jsonl",
+     "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
+    {"name": "sentence-embedding", "model": "bert", "task": "sentence-embedding", "train": "pairs.jsonl",
+     "equal": False},
+]
+
+
 def _jsonl(path: Path, rows: list[dict]) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
@@ -43,34 +68,33 @@ def _sentence(rng: random.Random, low: int = 2, high: int = 18) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
 
 
-def _tiny(root: Path, name: str, head: str, minilm: Path) -> str:
+def _tiny(root: Path, name: str, head: str, minilm: Path) -> None:
     from tests.tiny import save_hf
 
     folder = root / name
     save_hf("bert", head, folder, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(minilm / f, folder / f)
-    return str(folder)
 
 
 def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
-    """Tiny no-dropout BERTs (the MiniLM tokenizer), each task's data with uneven lengths, token counts and group
-    sizes, and the cases; written to ROOT/cases.json."""
+    """Tiny no-dropout BERTs (the MiniLM tokenizer) and each task's data, with uneven lengths, token counts and
+    group sizes; the cases are written to ROOT/cases.json for the record."""
     root.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
-    base = _tiny(root, "bert", "base", minilm)
-    choice = _tiny(root, "bert_mc", "multiple-choice", minilm)
+    _tiny(root, "bert", "base", minilm)
+    _tiny(root, "bert_mc", "multiple-choice", minilm)
     n = 40
     texts = [_sentence(rng) for _ in range(n)]
-    single = _jsonl(root / "single.jsonl", [{"text": t, "label": rng.choice(["a", "b", "c"])} for t in texts])
-    multi = _jsonl(root / "multi.jsonl", [{"text": t, "label": rng.sample(["x", "y", "z"], rng.randint(1, 2))}
-                                          for t in texts])
-    value = _jsonl(root / "value.jsonl", [{"text": t, "label": rng.uniform(-1, 1)} for t in texts])
+    _jsonl(root / "single.jsonl", [{"text": t, "label": rng.choice(["a", "b", "c"])} for t in texts])
+    _jsonl(root / "multi.jsonl", [{"text": t, "label": rng.sample(["x", "y", "z"], rng.randint(1, 2))}
+                                  for t in texts])
+    _jsonl(root / "value.jsonl", [{"text": t, "label": rng.uniform(-1, 1)} for t in texts])
     ner = []
     for t in texts:
         words = t.split()
         ner.append({"tokens": words, "tags": [rng.choice(["O", "B-PER", "I-PER"]) for _ in words]})
-    tokens = _jsonl(root / "ner.jsonl", ner)
+    _jsonl(root / "ner.jsonl", ner)
     qa = []
     for k in range(n):
         words = _sentence(rng, 6, 30).split()
@@ -80,7 +104,7 @@ def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
         start = (" " + context + " ").index(f" {color} ")
         qa.append({"id": f"q{k}", "question": "which color?", "context": context,
                    "answers": {"text": [color], "answer_start": [start]}})
-    squad = _jsonl(root / "qa.jsonl", qa)
+    _jsonl(root / "qa.jsonl", qa)
     mlm = root / "mlm.txt"
     mlm.write_text("".join(_sentence(rng, 3, 20) + "\n" for _ in range(n)))
     ranking = []
@@ -89,9 +113,9 @@ def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
         ranking += [{"query": query, "text": _sentence(rng), "label": rng.choice([0, 1])}
                     for _ in range(rng.randint(1, 5))]
         ranking.append({"query": query, "text": _sentence(rng), "label": 1})  # every query has a relevant text
-    rerank = _jsonl(root / "rerank.jsonl", ranking)
-    pairs = _jsonl(root / "pairs.jsonl", [{"anchor": f"{k} " + _sentence(rng), "positive": f"{k} " + _sentence(rng)}
-                                          for k in range(n)])
+    _jsonl(root / "rerank.jsonl", ranking)
+    _jsonl(root / "pairs.jsonl", [{"anchor": f"{k} " + _sentence(rng), "positive": f"{k} " + _sentence(rng)}
+                                  for k in range(n)])
     questions = []
     for _ in range(n):
         color = rng.choice(COLORS)
@@ -100,30 +124,9 @@ def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
             options[rng.randrange(4)] = color
         questions.append({"context": f"the ball is {color}, so its color is", "choices": options,
                           "label": options.index(color)})
-    mc = _jsonl(root / "mc.jsonl", questions)
-    cases = [
-        {"name": "text-classification", "model": base, "task": "text-classification", "train": single},
-        {"name": "text-classification-weighted", "model": base, "task": "text-classification", "train": single,
-         "class_weights": [1.0, 3.0, 0.5]},
-        {"name": "multi-label", "model": base, "task": "text-classification", "train": multi},
-        {"name": "regression", "model": base, "task": "text-classification", "train": value},
-        {"name": "token-classification", "model": base, "task": "token-classification", "train": tokens},
-        {"name": "token-classification-weighted", "model": base, "task": "token-classification", "train": tokens,
-         "class_weights": [0.5, 2.0, 1.0]},
-        {"name": "question-answering", "model": base, "task": "question-answering", "train": squad,
-         "max_length": 24, "doc_stride": 8},
-        {"name": "fill-mask", "model": base, "task": "fill-mask", "train": str(mlm)},
-        {"name": "text-ranking-bce", "model": base, "task": "text-ranking", "train": rerank, "loss": "bce"},
-        {"name": "text-ranking-listwise", "model": base, "task": "text-ranking", "train": rerank,
-         "loss": "listwise"},
-        {"name": "multiple-choice", "model": choice, "task": "multiple-choice", "train": mc},
-        {"name": "lora", "model": base, "task": "text-classification", "train": single,
-         "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
-        # in-batch negatives are each process's own without gather_across_devices: it runs, it cannot be equal
-        {"name": "sentence-embedding", "model": base, "task": "sentence-embedding", "train": pairs, "equal": False},
-    ]
-    (root / "cases.json").write_text(json.dumps(cases, indent=1))
-    return cases
+    _jsonl(root / "mc.jsonl", questions)
+    (root / "cases.json").write_text(json.dumps(CASES, indent=1))
+    return CASES
 
 
 def run(root: Path, mode: str, names: list[str]) -> None:
@@ -131,11 +134,11 @@ def run(root: Path, mode: str, names: list[str]) -> None:
     from hfport.train.loop import finetune
 
     torch.set_num_threads(1)
-    cases = json.loads((root / "cases.json").read_text())
-    for case in cases:
+    for case in CASES:
         if names and case["name"] not in names:
             continue
         values = {k: v for k, v in case.items() if k not in ("name", "equal")}
+        values.update(model=str(root / case["model"]), train=str(root / case["train"]))
         config = FinetuneConfig(**{**COMMON, **values, "output_dir": str(root / "runs" / mode / case["name"]),
                                    "batch_size": PER_PROCESS * (2 if mode == "one" else 1), "overwrite": True})
         finetune(config, progress=False)
@@ -175,6 +178,6 @@ if __name__ == "__main__":
     elif command == "run":
         run(folder, sys.argv[3], sys.argv[4:])
     else:
-        for case in json.loads((folder / "cases.json").read_text()):
+        for case in CASES:
             if (folder / "runs" / "two" / case["name"] / "final").exists():
                 print(case["name"], json.dumps(differences(folder, case["name"])))
