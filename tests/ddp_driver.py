@@ -56,6 +56,12 @@ CASES: list[dict[str, Any]] = [
      "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
     {"name": "sentence-embedding", "model": "bert", "task": "sentence-embedding", "train": "pairs.jsonl",
      "equal": False},
+    # every process's embeddings gathered: equal to one process; anchors, positives and negatives repeat across the
+    # processes (one candidate each, as in one process's batch), and GradCache's chunks gather the same way
+    {"name": "sentence-embedding-gather", "model": "bert", "task": "sentence-embedding", "train": "triplets.jsonl",
+     "gather_across_devices": True},
+    {"name": "sentence-embedding-gather-chunks", "model": "bert", "task": "sentence-embedding",
+     "train": "pairs.jsonl", "gather_across_devices": True, "mini_batch_size": 3},
 ]
 
 
@@ -116,6 +122,9 @@ def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
     _jsonl(root / "rerank.jsonl", ranking)
     _jsonl(root / "pairs.jsonl", [{"anchor": f"{k} " + _sentence(rng), "positive": f"{k} " + _sentence(rng)}
                                   for k in range(n)])
+    pool = [_sentence(rng) for _ in range(10)]  # few texts: a global batch of 8 triplets repeats several
+    _jsonl(root / "triplets.jsonl", [{"anchor": rng.choice(pool[:6]), "positive": rng.choice(pool[4:]),
+                                      "negative": rng.choice(pool)} for _ in range(n)])
     questions = []
     for _ in range(n):
         color = rng.choice(COLORS)

@@ -1,5 +1,7 @@
 """Every task under DDP equals one process: `accelerate launch --num_processes 2` (gloo, CPU) with batch B per process
-against one process with batch 2B, fp32, SGD, no dropout, 3 steps per case.
+against one process with batch 2B, fp32, SGD, no dropout, 3 steps per case. Sentence-embedding equals one process
+only with gather_across_devices (every process's embeddings gathered, texts repeated across processes counted
+once, with and without GradCache's mini_batch_size); without it, it runs and each process scores its own negatives.
 
 CI budget: tests/ddp_driver.py runs every case's fine-tune one after another inside ONE launch (and one plain
 process), so the whole file costs two process start-ups and ~13 tiny runs on each side.
@@ -9,7 +11,9 @@ the all-reduced count that normalises them, against one sum): fp32 rounding, ~1e
 gradient's rounding moves a weight by ~lr * 1e-7 * |grad|, measured at <= 2e-8 over every case; the bound 1e-6 leaves
 room for another BLAS's summation order and is still far below what a mean over the wrong units gives (measured
 before the losses were normalised over the global batch: token-classification 7e-4, class-weighted tokens 1.6e-3,
-fill-mask 1.5e-3, text-ranking (bce over uneven groups) 9e-4, class-weighted text-classification 1.3e-2). The loss
+fill-mask 1.5e-3, text-ranking (bce over uneven groups) 9e-4, class-weighted text-classification 1.3e-2;
+sentence-embedding's gathered negatives measure <= 1.2e-7, the scale-20 cosine softmax amplifying rounding most,
+and 2.5e-3 when the texts repeated across processes are not merged into one candidate). The loss
 lines are rounded to 6 decimals in metrics.jsonl, so their bound is 3e-6: two roundings of 5e-7 plus fp32 rounding of
 a loss near 10 (fill-mask over a 30522-word vocabulary).
 """
@@ -26,6 +30,9 @@ import torch
 from safetensors.torch import load_file
 
 import hfport
+from hfport.errors import ConfigError
+from hfport.train.config import FinetuneConfig
+from hfport.train.preflight import preflight
 from tests import ddp_driver
 
 DRIVER = Path(ddp_driver.__file__)
@@ -78,3 +85,11 @@ def test_sentence_embedding_runs_under_ddp_into_a_complete_folder(runs):
     assert any(not torch.equal(saved[k], source[k]) for k in saved), "nothing trained"
     vectors = hfport.pipeline("sentence-embedding", model=final)(["a sentence", "another one"])
     assert len(vectors) == 2 and torch.isfinite(torch.as_tensor(vectors)).all()
+
+
+def test_gather_across_devices_is_for_in_batch_negatives(runs, tmp_path):
+    scored = tmp_path / "scored.jsonl"
+    scored.write_text("".join(f'{{"sentence1": "a {k}", "sentence2": "b {k}", "score": {k / 4}}}\n' for k in range(4)))
+    with pytest.raises(ConfigError, match="gather_across_devices .* mnrl loss, not 'cosent'"):
+        preflight(FinetuneConfig(model=str(runs / "bert"), task="sentence-embedding", train=str(scored),
+                                 output_dir=str(tmp_path / "out"), gather_across_devices=True))
