@@ -4,6 +4,7 @@ each case's loss curve and final weights. One launch for all cases keeps the CI 
 
     python tests/ddp_driver.py prepare ROOT          # tiny models, data and ROOT/cases.json
     python tests/ddp_driver.py run ROOT one|two [CASE ...]
+    python tests/ddp_driver.py run ROOT kill|resume resume   # rank 1 SIGKILLed at step 3; the relaunch resumes
     python tests/ddp_driver.py compare ROOT          # max differences per case, as JSON
 
 Runs are fp32 with SGD, no dropout anywhere (each process would draw its own masks) and 3 steps, so the two
@@ -14,8 +15,10 @@ them.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +62,9 @@ CASES: list[dict[str, Any]] = [
      "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
     {"name": "sentence-embedding", "model": "bert", "task": "sentence-embedding", "train": "pairs.jsonl",
      "equal": False},
+    # checkpoints every 2 steps: equal to one process, and the reference for a 2-process run killed and resumed
+    {"name": "resume", "model": "bert", "task": "fill-mask", "train": "mlm.txt", "optimizer": "adamw", "lr": 1e-3,
+     "max_steps": 5, "save_strategy": "steps", "save_steps": 2},
     # every process's embeddings gathered: equal to one process; anchors, positives and negatives repeat across the
     # processes (one candidate each, as in one process's batch), and GradCache's chunks gather the same way
     {"name": "sentence-embedding-gather", "model": "bert", "task": "sentence-embedding", "train": "triplets.jsonl",
@@ -141,18 +147,48 @@ def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
     return CASES
 
 
+KILL_AT = 3  # rank 1 dies before this step; the checkpoint of step 2 is complete by then
+
+
+def _kill_rank_1() -> None:
+    """Rank 1 SIGKILLs itself when step KILL_AT begins; every checkpoint's write is awaited by all ranks first, so
+    the run leaves a complete step-2 checkpoint behind (the launcher then ends rank 0)."""
+    from hfport.train.loop import Trainer
+
+    step, checkpoint = Trainer.step, Trainer.checkpoint
+
+    def dying_step(self: Trainer, group: list[list[int]]) -> Any:
+        if self.rank == 1 and self.state.step == KILL_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return step(self, group)
+
+    def awaited_checkpoint(self: Trainer) -> None:
+        checkpoint(self)
+        self.writer.wait()
+        self.accelerator.wait_for_everyone()
+
+    Trainer.step, Trainer.checkpoint = dying_step, awaited_checkpoint
+
+
 def run(root: Path, mode: str, names: list[str]) -> None:
+    """mode one: 2 x PER_PROCESS examples per step; two: PER_PROCESS (under a 2-process launch); kill and resume:
+    as two, into runs/killed/, rank 1 killed at step KILL_AT, then resumed from the latest checkpoint."""
     from hfport.train.config import FinetuneConfig
     from hfport.train.loop import finetune
 
     torch.set_num_threads(1)
+    if mode == "kill":
+        _kill_rank_1()
+    folder = "killed" if mode in ("kill", "resume") else mode
     for case in CASES:
         if names and case["name"] not in names:
             continue
         values = {k: v for k, v in case.items() if k not in ("name", "equal")}
         values.update(model=str(root / case["model"]), train=str(root / case["train"]))
-        config = FinetuneConfig(**{**COMMON, **values, "output_dir": str(root / "runs" / mode / case["name"]),
-                                   "batch_size": PER_PROCESS * (2 if mode == "one" else 1), "overwrite": True})
+        again = {"resume": "latest"} if mode == "resume" else {"overwrite": True}
+        output = root / "runs" / folder / case["name"]
+        config = FinetuneConfig(**{**COMMON, **values, **again, "output_dir": str(output),
+                                   "batch_size": PER_PROCESS * (2 if mode == "one" else 1)})
         finetune(config, progress=False)
 
 

@@ -1,7 +1,9 @@
 """Every task under DDP equals one process: `accelerate launch --num_processes 2` (gloo, CPU) with batch B per process
-against one process with batch 2B, fp32, SGD, no dropout, 3 steps per case. Sentence-embedding equals one process
-only with gather_across_devices (every process's embeddings gathered, texts repeated across processes counted
-once, with and without GradCache's mini_batch_size); without it, it runs and each process scores its own negatives.
+against one process with batch 2B, fp32, SGD, no dropout, 3 steps per case (one fill-mask case with AdamW and
+checkpoints, 5 steps, also killed on one rank and resumed: bit-identical to the unbroken 2-process run).
+Sentence-embedding equals one process only with gather_across_devices (every process's embeddings gathered, texts
+repeated across processes counted once, with and without GradCache's mini_batch_size); without it, it runs and each
+process scores its own negatives.
 
 CI budget: tests/ddp_driver.py runs every case's fine-tune one after another inside ONE launch (and one plain
 process), so the whole file costs two process start-ups and ~13 tiny runs on each side.
@@ -13,6 +15,7 @@ room for another BLAS's summation order and is still far below what a mean over 
 before the losses were normalised over the global batch: token-classification 7e-4, class-weighted tokens 1.6e-3,
 fill-mask 1.5e-3, text-ranking (bce over uneven groups) 9e-4, class-weighted text-classification 1.3e-2;
 sentence-embedding's gathered negatives measure <= 1.2e-7, the scale-20 cosine softmax amplifying rounding most,
+as does the AdamW case at lr 1e-3 (Adam divides by the gradients' own scale, so a rounding moves a weight ~lr x it),
 and 2.5e-3 when the texts repeated across processes are not merged into one candidate). The loss
 lines are rounded to 6 decimals in metrics.jsonl, so their bound is 1e-6 (the two roundings) plus 4e-7 x the loss (a
 few fp32 ulps of it: fill-mask's loss near 10, over a 30522-word vocabulary, measured 2e-6 apart).
@@ -20,6 +23,7 @@ few fp32 ulps of it: fill-mask's loss near 10, over a 30522-word vocabulary, mea
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,31 +44,37 @@ WEIGHT_TOLERANCE = 1e-6
 LOSS_ROUNDING, LOSS_RELATIVE = 1e-6, 4e-7
 
 
+def _driver(root: Path, *args: str, processes: int) -> subprocess.CompletedProcess:
+    """tests/ddp_driver.py `run ROOT ARGS`, as one plain process or under `accelerate launch` (gloo)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(DRIVER.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines",
+              "1", "--mixed_precision", "no", "--dynamo_backend", "no"] if processes > 1 else []
+    return subprocess.run([sys.executable, *launch, str(DRIVER), "run", str(root), *args], env=env,
+                          capture_output=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, minilm_path) -> Path:
     """Every case run twice: once on one process with 2B, once under a 2-process launch with B each."""
     root = tmp_path_factory.mktemp("ddp")
     ddp_driver.prepare(root, minilm_path)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(DRIVER.parents[1]), os.environ.get("PYTHONPATH", "")])}
-    one = subprocess.run([sys.executable, str(DRIVER), "run", str(root), "one"], env=env, capture_output=True,
-                         timeout=300)
+    one = _driver(root, "one", processes=1)
     assert one.returncode == 0, one.stderr.decode()[-3000:]
-    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                          str(DRIVER), "run", str(root), "two"], env=env, capture_output=True, timeout=300)
+    two = _driver(root, "two", processes=2)
     assert two.returncode == 0, two.stderr.decode()[-3000:]
     return root
 
 
-EQUAL = [c["name"] for c in ddp_driver.CASES if c.get("equal", True)]
+EQUAL = {c["name"]: c for c in ddp_driver.CASES if c.get("equal", True)}
 
 
 @pytest.mark.parametrize("name", EQUAL)
 def test_two_processes_equal_one_with_the_global_batch(runs, name):
     """The same loss curve and final weights (every tensor of final/, the adapter's for LoRA)."""
     diff = ddp_driver.differences(runs, name)
-    assert diff["steps"] == [3, 3], diff
+    steps = EQUAL[name].get("max_steps", ddp_driver.COMMON["max_steps"])
+    assert diff["steps"] == [steps, steps], diff
     for one, two in zip(*diff.pop("curves")):
         assert abs(one - two) <= LOSS_ROUNDING + LOSS_RELATIVE * abs(one), (one, two, diff)
     assert diff["weights"] <= WEIGHT_TOLERANCE, diff
@@ -86,6 +96,26 @@ def test_sentence_embedding_runs_under_ddp_into_a_complete_folder(runs):
     assert any(not torch.equal(saved[k], source[k]) for k in saved), "nothing trained"
     vectors = hfport.pipeline("sentence-embedding", model=final)(["a sentence", "another one"])
     assert len(vectors) == 2 and torch.isfinite(torch.as_tensor(vectors)).all()
+
+
+def test_a_two_process_run_killed_and_resumed_ends_as_the_unbroken_one(runs):
+    """Rank 1 SIGKILLed as step 3 begins (the step-2 checkpoint complete): the launcher ends the run. Relaunched with
+    resume "latest", it ends bit-identical to the unbroken 2-process run (fill-mask, AdamW): every final weight,
+    and every train and eval line of metrics.jsonl."""
+    killed = _driver(runs, "kill", "resume", processes=2)
+    assert killed.returncode != 0, "rank 1 was not killed"
+    folder = runs / "runs" / "killed" / "resume"
+    assert (folder / "checkpoints" / "step-2").is_dir() and not (folder / "final").exists()
+    again = _driver(runs, "resume", "resume", processes=2)
+    assert again.returncode == 0, again.stderr.decode()[-3000:]
+    unbroken = runs / "runs" / "two" / "resume"
+    a, b = load_file(unbroken / "final" / "model.safetensors"), load_file(folder / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def lines(run: Path) -> list[dict]:  # perf lines hold timings
+        return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["type"] != "perf"]
+
+    assert lines(folder) == lines(unbroken) and len([e for e in lines(folder) if e["type"] == "train"]) == 5
 
 
 def test_gather_across_devices_is_for_in_batch_negatives(runs, tmp_path):
