@@ -6,19 +6,20 @@ repeated across processes counted once, with and without GradCache's mini_batch_
 process scores its own negatives.
 
 CI budget: tests/ddp_driver.py runs every case's fine-tune one after another inside ONE launch (and one plain
-process), so the whole file costs two process start-ups and ~13 tiny runs on each side.
+process), so the comparison costs two process start-ups and ~17 tiny runs on each side; the kill-and-resume test
+adds two short launches.
 
 Tolerances. The two runs compute the same sums in a different order (two half-batch sums, their all-reduce, and
 the all-reduced count that normalises them, against one sum): fp32 rounding, ~1e-7 relative. With SGD at lr 0.1 a
-gradient's rounding moves a weight by ~lr * 1e-7 * |grad|, measured at <= 2e-8 over every case; the bound 1e-6 leaves
-room for another BLAS's summation order and is still far below what a mean over the wrong units gives (measured
-before the losses were normalised over the global batch: token-classification 7e-4, class-weighted tokens 1.6e-3,
-fill-mask 1.5e-3, text-ranking (bce over uneven groups) 9e-4, class-weighted text-classification 1.3e-2;
-sentence-embedding's gathered negatives measure <= 1.2e-7, the scale-20 cosine softmax amplifying rounding most,
-as does the AdamW case at lr 1e-3 (Adam divides by the gradients' own scale, so a rounding moves a weight ~lr x it),
-and 2.5e-3 when the texts repeated across processes are not merged into one candidate). The loss
-lines are rounded to 6 decimals in metrics.jsonl, so their bound is 1e-6 (the two roundings) plus 4e-7 x the loss (a
-few fp32 ulps of it: fill-mask's loss near 10, over a 30522-word vocabulary, measured 2e-6 apart).
+gradient's rounding moves a weight by ~lr * 1e-7 * |grad|: measured <= 2e-8 over the SGD cases. Sentence-embedding's
+gathered negatives (the scale-20 cosine softmax amplifies rounding) and the AdamW case (Adam normalises each update,
+so a relative rounding of the gradient moves a weight by up to ~lr x it) measure <= 1.2e-7. The bound 1e-6 leaves
+room for another BLAS's summation order and is far below what a mean over the wrong units gives (measured before
+the losses were normalised over the global batch: token-classification 7e-4, accumulated 5e-4, class-weighted
+tokens 1.6e-3, fill-mask 1.5e-3, text-ranking bce over uneven groups 9e-4, class-weighted text-classification
+1.3e-2; gathered negatives without merging texts repeated across processes 2.5e-3). The loss lines are rounded to 6
+decimals in metrics.jsonl, so their bound is 1e-6 (the two roundings) plus 4e-7 x the loss (a few fp32 ulps of it:
+fill-mask's loss near 10, over a 30522-word vocabulary, measured 2e-6 apart).
 """
 
 from __future__ import annotations
