@@ -1,5 +1,5 @@
 """Every task under DDP equals one process: `accelerate launch --num_processes 2` (gloo, CPU) with batch B per process
-against one process with batch 2B, fp32, SGD, no dropout, 3 steps per case (one fill-mask case with AdamW and
+against one process with batch 2B, fp32, SGD, no dropout, 3 steps per case (one fill-mask case with momentum and
 checkpoints, 5 steps, also killed on one rank and resumed: bit-identical to the unbroken 2-process run).
 Sentence-embedding equals one process only with gather_across_devices (every process's embeddings gathered, texts
 repeated across processes counted once, with and without GradCache's mini_batch_size); without it, it runs and each
@@ -9,17 +9,17 @@ CI budget: tests/ddp_driver.py runs every case's fine-tune one after another ins
 process), so the comparison costs two process start-ups and ~17 tiny runs on each side; the kill-and-resume test
 adds two short launches.
 
-Tolerances. The two runs compute the same sums in a different order (two half-batch sums, their all-reduce, and
-the all-reduced count that normalises them, against one sum): fp32 rounding, ~1e-7 relative. With SGD at lr 0.1 a
-gradient's rounding moves a weight by ~lr * 1e-7 * |grad|: measured <= 2e-8 over the SGD cases. Sentence-embedding's
-gathered negatives (the scale-20 cosine softmax amplifies rounding) and the AdamW case (Adam normalises each update,
-so a relative rounding of the gradient moves a weight by up to ~lr x it) measure <= 1.2e-7. The bound 1e-6 leaves
-room for another BLAS's summation order and is far below what a mean over the wrong units gives (measured before
-the losses were normalised over the global batch: token-classification 7e-4, accumulated 5e-4, class-weighted
-tokens 1.6e-3, fill-mask 1.5e-3, text-ranking bce over uneven groups 9e-4, class-weighted text-classification
-1.3e-2; gathered negatives without merging texts repeated across processes 2.5e-3). The loss lines are rounded to 6
-decimals in metrics.jsonl, so their bound is 1e-6 (the two roundings) plus 4e-7 x the loss (a few fp32 ulps of it:
-fill-mask's loss near 10, over a 30522-word vocabulary, measured 2e-6 apart).
+Tolerances. The two runs compute the same sums in a different order (two half-batch sums, their all-reduce, and the
+all-reduced count that normalises them, against one sum): fp32 rounding, ~1e-7 relative. With SGD at lr 0.1 a
+gradient's rounding moves a weight by ~lr * 1e-7 * |grad|: measured <= 2e-8, sentence-embedding's gathered negatives
+(the scale-20 cosine softmax amplifies rounding) <= 1.2e-7. Adam is not used: it divides each update by the
+gradient's own running scale, so tiny gradients' rounding is not scaled down (AdamW at lr 1e-3 measured 1.3e-6 on
+fill-mask). The bound 1e-6 leaves room for another BLAS's summation order and is far below what a mean over the
+wrong units gives (measured before the losses were normalised over the global batch: token-classification 7e-4,
+accumulated 5e-4, class-weighted tokens 1.6e-3, fill-mask 1.5e-3, text-ranking bce over uneven groups 9e-4, class-
+weighted text-classification 1.3e-2; gathered negatives without merging texts repeated across processes 2.5e-3). The
+loss lines are rounded to 6 decimals in metrics.jsonl, so their bound is 1e-6 (the two roundings) plus 4e-7 x the
+loss (a few fp32 ulps of it: fill-mask's loss near 10, over a 30522-word vocabulary, measured 2e-6 apart).
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ def test_sentence_embedding_runs_under_ddp_into_a_complete_folder(runs):
 
 def test_a_two_process_run_killed_and_resumed_ends_as_the_unbroken_one(runs):
     """Rank 1 SIGKILLed as step 3 begins (the step-2 checkpoint complete): the launcher ends the run. Relaunched with
-    resume "latest", it ends bit-identical to the unbroken 2-process run (fill-mask, AdamW): every final weight,
-    and every train and eval line of metrics.jsonl."""
+    resume "latest", it ends bit-identical to the unbroken 2-process run (fill-mask, SGD with momentum): every final
+    weight, and every train and eval line of metrics.jsonl."""
     killed = _driver(runs, "kill", "resume", processes=2)
     assert killed.returncode != 0, "rank 1 was not killed"
     folder = runs / "runs" / "killed" / "resume"
