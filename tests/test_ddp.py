@@ -16,10 +16,11 @@ gradient's rounding moves a weight by ~lr * 1e-7 * |grad|: measured <= 2e-8, sen
 gradient's own running scale, so tiny gradients' rounding is not scaled down (AdamW at lr 1e-3 measured 1.3e-6 on
 fill-mask). The bound 1e-6 leaves room for another BLAS's summation order and is far below what a mean over the
 wrong units gives (measured before the losses were normalised over the global batch: token-classification 7e-4,
-accumulated 5e-4, class-weighted tokens 1.6e-3, fill-mask 1.5e-3, text-ranking bce over uneven groups 9e-4, class-
-weighted text-classification 1.3e-2; gathered negatives without merging texts repeated across processes 2.5e-3). The
-loss lines are rounded to 6 decimals in metrics.jsonl, so their bound is 1e-6 (the two roundings) plus 4e-7 x the
-loss (a few fp32 ulps of it: fill-mask's loss near 10, over a 30522-word vocabulary, measured 2e-6 apart).
+accumulated 5e-4, class-weighted tokens 1.6e-3, fill-mask 1.5e-3, text-ranking bce over uneven groups 9e-4,
+class-weighted text-classification 1.3e-2; gathered negatives without merging texts repeated across processes
+2.5e-3). The loss lines are rounded to 6 decimals in metrics.jsonl, so their bound is 1e-6 (the two roundings) plus
+4e-7 x the loss (a few fp32 ulps of it: fill-mask's loss near 10, over a 30522-word vocabulary, measured 2e-6
+apart).
 """
 
 from __future__ import annotations
