@@ -99,6 +99,10 @@ class FinetuneConfig(BaseModel):
         "sentence-embedding: GradCache-style big batches; embed the batch in chunks of this many texts without "
         "keeping their activations, take the loss over the whole batch, then recompute each chunk with its "
         "embeddings' gradient (all in-batch negatives, a chunk's activation memory)"))
+    gather_across_devices: bool = Field(False, description=(
+        "sentence-embedding, mnrl, several processes: score each anchor against every process's texts (the global "
+        "batch's negatives, as one process with the whole batch), gradients flowing back to each process's own "
+        "rows; off: each process scores its own batch's negatives (sentence-transformers' option of the same name)"))
     # masked LM
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="fraction of tokens chosen for masking")
     # schedule

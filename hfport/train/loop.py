@@ -13,7 +13,8 @@ At the end (Trainer.finish): final/, best/, summary.json, report.html. `resume` 
 Data order is a pure function of (seed, epoch) and the examples' lengths, the position inside the epoch is
 checkpointed, and RNG states are restored just before training continues; that is what makes a resumed run
 identical to an unbroken one. Every process builds the same global batches and trains on its stride of each
-(`batch[rank::world]`), so all take the same number of steps.
+(`batch[rank::world]`), so all take the same number of steps; each process's loss is rescaled to its share of the
+global batch's mean (Trainer.global_mean), so N processes with batch B train as one process with batch N*B.
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ def build_model(config: FinetuneConfig, checked: Preflight) -> tuple[torch.nn.Mo
     if config.lora is not None:  # base frozen, LoRA layers and the head trained; best/ and final/ hold the adapter
         lora.apply_lora(model, config.lora.r, config.lora.alpha, config.lora.dropout, config.lora.target_modules,
                         use_rslora=config.lora.use_rslora, base=lora_base(config.model, checked.source))
+    # parameters the task's loss never reads (sentence-embedding's pooler): no gradient, so DDP (which skips
+    # parameters that do not require one) does not wait for theirs; saved as loaded
+    for name in checked.task.unused_modules(model):
+        model.get_submodule(name).requires_grad_(False)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -293,8 +298,8 @@ class Trainer:
             with self.no_sync(last=k == len(group) - 1):
                 with self.accelerator.autocast():
                     outputs = float32_outputs(self.task.forward(self.model, batch, self.data))
-                loss = self.task.loss(outputs, batch, self.data, self.class_weights,
-                                      self.config.label_smoothing)  # fp32
+                loss = self.global_mean(self.task.loss(outputs, batch, self.data, self.class_weights,
+                                                       self.config.label_smoothing), batch)  # fp32
                 self.accelerator.backward(loss / len(group))  # fp16: the loss scaler scales it first
             step_loss += loss.detach().float() / len(group)
             tokens += int(batch["attention_mask"].sum()) * self.world
@@ -313,6 +318,20 @@ class Trainer:
         self.state.step += 1
         self.state.batch_in_epoch += len(group)
         return StepResult(loss_value, grad_norm, tokens, sum(len(g) for g in group))
+
+    def global_mean(self, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """This process's mean loss rescaled so that DDP's average of the processes' gradients is the gradient of
+        the mean over the whole global batch: loss * local_count * world / global_count, the counts being the units
+        the task's mean is over (examples, tokens, pairs, masked positions; see TrainTask.loss_count), summed
+        across processes. One process: the loss as it is (bit-identical to a run without DDP)."""
+        if self.world == 1:
+            return loss
+        count = torch.as_tensor(self.task.loss_count(batch, self.data, self.class_weights),
+                                dtype=torch.float32, device=loss.device)  # ()
+        total = self.accelerator.reduce(count.clone(), "sum")  # (): one small all-reduce per micro-batch
+        # a process whose share has no unit (every token ignored) has a 0/0 mean: it contributes nothing
+        loss = torch.where(count > 0, loss, torch.zeros_like(loss))
+        return loss * (count * self.world / total.clamp(min=torch.finfo(torch.float32).tiny))
 
     def micro_batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         # the seed names the step, not the micro-batch or the process: a task that draws at random (fill-mask's

@@ -43,6 +43,18 @@ class TrainTask:
              label_smoothing: float) -> torch.Tensor:
         raise NotImplementedError
 
+    def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
+        """How many units `loss`'s mean is over in this batch (an int or a () tensor): the examples by default; a
+        task whose mean is over tokens, pairs or masked positions (or weighted by class) says so. Under DDP the loop
+        sums it across processes and weighs each process's loss by its share, so the step's loss is the mean over
+        the whole global batch, as one process would compute it."""
+        return batch["input_ids"].shape[0]
+
+    def unused_modules(self, model: Any) -> list[str]:
+        """Modules of the training model whose parameters the loss never reads (their names in `model`): the loop
+        turns their gradients off, so DDP does not wait for them, and they are saved as loaded."""
+        return []
+
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:
         """Small, picklable per-example results (gathered across processes before `metrics`)."""

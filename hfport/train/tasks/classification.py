@@ -69,6 +69,12 @@ class SequenceClassification(TrainTask):
         weight = class_weights.to(logits.device) if class_weights is not None else None
         return F.cross_entropy(logits, labels, weight=weight, label_smoothing=label_smoothing)
 
+    def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
+        """Examples; with class weights, the sum of the targets' weights (what the weighted mean divides by)."""
+        if class_weights is None or data.space.problem_type in ("regression", "multi_label_classification"):
+            return batch["labels"].shape[0]
+        return class_weights.to(batch["labels"].device)[batch["labels"]].sum()  # ()
+
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:
         logits = outputs.logits.float().cpu().numpy()

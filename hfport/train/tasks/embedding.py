@@ -12,6 +12,10 @@ duplicates is also how the loss keeps them from being each other's negatives (se
 In-batch negatives and accumulation: with grad_accum > 1 each micro-batch is its own loss with its own negatives, so
 the negatives per anchor are batch_size - 1 (+ hard ones), not batch_size * grad_accum - 1. To score a large batch
 against all of its negatives with bounded memory, use a large batch_size with mini_batch_size (GradCache, below).
+Several processes: each scores its own share of the global batch's negatives, unless gather_across_devices is on;
+then every process's embeddings are gathered (gradients flow back to the process that computed them) and each
+anchor is scored against the whole global micro-batch, texts repeated across processes counted once, equal to one
+process with the global batch.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
@@ -44,12 +49,13 @@ def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, p=2, dim=-1) @ F.normalize(b, p=2, dim=-1).T
 
 
-def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float) -> torch.Tensor:
+def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: slice = slice(None)) -> torch.Tensor:
     """MultipleNegativesRankingLoss over a batch of distinct texts.
 
     embeddings (U, C): one row per distinct text of the batch; index (B, K): row of each example's anchor (column 0),
     positive (1) and hard negatives (2..; -1 where an example has fewer). Each anchor is scored against every
     distinct positive and negative text of the batch (cosine x scale) and must pick its own positive (cross-entropy).
+    `own`: the examples whose anchors this call scores (a process's share of a gathered global batch; default all).
 
     Duplicates: a text that appears twice is one candidate, so an example's positive repeated as another's is not a
     negative of itself; and where two examples share an anchor, each one's positive is masked out of the other's
@@ -60,14 +66,14 @@ def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float) -> to
     candidates = torch.unique(slots[slots >= 0])  # (M,) sorted rows of the distinct candidate texts
     column = torch.full((embeddings.shape[0],), -1, dtype=torch.long, device=index.device)  # (U,)
     column[candidates] = torch.arange(len(candidates), device=index.device)
-    scores = cosine_matrix(embeddings[anchors], embeddings[candidates]) * scale  # (B, M)
+    scores = cosine_matrix(embeddings[anchors[own]], embeddings[candidates]) * scale  # (b, M)
     target = column[positives]  # (B,)
-    same_anchor = anchors[:, None] == anchors[None, :]  # (B, B)
-    other = same_anchor & (target[None, :] != target[:, None])  # (B, B): j's positive is also relevant to i
-    mask = torch.zeros_like(scores, dtype=torch.bool)  # (B, M)
+    same_anchor = anchors[own, None] == anchors[None, :]  # (b, B)
+    other = same_anchor & (target[None, :] != target[own, None])  # (b, B): j's positive is also relevant to i
+    mask = torch.zeros_like(scores, dtype=torch.bool)  # (b, M)
     rows, cols = other.nonzero(as_tuple=True)
     mask[rows, target[cols]] = True
-    return F.cross_entropy(scores.masked_fill(mask, float("-inf")), target)
+    return F.cross_entropy(scores.masked_fill(mask, float("-inf")), target[own])
 
 
 def cosent_loss(embeddings: torch.Tensor, index: torch.Tensor, scores: torch.Tensor, scale: float) -> torch.Tensor:
@@ -79,6 +85,68 @@ def cosent_loss(embeddings: torch.Tensor, index: torch.Tensor, scores: torch.Ten
     lower = (scores[:, None] < scores[None, :]).to(diff.dtype)  # (B, B): pairs that should be ordered the other way
     diff = diff - (1 - lower) * 1e12
     return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), dim=0)
+
+
+# --- negatives across processes (gather_across_devices) ----------------------------------------------------------
+
+
+def _gather_padded(tensor: torch.Tensor, fill: float) -> list[torch.Tensor]:
+    """Every process's `tensor` (same rank, any shape), in rank order: all_gather needs one shape, so each is padded
+    to the largest with `fill` and cut back after."""
+    world = dist.get_world_size()
+    shape = torch.tensor(tensor.shape, device=tensor.device)  # (D,)
+    shapes = [torch.empty_like(shape) for _ in range(world)]
+    dist.all_gather(shapes, shape)
+    sizes = [tuple(s.tolist()) for s in shapes]
+    largest = [max(dims) for dims in zip(*sizes)]
+    padded = tensor.new_full(largest, fill)
+    padded[tuple(slice(0, n) for n in tensor.shape)] = tensor
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded.contiguous())
+    return [p[tuple(slice(0, n) for n in size)] for p, size in zip(parts, sizes)]
+
+
+class _GatherRows(torch.autograd.Function):
+    """(U_r, C) on each process -> (U_1 + ... + U_W, C) on every one. Backward: every process's loss reads every
+    row, so each row's gradient is summed over the processes (an all-reduce) and each process keeps its own rows'."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor) -> torch.Tensor:
+        parts = _gather_padded(local, 0.0)
+        ctx.start, ctx.rows = sum(len(p) for p in parts[:dist.get_rank()]), len(local)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous().clone()  # (U_total, C)
+        dist.all_reduce(grad)
+        return grad[ctx.start:ctx.start + ctx.rows]
+
+
+def gather_batch(embeddings: torch.Tensor, text_ids: torch.Tensor,
+                 index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, slice]:
+    """The global batch from every process's share: (embeddings (U_total, C), index (B_total, K) into them, this
+    process's examples). A text held by several processes is one candidate, as in one process's batch: every
+    index points at its first row (the other copies, equal, get no gradient; DDP sums parameter gradients anyway).
+
+    embeddings (U, C), text_ids (U,): the text each row encodes; index (B, K) as in mnrl_loss."""
+    rows = _GatherRows.apply(embeddings)  # (U_total, C)
+    id_parts = _gather_padded(text_ids, -1)  # [(U_r,)]
+    ids = torch.cat(id_parts)  # (U_total,)
+    _, inverse = torch.unique(ids, return_inverse=True)  # (U_total,): each row's distinct text
+    position = torch.arange(len(ids), device=ids.device)  # (U_total,)
+    first = torch.full((int(inverse.max()) + 1,), len(ids), device=ids.device).scatter_reduce(
+        0, inverse, position, "amin")  # (distinct,): each distinct text's first row
+    indexes = _gather_padded(index, -1)  # [(B_r, K_r)]
+    width = max(i.shape[1] for i in indexes)
+    merged, offset = [], 0
+    for local, texts in zip(indexes, id_parts):
+        padded = local.new_full((local.shape[0], width), -1)  # (B_r, K)
+        padded[:, :local.shape[1]] = local
+        merged.append(torch.where(padded >= 0, first[inverse[(padded + offset).clamp(min=0)]], -1))  # (B_r, K)
+        offset += len(texts)
+    start = sum(len(i) for i in indexes[:dist.get_rank()])
+    return rows, torch.cat(merged), slice(start, start + len(index))
 
 
 # --- reading ----------------------------------------------------------------------------------------------------
@@ -157,6 +225,9 @@ class SentenceEmbedding(TrainTask):
         if loss not in LOSSES[kind]:
             raise ConfigError(f"loss {loss!r} does not fit {kind} data ({train_path}); use one of {list(LOSSES[kind])}"
                               + ("" if loss in ("mnrl", "cosent") else " (bce and listwise are text-ranking losses)"))
+        if config.gather_across_devices and loss != "mnrl":
+            raise ConfigError(f"gather_across_devices shares in-batch negatives across processes: it is for the mnrl "
+                              f"loss, not {loss!r}")
         hard_negatives = any(len(texts) > 2 for texts, _, _ in train)
         if loss == "mnrl" and config.batch_size == 1 and not hard_negatives:
             raise ConfigError("batch_size 1 gives no in-batch negatives: each anchor would be scored against its "
@@ -182,7 +253,8 @@ class SentenceEmbedding(TrainTask):
         train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
                                                       config.eval_fraction, config.seed)
         extra = {"loss": loss, "scale": config.scale, "pooling": pooling, "normalize": normalize,
-                 "mini_batch_size": config.mini_batch_size, "hidden_size": raw.get("hidden_size"),
+                 "mini_batch_size": config.mini_batch_size, "gather": config.gather_across_devices,
+                 "hidden_size": raw.get("hidden_size"),
                  "max_length": min(config.max_length, int(raw.get("max_position_embeddings", config.max_length)))}
         return EncodedData(train_features, eval_features, None, tokenizer.pad_token_id, extra, problem_type=kind)
 
@@ -201,6 +273,7 @@ class SentenceEmbedding(TrainTask):
                 index[b, k] = rows[text_id]
         batch = pad_ids(texts, data.pad_token_id)
         batch["labels"] = index
+        batch["text_ids"] = torch.tensor(list(rows), dtype=torch.long)  # (U,): the text of each row, by number
         if data.problem_type == "scored-pairs":
             batch["scores"] = torch.tensor([x.target for x in items], dtype=torch.float)  # (B,)
         return batch
@@ -240,7 +313,19 @@ class SentenceEmbedding(TrainTask):
         embeddings = outputs.float()  # (U, C)
         if data.extra["loss"] == "cosent":
             return cosent_loss(embeddings, batch["labels"], batch["scores"], data.extra["scale"])
+        # training only: evaluation batches are each process's own (their counts may differ between processes)
+        if data.extra["gather"] and torch.is_grad_enabled() and dist.is_initialized() and dist.get_world_size() > 1:
+            embeddings, index, own = gather_batch(embeddings, batch["text_ids"], batch["labels"])
+            return mnrl_loss(embeddings, index, data.extra["scale"], own)  # this process's anchors, global negatives
         return mnrl_loss(embeddings, batch["labels"], data.extra["scale"])
+
+    def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
+        return batch["labels"].shape[0]  # the examples (anchors), not the distinct texts encoded
+
+    def unused_modules(self, model: Any) -> list[str]:
+        """The encoder's pooler: the embedding pools last_hidden_state itself. Frozen, it keeps the source's weights,
+        so best/ and final/ stay complete BertModel-style folders."""
+        return ["body.pooler"] if getattr(model.body, "pooler", None) is not None else []
 
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:

@@ -117,6 +117,9 @@ class MaskedLM(TrainTask):
         return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE,
                                label_smoothing=label_smoothing)
 
+    def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
+        return (batch["labels"] != IGNORE).sum()  # (): the masked positions
+
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:
         """(summed loss, masked count, correct predictions) per example: no (T, V) logits kept."""

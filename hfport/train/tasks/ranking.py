@@ -150,6 +150,14 @@ class Reranking(TrainTask):
         log_p = F.log_softmax(scores[keep], dim=-1).masked_fill(target == 0, 0.0)  # 0 * -inf padding -> 0
         return -(target * log_p).sum(-1).mean() if keep.any() else logits.sum() * 0.0
 
+    def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
+        """bce: the pairs; listwise: the queries with a relevant candidate (the groups its mean is over)."""
+        labels, groups = batch["labels"], batch["groups"]  # (N,), (N,)
+        if data.extra["loss"] == "bce":
+            return labels.shape[0]
+        relevant = labels.new_zeros(int(groups.max()) + 1).index_add_(0, groups, labels)  # (G,)
+        return (relevant > 0).sum()  # ()
+
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:
         logits = outputs.logits.float().squeeze(-1).cpu().numpy()  # (N,)

@@ -208,6 +208,14 @@ class TokenClassification(TrainTask):
         return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), weight=weight,  # (B*T, L), (B*T,)
                                ignore_index=IGNORE, label_smoothing=label_smoothing)
 
+    def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
+        """The labelled sub-tokens; with class weights, the sum of their weights (what the weighted mean divides
+        by)."""
+        labels = batch["labels"]  # (B, T)
+        if class_weights is None:
+            return (labels != IGNORE).sum()  # ()
+        return class_weights.to(labels.device)[labels[labels != IGNORE]].sum()  # ()
+
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:
         """(predicted ids, gold ids) at each word's first sub-token: small, whatever the vocabulary of tags."""

