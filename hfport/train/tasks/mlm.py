@@ -70,8 +70,10 @@ def mask_tokens(input_ids: torch.Tensor, maskable: torch.Tensor, generator: torc
 
 
 def example_generator(seed: int, example: Features) -> torch.Generator:
-    """A generator for one example, from the batch's seed and the example's file and line (its identity)."""
-    digest = hashlib.blake2b(f"{seed}\0{example.source[0]}\0{example.source[1]}".encode(), digest_size=8).digest()
+    """A generator for one example, from the batch's seed and the example's identity: its file's name (not its path,
+    so the masks do not change when the data moves) and its line."""
+    name, line = Path(example.source[0]).name, example.source[1]
+    digest = hashlib.blake2b(f"{seed}\0{name}\0{line}".encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") % 2**63)
 
 
