@@ -140,6 +140,18 @@ def load_transformers(report: VerifyReport, transformers: Any, folder: Path, tas
     return model.eval()
 
 
+def transformers_rows(report: VerifyReport, folder: Path, task: str, raw: dict[str, Any]) -> tuple[Any, dict]:
+    """transformers' model from FOLDER and the probe batches its tokenizer makes (checked against hfport's), each
+    under its own row: (None, {}) where a row could not run, which the row records as a FAIL."""
+    theirs, batches = None, {}
+    with quiet_transformers() as transformers:
+        with check_row(report, "load", TRANSFORMERS_AUTO[task]):
+            theirs = load_transformers(report, transformers, folder, task, raw)
+        with check_row(report, "tokenizer", "load"):
+            batches = check_tokenizer(report, transformers, folder, task, raw)
+    return theirs, batches
+
+
 def check_tokenizer(report: VerifyReport, transformers: Any, folder: Path, task: str,
                     raw: dict[str, Any]) -> dict[str, dict[str, Tensor]]:
     """Encode the probe batches with hfport's and transformers' tokenizer; returns hfport's encodings."""

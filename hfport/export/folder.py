@@ -33,9 +33,9 @@ from ..registry import get_family
 from ..tasks import load_any
 from ..tokenizer import copy_tokenizer_files
 from .card import model_card
-from .checks import (PROBE_PAIRS, PROBE_TEXTS, check_labels, check_tokenizer, check_weights, compare_models,
-                     folder_dtype, load_transformers, quiet_transformers)
-from .common import (DTYPE_NAMES, EXPORT_DTYPES, TRANSFORMERS_AUTO, ExportError, ExportResult, FormatOptions, Source,
+from .checks import (PROBE_PAIRS, PROBE_TEXTS, check_labels, check_weights, compare_models, folder_dtype,
+                     transformers_rows)
+from .common import (DTYPE_NAMES, EXPORT_DTYPES, ExportError, ExportResult, FormatOptions, Source,
                      export_config, no_tokenizer_message, resolve_source, staged, tokenizer_folder)
 from .report import VerifyFailed, VerifyReport, check_row, reporting
 from .sentence_formats import keep_layout, sentence_rows
@@ -198,12 +198,7 @@ def _verify_folder(folder: Path, source_arg: Any, which: str, atol: float | None
             check_labels(report, raw, ours)
         with check_row(report, "weights", "model.safetensors"):
             check_weights(report, folder, ours)
-    theirs, batches = None, {}
-    with quiet_transformers() as transformers:
-        with check_row(report, "load", TRANSFORMERS_AUTO[task]):
-            theirs = load_transformers(report, transformers, folder, task, raw)
-        with check_row(report, "tokenizer", "load"):
-            batches = check_tokenizer(report, transformers, folder, task, raw)
+    theirs, batches = transformers_rows(report, folder, task, raw)
     if ours is not None:  # a sentence-transformers folder (embeddings, cross-encoder): its own loader agrees too
         with check_row(report, "sentence-transformers", "load"):
             sentence_rows(report, folder, raw, ours, Path(report.source), PROBE_TEXTS, PROBE_PAIRS)

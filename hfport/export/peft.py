@@ -28,8 +28,8 @@ from ..modeling import PreTrainedEncoder
 from ..tasks import TASKS, load_any
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
 from .card import model_card
-from .checks import (check_labels, check_tokenizer, check_weights, compare_models, load_transformers,
-                     quiet_transformers)
+from .checks import (check_labels, check_tokenizer, check_weights, compare_models, quiet_transformers,
+                     transformers_rows)
 from .common import (DTYPE_NAMES, EXPORT_DTYPES, TRANSFORMERS_AUTO, ExportError, ExportResult, Source,
                      export_config, no_tokenizer_message, resolve_source, staged, tokenizer_folder)
 from .folder import ExportOptions, raise_unless_passed
@@ -224,12 +224,7 @@ def check_merged(dir: Path, adapter_model: PreTrainedEncoder, merged_model: PreT
             check_labels(report, raw, adapter_model)
         with check_row(report, "weights", "model.safetensors (merged)"):
             check_weights(report, dir, merged_model)
-        theirs, batches = None, {}
-        with quiet_transformers() as transformers:
-            with check_row(report, "load", TRANSFORMERS_AUTO[task]):
-                theirs = load_transformers(report, transformers, dir, task, raw)
-            with check_row(report, "tokenizer", "load"):
-                batches = check_tokenizer(report, transformers, dir, task, raw)
+        theirs, batches = transformers_rows(report, dir, task, raw)
         if theirs is not None:
             compare_models(report, batches, adapter_model, theirs, task, suffix=" (merged vs adapter)")
     return report
