@@ -278,3 +278,94 @@ def test_family_tokenizer_matches_transformers(family, tmp_path):
     assert ours.model_input_names == ["input_ids", "attention_mask"]  # no token types, as the models
     if family == "mpnet":
         assert (ours.cls_token_id, ours.pad_token_id, ours.sep_token_id) == (0, 1, 2)  # padding_idx 1
+
+
+# --- end to end: fine-tune, export, verify with sentence-transformers, serve ---------------------------------------
+
+DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
+QUERIES = ["What money do people pay with in Vietnam?", "Where is Berlin?", "ok"]
+
+
+def cli(*args: str) -> None:
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, (result.output, result.exception)
+
+
+def service(tmp_path: Path, models: dict[str, Path]):
+    """An in-process service (fp32, no job worker) with `models` registered."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    client = TestClient(create_app(Settings(data_dir=tmp_path / "data", allowed_dirs=[tmp_path],
+                                            batch_autotune=False, predict_dtype="float32"), run_worker=False))
+    client.__enter__()
+    for name, path in models.items():
+        r = client.post("/models", json={"name": name, "path": str(path)})
+        assert r.status_code == 201, r.text
+    return client
+
+
+def test_mpnet_sentence_embedding_end_to_end(tmp_path):
+    """`hfport finetune --task sentence-embedding` on an MPNet base (its own tokenizer), `hfport export --verify`
+    (sentence-transformers encodes the folder and agrees), then the folder served: TEI's /embed and OpenAI's
+    embeddings answer what SentenceTransformer.encode answers, with the folder's pooling and normalization."""
+    from sentence_transformers import SentenceTransformer
+
+    base = build_mpnet_tokenizer(tmp_path / "base")
+    save_hf("mpnet", "base", base, vocab_size=len(hfport.AutoTokenizer.from_pretrained(base)),
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    run, out = tmp_path / "run", tmp_path / "export"
+    cli("finetune", "--model", str(base), "--task", "sentence-embedding", "--train", str(DATA / "embed_train.jsonl"),
+        "--eval", str(DATA / "embed_eval.jsonl"), "--output-dir", str(run), "--max-steps", "4", "--batch-size", "8",
+        "--lr", "1e-3", "--precision", "fp32", "--set", "pooling=mean", "--set", "normalize=true", "-q")
+    cli("export", str(run), "--out", str(out), "--verify", "-q")
+    assert {"modules.json", "1_Pooling", "2_Normalize"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["MPNetModel"]
+    want = SentenceTransformer(str(out), device="cpu").encode(QUERIES, convert_to_tensor=True)  # (B, C), unit
+    assert torch.allclose(want.norm(dim=-1), torch.ones(len(QUERIES)), atol=1e-5)
+    client = service(tmp_path, {"mpnet": out})
+    try:
+        embed = client.post("/embed", json={"inputs": QUERIES}, headers={"x-model": "mpnet"})
+        assert embed.status_code == 200, embed.text
+        openai = client.post("/v1/embeddings", json={"input": QUERIES, "model": "mpnet"})
+        assert openai.status_code == 200, openai.text
+    finally:
+        client.__exit__(None, None, None)
+    torch.testing.assert_close(torch.tensor(embed.json()), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.tensor([d["embedding"] for d in openai.json()["data"]]), want, atol=ATOL, rtol=0)
+
+
+def test_electra_reranker_end_to_end(tmp_path, minilm_path):
+    """`hfport finetune --task text-ranking` on an ELECTRA base (BERT's WordPiece, as ELECTRA ships), exported and
+    verified with sentence-transformers' CrossEncoder, then served through TEI's /rerank with CrossEncoder's scores."""
+    import shutil
+
+    from sentence_transformers import CrossEncoder
+
+    base = tmp_path / "base"
+    save_hf("electra", "base", base, vocab_size=30522)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm_path / name, base / name)
+    run, out = tmp_path / "run", tmp_path / "export"
+    cli("finetune", "--model", str(base), "--task", "text-ranking", "--train", str(DATA / "rerank_train.jsonl"),
+        "--eval", str(DATA / "rerank_eval.jsonl"), "--output-dir", str(run), "--max-steps", "4", "--batch-size", "8",
+        "--lr", "1e-3", "--precision", "fp32", "-q")
+    cli("export", str(run), "--out", str(out), "--verify", "-q")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["ElectraForSequenceClassification"]
+    texts = ["Hanoi is the capital of Vietnam.", "Berlin lies on the Spree.", "The dong is Vietnam's currency."]
+    want = CrossEncoder(str(out), device="cpu").predict([(QUERIES[0], t) for t in texts])  # sigmoid scores
+    client = service(tmp_path, {"electra": out})
+    try:
+        r = client.post("/rerank", json={"query": QUERIES[0], "texts": texts}, headers={"x-model": "electra"})
+        assert r.status_code == 200, r.text
+    finally:
+        client.__exit__(None, None, None)
+    got = {x["index"]: x["score"] for x in r.json()}
+    torch.testing.assert_close(torch.tensor([got[i] for i in range(len(texts))]), torch.tensor(want), atol=ATOL,
+                               rtol=0)
