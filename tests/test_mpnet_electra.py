@@ -68,13 +68,15 @@ def layouts(family: str) -> dict[str, dict[str, torch.Tensor]]:
 
 @pytest.mark.parametrize("padding_free", [True, False])
 @pytest.mark.parametrize("layout", ["right", "left", "holes"])
-def test_mpnet_layouts_match_transformers(layout, padding_free, tmp_path):
-    """The bias depends on distances counted over the padded row: equal at real tokens for left padding; a hole
-    shifts distances, so such a batch runs in the padded layout (as transformers counts them)."""
-    ref = save_hf("mpnet", "token-classification", tmp_path)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layouts_match_transformers(family, layout, padding_free, tmp_path):
+    """Right, left and holed masks, padding-free and padded. MPNet's bias depends on distances counted over the
+    padded row: equal at real tokens for left padding; a hole shifts distances, so such a batch runs in the padded
+    layout (as transformers counts them)."""
+    ref = save_hf(family, "token-classification", tmp_path)
     ours = hfport.AutoModelForTokenClassification.from_pretrained(tmp_path)
     ours.padding_free = padding_free
-    inputs = layouts("mpnet")[layout]
+    inputs = layouts(family)[layout]
     mask = inputs["attention_mask"]
     labels = torch.randint(0, 3, mask.shape, generator=torch.Generator().manual_seed(4)).masked_fill(mask == 0, -100)
     a, b = ours(**inputs, labels=labels), ref(**inputs, labels=labels)
@@ -82,9 +84,44 @@ def test_mpnet_layouts_match_transformers(layout, padding_free, tmp_path):
     torch.testing.assert_close(a.loss, b.loss.detach(), atol=ATOL, rtol=RTOL)
     a.loss.backward()
     b.loss.backward()
-    table = ours.body.encoder.relative.table.weight.grad
-    torch.testing.assert_close(table, ref.mpnet.encoder.relative_attention_bias.weight.grad, atol=ATOL, rtol=RTOL)
-    assert table[:32].abs().sum() > 0
+    theirs = dict(ref.named_parameters())
+    for name, hf in ours.hf_names().items():
+        grad = dict(ours.named_parameters())[name].grad
+        torch.testing.assert_close(grad, theirs[hf].grad, atol=ATOL, rtol=RTOL, msg=lambda m, hf=hf: f"{hf}: {m}")
+    if family == "mpnet":
+        assert ours.body.encoder.relative.table.weight.grad[:32].abs().sum() > 0
+
+
+def test_mpnet_sequences_past_the_bucket_range(tmp_path):
+    """A 200-token sequence: distances past max_distance 128 land in the last bucket of each direction; outputs
+    and the shared table's gradient equal transformers'."""
+    ref = save_hf("mpnet", "base", tmp_path, max_position_embeddings=260)
+    ours = hfport.AutoModel.from_pretrained(tmp_path)
+    inputs = batch("mpnet", lengths=(200, 13), pairs=False)
+    mask = inputs["attention_mask"]
+    w = torch.randn(32, generator=torch.Generator().manual_seed(3))
+    a, b = ours(**inputs).last_hidden_state, ref(**inputs).last_hidden_state
+    torch.testing.assert_close(real(a, mask), real(b, mask).detach(), atol=ATOL, rtol=RTOL)
+    (real(a, mask) @ w).mean().backward()
+    (real(b, mask) @ w).mean().backward()
+    grad = ours.body.encoder.relative.table.weight.grad
+    torch.testing.assert_close(grad, ref.encoder.relative_attention_bias.weight.grad, atol=ATOL, rtol=RTOL)
+    assert grad[15].abs().sum() > 0 and grad[31].abs().sum() > 0  # the far buckets, both directions
+
+
+def test_mpnet_gradient_checkpointing_gives_the_same_gradients(tmp_path):
+    """The bias callback travels through torch.utils.checkpoint with the layer: dropout on, same masks replayed."""
+    save_hf("mpnet", "sequence-classification", tmp_path)
+    inputs, labels = batch("mpnet"), torch.tensor([0, 2, 1])
+    grads = []
+    for checkpointed in (False, True):
+        model = hfport.AutoModelForSequenceClassification.from_pretrained(tmp_path).train()
+        model.gradient_checkpointing_enable(checkpointed)
+        torch.manual_seed(7)
+        model(**inputs, labels=labels).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=ATOL, rtol=RTOL, msg=name)
 
 
 def test_mpnet_ignores_token_types_and_classifier_dropout(tmp_path):
