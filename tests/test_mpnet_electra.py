@@ -21,7 +21,7 @@ from hfport.nn.bucketed import relative_bucket
 from tests.test_multiple_choice import choice_batch
 from tests.test_multiple_choice import compare as compare_choices
 from tests.test_parity import compare, real
-from tests.tiny import HEADS, OTHER_HEADS, batch, build_hf, hf_config, save_hf
+from tests.tiny import HEADS, OTHER_HEADS, batch, hf_config, save_hf
 
 torch.set_num_threads(1)
 ATOL, RTOL = 1e-5, 1.3e-6

@@ -10,9 +10,9 @@ from .roberta import ROBERTA
 from .xlm_roberta import XLM_ROBERTA
 
 # issue 33: MPNet, ELECTRA, CamemBERT
-from .camembert import CAMEMBERT  # noqa: E402
-from .electra import ELECTRA  # noqa: E402
-from .mpnet import MPNET  # noqa: E402
+from .camembert import CAMEMBERT
+from .electra import ELECTRA
+from .mpnet import MPNET
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, DEBERTA_V2,
                                                             MODERNBERT)}
