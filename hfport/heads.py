@@ -30,7 +30,9 @@ def _transform(hidden_size: int, transform: dict | None) -> PredictionHead | Non
     return PredictionHead(hidden_size, **transform) if transform is not None else None
 
 
-POOLINGS = ("first", "mean")  # the sequence classifier's features: the first token's state, or the real tokens' mean
+# the sequence classifier's features: the first token's state, the real tokens' mean, or the last real token's state
+# (ELECTRA's multiple-choice summary_type "last")
+POOLINGS = ("first", "mean", "lasttoken")
 # sentence-transformers' Pooling modes (hfport's names; formats/sentence_transformers.py maps theirs): what a sentence
 # embedding can be pooled by. "cls" is "first".
 SENTENCE_POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "lasttoken")

@@ -38,7 +38,7 @@ transformers runs with attn_implementation="sdpa", except DeBERTa-v2, for which 
 attention. Batches: rows of uniformly random length (min..max tokens, [CLS] + random whole-word ids + [SEP]),
 consecutive rows batched and padded on the right to the longest row, random labels.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py                     # all three models, ~16 min on 2 cores
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py                     # every model (MODELS); three took ~16 min
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py --quick             # smoke run, under a minute
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py --models minilm --rounds 5 --compile --json out.json
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench.py --write-docs        # also rewrite its docs/benchmarks.md section
@@ -117,6 +117,23 @@ MODELS = {
                              "share_att_key": True, "norm_rel_ebd": "layer_norm", "max_relative_positions": -1,
                              "type_vocab_size": 0, "position_biased_input": False}),
         "eager", TARGET_DEBERTA_FINETUNE),
+    # issue 33's families at their base shapes, 4 of 12 layers like bert-base. MPNet (all-mpnet-base-v2's shape):
+    # transformers has only eager attention for it, and its 32-bucket relative bias; ELECTRA-base (ms-marco-electra's
+    # shape): embedding_size = hidden_size, so no embeddings_project
+    "mpnet-base": ModelSpec(
+        "MPNet-base shape, random weights: hidden 768, 12 heads, intermediate 3072, vocab 30527, relative bias 32 "
+        "buckets, 4 layers (of 12)",
+        ("MPNetConfig", {"vocab_size": 30527, "hidden_size": 768, "num_hidden_layers": 4, "num_attention_heads": 12,
+                         "intermediate_size": 3072, "max_position_embeddings": 514,
+                         "relative_attention_num_buckets": 32}),
+        "eager", TARGET_FINETUNE),
+    "electra-base": ModelSpec(
+        "ELECTRA-base shape, random weights: hidden 768, embedding 768, 12 heads, intermediate 3072, vocab 30522, "
+        "4 layers (of 12)",
+        ("ElectraConfig", {"vocab_size": 30522, "embedding_size": 768, "hidden_size": 768, "num_hidden_layers": 4,
+                           "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
+                           "type_vocab_size": 2}),
+        "sdpa", TARGET_FINETUNE),
 }
 
 

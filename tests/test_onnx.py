@@ -36,14 +36,16 @@ from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel,
 from tests.test_export import add_tokenizer, vocab  # noqa: E402
 from hfport.tasks import canonical  # noqa: E402
 from tests.tiny import HEADS, save_hf  # noqa: E402
+from tests.test_mpnet_electra import build_camembert_tokenizer, build_mpnet_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
 
-FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "modernbert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "modernbert", "mpnet", "electra", "camembert")
 # The default 0.99 everywhere but fill-mask: a random tiny MLM's logits over 30522 tokens are near-uniform, so ranks
 # 5 and 6 are near ties that int8 noise swaps (measured top-5 overlap 0.96 on the pair probes, top-1 unchanged).
 TASKS = [canonical(task) for task in HEADS]  # the pipeline tags
 MIN_AGREEMENT = {task: 0.99 for task in TASKS} | {"fill-mask": 0.9}
+OWN_TOKENIZERS = {"mpnet": build_mpnet_tokenizer, "camembert": build_camembert_tokenizer}
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +61,15 @@ def source(root, minilm_path):
     def get(family: str, task: str) -> Path:
         if (family, task) not in made:
             folder = root / "src" / f"{family}-{task}"
-            # ModernBERT's tokenizer is a plain fast tokenizer: the real MiniLM WordPiece serves it here too
-            like = "bert" if family == "modernbert" else family
-            save_hf(family, task, folder, vocab_size=vocab(like))
-            add_tokenizer(like, folder, minilm_path, root / "tokenizers")
+            # ModernBERT's tokenizer is a plain fast tokenizer and ELECTRA's is BERT's: the real MiniLM WordPiece
+            # serves them here too
+            like = "bert" if family in ("modernbert", "electra") else family
+            if family in OWN_TOKENIZERS:  # built in the family's layout, the model's vocabulary sized to it
+                OWN_TOKENIZERS[family](folder)
+                save_hf(family, task, folder, vocab_size=len(hfport.AutoTokenizer.from_pretrained(folder)))
+            else:
+                save_hf(family, task, folder, vocab_size=vocab(like))
+                add_tokenizer(like, folder, minilm_path, root / "tokenizers")
             made[family, task] = folder
         return made[family, task]
 
@@ -446,6 +453,26 @@ def test_deberta_graph_serves_every_length(variant, deberta):
         got = graph(ids, attention_mask=mask, token_type_ids=types)["last_hidden_state"]
         assert got.shape == (b, t, want.shape[-1])
         torch.testing.assert_close(got[real], want[real], atol=1e-4, rtol=1e-4)  # onnxruntime's fusions: docstring
+
+
+def test_mpnet_graph_serves_every_length(exported, source):
+    """MPNet's bucketed relative bias is computed from the runtime length: one graph serves batches shorter than
+    the traced one and longer than the exact buckets and the 128-token bucket range, right- and left-padded."""
+    out, report = exported("mpnet", "feature-extraction")
+    assert report.passed, report.table()
+    graph = OnnxModel.from_pretrained(out)
+    ours = hfport.AutoModel.from_pretrained(source("mpnet", "feature-extraction")).eval()
+    g = torch.Generator().manual_seed(0)
+    for lengths, flip in [((3,), False), ((120, 7, 33), False), ((120, 7, 33), True)]:
+        b, t = len(lengths), max(lengths)
+        ids = torch.randint(5, ours.config.vocab_size, (b, t), generator=g)
+        mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).long()  # (B, T)
+        ids, mask = (ids.flip(1), mask.flip(1)) if flip else (ids, mask)
+        ids = ids.masked_fill(mask == 0, 1)  # MPNet pads with 1
+        with torch.no_grad():
+            want = ours(ids, attention_mask=mask)["last_hidden_state"]
+        got = graph(ids, attention_mask=mask)["last_hidden_state"]
+        torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-4, rtol=1e-4)  # as DeBERTa's
 
 
 def test_existing_out_needs_force_and_threshold_is_checked(exported, source, tmp_path):

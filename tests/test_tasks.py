@@ -73,7 +73,7 @@ def test_the_families_read_task_facts_from_the_records():
         for name in tasks.MODEL_TASKS:
             built = family.build_body(family.config_from_hf(build_hf(family.model_type, "base").config.to_dict(),
                                                             "config"), name)
-            has_pooler = family.model_type in ("bert", "roberta", "xlm-roberta", "albert") and \
+            has_pooler = family.model_type in ("bert", "roberta", "xlm-roberta", "albert", "camembert", "mpnet") and \
                 family.pooler.get(name, tasks.TASKS[name].pooler)
             assert (built.pooler is not None) == has_pooler, (family.model_type, name)
     assert FAMILIES["roberta"].pooler == {"text-classification": False}

@@ -43,6 +43,20 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                                             local_attention=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                             cls_token_id=1, sep_token_id=2)),
 }
+# issue 33's families, a block of their own. MPNet: the default 32-row bucket table, so the 70-token sequence reaches
+# the log-spaced buckets; ELECTRA: a factorised embedding (embeddings_project) like its small checkpoints.
+FAMILY_CONFIGS.update({
+    "mpnet": ("MPNetConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=37, max_position_embeddings=130)),
+    "electra": ("ElectraConfig", dict(vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=37, max_position_embeddings=128,
+                                      type_vocab_size=3)),
+    "camembert": ("CamembertConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=37, max_position_embeddings=130, type_vocab_size=1)),
+})
+# families whose padding id is 1 (RoBERTa's positions count from it) and families with token types in the batches
+PAD_ONE = ("roberta", "xlm-roberta", "camembert", "mpnet")
+TOKEN_TYPES = ("bert", "albert", "electra")
 # DeBERTa-v3's layout (bucketed relative positions: a 70-token sequence exceeds 8 buckets) plus v2-xlarge's
 # convolution, so the packed path's relative bias and conv round trip are both exercised. Its parity against
 # transformers has its own, wider grid in test_deberta_parity.py.
@@ -93,7 +107,7 @@ def batch(family: str, seed: int = 1, lengths: tuple[int, ...] = (70, 41, 9), pa
     """A padded batch: different lengths, one over 64 tokens, token types where the family has them."""
     g = torch.Generator().manual_seed(seed)
     t = max(lengths)
-    pad = 1 if family in ("roberta", "xlm-roberta") else 0
+    pad = 1 if family in PAD_ONE else 0
     ids = torch.randint(3, vocab, (len(lengths), t), generator=g)
     mask = torch.zeros(len(lengths), t, dtype=torch.long)
     types = torch.zeros(len(lengths), t, dtype=torch.long)
@@ -103,7 +117,7 @@ def batch(family: str, seed: int = 1, lengths: tuple[int, ...] = (70, 41, 9), pa
             types[row, n // 2:n] = 1  # second segment
     ids = ids.masked_fill(mask == 0, pad)
     out = {"input_ids": ids, "attention_mask": mask}
-    if family in ("bert", "albert"):
+    if family in TOKEN_TYPES:
         out["token_type_ids"] = types
     return out
 
