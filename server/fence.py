@@ -34,6 +34,12 @@ renew anything, and a lease shorter than that would run out between the claim an
 starts `python -m server.fence server.jobrun JOB ARGS`: this module's `main` (light: the store only) renews at once
 and starts the threads, and then imports and runs server.jobrun with the fence it holds.
 
+Parent death: every process of a job dies with the worker that started it, kill -9 included (PR_SET_PDEATHSIG,
+die_with_parent). A multi-process job (HFPORT_JOB_PROCESSES) runs under `accelerate launch`, whose ranks are
+the launcher's children, each in a session of its own: the worker starts the launcher through `--exec-under`
+(exec_with_parent_death), so the launcher dies with the worker, and each rank dies with the launcher. Rank 0 holds
+the fence; when it stops itself, it kills the other ranks first.
+
 Liveness is progress, not pulse: with `stall_s`, a fine-tune that makes no step progress (no train/eval event)
 for that long stops renewing, records a `stalled` event while it still holds the lease, and kills itself; the
 worker requeues it, saying why (it resumes from its last checkpoint)."""
