@@ -309,10 +309,18 @@ class Worker:
         if code == STALLED or (last and last[-1][1].get("type") == "stalled"):  # under accelerate: the launcher's code
             return (f"no step progress within {self.settings.job_stall_s:g} s (HFPORT_JOB_STALL_S): attempt "
                     f"{job['attempts']} was killed; the job resumes from its last checkpoint")
-        if code == FENCED:
+        if code == FENCED or self._renewed_nothing_for_the_budget(job):
             return (f"attempt {job['attempts']} could not renew its lease in time and stopped itself; the job resumes "
                     f"from its last checkpoint")
         return None
+
+    def _renewed_nothing_for_the_budget(self, job: dict[str, Any]) -> bool:
+        """No renewal of the job landed for the fence's budget (the lease minus the margin, by the database clock):
+        its watchdog stopped it (server/fence.py). Under `accelerate launch` rank 0's exit code FENCED reaches this
+        worker as the launcher's 1, so the lease says it instead; a crash renews up to its end and is not taken
+        for it (unless this worker could only reap it after an outage that long: then the job runs again)."""
+        budget = self.settings.job_lease_s - self.settings.lease_margin_s
+        return any(j["id"] == job["id"] for j in self.store.stale_running(budget))
 
     def _sync_held(self) -> None:
         """For the jobs this worker runs: pass on a cancel request (sent to any API process), and kill a job whose

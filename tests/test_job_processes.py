@@ -13,6 +13,8 @@ CI budget: one tiny BERT, 3 steps for the comparison and a few dozen for the kil
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,8 +26,8 @@ import hfport
 from hfport import RunDir
 from hfport.train.config import FinetuneConfig
 from server.settings import Settings
-from server.store import Store
-from server.worker import job_processes
+from server.store import Store, open_store
+from server.worker import Worker, job_processes
 from tests import ddp_driver
 from tests.test_ddp import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE
 from tests.test_server import TERMINAL, Server
@@ -149,3 +151,32 @@ def test_job_processes_setting_refuses_what_it_cannot_run(monkeypatch, value):
 def test_job_processes_setting_reads(monkeypatch, value, expected):
     monkeypatch.setenv("HFPORT_JOB_PROCESSES", value)
     assert Settings().job_processes == expected
+
+
+@pytest.mark.parametrize(("silent_s", "status"), [(60.0, "queued"), (0.0, "failed")])
+def test_a_launcher_exit_after_the_lease_ran_out_requeues(tmp_path, silent_s, status):
+    """Under `accelerate launch` rank 0's exit FENCED (75: its watchdog stopped it when no renewal landed for the
+    lease minus the margin) reaches the worker as the launcher's 1. A job whose lease was silent that long is
+    requeued as fenced, as a single process would be; one that renewed up to its end (a crash) fails."""
+    settings = Settings(data_dir=tmp_path / "data", job_lease_s=10.0)
+    store = open_store(settings.db_path)
+    worker = Worker(settings, store)
+    worker.register()
+    try:
+        job = store.create_job("finetune", {"output_dir": str(tmp_path / "run")})
+        claimed = store.claim_next(worker.id)
+        with store.connect() as db:  # the last renewal that landed, silent_s ago
+            db.execute("UPDATE jobs SET heartbeat_at = ? WHERE id = ?", (time.time() - silent_s, job["id"]))
+        launcher = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])  # what the launcher returns
+        launcher.wait()
+        worker.procs[job["id"]], worker.attempts[job["id"]] = launcher, claimed["attempts"]
+        worker._reap()
+        done = store.get_job(job["id"])
+        assert done["status"] == status, done
+        last = [e for _, e in store.events_after(job["id"])][-1]
+        if status == "queued":
+            assert "could not renew its lease in time" in last["reason"], last
+        else:
+            assert "exited with code 1" in done["error"], done
+    finally:
+        store.close()
