@@ -90,16 +90,16 @@ def test_two_process_job_equals_one_process_and_survives_its_worker(root, tmp_pa
             # a complete checkpoint to resume from (the background write of step 2 has ended), the job still running
             held = wait(client, killed, lambda j: j["status"] == "running"
                         and RunDir(j["config"]["output_dir"]).resume_point() is not None)
-        ranks = job_processes(killed)
-        assert len(ranks) >= 3, ranks  # the launcher and two ranks (the launcher's argv names the job too)
+        procs = job_processes(killed)
+        assert len(procs) >= 3, procs  # the launcher and two ranks (the launcher's argv names the job too)
         srv.proc.kill()  # SIGKILL: no handler, no cleanup
         srv.proc.wait()
         deadline = time.time() + 15
-        while (left := [p for p in ranks if Path(f"/proc/{p}").exists() and not _zombie(p)]) and time.time() < deadline:
+        while (left := [p for p in procs if Path(f"/proc/{p}").exists() and not _zombie(p)]) and time.time() < deadline:
             time.sleep(0.1)
         assert not left, f"processes of job {killed} outlived their worker: {left}"
         assert job_processes(killed) == []
-        print(f"killed the worker at step {held['progress'].get('step')} of {KILL_STEPS}; {len(ranks)} processes "
+        print(f"killed the worker at step {held['progress'].get('step')} of {KILL_STEPS}; {len(procs)} processes "
               "of the job ended with it")
     finally:
         srv.stop()
@@ -124,9 +124,11 @@ def test_two_process_job_equals_one_process_and_survives_its_worker(root, tmp_pa
             done = wait(client, killed, lambda j: j["status"] in TERMINAL)
             assert done["status"] == "succeeded", (done, srv.read_log())
             assert done["attempts"] == 2, done
-        kinds = [e for _, e in Store(data / "hfport.db").events_after(killed)]
-        resumed = [e for e in kinds if e.get("type") == "resumed"]
-        assert resumed and resumed[0]["step"] >= 2, kinds
+        store = Store(data / "hfport.db")
+        events = [e for _, e in store.events_after(killed)]
+        store.close()
+        resumed = [e for e in events if e.get("type") == "resumed"]
+        assert resumed and resumed[0]["step"] >= 2, events
         assert done["result"]["summary"]["steps"] == KILL_STEPS and done["result"]["summary"]["num_processes"] == 2
     finally:
         srv.stop()
