@@ -17,7 +17,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ class RunSummary:
     problem_type: str | None
     config: dict[str, Any]  # the resolved FinetuneConfig
     final_eval: dict[str, Any] | None = None  # {"eval_<metric>": value} of the last evaluation
+    num_processes: int = 1  # the processes (DDP ranks) that trained it
 
     def to_dict(self, *, with_config: bool = True) -> dict[str, Any]:
         out = asdict(self)
@@ -63,7 +64,7 @@ class RunSummary:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "summary") -> RunSummary:
         names = {f.name for f in fields(cls)}
-        required = {f.name for f in fields(cls) if f.name != "final_eval"}
+        required = {f.name for f in fields(cls) if f.default is MISSING}  # older summaries lack the rest
         missing = sorted(required - set(data))
         if missing:
             raise RunDirError(f"{where}: missing {missing}")

@@ -34,6 +34,12 @@ renew anything, and a lease shorter than that would run out between the claim an
 starts `python -m server.fence server.jobrun JOB ARGS`: this module's `main` (light: the store only) renews at once
 and starts the threads, and then imports and runs server.jobrun with the fence it holds.
 
+Parent death: every process of a job dies with the worker that started it, kill -9 included (PR_SET_PDEATHSIG,
+die_with_parent). A multi-process job (HFPORT_JOB_PROCESSES) runs under `accelerate launch`, whose ranks are
+the launcher's children, each in a session of its own: the worker starts the launcher through `--exec-under`
+(exec_with_parent_death), so the launcher dies with the worker, and each rank dies with the launcher. Rank 0 holds
+the fence; when it stops itself, it kills the other ranks first.
+
 Liveness is progress, not pulse: with `stall_s`, a fine-tune that makes no step progress (no train/eval event)
 for that long stops renewing, records a `stalled` event while it still holds the lease, and kills itself; the
 worker requeues it, saying why (it resumes from its last checkpoint)."""
@@ -58,27 +64,55 @@ log = logging.getLogger("hfport.server.fence")
 FENCED = 75   # exit code: the lease could not be renewed in time (or was lost); the worker requeues the job
 STALLED = 76  # exit code: no step progress within stall_s; the worker requeues the job, saying why
 PROGRESS_EVENTS = ("train", "eval")
+LAUNCHER = "accelerate.commands.launch"  # the module the worker runs (python -m) for a multi-process job
 
 
 def _die(code: int, reason: str) -> None:
-    """SIGKILL the other processes of this job's process group (its ranks and children), then exit at once: no
-    cleanup handler runs (the training loop's `finally` would complete a checkpoint save into the run folder)."""
+    """SIGKILL the other processes of this job (its process group: its children; under `accelerate launch`, the
+    other ranks and their groups too), then exit at once: no cleanup handler runs (the training loop's `finally`
+    would complete a checkpoint save into the run folder)."""
     try:
         os.write(2, f"job process {os.getpid()} at {time.time():.3f}: {reason}; stopping now (exit {code})\n".encode())
     except OSError:
         pass
     group, me = os.getpgrp(), os.getpid()
-    if os.getsid(0) == group:  # the worker started this job as its own session: the group is the job's alone
-        for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-            if not entry.name.isdigit() or int(entry.name) == me:
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == group:  # state, ppid, pgrp, ...
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except (OSError, IndexError, ValueError):
-                continue
+    if os.getsid(0) == group:  # the worker (or the launcher) started this process as its own session
+        table = _process_table()
+        # the launcher starts each rank as its own session: its siblings are the other ranks, each a group leader
+        ranks = {pid for pid, (ppid, _) in table.items() if ppid == os.getppid()} if under_launcher() else set()
+        for pid, (_, pgrp) in table.items():
+            if pid != me and (pgrp == group or pgrp in ranks):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
     os._exit(code)
+
+
+def under_launcher() -> bool:
+    """This process is a rank that the worker's `accelerate launch` (torch elastic) started: its parent is the
+    launcher (read from /proc, not from the environment, which a worker itself started by a launcher would pass on
+    to its single-process jobs)."""
+    try:
+        return LAUNCHER.encode() in Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _stat(pid: int) -> tuple[int, int]:
+    """(parent pid, process group) of a process; (-1, -1) when it is gone (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
+        return int(fields[1]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return -1, -1
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every live process (Linux /proc; empty elsewhere)."""
+    proc = Path("/proc")
+    pids = [int(e.name) for e in proc.iterdir() if e.name.isdigit()] if proc.is_dir() else []
+    return {pid: stat for pid in pids if (stat := _stat(pid))[0] != -1}
 
 
 class Fence:
@@ -213,18 +247,30 @@ class FencedStore:
 
 
 def die_with_parent(parent_pid: int | None) -> None:
-    """Linux: SIGKILL this process when the server that started it dies, so no orphan keeps training."""
+    """Linux: SIGKILL this process when the process that started it dies, so no orphan keeps training; exit at once
+    if the worker `parent_pid` is gone already. Under `accelerate launch` the parent is the launcher, which itself
+    dies with the worker (`exec_with_parent_death`): the chain worker -> launcher -> rank holds when the worker is
+    this process's grandparent."""
     if parent_pid is None or not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: survives exec, fires when the parent (thread) exits
     except OSError:
         return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    # checked after prctl: a parent that died before it took effect left this process reparented already
+    parent = os.getppid()
+    if parent != parent_pid and not (under_launcher() and _stat(parent)[0] == parent_pid):
         os._exit(143)
+
+
+def exec_with_parent_death(parent_pid: int, argv: list[str]) -> None:
+    """`python -m server.fence --exec-under PID -- PROGRAM ARGS`: PROGRAM (here `accelerate launch`, whose code
+    cannot ask for it) replaces this process and dies with the worker PID; its ranks die with it (die_with_parent)."""
+    die_with_parent(parent_pid)
+    os.execvp(argv[0], argv)
 
 
 def start(argv: list[str]) -> tuple[Fence | None, int | None]:
@@ -265,10 +311,13 @@ JOB_MODULE = "server.jobrun"  # what `python -m server.fence` runs once the leas
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m server.fence server.jobrun JOB ARGS`: fence first, then the job. The job module is imported by name
+    """`python -m server.fence server.jobrun JOB ARGS`: fence first, then the job (`--exec-under PID -- PROGRAM
+    ARGS`: exec_with_parent_death). The job module is imported by name
     only after the lease is safe (it imports the whole engine), and so this module never imports it: the job
     module imports the fence, not the reverse."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--exec-under"] and argv[2:3] == ["--"]:
+        exec_with_parent_death(int(argv[1]), argv[3:])
     if argv[:1] == [JOB_MODULE]:
         argv = argv[1:]
     fence, code = start(argv)

@@ -51,6 +51,8 @@ def run_finetune(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
     register_as = config.pop("register_as", None) or f"finetune-{job['id']}"
     run = RunDir(config["output_dir"])
     config["resume"], config["overwrite"] = None, False
+    if main:  # the ranks `accelerate launch` started (HFPORT_JOB_PROCESSES), shown by GET /jobs/{id}
+        store.update_progress(job["id"], {"num_processes": int(os.environ.get("WORLD_SIZE", "1"))})
     point = run.resume_point()
     if point is not None:
         config["resume"] = "latest"

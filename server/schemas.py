@@ -143,8 +143,9 @@ class JobInfo(BaseModel):
     kind: Literal["finetune", "export"]
     status: JobStatus
     config: dict[str, Any]
-    progress: dict[str, Any] = Field(description="step, epoch, total_steps when known; eta_s, steps_per_s, "
-                                      "tokens_per_s and resources (rss_gb, gpu0_mem_used_gb...) while it trains")
+    progress: dict[str, Any] = Field(description="step, epoch, total_steps when known; num_processes (a fine-tune's "
+                                      "ranks, HFPORT_JOB_PROCESSES); eta_s, steps_per_s, tokens_per_s and "
+                                      "resources (rss_gb, gpu0_mem_used_gb...) while it trains")
     metrics: dict[str, Any] = Field(description="the latest train and eval values")
     result: dict[str, Any] | None
     error: str | None

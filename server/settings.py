@@ -61,6 +61,12 @@ class Settings(BaseSettings):
                                                                     "names its job (a retry within it gets the "
                                                                     "same job)")
     cancel_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling")
+    job_processes: int | Literal["auto"] = Field("auto", description="processes a fine-tune job runs: auto (one per "
+                                                 "visible GPU, else 1) or an integer >= 1; more than one run under "
+                                                 "`accelerate launch` (DDP: nccl on GPUs, gloo on the CPU)")
+    dataset_check_max_bytes: int = Field(100 * 2**20, ge=1, description="largest data file (train or eval, given by "
+                                         "path or uploaded) POST /jobs/finetune* reads and checks before queueing; "
+                                         "a larger one is refused with 413 naming the file and this limit")
     # scale-out: a shared job store, and which parts of the service this process runs
     database_url: str | None = Field(None, description="postgresql://user:password@host:port/db selects a shared "
                                                        "PostgreSQL job store; unset: SQLite under the data dir")
@@ -87,6 +93,22 @@ class Settings(BaseSettings):
                              f"HFPORT_LEASE_S ({self.job_lease_s:g} s): a job process dies when no renewal succeeded "
                              f"for the lease minus the margin")
         return self
+
+    @field_validator("job_processes", mode="before")
+    @classmethod
+    def _processes(cls, v: object) -> object:
+        """`auto` or a whole number >= 1; anything else names the setting and what it accepts."""
+        text = str(v).strip().lower()
+        if text == "auto":
+            return "auto"
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:  # int() already refused 'two', '1.5', True (as 'true')
+            raise ValueError(f"HFPORT_JOB_PROCESSES: {v!r} is neither 'auto' (one process per visible GPU, else 1) "
+                             "nor a whole number >= 1")
+        return n
 
     @field_validator("models", mode="before")
     @classmethod

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from . import uploads
-from .fence import FENCED, STALLED
+from .fence import FENCED, LAUNCHER, STALLED
+from .launch import free_port
 from .settings import Settings
 from .store import BaseStore, StoreUnavailable, duplicate_worker_error
 
@@ -72,6 +73,14 @@ def gpu_count() -> int:
         return torch.cuda.device_count()
     except Exception:  # noqa: BLE001
         return 0
+
+
+def job_process_count(settings: Settings, kind: str) -> int:
+    """How many processes a job of this kind runs: HFPORT_JOB_PROCESSES for a fine-tune (auto: one per visible GPU,
+    else 1); an export is one process."""
+    if kind != "finetune":
+        return 1
+    return max(1, gpu_count()) if settings.job_processes == "auto" else settings.job_processes
 
 
 def pid_alive(pid: int) -> bool:
@@ -228,18 +237,7 @@ class Worker:
     def _spawn(self, job: dict[str, Any]) -> None:
         log_dir = self.settings.runs_dir / job["id"]
         log_dir.mkdir(parents=True, exist_ok=True)
-        # server.fence renews the lease before the engine is imported, then runs server.jobrun (job_processes
-        # finds it by "server.jobrun" and the job id in its argv)
-        args = ["-m", "server.fence", "server.jobrun", job["id"], "--data-dir", str(self.settings.data_dir),
-                "--parent-pid", str(os.getpid()), "--heartbeat", str(self.settings.job_heartbeat_s),
-                "--attempt", str(job["attempts"]), "--lease-s", str(self.settings.job_lease_s),
-                "--lease-margin-s", str(self.settings.lease_margin_s), "--stall-s", str(self.settings.job_stall_s)]
-        gpus = gpu_count() if job["kind"] == "finetune" else 0
-        if gpus > 1:  # one process per GPU, the same engine `accelerate launch hfport finetune` runs
-            cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus),
-                   *args]
-        else:
-            cmd = [sys.executable, *args]
+        cmd = self._command(job)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                                            os.environ.get("PYTHONPATH")]))}
         if self.settings.database_url:  # in the environment, not argv: a password stays out of `ps`
@@ -252,7 +250,26 @@ class Worker:
         self.procs[job["id"]] = proc
         self.attempts[job["id"]] = job["attempts"]
         self.store.set_pid(job["id"], proc.pid, attempt=job["attempts"])
-        log.info("job %s (%s) attempt %d started as pid %d", job["id"], job["kind"], job["attempts"], proc.pid)
+        log.info("job %s (%s) attempt %d started as pid %d (%d process(es))", job["id"], job["kind"],
+                 job["attempts"], proc.pid, job_process_count(self.settings, job["kind"]))
+
+    def _command(self, job: dict[str, Any]) -> list[str]:
+        """The job's command line. server.fence renews the lease before the engine is imported, then runs
+        server.jobrun (job_processes finds it by "server.jobrun" and the job id in its argv). More than one
+        process: the same engine under `accelerate launch` (what `accelerate launch -m hfport finetune` runs),
+        started through server.fence --exec-under so the launcher dies with this worker, and its ranks with it."""
+        args = ["-m", "server.fence", "server.jobrun", job["id"], "--data-dir", str(self.settings.data_dir),
+                "--parent-pid", str(os.getpid()), "--heartbeat", str(self.settings.job_heartbeat_s),
+                "--attempt", str(job["attempts"]), "--lease-s", str(self.settings.job_lease_s),
+                "--lease-margin-s", str(self.settings.lease_margin_s), "--stall-s", str(self.settings.job_stall_s)]
+        n = job_process_count(self.settings, job["kind"])
+        if n == 1:
+            return [sys.executable, *args]
+        # --multi_gpu is torch elastic's launcher on the CPU too: the engine's Accelerator(cpu=True) picks gloo
+        # there (accelerate's --cpu runs one process); a port of its own, so two jobs on one host do not collide
+        launch = [sys.executable, "-m", LAUNCHER, "--multi_gpu", "--num_processes", str(n), "--num_machines", "1",
+                  "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no"]
+        return [sys.executable, "-m", "server.fence", "--exec-under", str(os.getpid()), "--", *launch, *args]
 
     def _mine(self, job: dict[str, Any] | None) -> bool:
         """The job is running under this worker's lease, for the attempt this worker started."""
@@ -292,10 +309,18 @@ class Worker:
         if code == STALLED or (last and last[-1][1].get("type") == "stalled"):  # under accelerate: the launcher's code
             return (f"no step progress within {self.settings.job_stall_s:g} s (HFPORT_JOB_STALL_S): attempt "
                     f"{job['attempts']} was killed; the job resumes from its last checkpoint")
-        if code == FENCED:
+        if code == FENCED or self._renewed_nothing_for_the_budget(job):
             return (f"attempt {job['attempts']} could not renew its lease in time and stopped itself; the job resumes "
                     f"from its last checkpoint")
         return None
+
+    def _renewed_nothing_for_the_budget(self, job: dict[str, Any]) -> bool:
+        """No renewal of the job landed for the fence's budget (the lease minus the margin, by the database clock):
+        its watchdog stopped it (server/fence.py). Under `accelerate launch` rank 0's exit code FENCED reaches this
+        worker as the launcher's 1, so the lease says it instead; a crash renews up to its end and is not taken
+        for it (unless this worker could only reap it after an outage that long: then the job runs again)."""
+        budget = self.settings.job_lease_s - self.settings.lease_margin_s
+        return any(j["id"] == job["id"] for j in self.store.stale_running(budget))
 
     def _sync_held(self) -> None:
         """For the jobs this worker runs: pass on a cancel request (sent to any API process), and kill a job whose
@@ -352,7 +377,9 @@ class Worker:
     @staticmethod
     def _signal(proc: subprocess.Popen, sig: int) -> None:
         try:
-            os.killpg(proc.pid, sig)  # the job and, under accelerate launch, its ranks
+            # the job and its children; under accelerate launch, the launcher, which passes SIGTERM on to its
+            # ranks (each in a session of its own) and whose death (SIGKILL) kills them (die_with_parent)
+            os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 

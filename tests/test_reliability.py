@@ -584,3 +584,62 @@ def test_uploads_no_live_job_needs_are_swept(tmp_path):
         assert sweep(store, root, grace_s=600, now=now) == []  # nothing more to do
     finally:
         store.close()
+
+
+def test_dataset_checks_run_off_the_event_loop_within_a_size_limit(base_model, tmp_path, monkeypatch):
+    """POST /jobs/finetune (data by path) and /jobs/finetune/upload read and encode the data before queueing: while
+    that check runs (held here until released), the event loop still answers other requests; a data file over
+    HFPORT_DATASET_CHECK_MAX_BYTES is refused with 413 naming the field, the file and the limit, unread."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.routes import jobs as job_routes
+    from server.settings import Settings
+
+    sets = tmp_path / "sets"
+    sets.mkdir()
+    (sets / "train.jsonl").write_text(GOOD * 8)
+    (sets / "big.jsonl").write_text(GOOD * 40)
+    limit = len(GOOD.encode()) * 20
+    settings = Settings(data_dir=tmp_path / "data", allowed_dirs=[sets, base_model.parent],
+                        dataset_check_max_bytes=limit)
+    entered, release, real = threading.Event(), threading.Event(), job_routes.preflight
+
+    def held_preflight(config, **kw):
+        entered.set()
+        assert release.wait(60), "never released"
+        return real(config, **kw)
+
+    monkeypatch.setattr(job_routes, "preflight", held_preflight)
+    config = {"model": str(base_model), "batch_size": 4}
+    with TestClient(create_app(settings, run_worker=False)) as client:
+        submissions = {
+            "path": lambda name: client.post("/jobs/finetune", json={"config": {**config, "train": str(sets / name)}}),
+            "upload": lambda name: client.post("/jobs/finetune/upload", data={"config": json.dumps(config)},
+                                               files={"train": (name, (sets / name).read_bytes())}),
+        }
+        for how, submit in submissions.items():
+            entered.clear()
+            release.clear()
+            answers: dict[str, httpx.Response] = {}
+            job = threading.Thread(target=lambda: answers.update(job=submit("train.jsonl")))
+            job.start()
+            assert entered.wait(60), how
+            health = threading.Thread(target=lambda: answers.update(health=client.get("/health")))
+            health.start()
+            health.join(20)
+            seen = answers.get("health")  # read before the release: the loop answered while the check ran
+            release.set()
+            job.join(120)
+            health.join(20)
+            assert seen is not None and seen.status_code == 200, f"{how}: /health waited on the data check"
+            assert answers["job"].status_code == 202, (how, answers["job"].text)
+
+            entered.clear()
+            body = assert_error(submit("big.jsonl"), 413, "PayloadTooLarge")
+            for fragment in ("config.train", "'big.jsonl'", f"{(sets / 'big.jsonl').stat().st_size:,} bytes",
+                             f"{limit:,} bytes", "HFPORT_DATASET_CHECK_MAX_BYTES"):
+                assert fragment in body["error"], (how, fragment, body)
+            assert not entered.is_set(), f"{how}: the over-limit file was read"

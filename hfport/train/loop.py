@@ -463,7 +463,7 @@ class Trainer:
             best_step=self.tracker.best_step, stopped_early=self.stop, metric_mode=self.tracker.mode, frozen=frozen,
             train_examples=len(data.train), eval_examples=len(data.eval),
             labels=unwrapped.config.id2label if data.space else None, problem_type=_problem(data),
-            config=self.config.model_dump(),
+            config=self.config.model_dump(), num_processes=self.world,
             final_eval={k: v for k, v in last_eval[-1].items() if k.startswith("eval_")} if last_eval else None)
         result.write(run.summary_path)
         summary = result.to_dict()

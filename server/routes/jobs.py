@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from ..schemas import ERRORS, ExportJobRequest, FinetuneJobConfig, FinetuneJobRe
 from ..security import confine
 from ..settings import Settings, SettingsDep
 from ..store import TERMINAL, BaseStore as Store
+from ..worker import job_process_count
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=ERRORS)
 UPLOAD_PATH = "/jobs/finetune/upload"
@@ -56,13 +58,20 @@ def _output_dir(value: str | None, settings: Settings, job_id: str, default: str
     return str(out)
 
 
-def check_data(config: Any) -> None:
+def check_data(config: Any, settings: Settings) -> None:
     """The engine's own preflight (hfport.train.preflight: model, tokenizer, data files read and encoded) before
-    the job is queued, so a bad file is a 422 naming file, line and field instead of a job that fails later."""
-    from ..worker import gpu_count
-
+    the job is queued, so a bad file is a 422 naming file, line and field instead of a job that fails later; for
+    the processes the job will run (a batch per process). Callers run it off the event loop; a file over
+    HFPORT_DATASET_CHECK_MAX_BYTES is refused before any of it is read."""
+    for field in ("train", "eval"):
+        path = getattr(config, field)
+        size = os.stat(path).st_size if path is not None and os.path.isfile(path) else 0  # missing: preflight says
+        if size > settings.dataset_check_max_bytes:
+            raise ApiError(413, f"config.{field}: {Path(path).name!r} is {size:,} bytes, more than the "
+                                f"{settings.dataset_check_max_bytes:,} bytes a submission's data check reads "
+                                "(HFPORT_DATASET_CHECK_MAX_BYTES)", "PayloadTooLarge")
     try:
-        preflight(config, world=max(1, gpu_count()))
+        preflight(config, world=job_process_count(settings, "finetune"))
     except (HfportError, ValueError) as e:  # DataError names file, line and field
         raise ApiError(422, str(e), type(e).__name__ if isinstance(e, HfportError) else "InvalidData") from e
     except OSError as e:
@@ -113,7 +122,7 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
         resolved, _ = resolve_config(values, {}, "config")
     except ConfigError as e:
         raise ApiError(422, str(e), "InvalidConfig") from e
-    check_data(resolved)
+    check_data(resolved, settings)
     stored = resolved.model_dump(mode="json", exclude={"resume", "overwrite"})
     if register_as:
         if store.get_model(register_as) is not None:
@@ -124,6 +133,7 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
 
 def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep,
                     idempotency_key: IdempotencyKeyHeader = None) -> JobInfo:
+    # a plain def on purpose: FastAPI runs it in its thread pool, so the data check never blocks the event loop
     return idempotent(store, settings, "finetune", idempotency_key, body,
                       lambda s: _submit_finetune(body.config, body.register_as, s, settings))
 
