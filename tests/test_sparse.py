@@ -217,3 +217,82 @@ def test_tei_embed_sparse_and_the_dense_sparse_mismatch_errors(st_folder, minilm
         assert_error(c.post("/embed_sparse", json={"inputs": []}, headers={"x-model": "splade"}), 400, "Empty")
         assert_error(c.post("/embed_sparse", json={"inputs": "x", "normalize": True}, headers={"x-model": "splade"}),
                      422, "Validation")
+
+
+# --- training -----------------------------------------------------------------------------------------------------
+
+
+def test_splade_loss_is_sentence_transformers_splade_loss(st_folder):
+    """Their SpladeLoss(SparseMultipleNegativesRankingLoss) on a SparseEncoder's triplet features = ours on the same
+    model's vectors; weights large enough that each FLOPS term moves the total."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
+
+    from hfport.train.tasks.sparse import flops, splade_loss
+
+    encoder = SparseEncoder(str(st_folder), device="cpu")
+    rows = [json.loads(x) for x in (DATA / "embed_train.jsonl").read_text().splitlines()[:5]]
+    columns = [[r["anchor"] for r in rows], [r["positive"] for r in rows], [r["negative"] for r in rows]]
+    reference = SpladeLoss(encoder, SparseMultipleNegativesRankingLoss(encoder), document_regularizer_weight=0.3,
+                           query_regularizer_weight=0.5)
+    theirs = reference([encoder.preprocess(c) for c in columns], None)
+    with torch.no_grad():
+        vectors = torch.cat([encoder(encoder.preprocess(c))["sentence_embedding"] for c in columns])  # (3B, V)
+    index = torch.arange(15).view(3, 5).T  # (B, 3): anchor, positive, negative rows
+    ours = splade_loss(vectors, index, 1.0, 0.5, 0.3)
+    torch.testing.assert_close(ours, sum(theirs.values()).detach(), rtol=1e-5, atol=1e-6)
+    assert float(0.3 * flops(vectors[5:])) > 1e-3 and float(0.5 * flops(vectors[:5])) > 1e-3
+
+
+def sparse_cfg(model: Path, tmp_path: Path, **kw):
+    from hfport.train.config import FinetuneConfig
+
+    values = dict(model=str(model), task="sparse-embedding", train=str(DATA / "embed_train.jsonl"),
+                  eval=str(DATA / "embed_eval.jsonl"), output_dir=str(tmp_path / "run"), batch_size=16, lr=1e-3,
+                  logging_steps=1, seed=3, max_length=48, precision="fp32")
+    return FinetuneConfig(**{**values, **kw})
+
+
+def test_sparse_training_writes_sparse_encoder_folders_that_verify(st_folder, tmp_path):
+    from hfport.train.loop import finetune
+
+    summary = finetune(sparse_cfg(st_folder, tmp_path, max_steps=6, eval_strategy="steps", eval_steps=3,
+                                  query_regularizer_weight=1e-3, document_regularizer_weight=1e-3), progress=False)
+    assert summary["problem_type"] == "pairs" and list(summary["best_metric"]) == ["ndcg@10"]
+    evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["type"] == "eval"]
+    assert {"eval_ndcg@10", "eval_mrr@10", "eval_query_active_dims", "eval_corpus_active_dims"} <= set(evals[-1])
+    assert 0 < evals[-1]["eval_corpus_active_dims"] < 30522
+    for which in ("best", "final"):
+        folder = tmp_path / "run" / which
+        assert has_sparse_layout(folder) and hfport.model_task(folder) == "sparse-embedding"
+        assert json.loads((folder / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    report = hfport.verify(tmp_path / "run" / "best", tmp_path / "run")
+    assert report.passed, report.table()
+    assert {r.output for r in report.rows if r.check == "sparse-encoder"} == {"pooling", "support", "values"}
+    # `hfport export --format sparse-encoder` writes the layout and proves it; a folder whose pooling was edited
+    # no longer verifies
+    out = hfport.export(tmp_path / "run", tmp_path / "export", format="sparse-encoder", verify=True)
+    assert {"modules.json", "1_SpladePooling"} <= set(out.files) and out.report.passed
+    edit(tmp_path / "export", "1_SpladePooling/config.json", lambda c: {**c, "pooling_strategy": "sum"})
+    bad = hfport.verify(tmp_path / "export", tmp_path / "run")
+    assert not bad.passed and any(r.check == "sparse-encoder" and not r.passed for r in bad.rows)
+
+
+@pytest.mark.parametrize("options,fragment", [
+    ({"pooling": "mean"}, "sentence-embedding options"),
+    ({"matryoshka_dims": [16]}, "sentence-embedding options"),
+    ({"loss": "cosent"}, "SpladeLoss"),
+    ({"train": "scored"}, "scored-pairs rows"),
+])
+def test_bad_sparse_training_options_are_named(st_folder, tmp_path, options, fragment):
+    from hfport.errors import ConfigError
+    from hfport.train.loop import finetune
+
+    if options.get("train") == "scored":
+        scored = tmp_path / "sts.jsonl"
+        scored.write_text("".join(json.dumps({"sentence1": f"a {i}", "sentence2": f"b {i}", "score": 0.5}) + "\n"
+                                  for i in range(8)))
+        options = {"train": str(scored), "eval": None}
+    with pytest.raises(ConfigError, match=fragment):
+        finetune(sparse_cfg(st_folder, tmp_path, max_steps=1, **options), progress=False)

@@ -89,7 +89,9 @@ class FinetuneConfig(BaseModel):
         "sentence-embedding: mnrl (in-batch negatives, for pairs/triplets; the default) or cosent (scored pairs; "
         "the default for them); text-ranking: bce (the default) or listwise (softmax cross-entropy over a query's "
         "candidates)"))
-    scale: float = Field(20.0, gt=0, description="similarity scale of mnrl/cosent (1 / temperature)")
+    scale: float | None = Field(None, gt=0, description=(
+        "similarity scale of mnrl/cosent (1 / temperature); default 20 for sentence-embedding (cosine), 1 for "
+        "sparse-embedding (dot product of the sparse vectors), sentence-transformers' defaults"))
     pooling: Literal["mean", "cls", "max"] | None = Field(None, description=(
         "sentence-embedding pooling; default: the base model's sentence-transformers config, else mean"))
     normalize: bool | None = Field(None, description=(

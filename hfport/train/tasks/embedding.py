@@ -42,6 +42,7 @@ from ..metrics import retrieval as metrics
 from . import TrainTask
 
 LOSSES = {"pairs": ("mnrl",), "scored-pairs": ("cosent",)}  # the data's kind -> the losses that fit it
+DEFAULT_SCALE = 20.0  # of cosine similarities (sentence-transformers' MNRL and CoSENT default)
 
 
 # --- the losses -------------------------------------------------------------------------------------------------
@@ -52,13 +53,15 @@ def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, p=2, dim=-1) @ F.normalize(b, p=2, dim=-1).T
 
 
-def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: slice = slice(None)) -> torch.Tensor:
+def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: slice = slice(None),
+              similarity: Any = None) -> torch.Tensor:
     """MultipleNegativesRankingLoss over a batch of distinct texts.
 
     embeddings (U, C): one row per distinct text of the batch; index (B, K): row of each example's anchor (column 0),
     positive (1) and hard negatives (2..; -1 where an example has fewer). Each anchor is scored against every
     distinct positive and negative text of the batch (cosine x scale) and must pick its own positive (cross-entropy).
     `own`: the examples whose anchors this call scores (a process's share of a gathered global batch; default all).
+    `similarity`: (N, C), (M, C) -> (N, M); cosine by default (SparseMultipleNegativesRankingLoss: the dot product).
 
     Duplicates: a text that appears twice is one candidate, so an example's positive repeated as another's is not a
     negative of itself; and where two examples share an anchor, each one's positive is masked out of the other's
@@ -69,7 +72,7 @@ def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: 
     candidates = torch.unique(slots[slots >= 0])  # (M,) sorted rows of the distinct candidate texts
     column = torch.full((embeddings.shape[0],), -1, dtype=torch.long, device=index.device)  # (U,)
     column[candidates] = torch.arange(len(candidates), device=index.device)
-    scores = cosine_matrix(embeddings[anchors[own]], embeddings[candidates]) * scale  # (b, M)
+    scores = (similarity or cosine_matrix)(embeddings[anchors[own]], embeddings[candidates]) * scale  # (b, M)
     target = column[positives]  # (B,)
     same_anchor = anchors[own, None] == anchors[None, :]  # (b, B)
     other = same_anchor & (target[None, :] != target[own, None])  # (b, B): j's positive is also relevant to i
@@ -223,6 +226,7 @@ def pooling_defaults(config: Any, source: Path) -> tuple[str, bool]:
 class SentenceEmbedding(TrainTask):
     name = "sentence-embedding"
     compute_metrics = staticmethod(metrics.compute)
+    default_scale = DEFAULT_SCALE
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         train_path = Path(config.train)
@@ -270,7 +274,7 @@ class SentenceEmbedding(TrainTask):
 
         train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
                                                       config.eval_fraction, config.seed)
-        extra = {"loss": loss, "scale": config.scale, "pooling": pooling, "normalize": normalize,
+        extra = {"loss": loss, "scale": config.scale or self.default_scale, "pooling": pooling, "normalize": normalize,
                  "mini_batch_size": config.mini_batch_size, "gather": config.gather_across_devices,
                  "hidden_size": raw.get("hidden_size"), "matryoshka_dims": dims,
                  "matryoshka_weights": list(config.matryoshka_weights or [1.0] * len(dims)),
@@ -302,13 +306,9 @@ class SentenceEmbedding(TrainTask):
         chunk runs without keeping its activations (torch.utils.checkpoint), the loss sees every embedding, and the
         backward pass re-runs one chunk at a time with its embeddings' gradient."""
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-        pooling, normalize = data.extra["pooling"], data.extra["normalize"]
 
         def embed(*tensors: torch.Tensor) -> torch.Tensor:
-            kwargs = dict(zip(inputs, tensors))
-            hidden = model(**kwargs).last_hidden_state  # (n, T, C)
-            out = pool(hidden, kwargs["attention_mask"], pooling)  # (n, C)
-            return F.normalize(out, p=2, dim=-1) if normalize else out
+            return self.embed(model, data, dict(zip(inputs, tensors)))
 
         chunk = data.extra.get("mini_batch_size")
         n = batch["input_ids"].shape[0]
@@ -321,6 +321,12 @@ class SentenceEmbedding(TrainTask):
             sub = [t[:, :longest] for t in sub]
             parts.append(checkpoint(embed, *sub, use_reentrant=False))  # (n_chunk, C)
         return torch.cat(parts)  # (U, C)
+
+    def embed(self, model: Any, data: EncodedData, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(n, T) inputs -> (n, C) embeddings: the encoder's states pooled (and normalized) as the run says."""
+        hidden = model(**inputs).last_hidden_state  # (n, T, C)
+        out = pool(hidden, inputs["attention_mask"], data.extra["pooling"])  # (n, C)
+        return F.normalize(out, p=2, dim=-1) if data.extra["normalize"] else out
 
     def write_model_files(self, folder: Path, data: EncodedData) -> None:
         """best/ and final/ in the sentence-transformers layout: the pooling and normalisation the run trained with."""
