@@ -36,7 +36,7 @@ log = logging.getLogger("hfport")
 
 TASKS: dict[str, Task] = {t.name: t for t in (
     feature_extraction.TASK, text_classification.TASK, token_classification.TASK, question_answering.TASK,
-    fill_mask.TASK, multiple_choice.TASK, sentence_embedding.TASK, sparse_embedding.TASK, text_ranking.TASK)}
+    fill_mask.TASK, multiple_choice.TASK, sentence_embedding.TASK, text_ranking.TASK, sparse_embedding.TASK)}
 ALIASES: dict[str, str] = {alias: t.name for t in TASKS.values() for alias in t.aliases}
 TASK_CLASSES: dict[str, type[PreTrainedEncoder]] = {name: t.model_class for name, t in TASKS.items()}
 # the tasks whose models the families build (their heads, architectures): a training-only task such as
