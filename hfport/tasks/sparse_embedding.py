@@ -40,10 +40,14 @@ def splade_pool(logits: Tensor, attention_mask: Tensor, strategy: str = "max", a
 
     Max pooling takes the max of the logits first and transforms the (B, V) result: log1p and relu are monotone, so
     max_t f(x_t) = f(max_t x_t) and the (B, T, V) transform is never materialised. Padding is -inf before the max
-    (relu sends it to 0, where sentence-transformers' multiply-by-mask sends it too)."""
+    (relu sends it to 0, where sentence-transformers' multiply-by-mask sends it too); without gradients the logits are
+    overwritten there (the caller's tensor: pass a copy to keep it)."""
     if strategy == "max":
-        real = attention_mask[..., None].bool()  # (B, T, 1)
-        pooled = logits.masked_fill(~real, float("-inf")).amax(dim=1)  # (B, V)
+        padding = ~attention_mask[..., None].bool()  # (B, T, 1)
+        # in place where no gradient needs the logits (inference): no second (B, T, V) tensor
+        masked = logits.masked_fill(padding, float("-inf")) if logits.requires_grad else \
+            logits.masked_fill_(padding, float("-inf"))  # (B, T, V)
+        pooled = masked.amax(dim=1)  # (B, V)
         return _activate(pooled, activation)  # (B, V)
     if strategy != "sum":
         raise ValueError(f"pooling_strategy={strategy!r}: use 'max' or 'sum'")
