@@ -113,7 +113,7 @@ async def tokenize(body: TokenizeRequest, request: Request, store: StoreDep, ser
     check_inputs(items, settings, TEI_ANSWERS)
     prompt = ""
     if body.prompt_name is not None:
-        model.need("embedding", route="/tokenize with prompt_name")
+        model.need("embedding", "sparse-embedding", route="/tokenize with prompt_name")
         prompts = model.pipe.sentence.prompts
         if body.prompt_name not in prompts:
             raise ApiError(422, f"prompt_name={body.prompt_name!r}: the model's prompts are {sorted(prompts)}",
