@@ -296,3 +296,22 @@ def test_bad_sparse_training_options_are_named(st_folder, tmp_path, options, fra
         options = {"train": str(scored), "eval": None}
     with pytest.raises(ConfigError, match=fragment):
         finetune(sparse_cfg(st_folder, tmp_path, max_steps=1, **options), progress=False)
+
+
+def test_sparse_retrieval_metrics_rank_by_dot_product_and_count_nonzeros():
+    """Two queries over a 3-text corpus: cosine would rank q0's documents the other way (d1 is longer but less
+    aligned), the dot product ranks d1 first, as SparseEncoder's similarity does."""
+    from hfport.train.data import EncodedData
+    from hfport.train.tasks.sparse import SparseEmbedding
+
+    task = SparseEmbedding()
+    q0, q1 = torch.tensor([1.0, 0, 0, 0]), torch.tensor([0, 0, 1.0, 0])
+    d0, d1, d2 = torch.tensor([1.0, 0.1, 0, 0]), torch.tensor([2.0, 3.0, 0, 0]), torch.tensor([0, 0, 1.0, 1.0])
+    vectors = torch.stack([q0, d0, d1, q1, d2])  # (U, V)
+    batch = {"labels": torch.tensor([[0, 2, 1], [3, 4, -1]])}  # q0: relevant d1, negative d0; q1: relevant d2
+    items = [type("X", (), {"meta": {"ids": [10, 12, 11]}, "target": None, "source": ("f", 1)})(),
+             type("X", (), {"meta": {"ids": [13, 14]}, "target": None, "source": ("f", 2)})()]
+    data = EncodedData([], [], None, 0, {}, problem_type="pairs")
+    out = task.metrics(task.eval_rows(vectors, batch, items, data), data, {})
+    assert out["mrr@10"] == 1.0 and out["recall@1"] == 1.0  # by cosine q0 would rank d0 first: mrr (0.5 + 1) / 2
+    assert out["query_active_dims"] == 1.0 and out["corpus_active_dims"] == 2.0

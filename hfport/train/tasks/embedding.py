@@ -391,12 +391,12 @@ class SentenceEmbedding(TrainTask):
 def retrieval_from_rows(rows: list[Any]) -> dict[str, float]:
     """The eval file as a retrieval benchmark ranked by cosine similarity (retrieval_sets)."""
     queries, corpus, relevant, names = retrieval_sets(rows)
-    return metrics.retrieval_metrics(queries, corpus, relevant, names)
+    return metrics.retrieval_metrics(np.stack(queries), np.stack(corpus), relevant, names)
 
 
-def retrieval_sets(rows: list[Any]) -> tuple[np.ndarray, np.ndarray, list[list[int]], list[str]]:
-    """(queries (Q, C), corpus (D, C), each query's relevant corpus rows, the queries' sources): the eval file as a
-    retrieval benchmark. Its distinct anchors are the queries, its distinct positive and negative texts the corpus,
+def retrieval_sets(rows: list[Any]) -> tuple[list[Any], list[Any], list[list[int]], list[str]]:
+    """(the queries' vectors, the corpus's vectors, each query's relevant corpus rows, the queries' sources): the
+    eval file as a retrieval benchmark, each text's vector as eval_rows kept it. Its distinct anchors are the queries, its distinct positive and negative texts the corpus,
     and each anchor's positives (over every row it appears in) its relevant documents."""
     corpus: dict[int, int] = {}  # text id -> corpus row
     corpus_vectors, queries, query_vectors, relevant, names = [], {}, [], [], []
@@ -411,4 +411,4 @@ def retrieval_sets(rows: list[Any]) -> tuple[np.ndarray, np.ndarray, list[list[i
             relevant.append(set())
             names.append(f"{source[0]}:{source[1]}")
         relevant[queries[ids[0]]].add(corpus[ids[1]])
-    return np.stack(query_vectors), np.stack(corpus_vectors), [sorted(r) for r in relevant], names
+    return query_vectors, corpus_vectors, [sorted(r) for r in relevant], names

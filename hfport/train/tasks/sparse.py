@@ -53,6 +53,14 @@ def splade_loss(vectors: torch.Tensor, index: torch.Tensor, scale: float, query_
     return ranking + query_weight * flops(queries) + document_weight * flops(vectors[documents[documents >= 0]])
 
 
+def densify(parts: list[tuple[np.ndarray, np.ndarray, int]]) -> np.ndarray:
+    """[(indices, values, width)] -> (N, width) float64 rows."""
+    out = np.zeros((len(parts), parts[0][2]))  # (N, V)
+    for row, (indices, values, _) in enumerate(parts):
+        out[row, indices] = values
+    return out
+
+
 class SparseEmbedding(SentenceEmbedding):
     name = "sparse-embedding"
     default_scale = SPARSE_SCALE
@@ -95,10 +103,27 @@ class SparseEmbedding(SentenceEmbedding):
         return splade_loss(outputs.float(), batch["labels"], data.extra["scale"], data.extra["query_weight"],
                            data.extra["document_weight"])
 
+    def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Any],
+                  data: EncodedData) -> list[Any]:
+        """(text ids, each text's nonzeros as (indices, values), score, source) per example: a vocabulary-sized
+        vector is mostly zeros, and rows are kept (and gathered across processes) until the metrics."""
+        vectors = outputs.float().cpu()  # (U, V)
+        index = batch["labels"].cpu()  # (B, K)
+        width = vectors.shape[1]
+        out = []
+        for b, x in enumerate(items):
+            texts = []
+            for row in index[b, :len(x.meta["ids"])].tolist():
+                nonzero = vectors[row].nonzero().squeeze(-1)  # (N,)
+                texts.append((nonzero.numpy(), vectors[row, nonzero].numpy(), width))
+            out.append((x.meta["ids"], texts, x.target, x.source))
+        return out
+
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
         """Retrieval by dot product over the eval file (embedding.retrieval_sets), and the average nonzeros."""
-        queries, corpus, relevant, names = retrieval_sets(rows)
-        scores = queries.astype(np.float64) @ corpus.astype(np.float64).T  # (Q, D)
+        query_parts, corpus_parts, relevant, names = retrieval_sets(rows)
+        queries, corpus = densify(query_parts), densify(corpus_parts)  # (Q, V), (D, V): the distinct texts only
+        scores = queries @ corpus.T  # (Q, D)
         gains = [np.isin(np.arange(len(corpus)), docs).astype(np.float64) for docs in relevant]
         out = metrics.ranking_metrics(list(scores), gains, names)
         return out | {"query_active_dims": float((queries != 0).sum(-1).mean()),
