@@ -77,6 +77,10 @@ def test_matryoshka_training_reports_each_dimension_and_records_them(model_dir, 
         assert read_layout(tmp_path / "run" / which).matryoshka_dims == (32, 16, 8)
         config = json.loads((tmp_path / "run" / which / "config_sentence_transformers.json").read_text())
         assert config["matryoshka_dims"] == [32, 16, 8]
+    # both export formats that keep the sentence-transformers layout keep the dimensions
+    for fmt in ("hf", "sentence-transformers"):
+        hfport.export(tmp_path / "run", tmp_path / fmt, format=fmt)
+        assert read_layout(tmp_path / fmt).matryoshka_dims == (32, 16, 8)
     # sentence-transformers still loads the folder and truncates as hfport's dimensions option does
     from sentence_transformers import SentenceTransformer
 
