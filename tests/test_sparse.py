@@ -33,7 +33,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def mlm_folder(root: Path, minilm: Path, seed: int = 0) -> Path:
-    """A tiny BERT masked-LM whose logits are mostly negative (decoder bias - 0.3, about 3 standard deviations of its logits): sparse SPLADE vectors."""
+    """A tiny BERT masked-LM whose logits are mostly negative (decoder bias - 0.3, about 3 standard deviations of its
+    logits): sparse SPLADE vectors."""
     model = build_hf("bert", "masked-lm", seed=seed, vocab_size=30522, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0)
     with torch.no_grad():

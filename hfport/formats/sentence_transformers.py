@@ -22,8 +22,9 @@ A reranker (cross-encoder) folder is a one-label HF sequence-classification fold
 (sentence-transformers >= 4), read by its `predict()` to put a sigmoid on the logit.
 
 `read_layout` / `read_sparse_layout` are the readers (serving, export, training and verify all use them) and
-`write_embedding_layout` / `write_sparse_layout` / `mark_cross_encoder` / `copy_layout` the writers (training's best/ and final/, export); the proof, with
-sentence-transformers' own loaders, is hfport/export/sentence_formats.py's.
+`write_embedding_layout` / `write_sparse_layout` / `mark_cross_encoder` / `copy_layout` the writers (training's best/
+and final/, export); the proof, with sentence-transformers' own loaders, is hfport/export/sentence_formats.py's (and
+sparse_format.py's).
 """
 
 from __future__ import annotations
@@ -351,8 +352,8 @@ def mark_cross_encoder(folder: str | Path) -> None:
 
 def copy_layout(source: str | Path, out: str | Path) -> list[str]:
     """Copy an embedding (dense or sparse) folder's sentence-transformers files to OUT (an export of its weights); []
-    when SOURCE has none. The files are re-written from what the reader understood, so OUT never carries a module hfport did not
-    check (a Dense layer, say, which `read_st_pooling` refuses)."""
+    when SOURCE has none. The files are re-written from what the reader understood, so OUT never carries a module
+    hfport did not check (a Dense layer, say, which `read_st_pooling` refuses)."""
     raw, _ = hub.read_config(Path(source)) if (Path(source) / MODULES).is_file() else ({}, None)
     if has_sparse_layout(source):
         sparse = read_sparse_layout(source)

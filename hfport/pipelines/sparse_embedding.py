@@ -4,8 +4,8 @@ SparseEncoder.encode computes it from a folder it saved (Transformer fill-mask -
 read_sparse_layout). A masked-LM folder without the SparseEncoder files pools as SpladePooling's defaults (max, relu).
 
 A result is TEI's sparse shape: the nonzero entries, in index order, as [{"index": token id, "value": weight}, ...]
-(what TEI's /embed_sparse answers per text; `output="dict"` gives {token id: weight} instead). max_active_dims keeps the largest n entries, as encode() does.
-TEI's POST /embed_sparse serves through this pipeline.
+(what TEI's /embed_sparse answers per text; `output="dict"` gives {token id: weight} instead). max_active_dims keeps
+the largest n entries, as encode() does. TEI's POST /embed_sparse serves through this pipeline.
 """
 
 from __future__ import annotations

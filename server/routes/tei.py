@@ -1,10 +1,12 @@
 """text-embeddings-inference's HTTP API, so TEI clients (RAG stacks, huggingface_hub's InferenceClient) work
-unchanged: POST /embed, /embed_all, /embed_sparse (a SPLADE model's sparse vectors), /rerank, /similarity, /tokenize, /decode, GET /info, and POST / routed by the
-model's kind (TEI's /predict shares POST /predict with hfport's native shape: routes/predict.py).
+unchanged: POST /embed, /embed_all, /embed_sparse (a SPLADE model's sparse vectors), /rerank, /similarity,
+/tokenize, /decode, GET /info, and POST / routed by the model's kind (TEI's /predict shares POST /predict with
+hfport's native shape: routes/predict.py).
 
 The model: the request's `x-model` header names a registered model, else the first `serve --model` (the default).
 Its kind follows TEI: a bare encoder is an embedding model (pooled as its sentence-transformers files say), a
-sequence classifier with one label is a reranker, any other classifier is a classifier. Bodies, error words and
+sequence classifier with one label is a reranker, any other classifier is a classifier; a masked-LM folder in
+SparseEncoder's layout is a sparse-embedding model (/embed_sparse only). Bodies, error words and
 timing headers: server/tei_api.py; the model work: server/serving."""
 
 from __future__ import annotations

@@ -396,8 +396,9 @@ def retrieval_from_rows(rows: list[Any]) -> dict[str, float]:
 
 def retrieval_sets(rows: list[Any]) -> tuple[list[Any], list[Any], list[list[int]], list[str]]:
     """(the queries' vectors, the corpus's vectors, each query's relevant corpus rows, the queries' sources): the
-    eval file as a retrieval benchmark, each text's vector as eval_rows kept it. Its distinct anchors are the queries, its distinct positive and negative texts the corpus,
-    and each anchor's positives (over every row it appears in) its relevant documents."""
+    eval file as a retrieval benchmark, each text's vector as eval_rows kept it. Its distinct anchors are the queries,
+    its distinct positive and negative texts the corpus, and each anchor's positives (over every row it appears in)
+    its relevant documents."""
     corpus: dict[int, int] = {}  # text id -> corpus row
     corpus_vectors, queries, query_vectors, relevant, names = [], {}, [], [], []
     for ids, vectors, _, source in rows:
