@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     predict_max_pending: int = Field(64, ge=1, description="requests waiting for a model before 429")
     batch_max_wait_ms: float = Field(5.0, ge=0, description="how long a request waits for others to batch with")
     batch_max_inputs: int = Field(512, ge=1, description="inputs merged into one pipeline call at most")
+    strict_dimensions: bool = Field(False, description=(
+        "/embed and /v1/embeddings refuse a `dimensions` the model was not trained for (its Matryoshka dimensions, "
+        "recorded in config_sentence_transformers.json, or its full size); off: any prefix is served"))
     predict_dtype: str = Field("auto", description="dtype models are served in: auto (the checkpoint's, but bf16 "
                                "for an fp32 checkpoint on a CPU with native bf16), float32, bfloat16 or float16")
     model_cache_size: int = Field(4, ge=1, description="loaded pipelines kept in memory (least recently used go)")

@@ -4,7 +4,8 @@ share. The routes are in routes/tei.py (and POST /predict in routes/predict.py);
 
 Errors are TEI's {"error", "error_type"} with TEI's codes: 400 Empty (no inputs), 413 Validation (too many inputs,
 an input longer than the model takes without truncate), 422 Validation (a malformed body or option), 422 Tokenizer,
-424 Backend (a model that cannot do what the route asks: rerank on a non-reranker, embed on a classifier),
+424 Backend (a model that cannot do what the route asks: rerank on a non-reranker, embed on a classifier,
+embed_sparse on a dense embedding model and embed on a sparse one),
 429 Overloaded, 503 Unhealthy. A missing model is 404 ModelNotFound (TEI serves one model, so it has no such code).
 Every inference response carries TEI's timing headers in milliseconds: x-compute-time, x-tokenization-time,
 x-queue-time, x-inference-time."""
@@ -69,6 +70,22 @@ class EmbedAllRequest(TeiBody):
     truncate: bool | None = None
     truncation_direction: Direction = "Right"
     prompt_name: str | None = None
+
+
+class EmbedSparseRequest(TeiBody):
+    """TEI's /embed_sparse body: a SPLADE model's sparse vectors."""
+
+    inputs: str | list[str] | list[int] | list[list[int]] = Field(description="a text, texts, or token ids")
+    truncate: bool | None = Field(None, description="cut inputs longer than max_input_length (default false)")
+    truncation_direction: Direction = "Right"
+    prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
+
+
+class SparseValue(BaseModel):
+    """One nonzero entry of a sparse vector (TEI's shape): a vocabulary index and its weight."""
+
+    index: int
+    value: float
 
 
 class TeiPredictRequest(TeiBody):
@@ -164,12 +181,27 @@ def set_timing(response: Response, started: float, timing: Timing, model: Served
     response.headers["x-model-id"] = model.name
 
 
+EMBEDDING_KINDS = ("embedding", "sparse-embedding")  # the kinds whose pipelines take truncate + a direction
+
+
 def truncation(truncate: bool | None, direction: str, kind: str) -> dict[str, Any]:
     """TEI's truncate options as the pipeline's: embedding pipelines take a direction; others cut on the right."""
-    if direction.lower() == "left" and kind != "embedding":
+    if direction.lower() == "left" and kind not in EMBEDDING_KINDS:
         raise ApiError(422, "truncation_direction=Left: only embedding models cut on the left", "Validation")
-    return {"truncate": bool(truncate), "truncation_direction": direction.lower()} if kind == "embedding" else (
+    return {"truncate": bool(truncate), "truncation_direction": direction.lower()} if kind in EMBEDDING_KINDS else (
         {"truncation": True} if truncate else {})
+
+
+def check_dimensions(model: Served, dimensions: int | None, strict: bool) -> None:
+    """With HFPORT_STRICT_DIMENSIONS: a `dimensions` the model was not trained for (its Matryoshka dimensions, else
+    its full size) is a 422 naming the model and the allowed sizes. Off (the default), any prefix is served."""
+    if not strict or dimensions is None:
+        return
+    full = model.pipe.dimension
+    allowed = sorted({*model.pipe.sentence.matryoshka_dims, full})
+    if dimensions not in allowed:
+        raise ApiError(422, f"dimensions={dimensions}: model {model.name!r} was trained for dimensions {allowed} "
+                            "(the server refuses others: HFPORT_STRICT_DIMENSIONS)", "Validation")
 
 
 def listify(inputs: Any) -> tuple[list[Any], bool]:
@@ -185,6 +217,20 @@ def pair_item(x: Any) -> Any:
             raise ApiError(422, f"a pair must be [text, text_pair], got {len(x)} texts", "Validation")
         return {"text": x[0], "text_pair": x[1]}
     return x
+
+
+async def tei_embed_sparse(body: EmbedSparseRequest, request: Request, response: Response, store: BaseStore,
+                           service: ModelService) -> list:
+    """TEI's /embed_sparse: each input's nonzero SPLADE weights, [{"index", "value"}] in index order. A dense
+    model answers 424 Backend naming the model and its kind (as /embed does for a sparse one)."""
+    started = time.perf_counter()
+    model = await served(request, store, service)
+    model.need("sparse-embedding", route="/embed_sparse")
+    items, _ = listify(body.inputs)
+    params = {"prompt_name": body.prompt_name, **truncation(body.truncate, body.truncation_direction, model.kind)}
+    results, timing = await tei_infer(model, service, items, params)
+    set_timing(response, started, timing, model)
+    return results
 
 
 async def tei_predict(body: TeiPredictRequest, request: Request, response: Response, store: BaseStore,

@@ -466,7 +466,7 @@ def test_export_job_every_format(client, registered, root):
                     p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.05)
         hfport.lora.save_adapter(model, adapter)
     sources = {"hf": "cls", "onnx": "cls", "onnx-int8": "cls", "sentence-transformers": "feat",
-               "cross-encoder": str(scorer), "peft": str(adapter), "merged": str(adapter)}
+               "cross-encoder": str(scorer), "peft": str(adapter), "merged": str(adapter), "sparse-encoder": "mlm"}
     assert set(sources) == set(FORMATS)
     jobs = {}
     for name, model_ref in sources.items():

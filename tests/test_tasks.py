@@ -24,7 +24,8 @@ from tests.tiny import ALL_FAMILIES, batch, build_hf, save_hf
 MODEL_TASKS = ["feature-extraction", "text-classification", "token-classification", "question-answering", "fill-mask",
                "multiple-choice"]
 # tasks that train one of the model tasks' models (their records' model_task)
-TRAINING_ONLY = {"sentence-embedding": "feature-extraction", "text-ranking": "text-classification"}
+TRAINING_ONLY = {"sentence-embedding": "feature-extraction", "text-ranking": "text-classification",
+                 "sparse-embedding": "fill-mask"}
 CANONICAL = [*MODEL_TASKS, *TRAINING_ONLY]
 OLD_NAMES = {"base": "feature-extraction", "sequence-classification": "text-classification",
              "masked-lm": "fill-mask", "sentiment-analysis": "text-classification", "ner": "token-classification"}

@@ -29,7 +29,8 @@ from .onnx_verify import verify_onnx
 from .peft import verify_adapter, verify_merged, write_adapter, write_merged
 from .report import VerifyReport
 from .sentence_formats import embedding_layout, reranker_marker
-from ..formats.sentence_transformers import has_embedding_layout, is_cross_encoder
+from .sparse_format import sparse_layout, verify_sparse
+from ..formats.sentence_transformers import has_embedding_layout, has_sparse_layout, is_cross_encoder
 
 # (source, out, options, *, verify, json_path) -> ExportResult
 Writer = Callable[..., ExportResult]
@@ -80,6 +81,9 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
                  detect=lora.is_adapter_folder),
     ExportFormat("merged", "a LoRA adapter merged into its base: a plain HF folder transformers loads",
                  ExportOptions, write_merged, verify_merged),
+    ExportFormat("sparse-encoder", "an HF masked-LM folder + modules.json, 1_SpladePooling: what SparseEncoder loads "
+                 "(SPLADE)", ExportOptions, partial(write_folder, layout=sparse_layout), verify_sparse,
+                 detect=lambda p: (p / "config.json").is_file() and has_sparse_layout(p)),
     ExportFormat("sentence-transformers", "an HF folder of the bare encoder + modules.json, 1_Pooling, "
                  "2_Normalize: what SentenceTransformer loads", SentenceTransformersOptions,
                  partial(write_folder, layout=embedding_layout), verify_folder,

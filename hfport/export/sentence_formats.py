@@ -55,7 +55,7 @@ def embedding_layout(staging: Path, source: Source, model: PreTrainedEncoder, op
                            hidden_size=model.config.hidden_size,
                            max_seq_length=layout.max_seq_length or model.config.max_position_embeddings,
                            prompts=layout.prompts, default_prompt_name=layout.default_prompt_name,
-                           include_prompt=layout.include_prompt)
+                           include_prompt=layout.include_prompt, matryoshka_dims=layout.matryoshka_dims)
     return True
 
 

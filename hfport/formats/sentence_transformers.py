@@ -8,13 +8,23 @@ reads to build its module chain Transformer -> Pooling [-> Normalize]:
                                  `pooling_mode` string sentence-transformers >= 6 writes), include_prompt
     2_Normalize/                 present (empty) when embeddings are L2-normalised
     config_sentence_transformers.json  the similarity function (cosine), prompts and the default prompt name
+A sparse (SPLADE) folder, as sentence-transformers' SparseEncoder saves it, is a masked-LM HF folder (BertForMaskedLM)
+whose chain is Transformer (transformer_task "fill-mask"; MLMTransformer before sentence-transformers 5.4) ->
+SpladePooling:
+    1_SpladePooling/config.json  pooling_strategy (max | sum) and activation_function (relu | log1p_relu)
+    config_sentence_transformers.json  model_type "SparseEncoder", prompts
+Any other sparse chain (SparseStaticEmbedding, a Router, SparseAutoEncoder) is refused by name.
+Matryoshka dimensions: sentence-transformers 6.2 keeps them nowhere but its model card, so hfport records a model's
+trained dimensions as `matryoshka_dims` in config_sentence_transformers.json (sentence-transformers ignores keys it
+does not know) and reads them back into SentenceLayout.matryoshka_dims.
 A reranker (cross-encoder) folder is a one-label HF sequence-classification folder whose config.json carries
 `"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}`: CrossEncoder's own marker
 (sentence-transformers >= 4), read by its `predict()` to put a sigmoid on the logit.
 
-`read_layout` is the one reader (serving, export, training and verify all use it) and `write_embedding_layout` /
-`mark_cross_encoder` / `copy_layout` the one writer (training's best/ and final/, export); the proof, with
-sentence-transformers' own loaders, is hfport/export/sentence_formats.py's.
+`read_layout` / `read_sparse_layout` are the readers (serving, export, training and verify all use them) and
+`write_embedding_layout` / `write_sparse_layout` / `mark_cross_encoder` / `copy_layout` the writers (training's best/
+and final/, export); the proof, with sentence-transformers' own loaders, is hfport/export/sentence_formats.py's (and
+sparse_format.py's).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from .. import hub
 from ..errors import ConfigError
 
 MODULES = "modules.json"
+MATRYOSHKA_KEY = "matryoshka_dims"  # hfport's key in config_sentence_transformers.json (see the module docstring)
 ST_CONFIG = "sentence_bert_config.json"
 ST_MODEL_CONFIG = "config_sentence_transformers.json"
 POOLING_DIR = "1_Pooling"
@@ -42,6 +53,15 @@ ALL_FLAGS = (*POOLING_FLAGS.values(), "pooling_mode_mean_sqrt_len_tokens", "pool
 MODULE_TYPES = {"transformer": "sentence_transformers.models.Transformer",
                 "pooling": "sentence_transformers.models.Pooling",
                 "normalize": "sentence_transformers.models.Normalize"}
+SPLADE_DIR = "1_SpladePooling"
+SPARSE_MODULE_TYPES = {"transformer": "sentence_transformers.base.modules.transformer.Transformer",
+                       "splade": "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"}
+# SpladePooling's options and the values sentence-transformers accepts (its defaults first)
+SPLADE_POOLINGS = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
+# module classes that only a SparseEncoder chain has: a folder naming one is a sparse folder
+SPARSE_MODULES = ("MLMTransformer", "SpladePooling", "SparseStaticEmbedding", "SparseAutoEncoder", "CSRSparsity")
+SPARSE_MODEL_TYPE = "SparseEncoder"
 CROSS_ENCODER_KEY = "sentence_transformers"
 SIGMOID = "torch.nn.modules.activation.Sigmoid"
 
@@ -55,7 +75,26 @@ def is_cross_encoder(raw: dict[str, Any]) -> bool:
 
 
 def has_embedding_layout(folder: str | Path) -> bool:
-    return (Path(folder) / MODULES).is_file()
+    """A dense sentence-transformers folder (a sparse one has modules.json too: has_sparse_layout)."""
+    return (Path(folder) / MODULES).is_file() and not has_sparse_layout(folder)
+
+
+def has_sparse_layout(folder: str | Path) -> bool:
+    """A SparseEncoder folder: its config_sentence_transformers.json says so, or modules.json names a sparse module.
+    Unreadable files answer False here; the readers name what is wrong with them."""
+    folder = Path(folder)
+    if not (folder / MODULES).is_file():
+        return False
+    try:
+        config = json.loads((folder / ST_MODEL_CONFIG).read_text(encoding="utf-8")) \
+            if (folder / ST_MODEL_CONFIG).is_file() else {}
+        modules = json.loads((folder / MODULES).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if isinstance(config, dict) and config.get("model_type") == SPARSE_MODEL_TYPE:
+        return True
+    return isinstance(modules, list) and any(isinstance(m, dict) and isinstance(m.get("type"), str)
+                                             and m["type"].rsplit(".", 1)[-1] in SPARSE_MODULES for m in modules)
 
 
 # --- reading ----------------------------------------------------------------------------------------------------
@@ -87,18 +126,14 @@ class SentenceLayout:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     include_prompt: bool = True  # False: a prompt's tokens (and the leading special token) are not pooled
+    matryoshka_dims: tuple[int, ...] = ()  # the prefix sizes the model was trained for (hfport's record; () unknown)
     source: str = "default (no modules.json)"
 
 
-def read_layout(folder: str | Path) -> SentenceLayout:
-    """The one reader of the sentence-transformers layout (serving, export, training and verify all use it).
-
-    Modules are matched by class name: sentence-transformers 6 writes `...sentence_transformer.modules.pooling.Pooling`
-    where older versions wrote `...models.Pooling`. Pooling is read from the `pooling_mode` string (>= 6) or the
-    classic flags. A chain hfport does not compute (a Dense layer, weighted-mean pooling, two poolings) is an error
-    naming it, never a silent default. A folder without modules.json pools by mean and does not normalize
-    (sentence-transformers' own default for a bare transformers checkpoint)."""
-    folder = Path(folder)
+def _read_common(folder: Path) -> dict[str, Any]:
+    """What dense and sparse folders keep alike: max_seq_length (sentence_bert_config.json, or the tokenizer's
+    model_max_length for sentence-transformers >= 6), prompts and the default prompt name, and hfport's record of the
+    Matryoshka dimensions (config_sentence_transformers.json)."""
     extra: dict[str, Any] = {}
     st_config = folder / ST_CONFIG
     if st_config.is_file():
@@ -121,14 +156,42 @@ def read_layout(folder: str | Path) -> SentenceLayout:
         if default is not None and default not in prompts:
             raise SentenceTransformersError(f"{prompts_file}: default_prompt_name {default!r} is not one of the "
                                             f"prompts {sorted(prompts)}")
-        extra |= {"prompts": dict(prompts), "default_prompt_name": default}
-    if not has_embedding_layout(folder):
-        return SentenceLayout(**extra)
+        dims = raw.get(MATRYOSHKA_KEY)
+        if dims is not None and (not isinstance(dims, list) or not dims or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)):
+            raise SentenceTransformersError(f"{prompts_file}: {MATRYOSHKA_KEY} must be a list of positive integers, "
+                                            f"got {dims!r}")
+        extra |= {"prompts": dict(prompts), "default_prompt_name": default,
+                  "matryoshka_dims": tuple(dims) if dims else ()}
+    return extra
+
+
+def _read_modules(folder: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """modules.json's entries and each one's class name (sentence-transformers 6 writes
+    `...sentence_transformer.modules.pooling.Pooling` where older versions wrote `...models.Pooling`)."""
     modules = _read_json(folder / MODULES)
     if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
                                                 for m in modules):
         raise SentenceTransformersError(f"{folder / MODULES}: expected a list of modules with a 'type' each")
-    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    return modules, [m["type"].rsplit(".", 1)[-1] for m in modules]
+
+
+def read_layout(folder: str | Path) -> SentenceLayout:
+    """The one reader of the dense sentence-transformers layout (serving, export, training and verify all use it).
+
+    Modules are matched by class name. Pooling is read from the `pooling_mode` string (>= 6) or the classic flags. A
+    chain hfport does not compute (a Dense layer, weighted-mean pooling, two poolings) is an error naming it, never a
+    silent default; a SparseEncoder folder is an error saying so (read_sparse_layout reads it). A folder without
+    modules.json pools by mean and does not normalize (sentence-transformers' own default for a bare transformers
+    checkpoint)."""
+    folder = Path(folder)
+    if has_sparse_layout(folder):
+        raise SentenceTransformersError(f"{folder / MODULES}: a sparse (SparseEncoder) model; it gives sparse "
+                                        "vocabulary-sized vectors (task sparse-embedding), not dense embeddings")
+    extra = _read_common(folder)
+    if not has_embedding_layout(folder):
+        return SentenceLayout(**extra)
+    modules, kinds = _read_modules(folder)
     unknown = [m["type"] for m, kind in zip(modules, kinds) if kind not in ("Transformer", "Pooling", "Normalize")]
     if unknown:
         raise SentenceTransformersError(f"{folder / MODULES}: module(s) {unknown} are not ones hfport computes "
@@ -167,14 +230,62 @@ def read_max_seq_length(folder: str | Path) -> int | None:
     return read_layout(folder).max_seq_length
 
 
+@dataclass(frozen=True)
+class SparseLayout:
+    """What a SparseEncoder folder's files say: SpladePooling's options, the input limit and the prompts."""
+
+    pooling_strategy: str = "max"  # SPLADE_POOLINGS
+    activation: str = "relu"  # SPLADE_ACTIVATIONS
+    max_seq_length: int | None = None
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    source: str = "default (SpladePooling's defaults)"
+    include_prompt: bool = True  # SpladePooling pools every real token, a prompt's included
+    pooling: str = "splade"  # what TEI's /info names this pooling
+
+
+def read_sparse_layout(folder: str | Path) -> SparseLayout:
+    """The one reader of the SparseEncoder layout: exactly Transformer (fill-mask; or the older MLMTransformer) ->
+    SpladePooling. Any other chain, an unknown transformer_task, pooling_strategy or activation_function is an error
+    naming it (and what hfport computes)."""
+    folder = Path(folder)
+    modules, kinds = _read_modules(folder)
+    if kinds not in (["Transformer", "SpladePooling"], ["MLMTransformer", "SpladePooling"]):
+        raise SentenceTransformersError(f"{folder / MODULES}: sparse modules {kinds}; hfport computes exactly "
+                                        "Transformer (fill-mask) or MLMTransformer, then SpladePooling")
+    st_config = folder / ST_CONFIG
+    task = _read_json(st_config).get("transformer_task", "fill-mask") if st_config.is_file() else "fill-mask"
+    if task != "fill-mask":
+        raise SentenceTransformersError(f"{st_config}: transformer_task {task!r}; a SPLADE model's transformer is "
+                                        "a masked-LM head (fill-mask)")
+    pooling_file = folder / str(modules[1].get("path") or "") / "config.json"
+    config = _read_json(pooling_file) if pooling_file.is_file() else {}
+    if not isinstance(config, dict):
+        raise SentenceTransformersError(f"{pooling_file}: expected an object")
+    strategy = config.get("pooling_strategy", SPLADE_POOLINGS[0])
+    activation = config.get("activation_function", SPLADE_ACTIVATIONS[0])
+    if strategy not in SPLADE_POOLINGS:
+        raise SentenceTransformersError(f"{pooling_file}: pooling_strategy {strategy!r}; use one of "
+                                        f"{list(SPLADE_POOLINGS)}")
+    if activation not in SPLADE_ACTIVATIONS:
+        raise SentenceTransformersError(f"{pooling_file}: activation_function {activation!r}; use one of "
+                                        f"{list(SPLADE_ACTIVATIONS)}")
+    extra = _read_common(folder)
+    extra.pop("matryoshka_dims", None)  # a dense embedding's; vocabulary vectors are not cut
+    return SparseLayout(pooling_strategy=strategy, activation=activation,
+                        source=f"{folder / MODULES} ({', '.join(kinds)})", **extra)
+
+
 # --- writing ----------------------------------------------------------------------------------------------------
 
 
 def write_embedding_layout(folder: str | Path, *, pooling: str, normalize: bool, hidden_size: int,
                            max_seq_length: int, prompts: dict[str, str] | None = None,
-                           default_prompt_name: str | None = None, include_prompt: bool = True) -> list[str]:
+                           default_prompt_name: str | None = None, include_prompt: bool = True,
+                           matryoshka_dims: tuple[int, ...] | list[int] = ()) -> list[str]:
     """Add the sentence-transformers files to an HF folder (its config and weights already there). Returns the names
-    written. Each file is written whole (write_json_atomic), and a folder from an earlier save is replaced."""
+    written. Each file is written whole (write_json_atomic), and a folder from an earlier save is replaced.
+    matryoshka_dims: the prefix sizes the model was trained for, recorded under MATRYOSHKA_KEY (none: no key)."""
     if pooling not in POOLING_MODES:
         raise SentenceTransformersError(f"pooling {pooling!r}: expected one of {list(POOLING_MODES)}")
     folder = Path(folder)
@@ -193,12 +304,39 @@ def write_embedding_layout(folder: str | Path, *, pooling: str, normalize: bool,
         (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
     elif (folder / NORMALIZE_DIR).exists():
         shutil.rmtree(folder / NORMALIZE_DIR)
+    dims = {MATRYOSHKA_KEY: [int(d) for d in matryoshka_dims]} if matryoshka_dims else {}
     hub.write_json_atomic(folder / ST_MODEL_CONFIG, {"model_type": "SentenceTransformer",
                                                      "prompts": dict(prompts or {}),
                                                      "default_prompt_name": default_prompt_name,
-                                                     "similarity_fn_name": "cosine"})
+                                                     "similarity_fn_name": "cosine", **dims})
     return [MODULES, ST_CONFIG, f"{POOLING_DIR}/config.json", ST_MODEL_CONFIG] + ([NORMALIZE_DIR] if normalize
                                                                                   else [])
+
+
+def write_sparse_layout(folder: str | Path, *, max_seq_length: int, pooling_strategy: str = "max",
+                        activation: str = "relu", prompts: dict[str, str] | None = None,
+                        default_prompt_name: str | None = None) -> list[str]:
+    """Add the SparseEncoder files to a masked-LM HF folder, as sentence-transformers 6 saves them: modules.json
+    (Transformer -> SpladePooling), sentence_bert_config.json (transformer_task fill-mask, and max_seq_length, which
+    sentence-transformers reads as the tokenizer's limit), 1_SpladePooling/config.json and
+    config_sentence_transformers.json (model_type SparseEncoder; dot-product similarity). Returns the names written."""
+    if pooling_strategy not in SPLADE_POOLINGS or activation not in SPLADE_ACTIVATIONS:
+        raise SentenceTransformersError(f"SpladePooling({pooling_strategy!r}, {activation!r}): pooling_strategy is "
+                                        f"one of {list(SPLADE_POOLINGS)}, activation one of {list(SPLADE_ACTIVATIONS)}")
+    folder = Path(folder)
+    hub.write_json_atomic(folder / MODULES, [
+        {"idx": 0, "name": "0", "path": "", "type": SPARSE_MODULE_TYPES["transformer"]},
+        {"idx": 1, "name": "1", "path": SPLADE_DIR, "type": SPARSE_MODULE_TYPES["splade"]}])
+    hub.write_json_atomic(folder / ST_CONFIG, {"max_seq_length": int(max_seq_length), "do_lower_case": False,
+                                               "transformer_task": "fill-mask"})
+    (folder / SPLADE_DIR).mkdir(exist_ok=True)
+    hub.write_json_atomic(folder / SPLADE_DIR / "config.json", {"pooling_strategy": pooling_strategy,
+                                                                "activation_function": activation,
+                                                                "embedding_dimension": None})
+    hub.write_json_atomic(folder / ST_MODEL_CONFIG, {"model_type": SPARSE_MODEL_TYPE, "prompts": dict(prompts or {}),
+                                                     "default_prompt_name": default_prompt_name,
+                                                     "similarity_fn_name": "dot"})
+    return [MODULES, ST_CONFIG, f"{SPLADE_DIR}/config.json", ST_MODEL_CONFIG]
 
 
 def mark_cross_encoder(folder: str | Path) -> None:
@@ -213,17 +351,22 @@ def mark_cross_encoder(folder: str | Path) -> None:
 
 
 def copy_layout(source: str | Path, out: str | Path) -> list[str]:
-    """Copy an embedding folder's sentence-transformers files to OUT (an export of its weights); [] when SOURCE has
-    none. The files are re-written from what the reader understood, so OUT never carries a module hfport did not
-    check (a Dense layer, say, which `read_st_pooling` refuses)."""
+    """Copy an embedding (dense or sparse) folder's sentence-transformers files to OUT (an export of its weights); []
+    when SOURCE has none. The files are re-written from what the reader understood, so OUT never carries a module
+    hfport did not check (a Dense layer, say, which `read_st_pooling` refuses)."""
+    raw, _ = hub.read_config(Path(source)) if (Path(source) / MODULES).is_file() else ({}, None)
+    if has_sparse_layout(source):
+        sparse = read_sparse_layout(source)
+        return write_sparse_layout(out, max_seq_length=sparse.max_seq_length or raw.get("max_position_embeddings", 512),
+                                   pooling_strategy=sparse.pooling_strategy, activation=sparse.activation,
+                                   prompts=sparse.prompts, default_prompt_name=sparse.default_prompt_name)
     if not has_embedding_layout(source):
         return []
     pooling, normalize = read_st_pooling(source)
     layout = read_layout(source)
-    raw, _ = hub.read_config(Path(source))
     return write_embedding_layout(out, pooling=pooling, normalize=normalize, hidden_size=raw["hidden_size"],
                                   max_seq_length=layout.max_seq_length or raw.get("max_position_embeddings", 512),
                                   prompts=layout.prompts, default_prompt_name=layout.default_prompt_name,
-                                  include_prompt=layout.include_prompt)
+                                  include_prompt=layout.include_prompt, matryoshka_dims=layout.matryoshka_dims)
 
 

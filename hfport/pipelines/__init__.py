@@ -15,6 +15,9 @@ hfport/tasks/ holds the names and which pipeline class each task uses.
   sentence-embedding    one vector per text, pooled as the folder's sentence-transformers files say; truncate,
                         dimensions, prompt_name (hfport.embeddings.SentenceEmbeddingPipeline; alias
                         "sentence-embeddings", "sentence-similarity")
+  sparse-embedding      SPLADE: a vocabulary-sized sparse vector per text, [{"index", "value"}] of its nonzeros (TEI's
+                        shape), pooled as the folder's SparseEncoder files say; truncate, prompt_name, max_active_dims
+                        (alias "splade")
   text-ranking          a cross-encoder: text-classification's pipeline over (query, text) pairs
 
 Backends: "torch" (hfport's models) or "onnx" (an exported ONNX folder or .onnx file run by onnxruntime on the CPU,
@@ -39,6 +42,7 @@ from .. import hub, tasks
 from ..errors import ItemError
 from ..formats.adapter import is_adapter_folder
 from ..formats.onnx import is_onnx_model
+from ..formats.sentence_transformers import has_sparse_layout
 from ..modeling import PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
@@ -49,6 +53,7 @@ from .fill_mask import FillMaskPipeline
 from .onnx_backend import OnnxModel
 from .qa import QuestionAnsweringPipeline
 from .sentence_embedding import SentenceEmbeddingPipeline
+from .sparse_embedding import SparseEmbeddingPipeline
 from .tokens import TokenClassificationPipeline
 
 BACKENDS = ("torch", "onnx")
@@ -125,11 +130,14 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
 
 def model_task(model: str | os.PathLike[str]) -> str:
     """The pipeline task of a model folder's head (or of a repo id in the local HF cache), read from config.json's
-    `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model: feature-extraction).
+    `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model: feature-extraction;
+    a masked-LM folder in sentence-transformers' SparseEncoder layout: sparse-embedding, what its files say it is).
     """
     folder = hub.resolve(model)
     if is_adapter_folder(folder):
         return tasks.adapter_task(folder)
+    if has_sparse_layout(folder):
+        return tasks.get("sparse-embedding").name
     raw, source = hub.read_config(folder)
     return task_of(get_family(raw.get("model_type"), source), raw.get("architectures") or [])  # canonical = the tag
 
@@ -145,6 +153,7 @@ __all__ = [
     "Pipeline",
     "PipelineInputError",
     "SentenceEmbeddingPipeline",
+    "SparseEmbeddingPipeline",
     "QuestionAnsweringPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",

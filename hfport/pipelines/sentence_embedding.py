@@ -25,60 +25,45 @@ DIRECTIONS = ("right", "left")
 UNPOSITIONED = ("mean", "max", "mean_sqrt_len")  # the poolings over every token, which a prompt's tokens can skew
 
 
-class SentenceEmbeddingPipeline(Pipeline):
-    """task "sentence-embedding": a vector per text, pooled as the folder says (read_layout).
+class TextEmbeddingPipeline(Pipeline):
+    """What the dense and the sparse embedding pipelines share: the folder's sentence-transformers files
+    (`read_folder_layout`: prompts, max_seq_length), the inputs (a text with its prompt, or token ids used as
+    given), truncation on either side, and the input limit. A subclass pools (`forward`, `postprocess`)."""
 
-    Options: pooling / normalize (default: the folder's), truncate (cut inputs longer than max_input_length instead
-    of failing them), truncation_direction ("right"|"left"), dimensions (Matryoshka: keep the first n values, then
-    normalize if asked), prompt_name (a prefix from the folder's prompts), output ("sentence" or "tokens": the
-    per-token hidden states, unpooled), with_token_count (each result becomes {"embedding", "tokens"}).
-    An item is a text or a list of token ids (used as given: no special tokens are added)."""
-
-    task = "sentence-embedding"
-    model_task = "feature-extraction"  # the bare encoder; pooling is this pipeline's
-    token_outputs = ("last_hidden_state",)
-    defaults: ClassVar[dict[str, Any]] = {"pooling": None, "normalize": None, "truncate": False,
-                                          "truncation_direction": "right", "dimensions": None, "prompt_name": None,
-                                          "output": "sentence", "with_token_count": False}
+    model_task = ""  # each subclass names the task of the model it pools
     single_input = (str,)
     input_description = "a text, a list of token ids, or a list of them"
 
     def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
         source = model.load_report.source if model.load_report is not None else None
-        self.sentence = read_layout(source) if source and Path(source).is_dir() else SentenceLayout()
+        self.sentence = self.read_folder_layout(Path(source) if source and Path(source).is_dir() else None)
         limits = [n for n in (self.max_positions, self.sentence.max_seq_length) if n is not None]
         self.max_input_length = min(limits) if limits else None
-        self.dimension = model.config.hidden_size
         self._left = None  # a left-truncating tokenizer copy, made on first use
+
+    @staticmethod
+    def read_folder_layout(folder: Path | None) -> Any:
+        """The folder's layout record (prompts, default_prompt_name, max_seq_length, include_prompt, pooling)."""
+        raise NotImplementedError
 
     def normalize(self, inputs: Any, opts: dict[str, Any]) -> tuple[list[Any], bool]:
         if isinstance(inputs, list) and inputs and all(isinstance(x, int) and not isinstance(x, bool) for x in inputs):
             return [inputs], True  # one input given as token ids
         return super().normalize(inputs, opts)
 
-    def validate(self, opts: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-        if opts["pooling"] is None:
-            opts["pooling"] = self.sentence.pooling
-        if opts["pooling"] not in POOLINGS:
-            raise ValueError(f"pooling={opts['pooling']!r}: use one of {list(POOLINGS)}")
-        if opts["normalize"] is None:
-            opts["normalize"] = self.sentence.normalize
+    def validate_inputs(self, opts: dict[str, Any]) -> dict[str, Any]:
+        """truncation_direction and prompt_name, checked; opts["_prompt"] and ["_skip"] set for preprocess."""
         direction = str(opts["truncation_direction"]).lower()
         if direction not in DIRECTIONS:
             raise ValueError(f"truncation_direction={opts['truncation_direction']!r}: use 'right' or 'left'")
         opts["truncation_direction"] = direction
-        positive_int("dimensions", opts["dimensions"], allow_none=True)
-        if opts["dimensions"] is not None and opts["dimensions"] > self.dimension:
-            raise ValueError(f"dimensions={opts['dimensions']}: the model's embeddings have {self.dimension}")
         name = opts["prompt_name"] if opts["prompt_name"] is not None else self.sentence.default_prompt_name
         if name is not None and name not in self.sentence.prompts:
             raise ValueError(f"prompt_name={name!r}: the model's prompts are {sorted(self.sentence.prompts) or 'none'}")
         opts["_prompt"] = self.sentence.prompts.get(name, "") if name is not None else ""
         excluded = opts["_prompt"] and not self.sentence.include_prompt
         opts["_skip"] = self.prompt_tokens(opts["_prompt"]) if excluded else 0  # leading tokens not pooled
-        if opts["output"] not in ("sentence", "tokens"):
-            raise ValueError(f"output={opts['output']!r}: use 'sentence' or 'tokens'")
         return opts
 
     def prompt_tokens(self, prompt: str) -> int:
@@ -131,6 +116,46 @@ class SentenceEmbeddingPipeline(Pipeline):
         if self.max_input_length is not None and n > self.max_input_length:
             raise PipelineInputError(f"{n} tokens, but the model takes at most {self.max_input_length}; "
                                      "pass truncate=True to cut it")
+
+
+class SentenceEmbeddingPipeline(TextEmbeddingPipeline):
+    """task "sentence-embedding": a vector per text, pooled as the folder says (read_layout).
+
+    Options: pooling / normalize (default: the folder's), truncate (cut inputs longer than max_input_length instead
+    of failing them), truncation_direction ("right"|"left"), dimensions (Matryoshka: keep the first n values, then
+    normalize if asked), prompt_name (a prefix from the folder's prompts), output ("sentence" or "tokens": the
+    per-token hidden states, unpooled), with_token_count (each result becomes {"embedding", "tokens"}).
+    An item is a text or a list of token ids (used as given: no special tokens are added)."""
+
+    task = "sentence-embedding"
+    model_task = "feature-extraction"  # the bare encoder; pooling is this pipeline's
+    token_outputs = ("last_hidden_state",)
+    defaults: ClassVar[dict[str, Any]] = {"pooling": None, "normalize": None, "truncate": False,
+                                          "truncation_direction": "right", "dimensions": None, "prompt_name": None,
+                                          "output": "sentence", "with_token_count": False}
+
+    def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
+        super().__init__(model, tokenizer, **kwargs)
+        self.dimension = model.config.hidden_size
+
+    @staticmethod
+    def read_folder_layout(folder: Path | None) -> SentenceLayout:
+        return read_layout(folder) if folder is not None else SentenceLayout()
+
+    def validate(self, opts: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+        if opts["pooling"] is None:
+            opts["pooling"] = self.sentence.pooling
+        if opts["pooling"] not in POOLINGS:
+            raise ValueError(f"pooling={opts['pooling']!r}: use one of {list(POOLINGS)}")
+        if opts["normalize"] is None:
+            opts["normalize"] = self.sentence.normalize
+        positive_int("dimensions", opts["dimensions"], allow_none=True)
+        if opts["dimensions"] is not None and opts["dimensions"] > self.dimension:
+            raise ValueError(f"dimensions={opts['dimensions']}: the model's embeddings have {self.dimension}")
+        self.validate_inputs(opts)
+        if opts["output"] not in ("sentence", "tokens"):
+            raise ValueError(f"output={opts['output']!r}: use 'sentence' or 'tokens'")
+        return opts
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
         out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)

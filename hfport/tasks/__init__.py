@@ -23,7 +23,7 @@ from ..modeling import BASE_TASK, PreTrainedEncoder, task_of
 from ..nn.lora import LoraError
 from ..registry import get_family
 from . import (feature_extraction, fill_mask, multiple_choice, question_answering, sentence_embedding,
-               text_classification, text_ranking, token_classification)
+               sparse_embedding, text_classification, text_ranking, token_classification)
 from .feature_extraction import EncoderModel
 from .fill_mask import EncoderForMaskedLM
 from .multiple_choice import EncoderForMultipleChoice
@@ -36,7 +36,7 @@ log = logging.getLogger("hfport")
 
 TASKS: dict[str, Task] = {t.name: t for t in (
     feature_extraction.TASK, text_classification.TASK, token_classification.TASK, question_answering.TASK,
-    fill_mask.TASK, multiple_choice.TASK, sentence_embedding.TASK, text_ranking.TASK)}
+    fill_mask.TASK, multiple_choice.TASK, sentence_embedding.TASK, text_ranking.TASK, sparse_embedding.TASK)}
 ALIASES: dict[str, str] = {alias: t.name for t in TASKS.values() for alias in t.aliases}
 TASK_CLASSES: dict[str, type[PreTrainedEncoder]] = {name: t.model_class for name, t in TASKS.items()}
 # the tasks whose models the families build (their heads, architectures): a training-only task such as

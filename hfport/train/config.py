@@ -89,7 +89,9 @@ class FinetuneConfig(BaseModel):
         "sentence-embedding: mnrl (in-batch negatives, for pairs/triplets; the default) or cosent (scored pairs; "
         "the default for them); text-ranking: bce (the default) or listwise (softmax cross-entropy over a query's "
         "candidates)"))
-    scale: float = Field(20.0, gt=0, description="similarity scale of mnrl/cosent (1 / temperature)")
+    scale: float | None = Field(None, gt=0, description=(
+        "similarity scale of mnrl/cosent (1 / temperature); default 20 for sentence-embedding (cosine), 1 for "
+        "sparse-embedding (dot product of the sparse vectors), sentence-transformers' defaults"))
     pooling: Literal["mean", "cls", "max"] | None = Field(None, description=(
         "sentence-embedding pooling; default: the base model's sentence-transformers config, else mean"))
     normalize: bool | None = Field(None, description=(
@@ -103,6 +105,17 @@ class FinetuneConfig(BaseModel):
         "sentence-embedding, mnrl, several processes: score each anchor against every process's texts (the global "
         "batch's negatives, as one process with the whole batch), gradients flowing back to each process's own "
         "rows; off: each process scores its own batch's negatives (sentence-transformers' option of the same name)"))
+    matryoshka_dims: list[int] | None = Field(None, description=(
+        "sentence-embedding: Matryoshka training (sentence-transformers' MatryoshkaLoss): the loss is summed over "
+        "the embeddings' first n values, renormalized, for each n here (each at most the hidden size); evaluation "
+        "reports each; the export records them"))
+    matryoshka_weights: list[float] | None = Field(None, description=(
+        "one weight per matryoshka_dims entry (default: 1 each)"))
+    # sparse embeddings (SPLADE, sentence-transformers' SpladeLoss)
+    query_regularizer_weight: float = Field(5e-5, ge=0, description=(
+        "sparse-embedding: weight of the FLOPS regularizer on the queries (anchors)"))
+    document_regularizer_weight: float = Field(3e-5, ge=0, description=(
+        "sparse-embedding: weight of the FLOPS regularizer on the documents (positives and negatives)"))
     # masked LM
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="fraction of tokens chosen for masking")
     # schedule
@@ -208,6 +221,15 @@ class FinetuneConfig(BaseModel):
             raise ValueError("eval_strategy 'steps' needs eval_steps")
         if self.save_strategy == "steps" and self.save_steps is None:
             raise ValueError("save_strategy 'steps' needs save_steps")
+        if self.matryoshka_dims is not None:
+            if not self.matryoshka_dims or any(d < 1 for d in self.matryoshka_dims) \
+                    or len(set(self.matryoshka_dims)) != len(self.matryoshka_dims):
+                raise ValueError(f"matryoshka_dims {self.matryoshka_dims}: distinct positive sizes")
+            if self.matryoshka_weights is not None and len(self.matryoshka_weights) != len(self.matryoshka_dims):
+                raise ValueError(f"matryoshka_weights has {len(self.matryoshka_weights)} entries, matryoshka_dims "
+                                 f"{len(self.matryoshka_dims)}: one weight per dimension")
+        elif self.matryoshka_weights is not None:
+            raise ValueError("matryoshka_weights without matryoshka_dims")
         if self.score_range[0] >= self.score_range[1]:
             raise ValueError(f"score_range {list(self.score_range)}: the low end must be below the high end")
         if tasks.get(self.task).pair_input and self.doc_stride >= self.max_length:  # contexts cut into windows

@@ -20,7 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, ShapedErrorRoute, validation_message
 from ..serving import served
-from ..tei_api import set_timing, tei_infer
+from ..settings import SettingsDep
+from ..tei_api import check_dimensions, set_timing, tei_infer
 
 # hfport's error types -> OpenAI's (type, code)
 OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_exceeded",
@@ -100,10 +101,11 @@ def _b64(vector: list[float]) -> str:
 
 @router.post("/embeddings", response_model=EmbeddingsResponse, summary="OpenAI-compatible embeddings")
 async def embeddings(body: EmbeddingsRequest, request: Request, response: Response, store: StoreDep,
-                     service: ModelServiceDep) -> EmbeddingsResponse:
+                     service: ModelServiceDep, settings: SettingsDep) -> EmbeddingsResponse:
     started = time.perf_counter()
     model = await served(request, store, service, body.model)
     model.need("embedding", route="/v1/embeddings")
+    check_dimensions(model, body.dimensions, settings.strict_dimensions)
     single = isinstance(body.input, str) or (bool(body.input) and isinstance(body.input[0], int))
     items: list[Any] = [body.input] if single else list(body.input)
     params = {"normalize": True, "dimensions": body.dimensions, "with_token_count": True}

@@ -1,10 +1,12 @@
 """text-embeddings-inference's HTTP API, so TEI clients (RAG stacks, huggingface_hub's InferenceClient) work
-unchanged: POST /embed, /embed_all, /rerank, /similarity, /tokenize, /decode, GET /info, and POST / routed by the
-model's kind (TEI's /predict shares POST /predict with hfport's native shape: routes/predict.py).
+unchanged: POST /embed, /embed_all, /embed_sparse (a SPLADE model's sparse vectors), /rerank, /similarity,
+/tokenize, /decode, GET /info, and POST / routed by the model's kind (TEI's /predict shares POST /predict with
+hfport's native shape: routes/predict.py).
 
 The model: the request's `x-model` header names a registered model, else the first `serve --model` (the default).
 Its kind follows TEI: a bare encoder is an embedding model (pooled as its sentence-transformers files say), a
-sequence classifier with one label is a reranker, any other classifier is a classifier. Bodies, error words and
+sequence classifier with one label is a reranker, any other classifier is a classifier; a masked-LM folder in
+SparseEncoder's layout is a sparse-embedding model (/embed_sparse only). Bodies, error words and
 timing headers: server/tei_api.py; the model work: server/serving."""
 
 from __future__ import annotations
@@ -24,19 +26,21 @@ from ..errors import ApiError, validation_message
 from ..serving import ModelService, Served, check_inputs, served
 from ..settings import SettingsDep
 from ..store import BaseStore
-from ..tei_api import (TEI_ANSWERS, TEI_ERRORS, DecodeRequest, EmbedAllRequest, EmbedRequest, Info, Rank,
-                       RerankRequest, SimilarityRequest, SimpleToken, TeiPredictRequest, TeiRoute, TokenizeRequest,
-                       listify,
-                       set_timing, tei_infer, tei_predict, truncation)
+from ..tei_api import (TEI_ANSWERS, TEI_ERRORS, DecodeRequest, EmbedAllRequest, EmbedRequest, EmbedSparseRequest,
+                       Info, Rank, RerankRequest, SimilarityRequest, SimpleToken, SparseValue, TeiPredictRequest,
+                       TeiRoute, TokenizeRequest, check_dimensions, listify, set_timing, tei_embed_sparse, tei_infer,
+                       tei_predict, truncation)
 
 router = APIRouter(tags=["tei"], route_class=TeiRoute, responses=TEI_ERRORS)
 
 
 async def _embed(request: Request, response: Response, body: EmbedRequest | EmbedAllRequest, store: BaseStore,
-                 service: ModelService, output: str) -> list:
+                 service: ModelService, output: str, strict_dimensions: bool = False) -> list:
     started = time.perf_counter()
     model = await served(request, store, service)
     model.need("embedding", route=request.url.path)
+    if isinstance(body, EmbedRequest):
+        check_dimensions(model, body.dimensions, strict_dimensions)
     items, _ = listify(body.inputs)
     params = {"output": output, "prompt_name": body.prompt_name,
               **truncation(body.truncate, body.truncation_direction, model.kind)}
@@ -49,14 +53,21 @@ async def _embed(request: Request, response: Response, body: EmbedRequest | Embe
 
 @router.post("/embed", response_model=list[list[float]], summary="Sentence embeddings (TEI)")
 async def embed(body: EmbedRequest, request: Request, response: Response, store: StoreDep,
-                service: ModelServiceDep) -> list:
-    return await _embed(request, response, body, store, service, "sentence")
+                service: ModelServiceDep, settings: SettingsDep) -> list:
+    return await _embed(request, response, body, store, service, "sentence", settings.strict_dimensions)
 
 
 @router.post("/embed_all", response_model=list[list[list[float]]], summary="Per-token hidden states (TEI)")
 async def embed_all(body: EmbedAllRequest, request: Request, response: Response, store: StoreDep,
                     service: ModelServiceDep) -> list:
     return await _embed(request, response, body, store, service, "tokens")
+
+
+@router.post("/embed_sparse", response_model=list[list[SparseValue]],
+             summary="Sparse (SPLADE) embeddings: each text's nonzero vocabulary weights (TEI)")
+async def embed_sparse(body: EmbedSparseRequest, request: Request, response: Response, store: StoreDep,
+                       service: ModelServiceDep) -> list:
+    return await tei_embed_sparse(body, request, response, store, service)
 
 
 @router.post("/rerank", response_model=list[Rank], response_model_exclude_none=True,
@@ -104,7 +115,7 @@ async def tokenize(body: TokenizeRequest, request: Request, store: StoreDep, ser
     check_inputs(items, settings, TEI_ANSWERS)
     prompt = ""
     if body.prompt_name is not None:
-        model.need("embedding", route="/tokenize with prompt_name")
+        model.need("embedding", "sparse-embedding", route="/tokenize with prompt_name")
         prompts = model.pipe.sentence.prompts
         if body.prompt_name not in prompts:
             raise ApiError(422, f"prompt_name={body.prompt_name!r}: the model's prompts are {sorted(prompts)}",
@@ -131,7 +142,7 @@ async def decode(body: DecodeRequest, request: Request, store: StoreDep, service
 async def info(request: Request, store: StoreDep, service: ModelServiceDep, settings: SettingsDep) -> Info:
     model = await served(request, store, service)
     config = model.pipe.model.config
-    if model.kind == "embedding":
+    if model.kind in ("embedding", "sparse-embedding"):  # TEI names a SPLADE model's pooling "splade"
         kind = {"embedding": {"pooling": model.pipe.sentence.pooling}}
         max_len = model.pipe.max_input_length
     else:
@@ -163,7 +174,7 @@ async def root(request: Request, response: Response, store: StoreDep, service: M
     if model.kind == "embedding":
         if isinstance(body.get("inputs"), dict):
             return await similarity(parse(SimilarityRequest, body), request, response, store, service, settings)
-        return await embed(parse(EmbedRequest, body), request, response, store, service)
+        return await embed(parse(EmbedRequest, body), request, response, store, service, settings)
     parameters = body.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         raise ApiError(422, "parameters: must be an object", "Validation")

@@ -12,6 +12,9 @@ duplicates is also how the loss keeps them from being each other's negatives (se
 In-batch negatives and accumulation: with grad_accum > 1 each micro-batch is its own loss with its own negatives, so
 the negatives per anchor are batch_size - 1 (+ hard ones), not batch_size * grad_accum - 1. To score a large batch
 against all of its negatives with bounded memory, use a large batch_size with mini_batch_size (GradCache, below).
+Matryoshka (matryoshka_dims, matryoshka_weights): sentence-transformers' MatryoshkaLoss, the loss summed over the
+embeddings' first n values, renormalized, for each n (weighted); evaluation reports every n as dim_<n>_<metric>
+beside the full size's metrics, and best/ and final/ record the dimensions (config_sentence_transformers.json).
 Several processes: each scores its own share of the global batch's negatives, unless gather_across_devices is on;
 then every process's embeddings are gathered (gradients flow back to the process that computed them) and each
 anchor is scored against the whole global micro-batch, texts repeated across processes counted once, equal to one
@@ -39,6 +42,7 @@ from ..metrics import retrieval as metrics
 from . import TrainTask
 
 LOSSES = {"pairs": ("mnrl",), "scored-pairs": ("cosent",)}  # the data's kind -> the losses that fit it
+DEFAULT_SCALE = 20.0  # of cosine similarities (sentence-transformers' MNRL and CoSENT default)
 
 
 # --- the losses -------------------------------------------------------------------------------------------------
@@ -49,13 +53,15 @@ def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, p=2, dim=-1) @ F.normalize(b, p=2, dim=-1).T
 
 
-def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: slice = slice(None)) -> torch.Tensor:
+def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: slice = slice(None),
+              similarity: Any = None) -> torch.Tensor:
     """MultipleNegativesRankingLoss over a batch of distinct texts.
 
     embeddings (U, C): one row per distinct text of the batch; index (B, K): row of each example's anchor (column 0),
     positive (1) and hard negatives (2..; -1 where an example has fewer). Each anchor is scored against every
     distinct positive and negative text of the batch (cosine x scale) and must pick its own positive (cross-entropy).
     `own`: the examples whose anchors this call scores (a process's share of a gathered global batch; default all).
+    `similarity`: (N, C), (M, C) -> (N, M); cosine by default (SparseMultipleNegativesRankingLoss: the dot product).
 
     Duplicates: a text that appears twice is one candidate, so an example's positive repeated as another's is not a
     negative of itself; and where two examples share an anchor, each one's positive is masked out of the other's
@@ -66,7 +72,7 @@ def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: 
     candidates = torch.unique(slots[slots >= 0])  # (M,) sorted rows of the distinct candidate texts
     column = torch.full((embeddings.shape[0],), -1, dtype=torch.long, device=index.device)  # (U,)
     column[candidates] = torch.arange(len(candidates), device=index.device)
-    scores = cosine_matrix(embeddings[anchors[own]], embeddings[candidates]) * scale  # (b, M)
+    scores = (similarity or cosine_matrix)(embeddings[anchors[own]], embeddings[candidates]) * scale  # (b, M)
     target = column[positives]  # (B,)
     same_anchor = anchors[own, None] == anchors[None, :]  # (b, B)
     other = same_anchor & (target[None, :] != target[own, None])  # (b, B): j's positive is also relevant to i
@@ -74,6 +80,16 @@ def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: 
     rows, cols = other.nonzero(as_tuple=True)
     mask[rows, target[cols]] = True
     return F.cross_entropy(scores.masked_fill(mask, float("-inf")), target[own])
+
+
+def shrink(embeddings: torch.Tensor, dim: int) -> torch.Tensor:
+    """(U, C) -> (U, dim): the first `dim` values, L2-renormalized (sentence-transformers' Matryoshka shrink)."""
+    return F.normalize(embeddings[..., :dim], p=2, dim=-1)
+
+
+def matryoshka_loss(loss: Any, embeddings: torch.Tensor, dims: list[int], weights: list[float]) -> torch.Tensor:
+    """MatryoshkaLoss: sum over n of weight_n * loss(the embeddings shrunk to n values). `loss`: (U, n) -> ()."""
+    return sum(w * loss(shrink(embeddings, d)) for d, w in zip(dims, weights))  # type: ignore[return-value]
 
 
 def cosent_loss(embeddings: torch.Tensor, index: torch.Tensor, scores: torch.Tensor, scale: float) -> torch.Tensor:
@@ -210,6 +226,7 @@ def pooling_defaults(config: Any, source: Path) -> tuple[str, bool]:
 class SentenceEmbedding(TrainTask):
     name = "sentence-embedding"
     compute_metrics = staticmethod(metrics.compute)
+    default_scale = DEFAULT_SCALE
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         train_path = Path(config.train)
@@ -235,6 +252,11 @@ class SentenceEmbedding(TrainTask):
         source = hub.resolve(config.model)
         pooling, normalize = pooling_defaults(config, source)
         raw, _ = hub.read_config(source)
+        dims = list(config.matryoshka_dims or [])
+        too_large = [d for d in dims if d > int(raw.get("hidden_size") or 0)]
+        if too_large:
+            raise ConfigError(f"matryoshka_dims {too_large}: larger than the model's embeddings "
+                              f"({raw.get('hidden_size')} values)")
 
         def encode(path: Path, rows: list[tuple[list[str], float | None, int]]) -> list[Features]:
             distinct = list(dict.fromkeys(t for texts, _, _ in rows for t in texts))  # each text tokenized once
@@ -252,9 +274,10 @@ class SentenceEmbedding(TrainTask):
 
         train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
                                                       config.eval_fraction, config.seed)
-        extra = {"loss": loss, "scale": config.scale, "pooling": pooling, "normalize": normalize,
+        extra = {"loss": loss, "scale": config.scale or self.default_scale, "pooling": pooling, "normalize": normalize,
                  "mini_batch_size": config.mini_batch_size, "gather": config.gather_across_devices,
-                 "hidden_size": raw.get("hidden_size"),
+                 "hidden_size": raw.get("hidden_size"), "matryoshka_dims": dims,
+                 "matryoshka_weights": list(config.matryoshka_weights or [1.0] * len(dims)),
                  "max_length": min(config.max_length, int(raw.get("max_position_embeddings", config.max_length)))}
         return EncodedData(train_features, eval_features, None, tokenizer.pad_token_id, extra, problem_type=kind)
 
@@ -283,13 +306,9 @@ class SentenceEmbedding(TrainTask):
         chunk runs without keeping its activations (torch.utils.checkpoint), the loss sees every embedding, and the
         backward pass re-runs one chunk at a time with its embeddings' gradient."""
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-        pooling, normalize = data.extra["pooling"], data.extra["normalize"]
 
         def embed(*tensors: torch.Tensor) -> torch.Tensor:
-            kwargs = dict(zip(inputs, tensors))
-            hidden = model(**kwargs).last_hidden_state  # (n, T, C)
-            out = pool(hidden, kwargs["attention_mask"], pooling)  # (n, C)
-            return F.normalize(out, p=2, dim=-1) if normalize else out
+            return self.embed(model, data, dict(zip(inputs, tensors)))
 
         chunk = data.extra.get("mini_batch_size")
         n = batch["input_ids"].shape[0]
@@ -303,21 +322,36 @@ class SentenceEmbedding(TrainTask):
             parts.append(checkpoint(embed, *sub, use_reentrant=False))  # (n_chunk, C)
         return torch.cat(parts)  # (U, C)
 
+    def embed(self, model: Any, data: EncodedData, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(n, T) inputs -> (n, C) embeddings: the encoder's states pooled (and normalized) as the run says."""
+        hidden = model(**inputs).last_hidden_state  # (n, T, C)
+        out = pool(hidden, inputs["attention_mask"], data.extra["pooling"])  # (n, C)
+        return F.normalize(out, p=2, dim=-1) if data.extra["normalize"] else out
+
     def write_model_files(self, folder: Path, data: EncodedData) -> None:
         """best/ and final/ in the sentence-transformers layout: the pooling and normalisation the run trained with."""
         write_embedding_layout(folder, pooling=data.extra["pooling"], normalize=data.extra["normalize"],
-                               hidden_size=data.extra["hidden_size"], max_seq_length=data.extra["max_length"])
+                               hidden_size=data.extra["hidden_size"], max_seq_length=data.extra["max_length"],
+                               matryoshka_dims=data.extra.get("matryoshka_dims", ()))
 
     def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
              label_smoothing: float) -> torch.Tensor:
         embeddings = outputs.float()  # (U, C)
+        scale, index, own = data.extra["scale"], batch["labels"], slice(None)
         if data.extra["loss"] == "cosent":
-            return cosent_loss(embeddings, batch["labels"], batch["scores"], data.extra["scale"])
-        # training only: evaluation batches are each process's own (their counts may differ between processes)
-        if data.extra["gather"] and torch.is_grad_enabled() and dist.is_initialized() and dist.get_world_size() > 1:
-            embeddings, index, own = gather_batch(embeddings, batch["text_ids"], batch["labels"])
-            return mnrl_loss(embeddings, index, data.extra["scale"], own)  # this process's anchors, global negatives
-        return mnrl_loss(embeddings, batch["labels"], data.extra["scale"])
+            def loss(e: torch.Tensor) -> torch.Tensor:
+                return cosent_loss(e, index, batch["scores"], scale)
+        else:
+            # training only: evaluation batches are each process's own (their counts may differ between processes)
+            if data.extra["gather"] and torch.is_grad_enabled() and dist.is_initialized() \
+                    and dist.get_world_size() > 1:  # this process's anchors, the global batch's negatives
+                embeddings, index, own = gather_batch(embeddings, batch["text_ids"], index)
+
+            def loss(e: torch.Tensor) -> torch.Tensor:
+                return mnrl_loss(e, index, scale, own)
+        if data.extra.get("matryoshka_dims"):
+            return matryoshka_loss(loss, embeddings, data.extra["matryoshka_dims"], data.extra["matryoshka_weights"])
+        return loss(embeddings)
 
     def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
         return batch["labels"].shape[0]  # the examples (anchors), not the distinct texts encoded
@@ -336,6 +370,16 @@ class SentenceEmbedding(TrainTask):
                 for b, x in enumerate(items)]
 
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
+        """The full embeddings' metrics, and with matryoshka_dims each dimension's as dim_<n>_<metric>."""
+        out = self.metrics_at(rows, data, None)
+        for dim in data.extra.get("matryoshka_dims") or ():
+            out |= {f"dim_{dim}_{k}": v for k, v in self.metrics_at(rows, data, dim).items()}
+        return out
+
+    def metrics_at(self, rows: list[Any], data: EncodedData, dim: int | None) -> dict[str, float]:
+        """Metrics of the embeddings' first `dim` values (all: None); cosine renormalizes them, as shrink does."""
+        if dim is not None:
+            rows = [(r[0], r[1][:, :dim], *r[2:]) for r in rows]
         if data.problem_type == "scored-pairs":
             a = np.stack([r[1][0] for r in rows])  # (N, C)
             b = np.stack([r[1][1] for r in rows])  # (N, C)
@@ -345,8 +389,16 @@ class SentenceEmbedding(TrainTask):
 
 
 def retrieval_from_rows(rows: list[Any]) -> dict[str, float]:
-    """The eval file as a retrieval benchmark: its distinct anchors are the queries, its distinct positive and
-    negative texts the corpus, and each anchor's positives (over every row it appears in) its relevant documents."""
+    """The eval file as a retrieval benchmark ranked by cosine similarity (retrieval_sets)."""
+    queries, corpus, relevant, names = retrieval_sets(rows)
+    return metrics.retrieval_metrics(np.stack(queries), np.stack(corpus), relevant, names)
+
+
+def retrieval_sets(rows: list[Any]) -> tuple[list[Any], list[Any], list[list[int]], list[str]]:
+    """(the queries' vectors, the corpus's vectors, each query's relevant corpus rows, the queries' sources): the
+    eval file as a retrieval benchmark, each text's vector as eval_rows kept it. Its distinct anchors are the queries,
+    its distinct positive and negative texts the corpus, and each anchor's positives (over every row it appears in)
+    its relevant documents."""
     corpus: dict[int, int] = {}  # text id -> corpus row
     corpus_vectors, queries, query_vectors, relevant, names = [], {}, [], [], []
     for ids, vectors, _, source in rows:
@@ -360,5 +412,4 @@ def retrieval_from_rows(rows: list[Any]) -> dict[str, float]:
             relevant.append(set())
             names.append(f"{source[0]}:{source[1]}")
         relevant[queries[ids[0]]].add(corpus[ids[1]])
-    return metrics.retrieval_metrics(np.stack(query_vectors), np.stack(corpus_vectors),
-                                     [sorted(r) for r in relevant], names)
+    return query_vectors, corpus_vectors, [sorted(r) for r in relevant], names
