@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .. import tasks
 from ..errors import ConfigError
 from .data import MEGA_BUCKET_STEPS
+from .trackers import report_to_list
 
 LOWER_IS_BETTER = ("loss", "mse", "mae", "perplexity")  # the mode of a metric named without --metric-mode
 
@@ -180,6 +181,12 @@ class FinetuneConfig(BaseModel):
     save_steps: int | None = Field(None, ge=1, description="write a checkpoint every this many optimizer steps")
     save_total_limit: int = Field(2, ge=1, description="checkpoints kept on disk (the oldest go; the best one stays)")
     logging_steps: int = Field(10, ge=1, description="log the training loss every this many optimizer steps")
+    report_to: list[str] = Field(default_factory=list, description=(
+        "experiment trackers that receive the train/eval/perf lines and the config (transformers' option): "
+        "tensorboard, mlflow, wandb (a list or comma-separated), 'all' (every one installed) or 'none'; files go "
+        "under output_dir (runs/, mlruns/, wandb/; wandb offline unless WANDB_MODE says otherwise)"))
+    logging_dir: str | None = Field(None, description="TensorBoard's folder; default <output_dir>/runs")
+    run_name: str | None = Field(None, description="the run's name in the trackers; default output_dir's name")
     seed: int = Field(42, description=(
         "seed of the data order, the held-out split, dropout and new heads' initialisation"))
 
@@ -196,6 +203,11 @@ class FinetuneConfig(BaseModel):
     @classmethod
     def _lora(cls, v: Any) -> Any:
         return {} if v is True else None if v is False else v
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, v: Any) -> Any:
+        return report_to_list(v)  # "all" expands to the trackers installed; a missing package says what to install
 
     @field_validator("freeze", mode="before")
     @classmethod
