@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .. import tasks
 from ..errors import ConfigError
+from .aliases import did_you_mean, translate
 from .data import MEGA_BUCKET_STEPS
 from .trackers import report_to_list
 
@@ -190,6 +191,18 @@ class FinetuneConfig(BaseModel):
     seed: int = Field(42, description=(
         "seed of the data order, the held-out split, dropout and new heads' initialisation"))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        """transformers' TrainingArguments names (learning_rate, num_train_epochs...) stored under hfport's (an HTTP
+        job body comes this way); an unknown key is left to extra="forbid" (did_you_mean words its message)."""
+        return translate(data, cls.model_fields, keep_unknown=True) if isinstance(data, dict) else data
+
+    @classmethod
+    def did_you_mean(cls, key: str) -> str:
+        """"did you mean lr (transformers: learning_rate)?": the closest options to an unknown key."""
+        return did_you_mean(key, cls.model_fields)
+
     @field_validator("task", mode="before")
     @classmethod
     def _task(cls, v: Any) -> Any:
@@ -256,12 +269,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], file_name: str = "config file"
                    ) -> tuple[FinetuneConfig, dict[str, str]]:
     """Defaults < file < flags. Returns the config and, for each field, where its value came from."""
-    file_values = dict(file_values or {})
-    valid = set(FinetuneConfig.model_fields)
-    for origin, values in ((file_name, file_values), ("flags", flags)):
-        unknown = sorted(set(values) - valid)
-        if unknown:
-            raise ConfigError(f"{origin}: unknown option(s) {unknown}; valid options: {sorted(valid)}")
+    translated = []  # aliases to hfport's names per origin, so that a flag still overrides the file's alias
+    for origin, values in ((file_name, dict(file_values or {})),
+                           ("flags", {k: v for k, v in flags.items() if v is not None})):
+        try:
+            translated.append(translate(values, FinetuneConfig.model_fields))
+        except ValueError as e:
+            raise ConfigError(f"{origin}: {e}") from e
+    file_values, flags = translated
     merged = {**file_values, **{k: v for k, v in flags.items() if v is not None}}
     if isinstance(flags.get("lora"), dict) and isinstance(file_values.get("lora"), dict):
         merged["lora"] = {**file_values["lora"], **flags["lora"]}  # --lora-r refines the file's lora section
