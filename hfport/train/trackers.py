@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +36,8 @@ TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", 
 PROJECT = "hfport"  # MLflow's experiment, wandb's project
 LOGGED = ("train", "eval", PERF)  # the metrics.jsonl lines the trackers receive
 EXTRA = "pip install 'hfport[trackers]'"
+
+log = logging.getLogger("hfport.train")
 
 
 def installed(name: str) -> bool:
@@ -120,6 +123,7 @@ class Trackers:
             "mlflow": {"run_name": name, "logging_dir": str(Path(config.output_dir).resolve() / "mlartifacts")},
             "wandb": {"name": name, "dir": str(wandb_dir), **wandb_mode}})
         trainer.emit = self.around(trainer.emit)
+        log.info("report_to: %s", "; ".join(f"{k} at {v}" for k, v in locations(config).items()))
 
     def __enter__(self) -> Trackers:
         return self
