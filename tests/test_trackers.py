@@ -33,10 +33,10 @@ def data(tmp_path_factory, minilm_path) -> Path:
 
 def run(data: Path, out: Path, report_to: list[str], **extra) -> list[dict]:
     """A 6-step run (eval every 3) reporting to `report_to`; its metrics.jsonl lines."""
-    finetune(FinetuneConfig(model=str(data / "model"), train=str(data / "train.jsonl"), eval=str(data / "eval.jsonl"),
-                            output_dir=str(out), batch_size=8, max_steps=6, logging_steps=2, eval_strategy="steps",
-                            eval_steps=3, save_strategy="no", precision="fp32", report_to=report_to, **extra),
-             progress=False)
+    values = dict(model=str(data / "model"), train=str(data / "train.jsonl"), eval=str(data / "eval.jsonl"),
+                  output_dir=str(out), batch_size=8, max_steps=6, logging_steps=2, eval_strategy="steps",
+                  eval_steps=3, save_strategy="no", precision="fp32", report_to=report_to)
+    finetune(FinetuneConfig(**{**values, **extra}), progress=False)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -76,6 +76,23 @@ def test_tensorboard_and_mlflow_hold_the_metrics_and_config(data, tmp_path):
     params = found.data.params
     assert params["batch_size"] == "8" and params["max_steps"] == "6" and params["report_to"] == \
         '["tensorboard", "mlflow"]'
+
+
+def test_resumed_and_overwritten_runs_replace_the_events_they_repeat(data, tmp_path):
+    """TensorBoard shows what metrics.jsonl holds after a resume (the events past the checkpoint hidden, not
+    doubled) and after --overwrite with other settings (the earlier run's events hidden)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def tensorboard(out: Path) -> list[tuple[int, float]]:
+        return [(e.step, e.value) for e in EventAccumulator(str(out / "runs" / "run")).Reload().Scalars("train/loss")]
+
+    out = tmp_path / "run"
+    run(data, out, ["tensorboard"], logging_steps=1, save_strategy="steps", save_steps=2)  # keeps step-4, step-6
+    lines = run(data, out, ["tensorboard"], logging_steps=1, save_strategy="steps", save_steps=2,
+                resume=str(out / "checkpoints" / "step-4"))
+    same(tensorboard(out), expected(lines, "train", "loss"))  # steps 1..6 once each
+    lines = run(data, out, ["tensorboard"], logging_steps=1, max_steps=3, lr=1e-2, overwrite=True)
+    same(tensorboard(out), expected(lines, "train", "loss"))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (pip install wandb)")

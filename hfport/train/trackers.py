@@ -11,9 +11,10 @@ log there only). Where each keeps its files unless the user points elsewhere:
     wandb         offline (WANDB_MODE=online uploads) under <output_dir>/wandb (WANDB_DIR overrides), project "hfport"
 
 A line's keys are named as transformers' TensorBoard and wandb callbacks name them: train/loss, train/lr,
-eval/accuracy (metrics.jsonl's eval_accuracy), perf/tokens_per_s. A resumed (or overwritten) run logs again
-from its checkpoint's step (from step 1): TensorBoard's reader drops the earlier events from the first repeated step
-on (its purge of orphaned data, as for any restarted writer); MLflow and wandb start a new run with the same name.
+eval/accuracy (metrics.jsonl's eval_accuracy), perf/tokens_per_s. A resumed run logs again from its
+checkpoint's step, an overwritten one from step 1: TensorBoard's writer is told so (SummaryWriter's purge_step), and
+its reader then hides the earlier events from there on, as metrics.jsonl drops its lines; MLflow and wandb start a
+new run with the same name.
 """
 
 from __future__ import annotations
@@ -112,6 +113,9 @@ class Trackers:
         if not self.active:
             return
         name = run_name(config)
+        for tracker in accelerator.log_with:  # accelerator_options' TensorBoard tracker: where this run starts
+            if isinstance(tracker, TensorBoardTracker):
+                tracker.init_kwargs["purge_step"] = (trainer.state.step if config.resume else 0) + 1
         if "mlflow" in config.report_to and not os.environ.get("MLFLOW_TRACKING_URI"):
             import mlflow  # an optional extra (report_to mlflow); accelerate's tracker uses the global tracking URI
             mlflow.set_tracking_uri(locations(config)["mlflow"])
