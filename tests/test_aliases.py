@@ -64,6 +64,10 @@ def test_http_job_body_takes_the_aliases():
     body = FinetuneJobRequest.model_validate({"config": {**BASE, "learning_rate": 1e-4, "num_train_epochs": 1,
                                                          "report_to": "none"}})
     assert body.config.model_dump(exclude_unset=True) == {**BASE, "lr": 1e-4, "epochs": 1.0, "report_to": []}
+    with pytest.raises(ValueError, match=r"logging_dir\n.*Input should be None"):  # a job's trackers stay in its run
+        FinetuneJobRequest.model_validate({"config": {**BASE, "report_to": "tensorboard", "logging_dir": "/etc"}})
+    with pytest.raises(ValueError, match=r"run_name\n.*no path separators"):
+        FinetuneJobRequest.model_validate({"config": {**BASE, "run_name": "../../x"}})
     with pytest.raises(ValueError, match=r"learning_rat\n.*Extra inputs are not permitted"):
         FinetuneJobRequest.model_validate({"config": {**BASE, "learning_rat": 1e-4}})
     error = config_error([{"type": "extra_forbidden", "loc": ("learning_rat",), "msg": "Extra inputs"}])

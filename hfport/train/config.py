@@ -222,6 +222,13 @@ class FinetuneConfig(BaseModel):
     def _report_to(cls, v: Any) -> Any:
         return report_to_list(v)  # "all" expands to the trackers installed; a missing package says what to install
 
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, v: str | None) -> str | None:
+        if v is not None and (v in ("", ".", "..") or "/" in v or "\\" in v):
+            raise ValueError(f"{v!r}: a run name names TensorBoard's folder for the run; no path separators")
+        return v
+
     @field_validator("freeze", mode="before")
     @classmethod
     def _split(cls, v: Any) -> Any:
