@@ -48,6 +48,15 @@ def test_bad_keys_are_named(values, message):
         resolve_config({**BASE, **values}, {}, "run.yaml")
 
 
+def test_a_bad_value_names_the_key_as_given():
+    with pytest.raises(ConfigError, match=r"lr \(given as learning_rate\): Input should be a valid number"):
+        resolve_config({**BASE, "learning_rate": "fast"}, {})
+    with pytest.raises(ConfigError, match=r"scheduler \(given as lr_scheduler_type\): Input should be 'linear'"):
+        resolve_config({**BASE, "lr_scheduler_type": "polynomial"}, {})
+    with pytest.raises(ConfigError, match=r"lr: Input should be a valid number"):  # the flag's value is the bad one
+        resolve_config({**BASE, "learning_rate": 1e-3}, {"lr": "fast"})
+
+
 def test_an_unknown_key_lists_only_the_closest_names():
     with pytest.raises(ConfigError) as e:
         resolve_config(BASE, {"learning_rat": 1})

@@ -99,9 +99,11 @@ def _betas(given: dict[str, Any]) -> Any:
 COMBINED: dict[str, Callable[[dict[str, Any]], Any]] = {"precision": _precision, "adam_betas": _betas}
 
 
-def translate(values: dict[str, Any], valid: Iterable[str], keep_unknown: bool = False) -> dict[str, Any]:
-    """`values` with every alias stored under hfport's name. Raises ValueError naming the key: a refused alias
-    (with why), an alias given beside its hfport name, or an unknown key (with the closest valid names; with
+def translate(values: dict[str, Any], valid: Iterable[str], keep_unknown: bool = False,
+              renamed: dict[str, str] | None = None) -> dict[str, Any]:
+    """`values` with every alias stored under hfport's name (`renamed`, when given, gets {hfport name: the names
+    given}, so an error about a value can name the key the user wrote). Raises ValueError naming the key: a refused
+    alias (with why), an alias given beside its hfport name, or an unknown key (with the closest valid names; with
     keep_unknown it stays, for the model's own check, which reports it beside the other fields' problems)."""
     valid = set(valid)
     out = {k: v for k, v in values.items() if k in valid or (keep_unknown and k not in ALIASES)}
@@ -121,6 +123,8 @@ def translate(values: dict[str, Any], valid: Iterable[str], keep_unknown: bool =
                              "give one")
         grouped.setdefault(alias.field, {})[key] = alias.value(value) if alias.value else value
     for name, given in grouped.items():
+        if renamed is not None:
+            renamed[name] = " and ".join(given)
         if name in COMBINED:
             out[name] = COMBINED[name](given)
         else:

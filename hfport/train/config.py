@@ -276,13 +276,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], file_name: str = "config file"
                    ) -> tuple[FinetuneConfig, dict[str, str]]:
     """Defaults < file < flags. Returns the config and, for each field, where its value came from."""
-    translated = []  # aliases to hfport's names per origin, so that a flag still overrides the file's alias
+    translated, renamed = [], {}  # aliases to hfport's names per origin, so a flag still overrides the file's alias
     for origin, values in ((file_name, dict(file_values or {})),
                            ("flags", {k: v for k, v in flags.items() if v is not None})):
         try:
-            translated.append(translate(values, FinetuneConfig.model_fields))
+            translated.append(translate(values, FinetuneConfig.model_fields, renamed=renamed))
         except ValueError as e:
             raise ConfigError(f"{origin}: {e}") from e
+        for name in set(values) & set(translated[-1]):  # given under hfport's name here: an earlier alias lost
+            renamed.pop(name, None)
     file_values, flags = translated
     merged = {**file_values, **{k: v for k, v in flags.items() if v is not None}}
     if isinstance(flags.get("lora"), dict) and isinstance(file_values.get("lora"), dict):
@@ -290,7 +292,9 @@ def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], fi
     try:
         config = FinetuneConfig(**merged)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}"
+                             + (f" (given as {renamed[err['loc'][0]]})" if err["loc"] and err["loc"][0] in renamed
+                                else "") + f": {err['msg']}" for err in e.errors())
         raise ConfigError(f"invalid fine-tune config: {problems}") from e
     sources = {name: "flag" if flags.get(name) is not None else file_name if name in file_values else "default"
                for name in FinetuneConfig.model_fields}
