@@ -105,6 +105,8 @@ class FinetuneJobConfig(FinetuneConfig):
     output_dir: str | None = Field(None, description="the run folder: default <data_dir>/runs/<job id>/run; else a "
                                                      "new or empty folder inside the allowed dirs")
     resume: None = Field(None, description="set by the server: a restarted job resumes on its own")
+    logging_dir: None = Field(None, description="set by the server: TensorBoard (report_to) writes under the job's "
+                                                "run folder, runs/<run_name>")
     overwrite: Literal[False] = Field(False, description="set by the server: a job writes a fresh folder")
 
 

@@ -32,7 +32,7 @@ from ..modeling import PreTrainedEncoder, task_of
 from ..registry import get_family
 from ..tasks import load_any
 from ..tokenizer import copy_tokenizer_files
-from .card import model_card
+from .card import model_card, record_verify
 from .checks import (PROBE_PAIRS, PROBE_TEXTS, check_labels, check_weights, compare_models, folder_dtype,
                      transformers_rows)
 from .common import (DTYPE_NAMES, EXPORT_DTYPES, ExportError, ExportResult, FormatOptions, Source,
@@ -137,6 +137,7 @@ def write_folder(source: Source, out: Path, options: ExportOptions, *, verify: b
             result.report = verify_folder(staging, source.model, atol=options.atol, rtol=options.rtol,
                                           json_path=json_path, label=str(out))
             raise_unless_passed(result.report, out, source.model)
+            record_verify(staging, result.report)  # the card says it was proven
     return result
 
 

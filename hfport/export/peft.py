@@ -27,7 +27,7 @@ from .. import hub, lora
 from ..modeling import PreTrainedEncoder
 from ..tasks import TASKS, load_any
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
-from .card import model_card
+from .card import model_card, record_verify
 from .checks import (check_labels, check_tokenizer, check_weights, compare_models, quiet_transformers,
                      transformers_rows)
 from .common import (DTYPE_NAMES, EXPORT_DTYPES, TRANSFORMERS_AUTO, ExportError, ExportResult, Source,
@@ -182,6 +182,7 @@ def write_merged(source: Source, out: Path, options: ExportOptions, *, verify: b
             result.report = check_merged(staging, model, plain, str(source.model), atol=options.atol,
                                          rtol=options.rtol, json_path=json_path, label=str(out))
             raise_unless_passed(result.report, out, source.model)
+            record_verify(staging, result.report)  # the card says it was proven
     return result
 
 

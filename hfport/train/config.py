@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .. import tasks
 from ..errors import ConfigError
+from .aliases import did_you_mean, translate
 from .data import MEGA_BUCKET_STEPS
+from .trackers import report_to_list
 
 LOWER_IS_BETTER = ("loss", "mse", "mae", "perplexity")  # the mode of a metric named without --metric-mode
 
@@ -193,8 +195,26 @@ class FinetuneConfig(BaseModel):
     save_steps: int | None = Field(None, ge=1, description="write a checkpoint every this many optimizer steps")
     save_total_limit: int = Field(2, ge=1, description="checkpoints kept on disk (the oldest go; the best one stays)")
     logging_steps: int = Field(10, ge=1, description="log the training loss every this many optimizer steps")
+    report_to: list[str] = Field(default_factory=list, description=(
+        "experiment trackers that receive the train/eval/perf lines and the config (transformers' option): "
+        "tensorboard, mlflow, wandb (a list or comma-separated), 'all' (every one installed) or 'none'; files go "
+        "under output_dir (runs/, mlruns/, wandb/; wandb offline unless WANDB_MODE says otherwise)"))
+    logging_dir: str | None = Field(None, description="TensorBoard's folder; default <output_dir>/runs")
+    run_name: str | None = Field(None, description="the run's name in the trackers; default output_dir's name")
     seed: int = Field(42, description=(
         "seed of the data order, the held-out split, dropout and new heads' initialisation"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        """transformers' TrainingArguments names (learning_rate, num_train_epochs...) stored under hfport's (an HTTP
+        job body comes this way); an unknown key is left to extra="forbid" (did_you_mean words its message)."""
+        return translate(data, cls.model_fields, keep_unknown=True) if isinstance(data, dict) else data
+
+    @classmethod
+    def did_you_mean(cls, key: str) -> str:
+        """"did you mean lr (transformers: learning_rate)?": the closest options to an unknown key."""
+        return did_you_mean(key, cls.model_fields)
 
     @field_validator("task", mode="before")
     @classmethod
@@ -209,6 +229,18 @@ class FinetuneConfig(BaseModel):
     @classmethod
     def _lora(cls, v: Any) -> Any:
         return {} if v is True else None if v is False else v
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, v: Any) -> Any:
+        return report_to_list(v)  # "all" expands to the trackers installed; a missing package says what to install
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, v: str | None) -> str | None:
+        if v is not None and (v in ("", ".", "..") or "/" in v or "\\" in v):
+            raise ValueError(f"{v!r}: a run name names TensorBoard's folder for the run; no path separators")
+        return v
 
     @field_validator("freeze", mode="before")
     @classmethod
@@ -266,19 +298,25 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], file_name: str = "config file"
                    ) -> tuple[FinetuneConfig, dict[str, str]]:
     """Defaults < file < flags. Returns the config and, for each field, where its value came from."""
-    file_values = dict(file_values or {})
-    valid = set(FinetuneConfig.model_fields)
-    for origin, values in ((file_name, file_values), ("flags", flags)):
-        unknown = sorted(set(values) - valid)
-        if unknown:
-            raise ConfigError(f"{origin}: unknown option(s) {unknown}; valid options: {sorted(valid)}")
+    translated, renamed = [], {}  # aliases to hfport's names per origin, so a flag still overrides the file's alias
+    for origin, values in ((file_name, dict(file_values or {})),
+                           ("flags", {k: v for k, v in flags.items() if v is not None})):
+        try:
+            translated.append(translate(values, FinetuneConfig.model_fields, renamed=renamed))
+        except ValueError as e:
+            raise ConfigError(f"{origin}: {e}") from e
+        for name in set(values) & set(translated[-1]):  # given under hfport's name here: an earlier alias lost
+            renamed.pop(name, None)
+    file_values, flags = translated
     merged = {**file_values, **{k: v for k, v in flags.items() if v is not None}}
     if isinstance(flags.get("lora"), dict) and isinstance(file_values.get("lora"), dict):
         merged["lora"] = {**file_values["lora"], **flags["lora"]}  # --lora-r refines the file's lora section
     try:
         config = FinetuneConfig(**merged)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}"
+                             + (f" (given as {renamed[err['loc'][0]]})" if err["loc"] and err["loc"][0] in renamed
+                                else "") + f": {err['msg']}" for err in e.errors())
         raise ConfigError(f"invalid fine-tune config: {problems}") from e
     sources = {name: "flag" if flags.get(name) is not None else file_name if name in file_values else "default"
                for name in FinetuneConfig.model_fields}

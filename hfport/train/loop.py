@@ -52,6 +52,7 @@ from .preflight import Preflight, as_config, preflight
 from .progress import Progress
 from .report import write_report
 from .runfiles import MetricsLog, lora_base, prepare_output_dir, save_model_folder
+from .trackers import Trackers, accelerator_options
 
 __all__ = ["Trainer", "TrainState", "clip_grad_norm", "finetune", "float32_outputs", "mixed_precision"]
 
@@ -91,8 +92,9 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                                     threshold=config.early_stopping_threshold),
                       emit=on_event if (on_event and accelerator.is_main_process) else None)
     trainer.start()
-    trainer.train(progress=progress)
-    summary = trainer.finish(frozen=len(frozen)) if accelerator.is_main_process else {}
+    with Trackers(accelerator, config, trainer):  # report_to: the config, and every metrics.jsonl line as it comes
+        trainer.train(progress=progress)
+        summary = trainer.finish(frozen=len(frozen)) if accelerator.is_main_process else {}
     accelerator.wait_for_everyone()
     return summary
 
@@ -108,7 +110,7 @@ def build_accelerator(config: FinetuneConfig) -> Accelerator:
     # cpu=True on a machine without CUDA lets `accelerate launch --multi_gpu --num_processes N` run N CPU
     # processes over gloo (accelerate only picks MULTI_CPU when told the run is on the CPU)
     return Accelerator(mixed_precision=mixed_precision(config.precision), cpu=not torch.cuda.is_available(),
-                       dynamo_plugin=dynamo)
+                       dynamo_plugin=dynamo, **accelerator_options(config))  # report_to: log_with, its folder
 
 
 def build_model(config: FinetuneConfig, checked: Preflight) -> tuple[torch.nn.Module, list[str]]:

@@ -79,8 +79,8 @@ def check_data(config: Any, settings: Settings) -> None:
 
 
 def config_error(errors: list[Any], prefix: tuple[str, ...] = ()) -> ApiError:
-    """FinetuneJobConfig's refusals as one 422 InvalidConfig naming each field: unknown ones listed with the valid
-    options, as `hfport finetune` lists them. `prefix`: where the config sits in the errors' locations."""
+    """FinetuneJobConfig's refusals as one 422 InvalidConfig naming each field: unknown ones with the closest valid
+    options, as `hfport finetune` words them. `prefix`: where the config sits in the errors' locations."""
     unknown, problems = [], []
     for err in errors:
         loc = tuple(err.get("loc", ()))[len(prefix):]
@@ -88,9 +88,9 @@ def config_error(errors: list[Any], prefix: tuple[str, ...] = ()) -> ApiError:
             unknown.append(str(loc[0]))
         else:
             problems.append(f"{'.'.join(['config', *map(str, loc)])}: {err.get('msg')}")
-    if unknown:
-        problems.insert(0, f"config: unknown option(s) {sorted(unknown)}; valid options: "
-                           f"{sorted(FinetuneJobConfig.model_fields)}")
+    if unknown:  # each with its closest options (transformers' names among them), not all of them
+        problems.insert(0, f"config: unknown option(s) {sorted(unknown)}" + "".join(
+            f"; {k}: {FinetuneJobConfig.did_you_mean(k)}" for k in sorted(unknown)))
     return ApiError(422, "; ".join(problems) or "config: invalid", "InvalidConfig")
 
 
