@@ -260,7 +260,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry", ("hfport.cli", "hfport.__main__", "hfport")),
 )
 # what a function may import: optional extras (hfport imports without them) and these, each with its reason
-OPTIONAL_EXTRAS = {"onnxruntime", "onnx", "peft", "psycopg", "transformers", "sentence_transformers"}
+OPTIONAL_EXTRAS = {"onnxruntime", "onnx", "peft", "psycopg", "transformers", "sentence_transformers",
+                   "pyarrow"}  # pyarrow: the `data` extra, read only for Parquet/Arrow/datasets-folder training data
 FUNCTION_IMPORTS_ALLOWED = {
     ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs",
     ("hfport/cli.py", "pydantic"): "serve's settings errors, imported with the server",

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from ..data import (DataError, EncodedData, Features, LabelSpace, _decoded_lines, encode_splits, field_of, pad_ids,
-                    read_records, where)
+from ..data import (DataError, EncodedData, Features, LabelSpace, data_sources, _decoded_lines, encode_splits, field_of,
+                    pad_ids, read_records, where)
+
 from ..metrics import tokens as metrics
 from . import TrainTask
 
@@ -160,9 +161,8 @@ class TokenClassification(TrainTask):
             # the loop's "balanced" counts one label per example; per-token counts would need the task's own
             raise ConfigError("class_weights 'balanced' is for sequence classification; for token classification "
                               "pass one weight per tag, in id2label order")
-        train_path = Path(config.train)
+        train_path, eval_path = data_sources(config)
         train = read_sentences(train_path, config)
-        eval_path = Path(config.eval) if config.eval else None
         evaluation = read_sentences(eval_path, config) if eval_path else []
         space, label2id = tag_space(train, model_id2label)
         b_to_i = _b_to_i(space.id2label)
