@@ -157,10 +157,11 @@ def encode_label(value: Any, space: LabelSpace, path: Path | str, line: int, col
 # --- encoded datasets and batching -------------------------------------------------------------------------
 
 
-def compact(ids: Sequence[int]) -> Sequence[int]:
-    """Token ids as an array of 4-byte ints: a list costs an 8-byte pointer an id plus a 28-byte object for every id
-    over 256, so a large dataset's encoded ids take several times the memory. pad_ids and len() read either."""
-    return array("i", ids)
+def compact(ids: Sequence[int], typecode: str = "i") -> Sequence[int]:
+    """Token ids as an array of 4-byte ints ("i"; token type ids: 1-byte "b"): a list costs an 8-byte pointer an id
+    plus a 28-byte object for every id over 256, so a large dataset's encoded ids take several times the memory.
+    pad_ids and len() read either."""
+    return array(typecode, ids)
 
 
 @dataclass

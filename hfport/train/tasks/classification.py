@@ -30,7 +30,7 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> tuple[list[Feature
         pairs = [r.values[config.text_pair_column] for r in chunk] if config.text_pair_column else None
         enc = tokenizer(texts, text_pair=pairs, truncation=True, max_length=config.max_length)
         types = enc.get("token_type_ids")
-        features.extend(Features(compact(enc["input_ids"][i]), compact(types[i]) if types is not None else None,
+        features.extend(Features(compact(enc["input_ids"][i]), compact(types[i], "b") if types is not None else None,
                                  None, (name, r.line)) for i, r in enumerate(chunk))
 
     chunk: list[Record] = []
