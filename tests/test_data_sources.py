@@ -245,3 +245,34 @@ def test_finetune_job_takes_sources_by_path(root, tmp_path):
             assert r.status_code == 403 and r.json()["error_type"] == "PathNotAllowed", r.text
         finally:
             (root / "parts" / "escape.parquet").unlink()
+
+
+def test_other_tasks_read_the_same_sources(root, tmp_path):
+    """Token classification from a DatasetDict whose tags are ClassLabel ids (as datasets' NER sets keep them)
+    encodes as the same rows in JSONL; the tasks that read rows whole take every source kind through read_records."""
+    rng = random.Random(8)
+    rows = [{"tokens": [rng.choice(["John", "lives", "in", "Paris", "today"]) for _ in range(rng.randint(2, 7))]}
+            for _ in range(24)]
+    for r in rows:
+        r["tags"] = [1 if t in ("John", "Paris") else 0 for t in r["tokens"]]
+    write_jsonl(tmp_path / "ner.jsonl", rows)
+    features = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                                  "tags": datasets.Sequence(datasets.ClassLabel(names=["O", "B-X"]))})
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows, features=features)}).save_to_disk(
+        str(tmp_path / "ner"))
+    options = {"task": "token-classification", "eval_fraction": 0.25}
+    want = preflight(config(root, str(tmp_path / "ner.jsonl"), None, **options))
+    got = preflight(config(root, str(tmp_path / "ner"), None, **options))
+    assert len(got.data.train) == 18 and encoded(got) == encoded(want) and got.data.space == want.data.space
+
+
+def test_cli_split_options(root):
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    result = CliRunner().invoke(app, ["finetune", "--model", str(root / "model"), "--train", str(root / "dsdict"),
+                                      "--eval", str(root / "dsdict"), "--eval-split", "test", "--print-config"])
+    assert result.exit_code == 0, result.output
+    shown = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()}
+    assert shown["train_split"] == '"train"' and shown["eval_split"] == '"test"'
