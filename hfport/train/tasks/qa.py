@@ -137,7 +137,7 @@ def _is_squad(path: Path) -> bool:
 
 
 def read_examples(path: Path, config: Any) -> list[Example]:
-    return read_squad(path) if _is_squad(path) else read_flat(path, config)
+    return read_squad(Path(path)) if _is_squad(path) else read_flat(path, config)  # SQuAD JSON: a file of its own
 
 
 # --- windows and target positions ------------------------------------------------------------------------------
