@@ -195,6 +195,12 @@ def test_sources_that_are_not_data(root, tmp_path):
     assert "broken.parquet: not a readable Parquet file" in refused(root, str(tmp_path / "broken.parquet"))
     (tmp_path / "broken.arrow").write_bytes(b"\x00" * 16)
     assert "broken.arrow: not an Arrow IPC file or stream" in refused(root, str(tmp_path / "broken.arrow"))
+    whole = write_arrow(tmp_path / "cut.arrow", sentiment_rows(40, seed=9), stream=True).read_bytes()
+    (tmp_path / "cut.arrow").write_bytes(whole[:int(len(whole) * 0.6)])  # stops in the 4th batch of 7 rows
+    assert ", row 21: the file cannot be read on from here" in refused(root, str(tmp_path / "cut.arrow"))
+    flags = [{**r, "label": i % 2 == 0} for i, r in enumerate(sentiment_rows(20, seed=10))]
+    write_jsonl(tmp_path / "b.jsonl", [{**r, "label": 0} for r in flags[:3]] + flags[3:])  # False == 0: kept apart
+    assert refused(root, str(tmp_path / "b.jsonl")).endswith("line 4, field 'label': unusable label False")
     (tmp_path / "data.xlsx").write_bytes(b"x")
     assert "unknown data format '.xlsx'" in refused(root, str(tmp_path / "data.xlsx"))
 

@@ -105,9 +105,15 @@ def _pyarrow(path: Path | str, what: str) -> Any:
     return pyarrow
 
 
-def _batch_rows(batches: Iterator[Any]) -> Iterator[tuple[int, dict[str, Any]]]:
+def _batch_rows(path: Path, batches: Iterator[Any], pa: Any) -> Iterator[tuple[int, dict[str, Any]]]:
     row = 0
-    for batch in batches:
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:  # a truncated or corrupt batch further in
+            raise DataError(f"{path}, row {row}: the file cannot be read on from here ({e})") from e
+        if batch is None:
+            return
         for values in batch.to_pylist():  # only this batch's rows become Python objects
             yield row, values
             row += 1
@@ -120,7 +126,7 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from e
     with file:
-        yield from _batch_rows(file.iter_batches(batch_size=BATCH_ROWS))
+        yield from _batch_rows(path, file.iter_batches(batch_size=BATCH_ROWS), pa)
 
 
 def _arrow_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -135,7 +141,7 @@ def _arrow_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 batches = pa.ipc.open_stream(f)
             except (pa.ArrowException, OSError) as e:
                 raise DataError(f"{path}: not an Arrow IPC file or stream ({e})") from e
-        yield from _batch_rows(iter(batches))
+        yield from _batch_rows(path, iter(batches), pa)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import random
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -96,9 +96,10 @@ class LabelSpace:
         return {v: k for k, v in self.id2label.items()}
 
 
-def infer_label_space(labels: list[tuple[Any, int]], path: Path | str, column: str,
+def infer_label_space(labels: Iterable[tuple[Any, int]], path: Path | str, column: str,
                       problem_type: str | None, model_id2label: dict[int, str] | None) -> LabelSpace:
-    """From the training labels: names (sorted), ids, floats (regression) or lists (multi-label)."""
+    """From the training labels, (value, line) pairs iterated more than once: names (sorted), ids, floats
+    (regression) or lists (multi-label)."""
     kinds: dict[str, int] = {}
     for value, line in labels:
         kind = _label_kind(value)

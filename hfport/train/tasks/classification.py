@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -16,13 +16,24 @@ from . import TrainTask
 ENCODE_ROWS = 1024  # rows read, checked and tokenized together: the text held at once
 
 
-def encode_rows(path: Source, config: Any, tokenizer: Any) -> tuple[list[Features], list[tuple[Any, int]]]:
-    """(features without targets, [(label as written, line or row)]) of a source's rows, checked and tokenized a
-    chunk at a time."""
+class RawLabels:
+    """(label as written, line or row) of each example, read off the features, which hold the label as their target
+    until the training labels fix the label space: iterable as often as infer_label_space needs, without a tuple
+    kept per row."""
+
+    def __init__(self, features: list[Features]) -> None:
+        self.features = features
+
+    def __iter__(self) -> Iterator[tuple[Any, int]]:
+        return ((x.target, x.source[1]) for x in self.features)
+
+
+def encode_rows(path: Source, config: Any, tokenizer: Any) -> list[Features]:
+    """A source's rows checked and tokenized a chunk at a time; each target is the label as written (one object per
+    distinct value) until encode_label replaces it."""
     columns = [config.text_column, config.label_column] + ([config.text_pair_column] if config.text_pair_column else [])
     features: list[Features] = []
-    labels: list[tuple[Any, int]] = []
-    seen: dict[Any, Any] = {}  # one object per distinct label value, not one per row
+    seen: dict[Any, Any] = {}
     name = str(path)
 
     def encode(chunk: list[Record]) -> None:
@@ -30,8 +41,12 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> tuple[list[Feature
         pairs = [r.values[config.text_pair_column] for r in chunk] if config.text_pair_column else None
         enc = tokenizer(texts, text_pair=pairs, truncation=True, max_length=config.max_length)
         types = enc.get("token_type_ids")
-        features.extend(Features(compact(enc["input_ids"][i]), compact(types[i], "b") if types is not None else None,
-                                 None, (name, r.line)) for i, r in enumerate(chunk))
+        for i, r in enumerate(chunk):
+            label = r.values[config.label_column]
+            if isinstance(label, (str, int, float)):  # keyed with its type: True == 1 and 1.0 == 1 stay apart
+                label = seen.setdefault((type(label), label), label)
+            features.append(Features(compact(enc["input_ids"][i]),
+                                     compact(types[i], "b") if types is not None else None, label, (name, r.line)))
 
     chunk: list[Record] = []
     for r in iter_records(path):
@@ -39,15 +54,13 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> tuple[list[Feature
             value = field_of(r, c, path)
             if c != config.label_column and (not isinstance(value, str) or not value.strip()):
                 raise DataError(f"{where(path, r.line, c)}: expected non-empty text, got {value!r}")
-        value = r.values[config.label_column]
-        labels.append((seen.setdefault(value, value) if isinstance(value, (str, int, float)) else value, r.line))
         chunk.append(r)
         if len(chunk) == ENCODE_ROWS:
             encode(chunk)
             chunk = []
     if chunk:
         encode(chunk)
-    return features, labels
+    return features
 
 
 class SequenceClassification(TrainTask):
@@ -60,12 +73,13 @@ class SequenceClassification(TrainTask):
         Rows are encoded as they are read (ENCODE_ROWS at a time), so a large Parquet file's text is never held
         whole; the targets follow once the training labels have fixed the label space."""
         train_path, eval_path = data_sources(config)
-        train, train_labels = encode_rows(train_path, config, tokenizer)
-        evaluation, eval_labels = encode_rows(eval_path, config, tokenizer) if eval_path else ([], [])
-        space = infer_label_space(train_labels, train_path, config.label_column, config.problem_type, model_id2label)
-        for path, features, labels in ((train_path, train, train_labels), (eval_path, evaluation, eval_labels)):
-            for x, (value, line) in zip(features, labels):
-                x.target = encode_label(value, space, path, line, config.label_column)
+        train = encode_rows(train_path, config, tokenizer)
+        evaluation = encode_rows(eval_path, config, tokenizer) if eval_path else []
+        space = infer_label_space(RawLabels(train), train_path, config.label_column, config.problem_type,
+                                  model_id2label)
+        for path, features in ((train_path, train), (eval_path, evaluation)):
+            for x in features:
+                x.target = encode_label(x.target, space, path, x.source[1], config.label_column)
         if eval_path is None:
             train, evaluation = split_off(train, config.eval_fraction, config.seed)
         return EncodedData(train, evaluation, space, tokenizer.pad_token_id)
