@@ -255,7 +255,7 @@ def test_finetune_job_takes_sources_by_path(root, tmp_path):
 
 def test_other_tasks_read_the_same_sources(root, tmp_path):
     """Token classification from a DatasetDict whose tags are ClassLabel ids (as datasets' NER sets keep them)
-    encodes as the same rows in JSONL; the tasks that read rows whole take every source kind through read_records."""
+    encodes as the same rows in JSONL, its tags named by the ClassLabel's names (JSONL's ids name themselves)."""
     rng = random.Random(8)
     rows = [{"tokens": [rng.choice(["John", "lives", "in", "Paris", "today"]) for _ in range(rng.randint(2, 7))]}
             for _ in range(24)]
@@ -269,7 +269,8 @@ def test_other_tasks_read_the_same_sources(root, tmp_path):
     options = {"task": "token-classification", "eval_fraction": 0.25}
     want = preflight(config(root, str(tmp_path / "ner.jsonl"), None, **options))
     got = preflight(config(root, str(tmp_path / "ner"), None, **options))
-    assert len(got.data.train) == 18 and encoded(got) == encoded(want) and got.data.space == want.data.space
+    assert len(got.data.train) == 18 and encoded(got) == encoded(want)
+    assert got.data.space.id2label == {0: "O", 1: "B-X"} and want.data.space.id2label == {0: "0", 1: "1"}
 
 
 def test_cli_split_options(root):
@@ -282,3 +283,24 @@ def test_cli_split_options(root):
     assert result.exit_code == 0, result.output
     shown = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()}
     assert shown["train_split"] == '"train"' and shown["eval_split"] == '"test"'
+
+
+def test_classlabel_names_become_the_labels(root, tmp_path):
+    """A ClassLabel column's names (datasets keeps them in the schema's metadata: save_to_disk folders, Parquet and
+    Arrow it writes) name the label ids, every class included (also one no training row uses); a number stays an id
+    when the classes are named by digits (star ratings)."""
+    rows = sentiment_rows(24, seed=11)
+    stars = datasets.ClassLabel(names=["1", "2", "3"])
+    features = datasets.Features({"text": datasets.Value("string"), "pair": datasets.Value("string"),
+                                  "label": stars})
+    ids = [{**r, "label": 1 + (r["label"] == "positive")} for r in rows]  # ids 1 and 2: class "1" never occurs
+    ds = datasets.Dataset.from_list(ids, features=features)
+    ds.save_to_disk(str(tmp_path / "stars"))
+    ds.to_parquet(str(tmp_path / "stars.parquet"))
+    for given in ("stars", "stars.parquet"):
+        pre = preflight(config(root, str(tmp_path / given), None, eval_fraction=0.25))
+        assert pre.data.space.id2label == {0: "1", 1: "2", 2: "3"}, given
+        targets = sorted(x.target for x in pre.data.train + pre.data.eval)
+        assert targets == sorted(r["label"] for r in ids), given  # ids as written, not looked up as names
+    assert Source(tmp_path / "stars").class_names("text") is None
+    assert Source(root / "train.jsonl").class_names("label") is None

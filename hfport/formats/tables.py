@@ -144,20 +144,42 @@ def _arrow_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield from _batch_rows(path, iter(batches), pa)
 
 
+def _parquet_schema(path: Path) -> Any:
+    pa = _pyarrow(path, "Parquet")
+    try:
+        return pa.parquet.read_schema(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from e
+
+
+def _arrow_schema(path: Path) -> Any:
+    pa = _pyarrow(path, "Arrow")
+    with pa.OSFile(str(path)) as f:
+        try:
+            return pa.ipc.open_file(f).schema
+        except pa.ArrowInvalid:
+            f.seek(0)
+            try:
+                return pa.ipc.open_stream(f).schema
+            except (pa.ArrowException, OSError) as e:
+                raise DataError(f"{path}: not an Arrow IPC file or stream ({e})") from e
+
+
 @dataclass(frozen=True)
 class FileKind:
     name: str
     suffixes: tuple[str, ...]
     rows: Callable[[Path], Iterator[tuple[int, dict[str, Any]]]]  # (line or row, values), streamed
     unit: str  # "line" or "row": what a position in the file counts
+    schema: Callable[[Path], Any] | None = None  # the Arrow schema, whose metadata holds datasets' features
 
 
 FILE_KINDS: tuple[FileKind, ...] = (
     FileKind("csv", (".csv",), lambda p: _delimited_rows(p, ","), "line"),
     FileKind("tsv", (".tsv",), lambda p: _delimited_rows(p, "\t"), "line"),
     FileKind("jsonl", (".jsonl", ".json", ".ndjson"), _jsonl_rows, "line"),
-    FileKind("parquet", (".parquet",), _parquet_rows, "row"),
-    FileKind("arrow", (".arrow",), _arrow_rows, "row"),
+    FileKind("parquet", (".parquet",), _parquet_rows, "row", _parquet_schema),
+    FileKind("arrow", (".arrow",), _arrow_rows, "row", _arrow_schema),
 )
 
 
@@ -280,7 +302,7 @@ class Source:
         return f"{self.path} (split {self.split!r})" if self.split is not None else str(self.path)
 
     def __repr__(self) -> str:
-        return f"Source({str(self)!r}, kind={self.kind.name!r})"
+        return f"Source({str(self)!r}, kind={self.kind.name if self.kind else None!r})"
 
     def records(self) -> Iterator[Record]:
         """Every row of every file in order, streamed. Row kinds number rows across the files (a datasets split's
@@ -293,6 +315,27 @@ class Source:
             for number, values in kind.rows(file):
                 yield Record(number if kind.unit == "line" else position, values)
                 position += 1
+
+    def class_names(self, column: str) -> list[str] | None:
+        """The names of a ClassLabel column (or of a sequence of them: NER tags) as datasets wrote its features into
+        the schema's metadata (Parquet and Arrow files from datasets, save_to_disk folders); None when there are
+        none."""
+        if self.kind is None or self.kind.schema is None:
+            return None
+        metadata = self.kind.schema(self.files[0]).metadata or {}
+        try:
+            features = json.loads(metadata.get(b"huggingface", b"{}"))["info"]["features"]
+        except (KeyError, TypeError, json.JSONDecodeError):
+            return None
+        feature = features.get(column) if isinstance(features, dict) else None
+        while isinstance(feature, dict) and feature.get("_type") in ("Sequence", "List"):
+            feature = feature.get("feature")
+        while isinstance(feature, list) and len(feature) == 1:  # datasets' [ClassLabel] shorthand for a list
+            feature = feature[0]
+        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" and isinstance(feature.get("names"),
+                                                                                               list):
+            return [str(n) for n in feature["names"]]
+        return None
 
     @property
     def unit(self) -> str:

@@ -97,9 +97,12 @@ class LabelSpace:
 
 
 def infer_label_space(labels: Iterable[tuple[Any, int]], path: Path | str, column: str,
-                      problem_type: str | None, model_id2label: dict[int, str] | None) -> LabelSpace:
+                      problem_type: str | None, model_id2label: dict[int, str] | None,
+                      class_names: list[str] | None = None) -> LabelSpace:
     """From the training labels, (value, line) pairs iterated more than once: names (sorted), ids, floats
-    (regression) or lists (multi-label)."""
+    (regression) or lists (multi-label). Ids are named by `class_names` when the data has them (a datasets
+    ClassLabel column: every class, also those the training rows never use), else by the model's labels when it
+    has as many non-default ones."""
     kinds: dict[str, int] = {}
     for value, line in labels:
         kind = _label_kind(value)
@@ -120,6 +123,11 @@ def infer_label_space(labels: Iterable[tuple[Any, int]], path: Path | str, colum
         ids = sorted({int(float(v)) for v, _ in labels})
         if ids[0] < 0:
             raise DataError(f"{where(path, None, column)}: label ids must be >= 0, got {ids[0]}")
+        if class_names:
+            if ids[-1] >= len(class_names):
+                raise DataError(f"{where(path, None, column)}: label id {ids[-1]} is outside the column's "
+                                f"{len(class_names)} class names {class_names}")
+            return LabelSpace(problem_type or "single_label_classification", dict(enumerate(class_names)))
         n = ids[-1] + 1
         names = (model_id2label if model_id2label and len(model_id2label) == n
                  and any(v != f"LABEL_{k}" for k, v in model_id2label.items()) else {i: str(i) for i in range(n)})
@@ -144,7 +152,10 @@ def encode_label(value: Any, space: LabelSpace, path: Path | str, line: int, col
                 raise DataError(f"{where(path, line, column)}: unknown label {name!r}; known: {sorted(label2id)}")
             vec[label2id[str(name)]] = 1.0
         return vec
-    if _label_kind(value) == "int" and str(int(float(value))) not in label2id:
+    # a number is an id (its class may be named "1", as a ClassLabel of star ratings is); a digit string is a name
+    # when one is called that
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if _label_kind(value) == "int" and (number or str(int(float(value))) not in label2id):
         i = int(float(value))
         if not 0 <= i < len(space.id2label):
             raise DataError(f"{where(path, line, column)}: label id {i} is outside 0..{len(space.id2label) - 1}")

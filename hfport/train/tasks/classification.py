@@ -76,7 +76,7 @@ class SequenceClassification(TrainTask):
         train = encode_rows(train_path, config, tokenizer)
         evaluation = encode_rows(eval_path, config, tokenizer) if eval_path else []
         space = infer_label_space(RawLabels(train), train_path, config.label_column, config.problem_type,
-                                  model_id2label)
+                                  model_id2label, train_path.class_names(config.label_column))
         for path, features in ((train_path, train), (eval_path, evaluation)):
             for x in features:
                 x.target = encode_label(x.target, space, path, x.source[1], config.label_column)

@@ -103,12 +103,16 @@ def read_sentences(path: Path, config: Any) -> list[Sentence]:
     return read_jsonl(path, config.tokens_column, config.tags_column)
 
 
-def tag_space(sentences: list[Sentence], model_id2label: dict[int, str] | None) -> tuple[LabelSpace, dict[str, int]]:
+def tag_space(sentences: list[Sentence], model_id2label: dict[int, str] | None,
+              class_names: list[str] | None = None) -> tuple[LabelSpace, dict[str, int]]:
     """(label space, tag as written -> id). Tag names are sorted; integer tags (a datasets export) keep their
-    ids, named by the model's labels when it has as many non-default ones, else by the ids themselves."""
+    ids, named by the column's ClassLabel names when the data has them (every class, used or not), else by the
+    model's labels when it has as many non-default ones, else by the ids themselves."""
     names = sorted({t for s in sentences for t in s.tags})
     if all(t.isdigit() for t in names):
         n = max(int(t) for t in names) + 1
+        if class_names and n <= len(class_names):
+            return LabelSpace(None, dict(enumerate(class_names))), {str(i): i for i in range(len(class_names))}
         tag_ids = {str(i): i for i in range(n)}
         if model_id2label and len(model_id2label) == n and any(v != f"LABEL_{k}" for k, v in model_id2label.items()):
             return LabelSpace(None, dict(model_id2label)), tag_ids
@@ -164,7 +168,7 @@ class TokenClassification(TrainTask):
         train_path, eval_path = data_sources(config)
         train = read_sentences(train_path, config)
         evaluation = read_sentences(eval_path, config) if eval_path else []
-        space, label2id = tag_space(train, model_id2label)
+        space, label2id = tag_space(train, model_id2label, train_path.class_names(config.tags_column))
         b_to_i = _b_to_i(space.id2label)
 
         def encode(path: Path, sentences: list[Sentence]) -> list[Features]:
