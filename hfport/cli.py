@@ -105,7 +105,8 @@ def finetune(
     task: Annotated[Optional[str], typer.Option(help=tasks.names_help(trainable_only=True) + ". Default "
                                                      "text-classification.")] = None,
     train: Annotated[Optional[str], typer.Option(help="Training data: CSV/TSV, JSONL, Parquet or Arrow file, a glob "
-                                                     "of Parquet/Arrow files, or a datasets save_to_disk folder.")] = None,
+                                                     "of Parquet/Arrow files, or a datasets save_to_disk folder."
+                                                 )] = None,
     eval: Annotated[Optional[str], typer.Option("--eval", help="Evaluation data; else a held-out fraction.")] = None,
     train_split: Annotated[Optional[str], typer.Option(help="A DatasetDict folder's split to train on (default "
                                                            "train).")] = None,

@@ -245,12 +245,15 @@ def test_finetune_job_takes_sources_by_path(root, tmp_path):
         for path in (outside, outside / "*.parquet"):
             r = c.post("/jobs/finetune", json={"config": {**base, "train": str(path)}})
             assert r.status_code == 403 and r.json()["error_type"] == "PathNotAllowed", r.text
-        (root / "parts" / "escape.parquet").symlink_to(outside / "x.parquet")  # a match that leads out
-        try:
-            r = c.post("/jobs/finetune", json={"config": {**base, "train": str(root / "parts" / "*.parquet")}})
-            assert r.status_code == 403 and r.json()["error_type"] == "PathNotAllowed", r.text
-        finally:
-            (root / "parts" / "escape.parquet").unlink()
+        # a glob's match, or a file in a datasets folder, that leads out
+        for link, train in ((root / "parts" / "escape.parquet", root / "parts" / "*.parquet"),
+                            (root / "dsdict" / "train" / "escape.arrow", root / "dsdict")):
+            link.symlink_to(outside / "x.parquet")
+            try:
+                r = c.post("/jobs/finetune", json={"config": {**base, "train": str(train)}})
+                assert r.status_code == 403 and r.json()["error_type"] == "PathNotAllowed", r.text
+            finally:
+                link.unlink()
 
 
 def test_other_tasks_read_the_same_sources(root, tmp_path):

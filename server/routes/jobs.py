@@ -49,15 +49,19 @@ def _model_path(value: str, store: Store, settings: Settings, what: str = "model
 
 
 def _data_path(value: str, settings: Settings, what: str) -> str:
-    """A data source inside the allowed dirs: a file or a datasets folder, or a glob of Parquet/Arrow files whose
-    folder is inside and every match too (a match that is a symlink out is refused as any path is)."""
+    """A data source inside the allowed dirs, and everything it reads: a file, a datasets folder (every file in it),
+    or a glob of Parquet/Arrow files (its folder and every match). A file that is a symlink out is refused as any
+    path is."""
     folder, pattern = Path(value).parent, Path(value).name
     if not any(c in pattern for c in GLOB_CHARS) or (confine(folder, settings, what) / pattern).exists():
-        return str(confine(value, settings, what))
-    real = confine(folder, settings, what)  # a pattern in a folder name is refused: '*' is not a real folder
-    for match in real.glob(pattern):
-        confine(match, settings, what)
-    return str(real / pattern)
+        real = confine(value, settings, what)
+        inside = real.rglob("*") if real.is_dir() else ()
+    else:
+        real = confine(folder, settings, what) / pattern  # a pattern in a folder name is refused: no such folder
+        inside = real.parent.glob(pattern)
+    for path in inside:
+        confine(path, settings, what)
+    return str(real)
 
 
 def _output_dir(value: str | None, settings: Settings, job_id: str, default: str) -> str:
