@@ -16,8 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from ..formats.tables import MAX_LINE_BYTES, DataError, Record, Source, where
-from ..formats.tables import decoded_lines as _decoded_lines  # the tasks' own line formats (.txt, CoNLL) read it
+from ..formats.tables import DataError, Record, Source, where
 
 
 def source(given: str | Path | Source, split: str = "train", split_option: str = "train_split") -> Source:

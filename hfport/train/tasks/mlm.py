@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from ..data import (DataError, EncodedData, Features, data_sources, _decoded_lines, field_of, pad_ids, read_records,
-                    split_off, where)
+from ...formats.tables import decoded_lines
+from ..data import (DataError, EncodedData, Features, data_sources, field_of, pad_ids, read_records, split_off, where)
 from ..metrics import mlm as metrics
 from . import TrainTask
 
@@ -32,7 +32,7 @@ def read_texts(path: Path, text_column: str) -> list[tuple[str, int]]:
                 for r in read_records(path)]
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    texts = [(text.strip(), number) for number, text in _decoded_lines(path) if text.strip()]
+    texts = [(text.strip(), number) for number, text in decoded_lines(path) if text.strip()]
     if not texts:
         raise DataError(f"{path}: the file has no examples")
     return texts

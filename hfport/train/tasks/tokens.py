@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from ..data import (DataError, EncodedData, Features, LabelSpace, data_sources, _decoded_lines, encode_splits, field_of,
-                    pad_ids, read_records, where)
+from ...formats.tables import decoded_lines
+from ..data import (DataError, EncodedData, Features, LabelSpace, data_sources, encode_splits, field_of, pad_ids,
+                    read_records, where)
 
 from ..metrics import tokens as metrics
 from . import TrainTask
@@ -53,7 +54,7 @@ def read_conll(path: Path) -> list[Sentence]:
             sentences.append(Sentence(list(tokens), list(tags), lines[0], list(lines), "tag"))
         tokens.clear(), tags.clear(), lines.clear()
 
-    for number, text in _decoded_lines(path):
+    for number, text in decoded_lines(path):
         columns = text.split()
         if not columns:
             flush()
