@@ -9,6 +9,7 @@
 
 A file's kind is read off its suffix (FILE_KINDS) and a folder's off its marker file (FOLDER_KINDS); nothing else
 asks which kind a source is. Rows are numbered from 0 as datasets, pandas and pyarrow number them; lines from 1.
+A ClassLabel column's names, which datasets writes into the Arrow schema's metadata, are read back (class_names).
 Nothing here holds a whole file: every reader yields rows as it goes, so a caller that encodes as it reads keeps
 only what it encodes. Parquet and Arrow need pyarrow (the `data` extra); without it the error says what to install.
 """
