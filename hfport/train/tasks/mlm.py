@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ...formats.tables import decoded_lines
-from ..data import (DataError, EncodedData, Features, data_sources, field_of, pad_ids, read_records, split_off, where)
+from ..data import DataError, EncodedData, Features, data_sources, field_of, pad_ids, read_records, split_off, where
 from ..metrics import mlm as metrics
 from . import TrainTask
 

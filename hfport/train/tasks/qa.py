@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ...formats.tables import MAX_LINE_BYTES
 from ...pipelines.qa import select_starts_ends
 from ...tokenizer import TokenizerError
-from ..data import (DataError, EncodedData, Features, data_sources, field_of, pad_ids, read_records, split_off, where)
+from ..data import DataError, EncodedData, Features, data_sources, field_of, pad_ids, read_records, split_off, where
 from ..metrics import qa as metrics
 from . import TrainTask
 

@@ -20,7 +20,6 @@ from ...errors import ConfigError
 from ...formats.tables import decoded_lines
 from ..data import (DataError, EncodedData, Features, LabelSpace, data_sources, encode_splits, field_of, pad_ids,
                     read_records, where)
-
 from ..metrics import tokens as metrics
 from . import TrainTask
 
