@@ -104,8 +104,14 @@ def finetune(
     model: Annotated[Optional[str], typer.Option(help="Model folder or repo id in the local HF cache.")] = None,
     task: Annotated[Optional[str], typer.Option(help=tasks.names_help(trainable_only=True) + ". Default "
                                                      "text-classification.")] = None,
-    train: Annotated[Optional[str], typer.Option(help="Training data (CSV or JSONL).")] = None,
+    train: Annotated[Optional[str], typer.Option(help="Training data: CSV/TSV, JSONL, Parquet or Arrow file, a glob "
+                                                     "of Parquet/Arrow files, or a datasets save_to_disk folder."
+                                                 )] = None,
     eval: Annotated[Optional[str], typer.Option("--eval", help="Evaluation data; else a held-out fraction.")] = None,
+    train_split: Annotated[Optional[str], typer.Option(help="A DatasetDict folder's split to train on (default "
+                                                           "train).")] = None,
+    eval_split: Annotated[Optional[str], typer.Option(help="The split of a DatasetDict folder --eval names (default "
+                                                          "validation).")] = None,
     output_dir: Annotated[Optional[str], typer.Option(help="Where the run goes.")] = None,
     epochs: Annotated[Optional[float], typer.Option()] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps; overrides --epochs.")] = None,
@@ -143,7 +149,8 @@ def finetune(
 ) -> None:
     """Fine-tune MODEL on a data file; writes checkpoints, best/, final/, metrics.jsonl, report.html."""
     quiet = setup_logging(verbose, quiet) == "quiet"  # HFPORT_VERBOSITY=quiet silences the bar and summary too
-    flags = {"model": model, "task": task, "train": train, "eval": eval, "output_dir": output_dir, "epochs": epochs,
+    flags = {"model": model, "task": task, "train": train, "eval": eval, "train_split": train_split,
+             "eval_split": eval_split, "output_dir": output_dir, "epochs": epochs,
              "max_steps": max_steps, "batch_size": batch_size, "grad_accum": grad_accum,
              "group_by_length": group_by_length, "max_batch_tokens": max_batch_tokens, "lr": lr,
              "precision": precision, "compile": compile_ or None, "max_grad_norm": max_grad_norm,

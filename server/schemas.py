@@ -98,10 +98,12 @@ class FinetuneJobConfig(FinetuneConfig):
     the allowed dirs, the job's own run folder, and the two options the server sets itself."""
 
     model: str = Field(description="a registered model name, or a model folder inside the allowed dirs")
-    train: str = Field(description="training data file (CSV or JSONL) inside the allowed dirs (relative: from the "
-                                   "data dir); the upload route takes it from the uploaded file")
-    eval: str | None = Field(None, description="evaluation data file inside the allowed dirs; else a seeded "
-                                               "eval_fraction of train")
+    train: str = Field(description="training data inside the allowed dirs (relative: from the data dir): a CSV/TSV, "
+                                   "JSONL, Parquet or Arrow file, a glob of Parquet/Arrow files, or a datasets "
+                                   "save_to_disk folder (its split: train_split); the upload route takes it from the "
+                                   "uploaded file")
+    eval: str | None = Field(None, description="evaluation data inside the allowed dirs, as train (its split: "
+                                               "eval_split); else a seeded eval_fraction of train")
     output_dir: str | None = Field(None, description="the run folder: default <data_dir>/runs/<job id>/run; else a "
                                                      "new or empty folder inside the allowed dirs")
     resume: None = Field(None, description="set by the server: a restarted job resumes on its own")

@@ -261,7 +261,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 # what a function may import: optional extras (hfport imports without them) and these, each with its reason
 OPTIONAL_EXTRAS = {"onnxruntime", "onnx", "peft", "psycopg", "transformers", "sentence_transformers",
-                   "mlflow"}  # mlflow: report_to mlflow (hfport[trackers]) points its tracking URI at the run
+                   "mlflow",  # mlflow: report_to mlflow (hfport[trackers]) points its tracking URI at the run
+                   "pyarrow"}  # pyarrow: the `data` extra, read only for Parquet/Arrow/datasets-folder training data
 FUNCTION_IMPORTS_ALLOWED = {
     ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs",
     ("hfport/cli.py", "pydantic"): "serve's settings errors, imported with the server",

@@ -6,5 +6,7 @@ safetensors, so modeling, tasks, pipelines, train and export all read them from 
     sentence_transformers a sentence-transformers folder (modules.json, Pooling, Normalize, prompts) and the
                           CrossEncoder marker
     onnx                  an ONNX folder (model.onnx, model_quantized.onnx, hfport_onnx.json)
+    tables                training data: CSV/TSV, JSONL, Parquet, Arrow IPC, datasets' save_to_disk folders, read
+                          as streams of rows (pyarrow, the `data` extra, for the last three)
 The run folder (RunDir) is hfport/rundir.py, on the same floor.
 """

@@ -48,8 +48,12 @@ class FinetuneConfig(BaseModel):
     task: str = Field("text-classification", description=(
         f"the task, by transformers' pipeline tag or an alias: {tasks.names_help(trainable_only=True)}; "
         "aliases are stored as the canonical name"))
-    train: str = Field(description="training data file (CSV or JSONL)")
-    eval: str | None = Field(None, description="evaluation data file; else a seeded eval_fraction of train")
+    train: str = Field(description=(
+        "training data: a CSV/TSV, JSONL, Parquet or Arrow file, a glob of Parquet/Arrow files, or a folder written by "
+        "datasets' save_to_disk"))
+    eval: str | None = Field(None, description="evaluation data (as train); else a seeded eval_fraction of train")
+    train_split: str = Field("train", description="the split of a DatasetDict folder (save_to_disk) to train on")
+    eval_split: str = Field("validation", description="the split of a DatasetDict folder eval names")
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=(
         "without eval: the seeded fraction of train held out for evaluation"))
     output_dir: str = Field("hfport-run", description="where the run goes (checkpoints, best/, final/, metrics.jsonl)")

@@ -1,99 +1,52 @@
-"""Training data: reading CSV/JSONL with errors that name file, line and field; label maps; encoding;
-deterministic batching and collation.
+"""Training data: the rows of a data source (hfport/formats/tables.py reads CSV, JSONL, Parquet, Arrow and datasets
+folders) with errors that name file, split, line or row, and field; label maps; encoding; deterministic batching and
+collation.
 
 Every check runs before training starts, so a bad file costs seconds, not a half-finished run.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import random
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from ..errors import HfportError
-
-MAX_LINE_BYTES = 1_000_000  # a line longer than this is a broken export, not an example
+from ..formats.tables import DataError, Record, Source, where
 
 
-class DataError(HfportError, ValueError):
-    """A data file problem, located: file, line, field."""
+def source(given: str | Path | Source, split: str = "train", split_option: str = "train_split") -> Source:
+    """The data source a path names (a file, a glob of Parquet/Arrow files, a datasets folder and its split)."""
+    return given if isinstance(given, Source) else Source(given, split, split_option)
 
 
-def where(path: Path | str, line: int | None = None, column: str | None = None) -> str:
-    loc = str(path)
-    if line is not None:
-        loc += f", line {line}"
-    if column is not None:
-        loc += f", field '{column}'"
-    return loc
+def data_sources(config: Any) -> tuple[Source, Source | None]:
+    """(train, eval) sources of a run's config: its `train`/`eval` paths, a datasets folder's split named by
+    train_split/eval_split."""
+    train = Source(config.train, config.train_split, "train_split (--train-split)")
+    evaluation = Source(config.eval, config.eval_split, "eval_split (--eval-split)") if config.eval else None
+    return train, evaluation
 
 
-@dataclass
-class Record:
-    line: int  # 1-based line in the file (for CSV: the line the row starts on)
-    values: dict[str, Any]
+def iter_records(path: str | Path | Source) -> Iterator[Record]:
+    """The rows of a data source, streamed (a Parquet/Arrow file a batch at a time); an empty source is an error
+    once the stream ends."""
+    data = source(path)
+    empty = True
+    for record in data.records():
+        empty = False
+        yield record
+    if empty:
+        raise DataError(f"{data}: the file has no examples")
 
 
-def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if len(raw) > MAX_LINE_BYTES:
-                raise DataError(f"{where(path, number)}: the line is {len(raw):,} bytes; the limit is "
-                                f"{MAX_LINE_BYTES:,}")
-            try:
-                yield number, raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{where(path, number)}: not UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})"
-                                ) from e
-
-
-def read_records(path: str | Path) -> list[Record]:
-    """Rows of a .csv/.tsv (header line first) or .jsonl/.json (one object per line) file."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    suffix = path.suffix.lower()
-    records: list[Record] = []
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        for number, text in _decoded_lines(path):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where(path, number)}: not valid JSON ({e.msg} at column {e.colno})") from e
-            if not isinstance(obj, dict):
-                raise DataError(f"{where(path, number)}: expected a JSON object, got {type(obj).__name__}")
-            records.append(Record(number, obj))
-    elif suffix in (".csv", ".tsv"):
-        lines = list(_decoded_lines(path))  # decodes (and locates bad bytes) before csv sees the text
-        reader = csv.reader(io.StringIO("".join(t for _, t in lines)), delimiter="\t" if suffix == ".tsv" else ",")
-        try:
-            header = next(reader, None)
-            if header is None:
-                raise DataError(f"{path}: the file is empty")
-            header = [h.strip() for h in header]
-            for row in reader:
-                number = reader.line_num  # the line the row ends on; rows rarely span lines
-                if not row or all(not c.strip() for c in row):
-                    continue
-                if len(row) != len(header):
-                    raise DataError(f"{where(path, number)}: {len(row)} fields, the header has {len(header)}")
-                records.append(Record(number, dict(zip(header, row))))
-        except csv.Error as e:
-            raise DataError(f"{where(path, reader.line_num)}: {e}") from e
-    else:
-        raise DataError(f"{path}: unknown data format {suffix!r}; use .csv, .tsv or .jsonl")
-    if not records:
-        raise DataError(f"{path}: the file has no examples")
-    return records
+def read_records(path: str | Path | Source) -> list[Record]:
+    """Every row of a data source (see hfport/formats/tables.py for the kinds), in order."""
+    return list(iter_records(path))
 
 
 def field_of(record: Record, column: str, path: Path | str, kind: type | tuple[type, ...] | None = None) -> Any:
@@ -142,9 +95,13 @@ class LabelSpace:
         return {v: k for k, v in self.id2label.items()}
 
 
-def infer_label_space(labels: list[tuple[Any, int]], path: Path | str, column: str,
-                      problem_type: str | None, model_id2label: dict[int, str] | None) -> LabelSpace:
-    """From the training labels: names (sorted), ids, floats (regression) or lists (multi-label)."""
+def infer_label_space(labels: Iterable[tuple[Any, int]], path: Path | str, column: str,
+                      problem_type: str | None, model_id2label: dict[int, str] | None,
+                      class_names: list[str] | None = None) -> LabelSpace:
+    """From the training labels, (value, line) pairs iterated more than once: names (sorted), ids, floats
+    (regression) or lists (multi-label). Ids are named by `class_names` when the data has them (a datasets
+    ClassLabel column: every class, also those the training rows never use), else by the model's labels when it
+    has as many non-default ones."""
     kinds: dict[str, int] = {}
     for value, line in labels:
         kind = _label_kind(value)
@@ -153,7 +110,8 @@ def infer_label_space(labels: list[tuple[Any, int]], path: Path | str, column: s
         kinds.setdefault(kind, line)
     if len(kinds) > 1 and set(kinds) != {"int", "float"}:
         (a, la), (b, lb) = list(kinds.items())[:2]
-        raise DataError(f"{where(path, None, column)}: mixed label types: {a} (line {la}) and {b} (line {lb})")
+        raise DataError(f"{where(path, None, column)}: mixed label types: {a} ({where(path, la)}) and {b} "
+                        f"({where(path, lb)})")
     kind = "float" if "float" in kinds else next(iter(kinds))
     if problem_type == "regression" or (problem_type is None and kind == "float"):
         return LabelSpace("regression", {0: "LABEL_0"})
@@ -164,6 +122,11 @@ def infer_label_space(labels: list[tuple[Any, int]], path: Path | str, column: s
         ids = sorted({int(float(v)) for v, _ in labels})
         if ids[0] < 0:
             raise DataError(f"{where(path, None, column)}: label ids must be >= 0, got {ids[0]}")
+        if class_names:
+            if ids[-1] >= len(class_names):
+                raise DataError(f"{where(path, None, column)}: label id {ids[-1]} is outside the column's "
+                                f"{len(class_names)} class names {class_names}")
+            return LabelSpace(problem_type or "single_label_classification", dict(enumerate(class_names)))
         n = ids[-1] + 1
         names = (model_id2label if model_id2label and len(model_id2label) == n
                  and any(v != f"LABEL_{k}" for k, v in model_id2label.items()) else {i: str(i) for i in range(n)})
@@ -188,7 +151,10 @@ def encode_label(value: Any, space: LabelSpace, path: Path | str, line: int, col
                 raise DataError(f"{where(path, line, column)}: unknown label {name!r}; known: {sorted(label2id)}")
             vec[label2id[str(name)]] = 1.0
         return vec
-    if _label_kind(value) == "int" and str(int(float(value))) not in label2id:
+    # a number is an id (its class may be named "1", as a ClassLabel of star ratings is); a digit string is a name
+    # when one is called that
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if _label_kind(value) == "int" and (number or str(int(float(value))) not in label2id):
         i = int(float(value))
         if not 0 <= i < len(space.id2label):
             raise DataError(f"{where(path, line, column)}: label id {i} is outside 0..{len(space.id2label) - 1}")
@@ -202,12 +168,19 @@ def encode_label(value: Any, space: LabelSpace, path: Path | str, line: int, col
 # --- encoded datasets and batching -------------------------------------------------------------------------
 
 
+def compact(ids: Sequence[int], typecode: str = "i") -> Sequence[int]:
+    """Token ids as an array of 4-byte ints ("i"; token type ids: 1-byte "b"): a list costs an 8-byte pointer an id
+    plus a 28-byte object for every id over 256, so a large dataset's encoded ids take several times the memory.
+    pad_ids and len() read either."""
+    return array(typecode, ids)
+
+
 @dataclass
 class Features:
     """One encoded example: token ids (+ type ids) and its target."""
 
-    input_ids: list[int]
-    token_type_ids: list[int] | None
+    input_ids: Sequence[int]  # a list, or compact()'s array
+    token_type_ids: Sequence[int] | None
     target: Any
     source: tuple[str, int] = ("", 0)  # file, line
     meta: dict[str, Any] = field(default_factory=dict)  # what evaluation needs besides the target (offsets...)

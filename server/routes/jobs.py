@@ -34,6 +34,7 @@ from ..worker import job_process_count
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=ERRORS)
 UPLOAD_PATH = "/jobs/finetune/upload"
 CHUNK = 1 << 20
+GLOB_CHARS = "*?["  # a data path whose file name holds one is a glob of Parquet/Arrow files (hfport's --train)
 
 
 def _model_path(value: str, store: Store, settings: Settings, what: str = "model", run_ok: bool = False) -> str:
@@ -47,6 +48,22 @@ def _model_path(value: str, store: Store, settings: Settings, what: str = "model
     if not (folder / "config.json").is_file():
         raise ApiError(400, f"{what}: {value!r} is neither a registered model nor a model folder", "InvalidModel")
     return str(folder)
+
+
+def _data_path(value: str, settings: Settings, what: str) -> str:
+    """A data source inside the allowed dirs, and everything it reads: a file, a datasets folder (every file in it),
+    or a glob of Parquet/Arrow files (its folder and every match). A file that is a symlink out is refused as any
+    path is."""
+    folder, pattern = Path(value).parent, Path(value).name
+    if not any(c in pattern for c in GLOB_CHARS) or (confine(folder, settings, what) / pattern).exists():
+        real = confine(value, settings, what)
+        inside = real.rglob("*") if real.is_dir() else ()
+    else:
+        real = confine(folder, settings, what) / pattern  # a pattern in a folder name is refused: no such folder
+        inside = real.parent.glob(pattern)
+    for path in inside:
+        confine(path, settings, what)
+    return str(real)
 
 
 def _output_dir(value: str | None, settings: Settings, job_id: str, default: str) -> str:
@@ -114,9 +131,9 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
     job_id = store.new_id()
     values = config.model_dump(exclude_unset=True, exclude={"resume", "overwrite"})  # the rest: FinetuneConfig's
     values["model"] = _model_path(config.model, store, settings)
-    values["train"] = str(confine(config.train, settings, "config.train"))
+    values["train"] = _data_path(config.train, settings, "config.train")
     if config.eval is not None:
-        values["eval"] = str(confine(config.eval, settings, "config.eval"))
+        values["eval"] = _data_path(config.eval, settings, "config.eval")
     values["output_dir"] = _output_dir(config.output_dir, settings, job_id, "run")
     try:
         resolved, _ = resolve_config(values, {}, "config")

@@ -2,17 +2,65 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import (DataError, EncodedData, Features, Record, encode_label, field_of, infer_label_space, pad_ids,
-                    read_records, split_off, where)
+from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, encode_label, field_of,
+                    infer_label_space, iter_records, pad_ids, split_off, where)
 from ..metrics import classification as metrics
 from . import TrainTask
+
+ENCODE_ROWS = 1024  # rows read, checked and tokenized together: the text held at once
+
+
+class RawLabels:
+    """(label as written, line or row) of each example, read off the features, which hold the label as their target
+    until the training labels fix the label space: iterable as often as infer_label_space needs, without a tuple
+    kept per row."""
+
+    def __init__(self, features: list[Features]) -> None:
+        self.features = features
+
+    def __iter__(self) -> Iterator[tuple[Any, int]]:
+        return ((x.target, x.source[1]) for x in self.features)
+
+
+def encode_rows(path: Source, config: Any, tokenizer: Any) -> list[Features]:
+    """A source's rows checked and tokenized a chunk at a time; each target is the label as written (one object per
+    distinct value) until encode_label replaces it."""
+    columns = [config.text_column, config.label_column] + ([config.text_pair_column] if config.text_pair_column else [])
+    features: list[Features] = []
+    seen: dict[Any, Any] = {}
+    name = str(path)
+
+    def encode(chunk: list[Record]) -> None:
+        texts = [r.values[config.text_column] for r in chunk]
+        pairs = [r.values[config.text_pair_column] for r in chunk] if config.text_pair_column else None
+        enc = tokenizer(texts, text_pair=pairs, truncation=True, max_length=config.max_length)
+        types = enc.get("token_type_ids")
+        for i, r in enumerate(chunk):
+            label = r.values[config.label_column]
+            if isinstance(label, (str, int, float)):  # keyed with its type: True == 1 and 1.0 == 1 stay apart
+                label = seen.setdefault((type(label), label), label)
+            features.append(Features(compact(enc["input_ids"][i]),
+                                     compact(types[i], "b") if types is not None else None, label, (name, r.line)))
+
+    chunk: list[Record] = []
+    for r in iter_records(path):
+        for c in columns:
+            value = field_of(r, c, path)
+            if c != config.label_column and (not isinstance(value, str) or not value.strip()):
+                raise DataError(f"{where(path, r.line, c)}: expected non-empty text, got {value!r}")
+        chunk.append(r)
+        if len(chunk) == ENCODE_ROWS:
+            encode(chunk)
+            chunk = []
+    if chunk:
+        encode(chunk)
+    return features
 
 
 class SequenceClassification(TrainTask):
@@ -20,36 +68,19 @@ class SequenceClassification(TrainTask):
     compute_metrics = staticmethod(metrics.compute)
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
-        """text (+ text_pair) and label: a name, an id, a float (regression) or a list of names (multi-label)."""
-        train_path = Path(config.train)
-        train_records = read_records(train_path)
-        eval_path = Path(config.eval) if config.eval else None
-        eval_records = read_records(eval_path) if eval_path else []
-        columns = [config.text_column, config.label_column] + (
-            [config.text_pair_column] if config.text_pair_column else [])
-        for path, records in ((train_path, train_records), (eval_path, eval_records)):
-            for r in records:
-                for c in columns:
-                    value = field_of(r, c, path)
-                    if c != config.label_column and (not isinstance(value, str) or not value.strip()):
-                        raise DataError(f"{where(path, r.line, c)}: expected non-empty text, got {value!r}")
-        space = infer_label_space([(r.values[config.label_column], r.line) for r in train_records], train_path,
-                                  config.label_column, config.problem_type, model_id2label)
+        """text (+ text_pair) and label: a name, an id, a float (regression) or a list of names (multi-label).
 
-        def encode(path: Path, records: list[Record]) -> list[Features]:
-            targets = [encode_label(r.values[config.label_column], space, path, r.line, config.label_column)
-                       for r in records]
-            texts = [r.values[config.text_column] for r in records]
-            pairs = [r.values[config.text_pair_column] for r in records] if config.text_pair_column else None
-            enc = tokenizer(texts, text_pair=pairs, truncation=True, max_length=config.max_length)
-            types = enc.get("token_type_ids")
-            return [Features(enc["input_ids"][i], types[i] if types is not None else None, targets[i],
-                             (str(path), r.line)) for i, r in enumerate(records)]
-
-        train = encode(train_path, train_records)
-        if eval_path is not None:
-            evaluation = encode(eval_path, eval_records)
-        else:
+        Rows are encoded as they are read (ENCODE_ROWS at a time), so a large Parquet file's text is never held
+        whole; the targets follow once the training labels have fixed the label space."""
+        train_path, eval_path = data_sources(config)
+        train = encode_rows(train_path, config, tokenizer)
+        evaluation = encode_rows(eval_path, config, tokenizer) if eval_path else []
+        space = infer_label_space(RawLabels(train), train_path, config.label_column, config.problem_type,
+                                  model_id2label, train_path.class_names(config.label_column))
+        for path, features in ((train_path, train), (eval_path, evaluation)):
+            for x in features:
+                x.target = encode_label(x.target, space, path, x.source[1], config.label_column)
+        if eval_path is None:
             train, evaluation = split_off(train, config.eval_fraction, config.seed)
         return EncodedData(train, evaluation, space, tokenizer.pad_token_id)
 

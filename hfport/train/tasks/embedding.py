@@ -36,8 +36,9 @@ from ... import hub
 from ...errors import ConfigError
 from ...formats.sentence_transformers import has_embedding_layout, read_st_pooling, write_embedding_layout
 from ...heads import pool
-from ..data import (DataError, EncodedData, Features, Record, encode_splits, field_of, number_in_range, pad_ids,
-                    read_records, where)
+from ..data import (DataError, EncodedData, Features, Record, data_sources, encode_splits, field_of, number_in_range,
+                    pad_ids, read_records, where)
+
 from ..metrics import retrieval as metrics
 from . import TrainTask
 
@@ -229,9 +230,8 @@ class SentenceEmbedding(TrainTask):
     default_scale = DEFAULT_SCALE
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
-        train_path = Path(config.train)
+        train_path, eval_path = data_sources(config)
         kind, train = read_examples(train_path, config)
-        eval_path = Path(config.eval) if config.eval else None
         evaluation: list[tuple[list[str], float | None, int]] = []
         if eval_path is not None:
             eval_kind, evaluation = read_examples(eval_path, config)

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from ..data import DataError, EncodedData, Features, _decoded_lines, field_of, pad_ids, read_records, split_off, \
-    where
+from ...formats.tables import decoded_lines
+from ..data import DataError, EncodedData, Features, data_sources, field_of, pad_ids, read_records, split_off, where
 from ..metrics import mlm as metrics
 from . import TrainTask
 
@@ -32,7 +32,7 @@ def read_texts(path: Path, text_column: str) -> list[tuple[str, int]]:
                 for r in read_records(path)]
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    texts = [(text.strip(), number) for number, text in _decoded_lines(path) if text.strip()]
+    texts = [(text.strip(), number) for number, text in decoded_lines(path) if text.strip()]
     if not texts:
         raise DataError(f"{path}: the file has no examples")
     return texts
@@ -86,7 +86,7 @@ class MaskedLM(TrainTask):
             raise ConfigError(f"{config.model}: the tokenizer has no mask token, so it cannot be trained as a masked "
                               "LM")
         encoded = []
-        for path in [Path(config.train)] + ([Path(config.eval)] if config.eval else []):
+        for path in [p for p in data_sources(config) if p is not None]:
             texts = read_texts(path, config.text_column)
             enc = tokenizer([t for t, _ in texts], truncation=True, max_length=config.max_length,
                             return_special_tokens_mask=True)

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import DataError, EncodedData, Features, Record, encode_splits, field_of, pad_ids, read_records, where
+from ..data import (DataError, EncodedData, Features, Record, data_sources, encode_splits, field_of, pad_ids,
+                    read_records, where)
 from ..metrics import accuracy
 from . import TrainTask
 
@@ -89,9 +90,8 @@ class MultipleChoice(TrainTask):
     compute_metrics = staticmethod(choice_metrics)
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
-        train_path = Path(config.train)
+        train_path, eval_path = data_sources(config)
         train = read_questions(train_path, config)
-        eval_path = Path(config.eval) if config.eval else None
         evaluation = read_questions(eval_path, config) if eval_path else []
 
         def encode(path: Path, questions: list[tuple[Record, str, list[str], int]]) -> list[Features]:

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...formats.tables import MAX_LINE_BYTES
 from ...pipelines.qa import select_starts_ends
 from ...tokenizer import TokenizerError
-from ..data import MAX_LINE_BYTES, DataError, EncodedData, Features, field_of, pad_ids, read_records, split_off, \
-    where
+from ..data import DataError, EncodedData, Features, data_sources, field_of, pad_ids, read_records, split_off, where
 from ..metrics import qa as metrics
 from . import TrainTask
 
@@ -137,7 +137,7 @@ def _is_squad(path: Path) -> bool:
 
 
 def read_examples(path: Path, config: Any) -> list[Example]:
-    return read_squad(path) if _is_squad(path) else read_flat(path, config)
+    return read_squad(Path(path)) if _is_squad(path) else read_flat(path, config)  # SQuAD JSON: a file of its own
 
 
 # --- windows and target positions ------------------------------------------------------------------------------
@@ -225,9 +225,8 @@ class QuestionAnswering(TrainTask):
     compute_metrics = staticmethod(metrics.compute)
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
-        train_path = Path(config.train)
+        train_path, eval_path = data_sources(config)
         train = read_examples(train_path, config)
-        eval_path = Path(config.eval) if config.eval else None
         if eval_path is not None:
             evaluation = read_examples(eval_path, config)
         else:

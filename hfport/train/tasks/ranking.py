@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ...formats.sentence_transformers import mark_cross_encoder
-from ..data import (DataError, EncodedData, Features, LabelSpace, Record, encode_splits, field_of, number_in_range,
-                    pad_ids, read_records, where)
+from ..data import (DataError, EncodedData, Features, LabelSpace, Record, data_sources, encode_splits, field_of,
+                    number_in_range, pad_ids, read_records, where)
+
 from ..metrics import retrieval as metrics
 from . import TrainTask
 
@@ -87,9 +88,8 @@ class Reranking(TrainTask):
             raise ConfigError(f"loss {loss!r} is not a text-ranking loss; use one of {list(LOSSES)} (mnrl and cosent "
                               "train sentence embeddings)")
         low, high = config.score_range
-        train_path = Path(config.train)
+        train_path, eval_path = data_sources(config)
         train = read_groups(train_path, config)
-        eval_path = Path(config.eval) if config.eval else None
         evaluation = read_groups(eval_path, config) if eval_path else []
 
         def encode(path: Path, groups: list[Group]) -> list[Features]:

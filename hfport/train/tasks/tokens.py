@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from ..data import (DataError, EncodedData, Features, LabelSpace, _decoded_lines, encode_splits, field_of, pad_ids,
+from ...formats.tables import decoded_lines
+from ..data import (DataError, EncodedData, Features, LabelSpace, data_sources, encode_splits, field_of, pad_ids,
                     read_records, where)
 from ..metrics import tokens as metrics
 from . import TrainTask
@@ -52,7 +53,7 @@ def read_conll(path: Path) -> list[Sentence]:
             sentences.append(Sentence(list(tokens), list(tags), lines[0], list(lines), "tag"))
         tokens.clear(), tags.clear(), lines.clear()
 
-    for number, text in _decoded_lines(path):
+    for number, text in decoded_lines(path):
         columns = text.split()
         if not columns:
             flush()
@@ -102,12 +103,16 @@ def read_sentences(path: Path, config: Any) -> list[Sentence]:
     return read_jsonl(path, config.tokens_column, config.tags_column)
 
 
-def tag_space(sentences: list[Sentence], model_id2label: dict[int, str] | None) -> tuple[LabelSpace, dict[str, int]]:
+def tag_space(sentences: list[Sentence], model_id2label: dict[int, str] | None,
+              class_names: list[str] | None = None) -> tuple[LabelSpace, dict[str, int]]:
     """(label space, tag as written -> id). Tag names are sorted; integer tags (a datasets export) keep their
-    ids, named by the model's labels when it has as many non-default ones, else by the ids themselves."""
+    ids, named by the column's ClassLabel names when the data has them (every class, used or not), else by the
+    model's labels when it has as many non-default ones, else by the ids themselves."""
     names = sorted({t for s in sentences for t in s.tags})
     if all(t.isdigit() for t in names):
         n = max(int(t) for t in names) + 1
+        if class_names and n <= len(class_names):
+            return LabelSpace(None, dict(enumerate(class_names))), {str(i): i for i in range(len(class_names))}
         tag_ids = {str(i): i for i in range(n)}
         if model_id2label and len(model_id2label) == n and any(v != f"LABEL_{k}" for k, v in model_id2label.items()):
             return LabelSpace(None, dict(model_id2label)), tag_ids
@@ -160,11 +165,10 @@ class TokenClassification(TrainTask):
             # the loop's "balanced" counts one label per example; per-token counts would need the task's own
             raise ConfigError("class_weights 'balanced' is for sequence classification; for token classification "
                               "pass one weight per tag, in id2label order")
-        train_path = Path(config.train)
+        train_path, eval_path = data_sources(config)
         train = read_sentences(train_path, config)
-        eval_path = Path(config.eval) if config.eval else None
         evaluation = read_sentences(eval_path, config) if eval_path else []
-        space, label2id = tag_space(train, model_id2label)
+        space, label2id = tag_space(train, model_id2label, train_path.class_names(config.tags_column))
         b_to_i = _b_to_i(space.id2label)
 
         def encode(path: Path, sentences: list[Sentence]) -> list[Features]:

