@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from ..formats.sentence_transformers import is_cross_encoder
+from ..formats.tables import split_read
 from ..rundir import RunSummary
 from ..tasks import TASKS
 from .common import PIPELINE_TAGS, TRANSFORMERS_AUTO, Source
@@ -104,7 +105,7 @@ def front_matter(config: dict[str, Any], summary: RunSummary | None, name: str, 
 def training_section(summary: RunSummary) -> list[str]:
     """What it was trained on (files, splits, row counts), for how long, with which hyperparameters."""
     c = summary.config
-    splits = {k: c.get(f"{k}_split") for k in ("train", "eval")}  # a dataset folder's split, when the run read one
+    splits = {k: split_read(c.get(k), c.get(f"{k}_split")) for k in ("train", "eval")}  # a DatasetDict folder's
     data = [f"| train | `{c.get('train')}` | {splits['train'] or '-'} | {summary.train_examples} |"]
     if c.get("eval"):
         data.append(f"| eval | `{c['eval']}` | {splits['eval'] or '-'} | {summary.eval_examples} |")

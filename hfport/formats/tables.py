@@ -244,6 +244,16 @@ FOLDER_KINDS: tuple[FolderKind, ...] = (
 )
 
 
+def split_read(given: str | os.PathLike[str] | None, split: str | None) -> str | None:
+    """The split a run read from `given`: `split` where `given` is a datasets DatasetDict folder, else None (a file, a
+    glob or a single Dataset has no splits, whatever train_split says). None too once the folder is gone."""
+    path = Path(given) if given else None
+    if path is None or not path.is_dir():
+        return None
+    kind = next((k for k in FOLDER_KINDS if (path / k.marker).is_file()), None)
+    return split if kind is not None and kind.has_splits else None
+
+
 # --- a source: what --train or --eval names -----------------------------------------------------------------
 
 
