@@ -296,9 +296,10 @@ def export(
                                                               "with onnxruntime's fused attention and norms (always "
                                                               "with int8: the int8 graph is made from it).")] = False,
     opset: Annotated[Optional[int], typer.Option(help="onnx: the ONNX opset (default 17).")] = None,
-    min_agreement: Annotated[Optional[float], typer.Option(help="onnx: the least task-level agreement of the int8 "
-                                                               "graph with fp32, and least mean cosine for "
-                                                               "embeddings (default 0.99).")] = None,
+    min_agreement: Annotated[Optional[float], typer.Option(help="onnx: the least task-level agreement (or "
+                                                               "Spearman) of the int8 graph with fp32 (default "
+                                                               "0.99), and least cosine for embeddings (default "
+                                                               "0.98).")] = None,
     gate_data: Annotated[Optional[Path], typer.Option("--gate-data", help="onnx-int8: judge the int8 graph on these "
                                                                           "texts (one a line, or JSONL with text / "
                                                                           "text_pair; at least 64) instead of the "
@@ -375,7 +376,8 @@ def verify(
     = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report here as JSON.")] = None,
     min_agreement: Annotated[Optional[float], typer.Option(help="ONNX folder: the least int8 agreement / "
-                                                               "Spearman / cosine with fp32 (default 0.99).")] = None,
+                                                               "Spearman (default 0.99) / cosine (default 0.98) "
+                                                               "with fp32.")] = None,
     gate_data: Annotated[Optional[Path], typer.Option("--gate-data", help="ONNX folder: judge the int8 graph on "
                                                                           "these texts (one a line, or JSONL with "
                                                                           "text / text_pair; at least 64).")] = None,

