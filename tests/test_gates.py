@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
 
 import hfport  # noqa: E402
 from hfport.cli import app  # noqa: E402
@@ -113,7 +113,8 @@ def const(name: str, values, dtype=None):
 
 
 def affine(raw, out):  # 0.2 x + 3: the same order, other values
-    return ([helper.make_node("Mul", [raw, "k_scale"], ["k_scaled"]), helper.make_node("Add", ["k_scaled", "k_shift"], [out])],
+    return ([helper.make_node("Mul", [raw, "k_scale"], ["k_scaled"]),
+             helper.make_node("Add", ["k_scaled", "k_shift"], [out])],
             [const("k_scale", 0.2), const("k_shift", 3.0)])
 
 
@@ -336,3 +337,53 @@ def test_roberta_token_classifier_with_wordpiece_tokenizer(root, minilm_path):
     assert any(r.output.startswith("pairs/") for r in result.report.rows if r.check == "int8 vs fp32")
     pipe = hfport.pipeline("token-classification", model=out)
     assert len(pipe(["Paris is in France."])) == 1
+
+
+def test_http_export_job_gate_data_is_confined(exported, root, tmp_path):
+    """The export job body's gate_data is a server-side path: confined to the allowed dirs like every other, and
+    never taken from `options` (which no server check would confine)."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    src, _ = exported("classification")
+    data_dir = tmp_path / "d"
+    data_dir.mkdir()
+    (data_dir / "texts.txt").write_text("\n".join(judged_texts(64)))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("\n".join(judged_texts(64)))
+    app = create_app(Settings(data_dir=data_dir, allowed_dirs=[root]), run_worker=False)
+    with TestClient(app) as c:
+        body = {"model": str(src), "format": "onnx-int8"}
+        r = c.post("/jobs/export", json=body | {"gate_data": "texts.txt"})  # relative: from the data dir
+        assert r.status_code == 202, r.text
+        assert r.json()["config"]["options"]["gate_data"] == str((data_dir / "texts.txt").resolve())
+        r = c.post("/jobs/export", json=body | {"gate_data": str(outside)})
+        assert r.status_code == 403 and "gate_data" in r.text
+        r = c.post("/jobs/export", json=body | {"options": {"gate_data": str(outside)}})
+        assert r.status_code == 422 and "gate_data" in r.text
+        r = c.post("/jobs/export", json=body | {"format": "hf", "gate_data": "texts.txt"})
+        assert r.status_code == 422 and "only with format" in r.text
+
+
+def test_one_token_type_graph_inputs_and_the_older_layout():
+    """type_vocab_size 1: no token_type_ids input; a graph exported before (RoBERTa's one token type fed as zeros)
+    still loads; more than one: token types are an input."""
+    from hfport.pipelines.onnx_backend import check_signature, graph_inputs
+
+    def session(inputs):
+        def io(names, rank):
+            return [SimpleNamespace(name=n, shape=["batch_size", "sequence_length"][:rank] + [None] * (rank - 2))
+                    for n in names]
+        return SimpleNamespace(get_inputs=lambda: io(inputs, 2), get_outputs=lambda: io(["last_hidden_state"], 3))
+
+    one = SimpleNamespace(type_vocab_size=1, hidden_size=32)
+    assert graph_inputs(one) == ["input_ids", "attention_mask"]
+    check_signature(session(["input_ids", "attention_mask"]), one, "feature-extraction", Path("model.onnx"))
+    check_signature(session(["input_ids", "attention_mask", "token_type_ids"]), one, "feature-extraction",
+                    Path("model.onnx"))
+    two = SimpleNamespace(type_vocab_size=2, hidden_size=32)
+    assert graph_inputs(two) == ["input_ids", "attention_mask", "token_type_ids"]
+    with pytest.raises(hfport.errors.HfportError, match="do not match config.json"):
+        check_signature(session(["input_ids", "attention_mask"]), two, "feature-extraction", Path("model.onnx"))

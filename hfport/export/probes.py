@@ -82,7 +82,8 @@ def judged_texts(n: int = JUDGED_SIZE) -> list[str]:
         elif kind == 1:
             text = f"{rng.choice(_WHO)} {rng.choice(_DOES)} {rng.choice(_WHAT)} {rng.choice(_WHERE)}."
         elif kind == 2:
-            text = f"{rng.choice(_WHO)} {rng.choice(_DOES)} {rng.choice(_WHAT)} {rng.choice(_WHEN)}. {rng.choice(_FEEL)}"
+            text = (f"{rng.choice(_WHO)} {rng.choice(_DOES)} {rng.choice(_WHAT)} {rng.choice(_WHEN)}. "
+                    f"{rng.choice(_FEEL)}")
         else:  # long: several clauses, so the gate also sees long rows beside short ones in a padded batch
             text = (f"{rng.choice(_WHEN).capitalize()}, {rng.choice(_WHO).lower()} {rng.choice(_DOES)} "
                     f"{rng.choice(_WHAT)} {rng.choice(_WHERE)}, and then {rng.choice(_WHO).lower()} "

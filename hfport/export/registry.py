@@ -146,8 +146,8 @@ def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = 
     """Prove DIR with its format's verify: against SOURCE (what it was exported from), or, without it, against
     hfport's own load of what DIR names (an adapter's base, an ONNX folder's recorded source, the folder itself).
     FORMAT: the format's name, else the one DIR says it is. CHECKS: the verify's options (atol, rtol; an ONNX
-    folder's min_agreement, min_cosine, gate_data). Never raises for a failed check: a folder no format recognises is a FAIL
-    row. json_path: also write the report there."""
+    folder's min_agreement, min_cosine, gate_data). Never raises for a failed check: a folder no format recognises
+    is a FAIL row. json_path: also write the report there."""
     folder = Path(dir).expanduser()
     fmt = get_format(format) if format is not None else detect_format(folder)
     given = {k: v for k, v in checks.items() if v is not None}
