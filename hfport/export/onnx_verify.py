@@ -10,7 +10,7 @@ The calibration texts (export/probes.py, through DIR's tokenizer, padded batches
     int8       model_quantized.onnx against model.onnx by what the head means (export/onnx_agreement.py), on the
                judged texts: the built-in set of 64 texts and 64 pairs (never the calibration texts the quantizer
                read) or the user's (`gate_data`, --gate-data FILE), at least `min_agreement` (default 0.99) or
-               `min_cosine` (0.99).
+               `min_cosine` (0.98, the least cosine over the texts).
 Probes feed only the inputs the model takes: a config with one token type (RoBERTa, XLM-R) gets no token type ids,
 whatever its tokenizer returns. SOURCE defaults to the one hfport_onnx.json records. When no source is given and the
 recorded one cannot be reached (the folder was copied to another machine), the fp32 rows compare hfport's own load
@@ -164,7 +164,7 @@ def _verify(folder: Path, source_arg: Any, which: str, bounds: tuple[float, floa
                 _compare_all(report, f"{label} vs {against}", got, refs, batches, task)
     if QUANTIZED_FILE in graphs:
         with check_row(report, "int8 vs fp32", "gate"):
-            gate_ctx = GateContext(config, _pooling(folder, report.source, task))
+            gate_ctx = GateContext(config, _pooling(folder, report.source))
             _int8_rows(report, graphs[QUANTIZED_FILE], graphs[ONNX_FILE], gate_ctx, task, bounds, data)
 
 
@@ -250,10 +250,8 @@ def _compare_all(report: VerifyReport, check: str, got: dict[str, dict[str, Tens
                         what=f"the graph's {name}")
 
 
-def _pooling(folder: Path, source: str, task: str) -> str:
+def _pooling(folder: Path, source: str) -> str:
     """How an embedding model pools: its sentence-transformers layout (in DIR, else in its source), else mean."""
-    if TASKS[task].agreement != "cosine":
-        return "mean"  # unused: only embeddings are pooled
     for where in (folder, Path(source)):
         if where.is_dir() and has_embedding_layout(where):
             return read_layout(where).pooling
