@@ -303,9 +303,14 @@ def export(
                                                               "with onnxruntime's fused attention and norms (always "
                                                               "with int8: the int8 graph is made from it).")] = False,
     opset: Annotated[Optional[int], typer.Option(help="onnx: the ONNX opset (default 17).")] = None,
-    min_agreement: Annotated[Optional[float], typer.Option(help="onnx: the least task-level agreement of the int8 "
-                                                               "graph with fp32, and least mean cosine for "
-                                                               "embeddings (default 0.99).")] = None,
+    min_agreement: Annotated[Optional[float], typer.Option(help="onnx: the least task-level agreement (or "
+                                                               "Spearman) of the int8 graph with fp32 (default "
+                                                               "0.99), and least cosine for embeddings (default "
+                                                               "0.98).")] = None,
+    gate_data: Annotated[Optional[Path], typer.Option("--gate-data", help="onnx-int8: judge the int8 graph on these "
+                                                                          "texts (one a line, or JSONL with text / "
+                                                                          "text_pair; at least 64) instead of the "
+                                                                          "built-in judged set.")] = None,
     pooling: Annotated[Optional[str], typer.Option(help="sentence-transformers: mean | cls | max (default: the "
                                                         "source's pooling, else mean).")] = None,
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="sentence-transformers: "
@@ -335,7 +340,8 @@ def export(
         ("--dtype", "dtype", dtype), ("--max-shard-size", "max_shard_size", max_shard_size), ("--atol", "atol", atol),
         ("--rtol", "rtol", rtol), ("--opset", "opset", opset), ("--optimize", "optimize", optimize or None),
         ("--min-agreement", "min_agreement", min_agreement), ("--min-agreement", "min_cosine", min_agreement),
-        ("--pooling", "pooling", pooling), ("--normalize", "normalize", normalize)])
+        ("--pooling", "pooling", pooling), ("--normalize", "normalize", normalize),
+        ("--gate-data", "gate_data", None if gate_data is None else str(gate_data))])
     if json_path is not None and not (verify or fmt.always_verified):
         fail("--json writes the verify report: add --verify")
     try:
@@ -376,8 +382,12 @@ def verify(
     final: Annotated[bool, typer.Option("--final", help="SOURCE is a run: compare with its final/, not best/.")]
     = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report here as JSON.")] = None,
-    min_agreement: Annotated[Optional[float], typer.Option(help="ONNX folder: the least int8 agreement / mean "
-                                                               "cosine with fp32 (default 0.99).")] = None,
+    min_agreement: Annotated[Optional[float], typer.Option(help="ONNX folder: the least int8 agreement / "
+                                                               "Spearman (default 0.99) / cosine (default 0.98) "
+                                                               "with fp32.")] = None,
+    gate_data: Annotated[Optional[Path], typer.Option("--gate-data", help="ONNX folder: judge the int8 graph on "
+                                                                          "these texts (one a line, or JSONL with "
+                                                                          "text / text_pair; at least 64).")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Prove DIR with the verify of the format it is; exit 1 on any FAIL. With --source: DIR computes what hfport
@@ -386,7 +396,7 @@ def verify(
     try:
         report = verify_folder(folder, source, format=format_, which="final" if final else "best", atol=atol,
                                rtol=rtol, json_path=json_path, min_agreement=min_agreement,
-                               min_cosine=min_agreement)
+                               min_cosine=min_agreement, gate_data=gate_data)
     except (HfportError, ValueError, OSError) as e:  # a bad option, or the report itself could not be written
         fail(str(e))
         return

@@ -132,9 +132,17 @@ class ExportJobRequest(BaseModel):
         f"{f.name}: {', '.join(f.option_names())}" for f in FORMATS.values()))
     verify: bool = Field(True, description="check the export against its source before it appears (the ONNX "
                                            "formats always do)")
+    gate_data: str | None = Field(None, description="onnx-int8: a file inside the allowed dirs (relative: from the "
+                                                    "data dir) of texts the int8 gate judges: one a line, or JSONL "
+                                                    "with text / text_pair; at least 64")
 
     @model_validator(mode="after")
     def _options(self) -> ExportJobRequest:
+        if "gate_data" in self.options:  # a path: only the top-level field, which the server confines
+            raise ValueError("options.gate_data: give the file as the body's gate_data field")
+        if self.gate_data is not None and "gate_data" not in FORMATS[self.format].option_names():
+            takers = [f.name for f in FORMATS.values() if "gate_data" in f.option_names()]
+            raise ValueError(f"gate_data: only with format {' or '.join(takers)}")
         try:  # the format's own options model: an unknown or bad option is a 422 naming it
             self.options = FORMATS[self.format].options.of(**self.options).model_dump(exclude_unset=True)
         except ExportError as e:

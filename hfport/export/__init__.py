@@ -9,6 +9,7 @@ through it. The floors, bottom up (each imports only from below):
   sentence_formats.py  the sentence-transformers formats' layout steps and encode()/predict() rows
   folder.py     format hf: the HF folder (ExportOptions, write_folder, verify_folder)
   peft.py       formats peft and merged: a LoRA adapter as itself or folded into its base
+  probes.py     the calibration texts, the int8 gate's judged texts (built in, or --gate-data) apart from them
   onnx_agreement.py, onnx_fusion.py, onnx_verify.py, onnx.py   formats onnx and onnx-int8
   registry.py   FORMATS (one record a format), detect_format, export, verify
 

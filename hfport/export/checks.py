@@ -159,6 +159,10 @@ def check_tokenizer(report: VerifyReport, transformers: Any, folder: Path, task:
     theirs = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     max_length = min(PROBE_MAX_LENGTH, int(raw.get("max_position_embeddings", 512)) - 2)
     kwargs = {"padding": True, "truncation": True, "max_length": max_length, "return_tensors": "pt"}
+    # a model with one token type (RoBERTa, XLM-R) is fed none, whatever the tokenizer returns: a WordPiece
+    # tokenizer's segment 1 would index past its one-row table
+    one_type = "type_vocab_size" in raw and int(raw["type_vocab_size"]) <= 1
+    inputs = [k for k in MODEL_INPUTS if not (one_type and k == "token_type_ids")]
     probes: dict[str, tuple[Any, ...]] = {"texts": (PROBE_TEXTS,)}
     if "token_type_ids" in ours.model_input_names or TASKS[task].pair_input:
         probes["pairs"] = ([q for q, _ in PROBE_PAIRS], [c for _, c in PROBE_PAIRS])
@@ -175,7 +179,7 @@ def check_tokenizer(report: VerifyReport, transformers: Any, folder: Path, task:
             diff = (x - y).abs().max().item() if tuple(x.shape) == tuple(y.shape) else None
             report.add("tokenizer", f"{name}/{key}", same, shape=tuple(x.shape), diff=diff, tolerance="exact",
                        detail="" if same else f"hfport {list(x.shape)} vs transformers {list(y.shape)}")
-        out[name] = {k: v for k, v in a.items() if k in MODEL_INPUTS}
+        out[name] = {k: v for k, v in a.items() if k in inputs}
     return out
 
 

@@ -16,7 +16,8 @@
                           OUTLIER_RATIO x the median channel's (at most MAX_OUTLIERS) go through a small fp32 MatMul
                           beside the int8 one (exact in fp32; onnx_fusion.split_outliers); then a MatMul whose
                           remaining input one scale still crushes (relative L2 error > KEEP_FP32_ERROR on the probe
-                          texts) stays fp32 (on MiniLM: none). Both rules read the probe texts only. Measured on four
+                          texts) stays fp32 (on MiniLM: none). Both rules read the calibration texts only
+                          (export/probes.py), never the texts the gate judges. Measured on four
                           MiniLM topic classifiers fine-tuned here (seeds 42, 7, 123 with bf16 autocast, 42 in fp32),
                           int8 vs fp32 over the 800 unique sentences of examples/data (the 80 in-domain eval: 100% in
                           every variant; 400 are near-tied geography facts), label agreement / mean relative logit
@@ -45,7 +46,8 @@ is wrong at the probe lengths (which differ from the traced one): verify says so
 
 
 The proof (export/onnx_verify.py) runs on the staged folder: fp32 against hfport and transformers at real positions,
-int8 against fp32 at the task level (export/onnx_agreement.py); every check that cannot run is a failed row.
+int8 against fp32 by what the head means (export/onnx_agreement.py) on judged texts apart from the calibration ones
+(export/probes.py; `gate_data`: the user's); every check that cannot run is a failed row.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, check_thresholds
 from .onnx_fusion import (CONTRIB_DOMAIN, OPTIMIZED_FILE, activation_errors, fused_attention, optimize_graph,
                           split_outliers)
 from .onnx_verify import PROBE_TEXTS, feeds, max_length, probe_batches, require_onnx, sha256, verify_onnx
+from .probes import GateData, read_gate_data
 
 log = logging.getLogger("hfport")
 
@@ -99,7 +102,11 @@ class OnnxOptions(FormatOptions):
                                               "attention and norms (always with int8: it is made from it)")
     per_channel: bool = Field(True, description="int8: one weight scale per output channel")
     min_agreement: float = Field(MIN_AGREEMENT, description="int8: the least task-level agreement with fp32")
-    min_cosine: float = Field(MIN_COSINE, description="int8: the least mean cosine with fp32 (embeddings)")
+    min_cosine: float = Field(MIN_COSINE, description="int8: the least cosine with fp32 over the judged texts "
+                                                      "(embeddings, pooled as the model pools)")
+    gate_data: str | None = Field(None, description="int8: the texts the gate judges, a file with one text a line "
+                                                    "or JSONL with text / text_pair (at least 64; default: the "
+                                                    "built-in judged set)")
 
 
 @dataclass
@@ -131,13 +138,15 @@ class _Graph(nn.Module):
 def export_onnx(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: str = "best",
                 opset: int = DEFAULT_OPSET, quantize: str | None = None, optimize: bool = False,
                 per_channel: bool = True, force: bool = False, min_agreement: float = MIN_AGREEMENT,
-                min_cosine: float = MIN_COSINE, json_path: str | os.PathLike[str] | None = None) -> OnnxExportResult:
+                min_cosine: float = MIN_COSINE, json_path: str | os.PathLike[str] | None = None,
+                gate_data: str | os.PathLike[str] | None = None) -> OnnxExportResult:
     """Write SRC as an ONNX folder at OUT, verified against SRC before OUT appears (VerifyFailed if not).
     (`hfport.export(src, out, format="onnx" | "onnx-int8", ...)` is the same through the format registry.)"""
     if quantize is not None and quantize not in QUANTIZE:
         raise ExportError(f"quantize {quantize!r}: expected one of {list(QUANTIZE)} or None")
     options = OnnxOptions.of(which=which, opset=opset, optimize=optimize, per_channel=per_channel,
-                             min_agreement=min_agreement, min_cosine=min_cosine)
+                             min_agreement=min_agreement, min_cosine=min_cosine,
+                             gate_data=None if gate_data is None else str(gate_data))
     source = resolve_source(src, options.which)
     out = Path(out).expanduser()
     check_out(source, out, force)
@@ -154,6 +163,7 @@ def write_onnx(source: Source, out: Path, options: OnnxOptions, *, quantize: str
         raise ExportError(f"opset {opset!r}: expected an integer from 14 (scaled dot-product attention) to "
                           f"{onnx.defs.onnx_opset_version()} (the newest this onnx package knows)")
     check_thresholds(options.min_agreement, options.min_cosine)
+    gate_data = read_gate_data(options.gate_data) if options.gate_data is not None else GateData.builtin()
     model = load_exportable(source)
     if not TASKS[model.task].graph_outputs:
         raise ExportError(f"{source.model}: hfport has no ONNX graph for {model.task} models")
@@ -178,7 +188,8 @@ def write_onnx(source: Source, out: Path, options: OnnxOptions, *, quantize: str
                                   format="onnx-int8" if quantize else "onnx", opset=opset)
         del model
         result.report = verify_onnx(staging, source.model, min_agreement=options.min_agreement,
-                                    min_cosine=options.min_cosine, json_path=json_path, label=str(out))
+                                    min_cosine=options.min_cosine, json_path=json_path, label=str(out),
+                                    gate_data=gate_data)
         raise_unless_passed(result.report, out, source.model, "ONNX export")
     return result
 

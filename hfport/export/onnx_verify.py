@@ -1,18 +1,21 @@
 """`verify_onnx(dir, source)`: the proof of an ONNX folder (export/onnx.py writes it), failing closed.
 
-The probe texts (`PROBE_TEXTS`, `PROBE_PAIRS`, through DIR's tokenizer, padded batches) are compared at real positions:
+The calibration texts (export/probes.py, through DIR's tokenizer, padded batches) are compared at real positions:
     graph      each graph loads in onnxruntime, its inputs/outputs match config.json, its axes are dynamic;
-    files      each graph's sha256 equals the one recorded at export (when hfport_onnx.json is there);
+    files      each graph's sha256 equals the one recorded at export; a missing hfport_onnx.json is a FAIL;
     fp32       model.onnx (and model_optimized.onnx) against hfport's model from SOURCE, and against transformers'
-               (when installed): |onnx - reference| <= atol + rtol * |reference|, atol = rtol = 1e-4 by default:
-               onnxruntime fuses LayerNorm/GELU/MatMul+Add and sums in its own order (max abs diff on
-               all-MiniLM-L6-v2: ~3e-6);
-    int8       model_quantized.onnx against model.onnx at the task level (export/onnx_agreement.py), at least
-               `min_agreement` (default 0.99) or `min_cosine` (0.99).
-SOURCE defaults to the one hfport_onnx.json records. When no source is given and the recorded one cannot be reached
-(the folder was copied to another machine), the fp32 rows compare hfport's own load of DIR (the ONNX backend its
-pipelines serve) with onnxruntime running model.onnx directly, and the report names that reference: the graph is
-then not compared with a PyTorch model. A --source that cannot be loaded is a FAIL row.
+               (not installed: a FAIL row saying what to install): |onnx - reference| <= atol + rtol * |reference|,
+               atol = rtol = 1e-4 by default: onnxruntime fuses LayerNorm/GELU/MatMul+Add and sums in its own order
+               (max abs diff on all-MiniLM-L6-v2: ~3e-6);
+    int8       model_quantized.onnx against model.onnx by what the head means (export/onnx_agreement.py), on the
+               judged texts: the built-in set of 64 texts and 64 pairs (never the calibration texts the quantizer
+               read) or the user's (`gate_data`, --gate-data FILE), at least `min_agreement` (default 0.99) or
+               `min_cosine` (0.98, the least cosine over the texts).
+Probes feed only the inputs the model takes: a config with one token type (RoBERTa, XLM-R) gets no token type ids,
+whatever its tokenizer returns. SOURCE defaults to the one hfport_onnx.json records. When no source is given and the
+recorded one cannot be reached (the folder was copied to another machine), the fp32 rows compare hfport's own load
+of DIR (the ONNX backend its pipelines serve) with onnxruntime running model.onnx directly, and the report names
+that reference: the graph is then not compared with a PyTorch model. A --source that cannot be loaded is a FAIL row.
 """
 
 from __future__ import annotations
@@ -26,38 +29,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..formats.sentence_transformers import has_embedding_layout, read_layout
 from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE, OnnxModelError
 from ..pipelines.onnx_backend import INSTALL_HINT, OnnxModel, check_signature, open_session, read_folder_config
 from ..tasks import TASKS, load_any
 from ..tokenizer import AutoTokenizer
 from .checks import quiet_transformers
 from .common import TRANSFORMERS_AUTO, ExportError, resolve_source
-from .onnx_agreement import AGREEMENT, MIN_AGREEMENT, MIN_COSINE, check_thresholds
+from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, GateContext, check_thresholds, gate_for, measure, passes
 from .onnx_fusion import OPTIMIZED_FILE
+from .probes import (CALIBRATION_PAIRS, CALIBRATION_TEXTS, PROBE_MAX_LENGTH, GateData, encode, gate_batches,
+                     read_gate_data)
 from .report import VerifyReport, check_row, compare, reporting
 
 FP32_TOLERANCE = (1e-4, 1e-4)  # (atol, rtol); the module docstring says why
-PROBE_TEXTS = [
-    "The film was wonderful.",
-    "I would not recommend this restaurant to anyone; the service was slow and the food was cold.",
-    "ok",
-    "Marie Curie was born in Warsaw in 1867 and later moved to Paris, where she studied physics and chemistry.",
-    "The committee will meet again next Tuesday to discuss the budget.",
-    "What a terrible, awful, disappointing day!",
-    "Shares of the company rose three percent after the quarterly report.",
-    ("The old lighthouse keeper walked along the rocky shore every evening, watching the ships pass by and writing "
-     "long letters to his sister in New York about the weather, the birds and the quiet life on the island."),
-    "She plays the violin beautifully.",
-    "Please send the invoice to the accounting department before Friday.",
-]
-PROBE_PAIRS = [
-    ("Who wrote the novel?", "Herman Melville wrote Moby-Dick in 1851, a long time ago."),
-    ("Where is Berlin?", "Berlin is the capital of Germany and lies on the river Spree."),
-    ("When did the war end?", "The war ended in 1945, after six years of fighting across Europe and Asia."),
-    ("What colour is the sky?", "On a clear day the sky is blue."),
-    ("How many legs does a spider have?", "Spiders have eight legs, while insects have six."),
-]
-PROBE_MAX_LENGTH = 96
+# the fp32 rows compare on the calibration texts (the fp32 graph is fitted to nothing); the int8 gate judges others
+PROBE_TEXTS, PROBE_PAIRS = CALIBRATION_TEXTS, CALIBRATION_PAIRS
 
 
 def require_onnx() -> tuple[Any, Any]:
@@ -75,31 +62,12 @@ def max_length(max_positions: int) -> int:
 
 
 def probe_batches(folder: Path, task: str, config: Any) -> dict[str, dict[str, Tensor]]:
-    """The probe texts through DIR's tokenizer as padded batches (pairs for QA and two-segment models)."""
+    """The calibration texts through DIR's tokenizer as padded batches (pairs for QA and two-segment tokenizers),
+    with only the inputs the model takes (probes.encode)."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    kwargs = {"padding": True, "truncation": True, "max_length": max_length(config.max_position_embeddings),
-              "return_tensors": "pt"}
-    record = TASKS[task]
-    probes: dict[str, tuple[Any, ...]] = {}
-    if not record.pair_input:
-        probes["texts"] = (PROBE_TEXTS,)
-    if record.pair_input or "token_type_ids" in tokenizer.model_input_names:
-        probes["pairs"] = ([q for q, _ in PROBE_PAIRS], [c for _, c in PROBE_PAIRS])
-    out = {}
-    for name, args in probes.items():
-        enc = tokenizer(*args, **kwargs)
-        batch = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
-        if record.masked_input:  # one word masked in each row, where a user of fill-mask puts it
-            if tokenizer.mask_token_id is None:
-                raise ExportError(f"{folder}: the tokenizer has no mask token; fill-mask cannot be probed")
-            ids = batch["input_ids"].clone()
-            lengths = batch["attention_mask"].sum(1)  # (B,)
-            for row, n in enumerate(lengths.tolist()):
-                ids[row, max(1, n // 2)] = tokenizer.mask_token_id  # a real token, never [CLS]
-            batch["input_ids"] = ids
-            batch["masked"] = ids.eq(tokenizer.mask_token_id)
-        out[name] = batch
-    return out
+    pairs = TASKS[task].pair_input or "token_type_ids" in tokenizer.model_input_names
+    return encode(tokenizer, task, config, PROBE_TEXTS, PROBE_PAIRS if pairs else None,
+                  max_length(config.max_position_embeddings))
 
 
 def feeds(enc: dict[str, Tensor], inputs: list[str]) -> dict[str, Any]:
@@ -142,20 +110,24 @@ class RawGraph:
 def verify_onnx(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *, which: str = "best",
                 atol: float | None = None, rtol: float | None = None, min_agreement: float = MIN_AGREEMENT,
                 min_cosine: float = MIN_COSINE, json_path: str | os.PathLike[str] | None = None,
-                label: str | None = None) -> VerifyReport:
+                label: str | None = None, gate_data: str | os.PathLike[str] | GateData | None = None) -> VerifyReport:
     """Check the ONNX folder DIR against SOURCE (default: the source its hfport_onnx.json records). Never raises
-    for a failed check: the report says FAIL and names what failed. json_path: also write the report there."""
+    for a failed check: the report says FAIL and names what failed. json_path: also write the report there.
+    gate_data: the texts the int8 gate judges (a file: one text a line, or JSONL with text / text_pair; default
+    the built-in judged set, export/probes.py)."""
     folder = Path(dir).expanduser()
     report = VerifyReport(label or str(folder), str(source) if source is not None else "")
     report.set_tolerances("float32", atol, rtol, FP32_TOLERANCE)
     with reporting(report, json_path):
         check_thresholds(min_agreement, min_cosine)
         require_onnx()
-        _verify(folder, source, which, min_agreement, min_cosine, report)
+        data = gate_data if isinstance(gate_data, GateData) else \
+            read_gate_data(gate_data) if gate_data is not None else GateData.builtin()
+        _verify(folder, source, which, (min_agreement, min_cosine), data, report)
     return report
 
 
-def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min_cosine: float,
+def _verify(folder: Path, source_arg: Any, which: str, bounds: tuple[float, float], data: GateData,
             report: VerifyReport) -> None:
     if not folder.is_dir():
         raise ExportError(f"{folder}: no such folder")
@@ -187,18 +159,20 @@ def _verify(folder: Path, source_arg: Any, which: str, min_agreement: float, min
     for against, load in references.items():
         with check_row(report, f"fp32 vs {against}", "load"):
             reference = load()
-            if reference is None:  # an optional second reference: said in the report, never dropped silently
-                report.add(f"fp32 vs {against}", "not installed: the graph is compared with hfport only", True)
-                continue
             refs = {name: run(reference, enc, task) for name, enc in batches.items()}
             for label, got in outs.items():
                 _compare_all(report, f"{label} vs {against}", got, refs, batches, task)
     if QUANTIZED_FILE in graphs:
-        _int8_rows(report, graphs[QUANTIZED_FILE], fp32, batches, config, task, min_agreement, min_cosine)
+        with check_row(report, "int8 vs fp32", "gate"):
+            gate_ctx = GateContext(config, _pooling(folder, report.source))
+            _int8_rows(report, graphs[QUANTIZED_FILE], graphs[ONNX_FILE], gate_ctx, task, bounds, data)
 
 
 def _manifest(folder: Path, report: VerifyReport) -> dict[str, Any] | None:
-    if not (folder / MANIFEST).is_file():
+    if not (folder / MANIFEST).is_file():  # without it nothing says the graphs are the ones exported: a FAIL
+        report.add("files", MANIFEST, False, tolerance="present",
+                   detail=f"{folder / MANIFEST} is missing: the graphs' recorded sha256 and source cannot be "
+                          "checked; export the folder again with hfport export --format onnx")
         return None
     with check_row(report, "files", MANIFEST):
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
@@ -276,27 +250,42 @@ def _compare_all(report: VerifyReport, check: str, got: dict[str, dict[str, Tens
                         what=f"the graph's {name}")
 
 
-def _int8_rows(report: VerifyReport, int8: OnnxModel, fp32: dict[str, dict[str, Tensor]],
-               batches: dict[str, dict[str, Tensor]], config: Any, task: str, min_agreement: float,
-               min_cosine: float) -> None:
-    measure, threshold, what = AGREEMENT[TASKS[task].agreement]
-    for name, enc in batches.items():
-        with check_row(report, "int8 vs fp32", f"{name}/{what}"):
-            value, n, ties = measure(run(int8, enc, task), fp32[name], enc, config)
-            bound = min_cosine if threshold == "cosine" else min_agreement
-            items = f"{n} items" + (f" ({ties} fp32 near tie{'s' * (ties > 1)} left out)" if ties else "")
-            report.add("int8 vs fp32", f"{name}/{what} {value:.4f}", value >= bound, shape=items,
-                       diff=1.0 - value, tolerance=f"{threshold} >= {bound:g}",
-                       detail=f"{what} {value:.4f} over {items} is below {bound:g}: the int8 graph changes "
-                              "the model's answers")
+def _pooling(folder: Path, source: str) -> str:
+    """How an embedding model pools: its sentence-transformers layout (in DIR, else in its source), else mean."""
+    for where in (folder, Path(source)):
+        if where.is_dir() and has_embedding_layout(where):
+            return read_layout(where).pooling
+    return "mean"
+
+
+def _int8_rows(report: VerifyReport, int8: OnnxModel, fp32: OnnxModel, ctx: GateContext, task: str,
+               bounds: tuple[float, float], data: GateData) -> None:
+    """The int8 gate (export/onnx_agreement.py) on the judged texts (never the calibration ones), one row a kind
+    of input (texts, pairs)."""
+    gate = gate_for(TASKS[task].agreement, ctx.config)
+    chunks = gate_batches(int8.path.parent, task, ctx.config, data, max_length(ctx.config.max_position_embeddings))
+    for name, encs in chunks.items():
+        with check_row(report, "int8 vs fp32", f"{name}/{gate.name}"):
+            verdict = measure(gate, [(run(int8, enc, task), run(fp32, enc, task), enc) for enc in encs], ctx)
+            ok, tolerance = passes(gate, verdict, *bounds)
+            items = f"{verdict.items} items" + (f" ({verdict.ties} fp32 near ties)" if verdict.ties else "")
+            error = f", relative error {verdict.error:.4f}" if verdict.error is not None else ""
+            pooled = f", {ctx.pooling} pooling" if gate.threshold == "cosine" else ""
+            report.add("int8 vs fp32", f"{name}/{gate.name} {verdict.value:.4f}", ok, shape=items,
+                       diff=verdict.error if verdict.error is not None else 1.0 - verdict.value,
+                       tolerance=tolerance,
+                       detail=f"{gate.name} {verdict.value:.4f}{error} over {items} of {data.origin}{pooled}" +
+                              ("" if ok else f" fails {tolerance}: the int8 graph changes the model's answers"))
 
 
 def _load_transformers(folder: Path, task: str) -> Any:
-    """transformers' model from the source folder, or None when transformers is not installed."""
+    """transformers' model from the source folder; without transformers installed, an ExportError (a FAIL row: the
+    graph would be compared with hfport only) saying what to install."""
     try:
         import transformers  # noqa: F401 - only: is it installed?
-    except ImportError:
-        return None  # the fp32 graph is checked against hfport only
+    except ImportError as e:
+        raise ExportError(f"transformers is not installed ({e}): the graph cannot be compared with transformers' "
+                          "model; pip install transformers (or 'hfport[dev]') and verify again") from e
     with quiet_transformers() as transformers:
         auto = getattr(transformers, TRANSFORMERS_AUTO[task])
         model, info = auto.from_pretrained(str(folder), output_loading_info=True, dtype=torch.float32,

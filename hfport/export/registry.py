@@ -71,10 +71,10 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
     ExportFormat("onnx-int8", "model.onnx (fp32) + model_quantized.onnx (int8, dynamic quantization), config.json, "
                  "tokenizer, hfport_onnx.json", OnnxOptions, partial(write_onnx, quantize="int8"), verify_onnx,
                  detect=lambda p: _is_onnx(p) and (p / QUANTIZED_FILE).is_file(),
-                 verify_options=("atol", "rtol", "min_agreement", "min_cosine"), always_verified=True),
+                 verify_options=("atol", "rtol", "min_agreement", "min_cosine", "gate_data"), always_verified=True),
     ExportFormat("onnx", "model.onnx (fp32, the layout optimum writes), config.json, tokenizer, hfport_onnx.json",
                  OnnxOptions, write_onnx, verify_onnx, detect=_is_onnx,
-                 verify_options=("atol", "rtol", "min_agreement", "min_cosine"), always_verified=True,
+                 verify_options=("atol", "rtol", "min_agreement", "min_cosine", "gate_data"), always_verified=True,
                  quantized={"int8": "onnx-int8"}),
     ExportFormat("peft", "a LoRA adapter in PEFT's format (adapter_config.json, adapter_model.safetensors), "
                  "config.json, tokenizer", ExportOptions, write_adapter, verify_adapter,
@@ -150,8 +150,8 @@ def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = 
     """Prove DIR with its format's verify: against SOURCE (what it was exported from), or, without it, against
     hfport's own load of what DIR names (an adapter's base, an ONNX folder's recorded source, the folder itself).
     FORMAT: the format's name, else the one DIR says it is. CHECKS: the verify's options (atol, rtol; an ONNX
-    folder's min_agreement, min_cosine). Never raises for a failed check: a folder no format recognises is a FAIL
-    row. json_path: also write the report there."""
+    folder's min_agreement, min_cosine, gate_data). Never raises for a failed check: a folder no format recognises
+    is a FAIL row. json_path: also write the report there."""
     folder = Path(dir).expanduser()
     fmt = get_format(format) if format is not None else detect_format(folder)
     given = {k: v for k, v in checks.items() if v is not None}

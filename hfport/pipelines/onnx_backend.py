@@ -43,8 +43,9 @@ def require_onnxruntime() -> Any:
 
 
 def graph_inputs(config: EncoderConfig) -> list[str]:
-    """The inputs a graph for this config takes: token types only where the model has a token-type table."""
-    return ["input_ids", "attention_mask", *(["token_type_ids"] if config.type_vocab_size > 0 else [])]
+    """The inputs a graph for this config takes: token types only where the model has more than one (optimum's
+    layout: a RoBERTa / XLM-R graph, one token type, has no token_type_ids input)."""
+    return ["input_ids", "attention_mask", *(["token_type_ids"] if config.type_vocab_size > 1 else [])]
 
 
 def read_folder_config(folder: Path) -> tuple[dict[str, Any], Family, EncoderConfig, str]:
@@ -80,7 +81,9 @@ def check_signature(session: Any, config: EncoderConfig, task: str, path: Path) 
     """The graph's inputs and outputs are the ones config.json implies: names, ranks and the fixed last axis."""
     want_in = graph_inputs(config)
     have_in = [i.name for i in session.get_inputs()]
-    if sorted(have_in) != sorted(want_in):
+    # graphs hfport exported before the layout above fed RoBERTa's one token type too (zeros): still served
+    legacy = config.type_vocab_size == 1 and sorted(have_in) == sorted([*want_in, "token_type_ids"])
+    if sorted(have_in) != sorted(want_in) and not legacy:
         raise OnnxModelError(f"{path}: graph inputs {have_in} do not match config.json, which implies {want_in} "
                              f"(type_vocab_size {config.type_vocab_size})")
     if not TASKS[task].graph_outputs:

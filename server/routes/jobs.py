@@ -222,8 +222,11 @@ def submit_export(body: ExportJobRequest, store: StoreDep, settings: SettingsDep
 
 def _submit_export(body: ExportJobRequest, store: Store, settings: Settings) -> JobInfo:
     job_id = store.new_id()
+    options = dict(body.options)
+    if body.gate_data is not None:  # a server-side file: confined like every other path, passed as the option
+        options["gate_data"] = str(confine(body.gate_data, settings, "gate_data"))
     config = {"model": _model_path(body.model, store, settings, run_ok=True), "format": body.format,
-              "options": body.options, "verify": body.verify,
+              "options": options, "verify": body.verify,
               "output_dir": _output_dir(body.output_dir, settings, job_id, "export")}
     return JobInfo(**store.create_job("export", config, job_id))
 
