@@ -218,7 +218,9 @@ def linked_copy(src: Path, dst: Path) -> Path:
     """`src`'s files hard-linked into `dst` (another folder, the same bytes on disk; copied across devices)."""
     dst.mkdir(parents=True)
     for f in src.iterdir():
-        if f.is_file():
+        if f.is_dir():  # sentence-transformers' module folders (1_Pooling, 2_Normalize)
+            linked_copy(f, dst / f.name)
+        elif f.is_file():
             try:
                 os.link(f, dst / f.name)
             except OSError:
