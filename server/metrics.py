@@ -31,7 +31,7 @@ class Metrics:
         self.batch_size = Histogram("hfport_batch_size", "inputs merged into one pipeline call", ["model"],
                                     buckets=BATCH_BUCKETS, registry=r)
         self.batch_adapters = Histogram("hfport_batch_adapters", "distinct adapters (the base counts as one) in "
-                                        "one merged batch, which runs the shared body once per forward pass",
+                                        "one forward pass of a shared body",
                                         ["model"], buckets=ADAPTER_BUCKETS, registry=r)
         self.batch_tokens = Gauge("hfport_max_batch_tokens", "padded-token budget of a forward pass, per model",
                                   ["model"], registry=r)

@@ -20,8 +20,9 @@ Mixed-adapter batches (serving many adapters over one base in one forward pass; 
                  batches at once); the encoder's pre-hook turns the per-row slots into per-token ones through the
                  batch's layout (a packed batch is its real tokens: a row is a segment of the token axis)
 Per layer the update is grouped per adapter over the rows: gather the rows of one adapter, x_a A^T B^T * scaling,
-index_add back. The other way (gather each token's A and B, a batched matmul) moves r x (in + out) numbers per
-token instead of per adapter and was slower on CPU for a handful of adapters per batch.
+index_add back (two small matmuls per adapter present; ranks may differ). The other way, gathering each token's A
+and B for a batched matmul, reads r x (in + out) weights per token instead of per adapter and needs one rank for
+all: simpler kept, and the row index of each adapter is computed once per forward pass (Route), not per layer.
 """
 
 from __future__ import annotations

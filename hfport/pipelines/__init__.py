@@ -46,7 +46,8 @@ from ..formats.onnx import is_onnx_model
 from ..modeling import PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
-from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, phase_times
+from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, adapters_per_pass,
+                   phase_times)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -149,6 +150,7 @@ def model_task(model: str | os.PathLike[str]) -> str:
 
 __all__ = [
     "PIPELINES",
+    "adapters_per_pass",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",

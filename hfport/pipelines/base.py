@@ -57,6 +57,18 @@ def phase_times() -> Iterator[dict[str, float]]:
         _clock.times = outer
 
 
+@contextmanager
+def adapters_per_pass() -> Iterator[list[int]]:
+    """The distinct adapters (the base counts as one) of each forward pass this thread runs inside the block, in
+    order: how much mixing a server's batches get (its hfport_batch_adapters histogram)."""
+    outer = getattr(_clock, "passes", None)
+    _clock.passes = passes = []
+    try:
+        yield passes
+    finally:
+        _clock.passes = outer
+
+
 def _add_time(phase: str, since: float) -> None:
     times = getattr(_clock, "times", None)
     if times is not None:
@@ -332,6 +344,9 @@ class Pipeline:
         head on its own rows (the body's output replayed to it)."""
         ids, mask, types = self.batch_tensors(batch)
         pipes = {id(f.pipe or self): f.pipe or self for f in batch}
+        passes = getattr(_clock, "passes", None)
+        if passes is not None:
+            passes.append(len(pipes))
         if len(pipes) == 1:
             (pipe,) = pipes.values()
             self.scatter(batch, pipe.forward(ids, mask, types), pipe)

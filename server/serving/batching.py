@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfport import phase_times
+from hfport.pipelines import adapters_per_pass
 
 from ..settings import Settings
 
@@ -61,23 +62,24 @@ class Batcher:
         task = asyncio.get_running_loop().run_in_executor(self.pool, self._call, merged, adapters)
         if self.metrics is not None:
             self.metrics.batch_size.labels(self.name).observe(len(merged))
-            # distinct adapters in the merged call (the base counts as one): how much mixing happens
-            self.metrics.batch_adapters.labels(self.name).observe(len(set(adapters)))
         task.add_done_callback(lambda fut: self._deliver(fut, group))
 
-    def _call(self, merged: list[Any], adapters: list[str | None]) -> tuple[list[Any], float, dict[str, float]]:
+    def _call(self, merged: list[Any], adapters: list[str | None]) -> tuple[list[Any], float, dict[str, float],
+                                                                            list[int]]:
         started = time.perf_counter()
         mixed = {"adapter": adapters} if any(a is not None for a in adapters) else {}
-        with phase_times() as phases:
+        with phase_times() as phases, adapters_per_pass() as passes:
             results = self.pipe.predict(merged, **mixed, **self.parameters)
-        return results, started, phases
+        return results, started, phases, passes
 
     def _deliver(self, fut: asyncio.Future, group: list[tuple[list[Any], asyncio.Future, float, Any]]) -> None:
         """Hand each request its slice of the merged results (or the call's exception)."""
         error = fut.exception()
         if error is None:
-            all_results, started, phases = fut.result()
+            all_results, started, phases, passes = fut.result()
             if self.metrics is not None:
+                for count in passes:  # distinct adapters in each forward pass (the base counts as one)
+                    self.metrics.batch_adapters.labels(self.name).observe(count)
                 self.metrics.tokenization_time.labels(self.name).observe(phases["tokenization"])
                 self.metrics.inference_time.labels(self.name).observe(phases["inference"])
         start = 0
