@@ -33,8 +33,6 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import MethodType
 from pathlib import Path
 from typing import Any
@@ -49,8 +47,8 @@ from .formats.adapter import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, SUPP
                               selects, suffix_match, weights_path)
 from .heads import MaskedLMHead
 from .modeling import BASE_TASK, LoadReport, PreTrainedEncoder, on_meta
-from .nn.lora import (AdapterInfo, AdapterTable, LoraError, LoraLinear, LoraWeights, has_lora, install_mixed,
-                      lora_modules, merged, routing, wrap)
+from .nn.lora import (AdapterInfo, AdapterTable, LoraError, LoraLinear, LoraWeights, MixingError, has_lora,
+                      install_mixed, lora_modules, merged, replay_of, replaying, routing, wrap)
 from .registry import get_family
 from .staging import staged
 from .tasks import PEFT_TASK_TYPES, TASKS_OF_PEFT, EncoderModel, adapter_task, read_adapter_config
@@ -376,29 +374,15 @@ modeling.ADAPTER_LOADER = load_adapter  # every <Task>.from_pretrained(adapter f
 
 # --- many adapters over one base, in one forward pass ------------------------------------------------------------
 
-_replay = threading.local()  # .value: (input_ids, (hidden, pooled)) a mixed batch computed for this thread
-
-
-@contextmanager
-def replaying(input_ids: Tensor, outputs: tuple[Tensor, Tensor | None]) -> Iterator[None]:
-    """While inside: a model of an AdapterSet asked for the body's output on exactly `input_ids` (the same tensor
-    object) gets `outputs` instead of running the body again (a mixed batch's heads, split after one body pass)."""
-    outer = getattr(_replay, "value", None)
-    _replay.value = (input_ids, outputs)
-    try:
-        yield
-    finally:
-        _replay.value = outer
-
-
 def _routed_body(model: PreTrainedEncoder, input_ids: Tensor, attention_mask: Tensor | None,
                  token_type_ids: Tensor | None, position_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """An AdapterSet model's body call: the replayed mixed-batch output, else the shared body with every row
     routed to this model's adapter (so the model computes its adapter wherever it is called)."""
-    replay = getattr(_replay, "value", None)
-    if replay is not None and replay[0] is input_ids:
-        return replay[1]
-    slots = torch.full(input_ids.shape[:1], model.adapter_slot, dtype=torch.long, device=input_ids.device)  # (B,)
+    replayed = replay_of(input_ids)
+    if replayed is not None:
+        return replayed
+    slot = model.adapter_slot
+    slots = torch.full(input_ids.shape[:1], slot, dtype=torch.long, device=input_ids.device) if slot else None  # (B,)
     with routing(model.adapter_set.table, slots):
         return type(model)._body(model, input_ids, attention_mask, token_type_ids, position_ids)
 
@@ -429,6 +413,7 @@ class AdapterSet:
         self.base, self.body = base, base.body
         self.table: AdapterTable = {}
         self.slots: dict[str, int] = {}  # adapter name -> slot (0 is the base)
+        self.mixable = True  # False once the body showed it cannot run several adapters in one pass
         self._next = 1
         self._lock = threading.Lock()
         self.adopt(base, 0)
@@ -466,9 +451,27 @@ class AdapterSet:
     def run_body(self, slots: Tensor, input_ids: Tensor, attention_mask: Tensor | None,
                  token_type_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """The shared body once over a mixed batch, row i with adapter slots[i] (0: the base): (hidden (B, T, C),
-        pooled (B, C) or None)."""
-        with routing(self.table, slots):
-            return self.body(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        pooled (B, C) or None). A body that cannot mix (MixingError, remembered) runs one pass per adapter."""
+        if self.mixable:
+            try:
+                with routing(self.table, slots):
+                    return self.body(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            except MixingError as e:
+                log.info("%s: one forward pass per adapter from now on", e)
+                self.mixable = False
+        hidden = pooled = None
+        for slot in slots.unique().tolist():
+            rows = (slots == slot).nonzero().squeeze(1)  # (B_s,)
+            part = [t.index_select(0, rows) if t is not None else None
+                    for t in (input_ids, attention_mask, token_type_ids)]
+            with routing(self.table, slots.index_select(0, rows) if slot else None):
+                h, p = self.body(part[0], attention_mask=part[1], token_type_ids=part[2])  # (B_s, T, C), (B_s, C)
+            hidden = h.new_zeros(slots.shape[0], *h.shape[1:]) if hidden is None else hidden  # (B, T, C)
+            hidden.index_copy_(0, rows, h)
+            if p is not None:
+                pooled = p.new_zeros(slots.shape[0], *p.shape[1:]) if pooled is None else pooled  # (B, C)
+                pooled.index_copy_(0, rows, p)
+        return hidden, pooled
 
     def weight_bytes(self) -> int:
         """Memory the adapters' LoRA weights hold (the shared base not counted)."""
@@ -477,7 +480,7 @@ class AdapterSet:
         return sum(seen.values())
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PEFT_PREFIX", "PEFT_TASK_TYPES", "SUPPORTED_VALUES", "TASKS_OF_PEFT",
-           "AdapterInfo", "AdapterSet", "check_targets", "replaying", "LoraError", "LoraLinear", "adapter_state_dict", "adapter_task", "adapter_tokenizer",
+           "AdapterInfo", "AdapterSet", "MixingError", "check_targets", "replaying", "LoraError", "LoraLinear", "adapter_state_dict", "adapter_task", "adapter_tokenizer",
            "apply_lora", "check_adapter_base", "has_lora", "is_adapter_folder", "load_adapter", "lora_modules",
            "merged", "modules_to_save", "peft_config", "peft_target_names", "read_adapter_config", "resolve_targets",
            "save_adapter"]

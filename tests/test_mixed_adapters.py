@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import hfport
 from hfport import lora
 from tests.test_pipelines import make_folder
+from tests.tiny import ALL_FAMILIES, batch, save_hf
 
 import peft  # noqa: E402 - a dev dependency: missing must fail, not skip
 
@@ -129,6 +130,35 @@ def test_unknown_target_module_names_the_adapter_and_the_module(tiny, tmp_path):
     pipe = hfport.pipeline("text-classification", model=tiny["base"])
     with pytest.raises(lora.LoraError, match=r"adapter 'bad' .*target module 'qkv_proj' is not a layer"):
         pipe.add_adapter("bad", folder)
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+@pytest.mark.parametrize("family", list(ALL_FAMILIES))
+def test_every_family_and_layout_routes_rows_to_their_adapters(family, padding_free, tmp_path):
+    """The body once over a padded batch (packed, padded, DeBERTa's representative padding, ALBERT's shared
+    layers), rows with two adapters of other ranks and targets and one base row: each row's real positions equal
+    that adapter alone (hfport's LoraLinear, proven equal to peft in test_lora.py) at fp32 1e-5."""
+    base_dir = tmp_path / "base"
+    save_hf(family, "base", base_dir)
+    base = hfport.AutoModel.from_pretrained(base_dir)
+    wide = [*base.family.lora_targets, "ffn.up", "ffn.down"]
+    folders = [make_adapter(base_dir, tmp_path / "one", "feature-extraction", 2, list(base.family.lora_targets), 1),
+               make_adapter(base_dir, tmp_path / "two", "feature-extraction", 6, wide, 2)]
+    shared = lora.AdapterSet(base)
+    for i, folder in enumerate(folders):
+        shared.load(f"a{i}", folder, hfport.EncoderModel)
+    base.padding_free = padding_free
+    b = batch(family)
+    slots = torch.tensor([shared.slots["a0"], 0, shared.slots["a1"]])  # (B,)
+    with torch.no_grad():
+        hidden, _ = shared.run_body(slots, b["input_ids"], b["attention_mask"], b.get("token_type_ids"))
+    mask = b["attention_mask"].bool()
+    for row, folder in enumerate([folders[0], None, folders[1]]):
+        alone = hfport.AutoModel.from_pretrained(folder or base_dir)
+        alone.padding_free = padding_free
+        with torch.no_grad():
+            want = alone(**{k: v[row:row + 1] for k, v in b.items()}).last_hidden_state[0]  # (T, C)
+        torch.testing.assert_close(hidden[row][mask[row]], want[mask[row]], atol=1e-5, rtol=1e-4)
 
 
 # --- the real MiniLM: sentence embeddings ------------------------------------------------------------------------

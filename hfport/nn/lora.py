@@ -16,6 +16,7 @@ Mixed-adapter batches (serving many adapters over one base in one forward pass; 
                  (or none: the base); the adapters' A/B live in an AdapterTable, never in the layer
     AdapterTable slot -> {layer path -> (A, B, scaling)}: an immutable snapshot, replaced (never edited) when an
                  adapter is added or removed, so a forward pass in flight keeps the table it started with
+    replaying    the body's output of a mixed batch, handed to each adapter's head on its rows (no second pass)
     routing      while a body runs: which slot each row of the batch takes. Set per thread (a server runs several
                  batches at once); the encoder's pre-hook turns the per-row slots into per-token ones through the
                  batch's layout (a packed batch is its real tokens: a row is a segment of the token axis)
@@ -140,6 +141,11 @@ def merged(model: nn.Module) -> nn.Module:
 # --- mixed-adapter batches ----------------------------------------------------------------------------------------
 
 
+class MixingError(LoraError):
+    """A body that cannot run rows of different adapters in one pass (an adapted layer sees rows of no one
+    sequence); AdapterSet then runs that batch one adapter at a time."""
+
+
 class LoraWeights(NamedTuple):
     """One adapter's update on one layer: scaling * x A^T B^T."""
 
@@ -194,8 +200,14 @@ class Route:
         if count not in self._rows:
             index = self.slots if count == self.slots.shape[0] else self.tokens
             if index is None or index.numel() != count:
-                raise LoraError(f"mixed adapters: a layer input of {count} rows matches neither the batch "
-                                f"({self.slots.shape[0]} sequences) nor its tokens")
+                # rows that are no sequence's (DeBERTa's relative-position table through the shared key layer):
+                # one adapter's batch applies it to them; a mixed batch cannot, one table would serve all
+                present = set(self.slots.tolist())
+                if len(present) > 1:
+                    raise MixingError(f"mixed adapters: a layer input of {count} rows belongs to no one row of "
+                                      f"the batch ({self.slots.shape[0]} sequences)")
+                self._rows[count] = [(present.pop(), None)]
+                return self._rows[count]
             index = index.reshape(-1)
             groups = []
             for slot in sorted(set(index.tolist()) - {0}):
@@ -213,10 +225,11 @@ _state = _State()
 
 
 @contextmanager
-def routing(table: AdapterTable, slots: Tensor) -> Iterator[Route]:
-    """Run the body under `table` with batch row i taking adapter slots[i] (0: the base) on this thread."""
+def routing(table: AdapterTable, slots: Tensor | None) -> Iterator[Route | None]:
+    """Run the body under `table` with batch row i taking adapter slots[i] (0: the base) on this thread; None: every
+    row the base (the plain layers, no routing)."""
     outer = _state.route
-    _state.route = Route(table, slots) if bool((slots != 0).any()) else None  # all base: the plain layers
+    _state.route = Route(table, slots) if slots is not None else None
     try:
         yield _state.route
     finally:
@@ -253,3 +266,24 @@ def install_mixed(body: nn.Module, paths: list[str]) -> None:
     if not getattr(body.encoder, "_routes_tokens", False):
         body.encoder.register_forward_pre_hook(route_tokens)
         body.encoder._routes_tokens = True
+
+
+_replay = threading.local()  # .value: (input_ids, (hidden, pooled)) a mixed batch computed on this thread
+
+
+@contextmanager
+def replaying(input_ids: Tensor, outputs: tuple[Tensor, Tensor | None]) -> Iterator[None]:
+    """While inside: a model of an AdapterSet asked for the body's output on exactly `input_ids` (the same tensor
+    object) gets `outputs` instead of running the body again (a mixed batch's heads, split after one body pass)."""
+    outer = getattr(_replay, "value", None)
+    _replay.value = (input_ids, outputs)
+    try:
+        yield
+    finally:
+        _replay.value = outer
+
+
+def replay_of(input_ids: Tensor) -> tuple[Tensor, Tensor | None] | None:
+    """The outputs `replaying` holds for exactly this tensor, else None."""
+    replay = getattr(_replay, "value", None)
+    return replay[1] if replay is not None and replay[0] is input_ids else None
