@@ -473,14 +473,9 @@ class AdapterSet:
                 pooled.index_copy_(0, rows, p)
         return hidden, pooled
 
-    def weight_bytes(self) -> int:
-        """Memory the adapters' LoRA weights hold (the shared base not counted)."""
-        seen = {id(t): t.numel() * t.element_size() for layers in self.table.values() for w in layers.values()
-                for t in (w.A, w.B)}
-        return sum(seen.values())
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PEFT_PREFIX", "PEFT_TASK_TYPES", "SUPPORTED_VALUES", "TASKS_OF_PEFT",
-           "AdapterInfo", "AdapterSet", "MixingError", "check_targets", "replaying", "LoraError", "LoraLinear", "adapter_state_dict", "adapter_task", "adapter_tokenizer",
-           "apply_lora", "check_adapter_base", "has_lora", "is_adapter_folder", "load_adapter", "lora_modules",
-           "merged", "modules_to_save", "peft_config", "peft_target_names", "read_adapter_config", "resolve_targets",
-           "save_adapter"]
+           "AdapterInfo", "AdapterSet", "LoraError", "LoraLinear", "MixingError", "adapter_state_dict", "adapter_task",
+           "adapter_tokenizer", "apply_lora", "check_adapter_base", "check_targets", "has_lora", "is_adapter_folder",
+           "load_adapter", "lora_modules", "merged", "modules_to_save", "peft_config", "peft_target_names",
+           "read_adapter_config", "replaying", "resolve_targets", "save_adapter"]
