@@ -17,6 +17,10 @@ hfport computes.
                      model whose tensors are then shared, not copied); every `<Task>.from_pretrained(adapter folder)`
                      comes here (this module installs it as modeling's ADAPTER_LOADER)
     merged           a plain model with B A folded into W (new tensors: a shared base is never written)
+    AdapterSet       many adapters over one loaded base, run together: each adapter's model shares the base's body
+                     (its layers made MixedLinear, hfport/nn/lora.py) and keeps its own head; a mixed batch runs the
+                     body once with a slot per row and each head on its rows. Adding or removing an adapter swaps
+                     an immutable table: the base is never reloaded and a forward pass in flight is not disturbed
 
 Targets are named in hfport names (`attn.q`, `q`, `ffn.up`, `body.encoder.layers.0.attn.q`) or HF names (`query`,
 `attention.self.query`, `bert.encoder.layer.0.attention.self.query`): both are read through the family's key map.
@@ -28,6 +32,8 @@ import copy
 import logging
 import os
 import re
+import threading
+from types import MethodType
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +47,8 @@ from .formats.adapter import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, SUPP
                               selects, suffix_match, weights_path)
 from .heads import MaskedLMHead
 from .modeling import BASE_TASK, LoadReport, PreTrainedEncoder, on_meta
-from .nn.lora import AdapterInfo, LoraError, LoraLinear, has_lora, lora_modules, merged, wrap
+from .nn.lora import (AdapterInfo, AdapterTable, LoraError, LoraLinear, LoraWeights, MixingError, has_lora,
+                      install_mixed, lora_modules, merged, replay_of, replaying, routing, wrap)
 from .registry import get_family
 from .staging import staged
 from .tasks import PEFT_TASK_TYPES, TASKS_OF_PEFT, EncoderModel, adapter_task, read_adapter_config
@@ -365,8 +372,110 @@ def _load_adapter_tensors(model: PreTrainedEncoder, folder: Path) -> None:
 
 modeling.ADAPTER_LOADER = load_adapter  # every <Task>.from_pretrained(adapter folder) loads through it
 
+# --- many adapters over one base, in one forward pass ------------------------------------------------------------
+
+def _routed_body(model: PreTrainedEncoder, input_ids: Tensor, attention_mask: Tensor | None,
+                 token_type_ids: Tensor | None, position_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """An AdapterSet model's body call: the replayed mixed-batch output, else the shared body with every row
+    routed to this model's adapter (so the model computes its adapter wherever it is called)."""
+    replayed = replay_of(input_ids)
+    if replayed is not None:
+        return replayed
+    slot = model.adapter_slot
+    slots = torch.full(input_ids.shape[:1], slot, dtype=torch.long, device=input_ids.device) if slot else None  # (B,)
+    with routing(model.adapter_set.table, slots):
+        return type(model)._body(model, input_ids, attention_mask, token_type_ids, position_ids)
+
+
+def check_targets(name: str, folder: str | os.PathLike[str], model: PreTrainedEncoder) -> None:
+    """Every name in the adapter's target_modules list selects a layer of the base (PEFT skips an unmatched one
+    silently; serving refuses it, since an adapter trained on other modules would be computed wrong)."""
+    targets = read_adapter_config(folder)["target_modules"]
+    if isinstance(targets, str):  # a regex: load_adapter checked that it selects something
+        return
+    hf_names = model.hf_names()
+    layers = [_hf_module(hf_names, n) for n in _linear_modules(model)]
+    layers += [_hf_module(hf_names, n) for n in lora_modules(model)]
+    for t in targets:
+        if not any(suffix_match(layer, t) for layer in layers):
+            raise LoraError(f"adapter {name!r} ({folder}): target module {t!r} is not a layer of the base "
+                            f"{model.family.model_type} model")
+
+
+class AdapterSet:
+    """Adapters over one loaded base model, served together. The base model and every adapter's model share one
+    body (the base's module, never reloaded); `table` maps each adapter's slot to its LoRA weights and is replaced,
+    never edited, so a forward pass in flight keeps the snapshot it started with."""
+
+    def __init__(self, base: PreTrainedEncoder):
+        if has_lora(base):
+            raise LoraError("AdapterSet: the base carries a LoRA adapter; give the plain base model")
+        self.base, self.body = base, base.body
+        self.table: AdapterTable = {}
+        self.slots: dict[str, int] = {}  # adapter name -> slot (0 is the base)
+        self.mixable = True  # False once the body showed it cannot run several adapters in one pass
+        self._next = 1
+        self._lock = threading.Lock()
+        self.adopt(base, 0)
+
+    def adopt(self, model: PreTrainedEncoder, slot: int) -> PreTrainedEncoder:
+        """Make `model` run on the shared body as `slot` (its own head stays)."""
+        if model.body is not self.body:
+            model.body = self.body
+        model.adapter_set, model.adapter_slot = self, slot
+        model._body = MethodType(_routed_body, model)  # shadows the class's method on this instance only
+        return model
+
+    def load(self, name: str, folder: str | os.PathLike[str], cls: type[PreTrainedEncoder]) -> PreTrainedEncoder:
+        """The `cls` model of the adapter folder, named `name`: the shared body, the folder's head, its LoRA weights
+        in the table under its own slot (a name loaded again replaces its weights)."""
+        model = load_adapter(cls, folder, base_model=self.base)
+        check_targets(name, folder, model)
+        weights = {path: LoraWeights(layer.lora_A.weight, layer.lora_B.weight, layer.scaling)
+                   for path, layer in lora_modules(model.body).items()}
+        with self._lock:
+            install_mixed(self.body, list(weights))
+            slot = self.slots.get(name) or self._next
+            self._next = max(self._next, slot + 1)
+            self.table = {**self.table, slot: weights}
+            self.slots[name] = slot
+        return self.adopt(model, slot)
+
+    def remove(self, name: str) -> None:
+        """Forget the adapter `name` (a new table without it); the base and the other adapters are untouched."""
+        with self._lock:
+            slot = self.slots.pop(name, None)
+            if slot is not None:
+                self.table = {s: w for s, w in self.table.items() if s != slot}
+
+    def run_body(self, slots: Tensor, input_ids: Tensor, attention_mask: Tensor | None,
+                 token_type_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The shared body once over a mixed batch, row i with adapter slots[i] (0: the base): (hidden (B, T, C),
+        pooled (B, C) or None). A body that cannot mix (MixingError, remembered) runs one pass per adapter."""
+        if self.mixable:
+            try:
+                with routing(self.table, slots):
+                    return self.body(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            except MixingError as e:
+                log.info("%s: one forward pass per adapter from now on", e)
+                self.mixable = False
+        hidden = pooled = None
+        for slot in slots.unique().tolist():
+            rows = (slots == slot).nonzero().squeeze(1)  # (B_s,)
+            part = [t.index_select(0, rows) if t is not None else None
+                    for t in (input_ids, attention_mask, token_type_ids)]
+            with routing(self.table, slots.index_select(0, rows) if slot else None):
+                h, p = self.body(part[0], attention_mask=part[1], token_type_ids=part[2])  # (B_s, T, C), (B_s, C)
+            hidden = h.new_zeros(slots.shape[0], *h.shape[1:]) if hidden is None else hidden  # (B, T, C)
+            hidden.index_copy_(0, rows, h)
+            if p is not None:
+                pooled = p.new_zeros(slots.shape[0], *p.shape[1:]) if pooled is None else pooled  # (B, C)
+                pooled.index_copy_(0, rows, p)
+        return hidden, pooled
+
+
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PEFT_PREFIX", "PEFT_TASK_TYPES", "SUPPORTED_VALUES", "TASKS_OF_PEFT",
-           "AdapterInfo", "LoraError", "LoraLinear", "adapter_state_dict", "adapter_task", "adapter_tokenizer",
-           "apply_lora", "check_adapter_base", "has_lora", "is_adapter_folder", "load_adapter", "lora_modules",
-           "merged", "modules_to_save", "peft_config", "peft_target_names", "read_adapter_config", "resolve_targets",
-           "save_adapter"]
+           "AdapterInfo", "AdapterSet", "LoraError", "LoraLinear", "MixingError", "adapter_state_dict", "adapter_task",
+           "adapter_tokenizer", "apply_lora", "check_adapter_base", "check_targets", "has_lora", "is_adapter_folder",
+           "load_adapter", "lora_modules", "merged", "modules_to_save", "peft_config", "peft_target_names",
+           "read_adapter_config", "replaying", "resolve_targets", "save_adapter"]

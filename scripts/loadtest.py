@@ -16,6 +16,16 @@ with a tiny queue limit (HFPORT_PREDICT_MAX_PENDING) gets a burst of concurrent 
 must be 200 or a JSON 429 with Retry-After, never a timeout or a 5xx, and the server must answer normally after.
 Exit status 0 only when phase 1 had 0 errors and phase 2 saw at least one 429 and nothing else but 200.
 
+--adapters N (the mixed-adapter comparison, TEI's /embed, instead of the phases above): N LoRA adapters of the
+bundled MiniLM (ranks and targets varied, weights random: the timing is representative, the vectors meaningless),
+CLIENTS clients spread over them (client c sends to adapter c mod N), against (a) the same load on the base alone,
+on the same server, and (b) one pipeline per adapter: each adapter registered over its own copy of the base folder
+(hard links), so no two adapters share a batch or a forward pass, as before mixed batches. Printed: throughput of
+each and the ratios (goals: mixed >= 0.8x base alone, >= 3x one pipeline per adapter), and the server's RSS with the
+base alone and with the N adapters loaded (goal: < 10% more).
+
+    python scripts/loadtest.py --adapters 8 --clients 16 --seconds 30 --json adapters.json
+
 Everything stops by itself: each phase has a hard deadline (--seconds is capped at MAX_SECONDS) and a cap on the
 number of requests, and the servers it starts are stopped on exit.
 """
@@ -27,6 +37,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -124,24 +135,26 @@ async def steady_load(url: str, model: str, clients: int, seconds: float, batch:
     result = Steady()
     sent = 0
     path, make = ROUTES[route]
-    headers = {**headers, "x-model": model}
+    models = [model] if isinstance(model, str) else list(model)  # client c sends to models[c % len(models)]
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, headers=headers) as client:
-        # one warm-up request loads the model, so the figures measure serving, not loading
-        warm = await client.post(path, json=make(model, 0, batch), timeout=600)  # loads (and tunes) the model
-        if warm.status_code != 200:
-            raise RuntimeError(f"warm-up request failed: {warm.status_code} {warm.text}")
+        # one warm-up request per model loads it, so the figures measure serving, not loading
+        for name in models:
+            warm = await client.post(path, json=make(name, 0, batch), headers={"x-model": name}, timeout=600)
+            if warm.status_code != 200:
+                raise RuntimeError(f"warm-up request failed: {warm.status_code} {warm.text}")
         start = time.perf_counter()
         deadline = start + seconds
 
         async def one_client(c: int) -> None:
             nonlocal sent
             i = c
+            name = models[c % len(models)]
             while time.perf_counter() < deadline and sent < MAX_REQUESTS:
                 sent += 1
                 t0 = time.perf_counter()
                 try:
-                    r = await client.post(path, json=make(model, i, batch))
+                    r = await client.post(path, json=make(name, i, batch), headers={"x-model": name})
                     code = str(r.status_code)
                 except httpx.HTTPError as e:
                     code = type(e).__name__
@@ -178,6 +191,101 @@ async def burst(url: str, model: str, n: int, batch: int, headers: dict[str, str
     return counts
 
 
+def adapter_folders(minilm: Path, out: Path, n: int) -> list[Path]:
+    """N embedding adapters of MiniLM in PEFT's layout, ranks and targets varied, weights random."""
+    import torch
+
+    import hfport
+    from hfport import lora
+
+    shapes = [(4, ["q", "v"]), (8, ["q", "k", "v"]), (16, ["q", "v", "ffn.up"]), (8, ["o", "ffn.down"])]
+    folders = []
+    for i in range(n):
+        r, targets = shapes[i % len(shapes)]
+        model = hfport.AutoModel.from_pretrained(minilm)
+        lora.apply_lora(model, r=r, alpha=2 * r, targets=targets, base=str(minilm))
+        g = torch.Generator().manual_seed(i)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".lora_B." in name:
+                    p.add_(torch.randn(p.shape, generator=g) * 0.02)
+        folders.append(out / f"adapter-{i}")
+        lora.save_adapter(model, folders[-1])
+    return folders
+
+
+def linked_copy(src: Path, dst: Path) -> Path:
+    """`src`'s files hard-linked into `dst` (another folder, the same bytes on disk; copied across devices)."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_dir():  # sentence-transformers' module folders (1_Pooling, 2_Normalize)
+            linked_copy(f, dst / f.name)
+        elif f.is_file():
+            try:
+                os.link(f, dst / f.name)
+            except OSError:
+                shutil.copy2(f, dst / f.name)
+    return dst
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def post_ok(url: str, path: str, body: dict, headers: dict[str, str]) -> None:
+    r = httpx.post(url + path, json=body, headers=headers, timeout=600)
+    if r.status_code not in (200, 201):
+        raise RuntimeError(f"POST {path} {body}: {r.status_code} {r.text}")
+
+
+def adapters_phase(args: argparse.Namespace, headers: dict[str, str]) -> tuple[dict, bool]:
+    """Mixed adapters vs the base alone vs one pipeline per adapter, on /embed (see --adapters)."""
+    minilm, n = minilm_path(), args.adapters
+    out: dict = {}
+
+    def run(url: str, models: list[str]) -> dict:
+        steady = asyncio.run(steady_load(url, models, args.clients, args.seconds, args.batch, headers, "embed"))
+        return {"requests": steady.requests, "errors": sum(steady.errors.values()),
+                "p50_ms": round(steady.percentile(50) * 1000, 1), "p99_ms": round(steady.percentile(99) * 1000, 1),
+                "throughput_rps": round(len(steady.latencies) / steady.seconds, 1)}
+
+    with tempfile.TemporaryDirectory(prefix="hfport-adapters-") as tmp:
+        root = Path(tmp)
+        base = linked_copy(minilm, root / "minilm")
+        folders = adapter_folders(base, root, n)
+        pending = str(max(64, 4 * args.clients))
+        with LocalServer(root, HFPORT_PREDICT_MAX_PENDING=pending) as srv:
+            register(srv.url, "minilm", base, headers)
+            out["base_alone"] = run(srv.url, ["minilm"])
+            out["rss_base_mb"] = round(rss_mb(srv.proc.pid), 1)
+            for i, folder in enumerate(folders):
+                post_ok(srv.url, "/models", {"name": f"a{i}", "path": str(folder), "base": "minilm"}, headers)
+            out["mixed"] = run(srv.url, [f"a{i}" for i in range(n)])
+            out["rss_adapters_mb"] = round(rss_mb(srv.proc.pid), 1)
+        with LocalServer(root, HFPORT_PREDICT_MAX_PENDING=pending) as srv:
+            for i, folder in enumerate(folders):  # each adapter over a base of its own: never batched together
+                own = linked_copy(base, root / f"minilm-{i}")
+                register(srv.url, f"base{i}", own, headers)
+                post_ok(srv.url, "/models", {"name": f"a{i}", "path": str(folder), "base": f"base{i}"}, headers)
+            out["one_pipeline_per_adapter"] = run(srv.url, [f"a{i}" for i in range(n)])
+    mixed = out["mixed"]["throughput_rps"]
+    out["mixed_vs_base"] = round(mixed / max(out["base_alone"]["throughput_rps"], 1e-9), 2)
+    out["mixed_vs_per_adapter"] = round(mixed / max(out["one_pipeline_per_adapter"]["throughput_rps"], 1e-9), 2)
+    out["rss_growth"] = round(out["rss_adapters_mb"] / out["rss_base_mb"] - 1, 3)
+    for key in ("base_alone", "mixed", "one_pipeline_per_adapter"):
+        s = out[key]
+        print(f"{key}: {args.clients} clients, {s['requests']} requests, {s['errors']} errors; p50 {s['p50_ms']} ms, "
+              f"p99 {s['p99_ms']} ms; {s['throughput_rps']} req/s")
+    print(f"mixed / base alone: {out['mixed_vs_base']}x (goal >= 0.8); mixed / one pipeline per adapter: "
+          f"{out['mixed_vs_per_adapter']}x (goal >= 3); RSS base {out['rss_base_mb']} MB, with {n} adapters "
+          f"{out['rss_adapters_mb']} MB (+{out['rss_growth']:.1%}, goal < 10%)")
+    ok = all(out[k]["errors"] == 0 for k in ("base_alone", "mixed", "one_pipeline_per_adapter"))
+    return out, ok
+
+
 def machine() -> str:
     model = "unknown CPU"
     try:
@@ -208,11 +316,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--route", action="append", choices=sorted(ROUTES),
                    help="what the steady phase sends (repeatable: one phase each; default predict)")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the figures here as JSON")
+    p.add_argument("--adapters", type=int, default=0,
+                   help="N: run the mixed-adapter comparison on /embed (N adapters) instead of the phases above")
     args = p.parse_args(argv)
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     model_dir = minilm_path()
     figures: dict = {"machine": machine(), "clients": args.clients, "batch": args.batch}
     ok = True
+    if args.adapters:
+        figures["adapters"], ok = adapters_phase(args, headers)
+        print(f"machine: {figures['machine']}")
+        if args.json_path:
+            args.json_path.write_text(json.dumps(figures, indent=2) + "\n")
+        print("PASS" if ok else "FAIL")
+        return 0 if ok else 1
 
     for route in ([] if args.skip_steady else args.route or ["predict"]):
         model = args.model if route != "rerank" or args.url else "reranker"

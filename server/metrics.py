@@ -19,6 +19,7 @@ from .schemas import ErrorBody
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ADAPTER_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 
 
 class Metrics:
@@ -29,6 +30,9 @@ class Metrics:
                                 ["route", "model", "status"], registry=r)
         self.batch_size = Histogram("hfport_batch_size", "inputs merged into one pipeline call", ["model"],
                                     buckets=BATCH_BUCKETS, registry=r)
+        self.batch_adapters = Histogram("hfport_batch_adapters", "distinct adapters (the base counts as one) in "
+                                        "one forward pass of a shared body",
+                                        ["model"], buckets=ADAPTER_BUCKETS, registry=r)
         self.batch_tokens = Gauge("hfport_max_batch_tokens", "padded-token budget of a forward pass, per model",
                                   ["model"], registry=r)
         self.queue_time = Histogram("hfport_queue_duration_seconds", "time a request waited before its batch ran",

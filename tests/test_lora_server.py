@@ -32,7 +32,10 @@ def _adapter(base: Path, out: Path, task: str = "text-classification", seed: int
 
 @pytest.fixture(scope="module")
 def client(root, tmp_path_factory):  # noqa: F811
-    srv = Server(tmp_path_factory.mktemp("lora-srv") / "data", root, HFPORT_BATCH_MAX_WAIT_MS="5").start()
+    srv = Server(tmp_path_factory.mktemp("lora-srv") / "data", root, HFPORT_BATCH_MAX_WAIT_MS="5",
+                 # fp32, as the library runs it: "auto" serves bf16 on a CPU with native bf16, and an adapter runs in
+                 # its base's dtype (it shares the base's body)
+                 HFPORT_PREDICT_DTYPE="float32").start()
     with httpx.Client(base_url=srv.url, timeout=120) as c:
         yield c
     srv.stop()
@@ -85,7 +88,7 @@ def test_adapters_over_one_base_share_its_tensors(root, tmp_path):  # noqa: F811
 
     base = root / "models" / "ft-base"
     one, two = _adapter(base, tmp_path / "one", seed=3), _adapter(base, tmp_path / "two", seed=4)
-    service = ModelService(Settings(data_dir=tmp_path / "data", batch_autotune=False))
+    service = ModelService(Settings(data_dir=tmp_path / "data", batch_autotune=False, predict_dtype="float32"))
     try:
         a = service.load(ModelRecord("one", str(one), "text-classification", base=str(base)))
         b = service.load(ModelRecord("two", str(two), "text-classification", base=str(base)))
@@ -128,7 +131,7 @@ def test_an_adapter_with_an_explicit_base_embeds_the_same_on_every_route(root, t
 
     def fresh(data: str) -> TestClient:  # a fresh service: nothing loaded yet
         return TestClient(create_app(Settings(data_dir=tmp_path / data, allowed_dirs=[root, tmp_path],
-                                              batch_autotune=False), run_worker=False))
+                                              batch_autotune=False, predict_dtype="float32"), run_worker=False))
 
     def register(c: TestClient) -> None:
         r = c.post("/models", json={"name": "emb-lora", "path": str(folder), "base": str(base)})

@@ -23,6 +23,10 @@ hfport/tasks/ holds the names and which pipeline class each task uses.
 Backends: "torch" (hfport's models) or "onnx" (an exported ONNX folder or .onnx file run by onnxruntime on the CPU,
 pipelines/onnx_backend.py). The default picks "onnx" for a .onnx file or a folder with model.onnx and no safetensors.
 
+Adapters: `adapters={"name": folder, ...}` loads LoRA adapters (PEFT's folders) over the model, sharing its body; a
+call's `adapter="name"` (or a list with a name or None per input) picks each input's adapter, and inputs of
+different adapters share forward passes (pipelines/base.py: Pipeline.add_adapter).
+
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
 cannot be answered (empty text, no mask token, too long, ...) gets an `hfport.ItemError` in its place (rendered by
@@ -46,7 +50,8 @@ from ..formats.sentence_transformers import has_sparse_layout
 from ..modeling import PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
-from .base import DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, phase_times
+from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, adapters_per_pass,
+                   phase_times)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -79,14 +84,17 @@ PIPELINES: Mapping[str, type[Pipeline]] = _Pipelines()
 def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              tokenizer: str | os.PathLike[str] | PreTrainedTokenizer | None = None, device: Any = None,
              dtype: Any = None, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-             backend: str | None = None, base_model: Any = None, **options: Any) -> Pipeline:
+             backend: str | None = None, base_model: Any = None,
+             adapters: Mapping[str, str | os.PathLike[str]] | None = None, **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
     batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple").
     backend: "torch" or "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it); None picks
-    "onnx" for a .onnx file or a folder with model.onnx and no safetensors."""
+    "onnx" for a .onnx file or a folder with model.onnx and no safetensors.
+    adapters: {name: adapter folder} served over `model` (its body shared, not reloaded); pick one per call with
+    `adapter=`."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
     if backend is not None and backend not in BACKENDS:
@@ -125,7 +133,13 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
                         f"{type(model).__name__}")
     if not isinstance(tokenizer, PreTrainedTokenizer):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-    return cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens, **options)
+    pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens, **options)
+    if adapters:
+        if isinstance(model, OnnxModel):
+            raise ValueError("adapters: the onnx backend runs a fixed graph; serve adapters on the torch backend")
+        for adapter_name, folder in adapters.items():
+            pipe.add_adapter(adapter_name, folder)
+    return pipe
 
 
 def model_task(model: str | os.PathLike[str]) -> str:
@@ -144,6 +158,7 @@ def model_task(model: str | os.PathLike[str]) -> str:
 
 __all__ = [
     "PIPELINES",
+    "adapters_per_pass",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",

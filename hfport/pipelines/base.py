@@ -11,6 +11,12 @@ A call runs in four steps, each task filling in the parts marked (task):
 Items that failed come back as an `ItemError` (message, error_type) in their place when the call gave a list; a
 single input raises its error instead. The CLI and the HTTP API render an ItemError with its position in the list
 as `{"error": "input i: ...", "error_type": ..., "index": i}` (ItemError.to_dict).
+
+Adapters: `add_adapter(name, folder)` puts a LoRA adapter (PEFT's folder) over the pipeline's model without
+reloading it; a call's `adapter=` (a name for every item, or a list with one name or None per item) picks each
+item's adapter. Each item is prepared and read by its adapter's own pipeline (its tokenizer, head and labels); a
+batch of rows with different adapters runs the shared body once, each row with its own LoRA update
+(hfport.lora.AdapterSet), and each adapter's head on its own rows.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import torch
 from torch import Tensor
 
 from ..errors import HfportError, ItemError
+from ..lora import AdapterSet, replaying
 from ..modeling import PreTrainedEncoder
-from ..tokenizer import PreTrainedTokenizer, TokenizerError
+from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, TokenizerError, has_tokenizer_files
 
 log = logging.getLogger("hfport")
 
@@ -48,6 +55,18 @@ def phase_times() -> Iterator[dict[str, float]]:
         yield times
     finally:
         _clock.times = outer
+
+
+@contextmanager
+def adapters_per_pass() -> Iterator[list[int]]:
+    """The distinct adapters (the base counts as one) of each forward pass this thread runs inside the block, in
+    order: how much mixing a server's batches get (its hfport_batch_adapters histogram)."""
+    outer = getattr(_clock, "passes", None)
+    _clock.passes = passes = []
+    try:
+        yield passes
+    finally:
+        _clock.passes = outer
 
 
 def _add_time(phase: str, since: float) -> None:
@@ -77,6 +96,7 @@ class Feature:
     token_type_ids: list[int] | None
     data: dict[str, Any] = field(default_factory=dict)  # what postprocess needs: offsets, encodings, masks
     outputs: dict[str, Tensor] = field(default_factory=dict)  # filled by the forward step, CPU float32
+    pipe: Any = field(default=None, repr=False, compare=False)  # the pipeline of the row's adapter (None: the call's)
 
 
 def check_text(text: Any, what: str = "text") -> str:
@@ -113,6 +133,9 @@ class Pipeline:
         self.max_batch_tokens = max_batch_tokens
         self.options = self.check_options(options)  # pipeline-level defaults for every call
         self.max_positions = model_max_positions(model)
+        self.adapters: dict[str, Pipeline] = {}  # adapter name -> its pipeline over this pipeline's body
+        self.leader: Pipeline | None = None  # an adapter's pipeline: the one it was added to, which batches it
+        self.adapter_name: str | None = None
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(task={self.task!r}, model={self.model.family.model_type}, "
@@ -162,36 +185,83 @@ class Pipeline:
 
     # --- the call -----------------------------------------------------------------------------------------
 
-    def __call__(self, inputs: Any = None, **options: Any) -> Any:
+    def __call__(self, inputs: Any = None, *, adapter: Any = None, **options: Any) -> Any:
         opts = self.resolve_options(options)
         items, single = self.normalize(inputs, opts)
-        results = self.run(items, opts)
+        results = self.run(items, opts, self.members(adapter, len(items), options))
         if single and isinstance(results[0], _Failed):
             raise results[0].error
         return self.assemble([r.item if isinstance(r, _Failed) else r for r in results], items, single, opts)
 
-    def predict(self, items: list[Any], **options: Any) -> list[Any]:
+    def predict(self, items: list[Any], *, adapter: Any = None, **options: Any) -> list[Any]:
         """One result per item, in order, with list semantics for every task (no single-input unwrapping): a
         failed item is an ItemError. What the CLI and a server call."""
         if not isinstance(items, (list, tuple)):
             raise TypeError(f"predict takes a list of inputs, got {type(items).__name__}")
         opts = self.resolve_options(options)
-        return [r.item if isinstance(r, _Failed) else r for r in self.run(list(items), opts)]
+        members = self.members(adapter, len(items), options)
+        return [r.item if isinstance(r, _Failed) else r for r in self.run(list(items), opts, members)]
 
-    def run(self, items: list[Any], opts: dict[str, Any]) -> list[Any]:
-        """Results (or _Failed) in input order. Any error while preparing or reading one item fails that item
-        only: expected ones (PipelineInputError, TokenizerError) quietly, anything else with its traceback logged."""
+    # --- adapters -----------------------------------------------------------------------------------------
+
+    def add_adapter(self, name: str, folder: str | Any, tokenizer: Any = None) -> Pipeline:
+        """Serve the LoRA adapter `folder` as `name` over this pipeline's model (not reloaded; a name added again is
+        replaced). Its pipeline: the adapter's head, its tokenizer (its folder's, else this pipeline's)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"an adapter's name must be a non-empty string, got {name!r}")
+        adapters = getattr(self.model, "adapter_set", None) or AdapterSet(self.model)
+        model = adapters.load(name, folder, type(self.model))
+        if tokenizer is None:
+            tokenizer = folder if has_tokenizer_files(folder) else self.tokenizer
+        if not isinstance(tokenizer, PreTrainedTokenizer):
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        member = type(self)(model, tokenizer, batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens,
+                            **self.options)
+        member.leader, member.adapter_name = self, name
+        self.adapters = {**self.adapters, name: member}  # replaced, not edited: a call in flight keeps its view
+        return member
+
+    def remove_adapter(self, name: str) -> None:
+        if name not in self.adapters:
+            raise ValueError(f"no adapter named {name!r}; adapters: {sorted(self.adapters)}")
+        self.adapters = {k: v for k, v in self.adapters.items() if k != name}
+        self.model.adapter_set.remove(name)
+
+    def members(self, adapter: Any, count: int, options: dict[str, Any]) -> list[tuple[Pipeline, dict]] | None:
+        """Each item's pipeline and resolved options under `adapter=` (one name, or a list with a name or None per
+        item; None: this pipeline's own model). None when no adapter is named."""
+        if adapter is None:
+            return None
+        names = list(adapter) if isinstance(adapter, (list, tuple)) else [adapter] * count
+        if len(names) != count:
+            raise ValueError(f"adapter: {len(names)} names for {count} inputs; give one name, or one per input")
+        adapters, chosen = self.adapters, {}
+        for name in dict.fromkeys(names):
+            if name is not None and name not in adapters:
+                raise ValueError(f"adapter {name!r} is not loaded; adapters: {sorted(adapters)}")
+            pipe = self if name is None else adapters[name]
+            chosen[name] = (pipe, pipe.resolve_options(options))
+        return [chosen[name] for name in names]
+
+    # --- the run ------------------------------------------------------------------------------------------
+
+    def run(self, items: list[Any], opts: dict[str, Any],
+            members: list[tuple[Pipeline, dict]] | None = None) -> list[Any]:
+        """Results (or _Failed) in input order; `members`: each item's pipeline and options (None: this one's).
+        Any error while preparing or reading one item fails that item only: expected ones (PipelineInputError,
+        TokenizerError) quietly, anything else with its traceback logged."""
         failed: dict[int, Exception] = {}
         features: list[Feature] = []
         started = time.perf_counter()
         for i, item in enumerate(items):
+            pipe, popts = members[i] if members is not None else (self, opts)
             try:
                 if isinstance(item, InvalidInput):  # rejected before it got here (e.g. an unreadable line)
                     raise PipelineInputError(item.reason)
-                rows = self.preprocess(item, opts)
+                rows = pipe.preprocess(item, popts)
                 for row in rows:
-                    row.item = i
-                    self.check_length(row)
+                    row.item, row.pipe = i, pipe
+                    pipe.check_length(row)
                 features.extend(rows)
             except Exception as e:  # noqa: BLE001 - one bad item must not sink the batch
                 failed[i] = self._item_error(i, e)
@@ -206,9 +276,10 @@ class Pipeline:
             by_item.setdefault(f.item, []).append(f)
         results: list[Any] = []
         for i, item in enumerate(items):
+            pipe, popts = members[i] if members is not None else (self, opts)
             if i not in failed:
                 try:
-                    results.append(self.postprocess(item, by_item.get(i, []), opts))
+                    results.append(pipe.postprocess(item, by_item.get(i, []), popts))
                     continue
                 except Exception as e:  # noqa: BLE001
                     failed[i] = self._item_error(i, e)
@@ -269,6 +340,37 @@ class Pipeline:
 
     @torch.no_grad()
     def forward_batch(self, batch: list[Feature]) -> None:
+        """One forward pass over `batch`; rows of several adapters run the shared body once and each adapter's
+        head on its own rows (the body's output replayed to it)."""
+        ids, mask, types = self.batch_tensors(batch)
+        pipes = {id(f.pipe or self): f.pipe or self for f in batch}
+        passes = getattr(_clock, "passes", None)
+        if passes is not None:
+            passes.append(len(pipes))
+        if len(pipes) == 1:
+            (pipe,) = pipes.values()
+            self.scatter(batch, pipe.forward(ids, mask, types), pipe)
+            return
+        slots = torch.tensor([(f.pipe or self).model.adapter_slot for f in batch], device=ids.device)  # (B,)
+        hidden, pooled = self.model.adapter_set.run_body(slots, ids, mask, types)  # (B, T, C), (B, C) | None
+        for pipe in pipes.values():
+            rows = [r for r, f in enumerate(batch) if (f.pipe or self) is pipe]
+            index = torch.tensor(rows, device=ids.device)  # (B_a,)
+            sub = (ids.index_select(0, index), mask.index_select(0, index),
+                   types.index_select(0, index) if types is not None else None)
+            outputs = (hidden.index_select(0, index), pooled.index_select(0, index) if pooled is not None else None)
+            with replaying(sub[0], outputs):
+                self.scatter([batch[r] for r in rows], pipe.forward(*sub), pipe)
+
+    def scatter(self, batch: list[Feature], outputs: dict[str, Tensor], pipe: Pipeline) -> None:
+        """Each row's outputs, cut back to its own length where they have a token axis."""
+        for row, f in enumerate(batch):
+            n = len(f.input_ids)
+            f.outputs = {k: (v[row, :n] if k in pipe.token_outputs else v[row]).float().cpu()
+                         for k, v in outputs.items()}
+
+    def batch_tensors(self, batch: list[Feature]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The batch's ids, attention mask and token types, (B, T) each, right-padded, on the model's device."""
         device = self.model.device
         t = max(len(f.input_ids) for f in batch)
         pad = self.model.config.pad_token_id
@@ -284,11 +386,7 @@ class Pipeline:
             mask[row, :n] = torch.tensor(f.attention_mask)
             if types is not None:
                 types[row, :n] = torch.tensor(f.token_type_ids)
-        outputs = self.forward(ids.to(device), mask.to(device), types.to(device) if types is not None else None)
-        for row, f in enumerate(batch):
-            n = len(f.input_ids)
-            f.outputs = {k: (v[row, :n] if k in self.token_outputs else v[row]).float().cpu()
-                         for k, v in outputs.items()}
+        return ids.to(device), mask.to(device), types.to(device) if types is not None else None
 
     # --- helpers for tasks --------------------------------------------------------------------------------
 

@@ -35,6 +35,9 @@ async def native_predict(body: PredictRequest, store: BaseStore, service: ModelS
     task = body.task or entry["task"]
     if task is None:
         raise ApiError(422, f"model {body.model!r} has no default task; give \"task\"", "ValidationError")
+    if "adapter" in body.parameters:  # the model named is the adapter (its base's batches mix adapters by name)
+        raise ApiError(422, "parameters.adapter: name the adapter as \"model\" (a registered adapter)",
+                       "InvalidParameters")
     single = not isinstance(body.inputs, list)
     items = [body.inputs] if single else list(body.inputs)
     results, _ = await infer(service, ModelRecord.of(entry, task), items, body.parameters, NATIVE_ANSWERS)

@@ -1,7 +1,8 @@
 """The serving core every protocol (native /predict, TEI, OpenAI) runs through: admission (input limits, the
 pending bound, the deadline), batching (the micro-batcher), the model cache keyed by a typed record (a LoRA
-adapter's base inside it) and `infer`. Routes parse their protocol's body, call `infer` with their protocol's
-Answers (how it words a refusal) and shape the results."""
+adapter's base inside it: requests for a base and its adapters share one batcher and one forward pass) and
+`infer`. Routes parse their protocol's body, call `infer` with their protocol's Answers (how it words a refusal)
+and shape the results."""
 
 from .admission import Answer, Answers, characters, check_inputs
 from .batching import Batcher, Timing

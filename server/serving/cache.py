@@ -1,6 +1,10 @@
 """The model cache: pipelines loaded once, warmed up, and kept in an LRU bounded by count and by weight memory,
-keyed by ModelRecord. A LoRA adapter (a record with a base) runs over its base's tensors, loaded once and shared by
-every adapter over that base."""
+keyed by ModelRecord.
+
+Adapters mix: every model folder F is loaded once per task T as a *leader* pipeline (a plain record of F serves
+through it), and every LoRA adapter over F (a record with base F) is added to that leader (Pipeline.add_adapter),
+so the leader's batcher runs requests for the base and for any of its adapters in one forward pass. All leaders of
+one folder share one body (hfport.lora.AdapterSet): loading or dropping an adapter never reloads the base."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from hfport import AutoModel, lora, pipeline, tasks, tune_batch_tokens
+from hfport import PreTrainedEncoder, pipeline, tasks, tune_batch_tokens
+from hfport.lora import AdapterSet
 
 from ..settings import Settings
 from .records import ModelRecord
@@ -41,7 +46,9 @@ class ModelCache:
         self.metrics = metrics  # server.metrics.Metrics, or None
         self.tuning: dict[ModelRecord, Any] = {}  # record -> hfport.embeddings.BatchTuning
         self._pipes: OrderedDict[ModelRecord, Any] = OrderedDict()
-        self._bases: dict[str, Any] = {}  # base folder -> the bare encoder LoRA adapters over it share
+        self._sets: dict[str, AdapterSet] = {}  # model folder -> the body its leaders and adapters share
+        self._leaders: dict[tuple[str, str], Any] = {}  # (model folder, task) -> the pipeline adapters join
+        self._leader_tuning: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
         self._loading: dict[Any, threading.Lock] = {}  # a record (or a base folder) -> the gate of its one load
 
@@ -54,7 +61,8 @@ class ModelCache:
             return list(self._pipes)
 
     def get(self, record: ModelRecord) -> Any:
-        """The pipeline for `record`: from the cache, or loaded and warmed up once (concurrent callers wait)."""
+        """The pipeline for `record`: from the cache, or loaded and warmed up once (concurrent callers wait). An
+        adapter's pipeline belongs to its base's leader (pipe.leader), whose batcher serves it."""
         with self._lock:
             if record in self._pipes:
                 self._pipes.move_to_end(record)
@@ -64,9 +72,13 @@ class ModelCache:
             with self._lock:
                 if record in self._pipes:
                     return self._pipes[record]
-            pipe = (self._adapter_pipeline(record) if record.base else
-                    pipeline(record.task, model=record.path, dtype=self.settings.predict_dtype))
-            self._warm_up(record, pipe)
+            key = (record.base or record.path, record.task)
+            leader = self._leader(*key)
+            # an adapter joins its base's leader (a name loaded again replaces its weights): nothing reloaded
+            pipe = leader.add_adapter(record.name, record.path) if record.base else leader
+            self.tuning[record] = self._leader_tuning[key]
+            if self.metrics is not None:
+                self.metrics.batch_tokens.labels(record.name).set(leader.max_batch_tokens)
             with self._lock:
                 self._pipes[record] = pipe
                 self._evict_over_budget()
@@ -79,37 +91,68 @@ class ModelCache:
                                         or total_weight_bytes(self._pipes.values()) > budget):
             old, _ = self._pipes.popitem(last=False)
             log.info("model cache: evicted %s (%s)", old.name, old.task)
+            self._forget(old)
 
-    def _adapter_pipeline(self, record: ModelRecord) -> Any:
-        base = record.base
+    def _forget(self, record: ModelRecord) -> None:  # holding the lock
+        """Drop `record`'s leader once no cached record uses it (an adapter's weights stay with its leader until
+        then: a request already waiting in the leader's batcher still finds them)."""
+        key = (record.base or record.path, record.task)
+        if any((r.base or r.path, r.task) == key for r in self._pipes):
+            return
+        leader = self._leaders.pop(key, None)
+        self._leader_tuning.pop(key, None)
+        if leader is not None and not any(k[0] == key[0] for k in self._leaders):
+            self._sets.pop(key[0], None)
+
+    def _leader(self, folder: str, task: str) -> Any:
+        """The pipeline of `folder` as `task`, loaded and warmed up once (concurrent callers wait); a second task
+        over the same folder runs on the first one's body."""
+        key = (folder, task)
         with self._lock:
-            gate = self._loading.setdefault(("base", base), threading.Lock())
-        with gate:  # one load of each base, however many adapters start at once
-            shared = self._bases.get(base)
+            gate = self._loading.setdefault(key, threading.Lock())
+        with gate:
+            leader = self._leaders.get(key)
+            if leader is not None:
+                return leader
+            shared = self._sets.get(folder)
             if shared is None:
-                shared = self._bases[base] = AutoModel.from_pretrained(base)
-        model = tasks.get(record.task).model_class.from_pretrained(record.path, base_model=shared)
-        return pipeline(record.task, model=model, tokenizer=lora.adapter_tokenizer(record.path, base))
+                leader = pipeline(task, model=folder, dtype=self.settings.predict_dtype)
+                if isinstance(leader.model, PreTrainedEncoder):  # an ONNX graph has no body to share
+                    self._sets[folder] = AdapterSet(leader.model)
+            else:  # its own head, the shared body (the copy of the body just read is dropped)
+                model = tasks.get(task).model_class.from_pretrained(folder, dtype=shared.base.dtype,
+                                                                     device=shared.base.device)
+                leader = pipeline(task, model=shared.adopt(model, 0), tokenizer=folder)
+            self._leader_tuning[key] = self._warm_up(folder, task, leader)
+            self._leaders[key] = leader
+            return leader
 
-    def _warm_up(self, record: ModelRecord, pipe: Any) -> None:
+    def _warm_up(self, folder: str, task: str, pipe: Any) -> Any:
         """A first forward pass before the model takes requests; with batch_autotune, forward passes at each
         budget of batch_token_budgets pick the pipeline's max_batch_tokens (hfport.embeddings.tune_batch_tokens)."""
         settings = self.settings
         budgets = tuple(settings.batch_token_budgets) if settings.batch_autotune else (pipe.max_batch_tokens,)
         tuning = tune_batch_tokens(pipe, budgets)
-        self.tuning[record] = tuning
-        if self.metrics is not None:
-            self.metrics.batch_tokens.labels(record.name).set(tuning.chosen)
-        log.info("%s (%s): max_batch_tokens=%d; padded tokens/s by budget: %s%s", record.name, record.task,
+        log.info("%s (%s): max_batch_tokens=%d; padded tokens/s by budget: %s%s", folder, task,
                  tuning.chosen, {b: round(t) for b, t in tuning.throughput.items()},
                  f"; skipped {tuning.skipped}" if tuning.skipped else "")
+        return tuning
 
     def memory(self) -> dict[ModelRecord, int]:
         with self._lock:
             return {r: weight_bytes(p) for r, p in self._pipes.items()}
 
+    def adapter_set(self, folder: str) -> AdapterSet | None:
+        """The body shared by the leaders of `folder` and the adapters over it (None: not loaded)."""
+        return self._sets.get(folder)
+
     def evict(self, name: str) -> None:
-        """Drop every pipeline of the model `name` (unregistered: its folder may change)."""
+        """Drop every pipeline of the model `name` (unregistered: its folder may change); an adapter leaves its
+        leader's table (the base stays loaded and keeps serving)."""
         with self._lock:
             for record in [r for r in self._pipes if r.name == name]:
-                del self._pipes[record]
+                pipe = self._pipes.pop(record)
+                leader = getattr(pipe, "leader", None)
+                if leader is not None and name in leader.adapters:
+                    leader.remove_adapter(name)
+                self._forget(record)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from hfport import ItemError
@@ -52,14 +53,18 @@ class ModelService:
 
     async def predict_timed(self, record: ModelRecord, items: list[Any],
                             parameters: dict[str, Any]) -> tuple[list, Timing]:
-        """The items' results through the record's micro-batcher, and where the request's time went."""
+        """The items' results through the micro-batcher of the record's leader (its own pipeline, or for an
+        adapter its base's: requests for the base and any of its adapters share batches), and where the request's
+        time went."""
         pipe = await self.get(record)
-        key = (record, json.dumps(parameters, sort_keys=True, default=str))
+        leader = getattr(pipe, "leader", None) or pipe
+        key = (record.base or record.path, record.task, json.dumps(parameters, sort_keys=True, default=str))
         batcher = self._batchers.get(key)
-        if batcher is None or batcher.pipe is not pipe:  # first use, or the pipeline was evicted and reloaded
-            batcher = self._batchers[key] = Batcher(pipe, parameters, self.pool, self.settings, record.name,
+        if batcher is None or batcher.pipe is not leader:  # first use, or the leader was evicted and reloaded
+            batcher = self._batchers[key] = Batcher(leader, parameters, self.pool, self.settings,
+                                                    record.name if leader is pipe else Path(key[0]).name,
                                                     self.metrics)
-        return await batcher.submit(items)
+        return await batcher.submit(items, getattr(pipe, "adapter_name", None))
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,362 @@
+"""Mixed-adapter batches: rows naming different LoRA adapters over one base (and rows of the base itself) run
+through one forward pass of the shared body, each row with its own adapter, each adapter's head on its own rows.
+Per row the result equals that adapter served alone and peft over transformers (fp32 1e-5), in the library
+(`pipeline(..., adapters=)`, `adapter=` per call) and on every serving route; registering or removing an adapter
+never reloads the base or pauses serving; an adapter over another base never mixes; an unknown target module is
+an error naming the adapter and the module."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hfport
+from hfport import lora
+from tests.test_pipelines import make_folder
+from tests.tiny import ALL_FAMILIES, batch, save_hf
+
+import peft  # noqa: E402 - a dev dependency: missing must fail, not skip
+
+TEXTS = ["the plot was great and the acting even better", "awful", "the ending was lovely overall, I think",
+         "a b c d e f g h i j k", "not bad", "the last one is the longest of all the texts in this small batch"]
+
+
+def make_adapter(base: Path, out: Path, task: str, r: int, targets: list[str], seed: int, **labels) -> Path:
+    """An adapter in PEFT's layout whose A, B and head are moved off their init (B = 0 would hide errors)."""
+    model = hfport.tasks.get(task).model_class.from_pretrained(base, ignore_mismatched_sizes=True, **labels)
+    lora.apply_lora(model, r=r, alpha=2 * r, targets=targets, base=str(base))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    lora.save_adapter(model, out)
+    return out
+
+
+def count_body_calls(body: torch.nn.Module) -> list[int]:
+    """A list that grows by one row count per forward pass of `body` (the hook stays: each test builds its own)."""
+    calls: list[int] = []
+    body.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    return calls
+
+
+# --- the library -------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    """A tiny BERT classifier and three classification adapters over it: other ranks, targets and label sets."""
+    root = tmp_path_factory.mktemp("mixed-tiny")
+    base = make_folder(root, "bert", "sequence-classification")
+    task = "text-classification"
+    return {
+        "base": base,
+        "a": make_adapter(base, root / "a", task, 2, ["q", "v"], 1, id2label={0: "x", 1: "y"}),
+        "b": make_adapter(base, root / "b", task, 4, ["k", "ffn.up"], 2, id2label={0: "p", 1: "q", 2: "r"}),
+        "c": make_adapter(base, root / "c", task, 8, ["o", "ffn.down", "q", "pooler.dense"], 3,
+                          id2label={0: "m", 1: "n", 2: "o", 3: "z"}),
+    }
+
+
+def _scores(result: list[dict]) -> dict[str, float]:
+    return {d["label"]: d["score"] for d in result}
+
+
+def _peft_logits(base: Path, folder: Path, labels: int, ids: list[int], types: list[int]) -> torch.Tensor:
+    import transformers
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(base), num_labels=labels, ignore_mismatched_sizes=True)
+    theirs = model if folder == base else peft.PeftModel.from_pretrained(model, str(folder)).get_base_model()
+    with torch.no_grad():
+        return theirs.eval()(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0]
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_mixed_batch_equals_each_adapter_alone_and_peft(tiny, padding_free):
+    pipe = hfport.pipeline("text-classification", model=tiny["base"],
+                           adapters={name: tiny[name] for name in "abc"})
+    pipe.model.padding_free = padding_free  # the shared body: packed (a row is a segment of tokens) or padded
+    calls = count_body_calls(pipe.model.body)
+    names = ["a", None, "b", "c", "a", "b"]
+    mixed = pipe(TEXTS, adapter=names, top_k=None, function_to_apply="none")
+    assert calls == [len(TEXTS)]  # one forward pass of the body for every row and every adapter
+    alone = {name: hfport.pipeline("text-classification", model=tiny[name]) for name in "abc"}
+    alone[None] = hfport.pipeline("text-classification", model=tiny["base"])
+    worst = 0.0
+    for text, name, got in zip(TEXTS, names, mixed):
+        want = _scores(alone[name]([text], top_k=None, function_to_apply="none")[0])
+        assert _scores(got).keys() == want.keys()  # each row read by its own head and labels
+        worst = max(worst, *(abs(_scores(got)[k] - want[k]) for k in want))
+        enc = pipe.tokenizer(text, return_token_type_ids=True)
+        folder = tiny[name] if name else tiny["base"]
+        theirs = _peft_logits(tiny["base"], folder, len(want), enc["input_ids"], enc["token_type_ids"])
+        labels = alone[name].model.config.id2label
+        ours = torch.tensor([_scores(got)[labels[i]] for i in range(len(labels))])
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+    assert worst <= 1e-5, worst
+
+
+def test_adapter_per_call_and_by_name(tiny):
+    pipe = hfport.pipeline("text-classification", model=tiny["base"], adapters={"a": tiny["a"]})
+    pipe.add_adapter("b", tiny["b"])
+    one = pipe(TEXTS[0], adapter="b", top_k=None)
+    assert {d["label"] for d in one} == {"p", "q", "r"}
+    assert pipe(TEXTS, top_k=1) == hfport.pipeline("text-classification", model=tiny["base"])(TEXTS, top_k=1)
+    with pytest.raises(ValueError, match=r"adapter 'nope' is not loaded; adapters: \['a', 'b'\]"):
+        pipe(TEXTS, adapter="nope")
+    with pytest.raises(ValueError, match="2 names for 6 inputs"):
+        pipe(TEXTS, adapter=["a", "b"])
+    body = pipe.model.body
+    pipe.remove_adapter("a")
+    assert pipe.model.body is body and sorted(pipe.adapters) == ["b"]
+    with pytest.raises(ValueError, match="adapter 'a' is not loaded"):
+        pipe(TEXTS, adapter="a")
+
+
+def test_unknown_target_module_names_the_adapter_and_the_module(tiny, tmp_path):
+    folder = tmp_path / "bad"
+    shutil.copytree(tiny["a"], folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["target_modules"] = [*config["target_modules"], "qkv_proj"]
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    pipe = hfport.pipeline("text-classification", model=tiny["base"])
+    with pytest.raises(lora.LoraError, match=r"adapter 'bad' .*target module 'qkv_proj' is not a layer"):
+        pipe.add_adapter("bad", folder)
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+@pytest.mark.parametrize("family", list(ALL_FAMILIES))
+def test_every_family_and_layout_routes_rows_to_their_adapters(family, padding_free, tmp_path):
+    """The body once over a padded batch (packed, padded, DeBERTa's representative padding, ALBERT's shared
+    layers), rows with two adapters of other ranks and targets and one base row: each row's real positions equal
+    that adapter alone (hfport's LoraLinear, proven equal to peft in test_lora.py) at fp32 1e-5."""
+    base_dir = tmp_path / "base"
+    save_hf(family, "base", base_dir)
+    base = hfport.AutoModel.from_pretrained(base_dir)
+    wide = [*base.family.lora_targets, "ffn.up", "ffn.down"]
+    folders = [make_adapter(base_dir, tmp_path / "one", "feature-extraction", 2, list(base.family.lora_targets), 1),
+               make_adapter(base_dir, tmp_path / "two", "feature-extraction", 6, wide, 2)]
+    shared = lora.AdapterSet(base)
+    for i, folder in enumerate(folders):
+        shared.load(f"a{i}", folder, hfport.EncoderModel)
+    base.padding_free = padding_free
+    b = batch(family)
+    slots = torch.tensor([shared.slots["a0"], 0, shared.slots["a1"]])  # (B,)
+    with torch.no_grad():
+        hidden, _ = shared.run_body(slots, b["input_ids"], b["attention_mask"], b.get("token_type_ids"))
+    mask = b["attention_mask"].bool()
+    for row, folder in enumerate([folders[0], None, folders[1]]):
+        alone = hfport.AutoModel.from_pretrained(folder or base_dir)
+        alone.padding_free = padding_free
+        with torch.no_grad():
+            want = alone(**{k: v[row:row + 1] for k, v in b.items()}).last_hidden_state[0]  # (T, C)
+        torch.testing.assert_close(hidden[row][mask[row]], want[mask[row]], atol=1e-5, rtol=1e-4)
+
+
+# --- the real MiniLM: sentence embeddings ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory, minilm_path) -> dict[str, Path]:
+    """The real all-MiniLM-L6-v2 (in an allowed dir) and three embedding adapters, two reranker adapters over it."""
+    root = tmp_path_factory.mktemp("mixed-minilm")
+    base = root / "minilm"
+    shutil.copytree(minilm_path, base)
+    fe, tc = "feature-extraction", "text-classification"
+    return {
+        "base": base, "root": root,
+        "e1": make_adapter(base, root / "e1", fe, 2, ["q", "v"], 11),
+        "e2": make_adapter(base, root / "e2", fe, 4, ["k", "ffn.up"], 12),
+        "e3": make_adapter(base, root / "e3", fe, 8, ["q", "o", "ffn.down"], 13),
+        "r1": make_adapter(base, root / "r1", tc, 4, ["q", "v"], 14, num_labels=1),
+        "r2": make_adapter(base, root / "r2", tc, 2, ["k"], 15, num_labels=1),
+    }
+
+
+def _peft_embeddings(base: Path, folder: Path | None, texts: list[str]) -> torch.Tensor:
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(base))
+    model = transformers.AutoModel.from_pretrained(str(base))
+    model = model if folder is None else peft.PeftModel.from_pretrained(model, str(folder)).get_base_model()
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model.eval()(**enc).last_hidden_state  # (B, T, C)
+    mask = enc["attention_mask"][..., None].float()
+    return F.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)  # (B, C): mean pooling, as MiniLM
+
+
+def test_minilm_mixed_embeddings_equal_peft(minilm):
+    names = ["e1", None, "e2", "e3", "e1", None]
+    pipe = hfport.pipeline("sentence-embedding", model=minilm["base"],
+                           adapters={n: minilm[n] for n in ("e1", "e2", "e3")})
+    calls = count_body_calls(pipe.model.body)
+    got = torch.tensor(pipe(TEXTS, adapter=names, normalize=True))
+    assert calls == [len(TEXTS)]
+    for name in ("e1", "e2", "e3", None):
+        rows = [i for i, n in enumerate(names) if n == name]
+        want = _peft_embeddings(minilm["base"], minilm[name] if name else None, [TEXTS[i] for i in rows])
+        torch.testing.assert_close(got[rows], want, atol=1e-5, rtol=0)
+
+
+# --- the server ----------------------------------------------------------------------------------------------------
+
+def _app(tmp_path: Path, minilm: dict, **settings):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    # a 512-token warm-up (the default budget's 16384-token pass takes seconds on MiniLM)
+    app = create_app(Settings(data_dir=tmp_path / "data", allowed_dirs=[minilm["root"]], batch_token_budgets=[512],
+                              predict_dtype="float32", **settings), run_worker=False)
+    return app, TestClient(app)
+
+
+def _register(c, minilm: dict, names: tuple[str, ...]) -> None:
+    assert c.post("/models", json={"name": "minilm", "path": str(minilm["base"])}).status_code == 201
+    for name in names:
+        r = c.post("/models", json={"name": name, "path": str(minilm[name]), "base": "minilm"})
+        assert r.status_code == 201, r.text
+
+
+def _concurrently(calls: dict) -> dict:
+    out: dict = {}
+    threads = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f())) for k, f in calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_server_mixes_adapters_on_every_route(minilm, tmp_path):
+    app, client = _app(tmp_path, minilm, batch_max_wait_ms=300)
+    texts = TEXTS[:3]
+    with client as c:
+        _register(c, minilm, ("e1", "e2", "e3", "r1", "r2"))
+        models = ("e1", "e2", "e3", "minilm")
+        for model in models:  # load each first, so the timed round below is only batching
+            assert c.post("/embed", json={"inputs": "x"}, headers={"x-model": model}).status_code == 200
+        calls = {("embed", m): lambda m=m: c.post("/embed", json={"inputs": texts}, headers={"x-model": m})
+                 for m in models}
+        calls |= {("openai", m): lambda m=m: c.post("/v1/embeddings", json={"input": texts, "model": m})
+                  for m in models}
+        calls |= {("root", m): lambda m=m: c.post("/", json={"inputs": texts}, headers={"x-model": m})
+                  for m in models}
+        calls |= {("rerank", m): lambda m=m: c.post("/rerank", json={"query": "what", "texts": texts,
+                                                                     "raw_scores": True}, headers={"x-model": m})
+                  for m in ("r1", "r2")}
+        calls |= {("predict", m): lambda m=m: c.post("/predict", json={"model": m, "inputs": texts, "parameters": {
+            "top_k": None, "function_to_apply": "none"}}) for m in ("r1", "r2")}
+        answers = _concurrently(calls)
+        metrics = c.get("/metrics").text
+    for key, r in answers.items():
+        assert r.status_code == 200, (key, r.text)
+    for model in models:
+        folder = None if model == "minilm" else minilm[model]
+        want = _peft_embeddings(minilm["base"], folder, texts)
+        torch.testing.assert_close(torch.tensor(answers["embed", model].json()), want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(answers["root", model].json()), want, atol=1e-5, rtol=0)
+        openai = [d["embedding"] for d in answers["openai", model].json()["data"]]
+        torch.testing.assert_close(torch.tensor(openai), want, atol=1e-5, rtol=0)
+    for model in ("r1", "r2"):
+        alone = hfport.pipeline("text-classification", model=minilm[model])
+        want = [s[0]["score"] for s in alone([{"text": "what", "text_pair": t} for t in texts], top_k=None,
+                                             function_to_apply="none")]
+        ranks = {r["index"]: r["score"] for r in answers["rerank", model].json()}
+        assert [ranks[i] for i in range(len(texts))] == pytest.approx(want, abs=1e-5)
+        scores = [o[0]["score"] for o in answers["predict", model].json()["outputs"]]
+        want = [s[0]["score"] for s in alone(texts, top_k=None, function_to_apply="none")]
+        assert scores == pytest.approx(want, abs=1e-5)
+    # some merged batch held more than one adapter: the histogram's sum exceeds its count
+    total = {k: float(v) for k, v in re.findall(r'^hfport_batch_adapters_(sum|count)\{model="minilm"\} (\S+)$',
+                                                metrics, re.M)}
+    assert total["sum"] > total["count"], metrics
+
+
+def test_register_and_remove_while_serving_never_reload_the_base(minilm, tmp_path):
+    app, client = _app(tmp_path, minilm, batch_max_wait_ms=5)
+    with client as c:
+        _register(c, minilm, ("e1",))
+        assert c.post("/embed", json={"inputs": TEXTS}, headers={"x-model": "e1"}).status_code == 200
+        shared = app.state.model_service.cache.adapter_set(str(minilm["base"]))
+        base, body = shared.base, shared.body
+        stop, codes = threading.Event(), []
+
+        def serve() -> None:  # the base and an adapter keep answering while others come and go
+            while not stop.is_set():
+                for model in ("minilm", "e1"):
+                    codes.append(c.post("/embed", json={"inputs": TEXTS[:2]}, headers={"x-model": model}).status_code)
+
+        worker = threading.Thread(target=serve)
+        worker.start()
+        try:
+            for round_ in range(2):
+                for name in ("e2", "e3"):
+                    r = c.post("/models", json={"name": name, "path": str(minilm[name]), "base": "minilm"})
+                    assert r.status_code == 201, r.text
+                    r = c.post("/embed", json={"inputs": TEXTS[:2]}, headers={"x-model": name})
+                    assert r.status_code == 200, r.text
+                    assert c.delete(f"/models/{name}").status_code == 200
+        finally:
+            stop.set()
+            worker.join()
+        assert codes and set(codes) == {200}, codes
+        assert shared.base is base and shared.body is body  # never reloaded
+        assert app.state.model_service.cache.adapter_set(str(minilm["base"])) is shared
+        assert sorted(shared.slots) == ["e1"]  # the removed adapters left the table
+        want = _peft_embeddings(minilm["base"], minilm["e1"], TEXTS[:2])
+        got = c.post("/embed", json={"inputs": TEXTS[:2]}, headers={"x-model": "e1"}).json()
+        torch.testing.assert_close(torch.tensor(got), want, atol=1e-5, rtol=0)
+
+
+def test_an_adapter_over_another_base_is_never_mixed(minilm, tmp_path):
+    other = minilm["root"] / "other-base"
+    if not other.exists():
+        shutil.copytree(minilm["base"], other)
+    over_other = minilm["root"] / "e1-other"
+    if not over_other.exists():
+        shutil.copytree(minilm["e1"], over_other)  # e1 itself, registered over a copy of its base
+    app, client = _app(tmp_path, minilm, batch_max_wait_ms=200)
+    with client as c:
+        _register(c, minilm, ("e1",))
+        assert c.post("/models", json={"name": "other", "path": str(other)}).status_code == 201
+        r = c.post("/models", json={"name": "e1-other", "path": str(over_other), "base": "other"})
+        assert r.status_code == 201, r.text
+        answers = _concurrently({m: lambda m=m: c.post("/embed", json={"inputs": TEXTS}, headers={"x-model": m})
+                                 for m in ("e1", "e1-other")})
+        service = app.state.model_service
+        leaders = {id(b.pipe) for b in service._batchers.values()}
+        assert len(leaders) == 2  # one batcher per base: rows over different bases never share a pass
+        sets = [service.cache.adapter_set(str(f)) for f in (minilm["base"], other)]
+        assert sets[0] is not sets[1] and sets[0].body is not sets[1].body
+    assert answers["e1"].status_code == answers["e1-other"].status_code == 200
+    torch.testing.assert_close(torch.tensor(answers["e1"].json()), torch.tensor(answers["e1-other"].json()),
+                               atol=1e-5, rtol=0)
+
+
+def test_unknown_target_module_is_a_tei_error(minilm, tmp_path):
+    folder = minilm["root"] / "bad-targets"
+    if not folder.exists():
+        shutil.copytree(minilm["e1"], folder)
+        config = json.loads((folder / "adapter_config.json").read_text())
+        config["target_modules"] = [*config["target_modules"], "Wqkv"]
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+    app, client = _app(tmp_path, minilm)
+    with client as c:
+        _register(c, minilm, ())
+        assert c.post("/models", json={"name": "bad", "path": str(folder), "base": "minilm"}).status_code == 201
+        r = c.post("/embed", json={"inputs": TEXTS}, headers={"x-model": "bad"})
+        ok = c.post("/embed", json={"inputs": TEXTS}, headers={"x-model": "minilm"})
+    assert r.status_code == 424, r.text
+    body = r.json()
+    assert body["error_type"] == "Backend" and "adapter 'bad'" in body["error"] and "'Wqkv'" in body["error"]
+    assert ok.status_code == 200  # the base serves on
