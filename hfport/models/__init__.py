@@ -9,5 +9,10 @@ from .modernbert import MODERNBERT
 from .roberta import ROBERTA
 from .xlm_roberta import XLM_ROBERTA
 
+# the rotary families (issue 33)
+from .gte import GTE
+from .nomic_bert import NOMIC_BERT
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, DEBERTA_V2,
-                                                            MODERNBERT)}
+                                                            MODERNBERT,
+                                                            GTE, NOMIC_BERT)}

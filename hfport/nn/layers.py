@@ -74,19 +74,43 @@ class FeedForward(nn.Module):
 
 
 class GatedFeedForward(nn.Module):
-    """up to 2 * I, split into input and gate (in that order) -> act(input) * gate -> dropout -> down: ModernBERT's
-    GeGLU (Wi, Wo) with act gelu."""
+    """up to 2 * I, split into two halves -> act(one half) * the other -> dropout -> down.
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str, dropout: float = 0.0, bias: bool = True):
+    ModernBERT's GeGLU (Wi, Wo): halves (input, gate), the activation on the first (activated=0). GTE's up_gate_proj
+    holds (up, gate), the activation on the second (activated=1), with no bias on up_gate but one on down
+    (down_bias overrides `bias` for the down projection)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, dropout: float = 0.0, bias: bool = True,
+                 *, activated: int = 0, down_bias: bool | None = None):
         super().__init__()
         self.up = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.act = Activation(act)
         self.dropout = Dropout(dropout)
-        self.down = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=bias if down_bias is None else down_bias)
+        self.activated = activated
 
     def forward(self, x: Tensor) -> Tensor:
-        inputs, gate = self.up(x).chunk(2, dim=-1)  # (.., I) each
-        return self.down(self.dropout(self.act(inputs) * gate))  # (.., C)
+        halves = self.up(x).chunk(2, dim=-1)  # (.., I) each
+        gated = self.act(halves[self.activated]) * halves[1 - self.activated]  # (.., I)
+        return self.down(self.dropout(gated))  # (.., C)
+
+
+class SplitGatedFeedForward(nn.Module):
+    """act(gate(x)) * up(x) -> dropout -> down, gate and up as two projections: NomicBERT's fc12 / fc11 / fc2 and
+    the Llama-style MLP (gate_proj, up_proj, down_proj). The checkpoints keep the two apart, so one fused
+    projection (GatedFeedForward) would need a key map that splits tensors; two projections keep names one to one."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, dropout: float = 0.0, *,
+                 gate_bias: bool = False, down_bias: bool = False):
+        super().__init__()
+        self.gate = nn.Linear(hidden_size, intermediate_size, bias=gate_bias)
+        self.up = nn.Linear(hidden_size, intermediate_size, bias=gate_bias)
+        self.act = Activation(act)
+        self.dropout = Dropout(dropout)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=down_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.dropout(self.act(self.gate(x)) * self.up(x)))  # (.., I) -> (.., C)
 
 
 class EncoderLayer(nn.Module):
