@@ -259,3 +259,49 @@ def test_save_pretrained_loads_in_transformers(family: str, task: str, tmp_path)
     with torch.no_grad():
         for key, value in outputs_of(task, ref(**inputs)).items():
             torch.testing.assert_close(outputs_of(task, back.eval()(**inputs))[key], value, atol=0, rtol=0)
+
+
+# --- end to end: a sentence-transformers folder served through /embed --------------------------------------
+
+def test_nomic_sentence_transformers_folder_served_through_embed(minilm_path, tmp_path) -> None:
+    """A tiny NomicBERT with BERT's tokenizer (MiniLM's WordPiece), mean pooling, normalized, and nomic-embed's
+    prompts, saved by sentence-transformers itself: hfport's sentence-embedding pipeline and a served /embed (TEI)
+    both equal SentenceTransformer.encode(prompt_name=...) on it. Texts reach the 32-token max_position_embeddings,
+    so the dynamic rope scaling acts on some batches."""
+    import httpx
+    import shutil
+
+    from sentence_transformers import SentenceTransformer, models
+
+    from server.launch import ServerProcess
+    from tests.test_server import REPO
+
+    plain = tmp_path / "plain"
+    save_hf("nomic_bert", "base", plain, vocab_size=30522)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (minilm_path / name).exists():
+            shutil.copy(minilm_path / name, plain / name)
+    body = models.Transformer(str(plain), max_seq_length=64)
+    st = SentenceTransformer(modules=[body, models.Pooling(32, "mean"), models.Normalize()], device="cpu",
+                             prompts={"query": "search_query: ", "document": "search_document: "})
+    folder = tmp_path / "st"
+    st.save(str(folder))
+    texts = ["What is the capital of Peru?", "The cat sat on the mat.",
+             "A much longer sentence about rotary position embeddings, batches and their longest rows, going on."]
+    theirs = SentenceTransformer(str(folder), device="cpu")
+    pipe = hfport.pipeline("sentence-embedding", model=folder)
+    for prompt in ("query", "document"):
+        want = theirs.encode(texts, prompt_name=prompt, convert_to_numpy=True)  # (N, C)
+        torch.testing.assert_close(torch.tensor(pipe(texts, prompt_name=prompt)), torch.tensor(want), atol=1e-5,
+                                   rtol=0)
+    srv = ServerProcess(tmp_path / "data", tmp_path / "server.log", cwd=REPO, ready_timeout=180,
+                        args=("--model", f"nomic={folder}"),
+                        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_PREDICT_DTYPE": "float32"}).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as client:
+            r = client.post("/embed", json={"inputs": texts, "prompt_name": "query"})
+            assert r.status_code == 200, r.text
+            want = theirs.encode(texts, prompt_name="query", convert_to_numpy=True)
+            torch.testing.assert_close(torch.tensor(r.json()), torch.tensor(want), atol=1e-5, rtol=0)
+    finally:
+        srv.stop()
