@@ -37,11 +37,13 @@ RENAMES = {
     "nomic_bert": [(r"encoder\.layers\.", "layers."), (r"emb_ln", "embeddings.LayerNorm"),
                    (r"attn\.out_proj", "self_attn.o_proj"), (r"fc11", "up_proj"), (r"fc12", "gate_proj"),
                    (r"fc2", "down_proj"), (r"norm1", "post_attention_layernorm"), (r"norm2", "post_mlp_layernorm")],
+    "eurobert": [],  # transformers writes EuroBERT under its module names
 }
 FUSED = {
     "gte": [(r"attention\.qkv_proj", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
             (r"mlp\.up_gate_proj", ["mlp.up_proj", "mlp.gate_proj"])],
     "nomic_bert": [(r"attn\.Wqkv", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])],
+    "eurobert": [],
 }
 
 
@@ -57,14 +59,16 @@ def in_memory(family: str, file_name: str) -> list[str]:
 
 
 def inputs_for(family: str, lengths: tuple[int, ...] = (70, 41, 9), left: bool = False,
-               pairs: bool = True) -> dict[str, torch.Tensor]:
-    """tiny.batch with token types (pairs: a second segment) and, optionally, the padding on the left."""
+               type_vocab_size: int = 2) -> dict[str, torch.Tensor]:
+    """tiny.batch with token types where the model has them (a second segment where it has two) and, optionally,
+    the padding on the left."""
     inputs = batch(family, lengths=lengths)
     mask = inputs["attention_mask"]
-    types = torch.zeros_like(mask)
-    for row, n in enumerate(mask.sum(1).tolist()):
-        types[row, n // 2:n] = int(pairs)
-    inputs["token_type_ids"] = types
+    if type_vocab_size > 0:
+        types = torch.zeros_like(mask)
+        for row, n in enumerate(mask.sum(1).tolist()):
+            types[row, n // 2:n] = int(type_vocab_size > 1)
+        inputs["token_type_ids"] = types
     if left:
         moved = {k: torch.zeros_like(v) for k, v in inputs.items()}
         for row, n in enumerate(mask.sum(1).tolist()):
@@ -83,7 +87,7 @@ def check(family: str, task: str, folder: Path, *, left: bool = False, padding_f
     ours = getattr(hfport, HEADS[task]).from_pretrained(folder)
     assert not ours.load_report.initialized and not ours.load_report.unexpected, ours.load_report.summary()
     ours.padding_free = padding_free
-    inputs = inputs_for(family, lengths, left, pairs=ref.config.type_vocab_size > 1)
+    inputs = inputs_for(family, lengths, left, getattr(ref.config, "type_vocab_size", 0))
     mask = inputs["attention_mask"]
     labels = labels_for(task, inputs)
     theirs_out, ours_out = ref(**inputs, **labels), ours(**inputs, **labels)
@@ -153,6 +157,9 @@ VARIANTS = {
     "gte": {"no token types": dict(type_vocab_size=0), "silu, eps": dict(hidden_act="silu", layer_norm_eps=1e-5),
             "classifier dropout": dict(classifier_dropout=0.3)},
     "nomic_bert": {"gelu, eps": dict(hidden_act="gelu", layer_norm_eps=1e-5), "one token type": dict(type_vocab_size=1)},
+    "eurobert": {"bos pooling": dict(classifier_pooling="bos"), "mean pooling": dict(classifier_pooling="mean"),
+                 "no biases, one kv head each": dict(attention_bias=False, mlp_bias=False, num_key_value_heads=4),
+                 "one kv head, gelu, eps": dict(num_key_value_heads=1, hidden_act="gelu", rms_norm_eps=1e-6)},
 }
 
 
@@ -165,9 +172,11 @@ def test_variants(family: str, variant: str, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_untied_decoder(family: str, tmp_path) -> None:
-    ref = save_hf(family, "masked-lm", tmp_path, tie_word_embeddings=False)
-    assert ref.get_output_embeddings().weight is not ref.get_input_embeddings().weight
+def test_decoder_tied_the_other_way(family: str, tmp_path) -> None:
+    """GTE and NomicBERT tie the decoder to the word embeddings by default, EuroBERT does not: each the other way."""
+    tied = not ROTARY_CONFIGS[family][1].get("tie_word_embeddings", family != "eurobert")
+    ref = save_hf(family, "masked-lm", tmp_path, tie_word_embeddings=tied)
+    assert (ref.get_output_embeddings().weight is ref.get_input_embeddings().weight) == tied
     check(family, "masked-lm", tmp_path)
 
 
@@ -220,6 +229,10 @@ REFUSED = [
     ("gte", "hidden_act", dict(hidden_act="nope")),
     ("gte", "vocab_size", dict(vocab_size=99.0)),
     ("gte", "pad_token_id", dict(pad_token_id=500)),
+    ("eurobert", "classifier_pooling", dict(classifier_pooling="max")),
+    ("eurobert", "num_key_value_heads", dict(num_key_value_heads=3)),
+    ("eurobert", "head_dim", dict(head_dim=16)),
+    ("eurobert", "rope_parameters.rope_type", dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10.0})),
 ]
 
 
@@ -255,7 +268,7 @@ def test_save_pretrained_loads_in_transformers(family: str, task: str, tmp_path)
     assert keys["ours"] == keys["hf"]
     back, info = getattr(transformers, HEADS[task]).from_pretrained(tmp_path / "ours", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
-    inputs = inputs_for(family)
+    inputs = inputs_for(family, type_vocab_size=getattr(ref.config, "type_vocab_size", 0))
     with torch.no_grad():
         for key, value in outputs_of(task, ref(**inputs)).items():
             torch.testing.assert_close(outputs_of(task, back.eval()(**inputs))[key], value, atol=0, rtol=0)

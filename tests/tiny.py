@@ -64,6 +64,12 @@ ROTARY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                                            type_vocab_size=2, pad_token_id=0,
                                            rope_parameters={"rope_type": "dynamic", "factor": 2.0,
                                                             "rope_theta": 1000.0})),
+    # grouped-query attention (4 query heads on 2 key/value heads), biases on, the default "late" classifier
+    "eurobert": ("EuroBertConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=37, max_position_embeddings=128,
+                                        pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3,
+                                        attention_bias=True, mlp_bias=True,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
 }
 ROTARY_HEADS = ("base", "sequence-classification", "token-classification", "masked-lm")
 NUM_LABELS = 3

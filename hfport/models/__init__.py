@@ -10,9 +10,10 @@ from .roberta import ROBERTA
 from .xlm_roberta import XLM_ROBERTA
 
 # the rotary families (issue 33)
+from .eurobert import EUROBERT
 from .gte import GTE
 from .nomic_bert import NOMIC_BERT
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, DEBERTA_V2,
                                                             MODERNBERT,
-                                                            GTE, NOMIC_BERT)}
+                                                            GTE, NOMIC_BERT, EUROBERT)}

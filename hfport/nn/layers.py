@@ -18,21 +18,40 @@ def layer_norm(size: int, eps: float, bias: bool = True) -> nn.LayerNorm:
     return nn.LayerNorm(size, eps=eps, bias=bias)
 
 
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 and cast back before the weight, as transformers'
+    Llama-style RMSNorm (EuroBERT) does."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)  # (.., C) float32
+        return self.weight * normed.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
 class Embeddings(nn.Module):
     """word (+ absolute position) (+ token type) -> LayerNorm -> dropout (-> projection to hidden_size, ALBERT).
 
-    max_positions 0: no position table (positions then come from rotary embeddings or a relative bias)."""
+    max_positions 0: no position table (positions then come from rotary embeddings or a relative bias).
+    norm False: no LayerNorm (EuroBERT's embeddings go straight to the first layer's norm)."""
 
     def __init__(self, vocab_size: int, dim: int, max_positions: int, type_vocab_size: int, eps: float,
                  dropout: float, pad_token_id: int | None, hidden_size: int | None = None,
-                 positions_offset_by_padding: bool = False, norm_bias: bool = True):
+                 positions_offset_by_padding: bool = False, norm_bias: bool = True, norm: bool = True):
         super().__init__()
         self.word = nn.Embedding(vocab_size, dim, padding_idx=pad_token_id)
         # RoBERTa's padding positions all sit at pad_token_id: that row gets no gradient, as in transformers
         self.position = nn.Embedding(max_positions, dim, padding_idx=pad_token_id if positions_offset_by_padding
                                      else None) if max_positions > 0 else None
         self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size > 0 else None
-        self.norm = layer_norm(dim, eps, norm_bias)
+        self.norm = layer_norm(dim, eps, norm_bias) if norm else nn.Identity()
         self.dropout = Dropout(dropout)
         self.project = nn.Linear(dim, hidden_size) if hidden_size is not None else None
         self.pad_token_id = pad_token_id
