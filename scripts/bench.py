@@ -134,6 +134,14 @@ MODELS = {
                              "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 2048,
                              "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1000.0}}),
         "sdpa", TARGET_FINETUNE),
+    "eurobert-210m": ModelSpec(
+        "EuroBERT-210m shape, random weights: hidden 768, 12 heads, SwiGLU 3072, RMSNorm, 4 layers (of 12), "
+        "rotary theta 250000, vocab 30522, late pooling",
+        ("EuroBertConfig", {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 4,
+                            "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 8192,
+                            "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102, "mask_token_id": 103,
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}}),
+        "sdpa", TARGET_FINETUNE),
 }
 
 

@@ -40,7 +40,7 @@ from tests.tiny import HEADS, save_hf  # noqa: E402
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
 
 FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "modernbert",
-            "gte", "nomic_bert")
+            "gte", "nomic_bert", "eurobert")
 # The default 0.99 everywhere but fill-mask: a random tiny MLM's logits over 30522 tokens are near-uniform, so ranks
 # 5 and 6 are near ties that int8 noise swaps (measured top-5 overlap 0.96 on the pair probes, top-1 unchanged).
 TASKS = [canonical(task) for task in HEADS]  # the pipeline tags
@@ -60,9 +60,10 @@ def source(root, minilm_path):
     def get(family: str, task: str) -> Path:
         if (family, task) not in made:
             folder = root / "src" / f"{family}-{task}"
-            # ModernBERT's tokenizer is a plain fast tokenizer: the real MiniLM WordPiece serves it here too; GTE
-            # ships XLM-R's tokenizer, NomicBERT BERT's
-            like = {"modernbert": "bert", "gte": "xlm-roberta", "nomic_bert": "bert"}.get(family, family)
+            # ModernBERT's and EuroBERT's tokenizers are plain fast tokenizers: the real MiniLM WordPiece serves them
+            # here too; GTE ships XLM-R's tokenizer, NomicBERT BERT's
+            like = {"modernbert": "bert", "eurobert": "bert", "gte": "xlm-roberta", "nomic_bert": "bert"}.get(family,
+                                                                                                          family)
             save_hf(family, task, folder, vocab_size=vocab(like))
             add_tokenizer(like, folder, minilm_path, root / "tokenizers")
             made[family, task] = folder

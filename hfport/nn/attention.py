@@ -129,8 +129,10 @@ class SelfAttention(nn.Module):
 
     def repeat_kv(self, x: Tensor) -> Tensor:
         """(.., Hkv * D) -> (.., H * D): each key/value head repeated for the query heads of its group."""
-        heads = x.unflatten(-1, (self.kv_heads, self.head_dim))  # (.., Hkv, D)
-        return heads.repeat_interleave(self.num_heads // self.kv_heads, dim=-2).flatten(-2)  # (.., H * D)
+        lead = x.shape[:-1]  # the sizes read from x (not unflatten/flatten): an ONNX trace keeps them dynamic
+        heads = x.reshape(*lead, self.kv_heads, 1, self.head_dim)  # (.., Hkv, 1, D)
+        repeated = heads.expand(*lead, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)  # (.., Hkv, R, D)
+        return repeated.reshape(*lead, self.num_heads * self.head_dim)  # (.., H * D)
 
     def forward(self, x: Tensor, layout: Layout, bias: SequenceBias | None = None) -> Tensor:
         """x: the layout's rows (.., C) -> (.., C); bias: score terms per sequence (see SequenceBias)."""
