@@ -156,7 +156,8 @@ def test_rope_types(family: str, rope: str, tmp_path) -> None:
 VARIANTS = {
     "gte": {"no token types": dict(type_vocab_size=0), "silu, eps": dict(hidden_act="silu", layer_norm_eps=1e-5),
             "classifier dropout": dict(classifier_dropout=0.3)},
-    "nomic_bert": {"gelu, eps": dict(hidden_act="gelu", layer_norm_eps=1e-5), "one token type": dict(type_vocab_size=1)},
+    "nomic_bert": {"gelu, eps": dict(hidden_act="gelu", layer_norm_eps=1e-5),
+                   "one token type": dict(type_vocab_size=1)},
     "eurobert": {"bos pooling": dict(classifier_pooling="bos"), "mean pooling": dict(classifier_pooling="mean"),
                  "no biases, one kv head each": dict(attention_bias=False, mlp_bias=False, num_key_value_heads=4),
                  "one kv head, gelu, eps": dict(num_key_value_heads=1, hidden_act="gelu", rms_norm_eps=1e-6)},
@@ -300,7 +301,8 @@ def test_nomic_sentence_transformers_folder_served_through_embed(minilm_path, tm
     folder = tmp_path / "st"
     st.save(str(folder))
     texts = ["What is the capital of Peru?", "The cat sat on the mat.",
-             "A much longer sentence about rotary position embeddings, batches and their longest rows, going on."]
+             "A much longer sentence about rotary position embeddings, batches and their longest rows, going on and on "
+             "until it passes the thirty-two positions of the tiny model."]
     theirs = SentenceTransformer(str(folder), device="cpu")
     pipe = hfport.pipeline("sentence-embedding", model=folder)
     for prompt in ("query", "document"):
@@ -318,3 +320,35 @@ def test_nomic_sentence_transformers_folder_served_through_embed(minilm_path, tm
             torch.testing.assert_close(torch.tensor(r.json()), torch.tensor(want), atol=1e-5, rtol=0)
     finally:
         srv.stop()
+
+
+# --- fine-tuning into the folders sentence-transformers loads -------------------------------------------------
+
+@pytest.mark.parametrize("task,train", [("sentence-embedding", "embed"), ("text-ranking", "rerank")])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_finetune_and_verify_with_sentence_transformers(family: str, task: str, train: str, minilm_path,
+                                                        tmp_path) -> None:
+    """A few steps of `hfport finetune --task sentence-embedding | text-ranking` from a tiny base model of the
+    family (MiniLM's tokenizer beside it); the best folder verifies: transformers loads it cleanly and computes what
+    hfport computes, and sentence-transformers (SentenceTransformer / CrossEncoder) encodes or scores as hfport does.
+    The text-ranking head is new (GTE's and NomicBERT's with their pooler, fresh)."""
+    import shutil
+
+    from hfport.export import verify
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data"
+    base = tmp_path / "base"
+    save_hf(family, "base", base, vocab_size=30522)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm_path / name, base / name)
+    config = hfport.FinetuneConfig(model=str(base), task=task, train=str(data / f"{train}_train.jsonl"),
+                                   eval=str(data / f"{train}_eval.jsonl"), output_dir=str(tmp_path / "run"),
+                                   batch_size=8, lr=1e-3, logging_steps=1, seed=3, max_length=48, precision="fp32",
+                                   max_steps=4)
+    summary = hfport.finetune(config, progress=False)
+    assert summary["final_eval"], summary
+    report = verify(tmp_path / "run" / "best", tmp_path / "run")
+    assert report.passed, report.table()
+    st_outputs = {r.output for r in report.rows if r.check == "sentence-transformers" and r.passed}
+    # SentenceTransformer.encode / CrossEncoder.predict ran on the folder and agreed with hfport
+    assert ("encode/values" if task == "sentence-embedding" else "predict") in st_outputs, report.table()

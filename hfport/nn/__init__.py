@@ -10,5 +10,5 @@ from .positions import RopeScaling, Rotary, positions_from_padding
 
 __all__ = ["ACTIVATIONS", "ATTENTION_BACKENDS", "Activation", "Dropout", "Embeddings", "Encoder", "EncoderBody",
            "EncoderLayer", "FeedForward", "FusedQKV", "GatedFeedForward", "Layout", "Packed", "Padded", "Pooler",
-           "RMSNorm", "RepresentativePadding", "RopeScaling", "Rotary", "SelfAttention", "SequenceBias", "SharedEncoder",
-           "SplitGatedFeedForward", "dropout", "layer_norm", "padding_mask", "positions_from_padding"]
+           "RMSNorm", "RepresentativePadding", "RopeScaling", "Rotary", "SelfAttention", "SequenceBias",
+           "SharedEncoder", "SplitGatedFeedForward", "dropout", "layer_norm", "padding_mask", "positions_from_padding"]
