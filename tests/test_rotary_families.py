@@ -24,9 +24,12 @@ import torch
 import hfport
 from hfport.errors import ConfigError
 from tests.test_parity import ATOL, RTOL, labels_for, outputs_of, real
-from tests.tiny import HEADS, ROTARY_CONFIGS, ROTARY_HEADS, batch, build_hf, save_hf
+from tests.tiny import (HEADS, ROTARY_CONFIGS, ROTARY_EXTRA_HEADS, ROTARY_HEADS, batch, build_hf, reference_qa_loss,
+                        save_hf)
 
 FAMILIES = list(ROTARY_CONFIGS)
+# (family, head) for every head transformers has in each family
+GRID = [(f, t) for f in FAMILIES for t in (*ROTARY_HEADS, *ROTARY_EXTRA_HEADS.get(f, ()))]
 
 # transformers' conversion_mapping for these model types, file name -> in-memory name(s): (pattern, replacement,
 # the pieces a fused file tensor was chunked into, in order)
@@ -38,12 +41,16 @@ RENAMES = {
                    (r"attn\.out_proj", "self_attn.o_proj"), (r"fc11", "up_proj"), (r"fc12", "gate_proj"),
                    (r"fc2", "down_proj"), (r"norm1", "post_attention_layernorm"), (r"norm2", "post_mlp_layernorm")],
     "eurobert": [],  # transformers writes EuroBERT under its module names
+    "jina_embeddings_v3": [(r"encoder\.layers\.", "layers."), (r"emb_ln", "embeddings.LayerNorm"),
+                           (r"mixer\.out_proj", "self_attn.o_proj"), (r"norm1", "post_attention_layernorm"),
+                           (r"norm2", "post_mlp_layernorm")],
 }
 FUSED = {
     "gte": [(r"attention\.qkv_proj", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
             (r"mlp\.up_gate_proj", ["mlp.up_proj", "mlp.gate_proj"])],
     "nomic_bert": [(r"attn\.Wqkv", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])],
     "eurobert": [],
+    "jina_embeddings_v3": [(r"mixer\.Wqkv", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])],
 }
 
 
@@ -90,6 +97,9 @@ def check(family: str, task: str, folder: Path, *, left: bool = False, padding_f
     inputs = inputs_for(family, lengths, left, getattr(ref.config, "type_vocab_size", 0))
     mask = inputs["attention_mask"]
     labels = labels_for(task, inputs)
+    if task == "question-answering" and left:  # positions of real tokens, shifted by the left padding
+        labels = {k: torch.minimum(v + (mask.shape[1] - mask.sum(1)), torch.tensor(mask.shape[1] - 1))
+                  for k, v in labels.items()}
     theirs_out, ours_out = ref(**inputs, **labels), ours(**inputs, **labels)
     worst = 0.0
     for key, theirs in outputs_of(task, theirs_out).items():
@@ -100,6 +110,9 @@ def check(family: str, task: str, folder: Path, *, left: bool = False, padding_f
         w = torch.randn(ref.config.hidden_size, generator=torch.Generator().manual_seed(3))
         loss_theirs = (real(theirs_out.last_hidden_state, mask) @ w).mean()
         loss_ours = (real(ours_out.last_hidden_state, mask) @ w).mean()
+    elif task == "question-answering" and padding_free:  # over real positions (see tiny.reference_qa_loss)
+        loss_theirs = reference_qa_loss(theirs_out, labels["start_positions"], labels["end_positions"], mask)
+        loss_ours = ours_out.loss
     else:
         loss_theirs, loss_ours = theirs_out.loss, ours_out.loss
     torch.testing.assert_close(loss_ours, loss_theirs, atol=ATOL, rtol=RTOL)
@@ -126,16 +139,15 @@ def check(family: str, task: str, folder: Path, *, left: bool = False, padding_f
 
 # --- the grid -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("task", ROTARY_HEADS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family,task", GRID)
 @pytest.mark.parametrize("layout", ["padding-free", "padded", "left padding"])
 def test_parity(family: str, task: str, layout: str, tmp_path) -> None:
-    """Left padding: the sequence classifier's pooler reads position 0, a padding token in transformers; only the
-    padded layout (padding_free=False) reproduces a padding position's value, so that pair runs padded."""
+    """Left padding: poolers and sequence classifiers read position 0, a padding token in transformers; only the
+    padded layout (padding_free=False) reproduces a padding position's value, so those heads run padded there."""
     save_hf(family, task, tmp_path)
     left = layout == "left padding"
     check(family, task, tmp_path, left=left,
-          padding_free=layout == "padding-free" or (left and task != "sequence-classification"))
+          padding_free=layout == "padding-free" or (left and task not in ("sequence-classification", "base")))
 
 
 ROPES = {
@@ -158,6 +170,10 @@ VARIANTS = {
             "classifier dropout": dict(classifier_dropout=0.3)},
     "nomic_bert": {"gelu, eps": dict(hidden_act="gelu", layer_norm_eps=1e-5),
                    "one token type": dict(type_vocab_size=1)},
+    "jina_embeddings_v3": {"one token type, relu": dict(type_vocab_size=1, hidden_act="relu"),
+                           "classifier dropout, dynamic rope": dict(classifier_dropout=0.2, max_position_embeddings=32,
+                                                                    rope_parameters={"rope_type": "dynamic",
+                                                                                     "factor": 2.0})},
     "eurobert": {"bos pooling": dict(classifier_pooling="bos"), "mean pooling": dict(classifier_pooling="mean"),
                  "no biases, one kv head each": dict(attention_bias=False, mlp_bias=False, num_key_value_heads=4),
                  "one kv head, gelu, eps": dict(num_key_value_heads=1, hidden_act="gelu", rms_norm_eps=1e-6)},
@@ -247,15 +263,17 @@ def test_refused_naming_the_field(family: str, field: str, changes: dict, tmp_pa
 @pytest.mark.parametrize("family", FAMILIES)
 def test_no_head_transformers_lacks(family: str, tmp_path) -> None:
     save_hf(family, "base", tmp_path)
-    for cls in (hfport.AutoModelForQuestionAnswering, hfport.AutoModelForMultipleChoice):
+    lacking = [hfport.AutoModelForMultipleChoice]
+    if "question-answering" not in ROTARY_EXTRA_HEADS.get(family, ()):
+        lacking.append(hfport.AutoModelForQuestionAnswering)
+    for cls in lacking:
         with pytest.raises(ConfigError, match="has no .* model in transformers"):
             cls.from_pretrained(tmp_path)
 
 
 # --- saving back --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("task", ROTARY_HEADS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family,task", GRID)
 def test_save_pretrained_loads_in_transformers(family: str, task: str, tmp_path) -> None:
     """hfport's folder has transformers' file names (the same keys transformers writes) and loads there with
     nothing missing or unexpected, giving the same outputs."""

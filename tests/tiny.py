@@ -70,8 +70,14 @@ ROTARY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                                         pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3,
                                         attention_bias=True, mlp_bias=True,
                                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "jina_embeddings_v3": ("JinaEmbeddingsV3Config", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                          num_attention_heads=4, intermediate_size=37,
+                                                          max_position_embeddings=128, type_vocab_size=2,
+                                                          pad_token_id=0, hidden_act="gelu_new")),
 }
 ROTARY_HEADS = ("base", "sequence-classification", "token-classification", "masked-lm")
+# a family's heads beyond ROTARY_HEADS (transformers has question answering for jina-embeddings-v3 only)
+ROTARY_EXTRA_HEADS = {"jina_embeddings_v3": ("question-answering",)}
 NUM_LABELS = 3
 
 

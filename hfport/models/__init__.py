@@ -12,8 +12,9 @@ from .xlm_roberta import XLM_ROBERTA
 # the rotary families (issue 33)
 from .eurobert import EUROBERT
 from .gte import GTE
+from .jina_embeddings_v3 import JINA_EMBEDDINGS_V3
 from .nomic_bert import NOMIC_BERT
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, DEBERTA_V2,
                                                             MODERNBERT,
-                                                            GTE, NOMIC_BERT, EUROBERT)}
+                                                            GTE, NOMIC_BERT, EUROBERT, JINA_EMBEDDINGS_V3)}
