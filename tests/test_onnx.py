@@ -40,7 +40,7 @@ from tests.tiny import HEADS, save_hf  # noqa: E402
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
 
 FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "modernbert",
-            "gte", "nomic_bert", "eurobert")
+            "gte", "nomic_bert", "eurobert", "jina_embeddings_v3")
 # The default 0.99 everywhere but fill-mask: a random tiny MLM's logits over 30522 tokens are near-uniform, so ranks
 # 5 and 6 are near ties that int8 noise swaps (measured top-5 overlap 0.96 on the pair probes, top-1 unchanged).
 TASKS = [canonical(task) for task in HEADS]  # the pipeline tags
@@ -61,9 +61,9 @@ def source(root, minilm_path):
         if (family, task) not in made:
             folder = root / "src" / f"{family}-{task}"
             # ModernBERT's and EuroBERT's tokenizers are plain fast tokenizers: the real MiniLM WordPiece serves them
-            # here too; GTE ships XLM-R's tokenizer, NomicBERT BERT's
-            like = {"modernbert": "bert", "eurobert": "bert", "gte": "xlm-roberta", "nomic_bert": "bert"}.get(family,
-                                                                                                          family)
+            # here too; GTE and jina-embeddings-v3 ship XLM-R's tokenizer, NomicBERT BERT's
+            like = {"modernbert": "bert", "eurobert": "bert", "gte": "xlm-roberta", "nomic_bert": "bert",
+                    "jina_embeddings_v3": "xlm-roberta"}.get(family, family)
             save_hf(family, task, folder, vocab_size=vocab(like))
             add_tokenizer(like, folder, minilm_path, root / "tokenizers")
             made[family, task] = folder
