@@ -179,9 +179,12 @@ HEAD_KEYS = {
 HEAD_OPTIONS: HeadOptions = {"fill-mask": lambda c: {"act": "gelu", "decoder_bias": False}}
 # transformers' GTE and NomicBERT classes: no question answering, no multiple choice
 TASKS = ("feature-extraction", "text-classification", "token-classification", "fill-mask")
+# the fused q/k/v projection: LoRA adapts query, key and value together by default, as for ModernBERT's Wqkv
+LORA_TARGETS = ("attn.qkv.proj",)
 # GteModel's pooler is off unless a head asks for it (GteForSequenceClassification does)
 POOLER = {"feature-extraction": False}
 
 GTE = Family(
     model_type="gte", prefix="gte", class_prefix="Gte", config_from_hf=gte_config, body_keys=BODY_KEYS,
-    head_keys=HEAD_KEYS, body_builder=body_builder(gte_layer), head_options=HEAD_OPTIONS, pooler=POOLER, tasks=TASKS)
+    head_keys=HEAD_KEYS, body_builder=body_builder(gte_layer), head_options=HEAD_OPTIONS, pooler=POOLER, tasks=TASKS,
+    lora_targets=LORA_TARGETS)

@@ -14,7 +14,8 @@ from ..config import EncoderConfig
 from ..keymap import KeyMap, params, tables
 from ..nn import EncoderLayer, FeedForward
 from .family import Family
-from .gte import _NONE, _NUMBER, body_builder, post_ln_layer, rotary_attention, rotary_config
+from .gte import (_NONE, _NUMBER, LORA_TARGETS, body_builder, post_ln_layer, rotary_attention,
+                  rotary_config)
 from .roberta import HEAD_KEYS, HEAD_OPTIONS, POOLER
 
 # JinaEmbeddingsV3Config's typed fields and defaults (use_cache changes nothing an encoder computes)
@@ -62,4 +63,5 @@ TASKS = ("feature-extraction", "text-classification", "token-classification", "q
 JINA_EMBEDDINGS_V3 = Family(
     model_type="jina_embeddings_v3", prefix="roberta", class_prefix="JinaEmbeddingsV3", config_from_hf=jina_config,
     body_keys=BODY_KEYS, head_keys={t: k for t, k in HEAD_KEYS.items() if t in TASKS},
-    body_builder=body_builder(jina_layer), head_options=HEAD_OPTIONS, pooler=POOLER, tasks=TASKS)
+    body_builder=body_builder(jina_layer), head_options=HEAD_OPTIONS, pooler=POOLER, tasks=TASKS,
+    lora_targets=LORA_TARGETS)

@@ -16,7 +16,8 @@ from ..config import EncoderConfig
 from ..keymap import KeyMap, params, tables
 from ..nn import EncoderLayer, SplitGatedFeedForward
 from .family import Family
-from .gte import _NONE, POOLER, TASKS, body_builder, post_ln_layer, rotary_attention, rotary_config
+from .gte import (_NONE, LORA_TARGETS, POOLER, TASKS, body_builder, post_ln_layer, rotary_attention,
+                  rotary_config)
 
 # NomicBertConfig's typed fields and defaults (its dropouts are float only: an int is refused, unlike GteConfig)
 FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
@@ -74,4 +75,5 @@ HEAD_KEYS = {
 
 NOMIC_BERT = Family(
     model_type="nomic_bert", prefix="nomic_bert", class_prefix="NomicBert", config_from_hf=nomic_bert_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=body_builder(nomic_bert_layer), pooler=POOLER, tasks=TASKS)
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=body_builder(nomic_bert_layer), pooler=POOLER, tasks=TASKS,
+    lora_targets=LORA_TARGETS)
