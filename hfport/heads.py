@@ -31,8 +31,9 @@ def _transform(hidden_size: int, transform: dict | None) -> PredictionHead | Non
 
 
 # the sequence classifier's features: the first token's state, the real tokens' mean, or the last real token's state
-# (ELECTRA's multiple-choice summary_type "last")
-POOLINGS = ("first", "mean", "lasttoken")
+# (ELECTRA's multiple-choice summary_type "last"); "late" (EuroBERT) runs the head on every token and averages its
+# logits over the real tokens
+POOLINGS = ("first", "mean", "lasttoken", "late")
 # sentence-transformers' Pooling modes (hfport's names; formats/sentence_transformers.py maps theirs): what a sentence
 # embedding can be pooled by. "cls" is "first".
 SENTENCE_POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "lasttoken")
@@ -142,11 +143,12 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, act: str, eps: float,
                  tied: bool = True, decoder_bias: bool = False, *, dense_bias: bool = True, norm_bias: bool = True,
-                 output_bias: bool = True):
+                 output_bias: bool = True, transform: bool = True):
         super().__init__()
-        self.dense = nn.Linear(hidden_size, embedding_size, bias=dense_bias)
-        self.act = Activation(act)
-        self.norm = nn.LayerNorm(embedding_size, eps=eps, bias=norm_bias)
+        # transform False: the decoder reads the encoder output directly (EuroBERT's lm_head is one linear layer)
+        self.dense = nn.Linear(hidden_size, embedding_size, bias=dense_bias) if transform else nn.Identity()
+        self.act = Activation(act) if transform else nn.Identity()
+        self.norm = nn.LayerNorm(embedding_size, eps=eps, bias=norm_bias) if transform else nn.Identity()
         self.decoder = None if tied else nn.Linear(embedding_size, vocab_size, bias=decoder_bias)
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if output_bias else None
 

@@ -134,6 +134,31 @@ MODELS = {
                            "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
                            "type_vocab_size": 2}),
         "sdpa", TARGET_FINETUNE),
+    # the rotary families (issue 33), base shapes at 4 of 12 layers like bert-base; MiniLM's 30522-token WordPiece
+    # vocabulary in place of gte-multilingual's 250048 (the embedding matrix, shared by both libraries, would
+    # dominate a 4-layer step) and nomic's 30528
+    "gte-base": ModelSpec(
+        "gte-multilingual-base shape, random weights: hidden 768, 12 heads, intermediate 3072, 4 layers (of 12), "
+        "rotary theta 160000, vocab 30522",
+        ("GteConfig", {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 4, "num_attention_heads": 12,
+                       "intermediate_size": 3072, "max_position_embeddings": 8192, "type_vocab_size": 1,
+                       "pad_token_id": 0}),
+        "sdpa", TARGET_FINETUNE),
+    "nomic-embed-v1.5": ModelSpec(
+        "nomic-embed-text-v1.5 shape, random weights: hidden 768, 12 heads, SwiGLU 3072, 4 layers (of 12), "
+        "dynamic rope (factor 2, theta 1000, 2048 positions), vocab 30522",
+        ("NomicBertConfig", {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 4,
+                             "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 2048,
+                             "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1000.0}}),
+        "sdpa", TARGET_FINETUNE),
+    "eurobert-210m": ModelSpec(
+        "EuroBERT-210m shape, random weights: hidden 768, 12 heads, SwiGLU 3072, RMSNorm, 4 layers (of 12), "
+        "rotary theta 250000, vocab 30522, late pooling",
+        ("EuroBertConfig", {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 4,
+                            "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 8192,
+                            "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102, "mask_token_id": 103,
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}}),
+        "sdpa", TARGET_FINETUNE),
 }
 
 

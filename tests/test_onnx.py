@@ -40,7 +40,8 @@ from tests.test_mpnet_electra import build_camembert_tokenizer, build_mpnet_toke
 
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
 
-FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "modernbert", "mpnet", "electra", "camembert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "modernbert", "mpnet", "electra", "camembert",
+            "gte", "nomic_bert", "eurobert", "jina_embeddings_v3")
 # The default 0.99 everywhere but fill-mask: a random tiny MLM's logits over 30522 tokens are near-uniform, so ranks
 # 5 and 6 are near ties that int8 noise swaps (measured top-5 overlap 0.96 on the pair probes, top-1 unchanged).
 TASKS = [canonical(task) for task in HEADS]  # the pipeline tags
@@ -74,9 +75,10 @@ def source(root, minilm_path):
     def get(family: str, task: str) -> Path:
         if (family, task) not in made:
             folder = root / "src" / f"{family}-{task}"
-            # ModernBERT's tokenizer is a plain fast tokenizer and ELECTRA's is BERT's: the real MiniLM WordPiece
-            # serves them here too
-            like = "bert" if family in ("modernbert", "electra") else family
+            # ModernBERT's, ELECTRA's and EuroBERT's tokenizers are plain fast tokenizers or BERT's: the real MiniLM
+            # WordPiece serves them here too; GTE and jina-embeddings-v3 ship XLM-R's tokenizer, NomicBERT BERT's
+            like = {"modernbert": "bert", "electra": "bert", "eurobert": "bert", "gte": "xlm-roberta",
+                    "nomic_bert": "bert", "jina_embeddings_v3": "xlm-roberta"}.get(family, family)
             if family in OWN_TOKENIZERS:  # built in the family's layout, the model's vocabulary sized to it
                 OWN_TOKENIZERS[family](folder)
                 model = save_hf(family, task, folder, vocab_size=len(hfport.AutoTokenizer.from_pretrained(folder)))

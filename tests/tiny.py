@@ -66,13 +66,39 @@ DEBERTA_CONFIG = ("DebertaV2Config", dict(
     share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0,
     conv_kernel_size=3, conv_act="gelu"))
 ALL_FAMILIES = {**FAMILY_CONFIGS, "deberta-v2": DEBERTA_CONFIG}
+# The rotary families (issue 33), with a grid of their own in test_rotary_families.py: transformers has only their
+# base, sequence-classification, token-classification and masked-lm classes (ROTARY_HEADS). Rotary positions, no
+# position table: the 70-token row exceeds NomicBERT's 32 max_position_embeddings, so its dynamic scaling acts.
+ROTARY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "gte": ("GteConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=37, max_position_embeddings=128, type_vocab_size=2, pad_token_id=0,
+                              rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "nomic_bert": ("NomicBertConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                           num_attention_heads=4, intermediate_size=37, max_position_embeddings=32,
+                                           type_vocab_size=2, pad_token_id=0,
+                                           rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                            "rope_theta": 1000.0})),
+    # grouped-query attention (4 query heads on 2 key/value heads), biases on, the default "late" classifier
+    "eurobert": ("EuroBertConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=37, max_position_embeddings=128,
+                                        pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3,
+                                        attention_bias=True, mlp_bias=True,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "jina_embeddings_v3": ("JinaEmbeddingsV3Config", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                          num_attention_heads=4, intermediate_size=37,
+                                                          max_position_embeddings=128, type_vocab_size=2,
+                                                          pad_token_id=0, hidden_act="gelu_new")),
+}
+ROTARY_HEADS = ("base", "sequence-classification", "token-classification", "masked-lm")
+# a family's heads beyond ROTARY_HEADS (transformers has question answering for jina-embeddings-v3 only)
+ROTARY_EXTRA_HEADS = {"jina_embeddings_v3": ("question-answering",)}
 NUM_LABELS = 3
 
 
 def hf_config(family: str, **overrides: Any):
     import transformers
 
-    cls_name, kwargs = ALL_FAMILIES[family]
+    cls_name, kwargs = {**ALL_FAMILIES, **ROTARY_CONFIGS}[family]
     return getattr(transformers, cls_name)(**{**kwargs, **overrides})
 
 

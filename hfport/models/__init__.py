@@ -14,7 +14,12 @@ from .camembert import CAMEMBERT
 from .electra import ELECTRA
 from .mpnet import MPNET
 
+# the rotary families (issue 33)
+from .eurobert import EUROBERT
+from .gte import GTE
+from .jina_embeddings_v3 import JINA_EMBEDDINGS_V3
+from .nomic_bert import NOMIC_BERT
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, DEBERTA_V2,
-                                                            MODERNBERT)}
-# issue 33's families, a block of their own
-FAMILIES.update({f.model_type: f for f in (MPNET, ELECTRA, CAMEMBERT)})
+                                                            MODERNBERT, MPNET, ELECTRA, CAMEMBERT,
+                                                            GTE, NOMIC_BERT, EUROBERT, JINA_EMBEDDINGS_V3)}

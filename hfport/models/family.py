@@ -8,6 +8,7 @@ from typing import Any, Callable, Protocol
 from torch import nn
 
 from ..config import EncoderConfig
+from ..errors import ConfigError
 from ..keymap import KeyMap
 
 # task -> a function of the config giving keyword options for that task's head factory (hfport/tasks/)
@@ -54,15 +55,20 @@ class Family:
     after_init: Callable[[nn.Module, EncoderConfig], None] | None = None  # a family's own fresh-init values
     # a family whose head names depend on the config (DeBERTa's two MLM layouts) picks the head's table here
     select_head_keys: Callable[[EncoderConfig, str], KeyMap | None] | None = None
+    # the model tasks transformers has a class for in this family (None: every one); another task is refused
+    tasks: tuple[str, ...] | None = None
 
     @property
     def architectures(self) -> dict[str, str]:
         """task -> transformers class name written to config.json, for every model task this family builds."""
         return {name: self.class_prefix + record.architecture_suffix for name, record in MODEL_TASK_RECORDS.items()
-                if record.architecture_suffix is not None}
+                if record.architecture_suffix is not None and (self.tasks is None or name in self.tasks)}
 
     def build_body(self, config: EncoderConfig, task: str) -> nn.Module:
         """The encoder for `task`'s model: with the pooler where that task's head reads it in this family."""
+        if self.tasks is not None and task not in self.tasks:
+            raise ConfigError(f"{config.source}: model_type {self.model_type!r} has no {task} model in transformers "
+                              f"(its classes: {', '.join(self.architectures.values())}); hfport builds those only")
         return self.body_builder(config, self.pooler.get(task, MODEL_TASK_RECORDS[task].pooler))
 
     def head_map(self, config: EncoderConfig, task: str) -> KeyMap | None:

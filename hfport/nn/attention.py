@@ -91,11 +91,13 @@ class SelfAttention(nn.Module):
     """Projections q, k, v, o around a pluggable kernel; x in any layout's rows, (B, T, C) or (N, C).
 
     window: local attention, tokens attend to |i - j| <= window // 2 (None: global). rotary: a Rotary applied to q
-    and k at the layout's positions. qkv: a module x -> (q, k, v) replacing the separate q, k, v projections."""
+    and k at the layout's positions. qkv: a module x -> (q, k, v) replacing the separate q, k, v projections.
+    kv_heads: grouped-query attention (EuroBERT's num_key_value_heads): k and v projected to kv_heads heads, each
+    shared by num_heads // kv_heads query heads (repeated before the kernel, as transformers' repeat_kv)."""
 
     def __init__(self, hidden_size: int, num_heads: int, dropout: float, backend: str = "sdpa", *, bias: bool = True,
                  window: int | None = None, rotary: Rotary | None = None, qkv: nn.Module | None = None,
-                 scale: float | None = None, scale_query: bool = False):
+                 scale: float | None = None, scale_query: bool = False, kv_heads: int | None = None):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = hidden_size // num_heads
@@ -106,15 +108,31 @@ class SelfAttention(nn.Module):
         self.window = window
         self.rotary = rotary
         self.qkv = qkv
+        self.kv_heads = kv_heads or num_heads
+        if num_heads % self.kv_heads:
+            raise ValueError(f"{num_heads} query heads cannot share {self.kv_heads} key/value heads evenly")
         if qkv is None:
+            kv_size = self.kv_heads * self.head_dim
             self.q = nn.Linear(hidden_size, hidden_size, bias=bias)
-            self.k = nn.Linear(hidden_size, hidden_size, bias=bias)
-            self.v = nn.Linear(hidden_size, hidden_size, bias=bias)
+            self.k = nn.Linear(hidden_size, kv_size, bias=bias)
+            self.v = nn.Linear(hidden_size, kv_size, bias=bias)
         self.o = nn.Linear(hidden_size, hidden_size, bias=bias)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """rows (.., C) -> q, k, v (.., C) each."""
-        return self.qkv(x) if self.qkv is not None else (self.q(x), self.k(x), self.v(x))
+        """rows (.., C) -> q, k, v (.., C) each (k and v repeated up from kv_heads heads)."""
+        if self.qkv is not None:
+            return self.qkv(x)
+        q, k, v = self.q(x), self.k(x), self.v(x)  # (.., C), (.., Ckv), (.., Ckv)
+        if self.kv_heads != self.num_heads:
+            k, v = self.repeat_kv(k), self.repeat_kv(v)  # (.., C) each
+        return q, k, v
+
+    def repeat_kv(self, x: Tensor) -> Tensor:
+        """(.., Hkv * D) -> (.., H * D): each key/value head repeated for the query heads of its group."""
+        lead = x.shape[:-1]  # the sizes read from x (not unflatten/flatten): an ONNX trace keeps them dynamic
+        heads = x.reshape(*lead, self.kv_heads, 1, self.head_dim)  # (.., Hkv, 1, D)
+        repeated = heads.expand(*lead, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)  # (.., Hkv, R, D)
+        return repeated.reshape(*lead, self.num_heads * self.head_dim)  # (.., H * D)
 
     def forward(self, x: Tensor, layout: Layout, bias: SequenceBias | None = None) -> Tensor:
         """x: the layout's rows (.., C) -> (.., C); bias: score terms per sequence (see SequenceBias)."""

@@ -18,21 +18,40 @@ def layer_norm(size: int, eps: float, bias: bool = True) -> nn.LayerNorm:
     return nn.LayerNorm(size, eps=eps, bias=bias)
 
 
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 and cast back before the weight, as transformers'
+    Llama-style RMSNorm (EuroBERT) does."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)  # (.., C) float32
+        return self.weight * normed.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
 class Embeddings(nn.Module):
     """word (+ absolute position) (+ token type) -> LayerNorm -> dropout (-> projection to hidden_size, ALBERT).
 
-    max_positions 0: no position table (positions then come from rotary embeddings or a relative bias)."""
+    max_positions 0: no position table (positions then come from rotary embeddings or a relative bias).
+    norm False: no LayerNorm (EuroBERT's embeddings go straight to the first layer's norm)."""
 
     def __init__(self, vocab_size: int, dim: int, max_positions: int, type_vocab_size: int, eps: float,
                  dropout: float, pad_token_id: int | None, hidden_size: int | None = None,
-                 positions_offset_by_padding: bool = False, norm_bias: bool = True):
+                 positions_offset_by_padding: bool = False, norm_bias: bool = True, norm: bool = True):
         super().__init__()
         self.word = nn.Embedding(vocab_size, dim, padding_idx=pad_token_id)
         # RoBERTa's padding positions all sit at pad_token_id: that row gets no gradient, as in transformers
         self.position = nn.Embedding(max_positions, dim, padding_idx=pad_token_id if positions_offset_by_padding
                                      else None) if max_positions > 0 else None
         self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size > 0 else None
-        self.norm = layer_norm(dim, eps, norm_bias)
+        self.norm = layer_norm(dim, eps, norm_bias) if norm else nn.Identity()
         self.dropout = Dropout(dropout)
         self.project = nn.Linear(dim, hidden_size) if hidden_size is not None else None
         self.pad_token_id = pad_token_id
@@ -74,19 +93,43 @@ class FeedForward(nn.Module):
 
 
 class GatedFeedForward(nn.Module):
-    """up to 2 * I, split into input and gate (in that order) -> act(input) * gate -> dropout -> down: ModernBERT's
-    GeGLU (Wi, Wo) with act gelu."""
+    """up to 2 * I, split into two halves -> act(one half) * the other -> dropout -> down.
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str, dropout: float = 0.0, bias: bool = True):
+    ModernBERT's GeGLU (Wi, Wo): halves (input, gate), the activation on the first (activated=0). GTE's up_gate_proj
+    holds (up, gate), the activation on the second (activated=1), with no bias on up_gate but one on down
+    (down_bias overrides `bias` for the down projection)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, dropout: float = 0.0, bias: bool = True,
+                 *, activated: int = 0, down_bias: bool | None = None):
         super().__init__()
         self.up = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.act = Activation(act)
         self.dropout = Dropout(dropout)
-        self.down = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=bias if down_bias is None else down_bias)
+        self.activated = activated
 
     def forward(self, x: Tensor) -> Tensor:
-        inputs, gate = self.up(x).chunk(2, dim=-1)  # (.., I) each
-        return self.down(self.dropout(self.act(inputs) * gate))  # (.., C)
+        halves = self.up(x).chunk(2, dim=-1)  # (.., I) each
+        gated = self.act(halves[self.activated]) * halves[1 - self.activated]  # (.., I)
+        return self.down(self.dropout(gated))  # (.., C)
+
+
+class SplitGatedFeedForward(nn.Module):
+    """act(gate(x)) * up(x) -> dropout -> down, gate and up as two projections: NomicBERT's fc12 / fc11 / fc2 and
+    the Llama-style MLP (gate_proj, up_proj, down_proj). The checkpoints keep the two apart, so one fused
+    projection (GatedFeedForward) would need a key map that splits tensors; two projections keep names one to one."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, dropout: float = 0.0, *,
+                 gate_bias: bool = False, down_bias: bool = False):
+        super().__init__()
+        self.gate = nn.Linear(hidden_size, intermediate_size, bias=gate_bias)
+        self.up = nn.Linear(hidden_size, intermediate_size, bias=gate_bias)
+        self.act = Activation(act)
+        self.dropout = Dropout(dropout)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=down_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.dropout(self.act(self.gate(x)) * self.up(x)))  # (.., I) -> (.., C)
 
 
 class EncoderLayer(nn.Module):

@@ -28,11 +28,14 @@ class EncoderForSequenceClassification(PreTrainedEncoder):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, labels: Tensor | None = None) -> SequenceClassifierOutput:
         hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids)
-        if pooled is None:
-            # "first": padding-free, padding positions hold zeros, so a left-padded sequence is read at its first
-            # real token; padding_free=False reads position 0 as transformers does
-            pooled = pool(hidden, attention_mask, self.head.pooling, first_real=self.padding_free)  # (B, C)
-        logits = self.head(pooled)  # (B, L)
+        if self.head.pooling == "late":  # EuroBERT: the head on every token, its logits averaged over real tokens
+            logits = pool(self.head(hidden), attention_mask, "mean")  # (B, T, L) -> (B, L)
+        else:
+            if pooled is None:
+                # "first": padding-free, padding positions hold zeros, so a left-padded sequence is read at its
+                # first real token; padding_free=False reads position 0 as transformers does
+                pooled = pool(hidden, attention_mask, self.head.pooling, first_real=self.padding_free)  # (B, C)
+            logits = self.head(pooled)  # (B, L)
         loss = None
         if labels is not None:
             if self.config.problem_type is None:  # transformers records the inferred type in the config
