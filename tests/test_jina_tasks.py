@@ -172,3 +172,31 @@ def test_missing_chunk_tensors_are_named(jina, tmp_path):
                   str(folder / "adapter_model.safetensors"))
     with pytest.raises(lora.LoraError, match=r"lacks 2 tensor\(s\).*layers\.1\.self_attn\.k_proj\.lora_A"):
         hfport.EncoderModel.from_pretrained(folder, base_model=jina["base"])
+
+
+def test_server_selects_a_task_by_model_name(jina, tmp_path):
+    """Tasks registered over one base on the server: /embed and OpenAI's embeddings pick the task by model name,
+    in one batch, and equal the library's sentence-embedding pipeline with that adapter."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    app = create_app(Settings(data_dir=tmp_path / "data", allowed_dirs=[jina["root"]], batch_token_budgets=[512],
+                              predict_dtype="float32", batch_max_wait_ms=200), run_worker=False)
+    pipe = hfport.pipeline("sentence-embedding", model=jina["base"], adapters={t: jina[t] for t in TASKS})
+    with TestClient(app) as c:
+        assert c.post("/models", json={"name": "jina", "path": str(jina["base"])}).status_code == 201
+        for task in TASKS:
+            r = c.post("/models", json={"name": task, "path": str(jina[task]), "base": "jina"})
+            assert r.status_code == 201, r.text
+        got = {}
+        for model in ("jina", *TASKS):
+            got[model] = c.post("/v1/embeddings", json={"input": TEXTS, "model": model}).json()
+            r = c.post("/embed", json={"inputs": TEXTS}, headers={"x-model": model})
+            assert r.status_code == 200, r.text
+            want = torch.tensor(pipe(TEXTS, adapter=None if model == "jina" else model, normalize=True))
+            torch.testing.assert_close(torch.tensor(r.json()), want, atol=1e-5, rtol=1e-4)
+            openai = torch.tensor([d["embedding"] for d in got[model]["data"]])
+            torch.testing.assert_close(openai, want, atol=1e-5, rtol=1e-4)
+    assert got["retrieval.query"]["data"][0]["embedding"] != got["retrieval.passage"]["data"][0]["embedding"]
