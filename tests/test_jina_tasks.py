@@ -200,3 +200,34 @@ def test_server_selects_a_task_by_model_name(jina, tmp_path):
             openai = torch.tensor([d["embedding"] for d in got[model]["data"]])
             torch.testing.assert_close(openai, want, atol=1e-5, rtol=1e-4)
     assert got["retrieval.query"]["data"][0]["embedding"] != got["retrieval.passage"]["data"][0]["embedding"]
+
+
+def test_classification_task_adapter_with_its_head(jina, tmp_path):
+    """A task adapter made by peft over JinaEmbeddingsV3ForSequenceClassification (SEQ_CLS: the classifier saved
+    whole, the body under `roberta.layers.`): hfport's text-classification model over the base equals peft's, and
+    its saved-back folder loads in peft to the same logits."""
+    base = tmp_path / "cls-base"
+    save_hf(FAMILY, "sequence-classification", base)
+    made = peft.get_peft_model(transformers.AutoModelForSequenceClassification.from_pretrained(base),
+                               peft.LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8,
+                                               target_modules=["q_proj", "k_proj", "o_proj", "fc1"]))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for _, p in made.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    made.save_pretrained(tmp_path / "cls")
+    b = batch(FAMILY, pairs=False)
+    with torch.no_grad():
+        want = made.eval()(**b).logits  # (B, labels)
+        plain = transformers.AutoModelForSequenceClassification.from_pretrained(base).eval()(**b).logits
+    cls = hfport.tasks.get("text-classification").model_class
+    ours = cls.from_pretrained(tmp_path / "cls", base_model=base)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**b).logits, want, atol=1e-5, rtol=1e-4)
+    assert (want - plain).abs().max() > 1e-3  # the adapter and its head change the logits
+    lora.save_adapter(ours, tmp_path / "cls-back")
+    again = peft.PeftModel.from_pretrained(transformers.AutoModelForSequenceClassification.from_pretrained(base),
+                                           tmp_path / "cls-back").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(**b).logits, want, atol=1e-5, rtol=1e-4)
