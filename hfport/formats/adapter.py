@@ -8,6 +8,11 @@ What the folder says is read here: detection, the config (validated: a field hfp
 named), the base it names, and its raw task facts (PEFT's task_type, config.json's architectures,
 modules_to_save). Which hfport task a PEFT task_type is belongs to the task records (hfport/tasks/): nothing here
 maps it.
+
+Where transformers holds a family's modules under other names than it saves (jina-embeddings-v3: `mixer.Wqkv` is
+held as `self_attn.q_proj` / `k_proj` / `v_proj`), an adapter peft made over the loaded model uses the in-memory
+names: IN_MEMORY_NAMES (registered by the family's file) says which, select_in_memory reads such a folder's targets
+and in_memory_lora writes the tensors back under those names.
 """
 
 from __future__ import annotations
@@ -190,6 +195,6 @@ def weights_path(folder: str | os.PathLike[str]) -> Path:
     return path
 
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "IN_MEMORY_NAMES", "MLM_HEAD_MODULES", "ModuleNames", "in_memory_lora", "select_in_memory", "PEFT_PREFIX", "SUPPORTED_VALUES", "AdapterFacts",
-           "LoraError", "is_adapter_folder", "read_adapter", "read_adapter_config", "selects", "suffix_match",
-           "weights_path"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "IN_MEMORY_NAMES", "MLM_HEAD_MODULES", "PEFT_PREFIX", "SUPPORTED_VALUES",
+           "AdapterFacts", "LoraError", "ModuleNames", "in_memory_lora", "is_adapter_folder", "read_adapter",
+           "read_adapter_config", "select_in_memory", "selects", "suffix_match", "weights_path"]
