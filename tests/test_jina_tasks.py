@@ -123,6 +123,9 @@ def test_save_back_writes_transformers_names_peft_loads(jina, tmp_path):
         want = peft_model(jina["base"], jina[task])(**b).last_hidden_state
         again = peft_model(jina["base"], tmp_path / "back")(**b).last_hidden_state
     torch.testing.assert_close(real(again, b["attention_mask"]), real(want, b["attention_mask"]), atol=0, rtol=0)
+    with torch.no_grad():  # folded into the fused weight: each chunk's B A on its own rows
+        folded = lora.merged(ours)(**b).last_hidden_state
+    torch.testing.assert_close(real(folded, b["attention_mask"]), real(want, b["attention_mask"]), atol=1e-5, rtol=1e-4)
 
 
 def test_tasks_selectable_at_load_and_per_call_mixed_equals_alone(jina):
