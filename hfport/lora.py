@@ -43,8 +43,9 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from . import hub, modeling
-from .formats.adapter import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, SUPPORTED_VALUES, is_adapter_folder,
-                              selects, suffix_match, weights_path)
+from .formats.adapter import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, IN_MEMORY_NAMES, PEFT_PREFIX, SUPPORTED_VALUES,
+                              in_memory_lora, is_adapter_folder, select_in_memory, selects, suffix_match,
+                              weights_path)
 from .heads import MaskedLMHead
 from .modeling import BASE_TASK, LoadReport, PreTrainedEncoder, on_meta
 from .nn.lora import (AdapterInfo, AdapterTable, LoraError, LoraLinear, LoraWeights, MixingError, has_lora,
@@ -181,7 +182,11 @@ def adapter_state_dict(model: PreTrainedEncoder) -> dict[str, Tensor]:
     (as transformers holds it, tied decoder included: what PEFT's modules_to_save copy saves)."""
     names = model.hf_names()
     state = model.state_dict()
-    out = {PEFT_PREFIX + names[n]: t for n, t in state.items() if ".lora_A." in n or ".lora_B." in n}
+    if model.adapter.extra.get("in_memory_names"):  # peft's adapter over transformers' loaded model
+        out = in_memory_lora(IN_MEMORY_NAMES[model.family.model_type],
+                             {_hf_module(names, path): layer for path, layer in lora_modules(model).items()})
+    else:
+        out = {PEFT_PREFIX + names[n]: t for n, t in state.items() if ".lora_A." in n or ".lora_B." in n}
     head_map = model.family.head_map(model.config, model.task)
     if head_map is None:
         return out
@@ -317,19 +322,19 @@ def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *
         model.head.to_empty(device=ref.device)
         model.head.to(ref.dtype)
     # LoRA layers on PEFT's targets (its matching rule on transformers' module names)
-    hf_names = model.hf_names()
-    modules = _linear_modules(model)
     targets_raw = raw["target_modules"]
-    chosen = [n for n in modules if selects(targets_raw, _hf_module(hf_names, n))]
+    chosen, chunked, in_memory = _adapter_targets(model, folder, targets_raw)
     if not chosen:
         raise LoraError(f"{folder / ADAPTER_CONFIG}: target_modules {targets_raw!r} match no layer of the base "
                         f"{base_name} ({model.family.model_type})")
     r, alpha = raw["r"], float(raw.get("lora_alpha", 8))
     with torch.device(ref.device):
-        wrap(model, chosen, r, alpha, float(raw.get("lora_dropout", 0.0)), bool(raw.get("use_rslora", False)))
+        wrap(model, chosen, r, alpha, float(raw.get("lora_dropout", 0.0)), bool(raw.get("use_rslora", False)),
+             chunked)
     model.adapter = AdapterInfo(r, alpha, float(raw.get("lora_dropout", 0.0)), chosen,
                                 targets_raw if isinstance(targets_raw, list) else [targets_raw],
-                                modules_to_save(model), base_name, bool(raw.get("use_rslora", False)), str(folder))
+                                modules_to_save(model), base_name, bool(raw.get("use_rslora", False)), str(folder),
+                                extra={"in_memory_names": True} if in_memory else {})
     _load_adapter_tensors(model, folder)
     model.load_report = LoadReport(str(folder), loaded=sorted(n for n, p in model.named_parameters()
                                                               if p.requires_grad or ".lora_" in n),
@@ -337,6 +342,18 @@ def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval()
+
+
+def _adapter_targets(model: PreTrainedEncoder, folder: Path, targets: str | list[str]
+                     ) -> tuple[list[str], dict[str, tuple[int, tuple[int, ...]]], bool]:
+    """The layers target_modules selects (PEFT's rule) on the names transformers saves, or on its in-memory names
+    where the folder's tensors carry those (formats/adapter.py's select_in_memory): (layers, chunked, in-memory)."""
+    hf_names = model.hf_names()
+    modules = {n: _hf_module(hf_names, n) for n in _linear_modules(model)}
+    saved = [n for n, hf in modules.items() if selects(targets, hf)]
+    names = IN_MEMORY_NAMES.get(model.family.model_type)
+    chosen, chunked = select_in_memory(names, modules, targets, folder) if names else ([], {})
+    return (chosen, chunked, True) if chosen else (saved, {}, False)
 
 
 @torch.no_grad()
@@ -396,6 +413,8 @@ def check_targets(name: str, folder: str | os.PathLike[str], model: PreTrainedEn
     hf_names = model.hf_names()
     layers = [_hf_module(hf_names, n) for n in _linear_modules(model)]
     layers += [_hf_module(hf_names, n) for n in lora_modules(model)]
+    names = IN_MEMORY_NAMES.get(model.family.model_type)
+    layers += [part for layer in layers for part in names.in_memory(layer)] if names else []
     for t in targets:
         if not any(suffix_match(layer, t) for layer in layers):
             raise LoraError(f"adapter {name!r} ({folder}): target module {t!r} is not a layer of the base "

@@ -8,6 +8,11 @@ What the folder says is read here: detection, the config (validated: a field hfp
 named), the base it names, and its raw task facts (PEFT's task_type, config.json's architectures,
 modules_to_save). Which hfport task a PEFT task_type is belongs to the task records (hfport/tasks/): nothing here
 maps it.
+
+Where transformers holds a family's modules under other names than it saves (jina-embeddings-v3: `mixer.Wqkv` is
+held as `self_attn.q_proj` / `k_proj` / `v_proj`), an adapter peft made over the loaded model uses the in-memory
+names: IN_MEMORY_NAMES (registered by the family's file) says which, select_in_memory reads such a folder's targets
+and in_memory_lora writes the tensors back under those names.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+from torch import Tensor
+
 from .. import hub
-from ..nn.lora import LoraError
+from ..nn.lora import ChunkLoraLinear, LoraError, LoraLinear
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -111,6 +119,73 @@ def selects(target_modules: str | list[str], module: str) -> bool:
     return any(suffix_match(module, t) for t in target_modules)
 
 
+@dataclass(frozen=True)
+class ModuleNames:
+    """How transformers names a family's modules in memory where that differs from the layout it saves (its
+    conversion_mapping.py): a PEFT adapter made over the loaded transformers model targets and saves the in-memory
+    names. `renames` are transformers' WeightRenaming rules on a module name; `splits` its WeightConverter Chunk(dim=0)
+    rules: a saved fused module (`mixer.Wqkv`) is held as modules of its equal output-row chunks (q, k, v)."""
+
+    renames: tuple[tuple[str, str], ...] = ()  # (regex, replacement)
+    splits: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (saved module's last names, its chunks' last names)
+
+    def in_memory(self, module: str) -> tuple[str, ...]:
+        """The in-memory module(s) of a saved module name: one, or one per output-row chunk of a fused module."""
+        names: tuple[str, ...] = (module,)
+        for leaf, parts in self.splits:
+            if suffix_match(module, leaf):
+                stem = module[:len(module) - len(leaf)]
+                names = tuple(stem + part for part in parts)
+                break
+        out = []
+        for name in names:
+            for pattern, replacement in self.renames:
+                name = re.sub(pattern, replacement, name)
+            out.append(name)
+        return tuple(out)
+
+
+# model_type -> its in-memory names, registered by the family's file (hfport/models/) where transformers renames
+IN_MEMORY_NAMES: dict[str, ModuleNames] = {}
+
+
+def select_in_memory(names: ModuleNames, modules: dict[str, str], targets: str | list[str],
+                     folder: str | os.PathLike[str]) -> tuple[list[str], dict[str, tuple[int, tuple[int, ...]]]]:
+    """The layers (keys of `modules`: layer -> the module name transformers saves) that target_modules selects on
+    transformers' in-memory names, when the folder's tensors are named so (an adapter of peft over a loaded
+    transformers model); ([], {}) when they are not. A layer held in memory as row chunks (q/k/v of a fused Wqkv)
+    comes with (chunks, the chunks selected): a LoRA per chunk on its rows."""
+    with safe_open(str(weights_path(folder)), framework="pt") as f:
+        modules_saved = {k.split(".lora_", 1)[0].removeprefix(PEFT_PREFIX) for k in f.keys() if ".lora_" in k}
+    chosen: list[str] = []
+    chunked: dict[str, tuple[int, tuple[int, ...]]] = {}
+    named_so = False  # whether the tensors name any selected layer in memory (else: the saved names' adapter)
+    for layer, saved in modules.items():
+        parts = names.in_memory(saved)  # one name, or one per row chunk of a fused layer
+        hit = tuple(i for i, part in enumerate(parts) if selects(targets, part))
+        if hit:
+            chosen.append(layer)
+            if len(parts) > 1:
+                chunked[layer] = (len(parts), hit)
+            named_so = named_so or any(parts[i] in modules_saved for i in hit)
+    return (chosen, chunked) if named_so else ([], {})
+
+
+def in_memory_lora(names: ModuleNames, layers: dict[str, LoraLinear]) -> dict[str, Tensor]:
+    """PEFT's keys under transformers' in-memory names for LoRA layers keyed by their saved module name (a
+    ChunkLoraLinear's blocks as views of its tensors, one pair per adapted chunk)."""
+    out: dict[str, Tensor] = {}
+    for saved, layer in layers.items():
+        parts = names.in_memory(saved)
+        if isinstance(layer, ChunkLoraLinear):
+            pairs = [(parts[c], *layer.block(j)) for j, c in enumerate(layer.blocks)]
+        else:
+            pairs = [(parts[0], layer.lora_A.weight, layer.lora_B.weight)]
+        for name, a, b in pairs:
+            out[f"{PEFT_PREFIX}{name}.lora_A.weight"], out[f"{PEFT_PREFIX}{name}.lora_B.weight"] = a, b
+    return out
+
+
 def weights_path(folder: str | os.PathLike[str]) -> Path:
     """adapter_model.safetensors, its header validated against the file size (safetensors only)."""
     path = Path(folder) / ADAPTER_WEIGHTS
@@ -120,6 +195,6 @@ def weights_path(folder: str | os.PathLike[str]) -> Path:
     return path
 
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "MLM_HEAD_MODULES", "PEFT_PREFIX", "SUPPORTED_VALUES", "AdapterFacts",
-           "LoraError", "is_adapter_folder", "read_adapter", "read_adapter_config", "selects", "suffix_match",
-           "weights_path"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "IN_MEMORY_NAMES", "MLM_HEAD_MODULES", "PEFT_PREFIX", "SUPPORTED_VALUES",
+           "AdapterFacts", "LoraError", "ModuleNames", "in_memory_lora", "is_adapter_folder", "read_adapter",
+           "read_adapter_config", "select_in_memory", "selects", "suffix_match", "weights_path"]

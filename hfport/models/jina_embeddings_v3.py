@@ -3,7 +3,9 @@ instead of a position table, a fused q/k/v projection (`mixer.Wqkv`), BERT's pos
 RoBERTa's heads under RoBERTa's names. The body reuses GTE's pieces (gte.py), the heads RoBERTa's (roberta.py).
 
 Its task adapters (retrieval.query, text-matching, ...) are LoRA weights outside this model: transformers 5.23's
-config has no `lora_adaptations`; hfport does not load them as per-task PEFT adapters yet.
+config has no `lora_adaptations`, so a task is a PEFT adapter over the base. peft over transformers' model names the
+modules as transformers holds them in memory (`layers.{i}.self_attn.q_proj`, ...; IN_MEMORY_NAMES below): hfport
+reads those names too, a LoRA on q, k or v becoming a LoRA on its rows of the fused `mixer.Wqkv` (hfport/lora.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import EncoderConfig
+from ..formats.adapter import IN_MEMORY_NAMES, ModuleNames
 from ..keymap import KeyMap, params, tables
 from ..nn import EncoderLayer, FeedForward
 from .family import Family
@@ -65,3 +68,9 @@ JINA_EMBEDDINGS_V3 = Family(
     body_keys=BODY_KEYS, head_keys={t: k for t, k in HEAD_KEYS.items() if t in TASKS},
     body_builder=body_builder(jina_layer), head_options=HEAD_OPTIONS, pooler=POOLER, tasks=TASKS,
     lora_targets=LORA_TARGETS)
+
+# transformers' conversion_mapping.py for this model_type, on the linear layers: what PEFT adapters over
+# JinaEmbeddingsV3Model name (q/k/v are equal row chunks of the saved Wqkv, in that order)
+IN_MEMORY_NAMES[JINA_EMBEDDINGS_V3.model_type] = ModuleNames(
+    renames=((r"(^|\.)encoder\.layers\.", r"\1layers."), (r"\.mixer\.out_proj$", ".self_attn.o_proj")),
+    splits=(("mixer.Wqkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),))

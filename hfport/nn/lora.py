@@ -8,6 +8,8 @@ hfport/formats/adapter.py's; applying, saving and loading adapters on task model
     LoraLinear   y = x W^T + b + scaling * B(A(dropout(x))), W and b frozen (the base's own tensors, shared, never
                  copied); A (r x in) kaiming-uniform(a=sqrt(5)) as peft, B (out x r) zeros;
                  scaling = alpha / r (alpha / sqrt(r) with use_rslora)
+    ChunkLoraLinear  a LoRA per output-row chunk of a fused layer (PEFT's q_proj/k_proj/v_proj on a fused qkv):
+                 one LoraLinear with a block-diagonal B
     wrap         put a LoraLinear around each named linear layer of a module tree
     merged       a copy with B A folded into W (new tensors: a shared base is never written)
 
@@ -85,6 +87,44 @@ class LoraLinear(nn.Linear):
         return f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, alpha={self.alpha}"
 
 
+class ChunkLoraLinear(LoraLinear):
+    """LoRAs on output-row chunks of a fused projection: what PEFT adapters on transformers' q_proj/k_proj/v_proj
+    are on a fused q/k/v layer. One LoRA of rank r per adapted chunk (`blocks`: which of `chunks` equal row chunks),
+    held as one LoraLinear of rank r x len(blocks) whose B is block-diagonal: A stacks the chunks' A (rows j r..),
+    B's block (chunk c's rows, columns j r..) is chunk c's B, the rest is masked to zero (forward and gradient), so
+    B A is exactly each chunk's B_c A_c on its rows and zero on a chunk not adapted. scaling is per chunk: alpha / r."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float, use_rslora: bool, chunks: int,
+                 blocks: tuple[int, ...]):
+        if base.out_features % chunks:
+            raise LoraError(f"a fused layer of {base.out_features} output rows does not split into {chunks} chunks")
+        super().__init__(base, r * len(blocks), alpha, dropout, use_rslora)
+        self.r, self.chunks, self.blocks = r, chunks, tuple(blocks)
+        self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r  # each chunk's own LoRA of rank r
+        rows = base.out_features // chunks
+        mask = torch.zeros(base.out_features, r * len(blocks), device=base.weight.device, dtype=base.weight.dtype)
+        for j, c in enumerate(self.blocks):
+            mask[c * rows:(c + 1) * rows, j * r:(j + 1) * r] = 1  # (out, r k): chunk c's rows read block j
+        self.register_buffer("block_mask", mask, persistent=False)
+        with torch.no_grad():
+            self.lora_B.weight.mul_(mask)
+
+    def block(self, j: int) -> tuple[Tensor, Tensor]:
+        """Views of block j's A (r, in) and B (out / chunks, r): what PEFT saves for chunk blocks[j]."""
+        rows, r, c = self.out_features // self.chunks, self.r, self.blocks[j]
+        return self.lora_A.weight[j * r:(j + 1) * r], self.lora_B.weight[c * rows:(c + 1) * rows, j * r:(j + 1) * r]
+
+    def masked_B(self) -> Tensor:  # (out, r k), zero off the diagonal blocks
+        return self.lora_B.weight * self.block_mask
+
+    def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
+        out = F.linear(x, self.weight, self.bias)
+        return out + F.linear(self.lora_A(self.lora_dropout(x)), self.masked_B()) * self.scaling
+
+    def delta_weight(self) -> Tensor:
+        return (self.masked_B().float() @ self.lora_A.weight.float()) * self.scaling
+
+
 @dataclass
 class AdapterInfo:
     """The adapter on a model: its settings, targets in both namings, the saved head modules and the base."""
@@ -109,12 +149,19 @@ def has_lora(model: nn.Module) -> bool:
     return getattr(model, "adapter", None) is not None and bool(lora_modules(model))
 
 
-def wrap(model: nn.Module, names: list[str], r: int, alpha: float, dropout: float, use_rslora: bool) -> None:
-    """Replace each named linear layer of `model` (in place) by a LoraLinear around it."""
+def wrap(model: nn.Module, names: list[str], r: int, alpha: float, dropout: float, use_rslora: bool,
+         chunked: dict[str, tuple[int, tuple[int, ...]]] | None = None) -> None:
+    """Replace each named linear layer of `model` (in place) by a LoraLinear around it; a name in `chunked`
+    (-> (chunks, adapted chunks)) by a ChunkLoraLinear."""
     for name in names:
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
-        setattr(owner, child, LoraLinear(getattr(owner, child), r, alpha, dropout, use_rslora))
+        base = getattr(owner, child)
+        if chunked and name in chunked:
+            layer: LoraLinear = ChunkLoraLinear(base, r, alpha, dropout, use_rslora, *chunked[name])
+        else:
+            layer = LoraLinear(base, r, alpha, dropout, use_rslora)
+        setattr(owner, child, layer)
 
 
 @torch.no_grad()
