@@ -128,7 +128,12 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
     """MODEL (fp32, just loaded from FOLDER) with its encoder's Linear layers in int8, if the gate passes; else an
     Int8GateError, or with FALLBACK the model in bf16. The module docstring has the steps."""
     folder = Path(folder)
-    _check_loadable(model, folder)
+    try:
+        _check_loadable(model, folder)
+    except ConfigError as e:
+        if not fallback:
+            raise
+        return _fallback(model, folder, f"int8 cannot load here: {e}")
     datasets = [GateData.builtin()] + ([read_gate_data(gate_data)] if gate_data is not None else [])
     reference = _references(model, folder, datasets)
     originals = quantize_linears(model.body.encoder, _calibrate(model, folder))
@@ -145,10 +150,14 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
         raise Int8GateError(f"{folder}: int8 refused by its gate: {failed}. Load with dtype='auto-int8' to fall "
                             "back to bf16, or 'bfloat16' / 'float32'")
     swap_linears(model.body.encoder, originals)  # the float layers back
-    model.to(FALLBACK_DTYPE)
-    log.warning("%s: auto-int8 chose bf16: the int8 gate refused: %s", folder, failed)
-    model.load_report.notes.append(f"auto-int8 chose bf16: the int8 gate refused: {failed}")
-    return model
+    return _fallback(model, folder, f"the int8 gate refused: {failed}")
+
+
+def _fallback(model: PreTrainedEncoder, folder: Path, why: str) -> PreTrainedEncoder:
+    """auto-int8's answer where int8 is refused: the float model in bf16, the reason logged and noted."""
+    log.warning("%s: auto-int8 chose bf16: %s", folder, why)
+    model.load_report.notes.append(f"auto-int8 chose bf16: {why}")
+    return model.to(FALLBACK_DTYPE)
 
 
 modeling.INT8_LOADER = quantize_loaded  # every from_pretrained(dtype="int8") loads through it

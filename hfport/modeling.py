@@ -85,7 +85,7 @@ def resolve_dtype(dtype: Any, config: EncoderConfig | None = None, device: Any =
         return auto_dtype(resolve_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32"), device)
     name = str(dtype).removeprefix("torch.")
     if name not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)} or 'auto'")
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}, 'auto', 'int8' or 'auto-int8'")
     return _DTYPES[name]
 
 
