@@ -123,6 +123,13 @@ def _check_loadable(model: PreTrainedEncoder, folder: Path) -> None:
                           "files")
 
 
+def quantize(model: PreTrainedEncoder, folder: str | os.PathLike[str]) -> dict[int, Any]:
+    """Steps 1-2 of the module docstring without the gate: MODEL's encoder Linear layers in int8, calibrated on the
+    calibration texts through FOLDER's tokenizer. -> {id(Int8Linear): the nn.Linear it replaced}. What
+    dtype="int8" does before judging; for benchmarks (scripts/bench.py) and experiments, not for serving."""
+    return quantize_linears(model.body.encoder, _calibrate(model, Path(folder)))
+
+
 def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *, fallback: bool = False,
                     gate_data: str | os.PathLike[str] | None = None) -> PreTrainedEncoder:
     """MODEL (fp32, just loaded from FOLDER) with its encoder's Linear layers in int8, if the gate passes; else an
@@ -136,7 +143,7 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
         return _fallback(model, folder, f"int8 cannot load here: {e}")
     datasets = [GateData.builtin()] + ([read_gate_data(gate_data)] if gate_data is not None else [])
     reference = _references(model, folder, datasets)
-    originals = quantize_linears(model.body.encoder, _calibrate(model, folder))
+    originals = quantize(model, folder)
     results = _judge(model, folder, datasets, reference)
     model.int8_gate = results
     report = "; ".join(r.line() for r in results)
