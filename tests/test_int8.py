@@ -97,6 +97,25 @@ def test_every_family_runs_int8(family):
             assert cos.min() > 0.99, f"{family}/{head}: least cosine {cos.min():.4f}"
 
 
+def test_shared_input_is_quantized_once_and_dropped():
+    """q, k and v read one input: quantized once (SharedInput), the same values as three times, nothing kept after."""
+    torch.manual_seed(0)
+    model = hfport.AutoModel.from_config(tiny.hf_config("bert").to_dict()).eval()
+    batch = tiny.batch("bert")
+    with torch.inference_mode():
+        with InputPeaks(body_linears(model.body.encoder)) as peaks:
+            model(**batch)
+        quantize_linears(model.body.encoder, peaks.peaks)
+        layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+        shared = {id(m.shared): m.shared for m in layers if m.shared is not None}
+        assert len(shared) == 2 and all(s.readers == 3 for s in shared.values())  # q, k, v of each of 2 layers
+        once = model(**batch)["last_hidden_state"]
+        assert all(s.last is None for s in shared.values())  # no activations outlive the pass
+        for m in layers:
+            m.shared = None
+        assert torch.equal(model(**batch)["last_hidden_state"], once)
+
+
 # --- 3. the gate on load: the real MiniLM, a damaged int8, auto-int8 --------------------------------------------
 
 

@@ -45,6 +45,22 @@ def outlier_channels(amax: Tensor, ratio: float = OUTLIER_RATIO, limit: int = MA
     return above.sort().values
 
 
+class SharedInput:
+    """The last input an Int8Linear quantized, for its siblings that read the same tensor next (attention's q, k and
+    v projections: one quantization instead of three). Layers share one where their calibration inputs were the
+    same tensor (equal peaks under one parent: `quantize_linears`); a hit needs the very same tensor object, which
+    the entry holds, so its id cannot be reused; after the group's last reader the entry is dropped, so no
+    activations outlive the forward pass. The entry is one tuple, written and read whole: threads sharing a model
+    at worst recompute."""
+
+    __slots__ = ("last", "readers")
+
+    def __init__(self, readers: int) -> None:
+        self.readers = readers  # the layers that read each input
+        # (x, x_q, scale, outlier values, [reads left])
+        self.last: tuple[Tensor, Tensor, Tensor, Tensor | None, list[int]] | None = None
+
+
 class Int8Linear(nn.Module):
     """y = x W^T + b with W int8 per output channel and x int8 per token; `outliers` input channels in fp32."""
 
@@ -58,6 +74,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)  # (N,) fp32
         self.register_buffer("outliers", torch.zeros(n_outliers, dtype=torch.long))  # (k,) input channels
         self.register_buffer("outlier_weight_t", torch.zeros(n_outliers, out_features))  # (k, N) fp32
+        self.shared: SharedInput | None = None
 
     @classmethod
     @torch.no_grad()
@@ -76,18 +93,32 @@ class Int8Linear(nn.Module):
             out.bias.copy_(linear.bias.detach().float())
         return out
 
-    def forward(self, x: Tensor) -> Tensor:
-        shape = x.shape  # (..., K)
+    def quantize_input(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """x (..., K) -> (x_q (M, K) int8, scale (M, 1), the outlier channels' values (M, k) fp32 or None)."""
+        entry = self.shared.last if self.shared is not None else None
+        if entry is not None and entry[0] is x:
+            entry[4][0] -= 1
+            if entry[4][0] <= 0:
+                self.shared.last = None
+            return entry[1], entry[2], entry[3]
         x2 = x.reshape(-1, self.in_features).float()  # (M, K)
+        kept = None
         if len(self.outliers):
             kept = x2[:, self.outliers]  # (M, k) fp32: the outlier channels
             x2 = x2.index_fill(1, self.outliers, 0.0)  # (M, K): a copy, the caller's x untouched
         q, scale = quantize_rows(x2)  # (M, K) int8, (M, 1)
+        if self.shared is not None:
+            self.shared.last = (x, q, scale, kept, [self.shared.readers - 1])
+        return q, scale, kept
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape  # (..., K)
+        q, scale, kept = self.quantize_input(x)
         acc = torch._int_mm(q, self.weight_t)  # (M, N) int32
         # dequantize in two passes: int32 x token scale -> fp32 (one pass), then x channel scale + bias (addcmul)
         y = acc * scale  # (M, N) fp32
         y = torch.addcmul(self.bias, y, self.weight_scale) if self.bias is not None else y.mul_(self.weight_scale)
-        if len(self.outliers):
+        if kept is not None:
             y.addmm_(kept, self.outlier_weight_t)  # (M, k) @ (k, N): the fp32 part
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
@@ -162,9 +193,17 @@ def quantize_linears(root: nn.Module, peaks: dict[str, Tensor] | None = None) ->
     `swap_linears` to put the float layers back."""
     linears = body_linears(root)
     replace, originals = {}, {}
+    groups: dict[tuple, list[Int8Linear]] = {}  # (parent, calibration peaks) -> the layers that read one input
     for name, linear in linears.items():
         idx = outlier_channels(peaks[name]) if peaks and name in peaks else None
         q = Int8Linear.from_linear(linear, idx)
+        if peaks and name in peaks:
+            groups.setdefault((name.rpartition(".")[0], tuple(peaks[name].tolist())), []).append(q)
         replace[id(linear)], originals[id(q)] = q, linear
+    for members in groups.values():
+        if len(members) > 1:
+            shared = SharedInput(len(members))
+            for q in members:
+                q.shared = shared
     swap_linears(root, replace)
     return originals
