@@ -630,7 +630,7 @@ def pipelines(folder: Path, texts: list[str], tokens: int, work: Workload, preci
 # linear layers run addmm / mm on 2-D rows)
 PROFILE_GROUPS = (
     ("attention", ("scaled_dot_product", "flash_attention", "softmax", "bmm", "masked_fill")),
-    ("linear layers (matmul)", ("addmm", "aten::mm", "linear_pointwise")),
+    ("linear layers (matmul)", ("addmm", "aten::mm", "linear_pointwise", "_int_mm")),
     ("optimizer", ("_foreach", "adam", "lerp", "addcmul", "addcdiv", "sqrt")),
     ("norms, activations, residuals", ("layer_norm", "gelu", "tanh", "add", "mul", "div", "sub", "dropout",
                                        "bernoulli", "sum", "norm", "clamp")),
