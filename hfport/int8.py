@@ -85,31 +85,29 @@ def _pooling(folder: Path) -> str:
     return read_layout(folder).pooling if has_embedding_layout(folder) else "mean"
 
 
-def _judge(model: PreTrainedEncoder, folder: Path, datasets: list[GateData],
+Batches = dict[str, list[dict[str, Tensor]]]  # "<origin>/<kind>" -> the judged batches
+
+
+def _batches(model: PreTrainedEncoder, folder: Path, datasets: list[GateData]) -> Batches:
+    """Every data set as the gate's batches (hfport/probes.py: gate_batches), tokenized once."""
+    return {f"{data.origin}/{kind}": encs for data in datasets
+            for kind, encs in gate_batches(folder, model.task, model.config, data, _max_length(model.config)).items()}
+
+
+def _judge(model: PreTrainedEncoder, folder: Path, batches: Batches,
            reference: dict[str, list[dict[str, Tensor]]]) -> list[GateResult]:
     """The gate's verdict per data set and kind: MODEL's outputs (int8) against REFERENCE (fp32, same keys)."""
     gate = gate_for(TASKS[model.task].agreement, model.config)
     ctx = GateContext(model.config, _pooling(folder))
+    bound = MIN_COSINE if gate.threshold == "cosine" else MIN_AGREEMENT
     results = []
-    for data in datasets:
-        batches = gate_batches(folder, model.task, model.config, data, _max_length(model.config))
-        for kind, encs in batches.items():
-            fp32 = reference[f"{data.origin}/{kind}"]
-            chunks = [(_outputs(model, enc, model.task), f, enc) for enc, f in zip(encs, fp32)]
-            verdict = measure(gate, chunks, ctx)
-            ok, tolerance = passes(gate, verdict, MIN_AGREEMENT, MIN_COSINE)
-            bound = MIN_COSINE if gate.threshold == "cosine" else MIN_AGREEMENT
-            results.append(GateResult(data.origin, kind, tolerance, verdict.value, verdict.items, bound, ok))
+    for key, encs in batches.items():
+        chunks = [(_outputs(model, enc, model.task), f, enc) for enc, f in zip(encs, reference[key])]
+        verdict = measure(gate, chunks, ctx)
+        ok, tolerance = passes(gate, verdict, MIN_AGREEMENT, MIN_COSINE)
+        origin, _, kind = key.rpartition("/")
+        results.append(GateResult(origin, kind, tolerance, verdict.value, verdict.items, bound, ok))
     return results
-
-
-def _references(model: PreTrainedEncoder, folder: Path, datasets: list[GateData]) -> dict[str, list]:
-    """fp32 outputs on every judged batch, before the swap: {"<origin>/<kind>": [outputs per batch]}."""
-    out = {}
-    for data in datasets:
-        for kind, encs in gate_batches(folder, model.task, model.config, data, _max_length(model.config)).items():
-            out[f"{data.origin}/{kind}"] = [_outputs(model, enc, model.task) for enc in encs]
-    return out
 
 
 def _check_loadable(model: PreTrainedEncoder, folder: Path) -> None:
@@ -142,9 +140,10 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
             raise
         return _fallback(model, folder, f"int8 cannot load here: {e}")
     datasets = [GateData.builtin()] + ([read_gate_data(gate_data)] if gate_data is not None else [])
-    reference = _references(model, folder, datasets)
+    batches = _batches(model, folder, datasets)
+    reference = {key: [_outputs(model, enc, model.task) for enc in encs] for key, encs in batches.items()}  # fp32
     originals = quantize(model, folder)
-    results = _judge(model, folder, datasets, reference)
+    results = _judge(model, folder, batches, reference)
     model.int8_gate = results
     report = "; ".join(r.line() for r in results)
     if all(r.passed for r in results):

@@ -25,6 +25,7 @@ from .formats.adapter import is_adapter_folder
 from .hardware import auto_dtype
 from .heads import MaskedLMHead
 from .keymap import KeyMap
+from .nn.int8 import Int8Linear
 from .nn.layers import EncoderLayer
 from .registry import Family, get_family
 from .staging import staged
@@ -372,6 +373,9 @@ class PreTrainedEncoder(nn.Module):
     def save_pretrained(self, save_directory: str | os.PathLike[str], max_shard_size: int | str = "5GB") -> Path:
         """config.json + model.safetensors (or shards + index) in the layout transformers writes."""
         target = Path(save_directory)
+        if any(isinstance(m, Int8Linear) for m in self.modules()):  # quantized at load, from the fp32 folder
+            raise ConfigError(f"{target}: an int8 model (dtype='int8') is not saved; save the fp32 model it was "
+                              "loaded from, and load that with dtype='int8'")
         with staged(target, merge=True, stale=hub.STALE_WEIGHTS) as staging:
             hub.save_weights(self.hf_state_dict(), staging, max_shard_size)
             config = self.config.to_hf_dict(self.family.architectures[self.task])

@@ -128,8 +128,10 @@ def minilm_int8(minilm_path):
     return hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")  # int8 kept: it passes its gate
 
 
-def test_minilm_embeddings_int8(minilm_int8):
+def test_minilm_embeddings_int8(minilm_int8, tmp_path):
     model = minilm_int8
+    with pytest.raises(hfport.ConfigError, match="an int8 model .* is not saved"):
+        model.save_pretrained(tmp_path / "out")
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 36  # 6 layers x (q, k, v, o, up, down)
     assert all(r.passed for r in model.int8_gate)
     values = _gate(model)
@@ -164,8 +166,7 @@ def minilm_heads(tmp_path_factory, minilm_path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("int8_heads")
     folders = {}
     for task, cls in (("text-classification", hfport.AutoModelForSequenceClassification),
-                      ("token-classification", hfport.AutoModelForTokenClassification),
-                      ("question-answering", hfport.AutoModelForQuestionAnswering)):
+                      ("token-classification", hfport.AutoModelForTokenClassification)):
         torch.manual_seed(0)
         model = cls.from_pretrained(minilm_path, **({"num_labels": 5} if "classification" in task else {}))
         with torch.no_grad():
@@ -180,10 +181,10 @@ def minilm_heads(tmp_path_factory, minilm_path) -> dict[str, Path]:
 
 # issue 30's bars: decided labels and tags >= 99%, spans at the gate's agreement bound (0.99). On these random heads
 # (std 1: logits far sharper than a trained head's) int8 measured: labels 1.0 / 1.0 (texts / pairs), tags 0.976 /
-# 0.965 (weight rounding alone, fp32 activations: 0.985 / 0.988; bf16 0.998 / 0.998), spans 0.951 (pairs). The gate
-# keeps int8 where it passes and refuses the rest, which auto-int8 then serves in bf16.
-@pytest.mark.parametrize("task, keeps_int8", [("text-classification", True), ("token-classification", False),
-                                              ("question-answering", False)])
+# 0.965 (weight rounding alone, fp32 activations: 0.985 / 0.988; bf16 0.998 / 0.998); spans (a QA head drawn the
+# same way, not run here to keep this file fast) 0.951 over 61 pairs. The gate keeps int8 where it passes and refuses
+# the rest, which auto-int8 then serves in bf16.
+@pytest.mark.parametrize("task, keeps_int8", [("text-classification", True), ("token-classification", False)])
 def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8):
     model = hfport.tasks.get(task).model_class.from_pretrained(minilm_heads[task], dtype="auto-int8")
     values = _gate(model)

@@ -111,7 +111,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
             raise ValueError(f"{name} needs a {record.checkpoint_task} model; {model.path} is a {model.task} graph")
         if tokenizer is None:
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
-        float32 = dtype is None or dtype == "auto" or (dtype not in INT8_DTYPES and resolve_dtype(dtype) == torch.float32)
+        float32 = dtype is None or dtype == "auto" or (
+            dtype not in INT8_DTYPES and resolve_dtype(dtype) == torch.float32)
         if (device is not None and torch.device(device).type != "cpu") or not float32:
             raise ValueError(f"the onnx backend runs float32 graphs on the CPU; got device={device!r}, "
                              f"dtype={dtype!r}")
