@@ -4,7 +4,8 @@
 
 Prints ms per call and the ratio to fp32 for MiniLM's (384 -> 1536, 1536 -> 384) and BERT-base's (768 -> 3072,
 3072 -> 768) feed-forward shapes. Variants of the same math (nn/int8.py):
-  int8 (K,N)      Int8Linear as shipped: weight kept (K, N) contiguous; acc * token scale, then addcmul
+  int8 (K,N)      Int8Linear as shipped: weight kept (K, N) contiguous; acc * token scale written over acc's own
+                  memory, then addcmul in place
   int8 (N,K).t    the same with the weight a transposed view of (N, K) (the kernel packs it per call)
   int8 4-pass     the textbook dequantization: float(acc), * token scale, * channel scale, + bias
   int_mm only     the int8 product alone (the ceiling the quantization passes eat into)
