@@ -9,7 +9,7 @@ set-up); `resolve_model` finds a local folder or a repo id in the local HF cache
 else; the server takes every name it needs from the top-level namespace.
 """
 
-from . import lora, tasks, verbosity
+from . import int8, lora, tasks, verbosity
 from .config import EncoderConfig
 from .embeddings import token_listing, tune_batch_tokens
 from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelNotFoundError

@@ -235,7 +235,12 @@ def predict(
         "-o aggregation_strategy=simple; repeatable.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Rows per forward pass.")] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ...")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="float32, float16, bfloat16 or auto.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="float32, float16, bfloat16, auto, int8 (the encoder's Linear "
+                                                 "layers in int8 behind the int8 gate) or auto-int8 (int8, or bf16 "
+                                                 "where the gate refuses).")] = None,
+    gate_data: Annotated[Optional[str], typer.Option("--gate-data", help="With --dtype int8/auto-int8: a file of "
+                                                     "texts the int8 gate also judges (one a line, or JSONL with "
+                                                     "text / text_pair).")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input)."""
@@ -245,7 +250,7 @@ def predict(
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
     parsed = dict(_option(o) for o in options or [])
     try:
-        pipe = pipeline(task, model=model, device=device, dtype=dtype, batch_size=batch_size)
+        pipe = pipeline(task, model=model, device=device, dtype=dtype, batch_size=batch_size, gate_data=gate_data)
         results = pipe.predict(items, **parsed)
     except (HfportError, ValueError, TypeError) as e:
         fail(str(e))

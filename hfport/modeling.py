@@ -25,6 +25,7 @@ from .formats.adapter import is_adapter_folder
 from .hardware import auto_dtype
 from .heads import MaskedLMHead
 from .keymap import KeyMap
+from .nn.int8 import Int8Linear
 from .nn.layers import EncoderLayer
 from .registry import Family, get_family
 from .staging import staged
@@ -35,6 +36,9 @@ log = logging.getLogger("hfport")
 FRESH_OK_PREFIXES = ("head.", "body.pooler.")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+# int8 is a way of loading, not a tensor dtype: the encoder's Linear layers quantized (nn/int8.py) after an fp32
+# load, held to the int8 gate; "auto-int8" falls back to bf16 where the gate refuses (hfport/int8.py)
+INT8_DTYPES = ("int8", "auto-int8")
 
 
 @dataclass
@@ -72,6 +76,9 @@ def resolve_dtype(dtype: Any, config: EncoderConfig | None = None, device: Any =
     except that an fp32 checkpoint bound for a CPU that computes bf16 natively (measured: hardware.py) gets bf16."""
     if dtype is None:
         return torch.float32
+    if isinstance(dtype, str) and dtype in INT8_DTYPES:
+        raise ValueError(f"dtype {dtype!r} quantizes a model as it loads: pass it to from_pretrained or to "
+                         "pipeline(model=<folder>), not to a model already loaded")
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -79,7 +86,7 @@ def resolve_dtype(dtype: Any, config: EncoderConfig | None = None, device: Any =
         return auto_dtype(resolve_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32"), device)
     name = str(dtype).removeprefix("torch.")
     if name not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)} or 'auto'")
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}, 'auto', 'int8' or 'auto-int8'")
     return _DTYPES[name]
 
 
@@ -111,6 +118,9 @@ BASE_TASK = "feature-extraction"  # the bare encoder's task: what a checkpoint w
 # encoder's class), so it is handed down instead of imported: hfport.lora installs it when imported, and hfport's
 # __init__ imports hfport.lora, so every from_pretrained has it.
 ADAPTER_LOADER: Callable[..., PreTrainedEncoder] | None = None
+# How an fp32 model becomes int8 behind its gate (dtype "int8" / "auto-int8"): hfport.int8.quantize_loaded, handed
+# down the same way (the gate reads the task records and the judged texts, floors above), installed on import.
+INT8_LOADER: Callable[..., PreTrainedEncoder] | None = None
 
 
 class _SkipInit(torch.overrides.TorchFunctionMode):
@@ -178,10 +188,24 @@ class PreTrainedEncoder(nn.Module):
                         problem_type: str | None = None, dtype: Any = None, device: Any = None,
                         ignore_mismatched_sizes: bool = False, revision: str | None = None,
                         cache_dir: str | os.PathLike[str] | None = None,
-                        base_model: Any = None) -> PreTrainedEncoder:
+                        base_model: Any = None, gate_data: str | os.PathLike[str] | None = None) -> PreTrainedEncoder:
         """A model folder, or a LoRA adapter folder in PEFT's format (adapter_config.json): its base comes from
-        `base_model_name_or_path`, or `base_model=` (a folder, or a loaded model whose tensors are shared)."""
+        `base_model_name_or_path`, or `base_model=` (a folder, or a loaded model whose tensors are shared).
+        dtype="int8" / "auto-int8": the encoder's Linear layers in int8, held to the int8 gate on the built-in
+        judged texts and `gate_data` (a file: one text a line, or JSONL with text / text_pair; hfport/int8.py)."""
         folder = hub.resolve(path_or_repo_id, revision=revision, cache_dir=cache_dir)
+        if isinstance(dtype, str) and dtype in INT8_DTYPES:
+            if INT8_LOADER is None:
+                raise ConfigError(f"{folder}: dtype {dtype!r} needs the int8 loader, installed by `import hfport`")
+            if is_adapter_folder(folder):
+                raise ConfigError(f"{folder}: dtype {dtype!r} quantizes a plain model folder; an adapter's LoRA "
+                                  "layers run in float (load it with dtype='bfloat16' or 'auto')")
+            fp32 = cls.from_pretrained(folder, num_labels=num_labels, id2label=id2label, label2id=label2id,
+                                       problem_type=problem_type, dtype=torch.float32, device=device,
+                                       ignore_mismatched_sizes=ignore_mismatched_sizes)
+            return INT8_LOADER(fp32, folder, fallback=dtype == "auto-int8", gate_data=gate_data)
+        if gate_data is not None:
+            raise ConfigError(f"{folder}: gate_data= judges an int8 load; dtype is {dtype!r}")
         if is_adapter_folder(folder):
             if ADAPTER_LOADER is None:
                 raise ConfigError(f"{folder}: an adapter folder, and no adapter loader is installed (import hfport)")
@@ -349,6 +373,9 @@ class PreTrainedEncoder(nn.Module):
     def save_pretrained(self, save_directory: str | os.PathLike[str], max_shard_size: int | str = "5GB") -> Path:
         """config.json + model.safetensors (or shards + index) in the layout transformers writes."""
         target = Path(save_directory)
+        if any(isinstance(m, Int8Linear) for m in self.modules()):  # quantized at load, from the fp32 folder
+            raise ConfigError(f"{target}: an int8 model (dtype='int8') is not saved; save the fp32 model it was "
+                              "loaded from, and load that with dtype='int8'")
         with staged(target, merge=True, stale=hub.STALE_WEIGHTS) as staging:
             hub.save_weights(self.hf_state_dict(), staging, max_shard_size)
             config = self.config.to_hf_dict(self.family.architectures[self.task])

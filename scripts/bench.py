@@ -14,6 +14,10 @@ libraries load:
   interleaved. Training bf16 = torch.autocast(bfloat16) over fp32 weights (what precision auto does on a CPU with
   native bf16, and what Trainer's bf16=True does); inference bf16 = the weights cast to bf16 (what hfport's
   dtype="auto" does there; transformers gets the same dtype=bfloat16).
+- int8 (--precisions fp32,bf16,int8): inference only, hfport's encoder Linear layers in int8 (hfport.int8.quantize:
+  what dtype="int8" loads, without its gate, which a fresh random head would fail on near ties), in the plain loop
+  and the pipelines, against transformers fp32 and hfport's own bf16; its model FLOP/s against the int8 matmul peak
+  (torch._int_mm, GOP/s) of the same probe.
 - the limit: each dtype's matmul peak on this machine (hfport.hardware.measure, a timed square matmul), and each
   run's achieved model FLOP/s on real tokens against it. FLOPs per row of n real tokens: inference
   n * (2 * P + 4 * L * n * d), training 3x that (forward + backward); P = parameters outside embedding tables,
@@ -420,14 +424,16 @@ def plain_loops(spec: ModelSpec, folder: Path, batches: list[dict[str, torch.Ten
     # fp32 where a fresh process measured 3.4-3.5x (transformers' fp32 unchanged); the mechanism was not isolated.
     # inference bf16: weights cast (hfport's dtype="auto" on a CPU with native bf16), for both libraries
     infer_models = {name(impl, p): models[impl] if p == "fp32" else copy.deepcopy(models[impl]).to(torch.bfloat16)
-                    for p in precisions for impl in IMPLS}
+                    for p in precisions if p != "int8" for impl in IMPLS}
+    if "int8" in precisions:  # hfport only: transformers has no int8 engine of its own on this path
+        infer_models["hfport int8"] = int8_model(models["hfport"], folder)
     infer = {n: inference_step(model) for n, model in infer_models.items()}
     warm_up(infer, batches)
     infer_rounds = interleaved(infer, batches, work.rounds, work.seed, "inference")
     result["inference"] = compare(infer_rounds, tokens)
     achieved = {"inference": {n: flops["inference"] / statistics.median(v) for n, v in infer_rounds.items()}}
 
-    train = {name(impl, p): trainer_step(models[impl], p) for p in precisions for impl in IMPLS}
+    train = {name(impl, p): trainer_step(models[impl], p) for p in precisions if p != "int8" for impl in IMPLS}
     if with_compile:
         result["compile"] = add_compiled(train, spec, folder, batches)
     warm_up(train, batches)
@@ -443,7 +449,21 @@ def plain_loops(spec: ModelSpec, folder: Path, batches: list[dict[str, torch.Ten
             "finetune_vs_bf16": compare(per_round, tokens, ours="hfport bf16", theirs="transformers bf16"),
             "inference_vs_fp32": compare(infer_rounds, tokens, ours="hfport bf16"),
             "inference_vs_bf16": compare(infer_rounds, tokens, ours="hfport bf16", theirs="transformers bf16")}
+    if "int8" in precisions:
+        result["int8"] = {"inference_vs_fp32": compare(infer_rounds, tokens, ours="hfport int8")}
+        if "bf16" in precisions:
+            result["int8"]["inference_vs_hfport_bf16"] = compare(infer_rounds, tokens, ours="hfport int8",
+                                                                 theirs="hfport bf16")
     return result
+
+
+def int8_model(model: torch.nn.Module, folder: Path) -> torch.nn.Module:
+    """A copy of hfport's fp32 MODEL with its encoder Linear layers in int8 (hfport.int8.quantize, no gate)."""
+    import hfport.int8
+
+    quantized = copy.deepcopy(model)
+    hfport.int8.quantize(quantized, folder)
+    return quantized.eval()
 
 
 def model_flops(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
@@ -608,6 +628,9 @@ def pipelines(folder: Path, texts: list[str], tokens: int, work: Workload, preci
                                                            dtype=torch.bfloat16)
         pipes["hfport auto"] = hfport.pipeline("text-classification", model=folder, batch_size=work.batch_size,
                                                device=DEVICE, dtype="auto")
+    if "int8" in precisions:
+        pipes["hfport int8"] = hfport.pipeline("text-classification", tokenizer=folder, batch_size=work.batch_size,
+                                               model=int8_model(load_model("hfport", folder, ""), folder))
     ours, theirs = pipes["hfport"](texts[:8]), pipes["transformers"](texts[:8])
     if [o["label"] for o in ours] != [t["label"] for t in theirs]:
         raise RuntimeError(f"the two fp32 pipelines disagree on labels: {ours} vs {theirs}")
@@ -619,6 +642,10 @@ def pipelines(folder: Path, texts: list[str], tokens: int, work: Workload, preci
         result["auto_vs_fp32"] = compare(per_round, tokens, ours="hfport auto")
         result["auto_vs_bf16"] = compare(per_round, tokens, ours="hfport auto", theirs="transformers bf16")
         result["dtype_auto"] = str(pipes["hfport auto"].model.dtype).removeprefix("torch.")
+    if "int8" in precisions:
+        result["int8_vs_fp32"] = compare(per_round, tokens, ours="hfport int8")
+        if "bf16" in precisions:
+            result["int8_vs_auto"] = compare(per_round, tokens, ours="hfport int8", theirs="hfport auto")
     return result
 
 
@@ -628,7 +655,7 @@ def pipelines(folder: Path, texts: list[str], tokens: int, work: Workload, preci
 # linear layers run addmm / mm on 2-D rows)
 PROFILE_GROUPS = (
     ("attention", ("scaled_dot_product", "flash_attention", "softmax", "bmm", "masked_fill")),
-    ("linear layers (matmul)", ("addmm", "aten::mm", "linear_pointwise")),
+    ("linear layers (matmul)", ("addmm", "aten::mm", "linear_pointwise", "_int_mm")),
     ("optimizer", ("_foreach", "adam", "lerp", "addcmul", "addcdiv", "sqrt")),
     ("norms, activations, residuals", ("layer_norm", "gelu", "tanh", "add", "mul", "div", "sub", "dropout",
                                        "bernoulli", "sum", "norm", "clamp")),
@@ -661,10 +688,13 @@ def profiles(spec: ModelSpec, folder: Path, batches: list[dict[str, torch.Tensor
     for impl in IMPLS:
         for precision in precisions if impl == "hfport" else ["fp32"]:
             model = load_model(impl, folder, spec.hf_attention)
-            train = trainer_step(model, precision)
-            warm_up({"train": train}, batches[:1])
-            out[f"{impl} {precision} fine-tune"] = profile_breakdown(train, batches)
-            infer = inference_step(model if precision == "fp32" else model.to(torch.bfloat16))
+            if precision == "int8":  # inference only
+                model = int8_model(model, folder)
+            else:
+                train = trainer_step(model, precision)
+                warm_up({"train": train}, batches[:1])
+                out[f"{impl} {precision} fine-tune"] = profile_breakdown(train, batches)
+            infer = inference_step(model if precision in ("fp32", "int8") else model.to(torch.bfloat16))
             warm_up({"infer": infer}, batches[:1])
             out[f"{impl} {precision} inference"] = profile_breakdown(infer, batches)
     return out
@@ -823,6 +853,15 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[list[str]]:
             row(name, "inference: hfport bf16 vs transformers fp32", b["inference_vs_fp32"],
                 f">= {TARGET_BF16_INFERENCE_VS_FP32:g}x", TARGET_BF16_INFERENCE_VS_FP32)
             row(name, "inference: hfport bf16 vs transformers bf16", b["inference_vs_bf16"])
+        if "int8" in r:  # issue 30's goals: >= 5x transformers fp32, >= 1.5x hfport's own bf16
+            i, pipe = r["int8"], r.get("pipelines", {})
+            row(name, "inference: hfport int8 vs transformers fp32", i["inference_vs_fp32"], ">= 5x", 5.0)
+            if "inference_vs_hfport_bf16" in i:
+                row(name, "inference: hfport int8 vs hfport bf16", i["inference_vs_hfport_bf16"], ">= 1.5x", 1.5)
+            if "int8_vs_fp32" in pipe:
+                row(name, "pipeline(int8) vs transformers fp32", pipe["int8_vs_fp32"], ">= 5x", 5.0)
+            if "int8_vs_auto" in pipe:
+                row(name, "pipeline(int8) vs pipeline(dtype=auto)", pipe["int8_vs_auto"], ">= 1.5x", 1.5)
         if "auto_vs_fp32" in r.get("entry_points", {}):
             e = r["entry_points"]
             row(name, "finetune(precision=auto) vs Trainer fp32", e["auto_vs_fp32"],
@@ -845,7 +884,8 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-FLOPS_HEADER = ["model", "loop", "contestant", "tok/s", "model GFLOP/s", "matmul peak of its dtype, GFLOP/s",
+FLOPS_HEADER = ["model", "loop", "contestant", "tok/s", "model GFLOP/s",
+                "matmul peak of its dtype, GFLOP/s (int8: GOP/s)",
                 "fraction of peak"]
 
 
@@ -858,7 +898,7 @@ def flops_rows(results: dict[str, dict[str, Any]], peaks: dict[str, float]) -> l
                            "inference": r["tokens_per_round"] / per_round["inference"]}
         for loop, contestants in r["achieved_flops"].items():
             for contestant, flop_s in contestants.items():
-                peak = peaks["bfloat16" if "bf16" in contestant else "float32"]
+                peak = peaks["int8" if "int8" in contestant else "bfloat16" if "bf16" in contestant else "float32"]
                 rows.append([name, loop, contestant, f"{flop_s * tokens_per_flop[loop]:,.0f}", f"{flop_s / 1e9:,.1f}",
                              f"{peak:,.1f}", f"{flop_s / 1e9 / peak:.0%}"])
     return rows
@@ -967,7 +1007,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="measured steps of an entry-point run")
     parser.add_argument("--entry-runs", type=int, help="runs of each entry point (alternating which goes first)")
     parser.add_argument("--compile", action="store_true", help="also time hfport under torch.compile(dynamic=True)")
-    parser.add_argument("--precisions", default="fp32,bf16", help="plain-loop precisions: fp32, bf16 or both")
+    parser.add_argument("--precisions", default="fp32,bf16", help="plain-loop precisions: fp32, bf16, int8 "
+                        "(inference only), comma-separated; fp32 always")
     parser.add_argument("--no-entry", action="store_true", help="skip the entry points (finetune() vs Trainer)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
     parser.add_argument("--profile", action="store_true",
@@ -987,8 +1028,9 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
     args.models = names
     args.precisions = args.precisions.split(",")
-    if not set(args.precisions) <= {"fp32", "bf16"} or "fp32" not in args.precisions:
-        parser.error("--precisions: fp32 or fp32,bf16 (fp32 is the reference every ratio is taken against)")
+    if not set(args.precisions) <= {"fp32", "bf16", "int8"} or "fp32" not in args.precisions:
+        parser.error("--precisions: fp32 plus any of bf16, int8 (fp32 is the reference every ratio is taken "
+                     "against)")
     return args
 
 

@@ -15,6 +15,8 @@ from fastapi import Depends, Request
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from hfport.pipelines import check_dtype
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HFPORT_", extra="forbid", populate_by_name=True)
@@ -42,7 +44,9 @@ class Settings(BaseSettings):
         "/embed and /v1/embeddings refuse a `dimensions` the model was not trained for (its Matryoshka dimensions, "
         "recorded in config_sentence_transformers.json, or its full size); off: any prefix is served"))
     predict_dtype: str = Field("auto", description="dtype models are served in: auto (the checkpoint's, but bf16 "
-                               "for an fp32 checkpoint on a CPU with native bf16), float32, bfloat16 or float16")
+                               "for an fp32 checkpoint on a CPU with native bf16), float32, bfloat16, float16, int8 "
+                               "(the encoder's Linear layers in int8, refused where the int8 gate fails) or "
+                               "auto-int8 (int8, else bf16 where the gate fails)")
     model_cache_size: int = Field(4, ge=1, description="loaded pipelines kept in memory (least recently used go)")
     model_cache_mb: float = Field(4096, gt=0,
                                   description="weight memory of the kept pipelines (the newest always stays)")
@@ -120,6 +124,11 @@ class Settings(BaseSettings):
             v = v.strip()
             return json.loads(v) if v.startswith("[") else [x.strip() for x in v.split(",") if x.strip()]
         return v
+
+    @field_validator("predict_dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        return check_dtype(v)  # a ValueError names the choices
 
     @field_validator("data_dir")
     @classmethod

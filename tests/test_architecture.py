@@ -255,7 +255,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("families", ("hfport.registry", "hfport.models", "hfport.heads", "hfport.tokenizer")),
     ("modeling", ("hfport.modeling",)),
     ("tasks", ("hfport.tasks", "hfport.lora", "hfport.convert")),
-    ("pipelines", ("hfport.pipelines", "hfport.embeddings")),
+    ("pipelines", ("hfport.pipelines", "hfport.embeddings", "hfport.agreement", "hfport.probes",
+                   "hfport.int8")),
     ("train/export", ("hfport.train", "hfport.export")),
     ("entry", ("hfport.cli", "hfport.__main__", "hfport")),
 )

@@ -47,7 +47,7 @@ from ..errors import ItemError
 from ..formats.adapter import is_adapter_folder
 from ..formats.onnx import is_onnx_model
 from ..formats.sentence_transformers import has_sparse_layout
-from ..modeling import PreTrainedEncoder, resolve_dtype, task_of
+from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
 from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, adapters_per_pass,
@@ -85,7 +85,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              tokenizer: str | os.PathLike[str] | PreTrainedTokenizer | None = None, device: Any = None,
              dtype: Any = None, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
              backend: str | None = None, base_model: Any = None,
-             adapters: Mapping[str, str | os.PathLike[str]] | None = None, **options: Any) -> Pipeline:
+             adapters: Mapping[str, str | os.PathLike[str]] | None = None,
+             gate_data: str | os.PathLike[str] | None = None, **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
@@ -94,7 +95,9 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     backend: "torch" or "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it); None picks
     "onnx" for a .onnx file or a folder with model.onnx and no safetensors.
     adapters: {name: adapter folder} served over `model` (its body shared, not reloaded); pick one per call with
-    `adapter=`."""
+    `adapter=`.
+    dtype="int8" / "auto-int8" (a folder only): the encoder's Linear layers in int8, held to the int8 gate on built-in
+    texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
     if backend is not None and backend not in BACKENDS:
@@ -108,8 +111,9 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
             raise ValueError(f"{name} needs a {record.checkpoint_task} model; {model.path} is a {model.task} graph")
         if tokenizer is None:
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
-        if (device is not None and torch.device(device).type != "cpu") or \
-                (dtype is not None and dtype != "auto" and resolve_dtype(dtype) != torch.float32):
+        float32 = dtype is None or dtype == "auto" or (
+            dtype not in INT8_DTYPES and resolve_dtype(dtype) == torch.float32)
+        if (device is not None and torch.device(device).type != "cpu") or not float32:
             raise ValueError(f"the onnx backend runs float32 graphs on the CPU; got device={device!r}, "
                              f"dtype={dtype!r}")
     elif isinstance(model, PreTrainedEncoder):
@@ -122,7 +126,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
             dtype = resolve_dtype(dtype, model.config, device or model.device) if dtype is not None else None
             model = model.to(device=device, dtype=dtype)
     elif isinstance(model, (str, os.PathLike)):
-        loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model)
+        loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model,
+                                                    gate_data=gate_data)
         if tokenizer is None:  # an adapter folder without tokenizer files (as PEFT writes them): the base's
             adapter = loaded.adapter
             tokenizer = model if adapter is None or has_tokenizer_files(model) or not isinstance(
@@ -142,6 +147,14 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     return pipe
 
 
+def check_dtype(dtype: str) -> str:
+    """DTYPE when pipeline(model=<folder>, dtype=...) takes it (a torch dtype name, "auto", "int8", "auto-int8"),
+    else a ValueError naming the choices."""
+    if dtype not in ("auto", *INT8_DTYPES):
+        resolve_dtype(dtype)
+    return dtype
+
+
 def model_task(model: str | os.PathLike[str]) -> str:
     """The pipeline task of a model folder's head (or of a repo id in the local HF cache), read from config.json's
     `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model: feature-extraction;
@@ -159,6 +172,7 @@ def model_task(model: str | os.PathLike[str]) -> str:
 __all__ = [
     "PIPELINES",
     "adapters_per_pass",
+    "check_dtype",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",

@@ -1,0 +1,169 @@
+"""dtype="int8" (and "auto-int8"): an fp32 model's encoder Linear layers quantized at load, held to the int8 gate.
+
+`quantize_loaded(model, folder)` (modeling's INT8_LOADER, installed on import):
+  1. calibration: the fp32 model runs the calibration texts (hfport/probes.py) and records each encoder Linear's
+     per-input-channel |max|; channels that dwarf the median (nn/int8.py: OUTLIER_RATIO, at most MAX_OUTLIERS a
+     layer) stay fp32 beside the int8 product;
+  2. every nn.Linear under the body's encoder becomes an Int8Linear (weights per output channel, activations per
+     token through torch._int_mm). Embeddings, norms, attention's softmax and products, the pooler and the task
+     heads stay fp32;
+  3. the gate (hfport/agreement.py, the ONNX export's rules and thresholds): int8 against fp32 on the built-in
+     judged texts and pairs (never the calibration ones) and on the user's `gate_data`, by the task's agreement
+     kind. Below the threshold: an Int8GateError saying by how much, or with "auto-int8" the float layers back and
+     the model in bf16 (logged, and noted in the load report).
+The gate's verdicts are kept on the model as `model.int8_gate` (a list of GateResult).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import modeling
+from .agreement import MIN_AGREEMENT, MIN_COSINE, GateContext, gate_for, measure, passes
+from .errors import ConfigError, ExportError
+from .formats.sentence_transformers import has_embedding_layout, read_layout
+from .modeling import PreTrainedEncoder
+from .nn.int8 import InputPeaks, body_linears, quantize_linears, swap_linears
+from .probes import CALIBRATION_PAIRS, CALIBRATION_TEXTS, PROBE_MAX_LENGTH, GateData, encode, gate_batches, \
+    read_gate_data
+from .tasks import TASKS
+from .tokenizer import AutoTokenizer, has_tokenizer_files
+
+log = logging.getLogger("hfport")
+FALLBACK_DTYPE = torch.bfloat16  # what "auto-int8" runs in when the gate refuses int8
+
+
+class Int8GateError(ExportError):
+    """The int8 model moved the fp32 answers past the gate's threshold (the message says which and by how much)."""
+
+
+@dataclass(frozen=True)
+class GateResult:
+    data: str  # where the judged texts came from
+    kind: str  # "texts" or "pairs"
+    statistic: str  # the gate's tolerance, e.g. "min cosine >= 0.98"
+    value: float
+    items: int
+    bound: float  # the threshold the statistic is held to
+    passed: bool
+
+    def line(self) -> str:
+        return (f"{self.statistic}: {self.value:.4f} over {self.items} {self.kind} ({self.data})"
+                f"{'' if self.passed else ' FAILED'}")
+
+
+def _max_length(config: Any) -> int:
+    return min(PROBE_MAX_LENGTH, config.max_position_embeddings - 2)  # room for RoBERTa's position offset
+
+
+@torch.inference_mode()
+def _outputs(model: PreTrainedEncoder, enc: dict[str, Tensor], task: str) -> dict[str, Tensor]:
+    """The task's judged outputs (the record's graph outputs) on one batch, in fp32."""
+    out = model(enc["input_ids"], attention_mask=enc["attention_mask"], token_type_ids=enc.get("token_type_ids"))
+    return {name: out[name].float() for name in TASKS[task].graph_outputs}
+
+
+def _calibrate(model: PreTrainedEncoder, folder: Path) -> dict[str, Tensor]:
+    """Each encoder Linear's per-input-channel |max| over the calibration texts and pairs, by name."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    batches = encode(tokenizer, model.task, model.config, CALIBRATION_TEXTS, CALIBRATION_PAIRS,
+                     _max_length(model.config))
+    with InputPeaks(body_linears(model.body.encoder)) as peaks:
+        for enc in batches.values():
+            _outputs(model, enc, model.task)
+    return peaks.peaks
+
+
+def _pooling(folder: Path) -> str:
+    return read_layout(folder).pooling if has_embedding_layout(folder) else "mean"
+
+
+Batches = dict[str, list[dict[str, Tensor]]]  # "<origin>/<kind>" -> the judged batches
+
+
+def _batches(model: PreTrainedEncoder, folder: Path, datasets: list[GateData]) -> Batches:
+    """Every data set as the gate's batches (hfport/probes.py: gate_batches), tokenized once."""
+    return {f"{data.origin}/{kind}": encs for data in datasets
+            for kind, encs in gate_batches(folder, model.task, model.config, data, _max_length(model.config)).items()}
+
+
+def _judge(model: PreTrainedEncoder, folder: Path, batches: Batches,
+           reference: dict[str, list[dict[str, Tensor]]]) -> list[GateResult]:
+    """The gate's verdict per data set and kind: MODEL's outputs (int8) against REFERENCE (fp32, same keys)."""
+    gate = gate_for(TASKS[model.task].agreement, model.config)
+    ctx = GateContext(model.config, _pooling(folder))
+    bound = MIN_COSINE if gate.threshold == "cosine" else MIN_AGREEMENT
+    results = []
+    for key, encs in batches.items():
+        chunks = [(_outputs(model, enc, model.task), f, enc) for enc, f in zip(encs, reference[key])]
+        verdict = measure(gate, chunks, ctx)
+        ok, tolerance = passes(gate, verdict, MIN_AGREEMENT, MIN_COSINE)
+        origin, _, kind = key.rpartition("/")
+        results.append(GateResult(origin, kind, tolerance, verdict.value, verdict.items, bound, ok))
+    return results
+
+
+def _check_loadable(model: PreTrainedEncoder, folder: Path) -> None:
+    if TASKS[model.task].agreement is None:
+        raise ConfigError(f"{folder}: dtype 'int8' has no gate for a {model.task} head (its task record names no "
+                          "agreement kind); load it with dtype='bfloat16' or 'auto'")
+    if model.device.type != "cpu":
+        raise ConfigError(f"{folder}: dtype 'int8' runs on the CPU's int8 instructions; got device {model.device}")
+    if not has_tokenizer_files(folder):
+        raise ConfigError(f"{folder}: dtype 'int8' calibrates and judges on texts and needs the folder's tokenizer "
+                          "files")
+
+
+def quantize(model: PreTrainedEncoder, folder: str | os.PathLike[str]) -> dict[int, Any]:
+    """Steps 1-2 of the module docstring without the gate: MODEL's encoder Linear layers in int8, calibrated on the
+    calibration texts through FOLDER's tokenizer. -> {id(Int8Linear): the nn.Linear it replaced}. What
+    dtype="int8" does before judging; for benchmarks (scripts/bench.py) and experiments, not for serving."""
+    return quantize_linears(model.body.encoder, _calibrate(model, Path(folder)))
+
+
+def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *, fallback: bool = False,
+                    gate_data: str | os.PathLike[str] | None = None) -> PreTrainedEncoder:
+    """MODEL (fp32, just loaded from FOLDER) with its encoder's Linear layers in int8, if the gate passes; else an
+    Int8GateError, or with FALLBACK the model in bf16. The module docstring has the steps."""
+    folder = Path(folder)
+    try:
+        _check_loadable(model, folder)
+    except ConfigError as e:
+        if not fallback:
+            raise
+        return _fallback(model, folder, f"int8 cannot load here: {e}")
+    datasets = [GateData.builtin()] + ([read_gate_data(gate_data)] if gate_data is not None else [])
+    batches = _batches(model, folder, datasets)
+    reference = {key: [_outputs(model, enc, model.task) for enc in encs] for key, encs in batches.items()}  # fp32
+    originals = quantize(model, folder)
+    results = _judge(model, folder, batches, reference)
+    model.int8_gate = results
+    report = "; ".join(r.line() for r in results)
+    if all(r.passed for r in results):
+        log.info("%s: int8 (%d Linear layers) passed its gate: %s", folder, len(originals), report)
+        model.load_report.notes.append(f"int8: {len(originals)} encoder Linear layers; gate passed: {report}")
+        return model
+    failed = "; ".join(f"{r.line()} ({r.value - r.bound:+.4f} against the bound {r.bound:g})"
+                       for r in results if not r.passed)
+    if not fallback:
+        raise Int8GateError(f"{folder}: int8 refused by its gate: {failed}. Load with dtype='auto-int8' to fall "
+                            "back to bf16, or 'bfloat16' / 'float32'")
+    swap_linears(model.body.encoder, originals)  # the float layers back
+    return _fallback(model, folder, f"the int8 gate refused: {failed}")
+
+
+def _fallback(model: PreTrainedEncoder, folder: Path, why: str) -> PreTrainedEncoder:
+    """auto-int8's answer where int8 is refused: the float model in bf16, the reason logged and noted."""
+    log.warning("%s: auto-int8 chose bf16: %s", folder, why)
+    model.load_report.notes.append(f"auto-int8 chose bf16: {why}")
+    return model.to(FALLBACK_DTYPE)
+
+
+modeling.INT8_LOADER = quantize_loaded  # every from_pretrained(dtype="int8") loads through it

@@ -1,0 +1,238 @@
+"""dtype="int8": Int8Linear's math, every family's body in int8, the gate on load (refusal, auto-int8's fallback),
+the real MiniLM's quality per task, and the dtype strings through pipeline, CLI and the server's settings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import hfport
+from hfport.int8 import Int8GateError
+from hfport.nn import int8 as int8_nn
+from hfport.nn.int8 import InputPeaks, Int8Linear, body_linears, quantize_linears, reference_forward
+from hfport.probes import judged_texts
+from tests import tiny
+
+# the least embedding cosine int8 may reach against fp32 on the real MiniLM (issue 30's quality bar; the gate's own
+# bound, shared with the ONNX export, is 0.98). Measured: 0.9963 over the 64 judged texts, 0.9989 over the pairs.
+MINILM_MIN_COSINE = 0.99
+
+
+# --- 1. Int8Linear against the same quantization in float64 -------------------------------------------------------
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("n_outliers", [0, 3])
+def test_int8_linear_matches_its_reference(bias, n_outliers):
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 40, bias=bias)
+    x = torch.randn(2, 7, 48)  # (B, T, K): a batch of rows, flattened to tokens inside
+    outliers = torch.tensor([5, 17, 30][:n_outliers], dtype=torch.long)
+    x[..., outliers] *= 25.0  # channels that dwarf the rest, as MiniLM's LayerNorm outputs have
+    layer = Int8Linear.from_linear(linear, outliers)
+    assert layer.weight_t.dtype == torch.int8 and layer.weight_t.shape == (48, 40) and layer.weight_t.is_contiguous()
+    got, want = layer(x), reference_forward(layer, x)
+    assert got.shape == (2, 7, 40) and got.dtype == torch.float32
+    # the int8 product is exact; what differs is fp32's rounding of the scales and the dequantization
+    assert (got.double() - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    # and it is int8: not the fp32 Linear's values, but near them
+    fp32 = linear(x)
+    error = ((got - fp32).norm() / fp32.norm()).item()
+    assert 1e-5 < error < 0.02, error
+
+
+def test_outliers_are_what_keeps_int8_close():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32)
+    x = torch.randn(50, 64)
+    x[:, 9] *= 40.0
+    with InputPeaks({"l": linear}) as peaks:
+        linear(x)
+    idx = int8_nn.outlier_channels(peaks.peaks["l"])
+    assert idx.tolist() == [9]
+    fp32 = linear(x)
+    err = {n: ((Int8Linear.from_linear(linear, i)(x) - fp32).norm() / fp32.norm()).item()
+           for n, i in (("plain", None), ("split", idx))}
+    assert err["split"] < err["plain"] / 3, err
+
+
+def test_zero_rows_quantize_to_zero():
+    layer = Int8Linear.from_linear(nn.Linear(8, 4))
+    x = torch.zeros(3, 8)
+    assert torch.equal(layer(x), layer.bias.expand(3, 4))
+
+
+# --- 2. every family's body runs int8, every head stays float ----------------------------------------------------
+
+
+@pytest.mark.parametrize("family", sorted(tiny.ALL_FAMILIES))
+def test_every_family_runs_int8(family):
+    batch = tiny.batch(family)
+    real = batch["attention_mask"].bool()  # (B, T)
+    for head, auto_name in tiny.HEADS.items():
+        torch.manual_seed(0)
+        model = getattr(hfport, auto_name).from_config(tiny.hf_config(family).to_dict()).eval()
+        with torch.inference_mode():
+            with InputPeaks(body_linears(model.body.encoder)) as peaks:
+                fp32 = model(**batch)
+            floats = {n: m for n, m in model.named_modules() if type(m) is nn.Linear and
+                      not n.startswith("body.encoder.")}
+            originals = quantize_linears(model.body.encoder, peaks.peaks)
+            q = model(**batch)
+        assert originals and not body_linears(model.body.encoder), f"{family}/{head}: a Linear left in the encoder"
+        assert {n: m for n, m in model.named_modules() if type(m) is nn.Linear} == floats  # heads, pooler: float
+        name = "last_hidden_state" if head == "base" else "start_logits" if head == "question-answering" else "logits"
+        per_token = q[name].dim() > 2 or (q[name].dim() == 2 and head == "question-answering")
+        a, b = (q[name][real], fp32[name][real]) if per_token else (q[name], fp32[name])  # real tokens, or rows
+        assert torch.isfinite(a).all()
+        cos = nn.functional.cosine_similarity(a.flatten(1), b.flatten(1), dim=-1) if a.dim() > 1 else None
+        error = ((a - b).norm() / b.norm()).item()
+        assert 0 < error < 0.05, f"{family}/{head}: relative error {error:.4f}"
+        if cos is not None:
+            assert cos.min() > 0.99, f"{family}/{head}: least cosine {cos.min():.4f}"
+
+
+def test_shared_input_is_quantized_once_and_dropped():
+    """q, k and v read one input: quantized once (SharedInput), the same values as three times, nothing kept after."""
+    torch.manual_seed(0)
+    model = hfport.AutoModel.from_config(tiny.hf_config("bert").to_dict()).eval()
+    batch = tiny.batch("bert")
+    with torch.inference_mode():
+        with InputPeaks(body_linears(model.body.encoder)) as peaks:
+            model(**batch)
+        quantize_linears(model.body.encoder, peaks.peaks)
+        layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+        shared = {id(m.shared): m.shared for m in layers if m.shared is not None}
+        assert len(shared) == 2 and all(s.readers == 3 for s in shared.values())  # q, k, v of each of 2 layers
+        once = model(**batch)["last_hidden_state"]
+        assert all(s.last is None for s in shared.values())  # no activations outlive the pass
+        for m in layers:
+            m.shared = None
+        assert torch.equal(model(**batch)["last_hidden_state"], once)
+
+
+# --- 3. the gate on load: the real MiniLM, a damaged int8, auto-int8 --------------------------------------------
+
+
+def _gate(model) -> dict[str, float]:
+    return {r.kind: r.value for r in model.int8_gate}
+
+
+@pytest.fixture(scope="module")
+def minilm_int8(minilm_path):
+    return hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")  # int8 kept: it passes its gate
+
+
+def test_minilm_embeddings_int8(minilm_int8, tmp_path):
+    model = minilm_int8
+    with pytest.raises(hfport.ConfigError, match="an int8 model .* is not saved"):
+        model.save_pretrained(tmp_path / "out")
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 36  # 6 layers x (q, k, v, o, up, down)
+    assert all(r.passed for r in model.int8_gate)
+    values = _gate(model)
+    print(f"MiniLM int8 embeddings (mean pooling), least cosine vs fp32: {values}")
+    assert min(values.values()) >= MINILM_MIN_COSINE, values
+    assert "int8" in model.load_report.summary()
+
+
+@pytest.fixture
+def damaged(monkeypatch):
+    """int8 that keeps 3 levels a side (a broken quantizer): the gate must see it."""
+    monkeypatch.setattr(int8_nn, "QMAX", 3)
+
+
+def test_gate_refuses_damaged_int8(minilm_path, damaged):
+    with pytest.raises(Int8GateError, match=r"int8 refused by its gate: min cosine >= 0.98: 0\.\d+ .* against "
+                                            r"the bound 0.98.*auto-int8"):
+        hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
+
+
+def test_auto_int8_falls_back_to_bf16(minilm_path, damaged, caplog):
+    model = hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")
+    assert model.dtype == torch.bfloat16
+    assert not any(isinstance(m, Int8Linear) for m in model.modules())
+    assert any("auto-int8 chose bf16: the int8 gate refused" in n for n in model.load_report.notes)
+    assert "auto-int8 chose bf16" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def minilm_heads(tmp_path_factory, minilm_path) -> dict[str, Path]:
+    """The real MiniLM body with seeded random heads (std 1, so logits spread as a trained head's do: test_bf16.py)."""
+    root = tmp_path_factory.mktemp("int8_heads")
+    folders = {}
+    for task, cls in (("text-classification", hfport.AutoModelForSequenceClassification),
+                      ("token-classification", hfport.AutoModelForTokenClassification)):
+        torch.manual_seed(0)
+        model = cls.from_pretrained(minilm_path, **({"num_labels": 5} if "classification" in task else {}))
+        with torch.no_grad():
+            for p in model.head.parameters():
+                p.normal_(0.0, 1.0)
+        model.save_pretrained(root / task)
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+            shutil.copy(minilm_path / f, root / task / f)
+        folders[task] = root / task
+    return folders
+
+
+# issue 30's bars: decided labels and tags >= 99%, spans at the gate's agreement bound (0.99). On these random heads
+# (std 1: logits far sharper than a trained head's) int8 measured: labels 1.0 / 1.0 (texts / pairs), tags 0.976 /
+# 0.965 (weight rounding alone, fp32 activations: 0.985 / 0.988; bf16 0.998 / 0.998); spans (a QA head drawn the
+# same way, not run here to keep this file fast) 0.951 over 61 pairs. The gate keeps int8 where it passes and refuses
+# the rest, which auto-int8 then serves in bf16.
+@pytest.mark.parametrize("task, keeps_int8", [("text-classification", True), ("token-classification", False)])
+def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8):
+    model = hfport.tasks.get(task).model_class.from_pretrained(minilm_heads[task], dtype="auto-int8")
+    values = _gate(model)
+    print(f"MiniLM int8 {task}: {[r.line() for r in model.int8_gate]}")
+    int8 = any(isinstance(m, Int8Linear) for m in model.modules())
+    assert int8 == keeps_int8 == (min(values.values()) >= 0.99), values
+    assert model.dtype == (torch.float32 if int8 else torch.bfloat16)
+    if not int8:
+        assert any("auto-int8 chose bf16: the int8 gate refused" in n for n in model.load_report.notes)
+
+
+def test_gate_data_is_judged_too(minilm_path, tmp_path):
+    data = tmp_path / "gate.txt"
+    data.write_text("\n".join(t.upper() for t in judged_texts()) + "\n")
+    model = hfport.AutoModel.from_pretrained(minilm_path, dtype="int8", gate_data=data)
+    assert [r.data for r in model.int8_gate if r.data == str(data)] == [str(data)]
+    short = tmp_path / "short.txt"
+    short.write_text("one\ntwo\n")
+    with pytest.raises(hfport.HfportError, match=r"short.txt: 2 texts; the gate judges at least 64"):
+        hfport.AutoModel.from_pretrained(minilm_path, dtype="int8", gate_data=short)
+    with pytest.raises(hfport.ConfigError, match="gate_data= judges an int8 load"):
+        hfport.AutoModel.from_pretrained(minilm_path, gate_data=data)
+
+
+# --- 4. the dtype strings through pipeline, CLI, settings ---------------------------------------------------------
+
+
+def test_pipeline_and_cli_int8(minilm_path, minilm_int8):
+    pipe = hfport.pipeline("sentence-embedding", model=minilm_int8, tokenizer=minilm_path)
+    fp32 = hfport.pipeline("sentence-embedding", model=minilm_path)
+    texts = ["The cat sat on the mat.", "Int8 keeps the answers close."]
+    got, want = torch.tensor(pipe(texts)), torch.tensor(fp32(texts))
+    assert nn.functional.cosine_similarity(got, want).min() >= MINILM_MIN_COSINE
+    with pytest.raises(ValueError, match="quantizes a model as it loads"):
+        hfport.pipeline("feature-extraction", model=fp32.model, tokenizer=minilm_path, dtype="int8")
+
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+    result = CliRunner().invoke(app, ["predict", str(minilm_path), "--task", "feature-extraction", "--dtype", "int8",
+                                      "-o", "pooling=\"mean\"", "Hello world."])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.output.strip().splitlines()[-1])) == 384  # one pooled vector
+
+
+def test_settings_accept_int8():
+    from server.settings import Settings
+    assert Settings(predict_dtype="int8").predict_dtype == "int8"
+    assert Settings(predict_dtype="auto-int8").predict_dtype == "auto-int8"
+    with pytest.raises(ValueError, match="'int4' is not one of .*'int8' or 'auto-int8'"):
+        Settings(predict_dtype="int4")
