@@ -17,7 +17,7 @@ from ..nn import (Embeddings, Encoder, EncoderBody, EncoderLayer, RMSNorm, Rotar
                   SplitGatedFeedForward)
 from ..nn.activations import ACTIVATIONS
 from .family import Family, HeadOptions
-from .gte import _NONE, _NUMBER, TASKS, rope, typed
+from .gte import _NONE, _NUMBER, TASKS, check_shapes, rope, typed
 
 # EuroBertConfig's typed fields and defaults (use_cache and pretraining_tp change nothing an encoder computes)
 FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
@@ -42,17 +42,11 @@ def eurobert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
         raise ConfigError(f"{source}: field 'classifier_pooling' expected one of {list(POOLING)}, got "
                           f"{v['classifier_pooling']!r}")
     head_dim = v["head_dim"] or (hidden // heads if heads > 0 else 0)
-    if heads > 0 and hidden % heads == 0 and head_dim != hidden // heads:
-        raise ConfigError(f"{source}: field 'head_dim': {head_dim!r} differs from hidden_size // "
-                          f"num_attention_heads ({hidden // heads}); hfport's heads are hidden_size // heads wide")
+    check_shapes(v, source, head_dim)
     kv_heads = v["num_key_value_heads"] or heads
     if kv_heads <= 0 or heads % kv_heads:
         raise ConfigError(f"{source}: field 'num_key_value_heads': {kv_heads} must divide num_attention_heads "
                           f"({heads})")
-    pad = v["pad_token_id"]
-    if pad is not None and not -v["vocab_size"] <= pad < v["vocab_size"]:
-        raise ConfigError(f"{source}: field 'pad_token_id': {pad} is outside the vocabulary (vocab_size "
-                          f"{v['vocab_size']}); the token embedding's padding row must exist")
     theta, scaling = rope(raw, source, DEFAULT_THETA, head_dim, v["max_position_embeddings"])
     extra = {"rope_theta": theta, "rope_scaling": scaling, "kv_heads": kv_heads,
              "pooling": POOLING[v["classifier_pooling"]],
@@ -62,7 +56,7 @@ def eurobert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
         num_hidden_layers=v["num_hidden_layers"], num_attention_heads=heads,
         intermediate_size=v["intermediate_size"], hidden_act=v["hidden_act"],
         max_position_embeddings=v["max_position_embeddings"], type_vocab_size=0, layer_norm_eps=v["rms_norm_eps"],
-        pad_token_id=pad, initializer_range=v["initializer_range"], hidden_dropout=0.0,
+        pad_token_id=v["pad_token_id"], initializer_range=v["initializer_range"], hidden_dropout=0.0,
         attention_dropout=v["attention_dropout"], classifier_dropout=0.0,
         tie_word_embeddings=v["tie_word_embeddings"], extra=extra, **head_fields(raw), raw=raw, source=source)
 

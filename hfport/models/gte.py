@@ -78,6 +78,19 @@ def rope(raw: dict[str, Any], source: str, default_theta: float, head_dim: int,
     return float(theta), RopeScaling(rope_type, float(factor), max_positions)
 
 
+def check_shapes(v: dict[str, Any], source: str, head_dim: int) -> None:
+    """What every rotary family here refuses alike: heads of another width than hidden_size // heads, and a
+    pad_token_id outside the vocabulary (the token embedding's padding row must exist)."""
+    hidden, heads = v["hidden_size"], v["num_attention_heads"]
+    if heads > 0 and hidden % heads == 0 and head_dim != hidden // heads:
+        raise ConfigError(f"{source}: field 'head_dim': {head_dim!r} differs from hidden_size // "
+                          f"num_attention_heads ({hidden // heads}); hfport's heads are hidden_size // heads wide")
+    pad = v["pad_token_id"]
+    if pad is not None and not -v["vocab_size"] <= pad < v["vocab_size"]:
+        raise ConfigError(f"{source}: field 'pad_token_id': {pad} is outside the vocabulary (vocab_size "
+                          f"{v['vocab_size']}); the token embedding's padding row must exist")
+
+
 def rotary_config(raw: dict[str, Any], source: str, *, fields: dict[str, tuple[tuple[type, ...], Any]],
                   config_class: str, default_theta: float, min_type_vocab: int) -> EncoderConfig:
     """GTE's and NomicBERT's configs: BertConfig's names, rotary positions instead of a position table."""
@@ -87,23 +100,17 @@ def rotary_config(raw: dict[str, Any], source: str, *, fields: dict[str, tuple[t
         raise ConfigError(f"{source}: field 'hidden_act': {v['hidden_act']!r} is not supported; supported: "
                           f"{sorted(ACTIVATIONS)}")
     head_dim = raw.get("head_dim") or (hidden // heads if heads > 0 else 0)
-    if heads > 0 and hidden % heads == 0 and head_dim != hidden // heads:
-        raise ConfigError(f"{source}: field 'head_dim': {head_dim!r} differs from hidden_size // "
-                          f"num_attention_heads ({hidden // heads}); hfport's heads are hidden_size // heads wide")
+    check_shapes(v, source, head_dim)
     if v["type_vocab_size"] < min_type_vocab:
         raise ConfigError(f"{source}: field 'type_vocab_size': {v['type_vocab_size']} is below {min_type_vocab}; "
                           f"transformers' {config_class} model looks up token type 0")
-    pad = v["pad_token_id"]
-    if pad is not None and not -v["vocab_size"] <= pad < v["vocab_size"]:
-        raise ConfigError(f"{source}: field 'pad_token_id': {pad} is outside the vocabulary (vocab_size "
-                          f"{v['vocab_size']}); the token embedding's padding row must exist")
     theta, scaling = rope(raw, source, default_theta, head_dim, v["max_position_embeddings"])
     return EncoderConfig(
         model_type=raw["model_type"], vocab_size=v["vocab_size"], hidden_size=hidden,
         num_hidden_layers=v["num_hidden_layers"], num_attention_heads=heads,
         intermediate_size=v["intermediate_size"], hidden_act=v["hidden_act"],
         max_position_embeddings=v["max_position_embeddings"], type_vocab_size=v["type_vocab_size"],
-        layer_norm_eps=v["layer_norm_eps"], pad_token_id=pad, initializer_range=v["initializer_range"],
+        layer_norm_eps=v["layer_norm_eps"], pad_token_id=v["pad_token_id"], initializer_range=v["initializer_range"],
         hidden_dropout=v["hidden_dropout_prob"], attention_dropout=v["attention_probs_dropout_prob"],
         classifier_dropout=v["classifier_dropout"], tie_word_embeddings=v["tie_word_embeddings"],
         extra={"rope_theta": theta, "rope_scaling": scaling}, **head_fields(raw), raw=raw, source=source)
