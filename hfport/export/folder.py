@@ -32,7 +32,7 @@ from ..modeling import PreTrainedEncoder, task_of
 from ..registry import get_family
 from ..tasks import load_any
 from ..tokenizer import copy_tokenizer_files
-from .card import model_card, record_verify
+from .card import PLAIN, CardStyle, write_card
 from .checks import (PROBE_PAIRS, PROBE_TEXTS, check_labels, check_weights, compare_models, folder_dtype,
                      transformers_rows)
 from .common import (DTYPE_NAMES, EXPORT_DTYPES, ExportError, ExportResult, FormatOptions, Source,
@@ -42,8 +42,8 @@ from .sentence_formats import keep_layout, sentence_rows
 
 log = logging.getLogger("hfport")
 
-# (staged folder, source, the loaded model, the options) -> whether OUT has the embedding layout (for the card)
-LayoutStep = Callable[[Path, Source, PreTrainedEncoder, Any], bool]
+# (staged folder, source, the loaded model, the options): adds a format's files (the card reads what it wrote)
+LayoutStep = Callable[[Path, Source, PreTrainedEncoder, Any], None]
 
 
 class ExportOptions(FormatOptions):
@@ -106,8 +106,10 @@ def load_exportable(source: Source) -> PreTrainedEncoder:
 
 
 def write_folder(source: Source, out: Path, options: ExportOptions, *, verify: bool = False,
-                 json_path: str | os.PathLike[str] | None = None, layout: LayoutStep = keep_layout) -> ExportResult:
-    """SOURCE as an HF folder at OUT (plus LAYOUT's files); with verify=True, proven before OUT appears."""
+                 json_path: str | os.PathLike[str] | None = None, layout: LayoutStep = keep_layout,
+                 card: CardStyle = PLAIN, prove: Callable[..., VerifyReport] | None = None) -> ExportResult:
+    """SOURCE as an HF folder at OUT (plus LAYOUT's files, and the model card with CARD's format bits); with
+    verify=True, proven by PROVE (the format's verify; default verify_folder) before OUT appears."""
     if source.adapter:
         raise ExportError(f"{source.model}: a LoRA adapter; export it as the adapter (format peft) or merged "
                           "(format merged)")
@@ -126,18 +128,16 @@ def write_folder(source: Source, out: Path, options: ExportOptions, *, verify: b
         config = export_config(model, architecture, torch_dtype)
         hub.write_json_atomic(staging / "config.json", config)
         copy_tokenizer_files(tok_folder, staging)
-        embedding = layout(staging, source, model, options)
+        layout(staging, source, model, options)
         del model  # verify loads the source afresh, in float32
-        config = hub.read_config(staging)[0]  # as the layout step left it (a reranker's marker)
-        (staging / "README.md").write_text(model_card(source, config, task, out.name, embedding_layout=embedding),
-                                           encoding="utf-8")
-        result = ExportResult(out, source.model, config["model_type"], task, DTYPE_NAMES[torch_dtype],
-                              sorted(p.name for p in staging.iterdir()), files, tok_folder)
+        result = ExportResult(out, source.model, config["model_type"], task, DTYPE_NAMES[torch_dtype], [], files,
+                              tok_folder)
         if verify:
-            result.report = verify_folder(staging, source.model, atol=options.atol, rtol=options.rtol,
-                                          json_path=json_path, label=str(out))
+            result.report = (prove or verify_folder)(staging, source.model, atol=options.atol, rtol=options.rtol,
+                                                     json_path=json_path, label=str(out))
             raise_unless_passed(result.report, out, source.model)
-            record_verify(staging, result.report)  # the card says it was proven
+        write_card(staging, source, result, card)  # after verify: the card states its outcome
+        result.files = sorted(p.name for p in staging.iterdir())
     return result
 
 

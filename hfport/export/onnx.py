@@ -67,11 +67,12 @@ from torch import Tensor, nn
 
 from .. import hub
 from ..modeling import PreTrainedEncoder
-from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE
+from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE, read_manifest
 from ..pipelines.onnx_backend import DYNAMIC_AXES, graph_inputs
 from ..tasks import TASKS
 from ..tokenizer import TOKENIZER_FILES, AutoTokenizer
-from .common import (ExportError, ExportResult, FormatOptions, Source, check_out, export_config,
+from .card import CardFacts, CardStyle, write_card
+from .common import (TRANSFORMERS_AUTO, ExportError, ExportResult, FormatOptions, Source, check_out, export_config,
                      no_tokenizer_message, resolve_source, staged, tokenizer_folder)
 from .folder import load_exportable, raise_unless_passed
 from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, check_thresholds
@@ -107,6 +108,56 @@ class OnnxOptions(FormatOptions):
     gate_data: str | None = Field(None, description="int8: the texts the gate judges, a file with one text a line "
                                                     "or JSONL with text / text_pair (at least 64; default: the "
                                                     "built-in judged set)")
+
+
+# what each graph is, in the card (optimum's file names)
+GRAPH_ROLES = {ONNX_FILE: "fp32, portable (any ONNX runtime)",
+               OPTIMIZED_FILE: "fp32 with onnxruntime's fused attention and norms (onnxruntime only)",
+               QUANTIZED_FILE: "int8 (dynamic quantization): the CPU serving graph"}
+GATE_CHECK = "int8 vs fp32"  # the int8 gate's rows in the verify report (export/onnx_verify.py)
+
+
+def onnx_section(facts: CardFacts) -> list[str]:
+    """The graphs (which one is int8), the opset and how the int8 graph was made, and the agreement its gate
+    measured against the fp32 graph on the judged texts."""
+    manifest = read_manifest(facts.folder) or {}
+    sums = manifest.get("sha256") or {}
+    lines = ["## ONNX graphs", "", f"Opset {manifest.get('opset')}, {manifest.get('exporter')}; padded batches "
+             "(inputs " + ", ".join(f"`{i}`" for i in manifest.get("inputs", [])) + "; outputs "
+             + ", ".join(f"`{o}`" for o in manifest.get("outputs", [])) + ").", "",
+             "| file | graph | sha256 |", "|---|---|---|"]
+    lines += [f"| `{name}` | {GRAPH_ROLES.get(name, '')} | `{digest[:16]}...` |" for name, digest in sums.items()]
+    quantization = manifest.get("quantization")
+    if quantization:
+        outliers = sum(map(len, (quantization.get("outlier_channels") or {}).values()))
+        lines += ["", f"`{QUANTIZED_FILE}` is the int8 graph: {quantization.get('weights')} weights "
+                  f"({'per output channel' if quantization.get('per_channel') else 'per tensor'}), made from "
+                  f"`{quantization.get('from')}`; {outliers} outlier input channels in fp32 "
+                  f"({quantization.get('outlier_rule')}), "
+                  f"{len(quantization.get('kept_fp32') or {})} MatMuls kept fp32 ({quantization.get('keep_rule')})."]
+    gate = [r for r in facts.report.rows if r.check == GATE_CHECK] if facts.report is not None else []
+    if gate:
+        lines += ["", "The int8 gate (int8 against fp32 on judged texts apart from the calibration ones):", "",
+                  "| measured | over | bound | result |", "|---|---|---|---|"]
+        lines += [f"| {r.output} | {r.shape} | {r.tolerance} | {'pass' if r.passed else 'FAIL'} |" for r in gate]
+    return lines + [""]
+
+
+def onnx_use(facts: CardFacts) -> list[str]:
+    """optimum's ORTModel class for the head (the int8 graph by its file name), and hfport's onnx backend."""
+    auto = TRANSFORMERS_AUTO[facts.task]
+    ort = "ORTModelForFeatureExtraction" if auto == "AutoModel" else "ORT" + auto.removeprefix("Auto")
+    int8 = (facts.folder / QUANTIZED_FILE).is_file()
+    return ["## Use", "", "```python", f"from optimum.onnxruntime import {ort}",
+            "from transformers import AutoTokenizer", "", f'tokenizer = AutoTokenizer.from_pretrained("{facts.name}")',
+            f'model = {ort}.from_pretrained("{facts.name}")  # {ONNX_FILE}, fp32',
+            *([f'int8 = {ort}.from_pretrained("{facts.name}", file_name="{QUANTIZED_FILE}")'] if int8 else []),
+            "```", "", f'With hfport: `hfport.pipeline("{facts.task}", model="{facts.name}")` (the onnx backend'
+            + (f"; `model=\"{facts.name}/{QUANTIZED_FILE}\"` for int8)." if int8 else ")."), ""]
+
+
+# optimum's ONNX exports on the Hub: transformers' library with the onnx tag
+ONNX_CARD = CardStyle(library="transformers", tags=("onnx",), use=onnx_use, section=onnx_section)
 
 
 @dataclass
@@ -154,7 +205,8 @@ def export_onnx(src: str | os.PathLike[str], out: str | os.PathLike[str], *, whi
 
 
 def write_onnx(source: Source, out: Path, options: OnnxOptions, *, quantize: str | None = None,
-               verify: bool = True, json_path: str | os.PathLike[str] | None = None) -> OnnxExportResult:
+               verify: bool = True, json_path: str | os.PathLike[str] | None = None,
+               card: CardStyle = ONNX_CARD) -> OnnxExportResult:
     """SOURCE's model as an ONNX folder at OUT (+ the int8 graph with quantize="int8"), always verified: an ONNX
     graph is a new computation, never a copy of the weights, so `verify` cannot turn the proof off."""
     onnx, _ = require_onnx()
@@ -183,14 +235,15 @@ def write_onnx(source: Source, out: Path, options: OnnxOptions, *, quantize: str
             "inputs": graph_inputs(model.config), "outputs": list(TASKS[model.task].graph_outputs),
             "source": str(source.model.resolve()), **manifest,
             "sha256": {name: sha256(staging / name) for name in graphs}})
-        result = OnnxExportResult(out, source.model, model.family.model_type, model.task, "float32",
-                                  sorted(p.name for p in staging.iterdir()), graphs, tok_folder,
-                                  format="onnx-int8" if quantize else "onnx", opset=opset)
+        result = OnnxExportResult(out, source.model, model.family.model_type, model.task, "float32", [], graphs,
+                                  tok_folder, format="onnx-int8" if quantize else "onnx", opset=opset)
         del model
         result.report = verify_onnx(staging, source.model, min_agreement=options.min_agreement,
                                     min_cosine=options.min_cosine, json_path=json_path, label=str(out),
                                     gate_data=gate_data)
         raise_unless_passed(result.report, out, source.model, "ONNX export")
+        write_card(staging, source, result, card)  # after verify: the card states its outcome and the gate's
+        result.files = sorted(p.name for p in staging.iterdir())
     return result
 
 

@@ -15,6 +15,7 @@ peft and transformers are imported inside the checks only: the core never needs 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -27,7 +28,7 @@ from .. import hub, lora
 from ..modeling import PreTrainedEncoder
 from ..tasks import TASKS, load_any
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
-from .card import model_card, record_verify
+from .card import CardFacts, CardStyle, read_json, write_card
 from .checks import (check_labels, check_tokenizer, check_weights, compare_models, quiet_transformers,
                      transformers_rows)
 from .common import (DTYPE_NAMES, EXPORT_DTYPES, TRANSFORMERS_AUTO, ExportError, ExportResult, Source,
@@ -36,6 +37,38 @@ from .folder import ExportOptions, raise_unless_passed
 from .report import VerifyReport, check_row, reporting
 
 log = logging.getLogger("hfport")
+
+
+# --- the model cards (export/card.py builds them; these are what only an adapter's card says) -------------------
+
+
+def adapter_section(facts: CardFacts) -> list[str]:
+    """The adapter's files and its LoRA settings, as adapter_config.json has them."""
+    raw = read_json(facts.folder / lora.ADAPTER_CONFIG)
+    settings = {k: raw[k] for k in ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules",
+                                    "modules_to_save", "bias") if raw.get(k) is not None}
+    return ["## Adapter", "", f"A LoRA adapter in PEFT's format over `{facts.base}`: `{lora.ADAPTER_CONFIG}` and "
+            f"`{lora.ADAPTER_WEIGHTS}` (float32), with config.json (the head's labels) and the tokenizer.", "",
+            "| setting | value |", "|---|---|", *(f"| {k} | `{json.dumps(v)}` |" for k, v in settings.items()), ""]
+
+
+def adapter_use(facts: CardFacts) -> list[str]:
+    """peft over transformers' head model of the base (the folder's config.json carries the head's labels)."""
+    auto = TRANSFORMERS_AUTO[facts.task]
+    base = facts.base or "BASE_MODEL"
+    return ["## Use", "", "```python", "from peft import PeftModel",
+            f"from transformers import AutoConfig, AutoTokenizer, {auto}", "",
+            f'base = {auto}.from_pretrained("{base}", config=AutoConfig.from_pretrained("{facts.name}"))',
+            f'model = PeftModel.from_pretrained(base, "{facts.name}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{facts.name}")', "```", "",
+            f'With hfport: `hfport.pipeline("{facts.task}", model="{facts.name}")` (the base is read from '
+            f"{lora.ADAPTER_CONFIG}).", ""]
+
+
+# peft's own cards: library peft, the base model, the adapter relation (and its base_model:adapter: tag), lora
+ADAPTER_CARD = CardStyle(library="peft", tags=("lora", "transformers"), relation="adapter", use=adapter_use,
+                         section=adapter_section)
+MERGED_CARD = CardStyle(relation="merge")  # a plain HF folder: the base's weights with the LoRA update folded in
 
 
 # --- the adapter --------------------------------------------------------------------------------------------------
@@ -139,8 +172,8 @@ def _load_adapter_model(source: Source, what: str) -> tuple[PreTrainedEncoder, P
 
 
 def write_adapter(source: Source, out: Path, options: ExportOptions, *, verify: bool = False,
-                  json_path: Any = None) -> ExportResult:
-    """The adapter of SOURCE at OUT, in PEFT's format (float32), with its config.json and tokenizer."""
+                  json_path: Any = None, card: CardStyle = ADAPTER_CARD) -> ExportResult:
+    """The adapter of SOURCE at OUT, in PEFT's format (float32), with its config.json, tokenizer and model card."""
     if options.dtype != "fp32":
         raise ExportError("an adapter is exported in float32; pass --merge (format merged) for a merged model in "
                           "another dtype")
@@ -151,13 +184,14 @@ def write_adapter(source: Source, out: Path, options: ExportOptions, *, verify: 
             item.rename(staging / item.name)
         (staging / "adapter").rmdir()
         copy_tokenizer_files(tok_folder, staging)
-        result = ExportResult(out, source.model, model.family.model_type, model.task, "float32",
-                              sorted(p.name for p in staging.iterdir()), [lora.ADAPTER_WEIGHTS], tok_folder,
-                              format="peft")
+        result = ExportResult(out, source.model, model.family.model_type, model.task, "float32", [],
+                              [lora.ADAPTER_WEIGHTS], tok_folder, format="peft")
         if verify:
             result.report = verify_adapter(staging, source.model, atol=options.atol, rtol=options.rtol,
                                            json_path=json_path, label=str(out))
             raise_unless_passed(result.report, out, source.model)
+        write_card(staging, source, result, card)  # after verify: the card states its outcome
+        result.files = sorted(p.name for p in staging.iterdir())
     return result
 
 
@@ -165,7 +199,7 @@ def write_adapter(source: Source, out: Path, options: ExportOptions, *, verify: 
 
 
 def write_merged(source: Source, out: Path, options: ExportOptions, *, verify: bool = False,
-                 json_path: Any = None) -> ExportResult:
+                 json_path: Any = None, card: CardStyle = MERGED_CARD) -> ExportResult:
     """The adapter of SOURCE folded into its base: a plain HF folder (head included) in options.dtype."""
     model, tok_folder = _load_adapter_model(source, "merge")
     dtype = EXPORT_DTYPES[options.dtype]
@@ -175,14 +209,14 @@ def write_merged(source: Source, out: Path, options: ExportOptions, *, verify: b
         config = export_config(plain, plain.family.architectures[plain.task], dtype)
         hub.write_json_atomic(staging / "config.json", config)
         copy_tokenizer_files(tok_folder, staging)
-        (staging / "README.md").write_text(model_card(source, config, model.task, out.name), encoding="utf-8")
-        result = ExportResult(out, source.model, model.family.model_type, model.task, DTYPE_NAMES[dtype],
-                              sorted(p.name for p in staging.iterdir()), files, tok_folder, format="merged")
+        result = ExportResult(out, source.model, model.family.model_type, model.task, DTYPE_NAMES[dtype], [],
+                              files, tok_folder, format="merged")
         if verify:
             result.report = check_merged(staging, model, plain, str(source.model), atol=options.atol,
                                          rtol=options.rtol, json_path=json_path, label=str(out))
             raise_unless_passed(result.report, out, source.model)
-            record_verify(staging, result.report)  # the card says it was proven
+        write_card(staging, source, result, card)  # after verify: the card states its outcome
+        result.files = sorted(p.name for p in staging.iterdir())
     return result
 
 

@@ -5,8 +5,9 @@ whether a folder is one of its own), and the two entry points that dispatch thro
     verify(dir, source=None)                   prove DIR with the verify of the format it is (or `format=`)
 
 The CLI's `--format` choices and help, the HTTP export jobs and `hfport verify` read FORMATS; adding a format is a
-module with its writer and verify plus one record here. Detection asks the formats in FORMATS' order, the most
-specific first (an ONNX folder also has a config.json; an embedding folder is also an HF folder).
+module with its writer and verify plus one record here (its `card`: what its model card adds). Detection asks the
+formats in FORMATS' order, the most specific first (an ONNX folder also has a config.json; an embedding folder is
+also an HF folder).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 from .. import hub, lora
 from ..errors import HfportError
 from ..pipelines.onnx_backend import QUANTIZED_FILE, is_onnx_model
+from .card import PLAIN, CardStyle
 from .common import ExportError, ExportResult, FormatOptions, check_out, resolve_source
 from .folder import ExportOptions, SentenceTransformersOptions, verify_folder, write_folder
-from .onnx import OnnxOptions, write_onnx
+from .onnx import ONNX_CARD, OnnxOptions, write_onnx
 from .onnx_verify import verify_onnx
-from .peft import verify_adapter, verify_merged, write_adapter, write_merged
+from .peft import ADAPTER_CARD, MERGED_CARD, verify_adapter, verify_merged, write_adapter, write_merged
 from .report import VerifyReport
 from .sentence_formats import embedding_layout, reranker_marker
 from .sparse_format import sparse_layout, verify_sparse
@@ -51,6 +53,7 @@ class ExportFormat:
     adapter_verify: str | None = None  # a folder of this format checked against an adapter SOURCE: that format's
     always_verified: bool = False  # the writer proves the folder whatever `verify` says
     quantized: dict[str, str] = field(default_factory=dict)  # `--quantize` value -> the format that writes it
+    card: CardStyle = PLAIN  # what its model card adds (library, tags, its files, how to use it): export/card.py
 
     def option_names(self) -> list[str]:
         return list(self.options.model_fields)
@@ -71,18 +74,20 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
     ExportFormat("onnx-int8", "model.onnx (fp32) + model_quantized.onnx (int8, dynamic quantization), config.json, "
                  "tokenizer, hfport_onnx.json", OnnxOptions, partial(write_onnx, quantize="int8"), verify_onnx,
                  detect=lambda p: _is_onnx(p) and (p / QUANTIZED_FILE).is_file(),
-                 verify_options=("atol", "rtol", "min_agreement", "min_cosine", "gate_data"), always_verified=True),
+                 verify_options=("atol", "rtol", "min_agreement", "min_cosine", "gate_data"), always_verified=True,
+                 card=ONNX_CARD),
     ExportFormat("onnx", "model.onnx (fp32, the layout optimum writes), config.json, tokenizer, hfport_onnx.json",
                  OnnxOptions, write_onnx, verify_onnx, detect=_is_onnx,
                  verify_options=("atol", "rtol", "min_agreement", "min_cosine", "gate_data"), always_verified=True,
-                 quantized={"int8": "onnx-int8"}),
+                 quantized={"int8": "onnx-int8"}, card=ONNX_CARD),
     ExportFormat("peft", "a LoRA adapter in PEFT's format (adapter_config.json, adapter_model.safetensors), "
                  "config.json, tokenizer", ExportOptions, write_adapter, verify_adapter,
-                 detect=lora.is_adapter_folder),
+                 detect=lora.is_adapter_folder, card=ADAPTER_CARD),
     ExportFormat("merged", "a LoRA adapter merged into its base: a plain HF folder transformers loads",
-                 ExportOptions, write_merged, verify_merged),
+                 ExportOptions, write_merged, verify_merged, card=MERGED_CARD),
     ExportFormat("sparse-encoder", "an HF masked-LM folder + modules.json, 1_SpladePooling: what SparseEncoder loads "
-                 "(SPLADE)", ExportOptions, partial(write_folder, layout=sparse_layout), verify_sparse,
+                 "(SPLADE)", ExportOptions, partial(write_folder, layout=sparse_layout, prove=verify_sparse),
+                 verify_sparse,
                  detect=lambda p: (p / "config.json").is_file() and has_sparse_layout(p)),
     ExportFormat("sentence-transformers", "an HF folder of the bare encoder + modules.json, 1_Pooling, "
                  "2_Normalize: what SentenceTransformer loads", SentenceTransformersOptions,
@@ -139,7 +144,7 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, format: 
     check_out(source, target, force)
     if fmt.adapter_format is not None and source.adapter:
         fmt = FORMATS[fmt.adapter_format]
-    result = fmt.write(source, target, opts, verify=verify, json_path=json_path)
+    result = fmt.write(source, target, opts, verify=verify, json_path=json_path, card=fmt.card)
     result.format = fmt.name
     return result
 

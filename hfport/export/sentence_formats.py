@@ -36,13 +36,13 @@ RERANKER_TASK = "text-classification"  # with one label
 # --- the layout steps (called with the staged folder, its config.json already written) ------------------------
 
 
-def keep_layout(staging: Path, source: Source, model: PreTrainedEncoder, options: Any) -> bool:
+def keep_layout(staging: Path, source: Source, model: PreTrainedEncoder, options: Any) -> None:
     """The HF folder format: a source in the sentence-transformers layout keeps it (its config, and so a reranker's
-    marker, is kept anyway). Returns whether OUT has the embedding layout."""
-    return bool(copy_layout(source.model, staging))
+    marker, is kept anyway)."""
+    copy_layout(source.model, staging)
 
 
-def embedding_layout(staging: Path, source: Source, model: PreTrainedEncoder, options: Any) -> bool:
+def embedding_layout(staging: Path, source: Source, model: PreTrainedEncoder, options: Any) -> None:
     """The sentence-transformers format: the bare encoder with modules.json, pooling and normalize as the options
     say, else as the source's layout says, else mean pooling without normalizing (sentence-transformers' default)."""
     if model.task != EMBEDDING_TASK:
@@ -56,16 +56,14 @@ def embedding_layout(staging: Path, source: Source, model: PreTrainedEncoder, op
                            max_seq_length=layout.max_seq_length or model.config.max_position_embeddings,
                            prompts=layout.prompts, default_prompt_name=layout.default_prompt_name,
                            include_prompt=layout.include_prompt, matryoshka_dims=layout.matryoshka_dims)
-    return True
 
 
-def reranker_marker(staging: Path, source: Source, model: PreTrainedEncoder, options: Any) -> bool:
+def reranker_marker(staging: Path, source: Source, model: PreTrainedEncoder, options: Any) -> None:
     """The reranker format: a one-label text-classification model, with CrossEncoder's marker in config.json."""
     if model.task != RERANKER_TASK or model.config.num_labels != 1:
         raise ExportError(f"{source.model}: a CrossEncoder reranker is a one-label {RERANKER_TASK} model; this is a "
                           f"{model.task} model with {model.config.num_labels} label(s)")
     mark_cross_encoder(staging)
-    return False
 
 
 # --- the rows ---------------------------------------------------------------------------------------------------

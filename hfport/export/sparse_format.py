@@ -37,9 +37,9 @@ def source_layout(folder: Path) -> SparseLayout:
     return read_sparse_layout(folder) if has_sparse_layout(folder) else SparseLayout()
 
 
-def sparse_layout(staging: Path, source: Source, model: PreTrainedEncoder, options: Any) -> bool:
+def sparse_layout(staging: Path, source: Source, model: PreTrainedEncoder, options: Any) -> None:
     """The SparseEncoder format: the masked-LM model with modules.json and 1_SpladePooling as the source's layout says
-    (else max pooling of relu). Returns False: the model card's sentence-transformers snippet is the dense one."""
+    (else max pooling of relu); the card lists it as a SparseEncoder (export/card.py reads the layout)."""
     if model.task != SPARSE_TASK:
         raise ExportError(f"{source.model}: a SparseEncoder folder holds a masked-LM model ({SPARSE_TASK}); this is a "
                           f"{model.task} model")
@@ -47,7 +47,6 @@ def sparse_layout(staging: Path, source: Source, model: PreTrainedEncoder, optio
     write_sparse_layout(staging, max_seq_length=layout.max_seq_length or model.config.max_position_embeddings,
                         pooling_strategy=layout.pooling_strategy, activation=layout.activation,
                         prompts=layout.prompts, default_prompt_name=layout.default_prompt_name)
-    return False
 
 
 def verify_sparse(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *,
