@@ -204,4 +204,27 @@ def test_adapter_card_names_the_adapter_and_its_base(lora_run, tmp_path):
     _, body = split_card((tmp_path / "out" / "README.md").read_text())
     base = json.loads((tmp_path / "out" / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert "| r | `4` |" in body and "| lora_alpha | `8" in body and f"over `{base}`" in body
-    assert f'PeftModel.from_pretrained(base, "out")' in body and NOT_VERIFIED in body
+    assert 'PeftModel.from_pretrained(base, "out")' in body and NOT_VERIFIED in body
+    # peft reads the card back when it saves into the folder (create_or_update_model_card) and keeps what it says
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    out = str(tmp_path / "out")
+    model = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(
+        base, config=AutoConfig.from_pretrained(out)), out)
+    model.save_pretrained(out)
+    meta, after = split_card((tmp_path / "out" / "README.md").read_text())
+    assert meta["library_name"] == "peft" and meta["model-index"] and "lora" in meta["tags"]
+    assert "## Adapter" in after and "## Training" in after and NOT_VERIFIED in after
+
+
+def test_plain_folder_without_run_claims_nothing(plain_sources, tmp_path):
+    """A plain HF folder that belongs to no run, exported without verify: the card still parses and names the
+    head's labels, but names no data, base model or results, and says it was not verified."""
+    export(plain_sources["hf"], tmp_path / "out")
+    path = tmp_path / "out" / "README.md"
+    meta, body = split_card(path.read_text())
+    assert meta == {"library_name": "transformers", "pipeline_tag": "token-classification", "tags": ["hfport", "bert"]}
+    assert ModelCard.load(path).data.eval_results is None
+    assert "## Labels" in body and "not recorded" in body and NOT_VERIFIED in body
+    assert "## Training" not in body and "## Evaluation" not in body and "**PASS**" not in body

@@ -5,10 +5,11 @@ through it. The floors, bottom up (each imports only from below):
                 through RunDir), where OUT may go, the staged write (hfport/staging.py), dtype and task tables
   report.py     VerifyReport and its rows, the fail-closed row guard, tolerances, the one output comparison
   checks.py     the checks verifies share: transformers' load, labels, weights, tokenizer, model outputs
-  card.py, sentence_transformers.py   the model card; the sentence-transformers layout (writer and reader)
+  card.py       the model card every format writes after verify (one builder; CardStyle: what a format adds)
   sentence_formats.py  the sentence-transformers formats' layout steps and encode()/predict() rows
   folder.py     format hf: the HF folder (ExportOptions, write_folder, verify_folder)
   peft.py       formats peft and merged: a LoRA adapter as itself or folded into its base
+  sparse_format.py  format sparse-encoder: the SparseEncoder (SPLADE) layout step and its verify
   probes.py     the calibration texts, the int8 gate's judged texts (built in, or --gate-data) apart from them
   onnx_agreement.py, onnx_fusion.py, onnx_verify.py, onnx.py   formats onnx and onnx-int8
   registry.py   FORMATS (one record a format), detect_format, export, verify

@@ -221,7 +221,8 @@ def training_section(summary: RunSummary) -> list[str]:
 
 
 def evaluation_section(summary: RunSummary) -> list[str]:
-    lines = ["## Evaluation", ""]
+    lines = ["## Evaluation", "", "The run's evaluation (summary.json) of the model this folder was exported from; "
+             "Verification below says how closely the export computes the same.", ""]
     metrics = {**{f"best {k}": v for k, v in (summary.best_metric or {}).items()}, **(summary.final_eval or {})}
     if metrics:
         lines += ["| metric | value |", "|---|---:|"]

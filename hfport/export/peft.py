@@ -1,7 +1,8 @@
 """The two LoRA adapter formats: the adapter itself (PEFT's layout) and the adapter merged into a plain HF folder,
 each with its proof.
 
-    write_adapter / verify_adapter   the adapter folder (PEFT's format, config.json, tokenizer); proven by peft
+    write_adapter / verify_adapter   the adapter folder (PEFT's format, config.json, tokenizer, a model card as peft
+                          writes it: ADAPTER_CARD); proven by peft
                           loading DIR over transformers' AutoModelFor<Task> of its base (no missing or unexpected
                           adapter keys) and computing what hfport computes from SOURCE (default DIR itself), at real
                           positions, fp32 atol 1e-5 / rtol 1e-4 (export/report.py says why)
