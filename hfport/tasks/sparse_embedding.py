@@ -18,21 +18,59 @@ from torch import Tensor
 from .fill_mask import EncoderForMaskedLM
 from .task import Task
 
-HEAD_TOKENS = 2048  # padded tokens per pass of the MLM head: bounds the (rows, T, V) logits (2048 x 30522 fp32: 250 MB)
+BLOCK = 1 << 20  # logits per decoder pass (tokens x vocabulary columns): 4 MB in fp32, cache-sized, whatever the batch
 
 
 def sparse_vectors(model: EncoderForMaskedLM, input_ids: Tensor, attention_mask: Tensor,
                    token_type_ids: Tensor | None = None, strategy: str = "max", activation: str = "relu",
-                   head_tokens: int = HEAD_TOKENS) -> Tensor:
-    """(B, T) inputs -> (B, V) SPLADE vectors: the encoder once, then the MLM head and the pooling over chunks of
-    rows, so the vocabulary-sized logits of a large batch never exist at once (the values are the same)."""
+                   block: int = BLOCK) -> Tensor:
+    """(B, T) inputs -> (B, V) fp32 SPLADE vectors, SpladePooling's values computed with less work (inference).
+
+    The MLM head runs on the real tokens only (padding is pooled to nothing anyway), and its decoder in blocks of
+    vocabulary columns, each pooled per sequence as soon as it is made: the (tokens, V) logits never exist at once.
+    Max pooling reduces the decoder's product before its bias and the activation: x -> log1p(relu(x + b)) is
+    non-decreasing, and so is its rounding, so max_t f(y_t + b) = f(max_t y_t + b) exactly, and the bias and the
+    activation run on (B, V) instead of (tokens, V). In bf16 the product and its max are bf16 (the GEMM's output)
+    and the bias and activation fp32. Sum pooling needs each token's activation: bias and activation per block."""
+    if strategy not in ("max", "sum"):
+        raise ValueError(f"pooling_strategy={strategy!r}: use 'max' or 'sum'")
     hidden, _ = model._body(input_ids, attention_mask, token_type_ids, None)  # (B, T, C)
-    rows = max(1, head_tokens // max(1, hidden.shape[1]))
-    parts = []
-    for start in range(0, hidden.shape[0], rows):
-        logits = model.head(hidden[start:start + rows], model.body.word_embeddings.weight)  # (b, T, V)
-        parts.append(splade_pool(logits, attention_mask[start:start + rows], strategy, activation))  # (b, V)
-    return torch.cat(parts)  # (B, V)
+    keep = attention_mask.bool()  # (B, T)
+    x = model.head.transform(hidden[keep])  # (N, E): the real tokens, sequence by sequence
+    weight, bias = model.head.output_layer(model.body.word_embeddings.weight)  # (V, E), (V,) | None
+    runs = _runs(keep.sum(dim=1).tolist())
+    vocab = weight.shape[0]
+    fill = float("-inf") if strategy == "max" else 0.0
+    pooled = torch.full((keep.shape[0], vocab), fill, dtype=torch.float32, device=x.device)  # (B, V)
+    columns = max(256, min(vocab, block // max(1, x.shape[0])))
+    for c in range(0, vocab, columns):
+        logits = x @ weight[c:c + columns].T  # (N, v): the decoder without its bias, model dtype
+        if strategy == "sum":
+            logits = logits.float() if bias is None else logits.float() + bias[c:c + columns].float()  # (N, v)
+            logits = _activate(logits, activation)  # (N, v)
+        for row, count, length, first in runs:
+            part = logits[first:first + count * length].view(count, length, -1)  # (count, L, v)
+            reduced = part.amax(dim=1) if strategy == "max" else part.sum(dim=1, dtype=torch.float32)  # (count, v)
+            pooled[row:row + count, c:c + columns] = reduced
+    if strategy == "sum":
+        return pooled  # (B, V)
+    if bias is not None:
+        pooled += bias.float()  # (B, V); -inf (no real token) stays -inf and pools to 0
+    return _activate(pooled, activation)  # (B, V)
+
+
+def _runs(lengths: list[int]) -> list[tuple[int, int, int, int]]:
+    """(first row, rows, length, first token) of each run of consecutive rows with the same number of real tokens:
+    one reduction per run (a length-sorted batch has few). Rows without real tokens keep the fill."""
+    out: list[tuple[int, int, int, int]] = []
+    first = 0
+    for row, n in enumerate(lengths):
+        if n and out and out[-1][2] == n and out[-1][0] + out[-1][1] == row:
+            out[-1] = (out[-1][0], out[-1][1] + 1, n, out[-1][3])
+        elif n:
+            out.append((row, 1, n, first))
+        first += n
+    return out
 
 
 def splade_pool(logits: Tensor, attention_mask: Tensor, strategy: str = "max", activation: str = "relu") -> Tensor:
