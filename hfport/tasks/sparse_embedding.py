@@ -22,6 +22,7 @@ from .task import Task
 BLOCK = 1 << 20  # logits per decoder pass (tokens x vocabulary columns): 4 MB in fp32, cache-sized, whatever the batch
 
 
+@torch.no_grad()  # inference: training pools the whole logits with gradients (splade_pool)
 def sparse_vectors(model: EncoderForMaskedLM, input_ids: Tensor, attention_mask: Tensor,
                    token_type_ids: Tensor | None = None, strategy: str = "max", activation: str = "relu",
                    block: int = BLOCK) -> Tensor:
@@ -50,12 +51,12 @@ def sparse_vectors(model: EncoderForMaskedLM, input_ids: Tensor, attention_mask:
     for c in range(0, vocab, columns):
         logits = F.linear(x, weight[c:c + columns], bias[c:c + columns] if bias is not None else None)  # (N, v)
         if strategy == "sum":
-            logits = _activate(logits.float(), activation)  # (N, v)
+            logits = _activate(logits.float(), activation, inplace=True)  # (N, v)
         for row, count, length, first in runs:
             part = logits[first:first + count * length].view(count, length, -1)  # (count, L, v)
             reduced = part.amax(dim=1) if strategy == "max" else part.sum(dim=1, dtype=torch.float32)  # (count, v)
             pooled[row:row + count, c:c + columns] = reduced
-    return pooled if strategy == "sum" else _activate(pooled, activation)  # (B, V); -inf (no real token) -> 0
+    return pooled if strategy == "sum" else _activate(pooled, activation, inplace=True)  # (B, V); -inf -> 0
 
 
 def _runs(lengths: list[int]) -> list[tuple[int, int, int, int]]:
@@ -92,9 +93,13 @@ def splade_pool(logits: Tensor, attention_mask: Tensor, strategy: str = "max", a
     return weights.sum(dim=1)  # (B, V)
 
 
-def _activate(x: Tensor, activation: str) -> Tensor:
+def _activate(x: Tensor, activation: str, inplace: bool = False) -> Tensor:
+    """log(1 + relu(x)) (log1p_relu: log1p once more); inplace overwrites x (a tensor no gradient needs)."""
     if activation not in ("relu", "log1p_relu"):
         raise ValueError(f"activation_function={activation!r}: use 'relu' or 'log1p_relu'")
+    if inplace:
+        out = torch.log1p_(torch.relu_(x))
+        return torch.log1p_(out) if activation == "log1p_relu" else out
     out = torch.log1p(torch.relu(x))
     return torch.log1p(out) if activation == "log1p_relu" else out
 
