@@ -84,10 +84,9 @@ def build_folder(out: Path, sample: list[str], tiny: bool) -> Path:
         model = transformers.BertForMaskedLM.from_pretrained(minilm)  # the MLM head is new: seeded above
     model.eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(minilm)
-    with torch.no_grad():
-        batch = tokenizer(sample[:64], padding=True, return_tensors="pt")
-        logits = model(**batch).logits.masked_fill(~batch["attention_mask"][..., None].bool(), float("-inf"))
-        peaks = logits.amax(dim=1).flatten()  # (64 * V,) each text's largest logit per vocabulary entry
+    with torch.no_grad():  # one text at a time: a padded batch of passages would hold GBs of logits
+        peaks = torch.cat([model(**tokenizer(text, return_tensors="pt")).logits[0].amax(dim=0)
+                           for text in sample[:64]])  # (64 * V,) each text's largest logit per vocabulary entry
         model.cls.predictions.bias.sub_(torch.quantile(peaks[:2**24].float(), 1 - ACTIVE))
     model.save_pretrained(hf)
     tokenizer.save_pretrained(hf)
