@@ -153,10 +153,18 @@ class MaskedLMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if output_bias else None
 
     def forward(self, hidden: Tensor, word_embeddings: Tensor) -> Tensor:  # (B, T, C) -> (B, T, V)
-        x = self.norm(self.act(self.dense(hidden)))  # (B, T, E)
+        weight, bias = self.output_layer(word_embeddings)  # (V, E), (V,) | None
+        return F.linear(self.transform(hidden), weight, bias)
+
+    def transform(self, hidden: Tensor) -> Tensor:  # (..., C) -> (..., E): what the decoder reads
+        return self.norm(self.act(self.dense(hidden)))
+
+    def output_layer(self, word_embeddings: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The decoder's (V, E) weight and (V,) bias (None: no logits bias), tied or not: for callers that run the
+        decoder in parts (sparse-embedding's pooled decoder)."""
         if self.decoder is None:
-            return F.linear(x, word_embeddings, self.bias)
-        return F.linear(x, self.decoder.weight, self.decoder.bias if self.decoder.bias is not None else self.bias)
+            return word_embeddings, self.bias
+        return self.decoder.weight, self.decoder.bias if self.decoder.bias is not None else self.bias
 
 
 # --- losses -------------------------------------------------------------------------------------------------
