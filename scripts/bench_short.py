@@ -18,9 +18,10 @@ library goes first (forward, then backward order); the ratio is the median over 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py --profile --threads 1 # where hfport auto's step goes
 
 --profile measures nothing against Trainer: it runs hfport.finetune(precision="auto") twice on the same batches
-(the first run only warms the process: oneDNN builds a bf16 matmul for every new token count, ~1 ms and ~1.6 MB
-each, so the first pass over a data set is slower than later ones, as in the timed runs, which repeat the same
-batches) and prints torch.profiler's self CPU time over the second run's measured steps, by part of the work
+(the first run only warms the process: oneDNN builds and caches its bf16 matmuls per shape, so a batch whose
+token count is new pays ~1 ms per matmul shape and keeps ~1.6 MB per weight shape; measured on 25 batches of these
+sentences, one thread, a step with a new count took 4% more CPU time than the same step repeated. The timed runs
+repeat the same batches, so only their first run pays that) and prints torch.profiler's self CPU time over the second run's measured steps, by part of the work
 (scripts/bench.py's groups) and by operator. Profile on a quiet machine: a loaded one stretches every operator.
 """
 
