@@ -15,6 +15,14 @@ library goes first (forward, then backward order); the ratio is the median over 
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py              # ~3 min on 2 cores
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py --runs 2 --steps 8    # a quick look
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py --profile --threads 1 # where hfport auto's step goes
+
+--profile measures nothing against Trainer: it runs hfport.finetune(precision="auto") twice on the same batches
+(the first run only warms the process: oneDNN builds and caches its bf16 matmuls per shape, so a batch whose
+token count is new pays ~1 ms per matmul shape and keeps ~1.6 MB per weight shape; measured on 25 batches of these
+sentences, one thread, a step with a new count took 4% more CPU time than the same step repeated. The timed runs
+repeat the same batches, so only their first run pays that) and prints torch.profiler's self CPU time over the second run's measured steps, by part of the work
+(scripts/bench.py's groups) and by operator. Profile on a quiet machine: a loaded one stretches every operator.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
+
+import torch
 
 import bench
 from _benchutil import describe, machine
@@ -70,6 +80,65 @@ def pair(rates: dict[str, list[float]], ours: str, theirs: str) -> dict[str, flo
             "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
+class ProfileWindow:
+    """torch.profiler over the measured steps of one training loop: started at the forward of step `first`, stopped
+    at the forward of step `last` (the one that closes the timed window), counting top-level module calls through
+    torch's global module hooks, as bench.StepClock does, so the loop itself is not touched."""
+
+    def __init__(self, first: int, last: int):
+        self.first, self.last, self.depth, self.calls = first, last, 0, 0
+        self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        self.running = False
+
+    def __enter__(self) -> ProfileWindow:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self.handles = [register_module_forward_pre_hook(self._before), register_module_forward_hook(self._after)]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+        if self.running:
+            self.profiler.stop()
+            self.running = False
+
+    def _before(self, module: torch.nn.Module, args: Any) -> None:
+        if self.depth == 0:
+            self.calls += 1
+            if self.calls == self.first:
+                self.profiler.start()
+                self.running = True
+            elif self.calls == self.last and self.running:
+                self.profiler.stop()
+                self.running = False
+        self.depth += 1
+
+    def _after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self.depth -= 1
+
+    def report(self, steps: int, rows: int = 25) -> str:
+        events = self.profiler.key_averages()
+        spent: dict[str, float] = {}
+        for event in events:
+            group = next((g for g, fragments in bench.PROFILE_GROUPS if any(f in event.key for f in fragments)),
+                         "other")
+            spent[group] = spent.get(group, 0.0) + event.self_cpu_time_total
+        total = sum(spent.values()) or 1.0
+        lines = [f"self CPU time over {steps} steps: {total / 1e3 / steps:.1f} ms a step"]
+        lines += [f"  {g:32s} {spent.get(g, 0.0) / total:5.1%}" for g, _ in bench.PROFILE_GROUPS + (("other", ()),)]
+        return "\n".join(lines) + "\n" + events.table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+def profile_auto(folder: Path, data: Path, scratch: Path, work: Any, total: int) -> None:
+    """--profile: hfport auto's measured steps under torch.profiler, after one unprofiled run on the same batches."""
+    bench.run_hfport_finetune(folder, data, scratch / "h", work, total, "auto")
+    with ProfileWindow(work.warmup_steps + 1, total) as window:
+        bench.run_hfport_finetune(folder, data, scratch / "h", work, total, "auto")
+    print(f"threads: {torch.get_num_threads()}")
+    print(window.report(total - work.warmup_steps - 1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="runs of each contestant, alternating the order")
@@ -80,10 +149,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's; 1 on a shared machine "
                         "keeps other jobs from stalling every parallel kernel)")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
+    parser.add_argument("--profile", action="store_true", help="no comparison: where hfport auto's step goes "
+                        "(torch.profiler's self CPU time by part and by operator; see above)")
     args = parser.parse_args()
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
 
     bench.quiet_libraries()
@@ -105,6 +174,9 @@ def main() -> None:
         bench.say(f"machine: {describe(m)}; data: {stats['examples']} sentences, median {stats['median_tokens']} "
                   f"tokens ({stats['min_tokens']}..{stats['max_tokens']}); batches of {work.batch_size}, "
                   f"{work.warmup_steps} warm-up + {work.steps} measured steps a run")
+        if args.profile:
+            profile_auto(folder, data, scratch, work, total)
+            return
         runs = {
             "Trainer fp32": lambda: bench.run_trainer(spec, folder, data, scratch / "t", work, total),
             "hfport fp32": lambda: bench.run_hfport_finetune(folder, data, scratch / "h", work, total),
