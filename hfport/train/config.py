@@ -108,9 +108,10 @@ class FinetuneConfig(BaseModel):
         "keeping their activations, take the loss over the whole batch, then recompute each chunk with its "
         "embeddings' gradient (all in-batch negatives, a chunk's activation memory)"))
     gather_across_devices: bool = Field(False, description=(
-        "sentence-embedding, mnrl, several processes: score each anchor against every process's texts (the global "
-        "batch's negatives, as one process with the whole batch), gradients flowing back to each process's own "
-        "rows; off: each process scores its own batch's negatives (sentence-transformers' option of the same name)"))
+        "sentence-embedding (mnrl) and sparse-embedding, several processes: score each anchor against every "
+        "process's texts (the global batch's negatives, as one process with the whole batch; sparse: the FLOPS "
+        "regularizers over the global batch too), gradients flowing back to each process's own rows; off: each "
+        "process scores its own batch's negatives (sentence-transformers' option of the same name)"))
     matryoshka_dims: list[int] | None = Field(None, description=(
         "sentence-embedding: Matryoshka training (sentence-transformers' MatryoshkaLoss): the loss is summed over "
         "the embeddings' first n values, renormalized, for each n here (each at most the hidden size); evaluation "

@@ -166,6 +166,16 @@ def gather_batch(embeddings: torch.Tensor, text_ids: torch.Tensor,
     return rows, torch.cat(merged), slice(start, start + len(index))
 
 
+def gathered(embeddings: torch.Tensor, batch: dict[str, torch.Tensor],
+             data: EncodedData) -> tuple[torch.Tensor, torch.Tensor, slice]:
+    """(embeddings, index, own) for an in-batch loss: with gather_across_devices, while training under several
+    processes, the global micro-batch's (gather_batch); else this process's batch as it is. Evaluation never gathers:
+    its batches are each process's own, and their counts may differ between processes."""
+    if data.extra.get("gather") and torch.is_grad_enabled() and dist.is_initialized() and dist.get_world_size() > 1:
+        return gather_batch(embeddings, batch["text_ids"], batch["labels"])
+    return embeddings, batch["labels"], slice(None)
+
+
 # --- reading ----------------------------------------------------------------------------------------------------
 
 
@@ -342,10 +352,7 @@ class SentenceEmbedding(TrainTask):
             def loss(e: torch.Tensor) -> torch.Tensor:
                 return cosent_loss(e, index, batch["scores"], scale)
         else:
-            # training only: evaluation batches are each process's own (their counts may differ between processes)
-            if data.extra["gather"] and torch.is_grad_enabled() and dist.is_initialized() \
-                    and dist.get_world_size() > 1:  # this process's anchors, the global batch's negatives
-                embeddings, index, own = gather_batch(embeddings, batch["text_ids"], index)
+            embeddings, index, own = gathered(embeddings, batch, data)  # own anchors, the negatives of all
 
             def loss(e: torch.Tensor) -> torch.Tensor:
                 return mnrl_loss(e, index, scale, own)

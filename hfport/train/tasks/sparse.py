@@ -9,6 +9,20 @@ The regularizers push weights to zero across the batch, so the vectors stay spar
 corpus by dot product (ndcg@10, mrr@10, recall@k) and reports the average nonzeros of the query and corpus vectors
 (query_active_dims, corpus_active_dims, as sentence-transformers' SparseInformationRetrievalEvaluator names them).
 best/ and final/ are BertForMaskedLM-style folders in the SparseEncoder layout.
+
+Several processes: as sentence-embedding (embedding.py), each scores its own share of the global batch, its
+regularizers over its own texts, unless gather_across_devices is on; then every process's vectors are gathered
+(embedding.gather_batch: gradients flow back to the process that computed them, a text repeated across processes is
+one candidate) and each anchor is ranked against the whole global micro-batch, and the FLOPS regularizers average
+over the global batch's queries and documents too: equal to one process with the global batch (tested in fp32).
+sentence-transformers differs there: its SpladeLoss regularizes the embeddings before its ranking loss gathers them,
+so each process's FLOPS is over its own share and DDP averages those; the mean of squared local means is not the
+squared global mean, so its regularizer's strength changes with the number of processes. We follow one process.
+
+Memory of the gather: every process holds the global micro-batch's (U_total, V) fp32 vectors, a second copy while
+all_gather's buffers are cut back, and in the backward pass their gradient and its all-reduced copy: ~4 x U_total x V
+x 4 bytes at peak. 8 processes x 32 triplets (96 texts each, 768 in all) x 30522: 94 MB a copy, ~0.4 GB at peak; the
+logits each process computes anyway, (U, T, V) fp32, are T times one copy of its own share (96 x 256 tokens: 3 GB).
 """
 
 from __future__ import annotations
@@ -25,7 +39,7 @@ from ...formats.sentence_transformers import has_sparse_layout, read_sparse_layo
 from ...tasks.sparse_embedding import splade_pool
 from ..data import EncodedData
 from ..metrics import retrieval as metrics
-from .embedding import SentenceEmbedding, mnrl_loss, retrieval_sets
+from .embedding import SentenceEmbedding, gathered, mnrl_loss, retrieval_sets
 
 SPARSE_SCALE = 1.0  # SparseMultipleNegativesRankingLoss's default: dot products of sparse vectors are not bounded
 
@@ -41,13 +55,15 @@ def flops(vectors: torch.Tensor) -> torch.Tensor:
 
 
 def splade_loss(vectors: torch.Tensor, index: torch.Tensor, scale: float, query_weight: float,
-                document_weight: float) -> torch.Tensor:
+                document_weight: float, own: slice = slice(None)) -> torch.Tensor:
     """SpladeLoss(SparseMultipleNegativesRankingLoss) over a batch of distinct texts.
 
     vectors (U, V): one sparse vector per distinct text; index (B, K) as in mnrl_loss (anchor, positive, negatives;
     -1 where an example has fewer). The regularizers see each example's texts as sentence-transformers' columns do:
-    the B anchors, and the positives and negatives of every example (a text repeated across examples counts again)."""
-    ranking = mnrl_loss(vectors, index, scale, similarity=dot_matrix)
+    the B anchors, and the positives and negatives of every example (a text repeated across examples counts again).
+    `own`: the examples whose anchors this call ranks (a process's share of a gathered global batch); the
+    regularizers are over every example of `index`, the same value on every process."""
+    ranking = mnrl_loss(vectors, index, scale, own, similarity=dot_matrix)
     documents = index[:, 1:]  # (B, K-1)
     queries = vectors[index[:, 0]]  # (B, V)
     return ranking + query_weight * flops(queries) + document_weight * flops(vectors[documents[documents >= 0]])
@@ -68,8 +84,6 @@ class SparseEmbedding(SentenceEmbedding):
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         given = {name: getattr(config, name) for name in ("pooling", "normalize", "matryoshka_dims")
                  if getattr(config, name) not in (None, False)}
-        if config.gather_across_devices:
-            given["gather_across_devices"] = True
         if given:
             raise ConfigError(f"{sorted(given)}: sentence-embedding options; sparse-embedding pools as SpladePooling "
                               "(the base model's 1_SpladePooling config, else max over log(1 + relu(logits)))")
@@ -100,8 +114,9 @@ class SparseEmbedding(SentenceEmbedding):
 
     def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
              label_smoothing: float) -> torch.Tensor:
-        return splade_loss(outputs.float(), batch["labels"], data.extra["scale"], data.extra["query_weight"],
-                           data.extra["document_weight"])
+        vectors, index, own = gathered(outputs.float(), batch, data)  # (U, V) or with gather (U_total, V)
+        return splade_loss(vectors, index, data.extra["scale"], data.extra["query_weight"],
+                           data.extra["document_weight"], own)
 
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Any],
                   data: EncodedData) -> list[Any]:
