@@ -360,3 +360,35 @@ def test_unknown_target_module_is_a_tei_error(minilm, tmp_path):
     body = r.json()
     assert body["error_type"] == "Backend" and "adapter 'bad'" in body["error"] and "'Wqkv'" in body["error"]
     assert ok.status_code == 200  # the base serves on
+
+
+def test_model_cache_counts_a_base_and_its_adapters_as_one_model(tiny, tmp_path, monkeypatch):
+    """More adapters than model_cache_size over one base stay loaded (each loaded once: a cache that evicted them one
+    by one reloaded an adapter on nearly every request of a round-robin load); another model evicts the whole group."""
+    import asyncio
+
+    from server.serving import ModelRecord, ModelService
+    from server.settings import Settings
+
+    loads: list[str] = []
+    load = lora.AdapterSet.load
+    monkeypatch.setattr(lora.AdapterSet, "load", lambda self, name, *a: loads.append(name) or load(self, name, *a))
+    task, base = "text-classification", str(tiny["base"])
+    records = [ModelRecord("base", base, task)] + [ModelRecord(n, str(tiny[n]), task, base=base) for n in "abc"]
+    other = shutil.copytree(tiny["base"], tmp_path / "other")
+
+    async def serve(service: ModelService) -> None:
+        for _ in range(3):
+            for record in records:
+                out = await service.predict(record, ["some text"], {})
+                assert "error" not in out[0], out
+        assert loads == ["a", "b", "c"]  # each adapter loaded once
+        assert [r.name for r in service.cache.records()] == ["base", "a", "b", "c"]
+        await service.predict(ModelRecord("other", str(other), task), ["some text"], {})
+        assert [r.name for r in service.cache.records()] == ["other"]  # the group went together
+
+    service = ModelService(Settings(data_dir=tmp_path / "d", model_cache_size=1, batch_token_budgets=[512]))
+    try:
+        asyncio.run(serve(service))
+    finally:
+        service.close()
