@@ -22,7 +22,9 @@ CLIENTS clients spread over them (client c sends to adapter c mod N), against (a
 on the same server, and (b) one pipeline per adapter: each adapter registered over its own copy of the base folder
 (hard links), so no two adapters share a batch or a forward pass, as before mixed batches. Printed: throughput of
 each and the ratios (goals: mixed >= 0.8x base alone, >= 3x one pipeline per adapter), and the server's RSS with the
-base alone and with the N adapters loaded (goal: < 10% more).
+base alone and with the N adapters loaded (goal: < 10% more). Every server keeps all its pipelines loaded
+(HFPORT_MODEL_CACHE_SIZE N + 1), and each load's clock starts only after one warm-up request per model and a check
+that all of them are still loaded (GET /health): the figures time serving, never loading.
 
     python scripts/loadtest.py --adapters 8 --clients 16 --seconds 30 --json adapters.json
 
@@ -143,6 +145,10 @@ async def steady_load(url: str, model: str, clients: int, seconds: float, batch:
             warm = await client.post(path, json=make(name, 0, batch), headers={"x-model": name}, timeout=600)
             if warm.status_code != 200:
                 raise RuntimeError(f"warm-up request failed: {warm.status_code} {warm.text}")
+        # ready: every model still loaded after the others' warm-up (a cache too small would reload them under load)
+        loaded = (await client.get("/health")).json()["models_loaded"]
+        if loaded < len(models):
+            raise RuntimeError(f"{loaded} models loaded after warming up {len(models)}: raise HFPORT_MODEL_CACHE_SIZE")
         start = time.perf_counter()
         deadline = start + seconds
 
@@ -256,8 +262,9 @@ def adapters_phase(args: argparse.Namespace, headers: dict[str, str]) -> tuple[d
         root = Path(tmp)
         base = linked_copy(minilm, root / "minilm")
         folders = adapter_folders(base, root, n)
-        pending = str(max(64, 4 * args.clients))
-        with LocalServer(root, HFPORT_PREDICT_MAX_PENDING=pending) as srv:
+        # every pipeline stays loaded in both servers (the per-adapter one holds N bases): what is timed is serving
+        limits = {"HFPORT_PREDICT_MAX_PENDING": str(max(64, 4 * args.clients)), "HFPORT_MODEL_CACHE_SIZE": str(n + 1)}
+        with LocalServer(root, **limits) as srv:
             register(srv.url, "minilm", base, headers)
             out["base_alone"] = run(srv.url, ["minilm"])
             out["rss_base_mb"] = round(rss_mb(srv.proc.pid), 1)
@@ -265,7 +272,7 @@ def adapters_phase(args: argparse.Namespace, headers: dict[str, str]) -> tuple[d
                 post_ok(srv.url, "/models", {"name": f"a{i}", "path": str(folder), "base": "minilm"}, headers)
             out["mixed"] = run(srv.url, [f"a{i}" for i in range(n)])
             out["rss_adapters_mb"] = round(rss_mb(srv.proc.pid), 1)
-        with LocalServer(root, HFPORT_PREDICT_MAX_PENDING=pending) as srv:
+        with LocalServer(root, **limits) as srv:
             for i, folder in enumerate(folders):  # each adapter over a base of its own: never batched together
                 own = linked_copy(base, root / f"minilm-{i}")
                 register(srv.url, f"base{i}", own, headers)
