@@ -430,7 +430,7 @@ class AdapterSet:
         if has_lora(base):
             raise LoraError("AdapterSet: the base carries a LoRA adapter; give the plain base model")
         self.base, self.body = base, base.body
-        self.table: AdapterTable = {}
+        self.table = AdapterTable()
         self.slots: dict[str, int] = {}  # adapter name -> slot (0 is the base)
         self.mixable = True  # False once the body showed it cannot run several adapters in one pass
         self._next = 1
@@ -456,7 +456,7 @@ class AdapterSet:
             install_mixed(self.body, list(weights))
             slot = self.slots.get(name) or self._next
             self._next = max(self._next, slot + 1)
-            self.table = {**self.table, slot: weights}
+            self.table = self.table.with_adapter(slot, weights)
             self.slots[name] = slot
         return self.adopt(model, slot)
 
@@ -465,7 +465,7 @@ class AdapterSet:
         with self._lock:
             slot = self.slots.pop(name, None)
             if slot is not None:
-                self.table = {s: w for s, w in self.table.items() if s != slot}
+                self.table = self.table.without(slot)
 
     def run_body(self, slots: Tensor, input_ids: Tensor, attention_mask: Tensor | None,
                  token_type_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:

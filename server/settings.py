@@ -47,7 +47,8 @@ class Settings(BaseSettings):
                                "for an fp32 checkpoint on a CPU with native bf16), float32, bfloat16, float16, int8 "
                                "(the encoder's Linear layers in int8, refused where the int8 gate fails) or "
                                "auto-int8 (int8, else bf16 where the gate fails)")
-    model_cache_size: int = Field(4, ge=1, description="loaded pipelines kept in memory (least recently used go)")
+    model_cache_size: int = Field(4, ge=1, description="loaded models kept in memory, a base and "
+                                  "the adapters over it counting as one (least recently used go)")
     model_cache_mb: float = Field(4096, gt=0,
                                   description="weight memory of the kept pipelines (the newest always stays)")
     job_heartbeat_s: float = Field(2.0, gt=0, description="how often a job process proves it is alive")

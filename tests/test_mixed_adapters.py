@@ -161,6 +161,51 @@ def test_every_family_and_layout_routes_rows_to_their_adapters(family, padding_f
         torch.testing.assert_close(hidden[row][mask[row]], want[mask[row]], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adapters_absent_from_a_batch_are_left_out_and_bf16_rounds_as_alone(tiny, tmp_path, dtype):
+    """A layer's adapters sit side by side; a batch computes only the columns of the adapters it holds: all of them,
+    a subset (gathered), one (a slice) for some rows or for every row, none (the base). Each row equals its adapter
+    alone (LoraLinear) at fp32 1e-5; in bf16 the mixed pass rounds otherwise (scaling folded into B, one matmul for
+    all adapters), so its error against fp32 is bounded by the adapter alone's bf16 error (times 1.5; measured: at
+    most equal on this model) instead of an absolute tolerance."""
+    task = "text-classification"
+    folders = {n: tiny[n] for n in "abc"} | {
+        "d": make_adapter(tiny["base"], tmp_path / "d", task, 3, ["q", "k"], 4, id2label={0: "u", 1: "w"})}
+    cls = hfport.AutoModelForSequenceClassification
+    base = cls.from_pretrained(tiny["base"], dtype=dtype)
+    shared = lora.AdapterSet(base)
+    for name, folder in folders.items():
+        shared.load(name, folder, cls)
+    assert {s: e - b for s, (b, e) in shared.table.layers["encoder.layers.0.attn.q"].spans.items()} == {
+        shared.slots["a"]: 2, shared.slots["c"]: 8, shared.slots["d"]: 3}  # ranks differ on one layer
+    b = batch("bert")
+    inputs = {k: torch.cat([v, v[2:3]]) for k, v in b.items()}  # 4 rows: the last repeats the shortest
+    mask = inputs["attention_mask"].bool()
+    expected: dict[tuple[str | None, torch.dtype], torch.Tensor] = {}
+
+    def alone(name: str | None, row: int, dt: torch.dtype) -> torch.Tensor:  # (T_row, C) float32
+        if (name, dt, row) not in expected:
+            model = cls.from_pretrained(folders[name] if name else tiny["base"], dtype=dt)
+            with torch.no_grad():
+                hidden, _ = model.body(**{k: v[row:row + 1] for k, v in inputs.items()})
+            expected[name, dt, row] = hidden[0][mask[row]].float()
+        return expected[name, dt, row]
+
+    for names in (["a", "b", "c", "d"], ["a", None, "d", "a"], ["c", None, "c", None], ["b", "b", "b", "b"],
+                  [None, None, None, None]):
+        slots = torch.tensor([shared.slots[n] if n else 0 for n in names])  # (B,)
+        with torch.no_grad():
+            hidden, _ = shared.run_body(slots, inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
+        for row, name in enumerate(names):
+            got = hidden[row][mask[row]].float()  # (T_row, C)
+            if dtype == torch.float32:
+                torch.testing.assert_close(got, alone(name, row, dtype), atol=1e-5, rtol=1e-4)
+            else:
+                ref = alone(name, row, torch.float32)
+                own = (alone(name, row, dtype) - ref).abs().max()
+                assert (got - ref).abs().max() <= 1.5 * own, (names, row)
+
+
 # --- the real MiniLM: sentence embeddings ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -360,3 +405,35 @@ def test_unknown_target_module_is_a_tei_error(minilm, tmp_path):
     body = r.json()
     assert body["error_type"] == "Backend" and "adapter 'bad'" in body["error"] and "'Wqkv'" in body["error"]
     assert ok.status_code == 200  # the base serves on
+
+
+def test_model_cache_counts_a_base_and_its_adapters_as_one_model(tiny, tmp_path, monkeypatch):
+    """More adapters than model_cache_size over one base stay loaded (each loaded once: a cache that evicted them one
+    by one reloaded an adapter on nearly every request of a round-robin load); another model evicts the whole group."""
+    import asyncio
+
+    from server.serving import ModelRecord, ModelService
+    from server.settings import Settings
+
+    loads: list[str] = []
+    load = lora.AdapterSet.load
+    monkeypatch.setattr(lora.AdapterSet, "load", lambda self, name, *a: loads.append(name) or load(self, name, *a))
+    task, base = "text-classification", str(tiny["base"])
+    records = [ModelRecord("base", base, task)] + [ModelRecord(n, str(tiny[n]), task, base=base) for n in "abc"]
+    other = shutil.copytree(tiny["base"], tmp_path / "other")
+
+    async def serve(service: ModelService) -> None:
+        for _ in range(3):
+            for record in records:
+                out = await service.predict(record, ["some text"], {})
+                assert "error" not in out[0], out
+        assert loads == ["a", "b", "c"]  # each adapter loaded once
+        assert [r.name for r in service.cache.records()] == ["base", "a", "b", "c"]
+        await service.predict(ModelRecord("other", str(other), task), ["some text"], {})
+        assert [r.name for r in service.cache.records()] == ["other"]  # the group went together
+
+    service = ModelService(Settings(data_dir=tmp_path / "d", model_cache_size=1, batch_token_budgets=[512]))
+    try:
+        asyncio.run(serve(service))
+    finally:
+        service.close()

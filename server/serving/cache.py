@@ -38,6 +38,11 @@ def total_weight_bytes(pipes: Iterable[Any]) -> int:
     return sum(seen.values())
 
 
+def _group(record: ModelRecord) -> tuple[str, str]:
+    """The leader a record is served by: (model folder, task); an adapter's is its base's."""
+    return record.base or record.path, record.task
+
+
 class ModelCache:
     """Thread-safe: concurrent loads of one record wait for the first; the newest pipeline always stays."""
 
@@ -72,7 +77,7 @@ class ModelCache:
             with self._lock:
                 if record in self._pipes:
                     return self._pipes[record]
-            key = (record.base or record.path, record.task)
+            key = _group(record)
             leader = self._leader(*key)
             # an adapter joins its base's leader (a name loaded again replaces its weights): nothing reloaded
             pipe = leader.add_adapter(record.name, record.path) if record.base else leader
@@ -86,18 +91,25 @@ class ModelCache:
             return pipe
 
     def _evict_over_budget(self) -> None:  # holding the lock
+        """Evict least recently used models until the rest fit model_cache_size and model_cache_mb. The unit is a
+        leader with the adapters over it (one loaded model: evicting an adapter alone frees almost nothing and its
+        next request would load it again, so 8 adapters over one base thrashed a cache of 4 pipelines)."""
         budget = self.settings.model_cache_mb * 2**20
-        while len(self._pipes) > 1 and (len(self._pipes) > self.settings.model_cache_size
-                                        or total_weight_bytes(self._pipes.values()) > budget):
-            old, _ = self._pipes.popitem(last=False)
-            log.info("model cache: evicted %s (%s)", old.name, old.task)
-            self._forget(old)
+        while True:
+            groups = list(dict.fromkeys(_group(r) for r in reversed(self._pipes)))[::-1]  # by last use, oldest first
+            if len(groups) <= 1 or (len(groups) <= self.settings.model_cache_size
+                                    and total_weight_bytes(self._pipes.values()) <= budget):
+                return
+            for old in [r for r in self._pipes if _group(r) == groups[0]]:
+                del self._pipes[old]
+                log.info("model cache: evicted %s (%s)", old.name, old.task)
+                self._forget(old)
 
     def _forget(self, record: ModelRecord) -> None:  # holding the lock
         """Drop `record`'s leader once no cached record uses it (an adapter's weights stay with its leader until
         then: a request already waiting in the leader's batcher still finds them)."""
-        key = (record.base or record.path, record.task)
-        if any((r.base or r.path, r.task) == key for r in self._pipes):
+        key = _group(record)
+        if any(_group(r) == key for r in self._pipes):
             return
         leader = self._leaders.pop(key, None)
         self._leader_tuning.pop(key, None)
