@@ -110,12 +110,14 @@ def check(task: str, folder: Path, inputs: dict[str, torch.Tensor], *, ref=None,
 def compare_models(ref: torch.nn.Module, ours: hfport.PreTrainedEncoder, inputs: dict[str, torch.Tensor], task: str,
                    *, labels: dict[str, torch.Tensor] | None = None, name: str = "", padding_free: bool = True,
                    pieces: Callable[[str], list[str]] | None = None, atol: float = ATOL, rtol: float = RTOL,
-                   base_loss: Callable[..., torch.Tensor] = projection_loss, every_grad: bool = False) -> float:
+                   base_loss: Callable[..., torch.Tensor] = projection_loss, every_grad: bool = False,
+                   qa_real_positions: bool = False) -> float:
     """Both models on `inputs` (+ `labels`): outputs at real positions, the loss, every gradient. The worst |diff|.
 
     QA's loss is taken over real positions (tiny.reference_qa_loss) where hfport runs padding-free: there padding is
     never an answer, while transformers' loss also sums over padding logits; padded (`padding_free=False`), hfport
-    scores padding as transformers does and the two losses are compared as they are."""
+    scores padding as transformers does and the two losses are compared as they are, and gradients are those of the
+    models' losses or, with `qa_real_positions`, of reference_qa_loss on both sides."""
     labels = labels or {}
     tol = dict(atol=atol, rtol=rtol)
     mask = inputs["attention_mask"]
@@ -130,10 +132,12 @@ def compare_models(ref: torch.nn.Module, ours: hfport.PreTrainedEncoder, inputs:
 
     if task == "base":
         loss_theirs, loss_ours = base_loss(theirs_out, mask), base_loss(ours_out, mask)
-    elif task == "question-answering" and padding_free:
+    elif task == "question-answering" and (padding_free or qa_real_positions):
         starts, ends = labels["start_positions"], labels["end_positions"]
-        loss_theirs, loss_ours = reference_qa_loss(theirs_out, starts, ends, mask), ours_out.loss
-        torch.testing.assert_close(loss_ours, reference_qa_loss(ours_out, starts, ends, mask), **tol)
+        loss_theirs, reference_ours = (reference_qa_loss(out, starts, ends, mask) for out in (theirs_out, ours_out))
+        # hfport's own loss: over real positions padding-free, over every position (as transformers) padded
+        torch.testing.assert_close(ours_out.loss, reference_ours if padding_free else theirs_out.loss, **tol)
+        loss_ours = ours_out.loss if padding_free else reference_ours
     else:
         loss_theirs, loss_ours = theirs_out.loss, ours_out.loss
     torch.testing.assert_close(loss_ours, loss_theirs, **tol, msg=lambda m: f"{name} loss: {m}")

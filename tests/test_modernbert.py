@@ -30,13 +30,18 @@ TASKS = list(HEADS)
 def check(task: str, folder: Path, *, left: bool = False, padding_free: bool = True, hole: bool = False,
           lengths: tuple[int, ...] = (70, 41, 9), ref=None) -> float:
     """hfport vs transformers from the same folder (tests/parity.py): outputs at real positions, the loss, every
-    gradient; `hole`: a 5-token hole inside the longest row's mask."""
+    gradient; `hole`: a 5-token hole inside the longest row's mask. Padded QA is checked twice: gradients of the
+    models' losses (padding scored, as transformers does) and of the loss over real positions."""
     inputs = batch("modernbert", lengths=lengths)
     if left:
         inputs = left_padded(inputs)
     if hole:
         inputs["attention_mask"][0, 20:25] = 0
-    return parity.check(task, folder, inputs, ref=ref, left=left, padding_free=padding_free, name=task)
+    worst = parity.check(task, folder, inputs, ref=ref, left=left, padding_free=padding_free, name=task)
+    if task == "question-answering" and not padding_free:
+        worst = max(worst, parity.check(task, folder, inputs, left=left, padding_free=False, name=task,
+                                        qa_real_positions=True))
+    return worst
 
 
 # --- variants ---------------------------------------------------------------------------------------------------
