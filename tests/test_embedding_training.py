@@ -24,25 +24,15 @@ from hfport.train.loop import finetune
 from hfport.train.metrics.retrieval import correlation_metrics, ranking_metrics, retrieval_metrics
 from hfport.train.preflight import preflight
 from hfport.train.tasks.embedding import cosent_loss, mnrl_loss
-from tests.tiny import save_hf
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "data"
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, minilm_path) -> Path:
-    """A tiny random BERT without dropout (so chunked and whole-batch passes agree) and MiniLM's tokenizer."""
-    root = tmp_path_factory.mktemp("embed") / "model"
-    save_hf("bert", "base", root, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, root / f)
-    return root
-
-
-def cfg(model_dir: Path, tmp_path: Path, **kw) -> FinetuneConfig:
-    values = dict(model=str(model_dir), task="sentence-embedding", train=str(DATA / "embed_train.jsonl"),
+def cfg(model: Path, tmp_path: Path, **kw) -> FinetuneConfig:
+    """A sentence-embedding fine-tune of `model` (conftest's tiny_bert) on examples/data's retrieval files."""
+    values = dict(model=str(model), task="sentence-embedding", train=str(DATA / "embed_train.jsonl"),
                   eval=str(DATA / "embed_eval.jsonl"), output_dir=str(tmp_path / "run"), batch_size=16, lr=1e-3,
                   logging_steps=1, seed=3, max_length=48, precision="fp32")
     return FinetuneConfig(**{**values, **kw})
@@ -104,15 +94,15 @@ def test_cosent_matches_sentence_transformers():
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
 
 
-def test_gradcache_chunks_give_the_whole_batch_gradient(model_dir, tmp_path):
+def test_gradcache_chunks_give_the_whole_batch_gradient(tiny_bert, tmp_path):
     """mini_batch_size embeds in checkpointed chunks: the loss and every gradient equal one whole-batch pass."""
-    checked = preflight(cfg(model_dir, tmp_path, batch_size=12))
+    checked = preflight(cfg(tiny_bert, tmp_path, batch_size=12))
     task, data = checked.task, checked.data
     batch = task.collate(data.train[:12], data, seed=0)
     grads = []
     for chunk in (None, 5):
         data.extra["mini_batch_size"] = chunk
-        model = hfport.AutoModel.from_pretrained(model_dir).train()
+        model = hfport.AutoModel.from_pretrained(tiny_bert).train()
         loss = task.loss(task.forward(model, batch, data), batch, data, None, 0.0)
         loss.backward()
         grads.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
@@ -123,17 +113,17 @@ def test_gradcache_chunks_give_the_whole_batch_gradient(model_dir, tmp_path):
         torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_embedding_batch_loss_and_gradients_are_the_same_on_every_attention_path(model_dir, tmp_path, monkeypatch):
+def test_embedding_batch_loss_and_gradients_are_the_same_on_every_attention_path(tiny_bert, tmp_path, monkeypatch):
     """An MNRL batch of real (question, answer) texts: per-run attention calls, one padded call, the padded groups by
     length, and the padded layout (no packing at all) give the same loss and every gradient (fp32; the paths differ
     only in summation order)."""
     from hfport.nn import groups as groups_module
 
-    checked = preflight(cfg(model_dir, tmp_path, batch_size=16))
+    checked = preflight(cfg(tiny_bert, tmp_path, batch_size=16))
     task, data = checked.task, checked.data
     batch = task.collate(data.train[:16], data, seed=0)
     assert len(set(batch["attention_mask"].sum(1).tolist())) > 4  # texts of many lengths
-    model = hfport.AutoModel.from_pretrained(model_dir).train()
+    model = hfport.AutoModel.from_pretrained(tiny_bert).train()
     results = {}
     for path in ("runs", "padded", "groups", "padded layout"):
         monkeypatch.setattr(groups_module, "PACKED_ATTENTION", "auto" if path == "groups" else path)
@@ -191,8 +181,8 @@ def test_spearman_matches_scipy():
 # --- training end to end, the layout and its proof --------------------------------------------------------------
 
 
-def test_triplets_train_into_a_sentence_transformers_folder_that_verifies(model_dir, tmp_path):
-    c = cfg(model_dir, tmp_path, max_steps=30, eval_strategy="steps", eval_steps=10, pooling="max", normalize=True)
+def test_triplets_train_into_a_sentence_transformers_folder_that_verifies(tiny_bert, tmp_path):
+    c = cfg(tiny_bert, tmp_path, max_steps=30, eval_strategy="steps", eval_steps=10, pooling="max", normalize=True)
     summary = finetune(c, progress=False)
     evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if json.loads(x)["type"] == "eval"]
@@ -222,12 +212,12 @@ def test_triplets_train_into_a_sentence_transformers_folder_that_verifies(model_
     assert not bad.passed and any(r.check == "sentence-transformers" and not r.passed for r in bad.rows)
 
 
-def test_scored_pairs_train_with_cosent_and_spearman(model_dir, tmp_path):
+def test_scored_pairs_train_with_cosent_and_spearman(tiny_bert, tmp_path):
     rows = [json.loads(x) for x in (DATA / "embed_train.jsonl").read_text().splitlines()]
     scored = [{"sentence1": r["anchor"], "sentence2": r["positive"], "score": 1.0} for r in rows[:60]] + \
              [{"sentence1": r["anchor"], "sentence2": r["negative"], "score": 0.4} for r in rows[60:120]]
     train = write_jsonl(tmp_path / "sts.jsonl", scored)
-    summary = finetune(cfg(model_dir, tmp_path, train=str(train), eval=None, eval_fraction=0.25, max_steps=4,
+    summary = finetune(cfg(tiny_bert, tmp_path, train=str(train), eval=None, eval_fraction=0.25, max_steps=4,
                            grad_accum=2, batch_size=8), progress=False)
     assert summary["problem_type"] == "scored-pairs" and list(summary["best_metric"]) == ["spearman"]
     assert {"eval_spearman", "eval_pearson"} <= set(summary["final_eval"])
@@ -258,31 +248,31 @@ def test_pooling_defaults_come_from_the_base_models_sentence_transformers_config
      "loss 'listwise' does not fit"),
     ([{"text": "a", "label": 1}], {}, "neither an anchor column ('anchor'"),
 ])
-def test_bad_embedding_data_is_named(model_dir, tmp_path, rows, options, fragment):
+def test_bad_embedding_data_is_named(tiny_bert, tmp_path, rows, options, fragment):
     train = write_jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises((DataError, ConfigError)) as e:
-        preflight(cfg(model_dir, tmp_path, **{"train": str(train), "eval": None, "eval_fraction": 0.0,
+        preflight(cfg(tiny_bert, tmp_path, **{"train": str(train), "eval": None, "eval_fraction": 0.0,
                                                "batch_size": 2, **options}))
     assert fragment in str(e.value) and (fragment.startswith(("batch_size", "loss")) or "bad.jsonl" in str(e.value))
     assert not (tmp_path / "run").exists()
 
 
-def test_score_range_must_be_ordered(model_dir, tmp_path):
+def test_score_range_must_be_ordered(tiny_bert, tmp_path):
     with pytest.raises(ValueError, match="score_range"):
-        cfg(model_dir, tmp_path, score_range=(1.0, 0.0))
+        cfg(tiny_bert, tmp_path, score_range=(1.0, 0.0))
 
 
 # --- over HTTP --------------------------------------------------------------------------------------------------
 
 
-def test_http_finetune_job_trains_an_embedding_model(tmp_path, model_dir):
+def test_http_finetune_job_trains_an_embedding_model(tmp_path, tiny_bert):
     import httpx
 
     from tests.test_server import Server, wait_job
 
     root = tmp_path / "allowed"
     (root / "data").mkdir(parents=True)
-    shutil.copytree(model_dir, root / "base")
+    shutil.copytree(tiny_bert, root / "base")
     for name in ("embed_train.jsonl", "embed_eval.jsonl"):
         shutil.copy(DATA / name, root / "data" / name)
     server = Server(tmp_path / "srv", root, workers=1).start()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,39 +17,19 @@ import torch
 import hfport
 from hfport.errors import ConfigError
 from hfport.formats.sentence_transformers import read_layout
-from hfport.train.config import FinetuneConfig
 from hfport.train.loop import finetune
 from hfport.train.tasks.embedding import matryoshka_loss, mnrl_loss
-from tests.tiny import save_hf
+from tests.test_embedding_training import DATA, cfg
 
 torch.set_num_threads(1)
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "examples" / "data"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, minilm_path) -> Path:
-    root = tmp_path_factory.mktemp("mrl") / "model"
-    save_hf("bert", "base", root, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    for f in TOKENIZER_FILES:
-        shutil.copy(minilm_path / f, root / f)
-    return root
-
-
-def cfg(model_dir: Path, tmp_path: Path, **kw) -> FinetuneConfig:
-    values = dict(model=str(model_dir), task="sentence-embedding", train=str(DATA / "embed_train.jsonl"),
-                  eval=str(DATA / "embed_eval.jsonl"), output_dir=str(tmp_path / "run"), batch_size=16, lr=1e-3,
-                  logging_steps=1, seed=3, max_length=48, precision="fp32")
-    return FinetuneConfig(**{**values, **kw})
-
-
-def test_matryoshka_loss_is_sentence_transformers_matryoshka_loss(model_dir):
+def test_matryoshka_loss_is_sentence_transformers_matryoshka_loss(tiny_bert):
     """Their MatryoshkaLoss(MNRL) on a SentenceTransformer's features = ours on the same model's embeddings."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss, MultipleNegativesRankingLoss
 
-    st = SentenceTransformer(str(model_dir), device="cpu")  # mean pooling, no normalize: the bare folder's default
+    st = SentenceTransformer(str(tiny_bert), device="cpu")  # mean pooling, no normalize: the bare folder's default
     rows = [json.loads(x) for x in (DATA / "embed_train.jsonl").read_text().splitlines()[:6]]
     anchors, positives = [r["anchor"] for r in rows], [r["positive"] for r in rows]
     dims, weights = [32, 16, 8], [1.0, 0.5, 2.0]
@@ -66,8 +45,8 @@ def test_matryoshka_loss_is_sentence_transformers_matryoshka_loss(model_dir):
     assert not torch.allclose(ours, alone)
 
 
-def test_matryoshka_training_reports_each_dimension_and_records_them(model_dir, tmp_path):
-    finetune(cfg(model_dir, tmp_path, max_steps=6, matryoshka_dims=[32, 16, 8], matryoshka_weights=[1, 1, 1]),
+def test_matryoshka_training_reports_each_dimension_and_records_them(tiny_bert, tmp_path):
+    finetune(cfg(tiny_bert, tmp_path, max_steps=6, matryoshka_dims=[32, 16, 8], matryoshka_weights=[1, 1, 1]),
              progress=False)
     evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if json.loads(x)["type"] == "eval"]
@@ -98,12 +77,12 @@ def test_matryoshka_training_reports_each_dimension_and_records_them(model_dir, 
     ({"matryoshka_dims": [16, 16]}, "distinct positive sizes"),
     ({"matryoshka_weights": [1.0]}, "without matryoshka_dims"),
 ])
-def test_bad_matryoshka_options_are_named(model_dir, tmp_path, options, fragment):
+def test_bad_matryoshka_options_are_named(tiny_bert, tmp_path, options, fragment):
     with pytest.raises((ConfigError, ValueError), match=fragment):
-        finetune(cfg(model_dir, tmp_path, max_steps=1, **options), progress=False)
+        finetune(cfg(tiny_bert, tmp_path, max_steps=1, **options), progress=False)
 
 
-def test_strict_dimensions_refuse_an_untrained_dimension_only_when_asked(model_dir, tmp_path):
+def test_strict_dimensions_refuse_an_untrained_dimension_only_when_asked(tiny_bert, tmp_path):
     from fastapi.testclient import TestClient
 
     from server.app import create_app
@@ -111,7 +90,7 @@ def test_strict_dimensions_refuse_an_untrained_dimension_only_when_asked(model_d
     from tests.test_server import assert_error
 
     folder = tmp_path / "mrl"
-    shutil.copytree(model_dir, folder)
+    shutil.copytree(tiny_bert, folder)
     from hfport.formats.sentence_transformers import write_embedding_layout
     write_embedding_layout(folder, pooling="mean", normalize=False, hidden_size=32, max_seq_length=64,
                            matryoshka_dims=[16, 8])

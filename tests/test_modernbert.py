@@ -4,7 +4,7 @@ layer patterns and windows, the older rope keys, left padding, masks with holes;
 refuses, hfport refuses for the same field; what hfport does not compute is named), saving back to transformers,
 the tokenizer, pipelines, a fine-tune and an export with verify.
 
-Tolerance: fp32 atol 1e-5 (rtol 1.3e-6) on outputs at real positions, losses and every gradient, as test_parity.py.
+Tolerance: fp32 atol 1e-5 (rtol 1.3e-6) on outputs at real positions, losses and every gradient, tests/parity.py's.
 Batches have 70-, 41- and 9-token sequences against a 16-token local window (8 tokens each side).
 """
 
@@ -20,72 +20,27 @@ import torch
 
 import hfport
 from hfport.errors import ConfigError
-from tests.test_parity import ATOL, RTOL, labels_for, outputs_of, real
-from tests.tiny import HEADS, batch, build_hf, reference_qa_loss, save_hf
+from tests import parity
+from tests.parity import ATOL, RTOL, left_padded, outputs_of, real
+from tests.tiny import HEADS, batch, build_hf, save_hf
 
 TASKS = list(HEADS)
 
 
-def left_padded(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The same sequences with their padding moved to the left."""
-    mask = inputs["attention_mask"]
-    out = {k: torch.zeros_like(v) for k, v in inputs.items()}
-    for row, n in enumerate(mask.sum(1).tolist()):
-        for k, v in inputs.items():
-            out[k][row, v.shape[1] - n:] = v[row, :n]
-    return out
-
-
 def check(task: str, folder: Path, *, left: bool = False, padding_free: bool = True, hole: bool = False,
           lengths: tuple[int, ...] = (70, 41, 9), ref=None) -> float:
-    """hfport vs transformers from the same folder: outputs at real positions, the loss, every gradient."""
-    import transformers
-
-    ref = ref if ref is not None else getattr(transformers, HEADS[task]).from_pretrained(folder).eval()
-    ours = getattr(hfport, HEADS[task]).from_pretrained(folder)
-    assert not ours.load_report.initialized and not ours.load_report.unexpected, ours.load_report.summary()
-    ours.padding_free = padding_free
+    """hfport vs transformers from the same folder (tests/parity.py): outputs at real positions, the loss, every
+    gradient; `hole`: a 5-token hole inside the longest row's mask. Padded QA is checked twice: gradients of the
+    models' losses (padding scored, as transformers does) and of the loss over real positions."""
     inputs = batch("modernbert", lengths=lengths)
     if left:
         inputs = left_padded(inputs)
     if hole:
         inputs["attention_mask"][0, 20:25] = 0
-    mask = inputs["attention_mask"]
-    labels = labels_for(task, inputs)
-    if task == "question-answering" and left:  # positions of real tokens, shifted by the left padding
-        labels = {k: torch.minimum(v + (mask.shape[1] - mask.sum(1)), torch.tensor(mask.shape[1] - 1))
-                  for k, v in labels.items()}
-    theirs_out, ours_out = ref(**inputs, **labels), ours(**inputs, **labels)
-    worst = 0.0
-    for key, theirs in outputs_of(task, theirs_out).items():
-        a, b = real(outputs_of(task, ours_out)[key], mask), real(theirs.detach(), mask)
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL, msg=lambda m: f"{task} {key}: {m}")
-        worst = max(worst, (a - b).abs().max().item())
-    if task == "base":
-        w = torch.randn(ref.config.hidden_size, generator=torch.Generator().manual_seed(3))
-        loss_theirs = (real(theirs_out.last_hidden_state, mask) @ w).mean()
-        loss_ours = (real(ours_out.last_hidden_state, mask) @ w).mean()
-    elif task == "question-answering":
-        loss_theirs = reference_qa_loss(theirs_out, labels["start_positions"], labels["end_positions"], mask)
-        loss_ours = reference_qa_loss(ours_out, labels["start_positions"], labels["end_positions"], mask)
-        # padding-free, padding is never an answer; padding_free=False scores padding as transformers does
-        torch.testing.assert_close(ours_out.loss, loss_ours if padding_free else theirs_out.loss, atol=ATOL,
-                                   rtol=RTOL)
-    else:
-        loss_theirs, loss_ours = theirs_out.loss, ours_out.loss
-    torch.testing.assert_close(loss_ours, loss_theirs, atol=ATOL, rtol=RTOL)
-    loss_theirs.backward()
-    loss_ours.backward()
-    ref_params = dict(ref.named_parameters(remove_duplicate=False))
-    names = ours.hf_names()
-    assert len(names) == len({id(p) for p in ref_params.values()}), "different numbers of parameters"
-    for name, p in ours.named_parameters():
-        theirs_grad = ref_params[names[name]].grad
-        if theirs_grad is None:
-            assert p.grad is None or not p.grad.any(), name
-            continue
-        torch.testing.assert_close(p.grad, theirs_grad, atol=ATOL, rtol=RTOL, msg=lambda m, n=name: f"{n}: {m}")
-        worst = max(worst, (p.grad - theirs_grad).abs().max().item())
+    worst = parity.check(task, folder, inputs, ref=ref, left=left, padding_free=padding_free, name=task)
+    if task == "question-answering" and not padding_free:
+        worst = max(worst, parity.check(task, folder, inputs, left=left, padding_free=False, name=task,
+                                        qa_real_positions=True))
     return worst
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -189,12 +188,10 @@ def test_a_failed_background_save_is_raised_by_wait():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, minilm_path) -> Path:
     from tests.test_finetune import write_sentiment
-    from tests.tiny import save_hf
+    from tests.tiny import save_with_tokenizer
 
     root = tmp_path_factory.mktemp("monitor")
-    save_hf("bert", "base", root / "model", vocab_size=30522)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, root / "model" / f)
+    save_with_tokenizer("bert", "base", root / "model", minilm_path, vocab_size=30522)
     write_sentiment(root / "train.jsonl", 96, seed=0)
     write_sentiment(root / "eval.jsonl", 24, seed=1)
     return root

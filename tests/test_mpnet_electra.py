@@ -5,7 +5,7 @@ folders transformers loads with no missing or unexpected key, ELECTRA discrimina
 families' layouts, and MPNet end to end (sentence-embedding fine-tune -> sentence-transformers folder verified by
 sentence-transformers -> served through TEI's /embed and OpenAI's embeddings).
 
-Tolerance: fp32 1e-5 absolute (rtol 1.3e-6), the grid's (tests/test_parity.py says why the rtol)."""
+Tolerance: fp32 1e-5 absolute (rtol 1.3e-6), the grid's (tests/parity.py says why the rtol)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from hfport.errors import ConfigError
 from hfport.nn.bucketed import relative_bucket
 from tests.test_multiple_choice import choice_batch
 from tests.test_multiple_choice import compare as compare_choices
-from tests.test_parity import compare, real
+from tests.parity import ATOL, RTOL, compare_models, load_ours, real
+from tests.test_parity import compare
 from tests.tiny import HEADS, OTHER_HEADS, batch, hf_config, save_hf
 
 torch.set_num_threads(1)
-ATOL, RTOL = 1e-5, 1.3e-6
 FAMILIES = ("mpnet", "electra", "camembert")
 
 
@@ -74,20 +74,12 @@ def test_layouts_match_transformers(family, layout, padding_free, tmp_path):
     padded row: equal at real tokens for left padding; a hole shifts distances, so such a batch runs in the padded
     layout (as transformers counts them)."""
     ref = save_hf(family, "token-classification", tmp_path)
-    ours = hfport.AutoModelForTokenClassification.from_pretrained(tmp_path)
-    ours.padding_free = padding_free
+    ours = load_ours("token-classification", tmp_path, padding_free)
     inputs = layouts(family)[layout]
     mask = inputs["attention_mask"]
     labels = torch.randint(0, 3, mask.shape, generator=torch.Generator().manual_seed(4)).masked_fill(mask == 0, -100)
-    a, b = ours(**inputs, labels=labels), ref(**inputs, labels=labels)
-    torch.testing.assert_close(real(a.logits, mask), real(b.logits, mask).detach(), atol=ATOL, rtol=RTOL)
-    torch.testing.assert_close(a.loss, b.loss.detach(), atol=ATOL, rtol=RTOL)
-    a.loss.backward()
-    b.loss.backward()
-    theirs = dict(ref.named_parameters())
-    for name, hf in ours.hf_names().items():
-        grad = dict(ours.named_parameters())[name].grad
-        torch.testing.assert_close(grad, theirs[hf].grad, atol=ATOL, rtol=RTOL, msg=lambda m, hf=hf: f"{hf}: {m}")
+    compare_models(ref, ours, inputs, "token-classification", labels={"labels": labels}, padding_free=padding_free,
+                   name=f"{family}/{layout}")
     if family == "mpnet":
         assert ours.body.encoder.relative.table.weight.grad[:32].abs().sum() > 0
 

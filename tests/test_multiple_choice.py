@@ -22,10 +22,10 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError
 from hfport.train.loop import finetune
 from tests import grid
+from tests.parity import compare_models, load_ours
 from tests.test_pipelines import SCORE_TOL, make_folder
 from tests.tiny import ALL_FAMILIES, batch, build_hf, save_hf
 
-ATOL, RTOL = 1e-5, 1.3e-6  # as the parity grid (tests/test_parity.py says why the rtol)
 TASK = "multiple-choice"
 MC = tasks.AutoModelForMultipleChoice
 
@@ -37,31 +37,14 @@ def choice_batch(family: str, lengths: tuple[int, ...] = (70, 41, 9, 30, 12, 50)
 
 
 def compare(family: str, tmp_path: Path, padding_free: bool = True, **overrides) -> float:
+    """transformers' *ForMultipleChoice against hfport's (tests/parity.py): logits, loss and every gradient."""
     ref = save_hf(family, TASK, tmp_path, **overrides)
-    ours = MC.from_pretrained(tmp_path)
-    assert not ours.load_report.initialized and not ours.load_report.unexpected, ours.load_report.summary()
+    ours = load_ours(TASK, tmp_path, padding_free)
     assert type(ref).__name__ == ours.family.architectures[TASK]
-    ours.padding_free = padding_free
     inputs = choice_batch(family, pairs=overrides.get("type_vocab_size", 2) > 1)
-    labels = torch.tensor([2, 0])
-    theirs_out, ours_out = ref(**inputs, labels=labels), ours(**inputs, labels=labels)
-    assert ours_out.logits.shape == (2, 3)
-    torch.testing.assert_close(ours_out.logits, theirs_out.logits.detach(), atol=ATOL, rtol=RTOL)
-    torch.testing.assert_close(ours_out.loss, theirs_out.loss.detach(), atol=ATOL, rtol=RTOL)
-    worst = max((ours_out.logits - theirs_out.logits).abs().max().item(), (ours_out.loss - theirs_out.loss).abs().item())
-    theirs_out.loss.backward()
-    ours_out.loss.backward()
-    ref_params = dict(ref.named_parameters(remove_duplicate=False))
-    names = ours.hf_names()
-    for name, p in ours.named_parameters():
-        theirs_grad = ref_params[names[name]].grad
-        if theirs_grad is None:
-            assert p.grad is None or not p.grad.any(), f"{family}: {name} has a gradient, {names[name]} has none"
-            continue
-        torch.testing.assert_close(p.grad, theirs_grad, atol=ATOL, rtol=RTOL,
-                                   msg=lambda m: f"{family} grad {name} ({names[name]}): {m}")
-        worst = max(worst, (p.grad - theirs_grad).abs().max().item())
-    assert len(names) == len({id(p) for p in ref_params.values()}), "different numbers of parameters"
+    with torch.no_grad():
+        assert ours(**inputs).logits.shape == (2, 3)  # (B, C)
+    worst = compare_models(ref, ours, inputs, TASK, labels={"labels": torch.tensor([2, 0])}, name=family)
     grid.record(family, TASK, worst)
     return worst
 

@@ -10,8 +10,6 @@ import pytest
 import torch
 
 import hfport
-from server.launch import ServerProcess
-from tests.test_server import REPO
 
 TEXTS = ["Paris is the capital of France.", "The cat sat on the mat.", "How do I reset my password?"]
 
@@ -22,16 +20,8 @@ def close(a, b) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(minilm_path, tmp_path_factory):
-    base = tmp_path_factory.mktemp("openai-srv")
-    srv = ServerProcess(base / "data", base / "server.log", cwd=REPO, ready_timeout=180,
-                        args=("--model", f"minilm={minilm_path}"),
-                        # fp32: compared with an fp32 hfport.pipeline at 1e-5 (the service's default dtype
-                        # "auto" is bf16 on CPUs with native bf16)
-                        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_BATCH_AUTOTUNE": "false",
-                             "HFPORT_PREDICT_DTYPE": "float32"}).start()
-    yield srv
-    srv.stop()
+def server(minilm_path, serve_models):
+    return serve_models({"minilm": minilm_path}, HFPORT_BATCH_AUTOTUNE="false")
 
 
 @pytest.fixture(scope="module")

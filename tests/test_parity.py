@@ -1,9 +1,8 @@
 """The parity matrix: every family x every head against transformers on the same weights and batch.
 
 Outputs are compared at real (non-padding) positions only; hfport makes no promise about padding positions.
-Tolerance: fp32, atol 1e-5 (rtol 1.3e-6, torch's fp32 default) on outputs, losses and every gradient. The rtol
-matters only for gradients of tensors summed over every token of the batch (token-type embeddings reach ~60 in
-magnitude, where fp32 summation order alone moves the last digits: ~1e-7 relative).
+The comparison (outputs, losses, every gradient) and its tolerance, fp32 atol 1e-5 (rtol 1.3e-6), are
+tests/parity.py's, shared with every family's own parity tests.
 """
 
 from __future__ import annotations
@@ -13,101 +12,17 @@ import torch
 
 import hfport
 from tests import grid
-from tests.tiny import FAMILY_CONFIGS, HEADS, NUM_LABELS, batch, reference_qa_loss, save_hf
+from tests.parity import ATOL, RTOL, check, real
+from tests.tiny import FAMILY_CONFIGS, HEADS, batch, save_hf
 
-ATOL, RTOL = 1e-5, 1.3e-6
 FAMILIES = list(FAMILY_CONFIGS)
 TASKS = list(HEADS)
 
 
-def labels_for(task: str, inputs: dict[str, torch.Tensor], seed: int = 2) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    mask = inputs["attention_mask"]
-    b, t = mask.shape
-    if task == "sequence-classification":
-        return {"labels": torch.randint(0, NUM_LABELS, (b,), generator=g)}
-    if task == "token-classification":
-        return {"labels": torch.randint(0, NUM_LABELS, (b, t), generator=g).masked_fill(mask == 0, -100)}
-    if task == "masked-lm":
-        chosen = (torch.rand(b, t, generator=g) < 0.3) & mask.bool()
-        return {"labels": torch.where(chosen, inputs["input_ids"], torch.full_like(inputs["input_ids"], -100))}
-    if task == "question-answering":
-        lengths = mask.sum(1)
-        start = torch.stack([torch.randint(0, int(n), (1,), generator=g)[0] for n in lengths])
-        end = torch.minimum(start + 3, lengths - 1)
-        end[0] = 10_000  # out of range: clamped to the ignored index, as transformers does
-        return {"start_positions": start, "end_positions": end}
-    return {}
-
-
-def outputs_of(task: str, out) -> dict[str, torch.Tensor]:
-    if task == "base":
-        keys = ["last_hidden_state", "pooler_output"]
-    elif task == "question-answering":
-        keys = ["start_logits", "end_logits"]
-    else:
-        keys = ["logits"]
-    return {k: getattr(out, k) for k in keys if getattr(out, k, None) is not None}
-
-
-def real(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token-level tensors restricted to real positions; sequence-level ones as they are."""
-    return t[mask.bool()] if t.dim() >= 2 and t.shape[:2] == mask.shape else t
-
-
 def compare(family: str, task: str, tmp_path, **overrides) -> float:
     ref = save_hf(family, task, tmp_path, **overrides)
-    ours = getattr(hfport, HEADS[task]).from_pretrained(tmp_path)
-    assert not ours.load_report.initialized and not ours.load_report.unexpected, ours.load_report.summary()
     inputs = batch(family, pairs=overrides.get("type_vocab_size", 2) > 1)
-    labels = labels_for(task, inputs)
-    mask = inputs["attention_mask"]
-
-    theirs_out = ref(**inputs, **labels)
-    ours_out = ours(**inputs, **labels)
-    worst = 0.0
-    theirs_o, ours_o = outputs_of(task, theirs_out), outputs_of(task, ours_out)
-    assert theirs_o.keys() == ours_o.keys()
-    for key in theirs_o:
-        a, b = real(ours_o[key], mask), real(theirs_o[key].detach(), mask)
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL, msg=lambda m: f"{family}/{task} {key}: {m}")
-        worst = max(worst, (a - b).abs().max().item())
-
-    if task == "base":  # no task loss: a fixed random projection of the real positions
-        g = torch.Generator().manual_seed(3)
-        w = torch.randn(ref.config.hidden_size, generator=g)
-        loss_theirs = (real(theirs_out.last_hidden_state, mask) @ w).mean()
-        loss_ours = (real(ours_out.last_hidden_state, mask) @ w).mean()
-        if getattr(theirs_out, "pooler_output", None) is not None:  # so the pooler's gradient is checked too
-            loss_theirs = loss_theirs + theirs_out.pooler_output.mean()
-            loss_ours = loss_ours + ours_out.pooler_output.mean()
-    else:
-        loss_theirs, loss_ours = theirs_out.loss, ours_out.loss
-        if task == "question-answering":  # over real positions (see reference_qa_loss)
-            loss_theirs = reference_qa_loss(theirs_out, labels["start_positions"], labels["end_positions"], mask)
-        torch.testing.assert_close(loss_ours, loss_theirs, atol=ATOL, rtol=RTOL)
-        worst = max(worst, (loss_ours - loss_theirs).abs().item())
-    loss_theirs.backward()
-    loss_ours.backward()
-
-    ref_params = dict(ref.named_parameters(remove_duplicate=False))  # tied weights under every name
-    names = ours.hf_names()
-    seen = set()
-    for name, p in ours.named_parameters():
-        hf = names[name]
-        assert hf in ref_params, f"{family}/{task}: {name} -> {hf} is not a transformers parameter"
-        theirs_grad = ref_params[hf].grad
-        if theirs_grad is None:
-            assert p.grad is None or not p.grad.any(), f"{family}/{task}: {name} has a gradient, {hf} has none"
-            continue
-        torch.testing.assert_close(p.grad, theirs_grad, atol=ATOL, rtol=RTOL,
-                                   msg=lambda m: f"{family}/{task} grad {name} ({hf}): {m}")
-        worst = max(worst, (p.grad - theirs_grad).abs().max().item())
-        seen.add(hf)
-    unique = {id(p): n for n, p in ref_params.items()}  # one name per tensor
-    assert len(names) == len(unique), "hfport and transformers hold different numbers of parameters"
-    assert {id(ref_params[n]) for n in seen} == {i for i, n in unique.items() if ref_params[n].grad is not None}, \
-        "gradient sets differ"
+    worst = check(task, tmp_path, inputs, ref=ref, name=f"{family}/{task}")
     grid.record(family, task, worst)
     return worst
 
@@ -130,6 +45,23 @@ def test_parity_check_catches_a_nudged_weight(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hfport.AutoModelForTokenClassification, "from_pretrained", nudged)
     with pytest.raises(AssertionError):
+        compare("distilbert", "token-classification", tmp_path)
+
+
+def test_parity_check_catches_a_wrong_gradient(tmp_path, monkeypatch):
+    """Outputs and loss equal, one gradient entry off by 1e-3: the gradient comparison names the parameter."""
+    original = hfport.AutoModelForTokenClassification.from_pretrained
+
+    def wrong_grad(*args, **kwargs):
+        model = original(*args, **kwargs)
+        weight = model.body.encoder.layers[1].ffn.down.weight
+        off = torch.zeros_like(weight)
+        off[0, 0] = 1e-3
+        weight.register_hook(lambda grad: grad + off)
+        return model
+
+    monkeypatch.setattr(hfport.AutoModelForTokenClassification, "from_pretrained", wrong_grad)
+    with pytest.raises(AssertionError, match=r"grad body\.encoder\.layers\.1\.ffn\.down\.weight"):
         compare("distilbert", "token-classification", tmp_path)
 
 

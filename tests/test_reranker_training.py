@@ -7,7 +7,6 @@ A tiny random BERT with the real MiniLM WordPiece tokenizer; the examples/data r
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError
 from hfport.train.loop import finetune
 from hfport.train.preflight import preflight
-from tests.tiny import save_hf
+from tests.tiny import save_with_tokenizer
 
 torch.set_num_threads(1)
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
@@ -30,9 +29,7 @@ DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, minilm_path) -> Path:
     root = tmp_path_factory.mktemp("rerank") / "model"
-    save_hf("bert", "base", root, vocab_size=30522)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, root / f)
+    save_with_tokenizer("bert", "base", root, minilm_path, vocab_size=30522)
     return root
 
 

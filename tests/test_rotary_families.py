@@ -8,7 +8,7 @@ transformers 5.23 writes these models in their original layouts (GTE's fused qkv
 Wqkv / fc11 / fc12) and renames them only in memory; hfport reads and writes the files' names. Gradients are
 compared by joining transformers' in-memory q/k/v (up/gate) gradients the way its loader split the file's tensor.
 
-Tolerance: fp32 atol 1e-5 (rtol 1.3e-6), as test_parity.py.
+Tolerance: fp32 atol 1e-5 (rtol 1.3e-6), tests/parity.py's.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import torch
 
 import hfport
 from hfport.errors import ConfigError
-from tests.test_parity import ATOL, RTOL, labels_for, outputs_of, real
-from tests.tiny import (HEADS, ROTARY_CONFIGS, ROTARY_EXTRA_HEADS, ROTARY_HEADS, batch, build_hf, reference_qa_loss,
-                        save_hf)
+from tests import parity
+from tests.parity import ATOL, RTOL, left_padded, outputs_of
+from tests.tiny import (HEADS, ROTARY_CONFIGS, ROTARY_EXTRA_HEADS, ROTARY_HEADS, batch, build_hf, save_hf,
+                        save_with_tokenizer)
 
 FAMILIES = list(ROTARY_CONFIGS)
 # (family, head) for every head transformers has in each family
@@ -76,65 +77,20 @@ def inputs_for(family: str, lengths: tuple[int, ...] = (70, 41, 9), left: bool =
         for row, n in enumerate(mask.sum(1).tolist()):
             types[row, n // 2:n] = int(type_vocab_size > 1)
         inputs["token_type_ids"] = types
-    if left:
-        moved = {k: torch.zeros_like(v) for k, v in inputs.items()}
-        for row, n in enumerate(mask.sum(1).tolist()):
-            for k, v in inputs.items():
-                moved[k][row, v.shape[1] - n:] = v[row, :n]
-        inputs = moved
-    return inputs
+    return left_padded(inputs) if left else inputs
 
 
 def check(family: str, task: str, folder: Path, *, left: bool = False, padding_free: bool = True,
           lengths: tuple[int, ...] = (70, 41, 9)) -> float:
-    """hfport vs transformers from the same folder: outputs at real positions, the loss, every gradient."""
+    """hfport vs transformers from the same folder (tests/parity.py): outputs at real positions, the loss, every
+    gradient, transformers' fused tensors' gradients joined as its loader split them. transformers is loaded fresh:
+    dynamic rope keeps no state."""
     import transformers
 
-    ref = getattr(transformers, HEADS[task]).from_pretrained(folder).eval()  # fresh: dynamic rope keeps no state
-    ours = getattr(hfport, HEADS[task]).from_pretrained(folder)
-    assert not ours.load_report.initialized and not ours.load_report.unexpected, ours.load_report.summary()
-    ours.padding_free = padding_free
+    ref = getattr(transformers, HEADS[task]).from_pretrained(folder).eval()
     inputs = inputs_for(family, lengths, left, getattr(ref.config, "type_vocab_size", 0))
-    mask = inputs["attention_mask"]
-    labels = labels_for(task, inputs)
-    if task == "question-answering" and left:  # positions of real tokens, shifted by the left padding
-        labels = {k: torch.minimum(v + (mask.shape[1] - mask.sum(1)), torch.tensor(mask.shape[1] - 1))
-                  for k, v in labels.items()}
-    theirs_out, ours_out = ref(**inputs, **labels), ours(**inputs, **labels)
-    worst = 0.0
-    for key, theirs in outputs_of(task, theirs_out).items():
-        a, b = real(outputs_of(task, ours_out)[key], mask), real(theirs.detach(), mask)
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL, msg=lambda m: f"{family}/{task} {key}: {m}")
-        worst = max(worst, (a - b).abs().max().item())
-    if task == "base":
-        w = torch.randn(ref.config.hidden_size, generator=torch.Generator().manual_seed(3))
-        loss_theirs = (real(theirs_out.last_hidden_state, mask) @ w).mean()
-        loss_ours = (real(ours_out.last_hidden_state, mask) @ w).mean()
-    elif task == "question-answering" and padding_free:  # over real positions (see tiny.reference_qa_loss)
-        loss_theirs = reference_qa_loss(theirs_out, labels["start_positions"], labels["end_positions"], mask)
-        loss_ours = ours_out.loss
-    else:
-        loss_theirs, loss_ours = theirs_out.loss, ours_out.loss
-    torch.testing.assert_close(loss_ours, loss_theirs, atol=ATOL, rtol=RTOL)
-    worst = max(worst, (loss_ours - loss_theirs).abs().item())
-    loss_theirs.backward()
-    loss_ours.backward()
-    ref_params = dict(ref.named_parameters(remove_duplicate=False))  # tied weights under every name
-    names = ours.hf_names()
-    covered = set()
-    for name, p in ours.named_parameters():
-        pieces = in_memory(family, names[name])
-        assert all(n in ref_params for n in pieces), f"{family}/{task}: {name} -> {pieces} not in transformers"
-        covered |= {id(ref_params[n]) for n in pieces}
-        grads = [ref_params[n].grad for n in pieces]
-        if any(g is None for g in grads):
-            assert p.grad is None or not p.grad.any(), f"{family}/{task}: {name} has a gradient, transformers none"
-            continue
-        theirs_grad = torch.cat(grads, dim=0)
-        torch.testing.assert_close(p.grad, theirs_grad, atol=ATOL, rtol=RTOL, msg=lambda m, n=name: f"{n}: {m}")
-        worst = max(worst, (p.grad - theirs_grad).abs().max().item())
-    assert covered == {id(p) for p in ref_params.values()}, "hfport and transformers hold different parameters"
-    return worst
+    return parity.check(task, folder, inputs, ref=ref, left=left, padding_free=padding_free, name=f"{family}/{task}",
+                        pieces=lambda hf: in_memory(family, hf))
 
 
 # --- the grid -----------------------------------------------------------------------------------------------
@@ -295,25 +251,18 @@ def test_save_pretrained_loads_in_transformers(family: str, task: str, tmp_path)
 
 # --- end to end: a sentence-transformers folder served through /embed --------------------------------------
 
-def test_nomic_sentence_transformers_folder_served_through_embed(minilm_path, tmp_path) -> None:
+def test_nomic_sentence_transformers_folder_served_through_embed(minilm_path, serve_models, tmp_path) -> None:
     """A tiny NomicBERT with BERT's tokenizer (MiniLM's WordPiece), mean pooling, normalized, and nomic-embed's
     prompts, saved by sentence-transformers itself: hfport's sentence-embedding pipeline and a served /embed (TEI)
     both equal SentenceTransformer.encode(prompt_name=...) on it. The texts stay under the tiny model's 32
     max_position_embeddings: sentence-transformers 6 caps max_seq_length there when the folder does not name one, which
     hfport's layout reader does not (yet) do; the dynamic scaling past 32 is covered by the grid above."""
     import httpx
-    import shutil
 
     from sentence_transformers import SentenceTransformer, models
 
-    from server.launch import ServerProcess
-    from tests.test_server import REPO
-
     plain = tmp_path / "plain"
-    save_hf("nomic_bert", "base", plain, vocab_size=30522)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (minilm_path / name).exists():
-            shutil.copy(minilm_path / name, plain / name)
+    save_with_tokenizer("nomic_bert", "base", plain, minilm_path, vocab_size=30522)
     body = models.Transformer(str(plain), max_seq_length=64)
     st = SentenceTransformer(modules=[body, models.Pooling(32, "mean"), models.Normalize()], device="cpu",
                              prompts={"query": "search_query: ", "document": "search_document: "})
@@ -327,9 +276,7 @@ def test_nomic_sentence_transformers_folder_served_through_embed(minilm_path, tm
         want = theirs.encode(texts, prompt_name=prompt, convert_to_numpy=True)  # (N, C)
         torch.testing.assert_close(torch.tensor(pipe(texts, prompt_name=prompt)), torch.tensor(want), atol=1e-5,
                                    rtol=0)
-    srv = ServerProcess(tmp_path / "data", tmp_path / "server.log", cwd=REPO, ready_timeout=180,
-                        args=("--model", f"nomic={folder}"),
-                        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_PREDICT_DTYPE": "float32"}).start()
+    srv = serve_models({"nomic": folder})
     try:
         with httpx.Client(base_url=srv.url, timeout=120) as client:
             r = client.post("/embed", json={"inputs": texts, "prompt_name": "query"})
@@ -355,15 +302,11 @@ def test_finetune_and_verify_with_sentence_transformers(family: str, task: str, 
     family (MiniLM's tokenizer beside it); the best folder verifies: transformers loads it cleanly and computes what
     hfport computes, and sentence-transformers (SentenceTransformer / CrossEncoder) encodes or scores as hfport does.
     The text-ranking head is new (GTE's and NomicBERT's with their pooler, fresh)."""
-    import shutil
-
     from hfport.export import verify
 
     data = Path(__file__).resolve().parents[1] / "examples" / "data"
     base = tmp_path / "base"
-    save_hf(family, "base", base, vocab_size=30522)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / name, base / name)
+    save_with_tokenizer(family, "base", base, minilm_path, vocab_size=30522)
     config = hfport.FinetuneConfig(model=str(base), task=task, train=str(data / f"{train}_train.jsonl"),
                                    eval=str(data / f"{train}_eval.jsonl"), output_dir=str(tmp_path / "run"),
                                    batch_size=8, lr=1e-3, logging_steps=1, seed=3, max_length=48, precision="fp32",

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 import hfport
-from tests.test_server import REPO, assert_error
-from server.launch import ServerProcess
+from tests.test_server import assert_error
 
 ATOL = 1e-5
 
@@ -47,18 +46,8 @@ def folders(tmp_path_factory, minilm_path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(folders, tmp_path_factory):
-    base = tmp_path_factory.mktemp("tei-srv")
-    models = [f"{name}={path}" for name, path in folders.items()]  # minilm first: the default
-    args = [x for m in models for x in ("--model", m)]
-    srv = ServerProcess(base / "data", base / "server.log", cwd=REPO, ready_timeout=180, args=tuple(args),
-                        # fp32: the outputs are compared with an fp32 hfport.pipeline at 1e-5; the service's
-                        # default dtype "auto" is bf16 on CPUs with native bf16 (its quality: test_bf16.py)
-                        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_PREDICT_MAX_INPUTS": "8",
-                             "HFPORT_PREDICT_DTYPE": "float32",
-                             "HFPORT_BATCH_TOKEN_BUDGETS": "[256, 512]"}).start()
-    yield srv
-    srv.stop()
+def server(folders, serve_models):  # minilm first: the default model
+    return serve_models(folders, HFPORT_PREDICT_MAX_INPUTS="8", HFPORT_BATCH_TOKEN_BUDGETS="[256, 512]")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import struct
 from pathlib import Path
 
@@ -17,15 +16,13 @@ from hfport.train import trackers
 from hfport.train.config import FinetuneConfig, resolve_config
 from hfport.train.loop import finetune
 from tests.test_finetune import write_sentiment
-from tests.tiny import save_hf
+from tests.tiny import save_with_tokenizer
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, minilm_path) -> Path:
     root = tmp_path_factory.mktemp("trackers")
-    save_hf("bert", "base", root / "model", vocab_size=30522)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, root / "model" / f)
+    save_with_tokenizer("bert", "base", root / "model", minilm_path, vocab_size=30522)
     write_sentiment(root / "train.jsonl", 48, seed=0)
     write_sentiment(root / "eval.jsonl", 16, seed=1)
     return root

@@ -3,6 +3,7 @@ save_pretrained: the exact HF layouts hfport must read. Seeded, so every run see
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,19 @@ def build_hf(family: str, task: str, seed: int = 0, **overrides: Any):
 def save_hf(family: str, task: str, folder: Path, seed: int = 0, **overrides: Any):
     model = build_hf(family, task, seed=seed, **overrides)
     model.save_pretrained(folder)
+    return model
+
+
+# a WordPiece tokenizer folder's files (the real MiniLM's, copied beside tiny models that need text in)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def save_with_tokenizer(family: str, task: str, folder: Path, tokenizer: Path, seed: int = 0, **overrides: Any):
+    """save_hf, then the tokenizer files of the folder `tokenizer` beside the model (MiniLM's vocabulary has 30522
+    tokens: pass vocab_size=30522 with it)."""
+    model = save_hf(family, task, folder, seed=seed, **overrides)
+    for name in TOKENIZER_FILES:
+        shutil.copy(Path(tokenizer) / name, Path(folder) / name)
     return model
 
 
