@@ -223,8 +223,15 @@ def example_lengths(examples: Sequence[Features]) -> Sequence[int]:
     return lengths if lengths is not None else [len(x.input_ids) for x in examples]
 
 
+def without_tokens(examples: Sequence[Features]) -> Iterable[Features]:
+    """The examples in order for a pass that reads only targets, sources and meta: a list as it is, a store's
+    records alone (its tokens left on disk)."""
+    return examples if isinstance(examples, list) else examples.without_tokens()  # type: ignore[attr-defined]
+
+
 def retarget(examples: Sequence[Features], encode: Callable[[Features], Any]) -> None:
-    """Every example's target replaced by encode(example): in place in a list, as one array in a store."""
+    """Every example's target replaced by encode(example): in place in a list, as one array in a store (whose ENCODE
+    sees no tokens: see without_tokens)."""
     if isinstance(examples, list):
         for x in examples:
             x.target = encode(x)

@@ -32,6 +32,7 @@ from .data import Features
 STREAM_BYTES = 256 * 2**20  # a source this large (its files' bytes) is encoded into a store
 STREAM_ENV = "HFPORT_STREAM_BYTES"
 _ARRAYS = {"int32": "i", "uint16": "H", "int8": "b"}  # store dtype -> array typecode (what compact() makes)
+_EMPTY = np.zeros(0, np.int32)
 
 
 def stream_threshold() -> int:
@@ -65,14 +66,13 @@ class StoredExamples(Sequence[Features]):
     def __init__(self, store: Store, index: np.ndarray | None = None, targets: np.ndarray | None = None):
         self.store, self.index, self.targets = store, index, targets
         self.name = store.extra["source"]
-        self._types = "token_type_ids" in store.fields
 
     def __len__(self) -> int:
         return len(self.index) if self.index is not None else len(self.store)
 
     def _features(self, row: dict[str, Any], target: Any) -> Features:
         ids = array(_ARRAYS[self.store.fields["input_ids"]], row["input_ids"].tobytes())
-        types = array("b", row["token_type_ids"].tobytes()) if self._types else None
+        types = array("b", row["token_type_ids"].tobytes()) if "token_type_ids" in row else None
         record = row["record"]
         return Features(ids, types, record["t"] if target is None else target, (self.name, record["l"]),
                         record["m"])
@@ -96,6 +96,15 @@ class StoredExamples(Sequence[Features]):
         for i, values in enumerate(zip(*(self.store.values(f) for f in fields))):
             yield self._features(dict(zip(fields, values)), self._target(i))
 
+    def without_tokens(self) -> Iterator[Features]:
+        """Every example in order with its target, source and meta but no tokens (empty ids): only the records are
+        read, for passes over the labels."""
+        if self.index is not None:
+            yield from self
+            return
+        for i, record in enumerate(self.store.values("record")):
+            yield self._features({"input_ids": _EMPTY, "record": record}, self._target(i))
+
     @property
     def lengths(self) -> np.ndarray:
         """Tokens per example (int32), from the offsets alone."""
@@ -108,11 +117,12 @@ class StoredExamples(Sequence[Features]):
         return StoredExamples(self.store, self.index[rows] if self.index is not None else rows, self.targets)
 
     def retarget(self, encode: Callable[[Features], Any]) -> None:
-        """Every example's target replaced by encode(example), kept as one array (a row per example)."""
+        """Every example's target replaced by encode(example), kept as one array (a row per example). ENCODE sees the
+        example's target, source and meta, not its tokens (`without_tokens`)."""
         if self.index is not None:
             raise ValueError("retarget the whole store, before taking views of it")
         chunks, chunk = [], []
-        for x in self:
+        for x in self.without_tokens():
             chunk.append(encode(x))
             if len(chunk) == 65_536:
                 chunks.append(np.asarray(chunk))

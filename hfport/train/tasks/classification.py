@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, encode_label, field_of,
-                    infer_label_space, iter_records, pad_ids, retarget, split_off, where)
+                    infer_label_space, iter_records, pad_ids, retarget, split_off, where, without_tokens)
 from ..metrics import classification as metrics
 from ..stored import collect
 from . import TrainTask
@@ -26,7 +26,7 @@ class RawLabels:
         self.features = features
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
-        return ((x.target, x.source[1]) for x in self.features)
+        return ((x.target, x.source[1]) for x in without_tokens(self.features))
 
 
 def encode_rows(path: Source, config: Any, tokenizer: Any) -> Iterator[list[Features]]:
