@@ -178,12 +178,18 @@ def run(root: Path, out: Path, **options: Any) -> dict:
 
 
 def test_store_trains_like_the_list(root, tmp_path, monkeypatch, cache):
+    """A small source keeps its examples in a list; forced onto the store, the same fine-tune (fp32, same seed, length
+    grouping, evaluations) ends with identical weights and metrics, and a second run reuses the store."""
+    small = preflight(config(root, "train.parquet", eval=str(root / "eval.parquet"), text_pair_column="pair"))
+    assert isinstance(small.data.train, list) and not (cache / "encoded").exists()
     listed = run(root, tmp_path / "list", max_steps=8)
     monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
     pre = preflight(config(root, "train.parquet", eval=str(root / "eval.parquet"), text_pair_column="pair"))
     assert isinstance(pre.data.train, StoredExamples) and isinstance(pre.data.eval, StoredExamples)
+    written = {p: (p / "manifest.json").stat().st_mtime_ns for p in (cache / "encoded").iterdir()}
     stored = run(root, tmp_path / "store", max_steps=8)
-    assert len(list((cache / "encoded").iterdir())) == 2  # train and eval, reused by the second preflight
+    assert {p: (p / "manifest.json").stat().st_mtime_ns for p in (cache / "encoded").iterdir()} == written
+    assert len(written) == 2  # train and eval, reused by the run's own preflight
     assert stored["final_eval"] == listed["final_eval"]
     a = load_file(tmp_path / "list" / "final" / "model.safetensors")
     b = load_file(tmp_path / "store" / "final" / "model.safetensors")
