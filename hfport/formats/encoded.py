@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -96,9 +96,10 @@ class StoreWriter:
 
 
 def write_store(target: Path, fields: dict[str, str], chunks: Iterable[list[dict[str, Any]]], key: str,
-                extra: dict[str, Any] | None = None) -> Store:
+                extra: Callable[[], dict[str, Any]] | None = None) -> Store:
     """A store at TARGET of every chunk's rows, published whole when the last chunk is in (see the module
-    docstring); an error while reading the chunks leaves no store. Returns it opened."""
+    docstring); an error while reading the chunks leaves no store. EXTRA, called once every chunk is in, gives the
+    manifest's "extra" (what the reader learnt while the rows went by). Returns it opened."""
     with staged(target, fsync=True) as folder:
         writer = StoreWriter(folder, fields)
         try:
@@ -107,7 +108,7 @@ def write_store(target: Path, fields: dict[str, str], chunks: Iterable[list[dict
         except BaseException:
             writer.abort()
             raise
-        writer.close(key, extra)
+        writer.close(key, extra() if extra else None)
     return Store(target)
 
 

@@ -3,6 +3,10 @@ folders) with errors that name file, split, line or row, and field; label maps; 
 collation.
 
 Every check runs before training starts, so a bad file costs seconds, not a half-finished run.
+
+Encoded examples are a sequence of Features: a list, or for a large source a StoredExamples over an encoded-examples
+store on disk (hfport/train/stored.py). What reads them here (example_lengths, split_off, retarget, without_tokens)
+takes either, so batching, shuffling and resume do not ask which.
 """
 
 from __future__ import annotations

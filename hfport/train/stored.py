@@ -159,9 +159,12 @@ def collect(chunks: Iterable[list[Features]], source: Source, tokenizer: Any, ta
     key = store_key(source, tokenizer, task, settings)
     folder = store_folder(key)
     store = open_store(folder, key)
-    if store is None:
+    if store is not None:
+        source.starts = store.extra["starts"]  # a glob's errors name the file and its row, as when it was read
+    else:
         it = iter(chunks)
         first = next(it, [])
         fields = _fields(first[0], len(tokenizer)) if first else {"input_ids": "int32", "record": JSON}
-        store = write_store(folder, fields, _rows(it, first), key, {"source": str(source)})
+        store = write_store(folder, fields, _rows(it, first), key,
+                            lambda: {"source": str(source), "starts": source.starts})
     return StoredExamples(store)
