@@ -328,6 +328,10 @@ class Source:
             for number, values in kind.rows(file):
                 yield Record(number if kind.unit == "line" else position, values)
                 position += 1
+        if kind.schema is not None:
+            # pyarrow's allocator (mimalloc) keeps the pages it freed: handed back once the files are read, their
+            # decoded row groups do not stay in the process's RSS (262,144 rows: 30 MiB)
+            _pyarrow(self.path, kind.name).default_memory_pool().release_unused()
 
     def class_names(self, column: str) -> list[str] | None:
         """The names of a ClassLabel column (or of a sequence of them: NER tags) as datasets wrote its features into
