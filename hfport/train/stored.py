@@ -16,6 +16,7 @@ it, iteration streams it in order, `lengths` gives every example's token count w
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from array import array
@@ -127,8 +128,9 @@ class StoredExamples(Sequence[Features]):
             if len(chunk) == 65_536:
                 chunks.append(np.asarray(chunk))
                 chunk = []
-        chunks.append(np.asarray(chunk))
-        self.targets = np.concatenate([c for c in chunks if len(c)]) if any(len(c) for c in chunks) else None
+        if chunk:  # an empty array is float64: left out, it cannot turn integer targets into floats
+            chunks.append(np.asarray(chunk))
+        self.targets = np.concatenate(chunks) if chunks else None
 
 
 def _fields(first: Features, vocab: int) -> dict[str, str]:
@@ -139,15 +141,11 @@ def _fields(first: Features, vocab: int) -> dict[str, str]:
     return fields
 
 
-def _rows(chunks: Iterator[list[Features]], first: list[Features]) -> Iterator[list[dict[str, Any]]]:
-    for chunk in _chain(first, chunks):
+def _rows(chunks: Iterable[list[Features]]) -> Iterator[list[dict[str, Any]]]:
+    """Each chunk's Features as the store's rows: the ids, the type ids and a JSON record of the rest."""
+    for chunk in chunks:
         yield [{"input_ids": x.input_ids, "token_type_ids": x.token_type_ids,
                 "record": {"t": x.target, "l": x.source[1], "m": x.meta}} for x in chunk]
-
-
-def _chain(first: list[Features], rest: Iterator[list[Features]]) -> Iterator[list[Features]]:
-    yield first
-    yield from rest
 
 
 def collect(chunks: Iterable[list[Features]], source: Source, tokenizer: Any, task: str,
@@ -165,6 +163,6 @@ def collect(chunks: Iterable[list[Features]], source: Source, tokenizer: Any, ta
         it = iter(chunks)
         first = next(it, [])
         fields = _fields(first[0], len(tokenizer)) if first else {"input_ids": "int32", "record": JSON}
-        store = write_store(folder, fields, _rows(it, first), key,
+        store = write_store(folder, fields, _rows(itertools.chain([first], it)), key,
                             lambda: {"source": str(source), "starts": source.starts})
     return StoredExamples(store)
