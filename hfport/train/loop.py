@@ -44,7 +44,7 @@ from .amp import LossScale, clip_grad_norm, float32_outputs, mixed_precision
 from .checkpoint import (CheckpointWriter, load_checkpoint, prune, restore_rng, rewind, snapshot,
                          write_checkpoint)
 from .config import FinetuneConfig
-from .data import EncodedData, epoch_batches, eval_batches, planned_steps
+from .data import EncodedData, epoch_batches, eval_batches, example_lengths, planned_steps
 from .metrics import EarlyStopping, MetricHistory
 from .monitor import PERF, Pace, ResourceSampler, evals_left, read_metrics
 from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
@@ -78,7 +78,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     model, frozen = build_model(config, checked)
 
     # 2. the epochs' batches and the optimisation
-    plan = EpochPlan(config, [len(x.input_ids) for x in checked.data.train], accelerator.num_processes)
+    plan = EpochPlan(config, example_lengths(checked.data.train), accelerator.num_processes)
     total_steps = plan.total_steps()
     metric_name, metric_mode = config.default_metric(_problem(checked.data))  # e.g. regression: mse, not accuracy
     model.to(accelerator.device)  # before the optimizer: a fused AdamW is chosen by where the parameters live
@@ -401,7 +401,7 @@ class Trainer:
         """Loss weighted by example count, then the task metrics; model.eval() + inference_mode, then back."""
         c, data = self.config, self.data
         self.model.eval()
-        mine = eval_batches(list(range(self.rank, len(data.eval), self.world)), [len(x.input_ids) for x in data.eval],
+        mine = eval_batches(list(range(self.rank, len(data.eval), self.world)), example_lengths(data.eval),
                             c.batch_size, c.max_batch_tokens, c.group_by_length)
         rows: list[tuple[int, float, Any]] = []  # (example index, its batch's mean loss, task row)
         start = 0  # examples before this batch: the batch's corruption seed, as before batches were sorted

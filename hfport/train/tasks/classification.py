@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, encode_label, field_of,
-                    infer_label_space, iter_records, pad_ids, split_off, where)
+                    infer_label_space, iter_records, pad_ids, retarget, split_off, where, without_tokens)
 from ..metrics import classification as metrics
+from ..stored import collect
 from . import TrainTask
 
 ENCODE_ROWS = 1024  # rows read, checked and tokenized together: the text held at once
@@ -21,32 +22,33 @@ class RawLabels:
     until the training labels fix the label space: iterable as often as infer_label_space needs, without a tuple
     kept per row."""
 
-    def __init__(self, features: list[Features]) -> None:
+    def __init__(self, features: Sequence[Features]) -> None:
         self.features = features
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
-        return ((x.target, x.source[1]) for x in self.features)
+        return ((x.target, x.source[1]) for x in without_tokens(self.features))
 
 
-def encode_rows(path: Source, config: Any, tokenizer: Any) -> list[Features]:
-    """A source's rows checked and tokenized a chunk at a time; each target is the label as written (one object per
-    distinct value) until encode_label replaces it."""
+def encode_rows(path: Source, config: Any, tokenizer: Any) -> Iterator[list[Features]]:
+    """A source's rows checked and tokenized a chunk at a time (yielded as they are encoded); each target is the label
+    as written (one object per distinct value) until encode_label replaces it."""
     columns = [config.text_column, config.label_column] + ([config.text_pair_column] if config.text_pair_column else [])
-    features: list[Features] = []
     seen: dict[Any, Any] = {}
     name = str(path)
 
-    def encode(chunk: list[Record]) -> None:
+    def encode(chunk: list[Record]) -> list[Features]:
         texts = [r.values[config.text_column] for r in chunk]
         pairs = [r.values[config.text_pair_column] for r in chunk] if config.text_pair_column else None
         enc = tokenizer(texts, text_pair=pairs, truncation=True, max_length=config.max_length)
         types = enc.get("token_type_ids")
+        features = []
         for i, r in enumerate(chunk):
             label = r.values[config.label_column]
             if isinstance(label, (str, int, float)):  # keyed with its type: True == 1 and 1.0 == 1 stay apart
                 label = seen.setdefault((type(label), label), label)
             features.append(Features(compact(enc["input_ids"][i]),
                                      compact(types[i], "b") if types is not None else None, label, (name, r.line)))
+        return features
 
     chunk: list[Record] = []
     for r in iter_records(path):
@@ -56,11 +58,17 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> list[Features]:
                 raise DataError(f"{where(path, r.line, c)}: expected non-empty text, got {value!r}")
         chunk.append(r)
         if len(chunk) == ENCODE_ROWS:
-            encode(chunk)
+            yield encode(chunk)
             chunk = []
     if chunk:
-        encode(chunk)
-    return features
+        yield encode(chunk)
+
+
+def encoded(path: Source, config: Any, tokenizer: Any) -> Sequence[Features]:
+    """A source's examples: in a list, or on disk for a large source (hfport/train/stored.py)."""
+    settings = {"text": config.text_column, "pair": config.text_pair_column, "label": config.label_column,
+                "max_length": config.max_length}
+    return collect(encode_rows(path, config, tokenizer), path, tokenizer, SequenceClassification.name, settings)
 
 
 class SequenceClassification(TrainTask):
@@ -71,15 +79,16 @@ class SequenceClassification(TrainTask):
         """text (+ text_pair) and label: a name, an id, a float (regression) or a list of names (multi-label).
 
         Rows are encoded as they are read (ENCODE_ROWS at a time), so a large Parquet file's text is never held
-        whole; the targets follow once the training labels have fixed the label space."""
+        whole, and a large source's examples go to disk as they come (hfport/train/stored.py); the targets follow
+        once the training labels have fixed the label space."""
         train_path, eval_path = data_sources(config)
-        train = encode_rows(train_path, config, tokenizer)
-        evaluation = encode_rows(eval_path, config, tokenizer) if eval_path else []
+        train = encoded(train_path, config, tokenizer)
+        evaluation = encoded(eval_path, config, tokenizer) if eval_path else []
         space = infer_label_space(RawLabels(train), train_path, config.label_column, config.problem_type,
                                   model_id2label, train_path.class_names(config.label_column))
         for path, features in ((train_path, train), (eval_path, evaluation)):
-            for x in features:
-                x.target = encode_label(x.target, space, path, x.source[1], config.label_column)
+            retarget(features, lambda x, path=path: encode_label(x.target, space, path, x.source[1],
+                                                                 config.label_column))
         if eval_path is None:
             train, evaluation = split_off(train, config.eval_fraction, config.seed)
         return EncodedData(train, evaluation, space, tokenizer.pad_token_id)

@@ -1,0 +1,168 @@
+"""Encoded examples on disk: a large source's Features written to an encoded-examples store
+(hfport/formats/encoded.py) as they are encoded, and read back one example at a time while training.
+
+A task's reader yields its Features a chunk at a time; `collect` keeps them in a list when the source is small and
+writes them to a store when its files hold STREAM_BYTES or more ($HFPORT_STREAM_BYTES; 0: always), so memory does not
+grow with the file: what stays per example is its length (int32) and, once the label space is known, its target.
+The store lives in the user cache dir (`$HFPORT_CACHE_DIR/encoded/`, as hardware.json) under a hash of what the
+encoding depends on: the source files' paths, sizes and modification times, the tokenizer, the task and its
+settings. A later run on the same data reuses it; a change to any of those encodes again.
+
+`StoredExamples` is a map-style sequence of Features like the list it replaces: the loop indexes it, `len()` counts
+it, iteration streams it in order, `lengths` gives every example's token count without reading the tokens, and
+`select` is a view (a held-out split).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from array import array
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..formats.encoded import JSON, Store, open_store, write_store
+from ..formats.tables import Source
+from ..hardware import cache_path
+from .data import Features
+
+STREAM_BYTES = 256 * 2**20  # a source this large (its files' bytes) is encoded into a store
+STREAM_ENV = "HFPORT_STREAM_BYTES"
+_ARRAYS = {"int32": "i", "uint16": "H", "int8": "b"}  # store dtype -> array typecode (what compact() makes)
+_EMPTY = np.zeros(0, np.int32)
+
+
+def stream_threshold() -> int:
+    return int(os.environ.get(STREAM_ENV) or STREAM_BYTES)
+
+
+def source_bytes(source: Source) -> int:
+    return sum(f.stat().st_size for f in source.files)
+
+
+def store_key(source: Source, tokenizer: Any, task: str, settings: dict[str, Any]) -> str:
+    """A hash of everything the encoded examples depend on."""
+    files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in source.files]
+    # the backend's JSON without the truncation and padding a call last configured (they are call settings, and the
+    # encode settings are in the key on their own)
+    backend = {k: v for k, v in json.loads(tokenizer.backend_tokenizer.to_str()).items()
+               if k not in ("truncation", "padding")}
+    tokenizer_hash = hashlib.sha256(json.dumps(backend, sort_keys=True).encode()).hexdigest()
+    text = json.dumps({"files": files, "split": source.split, "tokenizer": tokenizer_hash, "task": task,
+                       "settings": settings}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def store_folder(key: str) -> Path:
+    return cache_path().parent / "encoded" / key[:32]
+
+
+class StoredExamples(Sequence[Features]):
+    """Features read from a store: example i with positioned reads, targets from `targets` once set."""
+
+    def __init__(self, store: Store, index: np.ndarray | None = None, targets: np.ndarray | None = None):
+        self.store, self.index, self.targets = store, index, targets
+        self.name = store.extra["source"]
+
+    def __len__(self) -> int:
+        return len(self.index) if self.index is not None else len(self.store)
+
+    def _features(self, row: dict[str, Any], target: Any) -> Features:
+        ids = array(_ARRAYS[self.store.fields["input_ids"]], row["input_ids"].tobytes())
+        types = array("b", row["token_type_ids"].tobytes()) if "token_type_ids" in row else None
+        record = row["record"]
+        return Features(ids, types, record["t"] if target is None else target, (self.name, record["l"]),
+                        record["m"])
+
+    def _target(self, i: int) -> Any:
+        return None if self.targets is None else self.targets[i].tolist()
+
+    def __getitem__(self, i: int) -> Features:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"example {i} of {len(self)}")
+        i %= len(self)
+        row = int(self.index[i]) if self.index is not None else i
+        return self._features(self.store.row(row), self._target(row))
+
+    def __iter__(self) -> Iterator[Features]:
+        """Every example in order; without a view, read field by field a chunk at a time (no read per example)."""
+        if self.index is not None:
+            yield from (self[i] for i in range(len(self)))
+            return
+        fields = list(self.store.fields)
+        for i, values in enumerate(zip(*(self.store.values(f) for f in fields))):
+            yield self._features(dict(zip(fields, values)), self._target(i))
+
+    def without_tokens(self) -> Iterator[Features]:
+        """Every example in order with its target, source and meta but no tokens (empty ids): only the records are
+        read, for passes over the labels."""
+        if self.index is not None:
+            yield from self
+            return
+        for i, record in enumerate(self.store.values("record")):
+            yield self._features({"input_ids": _EMPTY, "record": record}, self._target(i))
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per example (int32), from the offsets alone."""
+        every = self.store.lengths("input_ids")
+        return every[self.index] if self.index is not None else every
+
+    def select(self, rows: Sequence[int]) -> StoredExamples:
+        """A view of these examples (positions in this sequence), in the order given."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return StoredExamples(self.store, self.index[rows] if self.index is not None else rows, self.targets)
+
+    def retarget(self, encode: Callable[[Features], Any]) -> None:
+        """Every example's target replaced by encode(example), kept as one array (a row per example). ENCODE sees the
+        example's target, source and meta, not its tokens (`without_tokens`)."""
+        if self.index is not None:
+            raise ValueError("retarget the whole store, before taking views of it")
+        chunks, chunk = [], []
+        for x in self.without_tokens():
+            chunk.append(encode(x))
+            if len(chunk) == 65_536:
+                chunks.append(np.asarray(chunk))
+                chunk = []
+        if chunk:  # an empty array is float64: left out, it cannot turn integer targets into floats
+            chunks.append(np.asarray(chunk))
+        self.targets = np.concatenate(chunks) if chunks else None
+
+
+def _fields(first: Features, vocab: int) -> dict[str, str]:
+    fields = {"input_ids": "uint16" if vocab <= 2**16 else "int32"}  # half the bytes for most vocabularies
+    if first.token_type_ids is not None:
+        fields["token_type_ids"] = "int8"
+    fields["record"] = JSON
+    return fields
+
+
+def _rows(chunks: Iterable[list[Features]]) -> Iterator[list[dict[str, Any]]]:
+    """Each chunk's Features as the store's rows: the ids, the type ids and a JSON record of the rest."""
+    for chunk in chunks:
+        yield [{"input_ids": x.input_ids, "token_type_ids": x.token_type_ids,
+                "record": {"t": x.target, "l": x.source[1], "m": x.meta}} for x in chunk]
+
+
+def collect(chunks: Iterable[list[Features]], source: Source, tokenizer: Any, task: str,
+            settings: dict[str, Any]) -> list[Features] | StoredExamples:
+    """The encoded examples of SOURCE, from its reader's chunks: a list for a small source, a store (reused when one
+    was written for the same data, tokenizer and settings) for a large one."""
+    if source_bytes(source) < stream_threshold():
+        return [x for chunk in chunks for x in chunk]
+    key = store_key(source, tokenizer, task, settings)
+    folder = store_folder(key)
+    store = open_store(folder, key)
+    if store is not None:
+        source.starts = store.extra["starts"]  # a glob's errors name the file and its row, as when it was read
+    else:
+        it = iter(chunks)
+        first = next(it, [])
+        fields = _fields(first[0], len(tokenizer)) if first else {"input_ids": "int32", "record": JSON}
+        store = write_store(folder, fields, _rows(itertools.chain([first], it)), key,
+                            lambda: {"source": str(source), "starts": source.starts})
+    return StoredExamples(store)

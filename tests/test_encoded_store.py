@@ -1,0 +1,225 @@
+"""Encoded examples on disk (hfport/formats/encoded.py, hfport/train/stored.py): every task's encoded fields
+round-trip through the store; a store cut short is never reused; a large source (here: any, HFPORT_STREAM_BYTES=0)
+encodes into a store with the same checks and errors, and fine-tunes to the same weights and metrics as the
+in-memory path (fp32, same seed), with exact resume."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from array import array
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hfport import AutoTokenizer
+from hfport.formats.encoded import Store, StoreError, open_store, write_store
+from hfport.formats.tables import Source
+from hfport.tasks import TASKS
+from hfport.train.config import FinetuneConfig
+from hfport.train.data import DataError
+from hfport.train.loop import finetune
+from hfport.train.preflight import preflight
+from hfport.train.stored import StoredExamples, collect
+from hfport.train.tasks import get_task
+from tests.test_data_sources import sentiment_rows
+from tests.test_finetune_tasks import mlm_lines, ner_rows, qa_rows
+from tests.tiny import save_hf
+
+torch.set_num_threads(1)
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "data"
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("HFPORT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory, minilm_path) -> Path:
+    root = tmp_path_factory.mktemp("stored")
+    save_hf("bert", "base", root / "model", vocab_size=30522)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm_path / f, root / "model" / f)
+    pq.write_table(pa.Table.from_pylist(sentiment_rows(40, seed=0)), root / "train.parquet", row_group_size=9)
+    pq.write_table(pa.Table.from_pylist(sentiment_rows(16, seed=1)), root / "eval.parquet")
+    jsonl = {"ner.jsonl": ner_rows(12, 0), "qa.jsonl": qa_rows(8, 0)}
+    for name, rows in jsonl.items():
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "mlm.txt").write_text(mlm_lines(12, 0))
+    rng = random.Random(0)
+    colors = ["red", "blue", "green", "yellow"]
+    questions = []
+    for _ in range(10):
+        choices = rng.sample(colors, 4)
+        questions.append({"context": f"the ball is {choices[1]}, so its color is", "choices": choices, "label": 1})
+    (root / "choices.jsonl").write_text("".join(json.dumps(r) + "\n" for r in questions))
+    return root
+
+
+# every trainable task: its data and options
+TASK_DATA = {
+    "text-classification": ("train.parquet", {"text_pair_column": "pair"}),
+    "token-classification": ("ner.jsonl", {}),
+    "question-answering": ("qa.jsonl", {"max_length": 32, "doc_stride": 8}),
+    "fill-mask": ("mlm.txt", {}),
+    "sentence-embedding": (str(EXAMPLES / "embed_train.jsonl"), {}),
+    "sparse-embedding": (str(EXAMPLES / "embed_train.jsonl"), {}),
+    "text-ranking": (str(EXAMPLES / "rerank_train.jsonl"), {}),
+    "multiple-choice": ("choices.jsonl", {}),
+}
+
+
+def config(root: Path, train: str, **options: Any) -> FinetuneConfig:
+    values = dict(model=str(root / "model"), train=str(root / train), output_dir=str(root / "runs" / "x"),
+                  max_length=48, batch_size=4, seed=3, precision="fp32")
+    return FinetuneConfig(**{**values, **options})
+
+
+def plain(value: Any) -> Any:
+    """Arrays (array.array, numpy) as lists, everything else as it is (tuples stay tuples)."""
+    if isinstance(value, (array, np.ndarray)):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def fields(x: Any) -> tuple:
+    return (plain(x.input_ids), plain(x.token_type_ids), plain(x.target), plain(x.source), plain(x.meta))
+
+
+def test_every_trainable_task_is_covered():
+    assert {t.name for t in TASKS.values() if t.train} == set(TASK_DATA)
+
+
+@pytest.mark.parametrize("task", TASK_DATA)
+def test_every_tasks_encoded_fields_round_trip(root, task, monkeypatch):
+    """The task's own reader's Features (targets, sources, meta: nested lists, tuples, None, strings), written to
+    a store and read back by index and in order, are equal field by field, with their types."""
+    train, options = TASK_DATA[task]
+    cfg = config(root, train, task=task, eval_fraction=0.0, **options)
+    tokenizer = AutoTokenizer.from_pretrained(root / "model")
+    want = list(get_task(task).read(cfg, tokenizer, None).train)
+    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    source = Source(cfg.train)
+    got = collect([want[:3], want[3:]], source, tokenizer, task, {"case": 1})
+    assert isinstance(got, StoredExamples) and len(got) == len(want)
+    for i in (0, len(want) - 1, -1):
+        assert fields(got[i]) == fields(want[i])
+    for a, b in zip(got, want, strict=True):
+        assert fields(a) == fields(b)
+        assert type(a.target) is type(b.target)
+    assert list(got.lengths) == [len(x.input_ids) for x in want]
+    view = got.select([2, 0])
+    assert [fields(x) for x in view] == [fields(want[2]), fields(want[0])]
+
+
+def small_store(folder: Path, key: str = "k") -> Store:
+    rows = [{"ids": [1, 2, 3], "meta": {"span": (1, 2), "none": None}}, {"ids": [], "meta": {"q": "why"}}]
+    return write_store(folder, {"ids": "int32", "meta": "json"}, [rows[:1], rows[1:]], key)
+
+
+def test_a_store_cut_short_is_not_reused(tmp_path):
+    store = small_store(tmp_path / "s")
+    assert store.row(0)["meta"] == {"span": (1, 2), "none": None} and len(store.row(1)["ids"]) == 0
+    store.close()
+    assert open_store(tmp_path / "s", "other key") is None  # written for other data: not this one's
+    assert open_store(tmp_path / "s", "k") is not None
+    with open(tmp_path / "s" / "ids.bin", "r+b") as f:  # a crash after the manifest: a file cut short
+        f.truncate(4)
+    with pytest.raises(StoreError, match="ids.bin holds 4 bytes"):
+        Store(tmp_path / "s")
+    assert open_store(tmp_path / "s", "k") is None and not (tmp_path / "s").exists()  # removed, to be rebuilt
+    small_store(tmp_path / "t")
+    (tmp_path / "t" / "manifest.json").unlink()  # the manifest is written last: without it, never complete
+    assert open_store(tmp_path / "t", "k") is None
+
+
+def test_a_failed_encode_leaves_no_store(tmp_path):
+    def chunks():
+        yield [{"ids": [1], "meta": 1}]
+        raise DataError("row 7 is bad")
+
+    with pytest.raises(DataError):
+        write_store(tmp_path / "s", {"ids": "int32", "meta": "json"}, chunks(), "k")
+    assert list(tmp_path.iterdir()) == []  # neither the store nor its staging folder
+
+
+def test_errors_still_name_file_row_and_column(root, tmp_path, monkeypatch, cache):
+    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    rows = sentiment_rows(30, seed=5)
+    rows[17]["text"] = "  "
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet", row_group_size=8)
+    with pytest.raises(DataError, match=r"bad.parquet, row 17, field 'text': expected non-empty text"):
+        preflight(config(root, str(tmp_path / "bad.parquet"), text_pair_column="pair"))
+    assert not (cache / "encoded").exists() or not any((cache / "encoded").iterdir())
+    rows[17]["text"], rows[21]["label"] = "fine", "unheard-of"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "eval.parquet")
+    with pytest.raises(DataError, match=r"eval.parquet, row 21, field 'label': unknown label 'unheard-of'"):
+        preflight(config(root, "train.parquet", eval=str(tmp_path / "eval.parquet")))
+
+
+def run(root: Path, out: Path, **options: Any) -> dict:
+    cfg = config(root, "train.parquet", eval=str(root / "eval.parquet"), text_pair_column="pair",
+                 output_dir=str(out), lr=1e-3, logging_steps=1, eval_strategy="steps", eval_steps=4,
+                 group_by_length=True, **options)
+    return finetune(cfg, progress=False)
+
+
+def test_store_trains_like_the_list(root, tmp_path, monkeypatch, cache):
+    """A small source keeps its examples in a list; forced onto the store, the same fine-tune (fp32, same seed, length
+    grouping, evaluations) ends with identical weights and metrics, and a second run reuses the store."""
+    small = preflight(config(root, "train.parquet", eval=str(root / "eval.parquet"), text_pair_column="pair"))
+    assert isinstance(small.data.train, list) and not (cache / "encoded").exists()
+    listed = run(root, tmp_path / "list", max_steps=8)
+    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    pre = preflight(config(root, "train.parquet", eval=str(root / "eval.parquet"), text_pair_column="pair"))
+    assert isinstance(pre.data.train, StoredExamples) and isinstance(pre.data.eval, StoredExamples)
+    written = {p: (p / "manifest.json").stat().st_mtime_ns for p in (cache / "encoded").iterdir()}
+    stored = run(root, tmp_path / "store", max_steps=8)
+    assert {p: (p / "manifest.json").stat().st_mtime_ns for p in (cache / "encoded").iterdir()} == written
+    assert len(written) == 2  # train and eval, reused by the run's own preflight
+    assert stored["final_eval"] == listed["final_eval"]
+    a = load_file(tmp_path / "list" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "store" / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_store_resume_is_exact(root, tmp_path, monkeypatch):
+    """Stopped at a checkpoint and resumed, a run over the store ends with the weights and eval of an unbroken one."""
+    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    common = dict(scheduler="constant", save_steps=3)
+    whole = run(root, tmp_path / "whole", max_steps=6, **common)
+    run(root, tmp_path / "cut", max_steps=3, **common)
+    resumed = run(root, tmp_path / "cut", max_steps=6, resume="latest", **common)
+    assert resumed["steps"] == 6 and resumed["final_eval"] == whole["final_eval"]
+    a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "cut" / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_reused_store_still_names_a_globs_file_and_row(root, tmp_path, monkeypatch):
+    """Label errors come after encoding, on every run: from a reused store too they name the glob's file and its own
+    row."""
+    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    rows = sentiment_rows(30, seed=6)
+    for r in rows[12:]:  # the second file's labels are numbers (a Parquet column has one type)
+        r["label"] = 1.5
+    (tmp_path / "parts").mkdir()
+    for i, part in enumerate((rows[:12], rows[12:])):
+        pq.write_table(pa.Table.from_pylist(part), tmp_path / "parts" / f"p-{i}.parquet")
+    for _ in range(2):  # encoded into the store, then read back from it
+        with pytest.raises(DataError, match=r"mixed label types: name \(.*p-0.parquet, row 0\) and float "
+                                            r"\(.*p-1.parquet, row 0\)"):
+            preflight(config(root, str(tmp_path / "parts" / "p-*.parquet")))
