@@ -35,6 +35,7 @@ EPS = 1e-12  # a zero row or token gets a tiny scale instead of a division by ze
 # MAX_OUTLIERS per layer (export/onnx.py's rule and numbers: MiniLM's outliers are 10-20x the median)
 OUTLIER_RATIO = 6.0
 MAX_OUTLIERS = 8
+U8_MARGIN = 1e-5  # relative widening of the per-tensor uint8 range (quantize_tensor_u8)
 ACTIVATIONS = ("tensor", "token")  # activation quantization granularities, fastest first (module docstring)
 
 
@@ -82,10 +83,12 @@ def quantize_tensor_u8(x: Tensor) -> tuple[Tensor, float, int]:
     The range always holds 0, so zero (and the outlier channels' zeroed columns) stays exact."""
     lo, hi = (float(v) for v in torch.aminmax(x))
     lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = max(hi - lo, EPS) / 255
+    # 255 levels widened by U8_MARGIN: v / scale + zp then lies strictly inside (-0.5, 255.5), so adding 0.5 and
+    # truncating (the uint8 cast) rounds half up and never leaves 0..255: no clamp pass
+    scale = max(hi - lo, EPS) / 255 * (1 + U8_MARGIN)
     zp = min(255, max(0, round(-lo / scale)))
-    # v / scale + zp lies in [-0.5, 255.5]; + 0.5 and truncation is round-half-up; the clamp keeps 255.5 in range
-    q = torch.mul(x.float(), 1.0 / scale).add_(zp + 0.5).clamp_(0, 255).to(torch.uint8)  # (M, K)
+    # zp + 0.5 + x / scale in one pass (add's alpha), then the cast: two passes over (M, K)
+    q = torch.add(torch.tensor(zp + 0.5), x.float(), alpha=1.0 / scale).to(torch.uint8)  # (M, K)
     return q, scale, zp
 
 
