@@ -11,9 +11,13 @@ row's |max| / 127), activations quantized at run time in one of two granularitie
       token's scale times the channel's scale, plus the bias. Finer, slower (two dequantization passes over the
       (M, N) product); where oneDNN's op is missing, or where "tensor" fails the gate (hfport/int8.py).
 
-Measured on a 2-core Zen 4 EPYC (scripts/bench_int8_linear.py, one thread, CPU time, M=2048 tokens, a loaded machine,
-so +-20%): per Linear call, "tensor" 7.6 / 10.1 / 26.5 / 32 ms for MiniLM's 384->1536, 1536->384 and BERT-base's
-768->3072, 3072->768, "token" 12 / 10-12 / 38-40 / 34-39 ms, bf16 nn.Linear 13 / 12 / 51 / 46 ms.
+Measured on a 2-core Zen 4 EPYC (AVX512-VNNI/BF16; scripts/bench_int8_linear.py, one thread timed by its CPU time,
+a loaded machine): the kernels alone run at ~400-430 GOP/s (_int_mm) and ~370-410 (oneDNN uint8) against fp32's ~90
+and bf16's ~190 GFLOP/s, i.e. both reach the int8 units (4.4x fp32, VNNI's 4x the MACs per instruction); whole
+Int8Linear calls at M=2048 tokens run at 250-330 GOP/s ("tensor") and 237-256 ("token"), the rest being the
+quantization passes. On two threads _int_mm did not always split its work (a 768-side product: the calling
+thread's CPU time per call 2.2 ms on one thread, 2.0 on two; fp32 9.9 -> 5.2), oneDNN's op did (M=2048, 768 ->
+3072: 24 -> 12 ms): why "tensor" comes first.
 
 Outlier channels (LLM.int8(), as export/onnx.py does for the ONNX graph): a few input channels whose values dwarf
 the others (MiniLM: the LayerNorm outputs' dim 99 up to ~28 beside typical peaks ~1.5) would set the scale and
