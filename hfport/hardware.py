@@ -34,12 +34,14 @@ log = logging.getLogger("hfport.hardware")
 
 CACHE_ENV = "HFPORT_CACHE_DIR"
 CACHE_FILE = "hardware.json"
-FORMAT = 2  # bumped when the probe changes, so older files are measured again (2: one thread, CPU time)
+FORMAT = 3  # bumped when the probe changes, so older files are measured again (2: one thread, CPU time; 3: int8 on
+# oneDNN's uint8 Linear)
 NATIVE_MARGIN = 1.5  # bf16 matmul at least this much faster than fp32: native (emulated bf16 runs slower than fp32)
 
 # (matrix side, dtype) per probe. fp32 and bf16 decide; fp16 and int8 are informative. fp16 is kept small because
-# where it is emulated it runs at ~1% of fp32 (a 768-side product would take half a second); int8 is torch._int_mm
-# (int32 accumulation), reported in GOP/s.
+# where it is emulated it runs at ~1% of fp32 (a 768-side product would take half a second); int8, reported in GOP/s,
+# is the kernel hfport's int8 Linear runs fastest on (nn/int8.py): oneDNN's uint8 x int8 Linear on a packed weight
+# where this torch has it (what VNNI multiplies natively), else torch._int_mm (int8 x int8, int32 accumulation).
 PROBES: dict[str, tuple[int, torch.dtype]] = {"float32": (768, torch.float32), "bfloat16": (768, torch.bfloat16),
                                              "float16": (256, torch.float16), "int8": (768, torch.int8)}
 DECIDING = ("float32", "bfloat16")
@@ -102,6 +104,14 @@ def _operands(dtype: torch.dtype, n: int) -> tuple[Any, torch.Tensor, torch.Tens
     gen = torch.Generator().manual_seed(0)
     if dtype == torch.int8:
         a, b = (torch.randint(-64, 64, (n, n), dtype=torch.int8, generator=gen) for _ in range(2))
+        if torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise"):
+            packed = torch.ops.onednn.qlinear_prepack(b, None)
+            ones, zeros = torch.ones(n), torch.zeros(n, dtype=torch.long)
+
+            def qlinear(x: torch.Tensor, _: torch.Tensor) -> torch.Tensor:  # x (n, n) uint8 @ b^T, fp32 out
+                return torch.ops.onednn.qlinear_pointwise(x, 1.0, 128, packed, ones, zeros, None, 1.0, 0,
+                                                          torch.float32, "none", [], "")
+            return qlinear, (a.int() + 128).to(torch.uint8), b
         return torch._int_mm, a, b
     a, b = (torch.randn(n, n, generator=gen).to(dtype) for _ in range(2))
     return torch.matmul, a, b

@@ -4,13 +4,14 @@
   1. calibration: the fp32 model runs the calibration texts (hfport/probes.py) and records each encoder Linear's
      per-input-channel |max|; channels that dwarf the median (nn/int8.py: OUTLIER_RATIO, at most MAX_OUTLIERS a
      layer) stay fp32 beside the int8 product;
-  2. every nn.Linear under the body's encoder becomes an Int8Linear (weights per output channel, activations per
-     token through torch._int_mm). Embeddings, norms, attention's softmax and products, the pooler and the task
-     heads stay fp32;
+  2. every nn.Linear under the body's encoder becomes an Int8Linear (nn/int8.py: weights per output channel,
+     activations per tensor through oneDNN's fused int8 Linear, the fast one, or per token through torch._int_mm).
+     Embeddings, norms, attention's softmax and products, the pooler and the task heads stay fp32;
   3. the gate (hfport/agreement.py, the ONNX export's rules and thresholds): int8 against fp32 on the built-in
      judged texts and pairs (never the calibration ones) and on the user's `gate_data`, by the task's agreement
-     kind. Below the threshold: an Int8GateError saying by how much, or with "auto-int8" the float layers back and
-     the model in bf16 (logged, and noted in the load report).
+     kind. Each activation granularity this torch has is tried in turn, fastest first (`granularities`); the first
+     that passes is kept. None passing: an Int8GateError saying by how much, or with "auto-int8" the float layers
+     back and the model in bf16 (logged, and noted in the load report).
 The gate's verdicts are kept on the model as `model.int8_gate` (a list of GateResult).
 """
 
@@ -30,7 +31,7 @@ from .agreement import MIN_AGREEMENT, MIN_COSINE, GateContext, gate_for, measure
 from .errors import ConfigError, ExportError
 from .formats.sentence_transformers import has_embedding_layout, read_layout
 from .modeling import PreTrainedEncoder
-from .nn.int8 import InputPeaks, body_linears, quantize_linears, swap_linears
+from .nn.int8 import ACTIVATIONS, InputPeaks, body_linears, onednn_int8_available, quantize_linears, swap_linears
 from .probes import CALIBRATION_PAIRS, CALIBRATION_TEXTS, PROBE_MAX_LENGTH, GateData, encode, gate_batches, \
     read_gate_data
 from .tasks import TASKS
@@ -121,11 +122,19 @@ def _check_loadable(model: PreTrainedEncoder, folder: Path) -> None:
                           "files")
 
 
-def quantize(model: PreTrainedEncoder, folder: str | os.PathLike[str]) -> dict[int, Any]:
-    """Steps 1-2 of the module docstring without the gate: MODEL's encoder Linear layers in int8, calibrated on the
-    calibration texts through FOLDER's tokenizer. -> {id(Int8Linear): the nn.Linear it replaced}. What
-    dtype="int8" does before judging; for benchmarks (scripts/bench.py) and experiments, not for serving."""
-    return quantize_linears(model.body.encoder, _calibrate(model, Path(folder)))
+def granularities() -> tuple[str, ...]:
+    """The activation granularities int8 can run here, fastest first (nn/int8.py: ACTIVATIONS)."""
+    return tuple(a for a in ACTIVATIONS if a != "tensor" or onednn_int8_available())
+
+
+def quantize(model: PreTrainedEncoder, folder: str | os.PathLike[str], activations: str | None = None,
+             peaks: dict[str, Tensor] | None = None) -> dict[int, Any]:
+    """Steps 1-2 of the module docstring without the gate: MODEL's encoder Linear layers in int8 with ACTIVATIONS'
+    granularity (default: the fastest here), calibrated on the calibration texts through FOLDER's tokenizer (or
+    PEAKS, a calibration already made). -> {id(Int8Linear): the nn.Linear it replaced}. What dtype="int8" does
+    before judging; for benchmarks (scripts/bench.py) and experiments, not for serving."""
+    peaks = peaks if peaks is not None else _calibrate(model, Path(folder))
+    return quantize_linears(model.body.encoder, peaks, activations or granularities()[0])
 
 
 def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *, fallback: bool = False,
@@ -142,20 +151,27 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
     datasets = [GateData.builtin()] + ([read_gate_data(gate_data)] if gate_data is not None else [])
     batches = _batches(model, folder, datasets)
     reference = {key: [_outputs(model, enc, model.task) for enc in encs] for key, encs in batches.items()}  # fp32
-    originals = quantize(model, folder)
-    results = _judge(model, folder, batches, reference)
-    model.int8_gate = results
-    report = "; ".join(r.line() for r in results)
-    if all(r.passed for r in results):
-        log.info("%s: int8 (%d Linear layers) passed its gate: %s", folder, len(originals), report)
-        model.load_report.notes.append(f"int8: {len(originals)} encoder Linear layers; gate passed: {report}")
-        return model
-    failed = "; ".join(f"{r.line()} ({r.value - r.bound:+.4f} against the bound {r.bound:g})"
-                       for r in results if not r.passed)
+    peaks = _calibrate(model, folder)
+    refused = []
+    for activations in granularities():
+        originals = quantize(model, folder, activations, peaks)
+        results = _judge(model, folder, batches, reference)
+        model.int8_gate = results
+        report = "; ".join(r.line() for r in results)
+        if all(r.passed for r in results):
+            log.info("%s: int8 (%d Linear layers, activations per %s) passed its gate: %s", folder, len(originals),
+                     activations, report)
+            model.load_report.notes.append(f"int8: {len(originals)} encoder Linear layers, activations per "
+                                           f"{activations}; gate passed: {report}")
+            return model
+        swap_linears(model.body.encoder, originals)  # the float layers back, for the next try or the fallback
+        refused.append(f"activations per {activations}: " + "; ".join(
+            f"{r.line()} ({r.value - r.bound:+.4f} against the bound {r.bound:g})" for r in results if not r.passed))
+        log.info("%s: int8 with %s", folder, refused[-1])
+    failed = " | ".join(refused)
     if not fallback:
         raise Int8GateError(f"{folder}: int8 refused by its gate: {failed}. Load with dtype='auto-int8' to fall "
                             "back to bf16, or 'bfloat16' / 'float32'")
-    swap_linears(model.body.encoder, originals)  # the float layers back
     return _fallback(model, folder, f"the int8 gate refused: {failed}")
 
 

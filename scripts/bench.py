@@ -15,9 +15,11 @@ libraries load:
   native bf16, and what Trainer's bf16=True does); inference bf16 = the weights cast to bf16 (what hfport's
   dtype="auto" does there; transformers gets the same dtype=bfloat16).
 - int8 (--precisions fp32,bf16,int8): inference only, hfport's encoder Linear layers in int8 (hfport.int8.quantize:
-  what dtype="int8" loads, without its gate, which a fresh random head would fail on near ties), in the plain loop
+  what dtype="int8" loads, without its gate, which a fresh random head would fail on near ties; activations in the
+  fastest granularity here, hfport.int8.granularities()[0], which the gate keeps where it passes), in the plain loop
   and the pipelines, against transformers fp32 and hfport's own bf16; its model FLOP/s against the int8 matmul peak
-  (torch._int_mm, GOP/s) of the same probe.
+  (GOP/s) of the same probe: the kernel Int8Linear runs on (oneDNN's uint8 Linear where torch has it, else
+  torch._int_mm; hfport/hardware.py).
 - the limit: each dtype's matmul peak on this machine (hfport.hardware.measure, a timed square matmul), and each
   run's achieved model FLOP/s on real tokens against it. FLOPs per row of n real tokens: inference
   n * (2 * P + 4 * L * n * d), training 3x that (forward + backward); P = parameters outside embedding tables,
@@ -458,7 +460,8 @@ def plain_loops(spec: ModelSpec, folder: Path, batches: list[dict[str, torch.Ten
 
 
 def int8_model(model: torch.nn.Module, folder: Path) -> torch.nn.Module:
-    """A copy of hfport's fp32 MODEL with its encoder Linear layers in int8 (hfport.int8.quantize, no gate)."""
+    """A copy of hfport's fp32 MODEL with its encoder Linear layers in int8 (hfport.int8.quantize, no gate; the
+    activations in the fastest granularity here)."""
     import hfport.int8
 
     quantized = copy.deepcopy(model)
@@ -1055,6 +1058,9 @@ def main() -> None:
 
     peaks = measure_peaks(seconds=2.0)  # longer than hfport's own probe: a figure to divide by, not a decision
     say(f"matmul peaks, GFLOP/s: {peaks_text(peaks)}")
+    if "int8" in args.precisions:
+        import hfport.int8
+        say(f"int8: activations per {hfport.int8.granularities()[0]}")
     results = {}
     with tempfile.TemporaryDirectory(prefix="hfport-bench-") as scratch:
         for name in args.models:

@@ -1,17 +1,31 @@
-"""Int8Linear: an nn.Linear run on the CPU's int8 instructions (torch._int_mm, int8 x int8 -> int32).
+"""Int8Linear: an nn.Linear run on the CPU's int8 instructions, weights int8 symmetric per output channel (scale = the
+row's |max| / 127), activations quantized at run time in one of two granularities (`activations`):
 
-Weights are quantized once, symmetric per output channel (scale = the row's |max| / 127); activations are quantized
-at run time, symmetric per token (per row of the packed token matrix: the padding-free path's (N, C) rows are all
-real tokens, so no padding widens a scale). The int32 product is dequantized by the token's scale times the
-channel's scale, plus the bias.
+  "tensor" (the fast one): one asymmetric uint8 scale and zero point for the whole packed token matrix (its min and
+      max), through oneDNN's int8 Linear (torch.ops.onednn.qlinear_pointwise, the kernel torch's x86 inductor
+      int8 path uses) on a weight packed once for it: the dequantization, bias and cast to the input's dtype run
+      inside the kernel, so besides the product only the input's quantization passes remain. uint8 x int8 is what
+      VNNI's vpdpbusd multiplies natively (an int8 x int8 product needs a +128 shift and a compensation pass).
+  "token": symmetric int8 per token (per row of the packed token matrix: the padding-free path's (N, C) rows are all
+      real tokens, so no padding widens a scale) through torch._int_mm (int8 x int8 -> int32), dequantized by the
+      token's scale times the channel's scale, plus the bias. Finer, slower (two dequantization passes over the
+      (M, N) product); where oneDNN's op is missing, or where "tensor" fails the gate (hfport/int8.py).
+
+Measured on a 2-core Zen 4 EPYC (AVX512-VNNI/BF16; scripts/bench_int8_linear.py, one thread timed by its CPU time,
+a loaded machine): the kernels alone run at ~400-430 GOP/s (_int_mm) and ~370-410 (oneDNN uint8) against fp32's ~90
+and bf16's ~190 GFLOP/s, i.e. both reach the int8 units (4.4x fp32, VNNI's 4x the MACs per instruction); whole
+Int8Linear calls at M=2048 tokens run at 250-330 GOP/s ("tensor") and 237-256 ("token"), the rest being the
+quantization passes. On two threads _int_mm did not always split its work (a 768-side product: the calling
+thread's CPU time per call 2.2 ms on one thread, 2.0 on two; fp32 9.9 -> 5.2), oneDNN's op did (M=2048, 768 ->
+3072: 24 -> 12 ms): why "tensor" comes first.
 
 Outlier channels (LLM.int8(), as export/onnx.py does for the ONNX graph): a few input channels whose values dwarf
-the others (MiniLM: the LayerNorm outputs' dim 99 up to ~28 beside typical peaks ~1.5) would set every token's
-scale and crush the rest to a handful of levels. Such channels, named at quantization (`outliers`, found on
-calibration activations by `outlier_channels`), are taken out of the int8 product and go through a small fp32
-matmul beside it; their int8 weight rows are zero.
+the others (MiniLM: the LayerNorm outputs' dim 99 up to ~28 beside typical peaks ~1.5) would set the scale and
+crush the rest to a handful of levels. Such channels, named at quantization (`outliers`, found on calibration
+activations by `outlier_channels`), are taken out of the int8 product and go through a small float matmul beside
+it; their int8 weight rows are zero.
 
-torch.ao.quantization's dynamic Linear is deprecated in this torch (its removal announced), hence _int_mm.
+torch.ao.quantization's dynamic Linear is deprecated in this torch (its removal announced), hence these two ops.
 """
 
 from __future__ import annotations
@@ -25,6 +39,8 @@ EPS = 1e-12  # a zero row or token gets a tiny scale instead of a division by ze
 # MAX_OUTLIERS per layer (export/onnx.py's rule and numbers: MiniLM's outliers are 10-20x the median)
 OUTLIER_RATIO = 6.0
 MAX_OUTLIERS = 8
+U8_MARGIN = 1e-5  # relative widening of the per-tensor uint8 range (quantize_tensor_u8)
+ACTIVATIONS = ("tensor", "token")  # activation quantization granularities, fastest first (module docstring)
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -61,12 +77,35 @@ class SharedInput:
         self.last: tuple[Tensor, Tensor, Tensor, Tensor | None, list[int]] | None = None
 
 
-class Int8Linear(nn.Module):
-    """y = x W^T + b with W int8 per output channel and x int8 per token; `outliers` input channels in fp32."""
+def onednn_int8_available() -> bool:
+    """Whether this torch has oneDNN's int8 Linear ("tensor" activations); absent on builds without oneDNN."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, n_outliers: int = 0):
+
+def quantize_tensor_u8(x: Tensor) -> tuple[Tensor, float, int]:
+    """Asymmetric per-tensor uint8: x (M, K) float -> (x_u8 (M, K), scale, zero point), x ~= (x_u8 - zp) * scale.
+    The range always holds 0, so zero (and the outlier channels' zeroed columns) stays exact."""
+    lo, hi = (float(v) for v in torch.aminmax(x))
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    # 255 levels widened by U8_MARGIN: v / scale + zp then lies strictly inside (-0.5, 255.5), so adding 0.5 and
+    # truncating (the uint8 cast) rounds half up and never leaves 0..255: no clamp pass
+    scale = max(hi - lo, EPS) / 255 * (1 + U8_MARGIN)
+    zp = min(255, max(0, round(-lo / scale)))
+    # zp + 0.5 + x / scale in one pass (add's alpha), then the cast: two passes over (M, K)
+    q = torch.add(torch.tensor(zp + 0.5), x.float(), alpha=1.0 / scale).to(torch.uint8)  # (M, K)
+    return q, scale, zp
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W int8 per output channel and x quantized per `activations` ("tensor" or "token");
+    `outliers` input channels in float."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, n_outliers: int = 0,
+                 activations: str = "token"):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"Int8Linear: activations must be one of {ACTIVATIONS}, got {activations!r}")
+        self.in_features, self.out_features, self.activations = in_features, out_features, activations
         # (K, N): _int_mm's right operand, kept transposed and contiguous once (a transposed view of (N, K) is
         # what the kernel would otherwise pack on every call)
         self.register_buffer("weight_t", torch.zeros(in_features, out_features, dtype=torch.int8))
@@ -75,14 +114,23 @@ class Int8Linear(nn.Module):
         self.register_buffer("outliers", torch.zeros(n_outliers, dtype=torch.long))  # (k,) input channels
         self.register_buffer("outlier_weight_t", torch.zeros(n_outliers, out_features))  # (k, N) fp32
         self.shared: SharedInput | None = None
+        # "tensor": oneDNN's packed copy of weight_t (an opaque tensor, not a buffer: it cannot be saved or copied),
+        # made on first use and again whenever weight_t changes (load_state_dict, .to): keyed by its storage/version
+        self._packed: tuple[tuple[int, int], Tensor, Tensor] | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_packed"] = None  # deepcopy/pickle: the opaque packed weight is remade on first use
+        return state
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, linear: nn.Linear, outliers: Tensor | None = None) -> Int8Linear:
+    def from_linear(cls, linear: nn.Linear, outliers: Tensor | None = None, activations: str = "token") -> Int8Linear:
         """LINEAR's weights quantized per output channel; the OUTLIERS input channels (k,) kept fp32 beside."""
         w = linear.weight.detach().float()  # (N, K)
         idx = (outliers if outliers is not None else torch.zeros(0, dtype=torch.long)).to(w.device, torch.long)
-        out = cls(linear.in_features, linear.out_features, linear.bias is not None, len(idx)).to(w.device)
+        out = cls(linear.in_features, linear.out_features, linear.bias is not None, len(idx), activations)
+        out = out.to(w.device)
         out.outliers.copy_(idx)
         out.outlier_weight_t.copy_(w[:, idx].t())  # (k, N)
         w = w.index_fill(1, idx, 0.0)  # the int8 part never sees the outlier channels: their scale stays honest
@@ -93,27 +141,54 @@ class Int8Linear(nn.Module):
             out.bias.copy_(linear.bias.detach().float())
         return out
 
-    def quantize_input(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """x (..., K) -> (x_q (M, K) int8, scale (M, 1), the outlier channels' values (M, k) fp32 or None)."""
+    def packed(self) -> tuple[Tensor, Tensor]:
+        """(oneDNN's packed weight, its zero points (N,) int64 zeros), made once per weight_t."""
+        w = self.weight_t
+        key = (w.data_ptr(), -1 if w.is_inference() else w._version)  # inference tensors keep no version count
+        if self._packed is None or self._packed[0] != key:
+            packed = torch.ops.onednn.qlinear_prepack(self.weight_t.t().contiguous(), None)  # from (N, K)
+            self._packed = (key, packed, torch.zeros(self.out_features, dtype=torch.long))
+        return self._packed[1], self._packed[2]
+
+    def quantize_input(self, x: Tensor) -> tuple[Tensor, Tensor | float, Tensor | int | None, Tensor | None]:
+        """x (..., K) -> (x_q (M, K), its scale, its zero point ("tensor"; None for "token"), the outlier channels'
+        values (M, k) in x's dtype or None). "token": int8 and scale (M, 1) fp32; "tensor": uint8, float, int."""
         entry = self.shared.last if self.shared is not None else None
         if entry is not None and entry[0] is x:
             entry[4][0] -= 1
             if entry[4][0] <= 0:
                 self.shared.last = None
-            return entry[1], entry[2], entry[3]
-        x2 = x.reshape(-1, self.in_features).float()  # (M, K)
+            return entry[1], entry[2][0], entry[2][1], entry[3]
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
         kept = None
         if len(self.outliers):
-            kept = x2[:, self.outliers]  # (M, k) fp32: the outlier channels
+            kept = x2[:, self.outliers]  # (M, k): the outlier channels
             x2 = x2.index_fill(1, self.outliers, 0.0)  # (M, K): a copy, the caller's x untouched
-        q, scale = quantize_rows(x2)  # (M, K) int8, (M, 1)
+        if self.activations == "tensor":
+            q, scale, zp = quantize_tensor_u8(x2)
+        else:
+            (q, scale), zp = quantize_rows(x2.float()), None  # (M, K) int8, (M, 1)
         if self.shared is not None:
-            self.shared.last = (x, q, scale, kept, [self.shared.readers - 1])
-        return q, scale, kept
+            self.shared.last = (x, q, (scale, zp), kept, [self.shared.readers - 1])
+        return q, scale, zp, kept
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape  # (..., K)
-        q, scale, kept = self.quantize_input(x)
+        q, scale, zp, kept = self.quantize_input(x)
+        if self.activations == "tensor":
+            weight, weight_zp = self.packed()
+            # (M, N) in x's dtype: (q - zp) * scale @ (W_q * channel scale)^T + bias, all inside the kernel
+            y = torch.ops.onednn.qlinear_pointwise(q, scale, zp, weight, self.weight_scale, weight_zp, self.bias,
+                                                   1.0, 0, x.dtype, "none", [], "")
+        else:
+            y = self._token_product(q, scale)
+            y = y.to(x.dtype)
+        if kept is not None:
+            y.addmm_(kept.to(y.dtype), self.outlier_weight_t.to(y.dtype))  # (M, k) @ (k, N): the float part
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def _token_product(self, q: Tensor, scale: Tensor) -> Tensor:
+        """"token": q (M, K) int8, scale (M, 1) -> (M, N) fp32, dequantized, plus the bias."""
         acc = torch._int_mm(q, self.weight_t)  # (M, N) int32
         # dequantize in two passes, in the int32 product's own memory (same size as fp32): no second (M, N)
         # allocation, whose fresh pages made the dequantization of a 2048 x 3072 product vary from 7 to 40 ms on one
@@ -122,27 +197,27 @@ class Int8Linear(nn.Module):
         # + bias (addcmul)
         y = torch.mul(acc, scale, out=acc.view(torch.float32))  # (M, N) fp32
         if self.bias is not None:
-            y = torch.addcmul(self.bias, y, self.weight_scale, out=y)
-        else:
-            y.mul_(self.weight_scale)
-        if kept is not None:
-            y.addmm_(kept, self.outlier_weight_t)  # (M, k) @ (k, N): the fp32 part
-        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+            return torch.addcmul(self.bias, y, self.weight_scale, out=y)
+        return y.mul_(self.weight_scale)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"outliers={len(self.outliers)}")
+                f"outliers={len(self.outliers)}, activations={self.activations}")
 
 
 def reference_forward(layer: Int8Linear, x: Tensor) -> Tensor:
     """What Int8Linear computes, in float64 with no int8 kernel: the same quantization, multiplied out. For tests
-    and for reading; (..., K) -> (..., N)."""
-    x2 = x.reshape(-1, layer.in_features).double()  # (M, K)
-    kept = x2[:, layer.outliers]  # (M, k)
+    and for reading; (..., K) -> (..., N) float64."""
+    x2 = x.reshape(-1, layer.in_features)  # (M, K)
+    kept = x2[:, layer.outliers].double()  # (M, k)
     x2 = x2.index_fill(1, layer.outliers, 0.0)
-    amax = x2.abs().amax(dim=1, keepdim=True).float().clamp_min(EPS).double()  # (M, 1), as quantize_rows rounds it
-    q = (x2.float() * (QMAX / amax.float())).round().double()  # (M, K) integers
-    y = (q @ layer.weight_t.double()) * (amax / QMAX) * layer.weight_scale.double()  # (M, N)
+    if layer.activations == "tensor":
+        q, scale, zp = quantize_tensor_u8(x2)
+        xq = (q.double() - zp) * scale  # (M, K)
+    else:
+        q, scale = quantize_rows(x2.float())
+        xq = q.double() * scale.double()
+    y = (xq @ layer.weight_t.double()) * layer.weight_scale.double()  # (M, N)
     if layer.bias is not None:
         y = y + layer.bias.double()
     y = y + kept @ layer.outlier_weight_t.double()
@@ -194,16 +269,17 @@ def swap_linears(root: nn.Module, replace: dict[int, nn.Module]) -> None:
                 setattr(parent, child_name, replace[id(child)])
 
 
-def quantize_linears(root: nn.Module, peaks: dict[str, Tensor] | None = None) -> dict[int, nn.Linear]:
-    """Every nn.Linear under ROOT swapped for an Int8Linear, once (the outlier channels from PEAKS, the calibration
-    |max| per input channel by name; none without). -> {id(Int8Linear): the nn.Linear it replaced}, for
-    `swap_linears` to put the float layers back."""
+def quantize_linears(root: nn.Module, peaks: dict[str, Tensor] | None = None,
+                     activations: str = "token") -> dict[int, nn.Linear]:
+    """Every nn.Linear under ROOT swapped for an Int8Linear with ACTIVATIONS' granularity, once (the outlier channels
+    from PEAKS, the calibration |max| per input channel by name; none without). -> {id(Int8Linear): the nn.Linear it
+    replaced}, for `swap_linears` to put the float layers back."""
     linears = body_linears(root)
     replace, originals = {}, {}
     groups: dict[tuple, list[Int8Linear]] = {}  # (parent, calibration peaks) -> the layers that read one input
     for name, linear in linears.items():
         idx = outlier_channels(peaks[name]) if peaks and name in peaks else None
-        q = Int8Linear.from_linear(linear, idx)
+        q = Int8Linear.from_linear(linear, idx, activations)
         if peaks and name in peaks:
             groups.setdefault((name.rpartition(".")[0], tuple(peaks[name].tolist())), []).append(q)
         replace[id(linear)], originals[id(q)] = q, linear
