@@ -137,12 +137,18 @@ def check(contenders: dict, items: list[str]) -> list[str]:
     outs = {name: as_dense(encode(items), VOCAB) for name, encode in contenders.items()}
     names = list(outs)
     reference, ours = outs[names[0]], outs[names[2]]
-    if not torch.equal(ours != 0, reference != 0):
-        raise SystemExit("hfport's and SparseEncoder's fp32 vectors have different nonzero entries")
+    # A logit within fp32 rounding of zero can land on either side of relu when the two libraries sum the
+    # decoder's product in a different order (padded vs packed rows, whole vs column blocks), so a few support
+    # entries may differ; such an entry must be tiny (log1p(relu(x)) ~ x < 1e-5), never a real term.
+    flipped = (ours != 0) != (reference != 0)
+    largest_flip = float(torch.where(flipped, ours.abs() + reference.abs(), torch.zeros(())).max())
+    if largest_flip > 1e-5:
+        raise SystemExit(f"hfport's and SparseEncoder's fp32 vectors differ in support at a value {largest_flip:.2e}")
     diff = float((ours - reference).abs().max())
     if diff > 1e-4:
         raise SystemExit(f"hfport's and SparseEncoder's fp32 vectors differ by {diff:.2e}")
-    return [f"hfport fp32 = SparseEncoder fp32: same support, max abs diff {diff:.2e}; "
+    return [f"hfport fp32 = SparseEncoder fp32: {int(flipped.sum())} of {int((reference != 0).sum())} support "
+            f"entries differ (largest such value {largest_flip:.1e}), max abs diff {diff:.2e}; "
             f"{float((reference != 0).sum(1).float().mean()):.0f} nonzeros per text on average.",
             f"{names[1]} vs {names[0]}: {agreement(reference, outs[names[1]])}.",
             f"{names[3]} vs {names[2]}: {agreement(ours, outs[names[3]])}."]
