@@ -49,6 +49,21 @@ def iter_records(path: str | Path | Source) -> Iterator[Record]:
         raise DataError(f"{data}: the file has no examples")
 
 
+ENCODE_ROWS = 1024  # rows read, checked and tokenized together by a task's reader: the text held at once
+
+
+def in_chunks(items: Iterable[Any], size: int = ENCODE_ROWS) -> Iterator[list[Any]]:
+    """ITEMS as consecutive lists of SIZE (the last shorter), read lazily: how a reader encodes a chunk at a time."""
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def read_records(path: str | Path | Source) -> list[Record]:
     """Every row of a data source (see hfport/formats/tables.py for the kinds), in order."""
     return list(iter_records(path))
@@ -213,12 +228,18 @@ def split_off(items: Sequence[Features], fraction: float, seed: int) -> tuple[Se
         order = np.random.default_rng(seed).permutation(len(items))
         n_eval = max(1, round(len(items) * fraction))
         return items.select(np.sort(order[n_eval:])), items.select(np.sort(order[:n_eval]))  # type: ignore[attr-defined]
-    order = list(range(len(items)))
-    random.Random(seed).shuffle(order)
-    n_eval = max(1, round(len(items) * fraction))
-    held = set(order[:n_eval])
+    held = held_out(len(items), fraction, seed)
     return [x for i, x in enumerate(items) if i not in held], [items[i] for i in sorted(held)]
 
+
+def held_out(n: int, fraction: float, seed: int) -> set[int]:
+    """The positions split_off holds out of N examples in a list (at least one when fraction > 0): a reader that
+    streams its examples picks the same ones from their count alone."""
+    if fraction <= 0:
+        return set()
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return set(order[:max(1, round(n * fraction))])
 
 
 def example_lengths(examples: Sequence[Features]) -> Sequence[int]:

@@ -23,8 +23,10 @@ process with the global batch.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -36,10 +38,11 @@ from ... import hub
 from ...errors import ConfigError
 from ...formats.sentence_transformers import has_embedding_layout, read_st_pooling, write_embedding_layout
 from ...heads import pool
-from ..data import (DataError, EncodedData, Features, Record, data_sources, encode_splits, field_of, number_in_range,
-                    pad_ids, read_records, where)
+from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, field_of, in_chunks,
+                    iter_records, number_in_range, pad_ids, split_off, where)
 
 from ..metrics import retrieval as metrics
+from ..stored import collect
 from . import TrainTask
 
 LOSSES = {"pairs": ("mnrl",), "scored-pairs": ("cosent",)}  # the data's kind -> the losses that fit it
@@ -198,31 +201,61 @@ def _negatives(record: Record, column: str, path: Path) -> list[str]:
     return texts
 
 
-def read_examples(path: Path, config: Any) -> tuple[str, list[tuple[list[str], float | None, int]]]:
-    """(kind, [(texts, score, line)]): kind "pairs" (texts = anchor, positive, negatives...) or "scored-pairs"
-    (texts = sentence1, sentence2; score within score_range). The first row decides the kind."""
-    records = read_records(path)
-    first = records[0].values
+Row = tuple[list[str], "float | None", int]  # (texts, score, line)
+
+
+def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
+    """(kind, hard negatives, the rows streamed as (texts, score, line)): kind "pairs" (texts = anchor, positive,
+    negatives...) or "scored-pairs" (texts = sentence1, sentence2; score within score_range). The first row decides
+    the kind, and whether every row has hard negatives."""
+    records = iter_records(path)
+    head = next(records)
+    first = head.values
     scored = config.loss == "cosent" or (config.loss is None and config.sentence1_column in first
                                          and config.anchor_column not in first)
     if not scored and config.anchor_column not in first:
-        raise DataError(f"{where(path, records[0].line)}: neither an anchor column ({config.anchor_column!r}, for "
+        raise DataError(f"{where(path, head.line)}: neither an anchor column ({config.anchor_column!r}, for "
                         f"pairs and triplets) nor a sentence1 column ({config.sentence1_column!r}, for scored pairs); "
                         f"the row has {sorted(first)}")
-    out: list[tuple[list[str], float | None, int]] = []
-    if scored:
-        for r in records:
-            texts = [_text(r, config.sentence1_column, path), _text(r, config.sentence2_column, path)]
-            score = number_in_range(r, config.score_column, path, config.score_range, "score")
-            out.append((texts, score, r.line))
-        return "scored-pairs", out
-    triplets = config.negative_column in first
-    for r in records:
-        texts = [_text(r, config.anchor_column, path), _text(r, config.positive_column, path)]
-        if triplets:  # a triplet file: every row has its negative (field_of names a missing one)
-            texts += _negatives(r, config.negative_column, path)
-        out.append((texts, None, r.line))
-    return "pairs", out
+    triplets = not scored and config.negative_column in first
+
+    def rows() -> Iterator[Row]:
+        for r in itertools.chain([head], records):
+            if scored:
+                texts = [_text(r, config.sentence1_column, path), _text(r, config.sentence2_column, path)]
+                yield texts, number_in_range(r, config.score_column, path, config.score_range, "score"), r.line
+                continue
+            texts = [_text(r, config.anchor_column, path), _text(r, config.positive_column, path)]
+            if triplets:  # a triplet file: every row has its negative (field_of names a missing one)
+                texts += _negatives(r, config.negative_column, path)
+            yield texts, None, r.line
+
+    return ("scored-pairs" if scored else "pairs"), triplets, rows()
+
+
+def text_id(text: str) -> int:
+    """A text's number: the same for the same text anywhere in the data (a batch encodes each distinct text once,
+    and a text repeated is one candidate, not its own negative), found without holding every text. 63 bits of its
+    hash: a collision needs ~3e9 distinct texts for even odds."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def encode_examples(path: Path, rows: Iterable[Row], tokenizer: Any, max_length: int) -> Iterator[list[Features]]:
+    """Examples encoded a chunk at a time (yielded as they are encoded), each distinct text of a chunk tokenized
+    once; the target is the score (None for pairs), meta the texts' numbers, tokens and type ids."""
+    for chunk in in_chunks(rows):
+        distinct = list(dict.fromkeys(t for texts, _, _ in chunk for t in texts))
+        number = {t: i for i, t in enumerate(distinct)}
+        enc = tokenizer(distinct, truncation=True, max_length=max_length)
+        types = enc.get("token_type_ids")
+        out = []
+        for texts, score, line in chunk:
+            ids = [number[t] for t in texts]
+            longest = max(ids, key=lambda i: len(enc["input_ids"][i]))  # what length grouping sorts by
+            out.append(Features(compact(enc["input_ids"][longest]), None, score, (str(path), line),
+                                {"ids": [text_id(t) for t in texts], "tokens": [enc["input_ids"][i] for i in ids],
+                                 "types": [types[i] for i in ids] if types is not None else None}))
+        yield out
 
 
 def pooling_defaults(config: Any, source: Path) -> tuple[str, bool]:
@@ -241,10 +274,9 @@ class SentenceEmbedding(TrainTask):
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         train_path, eval_path = data_sources(config)
-        kind, train = read_examples(train_path, config)
-        evaluation: list[tuple[list[str], float | None, int]] = []
+        kind, hard_negatives, train = read_examples(train_path, config)
         if eval_path is not None:
-            eval_kind, evaluation = read_examples(eval_path, config)
+            eval_kind, _, evaluation = read_examples(eval_path, config)
             if eval_kind != kind:
                 raise DataError(f"{eval_path}: {eval_kind} rows, but {train_path} holds {kind}; evaluate on the "
                                 "kind of data the model trains on")
@@ -255,7 +287,6 @@ class SentenceEmbedding(TrainTask):
         if config.gather_across_devices and loss != "mnrl":
             raise ConfigError(f"gather_across_devices shares in-batch negatives across processes: it is for the mnrl "
                               f"loss, not {loss!r}")
-        hard_negatives = any(len(texts) > 2 for texts, _, _ in train)
         if loss == "mnrl" and config.batch_size == 1 and not hard_negatives:
             raise ConfigError("batch_size 1 gives no in-batch negatives: each anchor would be scored against its "
                               "own positive only; use batch_size >= 2 (the larger, the more negatives)")
@@ -268,22 +299,19 @@ class SentenceEmbedding(TrainTask):
             raise ConfigError(f"matryoshka_dims {too_large}: larger than the model's embeddings "
                               f"({raw.get('hidden_size')} values)")
 
-        def encode(path: Path, rows: list[tuple[list[str], float | None, int]]) -> list[Features]:
-            distinct = list(dict.fromkeys(t for texts, _, _ in rows for t in texts))  # each text tokenized once
-            number = {t: i for i, t in enumerate(distinct)}
-            enc = tokenizer(distinct, truncation=True, max_length=config.max_length)
-            types = enc.get("token_type_ids")
-            out = []
-            for texts, score, line in rows:
-                ids = [number[t] for t in texts]
-                longest = max(ids, key=lambda i: len(enc["input_ids"][i]))  # what length grouping sorts by
-                out.append(Features(enc["input_ids"][longest], None, score, (str(path), line),
-                                    {"ids": ids, "tokens": [enc["input_ids"][i] for i in ids],
-                                     "types": [types[i] for i in ids] if types is not None else None}))
-            return out
+        settings = {"columns": [config.anchor_column, config.positive_column, config.negative_column,
+                                config.sentence1_column, config.sentence2_column, config.score_column],
+                    "kind": kind, "score_range": config.score_range, "max_length": config.max_length}
 
-        train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
-                                                      config.eval_fraction, config.seed)
+        def encoded(path: Source, rows: Iterator[Row]) -> Sequence[Features]:
+            return collect(encode_examples(path, rows, tokenizer, config.max_length), path, tokenizer, self.name,
+                           settings)
+
+        train_features = encoded(train_path, train)
+        if eval_path is None:
+            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
+        else:
+            eval_features = encoded(eval_path, evaluation)
         extra = {"loss": loss, "scale": config.scale or self.default_scale, "pooling": pooling, "normalize": normalize,
                  "mini_batch_size": config.mini_batch_size, "gather": config.gather_across_devices,
                  "hidden_size": raw.get("hidden_size"), "matryoshka_dims": dims,

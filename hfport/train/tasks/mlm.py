@@ -11,31 +11,48 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ...formats.tables import decoded_lines
-from ..data import DataError, EncodedData, Features, data_sources, field_of, pad_ids, read_records, split_off, where
+from ..data import (DataError, EncodedData, Features, compact, data_sources, field_of, in_chunks, iter_records, pad_ids,
+                    split_off, where)
 from ..metrics import mlm as metrics
+from ..stored import collect
 from . import TrainTask
 
 IGNORE = -100
 
 
-def read_texts(path: Path, text_column: str) -> list[tuple[str, int]]:
-    """(text, line): a .txt file's non-blank lines, or a JSONL/CSV file's text column."""
+def read_texts(path: Path, text_column: str) -> Iterator[tuple[str, int]]:
+    """(text, line), streamed: a .txt file's non-blank lines, or a table's text column."""
     if path.suffix.lower() != ".txt":
-        return [(_checked(field_of(r, text_column, path), path, r.line, text_column), r.line)
-                for r in read_records(path)]
+        yield from ((_checked(field_of(r, text_column, path), path, r.line, text_column), r.line)
+                    for r in iter_records(path))
+        return
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    texts = [(text.strip(), number) for number, text in decoded_lines(path) if text.strip()]
-    if not texts:
+    empty = True
+    for number, text in decoded_lines(path):
+        if text.strip():
+            empty = False
+            yield text.strip(), number
+    if empty:
         raise DataError(f"{path}: the file has no examples")
-    return texts
+
+
+def encode_texts(path: Path, config: Any, tokenizer: Any) -> Iterator[list[Features]]:
+    """A source's texts tokenized a chunk at a time (yielded as they are encoded), with their special-tokens masks."""
+    for chunk in in_chunks(read_texts(path, config.text_column)):
+        enc = tokenizer([t for t, _ in chunk], truncation=True, max_length=config.max_length,
+                        return_special_tokens_mask=True)
+        types = enc.get("token_type_ids")
+        yield [Features(compact(enc["input_ids"][i]), compact(types[i], "b") if types is not None else None, None,
+                        (str(path), line), {"special": enc["special_tokens_mask"][i]})
+               for i, (_, line) in enumerate(chunk)]
 
 
 def _checked(value: Any, path: Path, line: int, column: str) -> str:
@@ -85,15 +102,9 @@ class MaskedLM(TrainTask):
         if tokenizer.mask_token_id is None:
             raise ConfigError(f"{config.model}: the tokenizer has no mask token, so it cannot be trained as a masked "
                               "LM")
-        encoded = []
-        for path in [p for p in data_sources(config) if p is not None]:
-            texts = read_texts(path, config.text_column)
-            enc = tokenizer([t for t, _ in texts], truncation=True, max_length=config.max_length,
-                            return_special_tokens_mask=True)
-            types = enc.get("token_type_ids")
-            encoded.append([Features(enc["input_ids"][i], types[i] if types is not None else None, None,
-                                     (str(path), line), {"special": enc["special_tokens_mask"][i]})
-                            for i, (_, line) in enumerate(texts)])
+        settings = {"text": config.text_column, "max_length": config.max_length}
+        encoded = [collect(encode_texts(path, config, tokenizer), path, tokenizer, self.name, settings)
+                   for path in data_sources(config) if path is not None]
         train = encoded[0]
         evaluation = encoded[1] if config.eval else []
         if not config.eval:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -20,8 +20,10 @@ import torch.nn.functional as F
 from ...formats.tables import MAX_LINE_BYTES
 from ...pipelines.qa import select_starts_ends
 from ...tokenizer import TokenizerError
-from ..data import DataError, EncodedData, Features, data_sources, field_of, pad_ids, read_records, split_off, where
+from ..data import (DataError, EncodedData, Features, compact, data_sources, field_of, held_out, in_chunks,
+                    iter_records, pad_ids, where)
 from ..metrics import qa as metrics
+from ..stored import collect
 from . import TrainTask
 
 
@@ -110,16 +112,15 @@ def read_squad(path: Path) -> list[Example]:
     return examples
 
 
-def read_flat(path: Path, config: Any) -> list[Example]:
-    """JSONL: question, context, answers (an empty answer list marks an unanswerable question)."""
-    examples = []
-    for r in read_records(path):
+def read_flat(path: Path, config: Any) -> Iterator[Example]:
+    """JSONL (or any table): question, context, answers (an empty answer list marks an unanswerable question);
+    streamed."""
+    for r in iter_records(path):
         at = where(path, r.line)
         question = _text(field_of(r, config.question_column, path), at, config.question_column)
         context = _text(field_of(r, config.context_column, path), at, config.context_column)
         answers = _checked_answers(field_of(r, config.answers_column, path), context, at, config.answers_column)
-        examples.append(Example(question, context, answers, (str(path), r.line), str(r.values.get("id", r.line))))
-    return examples
+        yield Example(question, context, answers, (str(path), r.line), str(r.values.get("id", r.line)))
 
 
 def _is_squad(path: Path) -> bool:
@@ -136,8 +137,9 @@ def _is_squad(path: Path) -> bool:
     return isinstance(obj, dict) and "data" in obj
 
 
-def read_examples(path: Path, config: Any) -> list[Example]:
-    return read_squad(Path(path)) if _is_squad(path) else read_flat(path, config)  # SQuAD JSON: a file of its own
+def read_examples(path: Path, config: Any) -> Iterator[Example]:
+    """A source's examples: a table's streamed, a SQuAD JSON file's (one JSON document, a file of its own) whole."""
+    return iter(read_squad(Path(path))) if _is_squad(path) else read_flat(path, config)
 
 
 # --- windows and target positions ------------------------------------------------------------------------------
@@ -165,9 +167,9 @@ def answer_positions(offsets: list[tuple[int, int]], sequence_ids: list[int | No
 
 
 def encode_windows(tokenizer: Any, examples: list[Example], max_length: int, doc_stride: int,
-                   path: Path) -> list[Features]:
-    """One Features per window: target (start, end); meta the example index, the char offsets of the context
-    tokens (None elsewhere) for turning a span back into text."""
+                   path: Path, first: int = 0) -> list[Features]:
+    """One Features per window: target (start, end); meta the example index (FIRST + its place in EXAMPLES), the
+    char offsets of the context tokens (None elsewhere) for turning a span back into text."""
     try:
         enc = tokenizer([e.question for e in examples], [e.context for e in examples], truncation="only_second",
                         max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
@@ -182,12 +184,12 @@ def encode_windows(tokenizer: Any, examples: list[Example], max_length: int, doc
     out = []
     for row, k in enumerate(enc["overflow_to_sample_mapping"]):
         example = examples[k]
-        ids, offsets, seq = enc["input_ids"][row], enc["offset_mapping"][row], enc.sequence_ids(row)
+        ids, offsets, seq = enc["input_ids"][row], enc["offset_mapping"][row], enc.sequence_ids(row)  # (T,) each
         cls_index = ids.index(cls_id) if cls_id in ids else 0
         start, end = answer_positions(offsets, seq, example.answers[0] if example.answers else None, cls_index)
         context_offsets = [tuple(o) if s == 1 else None for o, s in zip(offsets, seq)]
-        out.append(Features(ids, types[row] if types is not None else None, (start, end), example.source,
-                            {"example": k, "offsets": context_offsets, "cls": cls_index}))
+        out.append(Features(compact(ids), compact(types[row], "b") if types is not None else None, (start, end),
+                            example.source, {"example": first + k, "offsets": context_offsets, "cls": cls_index}))
     return out
 
 
@@ -226,19 +228,39 @@ class QuestionAnswering(TrainTask):
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         train_path, eval_path = data_sources(config)
-        train = read_examples(train_path, config)
-        if eval_path is not None:
-            evaluation = read_examples(eval_path, config)
-        else:
-            # split whole examples, not windows: an example's windows must not straddle train and eval
-            train, evaluation = split_off(train, config.eval_fraction, config.seed)
-        train_features = encode_windows(tokenizer, train, config.max_length, config.doc_stride, train_path)
+        # a first pass (no tokenizing) counts the examples, so a held-out split picks the ones split_off would, and
+        # sees whether any is unanswerable: v2 data, where evaluation may answer "" when the null score wins
+        count, with_null = 0, False
+        for e in read_examples(train_path, config):
+            count, with_null = count + 1, with_null or not e.answers
+        # split whole examples, not windows: an example's windows must not straddle train and eval
+        held_rows = held_out(count, config.eval_fraction, config.seed) if eval_path is None else set()
+        evaluation = list(read_examples(eval_path, config)) if eval_path is not None else []
+        settings = {"columns": [config.question_column, config.context_column, config.answers_column],
+                    "max_length": config.max_length, "doc_stride": config.doc_stride,
+                    "held": None if eval_path else [config.eval_fraction, config.seed]}
+
+        def kept() -> Iterator[Example]:
+            for k, e in enumerate(read_examples(train_path, config)):
+                if k in held_rows:
+                    evaluation.append(e)
+                else:
+                    yield e
+
+        def windows() -> Iterator[list[Features]]:
+            first = 0
+            for chunk in in_chunks(kept()):
+                yield encode_windows(tokenizer, chunk, config.max_length, config.doc_stride, train_path, first)
+                first += len(chunk)
+
+        train_features = collect(windows(), train_path, tokenizer, self.name, settings)
+        if held_rows and not evaluation:  # a store written before: its examples were not read, the held-out ones are
+            evaluation = [e for k, e in enumerate(read_examples(train_path, config)) if k in held_rows]
         eval_features = encode_windows(tokenizer, evaluation, config.max_length, config.doc_stride,
                                        eval_path or train_path) if evaluation else []
         for i, f in enumerate(eval_features):
             f.meta["index"] = i  # eval rows carry it so metrics can find the window's offsets
-        # v2 (some question without an answer): evaluation may answer "" when the null score wins
-        with_null = any(not e.answers for e in train + evaluation)
+        with_null = with_null or any(not e.answers for e in evaluation)
         extra = {"contexts": [e.context for e in evaluation], "golds": [[t for t, _ in e.answers] for e in evaluation],
                  "with_null": with_null, "max_answer_length": config.max_answer_length}
         return EncodedData(train_features, eval_features, None, tokenizer.pad_token_id, extra)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -18,9 +18,10 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ...formats.tables import decoded_lines
-from ..data import (DataError, EncodedData, Features, LabelSpace, data_sources, encode_splits, field_of, pad_ids,
-                    read_records, where)
+from ..data import (DataError, EncodedData, Features, LabelSpace, Source, compact, data_sources, field_of, in_chunks,
+                    iter_records, pad_ids, split_off, where)
 from ..metrics import tokens as metrics
+from ..stored import collect
 from . import TrainTask
 
 log = logging.getLogger("hfport.train")
@@ -42,24 +43,23 @@ class Sentence:
 
 
 def read_conll(path: Path) -> list[Sentence]:
-    """One token per line, its tag in the last column; a blank line ends a sentence; -DOCSTART- lines skipped."""
-    sentences: list[Sentence] = []
+    """Every sentence of a CoNLL file (iter_conll), in a list."""
+    return list(iter_conll(path))
+
+
+def iter_conll(path: Path) -> Iterator[Sentence]:
+    """One token per line, its tag in the last column; a blank line ends a sentence; -DOCSTART- lines skipped.
+    Streamed, a sentence at a time."""
     tokens: list[str] = []
     tags: list[str] = []
     lines: list[int] = []
-
-    def flush() -> None:
-        if tokens:
-            sentences.append(Sentence(list(tokens), list(tags), lines[0], list(lines), "tag"))
-        tokens.clear(), tags.clear(), lines.clear()
-
+    empty = True
     for number, text in decoded_lines(path):
         columns = text.split()
-        if not columns:
-            flush()
-            continue
-        if columns[0] == "-DOCSTART-":
-            flush()
+        if not columns or columns[0] == "-DOCSTART-":
+            if tokens:
+                yield Sentence(tokens, tags, lines[0], lines, "tag")
+                empty, tokens, tags, lines = False, [], [], []
             continue
         if len(columns) < 2:
             raise DataError(f"{where(path, number, 'tag')}: expected a token and a tag (whitespace-separated), "
@@ -67,15 +67,14 @@ def read_conll(path: Path) -> list[Sentence]:
         tokens.append(columns[0])
         tags.append(columns[-1])
         lines.append(number)
-    flush()
-    if not sentences:
+    if tokens:
+        yield Sentence(tokens, tags, lines[0], lines, "tag")
+    elif empty:
         raise DataError(f"{path}: the file has no examples")
-    return sentences
 
 
-def read_jsonl(path: Path, tokens_column: str, tags_column: str) -> list[Sentence]:
-    sentences = []
-    for r in read_records(path):
+def read_jsonl(path: Path, tokens_column: str, tags_column: str) -> Iterator[Sentence]:
+    for r in iter_records(path):
         tokens = field_of(r, tokens_column, path, list)
         tags = field_of(r, tags_column, path, list)
         if not tokens:
@@ -90,25 +89,24 @@ def read_jsonl(path: Path, tokens_column: str, tags_column: str) -> list[Sentenc
         for k, tag in enumerate(tags):
             if isinstance(tag, bool) or not isinstance(tag, (str, int)) or (isinstance(tag, str) and not tag.strip()):
                 raise DataError(f"{where(path, r.line, tags_column)}: tag {k} must be a name or an id, got {tag!r}")
-        sentences.append(Sentence(tokens, [str(t).strip() for t in tags], r.line, [r.line] * len(tags),
-                                  tags_column))
-    return sentences
+        yield Sentence(tokens, [str(t).strip() for t in tags], r.line, [r.line] * len(tags), tags_column)
 
 
-def read_sentences(path: Path, config: Any) -> list[Sentence]:
+def read_sentences(path: Path, config: Any) -> Iterator[Sentence]:
+    """A source's sentences, streamed (CoNLL or a table of token and tag lists)."""
     if path.suffix.lower() in CONLL_SUFFIXES:
         if not path.is_file():
             raise DataError(f"{path}: no such file")
-        return read_conll(path)
+        return iter_conll(path)
     return read_jsonl(path, config.tokens_column, config.tags_column)
 
 
-def tag_space(sentences: list[Sentence], model_id2label: dict[int, str] | None,
+def tag_space(tags: Iterable[str], model_id2label: dict[int, str] | None,
               class_names: list[str] | None = None) -> tuple[LabelSpace, dict[str, int]]:
     """(label space, tag as written -> id). Tag names are sorted; integer tags (a datasets export) keep their
     ids, named by the column's ClassLabel names when the data has them (every class, used or not), else by the
     model's labels when it has as many non-default ones, else by the ids themselves."""
-    names = sorted({t for s in sentences for t in s.tags})
+    names = sorted(set(tags))
     if all(t.isdigit() for t in names):
         n = max(int(t) for t in names) + 1
         if class_names and n <= len(class_names):
@@ -153,6 +151,34 @@ def _b_to_i(id2label: dict[int, str]) -> dict[int, int]:
             if name.startswith("B-") and "I-" + name[2:] in label2id}
 
 
+def encode_sentences(path: Path, config: Any, tokenizer: Any, label2id: dict[str, int],
+                     b_to_i: dict[int, int]) -> Iterator[list[Features]]:
+    """A source's sentences tokenized a chunk at a time (yielded as they are encoded), targets aligned to the
+    sub-tokens; an unknown tag is an error naming its line before its chunk is encoded."""
+    cut = total = 0
+    for chunk in in_chunks(read_sentences(path, config)):
+        for s in chunk:
+            for tag, line in zip(s.tags, s.tag_lines):
+                if tag not in label2id:
+                    raise DataError(f"{where(path, line, s.tag_field)}: unknown tag {tag!r}; the training tags are "
+                                    f"{sorted(label2id)}")
+        enc = tokenizer([s.tokens for s in chunk], is_split_into_words=True, truncation=True,
+                        max_length=config.max_length)
+        types = enc.get("token_type_ids")
+        out = []
+        for i, s in enumerate(chunk):
+            cut += len(s.tokens) - 1 not in enc.word_ids(i)
+            labels, first = align_labels(enc.word_ids(i), [label2id[t] for t in s.tags], config.label_all_subtokens,
+                                         b_to_i)
+            out.append(Features(compact(enc["input_ids"][i]), compact(types[i], "b") if types is not None else None,
+                                labels, (str(path), s.line), {"first": first}))
+        total += len(chunk)
+        yield out
+    if cut:  # their last words are neither trained on nor scored
+        log.warning("%s: %d of %d sentences are longer than max_length %d tokens and were cut", path, cut, total,
+                    config.max_length)
+
+
 # --- the task --------------------------------------------------------------------------------------------------
 
 
@@ -166,36 +192,22 @@ class TokenClassification(TrainTask):
             raise ConfigError("class_weights 'balanced' is for sequence classification; for token classification "
                               "pass one weight per tag, in id2label order")
         train_path, eval_path = data_sources(config)
-        train = read_sentences(train_path, config)
-        evaluation = read_sentences(eval_path, config) if eval_path else []
-        space, label2id = tag_space(train, model_id2label, train_path.class_names(config.tags_column))
-        b_to_i = _b_to_i(space.id2label)
+        # the tag set needs every training sentence: a first pass keeps only the distinct tags (and checks every row)
+        tags = {t for s in read_sentences(train_path, config) for t in s.tags}
+        space, label2id = tag_space(tags, model_id2label, train_path.class_names(config.tags_column))
+        settings = {"tokens": config.tokens_column, "tags": config.tags_column, "max_length": config.max_length,
+                    "label_all_subtokens": config.label_all_subtokens, "label2id": label2id}
 
-        def encode(path: Path, sentences: list[Sentence]) -> list[Features]:
-            for s in sentences:  # every unknown tag found before any encoding
-                for tag, line in zip(s.tags, s.tag_lines):
-                    if tag not in label2id:
-                        raise DataError(f"{where(path, line, s.tag_field)}: unknown tag {tag!r}; the training "
-                                        f"tags are {sorted(label2id)}")
-            enc = tokenizer([s.tokens for s in sentences], is_split_into_words=True, truncation=True,
-                            max_length=config.max_length)
-            types = enc.get("token_type_ids")
-            out = []
-            cut = 0
-            for i, s in enumerate(sentences):
-                cut += len(s.tokens) - 1 not in enc.word_ids(i)
-                labels, first = align_labels(enc.word_ids(i), [label2id[t] for t in s.tags],
-                                             config.label_all_subtokens, b_to_i)
-                out.append(Features(enc["input_ids"][i], types[i] if types is not None else None, labels,
-                                    (str(path), s.line), {"first": first}))
-            if cut:  # their last words are neither trained on nor scored
-                log.warning("%s: %d of %d sentences are longer than max_length %d tokens and were cut", path, cut,
-                            len(sentences), config.max_length)
-            return out
+        def encoded(path: Source) -> Sequence[Features]:
+            chunks = encode_sentences(path, config, tokenizer, label2id, _b_to_i(space.id2label))
+            return collect(chunks, path, tokenizer, self.name, settings)
 
-        train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
-                                                      config.eval_fraction, config.seed)
-        return EncodedData(train_features, eval_features, space, tokenizer.pad_token_id)
+        train = encoded(train_path)
+        if eval_path is None:
+            train, evaluation = split_off(train, config.eval_fraction, config.seed)
+        else:
+            evaluation = encoded(eval_path)
+        return EncodedData(train, evaluation, space, tokenizer.pad_token_id)
 
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
         batch = pad_ids(items, data.pad_token_id)
