@@ -264,17 +264,6 @@ def retarget(examples: Sequence[Features], encode: Callable[[Features], Any]) ->
         examples.retarget(encode)  # type: ignore[attr-defined]
 
 
-def encode_splits(encode: Callable[[Path, Any], list[Features]], train_path: Path, train: Any,
-                  eval_path: Path | None, evaluation: Any, fraction: float,
-                  seed: int) -> tuple[list[Features], list[Features]]:
-    """(train, eval) examples, encoded: EVAL_PATH's rows when it is given, else a seeded held-out fraction of
-    train's (split_off)."""
-    train_features = encode(train_path, train)
-    if eval_path is None:
-        return split_off(train_features, fraction, seed)
-    return train_features, encode(eval_path, evaluation)
-
-
 def number_in_range(r: Record, column: str, path: Path, score_range: tuple[float, float], what: str) -> float:
     """Row R's COLUMN as a number within score_range (the number is called WHAT in the error)."""
     value = field_of(r, column, path)

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import (DataError, EncodedData, Features, Record, data_sources, encode_splits, field_of, pad_ids,
-                    read_records, where)
+from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, field_of, in_chunks,
+                    iter_records, pad_ids, split_off, where)
 from ..metrics import accuracy
+from ..stored import collect
 from . import TrainTask
 
 CHOICES = "choices"  # the column holding the list of choices
@@ -69,20 +70,34 @@ def _label(record: Record, column: str, path: Path, n_choices: int) -> int:
     return index
 
 
-def read_questions(path: Path, config: Any) -> list[tuple[Record, str, list[str], int]]:
-    """(record, stem text, choices, label) per row, every row checked; the choices' count is the file's first row's."""
-    out = []
-    for r in read_records(path):
+def read_questions(path: Path, config: Any) -> Iterator[tuple[Record, str, list[str], int]]:
+    """(record, stem text, choices, label) per row, streamed, every row checked; the choices' count is the file's
+    first row's."""
+    first: tuple[int, int] | None = None  # (line, choices) of the first row
+    for r in iter_records(path):
         column = _stem_column(r, config, path)
         stem = field_of(r, column, path)
         if not isinstance(stem, str) or not stem.strip():
             raise DataError(f"{where(path, r.line, column)}: expected non-empty text, got {stem!r}")
         choices = _choices(r, path)
-        if out and len(choices) != len(out[0][2]):
-            raise DataError(f"{where(path, r.line, CHOICES)}: {len(choices)} choices, but line {out[0][0].line} has "
-                            f"{len(out[0][2])}; every row of a file needs the same number (a batch is (B, C, T))")
-        out.append((r, stem, choices, _label(r, config.label_column, path, len(choices))))
-    return out
+        first = first or (r.line, len(choices))
+        if len(choices) != first[1]:
+            raise DataError(f"{where(path, r.line, CHOICES)}: {len(choices)} choices, but line {first[0]} has "
+                            f"{first[1]}; every row of a file needs the same number (a batch is (B, C, T))")
+        yield r, stem, choices, _label(r, config.label_column, path, len(choices))
+
+
+def encode_questions(path: Path, config: Any, tokenizer: Any) -> Iterator[list[Features]]:
+    """A source's questions encoded a chunk at a time (yielded as they are encoded): C rows (stem, choice) each."""
+    for chunk in in_chunks(read_questions(path, config)):
+        out = []
+        for r, stem, choices, label in chunk:
+            enc = tokenizer([stem] * len(choices), text_pair=choices, truncation=True,
+                            max_length=config.max_length)  # C rows: (stem, choice)
+            longest = max(enc["input_ids"], key=len)
+            out.append(Features(compact(longest), None, label, (str(path), r.line),
+                                {"tokens": enc["input_ids"], "types": enc.get("token_type_ids")}))
+        yield out
 
 
 class MultipleChoice(TrainTask):
@@ -91,21 +106,17 @@ class MultipleChoice(TrainTask):
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         train_path, eval_path = data_sources(config)
-        train = read_questions(train_path, config)
-        evaluation = read_questions(eval_path, config) if eval_path else []
+        settings = {"columns": [config.context_column, config.question_column, config.label_column],
+                    "max_length": config.max_length}
 
-        def encode(path: Path, questions: list[tuple[Record, str, list[str], int]]) -> list[Features]:
-            out = []
-            for r, stem, choices, label in questions:
-                enc = tokenizer([stem] * len(choices), text_pair=choices, truncation=True,
-                                max_length=config.max_length)  # C rows: (stem, choice)
-                longest = max(enc["input_ids"], key=len)
-                out.append(Features(longest, None, label, (str(path), r.line),
-                                    {"tokens": enc["input_ids"], "types": enc.get("token_type_ids")}))
-            return out
+        def encoded(path: Source) -> Sequence[Features]:
+            return collect(encode_questions(path, config, tokenizer), path, tokenizer, self.name, settings)
 
-        train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
-                                                      config.eval_fraction, config.seed)
+        train_features = encoded(train_path)
+        if eval_path is None:
+            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
+        else:
+            eval_features = encoded(eval_path)
         return EncodedData(train_features, eval_features, None, tokenizer.pad_token_id)
 
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:

@@ -12,8 +12,9 @@ Evaluation ranks each query's candidates by the model's score: MRR@10, NDCG@10 (
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -21,10 +22,11 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ...formats.sentence_transformers import mark_cross_encoder
-from ..data import (DataError, EncodedData, Features, LabelSpace, Record, data_sources, encode_splits, field_of,
-                    number_in_range, pad_ids, read_records, where)
+from ..data import (DataError, EncodedData, Features, LabelSpace, Record, Source, compact, data_sources, field_of,
+                    in_chunks, iter_records, number_in_range, pad_ids, split_off, where, without_tokens)
 
 from ..metrics import retrieval as metrics
+from ..stored import collect
 from . import TrainTask
 
 LOSSES = ("bce", "listwise")
@@ -47,35 +49,60 @@ def _text(record: Record, column: str, path: Path) -> str:
     return value
 
 
-def read_groups(path: Path, config: Any) -> list[Group]:
-    records = read_records(path)
+def _group_row(r: Record, config: Any, path: Path) -> Group:
+    """A row with its query, positive and list of negatives: one example of its own, even if its query repeats."""
     low, high = config.score_range
+    group = Group(_text(r, config.query_column, path), r.line)
+    negatives = field_of(r, config.negatives_column, path)
+    if not isinstance(negatives, list):
+        raise DataError(f"{where(path, r.line, config.negatives_column)}: expected a list of texts, got "
+                        f"{type(negatives).__name__}")
+    candidates = [(_text(r, config.positive_column, path), high)]
+    for n in negatives:
+        if not isinstance(n, str) or not n.strip():
+            raise DataError(f"{where(path, r.line, config.negatives_column)}: expected non-empty texts, got {n!r}")
+        candidates.append((n, low))
+    for text, label in candidates:
+        group.texts.append(text)
+        group.labels.append(label)
+        group.lines.append(r.line)
+    return group
+
+
+def read_groups(path: Path, config: Any) -> Iterator[Group]:
+    """A source's groups: group rows (query, positive, negatives) streamed, one a row; (query, text, label) rows
+    gathered by query, in the order of each query's first row, which needs every row read first (held whole)."""
+    records = iter_records(path)
+    head = next(records)
+    records = itertools.chain([head], records)
+    if config.negatives_column in head.values:
+        yield from (_group_row(r, config, path) for r in records)
+        return
     groups: dict[str, Group] = {}
-    as_groups = config.negatives_column in records[0].values
     for r in records:
         query = _text(r, config.query_column, path)
-        if as_groups:
-            group = Group(query, r.line)  # a group row is its own example, even if its query repeats
-            groups[f"{r.line}\0{query}"] = group
-            negatives = field_of(r, config.negatives_column, path)
-            if not isinstance(negatives, list):
-                raise DataError(f"{where(path, r.line, config.negatives_column)}: expected a list of texts, got "
-                                f"{type(negatives).__name__}")
-            candidates = [(_text(r, config.positive_column, path), high)]
-            for n in negatives:
-                if not isinstance(n, str) or not n.strip():
-                    raise DataError(f"{where(path, r.line, config.negatives_column)}: expected non-empty texts, got "
-                                    f"{n!r}")
-                candidates.append((n, low))
-        else:
-            group = groups.setdefault(query, Group(query, r.line))
-            label = number_in_range(r, config.label_column, path, config.score_range, "label")
-            candidates = [(_text(r, config.text_column, path), label)]
-        for text, label in candidates:
-            group.texts.append(text)
-            group.labels.append(label)
-            group.lines.append(r.line)
-    return list(groups.values())
+        group = groups.setdefault(query, Group(query, r.line))
+        group.texts.append(_text(r, config.text_column, path))
+        group.labels.append(number_in_range(r, config.label_column, path, config.score_range, "label"))
+        group.lines.append(r.line)
+    yield from groups.values()
+
+
+def encode_groups(path: Path, config: Any, tokenizer: Any) -> Iterator[list[Features]]:
+    """A source's groups encoded a chunk at a time (yielded as they are encoded): a (query, candidate) row each,
+    the target the candidates' gains in [0, 1]."""
+    low, high = config.score_range
+    for chunk in in_chunks(read_groups(path, config)):
+        out = []
+        for g in chunk:
+            enc = tokenizer([g.query] * len(g.texts), text_pair=g.texts, truncation=True,
+                            max_length=config.max_length)
+            types = enc.get("token_type_ids")
+            longest = max(range(len(g.texts)), key=lambda i: len(enc["input_ids"][i]))
+            gains = [(label - low) / (high - low) for label in g.labels]  # in [0, 1]
+            out.append(Features(compact(enc["input_ids"][longest]), None, gains, (str(path), g.line),
+                                {"tokens": enc["input_ids"], "types": types, "query": g.query}))
+        yield out
 
 
 class Reranking(TrainTask):
@@ -89,31 +116,26 @@ class Reranking(TrainTask):
                               "train sentence embeddings)")
         low, high = config.score_range
         train_path, eval_path = data_sources(config)
-        train = read_groups(train_path, config)
-        evaluation = read_groups(eval_path, config) if eval_path else []
+        settings = {"columns": [config.query_column, config.text_column, config.label_column,
+                                config.positive_column, config.negatives_column],
+                    "score_range": config.score_range, "max_length": config.max_length}
 
-        def encode(path: Path, groups: list[Group]) -> list[Features]:
-            out = []
-            for g in groups:
-                enc = tokenizer([g.query] * len(g.texts), text_pair=g.texts, truncation=True,
-                                max_length=config.max_length)
-                types = enc.get("token_type_ids")
-                longest = max(range(len(g.texts)), key=lambda i: len(enc["input_ids"][i]))
-                gains = [(label - low) / (high - low) for label in g.labels]  # in [0, 1]
-                out.append(Features(enc["input_ids"][longest], None, gains, (str(path), g.line),
-                                    {"tokens": enc["input_ids"], "types": types, "query": g.query}))
-            return out
+        def encoded(path: Source) -> Sequence[Features]:
+            return collect(encode_groups(path, config, tokenizer), path, tokenizer, self.name, settings)
 
-        train_features, eval_features = encode_splits(encode, train_path, train, eval_path, evaluation,
-                                                      config.eval_fraction, config.seed)
+        train_features = encoded(train_path)
+        if eval_path is None:
+            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
+        else:
+            eval_features = encoded(eval_path)
         if loss == "listwise":
-            for x in train_features:
+            for x in without_tokens(train_features):
                 if len(x.target) < 2 or not any(x.target):
                     raise DataError(f"{where(x.source[0], x.source[1], config.query_column)}: the listwise loss needs "
                                     f"each query to have a relevant text and another candidate; query "
                                     f"{x.meta['query']!r} has {len(x.target)} candidate(s), "
                                     f"{sum(1 for t in x.target if t > 0)} relevant")
-        for x in eval_features:  # an evaluation query with nothing relevant has no rank to score
+        for x in without_tokens(eval_features):  # an evaluation query with nothing relevant has no rank to score
             if not any(t > 0 for t in x.target):
                 raise DataError(f"{where(x.source[0], x.source[1], config.query_column)}: evaluation query "
                                 f"{x.meta['query']!r} has no relevant document among its {len(x.target)} "
