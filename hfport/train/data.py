@@ -281,12 +281,44 @@ MEGA_BUCKET_STEPS = 50  # optimizer steps' worth of examples sorted together: lo
 #                          length are close, short enough that every part of the shuffled epoch mixes in
 
 
-def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int, *, shuffle: bool = True,
+class Batches(Sequence[np.ndarray]):
+    """An epoch's global batches as two arrays, the epoch's example order (int32) and where each batch starts in it:
+    4 bytes an example and 8 a batch, where a list of lists of ints held ~43. Batch b is order[starts[b]:starts[b+1]]
+    (a view); a slice is a list of them; equal to another Batches or a list of lists with the same indices."""
+
+    def __init__(self, order: np.ndarray, starts: np.ndarray):
+        self.order, self.starts = order, starts
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, b: Any) -> Any:
+        if isinstance(b, slice):
+            return [self[k] for k in range(*b.indices(len(self)))]
+        b = range(len(self))[b]  # an IndexError past the end; negative from the end
+        end = self.starts[b + 1] if b + 1 < len(self) else len(self.order)
+        return self.order[self.starts[b]:end]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or len(other) != len(self):
+            return False
+        return all(list(a) == list(b) for a, b in zip(self, other))
+
+
+def _shuffled(n: int, rng: random.Random, shuffle: bool) -> np.ndarray:
+    """0..n-1, shuffled by RNG as random.shuffle shuffles a list (the same swaps, on a 4-byte array)."""
+    order = array("i" if n < 2**31 else "q", range(n))
+    if shuffle:
+        rng.shuffle(order)  # type: ignore[arg-type]
+    return np.frombuffer(order, dtype=np.int32 if order.typecode == "i" else np.int64)
+
+
+def epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, *, shuffle: bool = True,
                   group_by_length: bool = False, max_tokens: int | None = None, world: int = 1,
-                  grad_accum: int = 1) -> list[list[int]]:
+                  grad_accum: int = 1) -> Batches:
     """Global batches of example indices for one epoch; process r trains on `batch[r::world]`.
 
-    A pure function of (seed, epoch, lengths and the sizes), so every process builds the same list (and takes
+    A pure function of (seed, epoch, lengths and the sizes), so every process builds the same batches (and takes
     the same number of steps) and a resumed run rebuilds the order it was interrupted in without saved RNG.
 
     `batch_size` and `max_tokens` are per process: a global batch holds at most batch_size * world examples,
@@ -298,65 +330,69 @@ def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int, *,
     group_by_length: shuffle, cut into mega-buckets of MEGA_BUCKET_STEPS steps' worth of examples, sort each
     by length, cut into batches, then shuffle the order of the steps but the last (runs of grad_accum batches,
     so that accumulating k batches sees what one batch k times larger would). Without it: shuffle, then cut.
+    The batches are arrays (Batches); their order is the one lists of lists had, draw for draw.
     """
     rng = random.Random(seed * 1_000_003 + epoch)
-    order = list(range(len(lengths)))
-    if shuffle:
-        rng.shuffle(order)
+    order = _shuffled(len(lengths), rng, shuffle)
     if not group_by_length:
-        return _cut(order, lengths, batch_size, max_tokens, world)
+        return Batches(order, np.asarray(_starts(order, lengths, batch_size, max_tokens, world), dtype=np.int64))
     mega = MEGA_BUCKET_STEPS * batch_size * world * grad_accum
     starts = list(range(0, len(order), mega))
     if len(starts) > 1 and len(order) - starts[-1] < world:
         starts.pop()  # a last bucket too small to give every process an example joins the one before
     ends = starts[1:] + [len(order)]
-    batches = []
+    every = np.asarray(lengths)
+    spans: list[tuple[int, int]] = []  # each batch's (start, end) in the sorted order
     for start, end in zip(starts, ends):
-        bucket = sorted(order[start:end], key=lengths.__getitem__)  # stable: ties keep the shuffled order
-        batches += _cut(bucket, lengths, batch_size, max_tokens, world)
-    if not batches:
-        return []
-    steps = [batches[i:i + grad_accum] for i in range(0, len(batches), grad_accum)]
+        bucket = order[start:end]
+        order[start:end] = bucket[np.argsort(every[bucket], kind="stable")]  # stable: ties keep the shuffled order
+        cuts = [start + k for k in _starts(order[start:end], lengths, batch_size, max_tokens, world)] + [end]
+        spans += zip(cuts[:-1], cuts[1:])
+    if not spans:
+        return Batches(order, np.zeros(0, dtype=np.int64))
+    steps = list(range(0, len(spans), grad_accum))  # each step's first batch
     # the last step (where a short batch or a short run of batches ends up) stays last: the loop's runs of
     # grad_accum batches then line up with steps, and the order does not depend on how the work is split
     last = steps.pop()
     if shuffle:
-        rng.shuffle(steps)
-    return [batch for step in steps + [last] for batch in step]
+        rng.shuffle(steps)  # the same draws as shuffling the steps themselves: shuffle reads only the length
+    runs = [spans[k:k + grad_accum] for k in steps + [last]]
+    pieces = [order[a:b] for run in runs for a, b in run]
+    sizes = np.fromiter((b - a for run in runs for a, b in run), dtype=np.int64, count=len(spans))
+    return Batches(np.concatenate(pieces), np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64))
 
 
-def _cut(order: list[int], lengths: list[int], batch_size: int, max_tokens: int | None, world: int
-         ) -> list[list[int]]:
-    """Consecutive runs of `order`, each as large as batch_size and the token budget allow (see epoch_batches).
-    A batch the budget closes keeps a multiple of `world` examples (the rest start the next one), so every
-    process gets the same number and the processes' mean gradient is the batch's."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        n, t = len(current) + 1, max(longest, lengths[i])
-        full = len(current) >= batch_size * world or (max_tokens is not None
-                                                      and math.ceil(n / world) * t > max_tokens)
-        if full and len(current) >= world:
-            keep = len(current) - len(current) % world
-            batches.append(current[:keep])
-            current = current[keep:]
-            longest = max((lengths[j] for j in current), default=0)
-        current.append(i)
+def _starts(order: np.ndarray, lengths: Sequence[int], batch_size: int, max_tokens: int | None,
+            world: int) -> list[int]:
+    """Where each batch starts in `order`: consecutive runs, each as large as batch_size and the token budget allow
+    (see epoch_batches). A batch the budget closes keeps a multiple of `world` examples (the rest start the next
+    one), so every process gets the same number and the processes' mean gradient is the batch's; fewer than `world`
+    left at the end join the last batch."""
+    starts: list[int] = []
+    start = longest = 0
+    for position, i in enumerate(order.tolist() if max_tokens is not None else ()):
+        size, t = position - start, max(longest, lengths[i])
+        full = size >= batch_size * world or math.ceil((size + 1) / world) * t > max_tokens  # type: ignore[operator]
+        if full and size >= world:
+            starts.append(start)
+            start += size - size % world
+            longest = max((lengths[j] for j in order[start:position].tolist()), default=0)
         longest = max(longest, lengths[i])
-    if len(current) < world and batches:
-        batches[-1] += current
-    elif current:
-        batches.append(current)
-    return batches
+    if max_tokens is None:  # without a budget every batch is batch_size * world long, but the last
+        starts = list(range(0, len(order) - len(order) % (batch_size * world), batch_size * world))
+        start = starts[-1] + batch_size * world if starts else 0
+    if len(order) - start >= world or (not starts and len(order) > start):
+        starts.append(start)  # (fewer than world left join the last batch: no start of their own)
+    return starts
 
 
-def eval_batches(indices: list[int], lengths: list[int], batch_size: int, max_tokens: int | None,
+def eval_batches(indices: list[int], lengths: Sequence[int], batch_size: int, max_tokens: int | None,
                  group_by_length: bool) -> list[list[int]]:
     """One process's evaluation batches over `indices`; sorted by length when grouping, so little padding
     is computed. Results carry their example index and are put back in file order before the metrics."""
-    order = sorted(indices, key=lengths.__getitem__) if group_by_length else list(indices)
-    return _cut(order, lengths, batch_size, max_tokens, world=1)
+    order = np.asarray(sorted(indices, key=lengths.__getitem__) if group_by_length else list(indices), dtype=np.int64)
+    cuts = _starts(order, lengths, batch_size, max_tokens, world=1) + [len(order)]
+    return [order[a:b].tolist() for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def planned_steps(epochs: float, steps_in_epoch: Callable[[int], int]) -> int:
