@@ -2,6 +2,10 @@
 
     python scripts/bench_data_rss.py [--size-mb 50 200 500] [--steps 5] [--model MODEL_DIR] [--max-length 128]
                                      [--modes store-data list-data store list whole] [--keep DIR]
+                                     [--task text-classification|sentence-embedding]
+
+--task sentence-embedding reads the same file as (anchor, positive) pairs (text, pair) for the mnrl loss: each
+example then holds both texts' tokens (its meta) where classification holds one sequence.
 
 For each size, writes a Parquet file of about SIZE_MB (random English-like text pairs and a label, written a row
 group at a time) in a temporary folder, then, in a fresh process each:
@@ -46,6 +50,9 @@ WORDS = ("the a of and to in is was it for on with as his that by at from this h
          "came right used take three film plot ending music actor scene story review market price river city").split()
 ROW_GROUP = 65_536
 MODES = ("store-data", "list-data", "store", "list", "whole")
+# each task's options for the generated file's columns (text, pair, label)
+TASKS = {"text-classification": {"text_column": "text", "text_pair_column": "pair", "label_column": "label"},
+         "sentence-embedding": {"task": "sentence-embedding", "anchor_column": "text", "positive_column": "pair"}}
 
 
 def generate(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
@@ -93,7 +100,7 @@ def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch: str) -> None:
+def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch: str, task: str) -> None:
     """One measurement in this (fresh) process; prints a JSON line."""
     import pyarrow.parquet as pq
 
@@ -108,8 +115,7 @@ def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch
         from hfport.train.data import epoch_batches, example_lengths
         from hfport.train.preflight import preflight
 
-        options = {"model": model, "train": data, "text_column": "text", "text_pair_column": "pair",
-                   "label_column": "label", "max_length": max_length, "eval_fraction": 0.0}
+        options = {"model": model, "train": data, **TASKS[task], "max_length": max_length, "eval_fraction": 0.0}
         first = preflight(options)
         out = {"rss_encoded": trimmed_rss()}
         del first
@@ -126,8 +132,8 @@ def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch
                 during.append(rss_bytes())
                 first.append(time.perf_counter() - start)
 
-        summary = finetune({"model": model, "train": data, "text_column": "text", "text_pair_column": "pair",
-                            "label_column": "label", "max_length": max_length, "eval_fraction": 0.0,
+        summary = finetune({"model": model, "train": data, **TASKS[task], "max_length": max_length,
+                            "eval_fraction": 0.0,
                             "eval_strategy": "no", "save_strategy": "no", "max_steps": steps, "batch_size": 32,
                             "logging_steps": 1, "precision": "fp32", "output_dir": str(Path(scratch) / "run")},
                            progress=False, on_event=on_event)
@@ -136,14 +142,15 @@ def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch
     print(json.dumps(out))
 
 
-def measure(mode: str, data: Path, model: str, max_length: int, steps: int) -> dict:
+def measure(mode: str, data: Path, model: str, max_length: int, steps: int, task: str) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         stream = {"store": "0", "list": str(2**62)}.get(mode.removesuffix("-data"), "")
         # two malloc arenas: each thread's own arena (tokenizers', torch's) otherwise adds a varying 100-300 MiB
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFPORT_STREAM_BYTES": stream, "MALLOC_ARENA_MAX": "2",
                "HFPORT_CACHE_DIR": str(Path(scratch) / "cache"), "HFPORT_VERBOSITY": "quiet"}
         result = subprocess.run([sys.executable, __file__, "--child", mode, "--data", str(data), "--model", model,
-                                 "--max-length", str(max_length), "--steps", str(steps), "--scratch", scratch],
+                                 "--max-length", str(max_length), "--steps", str(steps), "--scratch", scratch,
+                                 "--task", task],
                                 capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{result.stderr[-3000:]}")
@@ -167,15 +174,17 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["store-data", "list-data", "store", "list"])
     parser.add_argument("--keep", type=Path, default=None, help="write the Parquet files here and keep them")
+    parser.add_argument("--task", choices=list(TASKS), default="text-classification")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = args.model or default_model()
     if args.child:
-        child(args.child, args.data, model, args.max_length, args.steps, args.scratch)
+        child(args.child, args.data, model, args.max_length, args.steps, args.scratch, args.task)
         return
     mib = 2**20
+    results: dict[str, list[dict]] = {}  # mode -> each size's result
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -186,7 +195,8 @@ def main() -> None:
             print(f"generated {data}: {made['file_bytes'] / mib:,.0f} MiB Parquet, {made['rows']:,} rows, "
                   f"{made['text_bytes'] / mib:,.0f} MiB of text ({time.perf_counter() - t0:.0f} s)", flush=True)
             for mode in args.modes:
-                r = measure(mode, data, model, args.max_length, args.steps)
+                r = measure(mode, data, model, args.max_length, args.steps, args.task)
+                results.setdefault(mode, []).append(r)
                 line = (f"{mode:>6}: peak RSS {r['peak'] / mib:,.0f} MiB (baseline {r['baseline'] / mib:,.0f} MiB, "
                         f"growth {(r['peak'] - r['baseline']) / mib:,.0f} MiB), {r['rows']:,} rows, {r['seconds']} s")
                 if "rss_data" in r:
@@ -201,6 +211,20 @@ def main() -> None:
                 print(line, flush=True)
             if args.keep is None:
                 data.unlink()
+    per_example(results)
+
+
+def per_example(results: dict[str, list[dict]]) -> None:
+    """Bytes held per example: the smallest and largest size's difference in RSS over their difference in rows, free
+    of the constant (torch, the tokenizer, the model)."""
+    for mode, runs in results.items():
+        small, large = runs[0], runs[-1]
+        rows = large["rows"] - small["rows"]
+        if rows <= 0:
+            continue
+        keys = [k for k in ("rss_encoded", "rss_data", "rss_plan", "rss_training", "peak") if k in small]
+        print(f"{mode:>10}: per example, " + ", ".join(f"{k} {(large[k] - small[k]) / rows:,.1f} B" for k in keys),
+              flush=True)
 
 
 if __name__ == "__main__":
