@@ -154,9 +154,10 @@ class MaskedLMHead(nn.Module):
 
     def forward(self, hidden: Tensor, word_embeddings: Tensor) -> Tensor:  # (B, T, C) -> (B, T, V)
         weight, bias = self.output_layer(word_embeddings)  # (V, E), (V,) | None
-        return F.linear(self.transform(hidden), weight, bias)
+        return F.linear(self.decoder_input(hidden), weight, bias)
 
-    def transform(self, hidden: Tensor) -> Tensor:  # (..., C) -> (..., E): what the decoder reads
+    # not `transform`: other heads' `transform` is a submodule (ModernBERT's init reads head.transform.dense)
+    def decoder_input(self, hidden: Tensor) -> Tensor:  # (..., C) -> (..., E): what the decoder reads
         return self.norm(self.act(self.dense(hidden)))
 
     def output_layer(self, word_embeddings: Tensor) -> tuple[Tensor, Tensor | None]:

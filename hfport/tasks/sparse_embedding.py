@@ -41,7 +41,7 @@ def sparse_vectors(model: EncoderForMaskedLM, input_ids: Tensor, attention_mask:
         raise ValueError(f"pooling_strategy={strategy!r}: use 'max' or 'sum'")
     hidden, _ = model._body(input_ids, attention_mask, token_type_ids, None)  # (B, T, C)
     keep = attention_mask.bool()  # (B, T)
-    x = model.head.transform(hidden[keep])  # (N, E): the real tokens, sequence by sequence
+    x = model.head.decoder_input(hidden[keep])  # (N, E): the real tokens, sequence by sequence
     weight, bias = model.head.output_layer(model.body.word_embeddings.weight)  # (V, E), (V,) | None
     runs = _runs(keep.sum(dim=1).tolist())
     vocab = weight.shape[0]
