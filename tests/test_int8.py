@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import hfport
-from hfport.int8 import Int8GateError, granularities
+from hfport import hardware
+from hfport.int8 import Int8GateError, float_dtype, granularities, quantize
 from hfport.nn import int8 as int8_nn
 from hfport.nn.int8 import ACTIVATIONS, InputPeaks, Int8Linear, body_linears, quantize_linears, reference_forward
 from hfport.probes import judged_texts
@@ -139,6 +140,44 @@ def test_shared_input_is_quantized_once_and_dropped(activations):
         assert torch.equal(model(**batch)["last_hidden_state"], once)
 
 
+def _fake_capabilities(monkeypatch, bf16_speedup: float) -> None:
+    """The hardware decision as if the probe had measured bf16 at BF16_SPEEDUP x fp32 (native from 1.5x)."""
+    caps = hardware.Capabilities(cpu="test", cores=2, torch=torch.__version__, threads=1, measured_at="now",
+                                 peaks={"float32": 100.0, "bfloat16": 100.0 * bf16_speedup})
+    monkeypatch.setattr(hardware, "cpu_capabilities", lambda refresh=False: caps)
+
+
+@pytest.mark.parametrize("native, want", [(True, torch.bfloat16), (False, torch.float32)])
+def test_float_parts_follow_the_hardware_decision(monkeypatch, native, want):
+    """bf16 float parts where bf16 is native (what dtype="auto" picks), fp32 where not: the activations between the
+    int8 layers, the norms, embeddings and heads are in that dtype, the channel scales stay fp32, and the outputs
+    stay near the fp32 model's."""
+    _fake_capabilities(monkeypatch, 2.0 if native else 1.0)
+    torch.manual_seed(0)
+    model = hfport.AutoModelForSequenceClassification.from_config(tiny.hf_config("bert").to_dict()).eval()
+    batch = tiny.batch("bert")
+    with torch.inference_mode():
+        with InputPeaks(body_linears(model.body.encoder)) as peaks:
+            fp32 = model(**batch)["logits"]
+        peaks.peaks["layers.0.ffn.up"][3] = 1e3  # one outlier channel: its float product
+        quantize(model, "unused: the peaks are given", granularities()[0], peaks.peaks)
+        assert float_dtype(model) == model.dtype == want
+        layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+        assert sum(len(m.outliers) for m in layers) >= 1
+        seen = []
+        hooks = [m.register_forward_hook(lambda _, args, out: seen.append((args[0].dtype, out.dtype)))
+                 for m in layers]
+        logits = model(**batch)["logits"]
+        for hook in hooks:
+            hook.remove()
+    assert len(seen) == len(layers) and set(seen) == {(want, want)}  # in and out of every int8 layer
+    assert {p.dtype for p in model.parameters()} == {want}  # embeddings, norms, heads
+    assert all(m.weight_scale.dtype == torch.float32 and m.weight_t.dtype == torch.int8 and
+               m.outlier_weight_t.dtype == want and m.bias.dtype == want for m in layers)
+    assert logits.dtype == want
+    assert ((logits.float() - fp32).norm() / fp32.norm()).item() < 0.05
+
+
 # --- 3. the gate on load: the real MiniLM, a damaged int8, auto-int8 --------------------------------------------
 
 
@@ -157,6 +196,7 @@ def test_minilm_embeddings_int8(minilm_int8, tmp_path):
         model.save_pretrained(tmp_path / "out")
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 36  # 6 layers x (q, k, v, o, up, down)
     assert all(r.passed for r in model.int8_gate)
+    assert model.dtype == float_dtype(model)  # bf16 float parts where bf16 is native here
     values = _gate(model)
     print(f"MiniLM int8 embeddings (mean pooling), least cosine vs fp32: {values}")
     assert min(values.values()) >= MINILM_MIN_COSINE, values
@@ -234,7 +274,7 @@ def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8):
     print(f"MiniLM int8 {task}: {[r.line() for r in model.int8_gate]}")
     int8 = any(isinstance(m, Int8Linear) for m in model.modules())
     assert int8 == keeps_int8 == (min(values.values()) >= 0.99), values
-    assert model.dtype == (torch.float32 if int8 else torch.bfloat16)
+    assert model.dtype == (float_dtype(model) if int8 else torch.bfloat16)
     if not int8:
         assert any("auto-int8 chose bf16: the int8 gate refused" in n for n in model.load_report.notes)
 

@@ -118,6 +118,16 @@ class Int8Linear(nn.Module):
         # made on first use and again whenever weight_t changes (load_state_dict, .to): keyed by its storage/version
         self._packed: tuple[tuple[int, int], Tensor, Tensor] | None = None
 
+    def _apply(self, fn, recurse: bool = True) -> Int8Linear:
+        """model.to(...) casts the float buffers with the model's float parts (bias and the outlier weights follow
+        a bf16 body, so the outlier product runs in bf16 with no per-call cast), but the channel scales stay fp32:
+        they are oneDNN's fp32 dequantization factors, and bf16's 8 bits would move each output channel by up to
+        0.4%. Only their device follows."""
+        scale = self.weight_scale
+        super()._apply(fn, recurse)
+        self.weight_scale = scale.to(self.weight_scale.device)
+        return self
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_packed"] = None  # deepcopy/pickle: the opaque packed weight is remade on first use
