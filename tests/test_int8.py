@@ -39,7 +39,9 @@ def test_int8_linear_matches_its_reference(bias, n_outliers, activations):
     x[..., outliers] *= 25.0  # channels that dwarf the rest, as MiniLM's LayerNorm outputs have
     layer = Int8Linear.from_linear(linear, outliers, activations)
     assert layer.weight_t.dtype == torch.int8 and layer.weight_t.shape == (48, 40) and layer.weight_t.is_contiguous()
+    before = x.clone()
     got, want = layer(x), reference_forward(layer, x)
+    assert torch.equal(x, before)  # the caller's activations untouched (the quantization works on copies)
     assert got.shape == (2, 7, 40) and got.dtype == torch.float32
     # the int8 product is exact; what differs is fp32's rounding of the scales and the dequantization
     assert (got.double() - want).abs().max().item() < 1e-5 * want.abs().max().item()
@@ -50,6 +52,28 @@ def test_int8_linear_matches_its_reference(bias, n_outliers, activations):
     # bf16 in, bf16 out (a bf16 body around the int8 layers), near the fp32 answer
     got16 = layer(x.bfloat16())
     assert got16.dtype == torch.bfloat16 and ((got16.float() - got).norm() / got.norm()).item() < 0.01
+
+
+def test_u8_quantization_runs_in_fp32_by_blocks(monkeypatch):
+    """quantize_tensor_u8: a bf16 input quantizes exactly as its fp32 copy (the arithmetic is fp32, block by
+    block), any block size gives the same answer, and outlier channels are out of the range and saturate."""
+    torch.manual_seed(0)
+    x = (torch.randn(37, 24) * 3).bfloat16()
+    outliers = torch.tensor([4, 11])
+    x[:, outliers] *= 40
+    whole = {n: int8_nn.quantize_tensor_u8(x.float(), o) for n, o in (("plain", None), ("split", outliers))}
+    monkeypatch.setattr(int8_nn, "QUANT_BLOCK", 24 * 5)  # blocks of 5 rows, the last one short
+    for name, o in (("plain", None), ("split", outliers)):
+        q, scale, zp = int8_nn.quantize_tensor_u8(x, o)
+        assert torch.equal(q, whole[name][0]) and (scale, zp) == whole[name][1:]
+    q, scale, zp = whole["split"]
+    rest = x.float().index_fill(1, outliers, 0.0)
+    assert scale == pytest.approx((rest.max() - rest.min()).item() / 255, rel=1e-4)  # the range without them
+    saturated = (x.float()[:, outliers] / scale + zp + 0.5).floor().clamp(0, 255)  # mostly 0 or 255
+    assert torch.equal(q[:, outliers].float(), saturated) and (saturated % 255 == 0).float().mean() > 0.5
+    kept = torch.ones(24, dtype=torch.bool)
+    kept[outliers] = False
+    assert ((q[:, kept].float() - zp) * scale - x.float()[:, kept]).abs().max() <= scale / 2 * 1.001
 
 
 def test_tensor_activations_packed_weight_follows_the_weight():
