@@ -91,18 +91,16 @@ def quantize_tensor_u8(x: Tensor, outliers: Tensor | None = None) -> tuple[Tenso
     The arithmetic runs in fp32 whatever x's dtype (bf16 cannot hold v / scale + zp to a half: 8 bits), a block of
     rows at a time (QUANT_BLOCK elements): the fp32 temporaries stay in cache and in the allocator's reused memory.
     One (M, K) fp32 copy of a 2373 x 1536 bf16 input instead made MiniLM's down-projection quantization cost ~14 ms
-    a call (fresh pages from the allocator every call), against ~3 ms in blocks (one thread, CPU time)."""
+    a call (fresh pages from the allocator every call), against ~2 ms in blocks (one thread, CPU time)."""
     m, k = x.shape
     rows = max(1, QUANT_BLOCK // max(k, 1))
-    if outliers is not None and len(outliers):
-        lo, hi = 0.0, 0.0
-        for start in range(0, m, rows):  # the range without the outlier channels: zeroed in each block's copy
-            block = x[start:start + rows].to(torch.float32, copy=True).index_fill_(1, outliers, 0.0)  # (rows, K)
-            b_lo, b_hi = torch.aminmax(block)
-            lo, hi = min(lo, float(b_lo)), max(hi, float(b_hi))
-    else:
-        lo, hi = (float(v) for v in torch.aminmax(x))
-        lo, hi = min(lo, 0.0), max(hi, 0.0)
+    lo, hi = 0.0, 0.0
+    # the range without the outlier channels: over the column spans between them (strided views, no copy)
+    cuts = [-1, *sorted(outliers.tolist()), k] if outliers is not None else [-1, k]
+    for a, b in zip(cuts, cuts[1:]):
+        if b > a + 1:
+            s_lo, s_hi = torch.aminmax(x[:, a + 1:b])  # (M, b - a - 1) view
+            lo, hi = min(lo, float(s_lo)), max(hi, float(s_hi))
     # 255 levels widened by U8_MARGIN: v / scale + zp then lies strictly inside (-0.5, 255.5), so adding 0.5 and
     # truncating (the uint8 cast) rounds half up and never leaves 0..255: no clamp pass (but for outlier columns)
     scale = max(hi - lo, EPS) / 255 * (1 + U8_MARGIN)
@@ -112,9 +110,12 @@ def quantize_tensor_u8(x: Tensor, outliers: Tensor | None = None) -> tuple[Tenso
     for start in range(0, m, rows):
         block = x[start:start + rows].float()  # (rows, K) fp32: a copy when x is not fp32, else x's own rows
         block = torch.add(half, block, alpha=1.0 / scale, out=block if x.dtype != torch.float32 else None)
+        # (a fresh block from here on: x itself is never written)
         if outliers is not None and len(outliers):
             block.clamp_(0.0, 255.0)  # the outlier columns lie outside the range
-        q[start:start + rows].copy_(block)  # the cast truncates: zp + 0.5 + v / scale rounded half up
+        # the cast truncates: zp + 0.5 + v / scale rounded half up. fp32 -> int32 in the block's own memory, then
+        # int32 -> uint8: 1.8 ms for a 2373 x 1536 input against 3.2 ms through torch's fp32 -> uint8 copy
+        q[start:start + rows].copy_(block.view(torch.int32).copy_(block))
     return q, scale, zp
 
 
