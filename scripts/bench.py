@@ -16,7 +16,8 @@ libraries load:
   dtype="auto" does there; transformers gets the same dtype=bfloat16).
 - int8 (--precisions fp32,bf16,int8): inference only, hfport's encoder Linear layers in int8 (hfport.int8.quantize:
   what dtype="int8" loads, without its gate, which a fresh random head would fail on near ties; activations in the
-  fastest granularity here, hfport.int8.granularities()[0], which the gate keeps where it passes), in the plain loop
+  fastest granularity here, hfport.int8.granularities()[0], which the gate keeps where it passes; the float parts in
+  hfport.int8.float_dtype: bf16 where bf16 is native, as dtype="int8" loads them), in the plain loop
   and the pipelines, against transformers fp32 and hfport's own bf16; its model FLOP/s against the int8 matmul peak
   (GOP/s) of the same probe: the kernel Int8Linear runs on (oneDNN's uint8 Linear where torch has it, else
   torch._int_mm; hfport/hardware.py).

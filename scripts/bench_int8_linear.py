@@ -18,6 +18,7 @@ Kernels (the product alone; operands quantized beforehand):
   weight-only int8   torch._weight_int8pack_mm: bf16 activations x int8 weight (no int8 product: for reference)
 Layers (everything a call does: quantize the input, multiply, dequantize, bias):
   Int8Linear tensor / token   hfport.nn.int8.Int8Linear with either activation granularity, fp32 in and out
+  Int8Linear tensor bf16      "tensor" with bf16 in and out (its bias bf16): what an int8 model's bf16 body runs
 
 `--quick` runs one small M and two rounds (a check that the script works, not a measurement).
 """
@@ -25,6 +26,7 @@ Layers (everything a call does: quantize the input, multiply, dequantize, bias):
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 import warnings
@@ -67,6 +69,9 @@ def kernels(m: int, k: int, n: int) -> dict[str, object]:
     for activations in ("tensor", "token") if onednn_int8_available() else ("token",):
         layer = Int8Linear.from_linear(linear, activations=activations)
         out[f"Int8Linear {activations}"] = lambda layer=layer: layer(x)
+        if activations == "tensor":  # what a bf16 body runs (hfport.int8.float_dtype): bf16 in and out
+            layer16 = copy.deepcopy(layer).to(torch.bfloat16)
+            out["Int8Linear tensor bf16"] = lambda layer=layer16: layer(xb)
     return out
 
 

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import hfport
-from hfport.int8 import Int8GateError, granularities
+from hfport import hardware
+from hfport.int8 import Int8GateError, float_dtype, granularities, quantize
 from hfport.nn import int8 as int8_nn
 from hfport.nn.int8 import ACTIVATIONS, InputPeaks, Int8Linear, body_linears, quantize_linears, reference_forward
 from hfport.probes import judged_texts
@@ -38,7 +39,9 @@ def test_int8_linear_matches_its_reference(bias, n_outliers, activations):
     x[..., outliers] *= 25.0  # channels that dwarf the rest, as MiniLM's LayerNorm outputs have
     layer = Int8Linear.from_linear(linear, outliers, activations)
     assert layer.weight_t.dtype == torch.int8 and layer.weight_t.shape == (48, 40) and layer.weight_t.is_contiguous()
+    before = x.clone()
     got, want = layer(x), reference_forward(layer, x)
+    assert torch.equal(x, before)  # the caller's activations untouched (the quantization works on copies)
     assert got.shape == (2, 7, 40) and got.dtype == torch.float32
     # the int8 product is exact; what differs is fp32's rounding of the scales and the dequantization
     assert (got.double() - want).abs().max().item() < 1e-5 * want.abs().max().item()
@@ -49,6 +52,28 @@ def test_int8_linear_matches_its_reference(bias, n_outliers, activations):
     # bf16 in, bf16 out (a bf16 body around the int8 layers), near the fp32 answer
     got16 = layer(x.bfloat16())
     assert got16.dtype == torch.bfloat16 and ((got16.float() - got).norm() / got.norm()).item() < 0.01
+
+
+def test_u8_quantization_runs_in_fp32_by_blocks(monkeypatch):
+    """quantize_tensor_u8: a bf16 input quantizes exactly as its fp32 copy (the arithmetic is fp32, block by
+    block), any block size gives the same answer, and outlier channels are out of the range and saturate."""
+    torch.manual_seed(0)
+    x = (torch.randn(37, 24) * 3).bfloat16()
+    outliers = torch.tensor([4, 11])
+    x[:, outliers] *= 40
+    whole = {n: int8_nn.quantize_tensor_u8(x.float(), o) for n, o in (("plain", None), ("split", outliers))}
+    monkeypatch.setattr(int8_nn, "QUANT_BLOCK", 24 * 5)  # blocks of 5 rows, the last one short
+    for name, o in (("plain", None), ("split", outliers)):
+        q, scale, zp = int8_nn.quantize_tensor_u8(x, o)
+        assert torch.equal(q, whole[name][0]) and (scale, zp) == whole[name][1:]
+    q, scale, zp = whole["split"]
+    rest = x.float().index_fill(1, outliers, 0.0)
+    assert scale == pytest.approx((rest.max() - rest.min()).item() / 255, rel=1e-4)  # the range without them
+    saturated = (x.float()[:, outliers] / scale + zp + 0.5).floor().clamp(0, 255)  # mostly 0 or 255
+    assert torch.equal(q[:, outliers].float(), saturated) and (saturated % 255 == 0).float().mean() > 0.5
+    kept = torch.ones(24, dtype=torch.bool)
+    kept[outliers] = False
+    assert ((q[:, kept].float() - zp) * scale - x.float()[:, kept]).abs().max() <= scale / 2 * 1.001
 
 
 def test_tensor_activations_packed_weight_follows_the_weight():
@@ -139,6 +164,44 @@ def test_shared_input_is_quantized_once_and_dropped(activations):
         assert torch.equal(model(**batch)["last_hidden_state"], once)
 
 
+def _fake_capabilities(monkeypatch, bf16_speedup: float) -> None:
+    """The hardware decision as if the probe had measured bf16 at BF16_SPEEDUP x fp32 (native from 1.5x)."""
+    caps = hardware.Capabilities(cpu="test", cores=2, torch=torch.__version__, threads=1, measured_at="now",
+                                 peaks={"float32": 100.0, "bfloat16": 100.0 * bf16_speedup})
+    monkeypatch.setattr(hardware, "cpu_capabilities", lambda refresh=False: caps)
+
+
+@pytest.mark.parametrize("native, want", [(True, torch.bfloat16), (False, torch.float32)])
+def test_float_parts_follow_the_hardware_decision(monkeypatch, native, want):
+    """bf16 float parts where bf16 is native (what dtype="auto" picks), fp32 where not: the activations between the
+    int8 layers, the norms, embeddings and heads are in that dtype, the channel scales stay fp32, and the outputs
+    stay near the fp32 model's."""
+    _fake_capabilities(monkeypatch, 2.0 if native else 1.0)
+    torch.manual_seed(0)
+    model = hfport.AutoModelForSequenceClassification.from_config(tiny.hf_config("bert").to_dict()).eval()
+    batch = tiny.batch("bert")
+    with torch.inference_mode():
+        with InputPeaks(body_linears(model.body.encoder)) as peaks:
+            fp32 = model(**batch)["logits"]
+        peaks.peaks["layers.0.ffn.up"][3] = 1e3  # one outlier channel: its float product
+        quantize(model, "unused: the peaks are given", granularities()[0], peaks.peaks)
+        assert float_dtype(model) == model.dtype == want
+        layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+        assert sum(len(m.outliers) for m in layers) >= 1
+        seen = []
+        hooks = [m.register_forward_hook(lambda _, args, out: seen.append((args[0].dtype, out.dtype)))
+                 for m in layers]
+        logits = model(**batch)["logits"]
+        for hook in hooks:
+            hook.remove()
+    assert len(seen) == len(layers) and set(seen) == {(want, want)}  # in and out of every int8 layer
+    assert {p.dtype for p in model.parameters()} == {want}  # embeddings, norms, heads
+    assert all(m.weight_scale.dtype == torch.float32 and m.weight_t.dtype == torch.int8 and
+               m.outlier_weight_t.dtype == want and m.bias.dtype == want for m in layers)
+    assert logits.dtype == want
+    assert ((logits.float() - fp32).norm() / fp32.norm()).item() < 0.05
+
+
 # --- 3. the gate on load: the real MiniLM, a damaged int8, auto-int8 --------------------------------------------
 
 
@@ -157,6 +220,7 @@ def test_minilm_embeddings_int8(minilm_int8, tmp_path):
         model.save_pretrained(tmp_path / "out")
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 36  # 6 layers x (q, k, v, o, up, down)
     assert all(r.passed for r in model.int8_gate)
+    assert model.dtype == float_dtype(model)  # bf16 float parts where bf16 is native here
     values = _gate(model)
     print(f"MiniLM int8 embeddings (mean pooling), least cosine vs fp32: {values}")
     assert min(values.values()) >= MINILM_MIN_COSINE, values
@@ -192,8 +256,8 @@ def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch,
     """"tensor" refused by the gate (its quantizer crushed to 3 levels here), "token" passing: int8 kept, per token."""
     real = int8_nn.quantize_tensor_u8
 
-    def crushed(x):
-        q, scale, zp = real(x)
+    def crushed(x, outliers=None):
+        q, scale, zp = real(x, outliers)
         return ((q.float() - zp) / 85).round_().mul_(85).add_(zp).clamp_(0, 255).to(torch.uint8), scale, zp
     monkeypatch.setattr(int8_nn, "quantize_tensor_u8", crushed)
     caplog.set_level("INFO", logger="hfport")
@@ -234,7 +298,7 @@ def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8):
     print(f"MiniLM int8 {task}: {[r.line() for r in model.int8_gate]}")
     int8 = any(isinstance(m, Int8Linear) for m in model.modules())
     assert int8 == keeps_int8 == (min(values.values()) >= 0.99), values
-    assert model.dtype == (torch.float32 if int8 else torch.bfloat16)
+    assert model.dtype == (float_dtype(model) if int8 else torch.bfloat16)
     if not int8:
         assert any("auto-int8 chose bf16: the int8 gate refused" in n for n in model.load_report.notes)
 
