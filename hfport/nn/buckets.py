@@ -13,6 +13,11 @@ ROW_BUCKETS: "auto" buckets a linear that computes in bf16 / fp16 (its input's d
 CPU linear is a BLAS call that caches nothing per shape, so padding there would be waste. "always" buckets every
 dtype (tests compare it with "off" in fp32), "off" never. Traced and compiled graphs (ONNX export) keep their
 dynamic shapes: no bucketing there.
+
+Not bucketed: bf16 attention's two batched matmuls (the math form, nn/attention.py), shaped by each call's
+(sequences x heads, length): fewer and smaller primitives than the linears', but still one per new pair, so RSS
+still grows there over varied batches (docs: scripts/bench_rss_shapes.py). Heads outside the body (a masked-LM
+decoder over B * T rows) run unbucketed too.
 """
 
 from __future__ import annotations
