@@ -2,12 +2,14 @@
 sizes, the extra rows zero and sliced off its output, so a long-running process builds a bounded set of matmul shapes.
 
 Why: in bf16 on the CPU, torch runs a Linear through oneDNN, which JIT-builds and caches a primitive per shape
-(~1 ms to build per matmul and new shape, ~1.6 MB held per weight shape). The padding-free layout's M is the
-batch's real token count, different for nearly every batch, so a server or a fine-tune over varied batches
-created and kept a new set of primitives per batch (RSS 350 -> 843 MB over 150 serving batches of MiniLM). With
-buckets, M takes at most 8 values up to 128 rows (multiples of 16) and 8 per doubling above (steps of 1/8): at
-most 12.5% extra rows above 128, which cost compute in the matmuls only (nothing else sees the zero rows: they
-exist inside the linear call and nowhere else, so dropout draws, attention, pooling and losses are unchanged).
+(measured in a bf16 fine-tune: ~1.1 ms to build per matmul and new shape, ~1.6 MB held per weight shape). The
+padding-free layout's M is the batch's real token count, different for nearly every batch, so a server or a
+fine-tune over varied batches created and kept a new set of primitives per batch (RSS 350 -> 843 MB over 150
+serving batches of MiniLM). With buckets, M takes at most 8 values up to 128 rows
+(multiples of 16) and 8 per doubling above (steps of 1/8): at most 12.5% extra rows above 128, which cost compute
+in the matmuls only (nothing else sees the zero rows: they exist inside the linear call and nowhere else, so
+dropout draws, attention, pooling and losses are unchanged). Cost, scripts/bench_buckets_ab.py (MiniLM bf16
+serving, interleaved A/B on a shared 2-core CPU, so rough): 1.09x and 1.11x the time without buckets.
 
 ROW_BUCKETS: "auto" buckets a linear that computes in bf16 / fp16 (its input's dtype or CPU autocast): torch's fp32
 CPU linear is a BLAS call that caches nothing per shape, so padding there would be waste. "always" buckets every
