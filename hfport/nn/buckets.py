@@ -21,8 +21,8 @@ Not bucketed: bf16 attention's two batched matmuls (the math form, nn/attention.
 still grows there over varied batches, if slowly. scripts/bench_rss_shapes.py, MiniLM bf16, 600 batches of
 1..16 texts, RSS every 100 batches: without buckets 350 -> 717, 943, 1047, 1140, 1176, 1200 MB (915 after
 malloc_trim); with them 350 -> 552, 598, 623, 629, 635, 644 MB (581 after malloc_trim); with them and
-ONEDNN_PRIMITIVE_CACHE_CAPACITY=256, 592 / 620 / 620 MB at 200 / 400 / 600: flat. Heads outside the body (a masked-LM decoder over
-B * T rows) run unbucketed too.
+ONEDNN_PRIMITIVE_CACHE_CAPACITY=256, 592 / 620 / 620 MB at 200 / 400 / 600: flat. Heads outside the body (a
+masked-LM decoder over B * T rows) run unbucketed too.
 """
 
 from __future__ import annotations
