@@ -39,6 +39,12 @@ class _MatmulDims(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.fixture(autouse=True)
+def _auto_buckets(monkeypatch):
+    """Every test here starts from "auto" (the default is "off": HFPORT_ROW_BUCKETS) and leaves the setting as found."""
+    monkeypatch.setattr(buckets, "ROW_BUCKETS", "auto")
+
+
 def test_bucket_sizes() -> None:
     assert [buckets.bucket(n) for n in (1, 16, 17, 128, 129, 144, 145, 256, 257, 1000)] == [
         16, 16, 32, 128, 144, 144, 160, 256, 288, 1024]

@@ -11,7 +11,7 @@ in the matmuls only (nothing else sees the zero rows: they exist inside the line
 dropout draws, attention, pooling and losses are unchanged). Cost, scripts/bench_buckets_ab.py (MiniLM bf16
 serving, interleaved A/B on a shared 2-core CPU, so rough): 1.09x and 1.11x the time without buckets.
 
-ROW_BUCKETS: "auto" buckets a linear that computes in bf16 / fp16 (its input's dtype or CPU autocast): torch's fp32
+ROW_BUCKETS (env HFPORT_ROW_BUCKETS, default "off"): "auto" buckets a linear that computes in bf16 / fp16 (its input's dtype or CPU autocast): torch's fp32
 CPU linear is a BLAS call that caches nothing per shape, so padding there would be waste. "always" buckets every
 dtype (tests compare it with "off" in fp32), "off" never. Traced and compiled graphs (ONNX export) keep their
 dynamic shapes: no bucketing there.
@@ -28,6 +28,7 @@ masked-LM decoder over B * T rows) run unbucketed too.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -36,7 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-ROW_BUCKETS = "auto"  # "auto" (low precision only), "always" or "off"
+MODES = ("auto", "always", "off")
+# Off by default: buckets bound a long-running bf16 process's RSS but cost serving time (bench_buckets_ab.py, quiet
+# 2-core EPYC, MiniLM bf16, 8 rounds of 20 fresh batches: 1.074x the time), so the user chooses; a server meant to
+# run for days on varied traffic sets HFPORT_ROW_BUCKETS=auto.
+ROW_BUCKETS = os.environ.get("HFPORT_ROW_BUCKETS", "off").strip().lower() or "off"
+if ROW_BUCKETS not in MODES:
+    raise ValueError(f"HFPORT_ROW_BUCKETS={ROW_BUCKETS!r}: expected one of {', '.join(MODES)}")
 FINE_STEP, FINE_MAX = 16, 128  # multiples of FINE_STEP up to FINE_MAX rows, then 8 steps per doubling
 
 
