@@ -218,6 +218,15 @@ class EncodedData:
     problem_type: str | None = None
 
 
+def encoded_splits(encoded: Callable[[Any], Sequence[Features]], train: Any, evaluation: Any | None,
+                   config: Any) -> tuple[Sequence[Features], Sequence[Features]]:
+    """(train, eval) examples: `encoded` of each source, or, with no eval source, a held-out fraction of train's."""
+    train_features = encoded(train)
+    if evaluation is None:
+        return split_off(train_features, config.eval_fraction, config.seed)
+    return train_features, encoded(evaluation)
+
+
 def split_off(items: Sequence[Features], fraction: float, seed: int) -> tuple[Sequence[Features], Sequence[Features]]:
     """A seeded held-out fraction (at least one example when fraction > 0). Examples on disk (a store's `select`)
     are split by a numpy permutation into two views, so no per-example Python object is made (their held-out rows

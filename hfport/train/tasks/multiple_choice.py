@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, field_of, in_chunks,
-                    iter_records, pad_ids, split_off, where)
+from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, encoded_splits, field_of,
+                    in_chunks, iter_records, pad_ids, where)
 from ..metrics import accuracy
 from ..stored import collect
 from . import TrainTask
@@ -112,11 +112,7 @@ class MultipleChoice(TrainTask):
         def encoded(path: Source) -> Sequence[Features]:
             return collect(encode_questions(path, config, tokenizer), path, tokenizer, self.name, settings)
 
-        train_features = encoded(train_path)
-        if eval_path is None:
-            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
-        else:
-            eval_features = encoded(eval_path)
+        train_features, eval_features = encoded_splits(encoded, train_path, eval_path, config)
         return EncodedData(train_features, eval_features, None, tokenizer.pad_token_id)
 
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:

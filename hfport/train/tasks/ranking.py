@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ...formats.sentence_transformers import mark_cross_encoder
-from ..data import (DataError, EncodedData, Features, LabelSpace, Record, Source, compact, data_sources, field_of,
-                    in_chunks, iter_records, number_in_range, pad_ids, split_off, where, without_tokens)
+from ..data import (DataError, EncodedData, Features, LabelSpace, Record, Source, compact, data_sources, encoded_splits,
+                    field_of, in_chunks, iter_records, number_in_range, pad_ids, where, without_tokens)
 
 from ..metrics import retrieval as metrics
 from ..stored import collect
@@ -123,11 +123,7 @@ class Reranking(TrainTask):
         def encoded(path: Source) -> Sequence[Features]:
             return collect(encode_groups(path, config, tokenizer), path, tokenizer, self.name, settings)
 
-        train_features = encoded(train_path)
-        if eval_path is None:
-            train_features, eval_features = split_off(train_features, config.eval_fraction, config.seed)
-        else:
-            eval_features = encoded(eval_path)
+        train_features, eval_features = encoded_splits(encoded, train_path, eval_path, config)
         if loss == "listwise":
             for x in without_tokens(train_features):
                 if len(x.target) < 2 or not any(x.target):

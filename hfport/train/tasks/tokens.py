@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ...formats.tables import decoded_lines
-from ..data import (DataError, EncodedData, Features, LabelSpace, Source, compact, data_sources, field_of, in_chunks,
-                    iter_records, pad_ids, split_off, where)
+from ..data import (DataError, EncodedData, Features, LabelSpace, Source, compact, data_sources, encoded_splits,
+                    field_of, in_chunks, iter_records, pad_ids, where)
 from ..metrics import tokens as metrics
 from ..stored import collect
 from . import TrainTask
@@ -202,11 +202,7 @@ class TokenClassification(TrainTask):
             chunks = encode_sentences(path, config, tokenizer, label2id, _b_to_i(space.id2label))
             return collect(chunks, path, tokenizer, self.name, settings)
 
-        train = encoded(train_path)
-        if eval_path is None:
-            train, evaluation = split_off(train, config.eval_fraction, config.seed)
-        else:
-            evaluation = encoded(eval_path)
+        train, evaluation = encoded_splits(encoded, train_path, eval_path, config)
         return EncodedData(train, evaluation, space, tokenizer.pad_token_id)
 
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
