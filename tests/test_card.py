@@ -23,9 +23,8 @@ from hfport.rundir import RunSummary
 from hfport.train.loop import finetune
 from tests.test_finetune import write_sentiment
 from tests.test_sparse import mlm_folder
-from tests.tiny import save_hf
+from tests.tiny import TOKENIZER_FILES, save_hf
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
 @pytest.fixture(scope="module")

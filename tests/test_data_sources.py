@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError, read_records
 from hfport.train.loop import finetune
 from hfport.train.preflight import preflight
-from tests.tiny import save_hf
+from tests.tiny import save_with_tokenizer
 
 WORDS = {"positive": ["great", "wonderful", "lovely"], "negative": ["awful", "terrible", "dreadful"]}
 
@@ -58,9 +57,7 @@ def write_arrow(path: Path, rows: list[dict[str, Any]], stream: bool) -> Path:
 def root(tmp_path_factory, minilm_path) -> Path:
     """A tiny random BERT with MiniLM's tokenizer; the same train/eval rows in every source kind."""
     root = tmp_path_factory.mktemp("sources")
-    save_hf("bert", "base", root / "model", vocab_size=30522)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, root / "model" / f)
+    save_with_tokenizer("bert", "base", root / "model", minilm_path, vocab_size=30522)
     train, evaluation = sentiment_rows(40, seed=0), sentiment_rows(16, seed=1)
     write_jsonl(root / "train.jsonl", train)
     write_jsonl(root / "eval.jsonl", evaluation)

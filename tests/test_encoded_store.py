@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from array import array
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from hfport.train.stored import StoredExamples, collect
 from hfport.train.tasks import get_task
 from tests.test_data_sources import sentiment_rows
 from tests.test_finetune_tasks import mlm_lines, ner_rows, qa_rows
-from tests.tiny import save_hf
+from tests.tiny import save_with_tokenizer
 
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "data"
@@ -46,9 +45,7 @@ def cache(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory, minilm_path) -> Path:
     root = tmp_path_factory.mktemp("stored")
-    save_hf("bert", "base", root / "model", vocab_size=30522)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, root / "model" / f)
+    save_with_tokenizer("bert", "base", root / "model", minilm_path, vocab_size=30522)
     pq.write_table(pa.Table.from_pylist(sentiment_rows(40, seed=0)), root / "train.parquet", row_group_size=9)
     pq.write_table(pa.Table.from_pylist(sentiment_rows(16, seed=1)), root / "eval.parquet")
     jsonl = {"ner.jsonl": ner_rows(12, 0), "qa.jsonl": qa_rows(8, 0)}
