@@ -183,9 +183,10 @@ def test_store_trains_like_the_list(root, tmp_path, monkeypatch, cache):
     monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
     pre = preflight(config(root, "train.parquet", eval=str(root / "eval.parquet"), text_pair_column="pair"))
     assert isinstance(pre.data.train, StoredExamples) and isinstance(pre.data.eval, StoredExamples)
-    written = {p: (p / "manifest.json").stat().st_mtime_ns for p in (cache / "encoded").iterdir()}
+    stores = lambda: [p for p in (cache / "encoded").iterdir() if p.is_dir()]  # noqa: E731 (beside: lock files)
+    written = {p: (p / "manifest.json").stat().st_mtime_ns for p in stores()}
     stored = run(root, tmp_path / "store", max_steps=8)
-    assert {p: (p / "manifest.json").stat().st_mtime_ns for p in (cache / "encoded").iterdir()} == written
+    assert {p: (p / "manifest.json").stat().st_mtime_ns for p in stores()} == written
     assert len(written) == 2  # train and eval, reused by the run's own preflight
     assert stored["final_eval"] == listed["final_eval"]
     a = load_file(tmp_path / "list" / "final" / "model.safetensors")

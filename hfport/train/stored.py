@@ -6,7 +6,10 @@ writes them to a store when its files hold STREAM_BYTES or more ($HFPORT_STREAM_
 grow with the file: what stays per example is its length (int32) and, once the label space is known, its target.
 The store lives in the user cache dir (`$HFPORT_CACHE_DIR/encoded/`, as hardware.json) under a hash of what the
 encoding depends on: the source files' paths, sizes and modification times, the tokenizer, the task and its
-settings. A later run on the same data reuses it; a change to any of those encodes again.
+settings. A later run on the same data reuses it; a change to any of those encodes again. Processes that read the
+same source at once (the ranks of `accelerate launch`) share one store: the first writes it, the others wait for it
+and open it (hfport/formats/encoded.py's locks). After a store is written, the least recently used others are
+evicted while the stores hold more than $HFPORT_STORE_MAX_BYTES, never one a running process has open.
 
 `StoredExamples` is a map-style sequence of Features like the list it replaces: the loop indexes it, `len()` counts
 it, iteration streams it in order, `lengths` gives every example's token count without reading the tokens, and
@@ -25,19 +28,36 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..formats.encoded import JSON, Store, open_store, write_store
+from ..formats.encoded import JSON, Store, StoreBusy, evict, open_or_write, write_store
 from ..formats.tables import Source
 from ..hardware import cache_path
 from .data import Features
 
 STREAM_BYTES = 256 * 2**20  # a source this large (its files' bytes) is encoded into a store
 STREAM_ENV = "HFPORT_STREAM_BYTES"
+# The stores' cap. Fixed rather than a fraction of free disk, so what stays cached does not depend on what else fills
+# the disk: 20 GiB holds the stores of ~40 GB of text (uint16 ids are ~half a text's bytes at ~4 characters a
+# token), several large data sets, yet a laptop's cache does not grow unnoticed. 0: never evict.
+STORE_MAX_BYTES = 20 * 2**30
+STORE_MAX_ENV = "HFPORT_STORE_MAX_BYTES"
+# How long a process waits for another that is writing the same store (a rank of a multi-process launch): long enough
+# to encode tens of GB of text at a few MB/s on one core, short enough that a stuck writer fails the job the same day
+STORE_WAIT_S = 2 * 3600
+STORE_WAIT_ENV = "HFPORT_STORE_WAIT_S"
 _ARRAYS = {"int32": "i", "uint16": "H", "int8": "b"}  # store dtype -> array typecode (what compact() makes)
 _EMPTY = np.zeros(0, np.int32)
 
 
 def stream_threshold() -> int:
     return int(os.environ.get(STREAM_ENV) or STREAM_BYTES)
+
+
+def store_max_bytes() -> int:
+    return int(os.environ.get(STORE_MAX_ENV) or STORE_MAX_BYTES)
+
+
+def store_wait() -> float:
+    return float(os.environ.get(STORE_WAIT_ENV) or STORE_WAIT_S)
 
 
 def source_bytes(source: Source) -> int:
@@ -151,18 +171,26 @@ def _rows(chunks: Iterable[list[Features]]) -> Iterator[list[dict[str, Any]]]:
 def collect(chunks: Iterable[list[Features]], source: Source, tokenizer: Any, task: str,
             settings: dict[str, Any]) -> list[Features] | StoredExamples:
     """The encoded examples of SOURCE, from its reader's chunks: a list for a small source, a store (reused when one
-    was written for the same data, tokenizer and settings) for a large one."""
+    was written for the same data, tokenizer and settings, by an earlier run or another process of this one) for a
+    large one."""
     if source_bytes(source) < stream_threshold():
         return [x for chunk in chunks for x in chunk]
     key = store_key(source, tokenizer, task, settings)
     folder = store_folder(key)
-    store = open_store(folder, key)
-    if store is not None:
-        source.starts = store.extra["starts"]  # a glob's errors name the file and its row, as when it was read
-    else:
+
+    def write():
         it = iter(chunks)
         first = next(it, [])
         fields = _fields(first[0], len(tokenizer)) if first else {"input_ids": "int32", "record": JSON}
-        store = write_store(folder, fields, _rows(itertools.chain([first], it)), key,
-                            lambda: {"source": str(source), "starts": source.starts})
+        return write_store(folder, fields, _rows(itertools.chain([first], it)), key,
+                           lambda: {"source": str(source), "starts": source.starts})
+
+    try:
+        store, wrote = open_or_write(folder, key, write, store_wait())
+    except StoreBusy as e:
+        raise StoreBusy(f"{source}: {e}; or wait longer: {STORE_WAIT_ENV}=SECONDS") from e
+    if wrote:
+        evict(folder.parent, store_max_bytes(), keep=folder)
+    else:
+        source.starts = store.extra["starts"]  # a glob's errors name the file and its row, as when it was read
     return StoredExamples(store)
