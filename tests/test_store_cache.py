@@ -236,3 +236,9 @@ def test_a_stuck_writer_makes_the_others_fail_naming_it(tmp_path, cache, tokeniz
     assert not consumed and not folder.exists()
     got = stored(data, tokenizer)  # the writer gone, the next run writes it
     assert len(got) == 12
+
+
+def test_a_bad_cap_names_the_variable(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setenv("HFPORT_STORE_MAX_BYTES", "20G")
+    with pytest.raises(ValueError, match=r"HFPORT_STORE_MAX_BYTES='20G': expected a number of bytes"):
+        stored(write_rows(tmp_path / "train.jsonl", 8, 3), tokenizer)

@@ -23,6 +23,7 @@ folder NAME, both `flock`s, which the kernel drops when their holder exits (kill
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import json
@@ -260,7 +261,10 @@ class FolderLock:
         mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
         deadline, pause = time.monotonic() + wait, 0.01
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except PermissionError:  # a cache others wrote, read-only to this user: flock needs no write access
+                fd = os.open(self.path, os.O_RDONLY)
             try:
                 fcntl.flock(fd, mode)
             except BlockingIOError:
@@ -329,7 +333,8 @@ def open_or_write(target: Path, key: str, write: Callable[[], Store], wait: floa
         _tidy(target)
         raise
     store.lock = use
-    os.utime(use.path)  # the last use, for evict()'s order
+    with contextlib.suppress(PermissionError):  # another user's store, read-only here: its order stays its owner's
+        os.utime(use.path)  # the last use, for evict()'s order
     return store, wrote
 
 

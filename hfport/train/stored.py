@@ -48,16 +48,24 @@ _ARRAYS = {"int32": "i", "uint16": "H", "int8": "b"}  # store dtype -> array typ
 _EMPTY = np.zeros(0, np.int32)
 
 
+def _setting(name: str, default: float, kind: type = int) -> Any:
+    text = os.environ.get(name)
+    try:
+        return kind(text) if text else default
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected a number{' of bytes' if kind is int else ''}") from None
+
+
 def stream_threshold() -> int:
-    return int(os.environ.get(STREAM_ENV) or STREAM_BYTES)
+    return _setting(STREAM_ENV, STREAM_BYTES)
 
 
 def store_max_bytes() -> int:
-    return int(os.environ.get(STORE_MAX_ENV) or STORE_MAX_BYTES)
+    return _setting(STORE_MAX_ENV, STORE_MAX_BYTES)
 
 
 def store_wait() -> float:
-    return float(os.environ.get(STORE_WAIT_ENV) or STORE_WAIT_S)
+    return _setting(STORE_WAIT_ENV, STORE_WAIT_S, float)
 
 
 def source_bytes(source: Source) -> int:
