@@ -6,7 +6,9 @@ in-memory path (fp32, same seed), with exact resume."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
 import tracemalloc
 from array import array
 from pathlib import Path
@@ -224,6 +226,14 @@ def test_store_resume_is_exact(root, tmp_path, monkeypatch):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def glob_of(folder: Path, *parts: list[dict]) -> str:
+    """PARTS as Parquet files p-0, p-1, ... in FOLDER; the glob that names them."""
+    folder.mkdir()
+    for i, part in enumerate(parts):
+        pq.write_table(pa.Table.from_pylist(part), folder / f"p-{i}.parquet")
+    return str(folder / "p-*.parquet")
+
+
 def test_a_reused_store_still_names_a_globs_file_and_row(root, tmp_path, monkeypatch):
     """Label errors come after encoding, on every run: from a reused store too they name the glob's file and its own
     row."""
@@ -231,13 +241,11 @@ def test_a_reused_store_still_names_a_globs_file_and_row(root, tmp_path, monkeyp
     rows = sentiment_rows(30, seed=6)
     for r in rows[12:]:  # the second file's labels are numbers (a Parquet column has one type)
         r["label"] = 1.5
-    (tmp_path / "parts").mkdir()
-    for i, part in enumerate((rows[:12], rows[12:])):
-        pq.write_table(pa.Table.from_pylist(part), tmp_path / "parts" / f"p-{i}.parquet")
+    parts = glob_of(tmp_path / "parts", rows[:12], rows[12:])
     for _ in range(2):  # encoded into the store, then read back from it
         with pytest.raises(DataError, match=r"mixed label types: name \(.*p-0.parquet, row 0\) and float "
                                             r"\(.*p-1.parquet, row 0\)"):
-            preflight(config(root, str(tmp_path / "parts" / "p-*.parquet")))
+            preflight(config(root, parts))
 
 
 # every other task through the store: (task, train, eval (None: a held-out fraction), options); the tasks whose
@@ -288,8 +296,13 @@ def test_each_task_trains_from_the_store_like_the_list(root, tmp_path, monkeypat
 @pytest.mark.parametrize("layout", ["interleaved", "sorted"])
 def test_gathered_groups_rows_by_key_in_first_row_order(cache, spill, layout, monkeypatch):
     """Rows gathered by key (train/grouped.py), in memory or spilled to disk, a file sorted by key or not: a list per
-    key in the order of its first row, each in row order; nothing left in the spill folder, also after an error."""
+    key in the order of its first row, each in row order; nothing left in the spill folder, also after an error; a
+    folder a killed process left there is removed, a running one's kept."""
     monkeypatch.setattr(grouped, "SPILL_ROWS", 7)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for pid in (gone.pid, os.getpid()):  # what a killed process left (removed), what a live one uses (kept)
+        (cache / "spill" / f"rows-{pid}-x" / "rows").mkdir(parents=True)
     rng = random.Random(4)
     keys = [rng.randrange(9) for _ in range(100)]
     if layout == "sorted":
@@ -306,7 +319,8 @@ def test_gathered_groups_rows_by_key_in_first_row_order(cache, spill, layout, mo
 
     with pytest.raises(DataError, match="row 20 is bad"):
         list(grouped.gathered(broken(), spill))
-    assert not (cache / "spill").exists() or not any((cache / "spill").iterdir())
+    kept = {p.name for p in (cache / "spill").iterdir()}
+    assert kept == ({f"rows-{os.getpid()}-x"} if spill else {f"rows-{gone.pid}-x", f"rows-{os.getpid()}-x"})
 
 
 def test_ranking_rows_are_gathered_with_bounded_memory(root, tmp_path, cache, monkeypatch):
@@ -342,8 +356,6 @@ def test_a_globs_errors_name_the_file_and_row_from_the_store_path(root, tmp_path
     """QA and ranking rows forced onto the store path still name the glob's file and its own row."""
     monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
     rows[8][bad[0]] = bad[1]  # the second file's row 2
-    (tmp_path / "parts").mkdir()
-    for i, part in enumerate((rows[:6], rows[6:])):
-        pq.write_table(pa.Table.from_pylist(part), tmp_path / "parts" / f"p-{i}.parquet")
+    parts = glob_of(tmp_path / "parts", rows[:6], rows[6:])
     with pytest.raises(DataError, match=fragment):
-        preflight(config(root, str(tmp_path / "parts" / "p-*.parquet"), task=task, max_length=32, doc_stride=8))
+        preflight(config(root, parts, task=task, max_length=32, doc_stride=8))

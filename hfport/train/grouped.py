@@ -6,11 +6,13 @@ temporary encoded-examples store on disk, hfport/formats/encoded.py) and numbers
 row; the second reads each key's values back, one group at a time. What memory holds besides a list's values: a
 dict entry a distinct key (its 63-bit hash, not its text) and 16 bytes a row (its group's number and its place in
 the grouped order), never the rows' text. A source already sorted by key is read back in file order, a chunk at a
-time; any other is read back a row at a time (positioned reads).
+time; any other is read back a row at a time (positioned reads). The temporary store lives under the cache dir
+(`$HFPORT_CACHE_DIR/spill/`) and is removed when the groups have been read (or on an error).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from array import array
@@ -54,7 +56,7 @@ def _held(chunks: Iterator[list[Any]], spill: bool) -> Iterator[tuple[Callable[[
         held = [v for chunk in chunks for v in chunk]
         yield (lambda: iter(held)), held.__getitem__
         return
-    folder = Path(tempfile.mkdtemp(prefix="rows-", dir=_spill_root()))
+    folder = Path(tempfile.mkdtemp(prefix=f"rows-{os.getpid()}-", dir=_spill_root()))
     store = None
     try:
         store = write_store(folder / "rows", {"value": JSON}, ([{"value": v} for v in chunk] for chunk in chunks),
@@ -67,9 +69,25 @@ def _held(chunks: Iterator[list[Any]], spill: bool) -> Iterator[tuple[Callable[[
 
 
 def _spill_root() -> Path:
+    """The spill folder, without what a process killed outright (no `finally`) left there: a folder is named by its
+    process id, and one whose process is gone is removed."""
     root = cache_path().parent / SPILL_DIR
     root.mkdir(parents=True, exist_ok=True)
+    for left in root.glob("rows-*-*"):
+        pid = left.name.split("-")[1]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
     return root
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        pass
+    return True
 
 
 def _in_group_order(group_of: array, every: Callable[[], Iterator[Any]], one: Callable[[int], Any]) -> Iterator[Any]:
