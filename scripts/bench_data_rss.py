@@ -2,10 +2,13 @@
 
     python scripts/bench_data_rss.py [--size-mb 50 200 500] [--steps 5] [--model MODEL_DIR] [--max-length 128]
                                      [--modes store-data list-data store list whole] [--keep DIR]
-                                     [--task text-classification|sentence-embedding]
+                                     [--task text-classification|sentence-embedding|text-ranking]
 
 --task sentence-embedding reads the same file as (anchor, positive) pairs (text, pair) for the mnrl loss: each
-example then holds both texts' tokens (its meta) where classification holds one sequence.
+example then holds both texts' tokens (its meta) where classification holds one sequence. --task text-ranking writes
+two more columns, a query and a 0/1 score, as (query, text, label) rows: 16 rows a query, spread over their row
+group, so the reader gathers each query's rows (hfport/train/grouped.py; on the store path through a temporary store
+on disk) before an example (a query and its 16 candidates) is encoded.
 
 For each size, writes a Parquet file of about SIZE_MB (random English-like text pairs and a label, written a row
 group at a time) in a temporary folder, then, in a fresh process each:
@@ -52,11 +55,15 @@ ROW_GROUP = 65_536
 MODES = ("store-data", "list-data", "store", "list", "whole")
 # each task's options for the generated file's columns (text, pair, label)
 TASKS = {"text-classification": {"text_column": "text", "text_pair_column": "pair", "label_column": "label"},
-         "sentence-embedding": {"task": "sentence-embedding", "anchor_column": "text", "positive_column": "pair"}}
+         "sentence-embedding": {"task": "sentence-embedding", "anchor_column": "text", "positive_column": "pair"},
+         "text-ranking": {"task": "text-ranking", "query_column": "query", "text_column": "text",
+                          "label_column": "score"}}
+QUERY_ROWS = 16  # --task text-ranking: rows (candidates) a query
 
 
-def generate(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
-    """A Parquet file of about size_mb: rows of (text, pair, label), a row group at a time (bounded memory)."""
+def generate(path: Path, size_mb: float, seed: int = 0, queries: bool = False) -> dict[str, int]:
+    """A Parquet file of about size_mb: rows of (text, pair, label) (and with QUERIES: query, score), a row group at
+    a time (bounded memory)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -64,7 +71,8 @@ def generate(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
     rng = np.random.default_rng(seed)
     words = np.array(WORDS, dtype=object)
     rows = text_bytes = 0
-    schema = pa.schema([("text", pa.string()), ("pair", pa.string()), ("label", pa.string())])
+    columns = [("text", pa.string()), ("pair", pa.string()), ("label", pa.string())]
+    schema = pa.schema(columns + ([("query", pa.string()), ("score", pa.float64())] if queries else []))
     with pq.ParquetWriter(path, schema) as writer:
         while not path.exists() or path.stat().st_size < size_mb * 2**20:
             lengths = rng.integers(8, 60, ROW_GROUP)
@@ -75,7 +83,12 @@ def generate(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
                 start += n
             pairs = [" ".join(words[rng.integers(0, len(words), 12)]) for _ in range(ROW_GROUP)]
             labels = rng.choice(np.array(["negative", "neutral", "positive"], dtype=object), ROW_GROUP).tolist()
-            writer.write_table(pa.table({"text": texts, "pair": pairs, "label": labels}, schema=schema))
+            table = {"text": texts, "pair": pairs, "label": labels}
+            if queries:  # each row group's queries, QUERY_ROWS rows each, in a shuffled order
+                numbers = rng.permutation(ROW_GROUP) % (ROW_GROUP // QUERY_ROWS)
+                table["query"] = [f"query {rows // ROW_GROUP}-{q}" for q in numbers.tolist()]
+                table["score"] = rng.integers(0, 2, ROW_GROUP).astype(float).tolist()
+            writer.write_table(pa.table(table, schema=schema))
             rows += ROW_GROUP
             text_bytes += sum(len(t) for t in texts) + sum(len(p) for p in pairs)
     return {"rows": rows, "file_bytes": path.stat().st_size, "text_bytes": text_bytes}
@@ -191,7 +204,7 @@ def main() -> None:
         for size in args.size_mb:
             data = folder / f"pairs-{size:g}mb.parquet"
             t0 = time.perf_counter()
-            made = generate(data, size)
+            made = generate(data, size, queries="query_column" in TASKS[args.task])
             print(f"generated {data}: {made['file_bytes'] / mib:,.0f} MiB Parquet, {made['rows']:,} rows, "
                   f"{made['text_bytes'] / mib:,.0f} MiB of text ({time.perf_counter() - t0:.0f} s)", flush=True)
             for mode in args.modes:

@@ -6,7 +6,10 @@ in-memory path (fp32, same seed), with exact resume."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import tracemalloc
 from array import array
 from pathlib import Path
 from typing import Any
@@ -26,10 +29,12 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError
 from hfport.train.loop import finetune
 from hfport.train.preflight import preflight
+from hfport.train import grouped
 from hfport.train.stored import StoredExamples, collect
 from hfport.train.tasks import get_task
+from hfport.train.tasks.ranking import read_groups
 from tests.test_data_sources import sentiment_rows
-from tests.test_finetune_tasks import mlm_lines, ner_rows, qa_rows
+from tests.test_finetune_tasks import mlm_lines, ner_rows, qa_rows, squad_v2
 from tests.tiny import save_with_tokenizer
 
 torch.set_num_threads(1)
@@ -52,6 +57,10 @@ def root(tmp_path_factory, minilm_path) -> Path:
     for name, rows in jsonl.items():
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "mlm.txt").write_text(mlm_lines(12, 0))
+    (root / "squad.json").write_text(json.dumps(squad_v2(10, 0), indent=1))
+    pq.write_table(pa.Table.from_pylist(qa_rows(10, 1)), root / "qa.parquet", row_group_size=3)
+    rank_rows = scored_rows(EXAMPLES / "rerank_train.jsonl")
+    (root / "rank_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rank_rows))
     rng = random.Random(0)
     colors = ["red", "blue", "green", "yellow"]
     questions = []
@@ -60,6 +69,17 @@ def root(tmp_path_factory, minilm_path) -> Path:
         questions.append({"context": f"the ball is {choices[1]}, so its color is", "choices": choices, "label": 1})
     (root / "choices.jsonl").write_text("".join(json.dumps(r) + "\n" for r in questions))
     return root
+
+
+def scored_rows(groups: Path, seed: int = 0) -> list[dict]:
+    """A group file's candidates as (query, text, label) rows, shuffled: a query's rows lie anywhere in the file."""
+    rows = []
+    for line in groups.read_text().splitlines():
+        g = json.loads(line)
+        rows.append({"query": g["query"], "text": g["positive"], "label": 1})
+        rows += [{"query": g["query"], "text": n, "label": 0} for n in g["negatives"]]
+    random.Random(seed).shuffle(rows)
+    return rows
 
 
 # every trainable task: its data and options
@@ -207,6 +227,14 @@ def test_store_resume_is_exact(root, tmp_path, monkeypatch):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def glob_of(folder: Path, *parts: list[dict]) -> str:
+    """PARTS as Parquet files p-0, p-1, ... in FOLDER; the glob that names them."""
+    folder.mkdir()
+    for i, part in enumerate(parts):
+        pq.write_table(pa.Table.from_pylist(part), folder / f"p-{i}.parquet")
+    return str(folder / "p-*.parquet")
+
+
 def test_a_reused_store_still_names_a_globs_file_and_row(root, tmp_path, monkeypatch):
     """Label errors come after encoding, on every run: from a reused store too they name the glob's file and its own
     row."""
@@ -214,32 +242,38 @@ def test_a_reused_store_still_names_a_globs_file_and_row(root, tmp_path, monkeyp
     rows = sentiment_rows(30, seed=6)
     for r in rows[12:]:  # the second file's labels are numbers (a Parquet column has one type)
         r["label"] = 1.5
-    (tmp_path / "parts").mkdir()
-    for i, part in enumerate((rows[:12], rows[12:])):
-        pq.write_table(pa.Table.from_pylist(part), tmp_path / "parts" / f"p-{i}.parquet")
+    parts = glob_of(tmp_path / "parts", rows[:12], rows[12:])
     for _ in range(2):  # encoded into the store, then read back from it
         with pytest.raises(DataError, match=r"mixed label types: name \(.*p-0.parquet, row 0\) and float "
                                             r"\(.*p-1.parquet, row 0\)"):
-            preflight(config(root, str(tmp_path / "parts" / "p-*.parquet")))
+            preflight(config(root, parts))
 
 
-# every other task through the store: (train, eval (None: a held-out fraction), options); the tasks whose held-out
-# split is picked from the example count alone (QA's examples) hold out from the store as from the list
+# every other task through the store: (task, train, eval (None: a held-out fraction), options); the tasks whose
+# held-out split is picked from the example count alone (QA's examples) hold out from the store as from the list
 STREAMED = {
-    "token-classification": ("ner.jsonl", "ner.jsonl", {}),
-    "question-answering": ("qa.jsonl", None, {"max_length": 32, "doc_stride": 8, "eval_fraction": 0.25}),
-    "fill-mask": ("mlm.txt", "mlm.txt", {}),
-    "sentence-embedding": (str(EXAMPLES / "embed_train.jsonl"), str(EXAMPLES / "embed_eval.jsonl"), {}),
-    "text-ranking": (str(EXAMPLES / "rerank_train.jsonl"), str(EXAMPLES / "rerank_eval.jsonl"), {}),
-    "multiple-choice": ("choices.jsonl", "choices.jsonl", {}),
+    "token-classification": ("token-classification", "ner.jsonl", "ner.jsonl", {}),
+    "question-answering": ("question-answering", "qa.jsonl", None,
+                           {"max_length": 32, "doc_stride": 8, "eval_fraction": 0.25}),
+    "question-answering squad-json": ("question-answering", "squad.json", None,
+                                      {"max_length": 32, "doc_stride": 8, "eval_fraction": 0.25}),
+    "question-answering parquet": ("question-answering", "qa.parquet", "qa.jsonl",
+                                   {"max_length": 32, "doc_stride": 8}),
+    "fill-mask": ("fill-mask", "mlm.txt", "mlm.txt", {}),
+    "sentence-embedding": ("sentence-embedding", str(EXAMPLES / "embed_train.jsonl"),
+                           str(EXAMPLES / "embed_eval.jsonl"), {}),
+    "text-ranking": ("text-ranking", str(EXAMPLES / "rerank_train.jsonl"), str(EXAMPLES / "rerank_eval.jsonl"), {}),
+    "text-ranking scored-rows": ("text-ranking", "rank_rows.jsonl", str(EXAMPLES / "rerank_eval.jsonl"),
+                                 {"loss": "listwise"}),
+    "multiple-choice": ("multiple-choice", "choices.jsonl", "choices.jsonl", {}),
 }
 
 
-@pytest.mark.parametrize("task", STREAMED)
-def test_each_task_trains_from_the_store_like_the_list(root, tmp_path, monkeypatch, cache, task):
+@pytest.mark.parametrize("case", STREAMED)
+def test_each_task_trains_from_the_store_like_the_list(root, tmp_path, monkeypatch, cache, case):
     """Each task's reader yields chunks into collect(): forced onto the store (HFPORT_STREAM_BYTES=0), the same
     fine-tune (fp32, same seed, length grouping) ends with identical weights and eval metrics."""
-    train, evaluation, options = STREAMED[task]
+    task, train, evaluation, options = STREAMED[case]
     values = dict(task=task, eval=str(root / evaluation) if evaluation else None, lr=1e-3, max_steps=4,
                   eval_strategy="steps", eval_steps=4, group_by_length=True, **options)
 
@@ -256,3 +290,73 @@ def test_each_task_trains_from_the_store_like_the_list(root, tmp_path, monkeypat
     a = load_file(tmp_path / "list" / "final" / "model.safetensors")
     b = load_file(tmp_path / "store" / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (cache / "spill").exists() or not any((cache / "spill").iterdir())  # gathered rows removed
+
+
+@pytest.mark.parametrize("spill", [False, True])
+@pytest.mark.parametrize("layout", ["interleaved", "sorted"])
+def test_gathered_groups_rows_by_key_in_first_row_order(cache, spill, layout, monkeypatch):
+    """Rows gathered by key (train/grouped.py), in memory or spilled to disk, a file sorted by key or not: a list per
+    key in the order of its first row, each in row order; nothing left in the spill folder, also after an error; a
+    folder a killed process left there is removed, a running one's kept."""
+    monkeypatch.setattr(grouped, "SPILL_ROWS", 7)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for pid in (gone.pid, os.getpid()):  # what a killed process left (removed), what a live one uses (kept)
+        (cache / "spill" / f"rows-{pid}-x" / "rows").mkdir(parents=True)
+    rng = random.Random(4)
+    keys = [rng.randrange(9) for _ in range(100)]
+    if layout == "sorted":
+        keys.sort(key=lambda k: (k + 5) % 9)  # grouped, the groups not in key order
+    rows = [(k, [f"row {i}", k, i * 0.5]) for i, k in enumerate(keys)]
+    want: dict[int, list] = {}
+    for k, value in rows:
+        want.setdefault(k, []).append(value)
+    assert list(grouped.gathered(iter(rows), spill)) == list(want.values())
+
+    def broken():
+        yield from rows[:20]
+        raise DataError("row 20 is bad")
+
+    with pytest.raises(DataError, match="row 20 is bad"):
+        list(grouped.gathered(broken(), spill))
+    kept = {p.name for p in (cache / "spill").iterdir()}
+    assert kept == ({f"rows-{os.getpid()}-x"} if spill else {f"rows-{gone.pid}-x", f"rows-{os.getpid()}-x"})
+
+
+def test_ranking_rows_are_gathered_with_bounded_memory(root, tmp_path, cache, monkeypatch):
+    """(query, text, label) rows of a large source, a query's rows spread over the file: reading its groups holds
+    one group and a chunk of rows, not the file's text (the whole read held every row before its first group)."""
+    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    monkeypatch.setattr(grouped, "SPILL_ROWS", 64)
+    rng = random.Random(7)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    rows = [{"query": f"query {i % 50}", "text": " ".join(rng.choice(words) for _ in range(60)), "label": i % 2}
+            for i in range(3000)]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = config(root, str(path), task="text-ranking")
+    tracemalloc.start()
+    try:
+        sizes = [len(g.texts) for g in read_groups(Source(path), cfg)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sizes == [60] * 50
+    assert peak < path.stat().st_size / 4, (peak, path.stat().st_size)
+
+
+@pytest.mark.parametrize("task, rows, bad, fragment", [
+    ("question-answering", qa_rows(12, 2), ("answers", {"text": ["red"], "answer_start": [0]}),
+     r"p-1.parquet, row 2, field 'answers': answer_start 0 does not match the text"),
+    ("text-ranking", scored_rows(EXAMPLES / "rerank_eval.jsonl")[:12], ("label", 1.5),
+     r"p-1.parquet, row 2, field 'label': label 1.5 is outside score_range"),
+])
+def test_a_globs_errors_name_the_file_and_row_from_the_store_path(root, tmp_path, monkeypatch, task, rows, bad,
+                                                                   fragment):
+    """QA and ranking rows forced onto the store path still name the glob's file and its own row."""
+    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    rows[8][bad[0]] = bad[1]  # the second file's row 2
+    parts = glob_of(tmp_path / "parts", rows[:6], rows[6:])
+    with pytest.raises(DataError, match=fragment):
+        preflight(config(root, parts, task=task, max_length=32, doc_stride=8))

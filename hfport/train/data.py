@@ -11,6 +11,7 @@ takes either, so batching, shuffling and resume do not ask which.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from array import array
@@ -62,6 +63,13 @@ def in_chunks(items: Iterable[Any], size: int = ENCODE_ROWS) -> Iterator[list[An
             chunk = []
     if chunk:
         yield chunk
+
+
+def text_id(text: str) -> int:
+    """A text's number: the same for the same text anywhere in the data (a sentence-embedding batch encodes each
+    distinct text once; a ranking query's rows are gathered by it), found without holding every text. 63 bits of its
+    hash: a collision needs ~3e9 distinct texts for even odds."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
 def read_records(path: str | Path | Source) -> list[Record]:

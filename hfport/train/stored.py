@@ -72,6 +72,11 @@ def source_bytes(source: Source) -> int:
     return sum(f.stat().st_size for f in source.files)
 
 
+def is_large(source: Source) -> bool:
+    """Whether SOURCE's examples go to a store (and what a reader gathers on the way waits on disk too)."""
+    return source_bytes(source) >= stream_threshold()
+
+
 def store_key(source: Source, tokenizer: Any, task: str, settings: dict[str, Any]) -> str:
     """A hash of everything the encoded examples depend on."""
     files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in source.files]
@@ -181,7 +186,7 @@ def collect(chunks: Iterable[list[Features]], source: Source, tokenizer: Any, ta
     """The encoded examples of SOURCE, from its reader's chunks: a list for a small source, a store (reused when one
     was written for the same data, tokenizer and settings, by an earlier run or another process of this one) for a
     large one."""
-    if source_bytes(source) < stream_threshold():
+    if not is_large(source):
         return [x for chunk in chunks for x in chunk]
     key = store_key(source, tokenizer, task, settings)
     folder = store_folder(key)

@@ -23,7 +23,6 @@ process with the global batch.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -39,7 +38,7 @@ from ...errors import ConfigError
 from ...formats.sentence_transformers import has_embedding_layout, read_st_pooling, write_embedding_layout
 from ...heads import pool
 from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, field_of, in_chunks,
-                    iter_records, number_in_range, pad_ids, split_off, where)
+                    iter_records, number_in_range, pad_ids, split_off, text_id, where)
 
 from ..metrics import retrieval as metrics
 from ..stored import collect
@@ -231,13 +230,6 @@ def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
             yield texts, None, r.line
 
     return ("scored-pairs" if scored else "pairs"), triplets, rows()
-
-
-def text_id(text: str) -> int:
-    """A text's number: the same for the same text anywhere in the data (a batch encodes each distinct text once,
-    and a text repeated is one candidate, not its own negative), found without holding every text. 63 bits of its
-    hash: a collision needs ~3e9 distinct texts for even odds."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
 def encode_examples(path: Path, rows: Iterable[Row], tokenizer: Any, max_length: int) -> Iterator[list[Features]]:

@@ -76,8 +76,8 @@ def _text(value: Any, at: str, field: str) -> str:
     return value
 
 
-def read_squad(path: Path) -> list[Example]:
-    """SQuAD JSON ({"data": [{"paragraphs": [{"context", "qas": [...]}]}]}): errors name the question's id."""
+def _squad_document(path: Path) -> dict[str, Any]:
+    """The parsed file (its bytes and text let go once parsed)."""
     raw = path.read_bytes()
     try:
         top = json.loads(raw.decode("utf-8"))
@@ -87,7 +87,15 @@ def read_squad(path: Path) -> list[Example]:
         raise DataError(f"{path}, line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
     if not isinstance(top, dict) or not isinstance(top.get("data"), list):
         raise DataError(f"{path}: a SQuAD file is an object with a 'data' list")
-    examples = []
+    return top
+
+
+def read_squad(path: Path) -> Iterator[Example]:
+    """SQuAD JSON ({"data": [{"paragraphs": [{"context", "qas": [...]}]}]}): errors name the question's id. One JSON
+    document, which the standard library parses whole: the parsed document is held while its examples are yielded
+    (no list of them; the encoded windows, the larger part, go a chunk at a time to collect())."""
+    top = _squad_document(path)
+    empty = True
     for a, article in enumerate(top["data"]):
         for p, paragraph in enumerate(article.get("paragraphs", []) if isinstance(article, dict) else []):
             at_paragraph = f"{path}, data[{a}].paragraphs[{p}]"
@@ -106,10 +114,10 @@ def read_squad(path: Path) -> list[Example]:
                     raise DataError(f"{at}, field 'answers': missing (and the question is not marked is_impossible)")
                 else:
                     answers = _checked_answers(qa["answers"], context, at, "answers")
-                examples.append(Example(question, context, answers, (str(path), 0), qid))
-    if not examples:
+                empty = False
+                yield Example(question, context, answers, (str(path), 0), qid)
+    if empty:
         raise DataError(f"{path}: the file has no examples")
-    return examples
 
 
 def read_flat(path: Path, config: Any) -> Iterator[Example]:
@@ -138,8 +146,9 @@ def _is_squad(path: Path) -> bool:
 
 
 def read_examples(path: Path, config: Any) -> Iterator[Example]:
-    """A source's examples: a table's streamed, a SQuAD JSON file's (one JSON document, a file of its own) whole."""
-    return iter(read_squad(Path(path))) if _is_squad(path) else read_flat(path, config)
+    """A source's examples: a table's streamed, a SQuAD JSON file's (one JSON document, a file of its own) from
+    the file parsed whole."""
+    return read_squad(Path(path)) if _is_squad(path) else read_flat(path, config)
 
 
 # --- windows and target positions ------------------------------------------------------------------------------

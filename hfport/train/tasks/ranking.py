@@ -1,8 +1,9 @@
 """Rerankers (text-ranking): a cross-encoder scores each (query, text) pair with one logit.
 
 Data (JSONL/CSV; the column names are config fields):
-  (query, text, label)            rows; a query's rows (wherever they are in the file) form its group. Labels lie in
-                                  score_range (default [0, 1]: 1 relevant, 0 not; graded values allowed)
+  (query, text, label)            rows; a query's rows (wherever they are in the file) form its group, in the order
+                                  of its first row. Labels lie in score_range (default [0, 1]: 1 relevant, 0 not;
+                                  graded values allowed)
   (query, positive, negatives)    groups: one relevant text and a list of non-relevant ones (JSONL)
 One example is one query with its candidates (batch_size counts queries). Losses:
   bce       binary cross-entropy on every pair, the label scaled to [0, 1] by score_range (CrossEncoder's default)
@@ -23,10 +24,11 @@ import torch.nn.functional as F
 from ...errors import ConfigError
 from ...formats.sentence_transformers import mark_cross_encoder
 from ..data import (DataError, EncodedData, Features, LabelSpace, Record, Source, compact, data_sources, encoded_splits,
-                    field_of, in_chunks, iter_records, number_in_range, pad_ids, where, without_tokens)
-
+                    field_of, in_chunks, iter_records, number_in_range, pad_ids, source, text_id, where,
+                    without_tokens)
+from ..grouped import gathered
 from ..metrics import retrieval as metrics
-from ..stored import collect
+from ..stored import collect, is_large
 from . import TrainTask
 
 LOSSES = ("bce", "listwise")
@@ -69,23 +71,36 @@ def _group_row(r: Record, config: Any, path: Path) -> Group:
     return group
 
 
-def read_groups(path: Path, config: Any) -> Iterator[Group]:
+def _scored_rows(records: Iterator[Record], config: Any, path: Path) -> Iterator[tuple[int, list[Any]]]:
+    """(query's number, [query, text, label, line]) of each (query, text, label) row, checked."""
+    for r in records:
+        query = _text(r, config.query_column, path)
+        text = _text(r, config.text_column, path)
+        label = number_in_range(r, config.label_column, path, config.score_range, "label")
+        yield text_id(query), [query, text, label, r.line]
+
+
+def read_groups(path: Path | Source, config: Any) -> Iterator[Group]:
     """A source's groups: group rows (query, positive, negatives) streamed, one a row; (query, text, label) rows
-    gathered by query, in the order of each query's first row, which needs every row read first (held whole)."""
+    gathered by query, in the order of each query's first row (hfport/train/grouped.py: a large source's rows wait
+    on disk, not in memory, until their query's group is read back)."""
     records = iter_records(path)
     head = next(records)
     records = itertools.chain([head], records)
     if config.negatives_column in head.values:
         yield from (_group_row(r, config, path) for r in records)
         return
-    groups: dict[str, Group] = {}
-    for r in records:
-        query = _text(r, config.query_column, path)
-        group = groups.setdefault(query, Group(query, r.line))
-        group.texts.append(_text(r, config.text_column, path))
-        group.labels.append(number_in_range(r, config.label_column, path, config.score_range, "label"))
-        group.lines.append(r.line)
-    yield from groups.values()
+    for rows in gathered(_scored_rows(records, config, path), spill=is_large(source(path))):
+        query, _, _, line = rows[0]
+        group = Group(query, line)
+        for other, text, label, at in rows:
+            if other != query:  # two queries with one 63-bit hash: never seen, but never merged unnoticed
+                raise DataError(f"{where(path, at, config.query_column)}: query {other!r} has the hash of query "
+                                f"{query!r} ({where(path, line)}); rename one of them")
+            group.texts.append(text)
+            group.labels.append(label)
+            group.lines.append(at)
+        yield group
 
 
 def encode_groups(path: Path, config: Any, tokenizer: Any) -> Iterator[list[Features]]:
