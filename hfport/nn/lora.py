@@ -23,14 +23,20 @@ Mixed-adapter batches (serving many adapters over one base in one forward pass; 
     routing      while a body runs: which slot each row of the batch takes. Set per thread (a server runs several
                  batches at once); the encoder's pre-hook turns the per-row slots into per-token ones through the
                  batch's layout (a packed batch is its real tokens: a row is a segment of the token axis)
-Per layer the update is three kernels whatever the number of adapters: u = x A_cat^T (every present adapter's
-columns in one matmul), u *= mask (each row keeps its own adapter's columns: a (rows, R) 0/1 matrix built once per
-forward pass and layout of columns, not per layer), y += u B_cat^T. Extra work ~2 R / in of the base matmul, with R
-the present adapters' ranks summed (an adapter absent from the batch is left out, by a slice when one is present).
-It replaced grouping the rows per adapter (index_select, two matmuls, index_add per adapter per layer), whose
-kernel count grows with the adapters present: on MiniLM with 8 adapters and 16 short rows that was ~1200 small
-matmuls per pass, dispatch-bound. Gathering each token's own A and B for a batched matmul instead would read
-r x (in + out) weights per token and need one rank for all.
+Per layer the update takes one of two forms, chosen per forward pass and layer by a cost rule (Route._segmented):
+- segments (the usual one): a mixed batch comes sorted by adapter within each length (Pipeline.forward_batch), so
+  the rows of one adapter are a few contiguous runs of the layer input (tokens in the packed layout); per run,
+  y[run] += (x[run] A_k^T) B_k^T on views (one split of x and y per layer, two small matmuls per run). Work: each
+  row its own adapter's rank only; kernels: two per run.
+- stacked: u = x A_cat^T (every present adapter's columns in one matmul), u *= mask (each row keeps its own
+  adapter's columns: a (rows, R) 0/1 matrix built once per forward pass and layout of columns), y += u B_cat^T.
+  Three kernels whatever the runs, but every row pays every present adapter's rank R (~2 R / in of the base
+  matmul); it wins only with many short runs (a pooler's input of many rows over many adapters).
+Measured on MiniLM with loadtest's 8 adapters (ranks 4-16, 2-3 targets each) and 8-16 short rows, one thread,
+against the base alone (scripts/bench_mixed.py): stacked ~0.86x the base's forward-pass throughput, segments
+~0.91x. The first grouping (index_select, two matmuls, index_add per adapter per layer, on unsorted rows) was
+~1200 small kernels per pass and dispatch-bound; sorted runs need no gather or scatter. Gathering each token's own A
+and B for a batched matmul instead would read r x (in + out) weights per token and need one rank for all.
 """
 
 from __future__ import annotations
@@ -213,6 +219,7 @@ class LayerAdapters(NamedTuple):
     B: Tensor  # (out, R): their B side by side, each times its scaling
     owner: Tensor  # (R,) long: the slot of each column; layers whose adapters have equal ranks share one tensor
     spans: dict[int, tuple[int, int]]  # slot -> its columns [start, end)
+    parts: dict[int, tuple[Tensor, Tensor]]  # slot -> its (A^T (in, r), B^T (r, out)): views, for a run of its rows
 
 
 @torch.no_grad()
@@ -224,7 +231,9 @@ def _side_by_side(layer: dict[int, LoraWeights], owners: dict[tuple, Tensor]) ->
     if ranks not in owners:
         owners[ranks] = torch.cat([torch.full((r,), s, dtype=torch.long, device=A.device) for s, r in ranks])  # (R,)
     bounds = torch.tensor([0] + [r for _, r in ranks]).cumsum(0).tolist()
-    return LayerAdapters(A, B, owners[ranks], {s: (bounds[i], bounds[i + 1]) for i, s in enumerate(slots)})
+    spans = {s: (bounds[i], bounds[i + 1]) for i, s in enumerate(slots)}
+    parts = {s: (A[b:e].t(), B[:, b:e].t()) for s, (b, e) in spans.items()}
+    return LayerAdapters(A, B, owners[ranks], spans, parts)
 
 
 class AdapterTable:
@@ -268,6 +277,17 @@ class MixedLinear(nn.Linear):
         plan = route.plan(layer, flat_x.shape[0])
         if plan is None:  # no row takes an adapter of this layer
             return out
+        if isinstance(plan, Segments):  # each adapter's rows come in a few runs: its own rank only, on its rows
+            flat_out = out.view(-1, self.out_features)  # (M, out)
+            if len(plan.sizes) > 1:
+                xs = flat_x.split_with_sizes(plan.sizes)  # (m_i, in) views, one per run of equal slots
+                outs = flat_out.split_with_sizes(plan.sizes)  # (m_i, out) views into `out`
+            else:  # every row one adapter (an adapter served alone)
+                xs, outs = (flat_x,), (flat_out,)
+            for i, slot in plan.runs:
+                At, Bt = layer.parts[slot]  # (in, r), (r, out)
+                outs[i].addmm_(xs[i] @ At, Bt)  # (m_i, r) @ (r, out) added into the run's rows
+            return out
         cols, mask = plan
         if isinstance(cols, slice):  # one adapter's columns: views, nothing copied
             A, B = layer.A[cols], layer.B[:, cols]  # (r, in), (out, r)
@@ -290,15 +310,34 @@ class Plan(NamedTuple):
     mask: Tensor | None
 
 
+# How an adapted layer computes a mixed batch: "auto" (the cost rule in Route._make_plan), "segments" or "stacked".
+MIXED_LORA = "auto"
+# The cost rule's fixed cost of one run of rows in the segment form (two small matmul calls and the loop around
+# them), in multiply-adds: measured ~5 us a (m, in) @ A^T, then B^T pair at m = 4..16 on one core of a 2-core CPU
+# that does ~50k multiply-adds a us on these shapes, so ~300k. The stacked form's fixed cost counts as two runs.
+RUN_COST = 300_000
+
+
+class Segments(NamedTuple):
+    """How a layer input's rows take a layer's adapters when they come in runs of equal slots (a batch sorted by
+    adapter): the rows cut into those runs (`sizes`, one split: views, nothing copied), and of each run that takes an
+    adapter of this layer its index among them and that adapter's slot."""
+
+    sizes: list[int]
+    runs: tuple[tuple[int, int], ...]
+
+
 class Route:
-    """One forward pass's routing: each batch row's slot, the per-token slots once the layout is known, and per
-    layout of columns a Plan (built once per forward pass, not per layer: the layers share owner tensors)."""
+    """One forward pass's routing: each batch row's slot, the per-token slots once the layout is known, their runs
+    of equal slots, and per layout of columns and layer width a Plan or Segments (built once per forward pass, not
+    per layer: the layers share owner tensors)."""
 
     def __init__(self, table: AdapterTable, slots: Tensor):
         self.table, self.slots = table, slots  # slots: (B,) long, 0 = the base
         self.tokens: Tensor | None = None  # (N,) or (B, T): the slot of each row of the layout
         self.present = sorted(set(slots.tolist()) - {0})
-        self._plans: dict[tuple[int, int], Plan | None] = {}
+        self._plans: dict[tuple[int, int, int], Plan | Segments | None] = {}
+        self._runs: dict[int, list[tuple[int, int, int]]] = {}
 
     def row_slots(self, count: int) -> Tensor:
         """(count,) the slot of each row of a layer input with `count` rows: the tokens of the layout, or the
@@ -313,16 +352,31 @@ class Route:
             return self.slots[:1].expand(count)
         return index.reshape(-1)
 
-    def plan(self, layer: LayerAdapters, count: int) -> Plan | None:
-        key = (id(layer.owner), count)  # the owner tensor lives as long as the table this route holds
+    def runs(self, count: int) -> list[tuple[int, int, int]]:
+        """(start, end, slot) of each run of equal slots along the `count` rows of a layer input, in order."""
+        if count not in self._runs:
+            rows = self.row_slots(count)  # (M,)
+            edges = ((rows[1:] != rows[:-1]).nonzero().squeeze(1) + 1).tolist()
+            starts, ends = [0, *edges], [*edges, count]
+            slots = rows[starts].tolist()
+            self._runs[count] = list(zip(starts, ends, slots))
+        return self._runs[count]
+
+    def plan(self, layer: LayerAdapters, count: int) -> Plan | Segments | None:
+        # the owner tensor lives as long as the table this route holds; in + out: the form chosen depends on them
+        key = (id(layer.owner), count, layer.A.shape[1] + layer.B.shape[0])
         if key not in self._plans:
             self._plans[key] = self._make_plan(layer, count)
         return self._plans[key]
 
-    def _make_plan(self, layer: LayerAdapters, count: int) -> Plan | None:
+    def _make_plan(self, layer: LayerAdapters, count: int) -> Plan | Segments | None:
         present = [s for s in self.present if s in layer.spans]
         if not present:
             return None
+        if self._segmented(layer, count):
+            all_runs = self.runs(count)
+            runs = tuple((i, s) for i, (_, _, s) in enumerate(all_runs) if s in layer.spans)
+            return Segments([e - b for b, e, _ in all_runs], runs)
         rows = self.row_slots(count)  # (M,)
         if len(present) == len(layer.spans):
             cols, owner = None, layer.owner  # (R,)
@@ -334,6 +388,20 @@ class Route:
             owner = layer.owner.index_select(0, cols)  # (R_p,)
         hit = rows[:, None] == owner[None, :]  # (M, R_p)
         return Plan(cols, None if bool(hit.all()) else hit.to(layer.A.dtype))
+
+    def _segmented(self, layer: LayerAdapters, count: int) -> bool:
+        """Whether the segment form costs less than the stacked one on this layer (MIXED_LORA: or as it says). In
+        multiply-adds, with w = in + out: segments sum over runs m_i r_i w + RUN_COST, the stacked form
+        M R_p w (every row times every present adapter's rank) + 2 RUN_COST. Segments win unless runs are many and
+        short (rows of a few tokens each, e.g. a pooler's input, with many adapters)."""
+        if MIXED_LORA != "auto":
+            return MIXED_LORA == "segments"
+        width = layer.A.shape[1] + layer.B.shape[0]  # in + out
+        rank = {s: e - b for s, (b, e) in layer.spans.items()}
+        runs = [(e - b, rank[s]) for b, e, s in self.runs(count) if s in rank]
+        segments = sum(m * r * width + RUN_COST for m, r in runs)
+        stacked = count * sum(rank[s] for s in self.present if s in rank) * width + 2 * RUN_COST
+        return segments <= stacked
 
 
 class _State(threading.local):
@@ -368,6 +436,7 @@ def route_tokens(module: nn.Module, args: tuple[Any, ...]) -> None:
     slots = route.slots.repeat_interleave(batch // b) if batch != b else route.slots  # multiple choice: B x C rows
     route.tokens = layout.pack(slots[:, None, None].expand(batch, width, 1)).squeeze(-1)  # (N,) or (B, T)
     route._plans.clear()
+    route._runs.clear()
 
 
 def install_mixed(body: nn.Module, paths: list[str]) -> None:
