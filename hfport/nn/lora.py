@@ -277,29 +277,33 @@ class MixedLinear(nn.Linear):
         plan = route.plan(layer, flat_x.shape[0])
         if plan is None:  # no row takes an adapter of this layer
             return out
-        if isinstance(plan, Segments):  # each adapter's rows come in a few runs: its own rank only, on its rows
-            flat_out = out.view(-1, self.out_features)  # (M, out)
-            if len(plan.sizes) > 1:
-                xs = flat_x.split_with_sizes(plan.sizes)  # (m_i, in) views, one per run of equal slots
-                outs = flat_out.split_with_sizes(plan.sizes)  # (m_i, out) views into `out`
-            else:  # every row one adapter (an adapter served alone)
-                xs, outs = (flat_x,), (flat_out,)
-            for i, slot in plan.runs:
-                At, Bt = layer.parts[slot]  # (in, r), (r, out)
-                outs[i].addmm_(xs[i] @ At, Bt)  # (m_i, r) @ (r, out) added into the run's rows
-            return out
-        cols, mask = plan
-        if isinstance(cols, slice):  # one adapter's columns: views, nothing copied
-            A, B = layer.A[cols], layer.B[:, cols]  # (r, in), (out, r)
-        elif cols is not None:  # the columns of the adapters present in this batch
-            A, B = layer.A.index_select(0, cols), layer.B.index_select(1, cols)  # (R_p, in), (out, R_p)
-        else:
-            A, B = layer.A, layer.B  # (R, in), (out, R)
-        u = flat_x @ A.t()  # (M, R_p): every present adapter's x A^T in one matmul
-        if mask is not None:
-            u.mul_(mask)  # each row keeps its own adapter's columns (none: the base)
-        out.view(-1, self.out_features).addmm_(u, B.t())  # (M, out): updates land in `out`
+        update(plan, layer, flat_x, out.view(-1, self.out_features))  # the updates land in `out`
         return out
+
+
+def update(plan: Plan | Segments, layer: LayerAdapters, x: Tensor, out: Tensor) -> None:
+    """out += each row's adapter update, x (M, in), out (M, out)."""
+    if isinstance(plan, Segments):  # each adapter's rows come in a few runs: its own rank only, on its rows
+        if len(plan.sizes) > 1:
+            xs = x.split_with_sizes(plan.sizes)  # (m_i, in) views, one per run of equal slots
+            outs = out.split_with_sizes(plan.sizes)  # (m_i, out) views into `out`
+        else:  # every row one adapter (an adapter served alone)
+            xs, outs = (x,), (out,)
+        for i, slot in plan.runs:
+            At, Bt = layer.parts[slot]  # (in, r), (r, out)
+            outs[i].addmm_(xs[i] @ At, Bt)  # (m_i, r) @ (r, out) added into the run's rows
+        return
+    cols, mask = plan
+    if isinstance(cols, slice):  # one adapter's columns: views, nothing copied
+        A, B = layer.A[cols], layer.B[:, cols]  # (r, in), (out, r)
+    elif cols is not None:  # the columns of the adapters present in this batch
+        A, B = layer.A.index_select(0, cols), layer.B.index_select(1, cols)  # (R_p, in), (out, R_p)
+    else:
+        A, B = layer.A, layer.B  # (R, in), (out, R)
+    u = x @ A.t()  # (M, R_p): every present adapter's x A^T in one matmul
+    if mask is not None:
+        u.mul_(mask)  # each row keeps its own adapter's columns (none: the base)
+    out.addmm_(u, B.t())  # (M, out)
 
 
 class Plan(NamedTuple):
@@ -312,10 +316,17 @@ class Plan(NamedTuple):
 
 # How an adapted layer computes a mixed batch: "auto" (the cost rule in Route._make_plan), "segments" or "stacked".
 MIXED_LORA = "auto"
-# The cost rule's fixed cost of one run of rows in the segment form (two small matmul calls and the loop around
-# them), in multiply-adds: measured ~5 us a (m, in) @ A^T, then B^T pair at m = 4..16 on one core of a 2-core CPU
-# that does ~50k multiply-adds a us on these shapes, so ~300k. The stacked form's fixed cost counts as two runs.
-RUN_COST = 300_000
+# The cost rule's fixed costs, in multiply-adds, by dtype: one run of rows in the segment form (two small matmul
+# calls and the loop around them), and the stacked form's three calls. Measured on one core of a 2-core CPU (AMD
+# EPYC, AVX512-BF16; best of 7 x 200, other work running): per run ~8 us in fp32, ~38 us in bf16 (oneDNN's bf16
+# matmuls of a few rows or columns carry a large fixed cost); the stacked form ~11 us fp32, ~45 us bf16; against
+# ~50k (fp32) and ~90k (bf16) multiply-adds a us on the stacked form's shapes. float16, not measured, is taken as
+# bf16. What the rule then picks at MiniLM's shapes, as measured there: fp32 segments on every layer (2-7x less
+# time than stacked); bf16 stacked for 6 runs of 12 tokens on q (87 us against 236 us) and 2 runs of rank 8 (k,
+# ffn.down: 51 / 73 us, 78 / 93 us), segments for 2 runs of rank 16 on ffn.up (98 / 113 us) and any long run (2
+# runs of 125 tokens: 187 / 780 us).
+RUN_COST = {torch.float32: 400_000, torch.bfloat16: 3_400_000, torch.float16: 3_400_000}
+STACKED_COST = {torch.float32: 550_000, torch.bfloat16: 4_000_000, torch.float16: 4_000_000}
 
 
 class Segments(NamedTuple):
@@ -392,15 +403,19 @@ class Route:
     def _segmented(self, layer: LayerAdapters, count: int) -> bool:
         """Whether the segment form costs less than the stacked one on this layer (MIXED_LORA: or as it says). In
         multiply-adds, with w = in + out: segments sum over runs m_i r_i w + RUN_COST, the stacked form
-        M R_p w (every row times every present adapter's rank) + 2 RUN_COST. Segments win unless runs are many and
-        short (rows of a few tokens each, e.g. a pooler's input, with many adapters)."""
+        M R_p w (every row times every present adapter's rank) + STACKED_COST. In fp32 segments win unless runs
+        are many and short (a pooler's input over many adapters); in bf16 only for few or long runs."""
         if MIXED_LORA != "auto":
             return MIXED_LORA == "segments"
+        if layer.A.device.type != "cpu":  # RUN_COST is a CPU's; on an accelerator kernel launches dominate a
+            return False  # layer's few small matmuls (not measured here): the form with the fewest
         width = layer.A.shape[1] + layer.B.shape[0]  # in + out
+        run = RUN_COST.get(layer.A.dtype, RUN_COST[torch.bfloat16])
+        fixed = STACKED_COST.get(layer.A.dtype, STACKED_COST[torch.bfloat16])
         rank = {s: e - b for s, (b, e) in layer.spans.items()}
         runs = [(e - b, rank[s]) for b, e, s in self.runs(count) if s in rank]
-        segments = sum(m * r * width + RUN_COST for m, r in runs)
-        stacked = count * sum(rank[s] for s in self.present if s in rank) * width + 2 * RUN_COST
+        segments = sum(m * r * width + run for m, r in runs)
+        stacked = count * sum(rank[s] for s in self.present if s in rank) * width + fixed
         return segments <= stacked
 
 
