@@ -1,14 +1,16 @@
 """Mixed-adapter forward passes against the base alone, in one process, interleaved (a shared machine's drift hits
 both alike): what scripts/loadtest.py --adapters measures over HTTP, without the server.
 
-    python scripts/bench_mixed.py                        # 8 adapters, 16 texts, 30 rounds
+    python scripts/bench_mixed.py                        # 8 adapters, 16 texts, 30 rounds, the server's dtype
+    python scripts/bench_mixed.py --dtype float32 --texts 8
     python scripts/bench_mixed.py --rounds 5 --profile   # and torch.profiler's op table for each side
 
 Each round times, back to back and in an order that alternates, one pipeline call of the same TEXTS on (a) the base
 alone and (b) client c's text on adapter c mod N (the loadtest's spread; the adapters are loadtest's: ranks and
-targets varied, weights random), and the same two on the body only (one forward pass of the same packed batch).
-Printed: the median time of each and the ratio base / mixed (what throughput mixed keeps) with its interquartile
-range over rounds.
+targets varied, weights random); the same two as one forward pass of the batch (Pipeline.forward_batch); and the
+mixed pass with every adapted layer in the stacked form (nn/lora.py's MIXED_LORA, what the cost rule chooses
+against). Printed: the median time of each and the ratio base / mixed (the share of the base's throughput mixing
+keeps) with its interquartile range over rounds. Timed by this thread's CPU time unless --wall.
 """
 
 from __future__ import annotations

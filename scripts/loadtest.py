@@ -20,13 +20,14 @@ Exit status 0 only when phase 1 had 0 errors and phase 2 saw at least one 429 an
 bundled MiniLM (ranks and targets varied, weights random: the timing is representative, the vectors meaningless),
 CLIENTS clients spread over them (client c sends to adapter c mod N), each load run untimed for --warmup-seconds
 before its clock starts (the base alone runs first, on a fresh server: without it, the later loads would be timed on
-kernel caches the earlier one warmed, e.g. oneDNN's bf16 matmul primitive per token count, and the base alone on cold
-ones), against (a) the same load on the base alone,
-on the same server, and (b) one pipeline per adapter: each adapter registered over its own copy of the base folder
-(hard links), so no two adapters share a batch or a forward pass, as before mixed batches. Printed: throughput of
-each and the ratios (goals: mixed >= 0.8x base alone, >= 3x one pipeline per adapter), and the server's RSS with the
-base alone (after its load) and with the N adapters loaded (goal: < 10% more), and after the mixed load (its
-working memory on top: allocator and kernel caches). Every server keeps all its pipelines loaded
+kernel caches the earlier one warmed, e.g. oneDNN's bf16 matmul primitive per token count, and the base alone on
+cold ones), against (a) the same load on the base alone, on the same server, and (b) one pipeline per adapter: each
+adapter registered over its own copy of the base folder (hard links), so no two adapters share a batch or a forward
+pass, as before mixed batches. Printed: throughput of each and the ratios (goals: mixed >= 0.8x base alone, >= 3x
+one pipeline per adapter), and the server's RSS with the base alone (after its load) and with the N adapters loaded
+(goal: < 10% more), and after the mixed load (its working memory on top: allocator and kernel caches); per load,
+from the server's /metrics, the mean inputs per batch, distinct adapters per forward pass and forward-pass time per
+batch (batch sizes explain a throughput as much as time per pass does). Every server keeps all its pipelines loaded
 (HFPORT_MODEL_CACHE_SIZE N + 1), and each load's clock starts only after one warm-up request per model and a check
 that all of them are still loaded (GET /health): the figures time serving, never loading.
 

@@ -24,19 +24,18 @@ Mixed-adapter batches (serving many adapters over one base in one forward pass; 
                  batches at once); the encoder's pre-hook turns the per-row slots into per-token ones through the
                  batch's layout (a packed batch is its real tokens: a row is a segment of the token axis)
 Per layer the update takes one of two forms, chosen per forward pass and layer by a cost rule (Route._segmented):
-- segments (the usual one): a mixed batch comes sorted by adapter within each length (Pipeline.forward_batch), so
-  the rows of one adapter are a few contiguous runs of the layer input (tokens in the packed layout); per run,
-  y[run] += (x[run] A_k^T) B_k^T on views (one split of x and y per layer, two small matmuls per run). Work: each
-  row its own adapter's rank only; kernels: two per run.
+- segments: a mixed batch comes sorted by adapter within each length (Pipeline.forward_batch), so the rows of one
+  adapter are a few contiguous runs of the layer input (tokens in the packed layout); per run,
+  y[run] += (x[run] A_k^T) B_k^T on views (one split of x and y per layer). Each row pays its own adapter's rank
+  only; two kernels per run.
 - stacked: u = x A_cat^T (every present adapter's columns in one matmul), u *= mask (each row keeps its own
   adapter's columns: a (rows, R) 0/1 matrix built once per forward pass and layout of columns), y += u B_cat^T.
-  Three kernels whatever the runs, but every row pays every present adapter's rank R (~2 R / in of the base
-  matmul); it wins only with many short runs (a pooler's input of many rows over many adapters).
-Measured on MiniLM with loadtest's 8 adapters (ranks 4-16, 2-3 targets each) and 8-16 short rows, one thread,
-against the base alone (scripts/bench_mixed.py): stacked ~0.86x the base's forward-pass throughput, segments
-~0.91x. The first grouping (index_select, two matmuls, index_add per adapter per layer, on unsorted rows) was
-~1200 small kernels per pass and dispatch-bound; sorted runs need no gather or scatter. Gathering each token's own A
-and B for a batched matmul instead would read r x (in + out) weights per token and need one rank for all.
+  Three kernels whatever the runs, but every row pays every present adapter's rank R (~2 R / in of the base).
+scripts/bench_mixed.py (MiniLM, loadtest's 8 adapters: ranks 4-16, 2-3 targets; 8 and 16 short texts; one thread,
+interleaved, medians of 30; base / mixed forward-pass time): fp32 stacked 0.83x / 0.88x, with the rule (segments
+everywhere) 0.89x / 0.92x; bf16 stacked 0.78x / 0.80x, the rule the same (it keeps stacked on all but ffn.up: bf16
+small matmuls cost ~60-100 us a layer whatever the form, so bf16 mixing costs ~36 such calls a pass). Grouping rows
+by index_select / index_add per adapter per layer (the first form) was ~1200 small kernels a pass.
 """
 
 from __future__ import annotations
