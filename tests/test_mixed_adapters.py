@@ -80,8 +80,7 @@ def _peft_logits(base: Path, folder: Path, labels: int, ids: list[int], types: l
         return theirs.eval()(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0]
 
 
-@pytest.mark.parametrize("form", ["segments", "stacked"])
-@pytest.mark.parametrize("padding_free", [True, False])
+@pytest.mark.parametrize(("padding_free", "form"), [(True, "segments"), (False, "segments"), (True, "stacked")])
 def test_mixed_batch_equals_each_adapter_alone_and_peft(tiny, padding_free, form, monkeypatch):
     monkeypatch.setattr(nn_lora, "MIXED_LORA", form)  # each form of the adapted layers (the cost rule picks one)
     pipe = hfport.pipeline("text-classification", model=tiny["base"],
@@ -234,9 +233,9 @@ def test_segment_form_equals_stacked_form(tiny, padding_free, monkeypatch):
 
 
 def test_cost_rule_takes_segments_for_long_runs_and_stacked_for_many_short_ones():
-    """Route's choice per layer (MiniLM's width, 8 adapters of rank 8): a batch sorted by adapter (a few long runs
-    of tokens) computes each adapter's rank on its own rows; a pooler's input of one row per run over the 8 adapters
-    computes the stacked form."""
+    """Route's choice per layer (MiniLM's width, 8 adapters of rank 8): in fp32 a batch sorted by adapter (a few
+    runs of tokens) computes each adapter's rank on its own rows; a pooler's input of one row per run over the 8
+    adapters computes the stacked form; in bf16 runs must be longer to take segments."""
     table = nn_lora.AdapterTable({s: {"q": nn_lora.LoraWeights(torch.randn(8, 384), torch.randn(384, 8), 2.0)}
                                   for s in range(1, 9)})
     layer = table.layers["q"]
@@ -246,6 +245,14 @@ def test_cost_rule_takes_segments_for_long_runs_and_stacked_for_many_short_ones(
     assert isinstance(plan, nn_lora.Segments) and plan.sizes == [40] * 8 and len(plan.runs) == 8
     route = nn_lora.Route(table, torch.arange(1, 9).repeat(8))  # 64 sequences, adapters interleaved
     assert isinstance(route.plan(layer, 64), nn_lora.Plan)  # 64 runs of one row: stacked
+    # bf16: a small matmul's fixed cost is ~5x fp32's (RUN_COST), so the same 8 runs of 40 tokens take the stacked
+    # form, and only runs long enough to pay for their calls take segments
+    half = nn_lora.AdapterTable({s: {"q": nn_lora.LoraWeights(w.A.bfloat16(), w.B.bfloat16(), 2.0)}
+                                 for s, layers in table.adapters.items() for w in layers.values()})
+    for tokens, form in ((40, nn_lora.Plan), (400, nn_lora.Segments)):
+        route = nn_lora.Route(half, torch.arange(1, 9))
+        route.tokens = torch.arange(1, 9).repeat_interleave(tokens)  # (8 tokens,): sorted, 8 runs
+        assert isinstance(route.plan(half.layers["q"], 8 * tokens), form), tokens
 
 
 def test_a_mixed_call_sorts_rows_by_adapter_within_each_length(tiny):
