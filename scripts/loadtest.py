@@ -18,12 +18,16 @@ Exit status 0 only when phase 1 had 0 errors and phase 2 saw at least one 429 an
 
 --adapters N (the mixed-adapter comparison, TEI's /embed, instead of the phases above): N LoRA adapters of the
 bundled MiniLM (ranks and targets varied, weights random: the timing is representative, the vectors meaningless),
-CLIENTS clients spread over them (client c sends to adapter c mod N), against (a) the same load on the base alone,
-on the same server, and (b) one pipeline per adapter: each adapter registered over its own copy of the base folder
-(hard links), so no two adapters share a batch or a forward pass, as before mixed batches. Printed: throughput of
-each and the ratios (goals: mixed >= 0.8x base alone, >= 3x one pipeline per adapter), and the server's RSS with the
-base alone (after its load) and with the N adapters loaded (goal: < 10% more), and after the mixed load (its
-working memory on top: allocator and kernel caches). Every server keeps all its pipelines loaded
+CLIENTS clients spread over them (client c sends to adapter c mod N), each load run untimed for --warmup-seconds
+before its clock starts (the base alone runs first, on a fresh server: without it, the later loads would be timed on
+kernel caches the earlier one warmed, e.g. oneDNN's bf16 matmul primitive per token count, and the base alone on
+cold ones), against (a) the same load on the base alone, on the same server, and (b) one pipeline per adapter: each
+adapter registered over its own copy of the base folder (hard links), so no two adapters share a batch or a forward
+pass, as before mixed batches. Printed: throughput of each and the ratios (goals: mixed >= 0.8x base alone, >= 3x
+one pipeline per adapter), and the server's RSS with the base alone (after its load) and with the N adapters loaded
+(goal: < 10% more), and after the mixed load (its working memory on top: allocator and kernel caches); per load,
+from the server's /metrics, the mean inputs per batch, distinct adapters per forward pass and forward-pass time per
+batch (batch sizes explain a throughput as much as time per pass does). Every server keeps all its pipelines loaded
 (HFPORT_MODEL_CACHE_SIZE N + 1), and each load's clock starts only after one warm-up request per model and a check
 that all of them are still loaded (GET /health): the figures time serving, never loading.
 
@@ -132,8 +136,10 @@ class Steady:
 
 
 async def steady_load(url: str, model: str, clients: int, seconds: float, batch: int,
-                      headers: dict[str, str], route: str = "predict") -> Steady:
-    """CLIENTS loops of back-to-back requests until the deadline; latency of every 200, the rest are errors."""
+                      headers: dict[str, str], route: str = "predict", warm_seconds: float = 0.0) -> Steady:
+    """CLIENTS loops of back-to-back requests until the deadline; latency of every 200, the rest are errors.
+    `warm_seconds`: the same load first, untimed (its requests count nowhere), so the timed window starts with
+    the server's kernel and allocator caches as that load leaves them, whichever load ran before it."""
     seconds = min(seconds, MAX_SECONDS)
     result = Steady()
     sent = 0
@@ -150,10 +156,8 @@ async def steady_load(url: str, model: str, clients: int, seconds: float, batch:
         loaded = (await client.get("/health")).json()["models_loaded"]
         if loaded < len(models):
             raise RuntimeError(f"{loaded} models loaded after warming up {len(models)}: raise HFPORT_MODEL_CACHE_SIZE")
-        start = time.perf_counter()
-        deadline = start + seconds
 
-        async def one_client(c: int) -> None:
+        async def one_client(c: int, deadline: float, into: Steady) -> None:
             nonlocal sent
             i = c
             name = models[c % len(models)]
@@ -166,12 +170,17 @@ async def steady_load(url: str, model: str, clients: int, seconds: float, batch:
                 except httpx.HTTPError as e:
                     code = type(e).__name__
                 if code == "200":
-                    result.latencies.append(time.perf_counter() - t0)
+                    into.latencies.append(time.perf_counter() - t0)
                 else:
-                    result.errors[code] = result.errors.get(code, 0) + 1
+                    into.errors[code] = into.errors.get(code, 0) + 1
                 i += clients
 
-        await asyncio.gather(*(one_client(c) for c in range(clients)))
+        if warm_seconds > 0:
+            warm_until = time.perf_counter() + min(warm_seconds, MAX_SECONDS)
+            await asyncio.gather(*(one_client(c, warm_until, Steady()) for c in range(clients)))
+            sent = 0
+        start = time.perf_counter()
+        await asyncio.gather(*(one_client(c, start + seconds, result) for c in range(clients)))
         result.seconds = time.perf_counter() - start
     return result
 
@@ -248,16 +257,45 @@ def post_ok(url: str, path: str, body: dict, headers: dict[str, str]) -> None:
         raise RuntimeError(f"POST {path} {body}: {r.status_code} {r.text}")
 
 
+BATCH_METRICS = ("hfport_batch_size", "hfport_batch_adapters", "hfport_inference_duration_seconds")
+
+
+def batch_totals(url: str, headers: dict[str, str]) -> dict[str, float]:
+    """The server's /metrics sums and counts of BATCH_METRICS, over every model label."""
+    text = httpx.get(url + "/metrics", headers=headers, timeout=60).text
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        name, value = line.partition("{")[0].split(" ")[0], line.rsplit(" ", 1)[-1]
+        if name.endswith(("_sum", "_count")) and name.rsplit("_", 1)[0] in BATCH_METRICS:
+            totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
+def batch_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Means over the batches between two batch_totals: inputs per pipeline call, distinct adapters per forward
+    pass, forward-pass seconds per call (what makes a load's throughput: batch sizes and time per batch)."""
+    def mean(metric: str) -> float:
+        count = after.get(metric + "_count", 0.0) - before.get(metric + "_count", 0.0)
+        return (after.get(metric + "_sum", 0.0) - before.get(metric + "_sum", 0.0)) / count if count else float("nan")
+
+    return {"inputs_per_batch": round(mean("hfport_batch_size"), 2),
+            "adapters_per_pass": round(mean("hfport_batch_adapters"), 2),
+            "inference_ms_per_batch": round(mean("hfport_inference_duration_seconds") * 1000, 2)}
+
+
 def adapters_phase(args: argparse.Namespace, headers: dict[str, str]) -> tuple[dict, bool]:
     """Mixed adapters vs the base alone vs one pipeline per adapter, on /embed (see --adapters)."""
     minilm, n = minilm_path(), args.adapters
     out: dict = {}
 
     def run(url: str, models: list[str]) -> dict:
-        steady = asyncio.run(steady_load(url, models, args.clients, args.seconds, args.batch, headers, "embed"))
+        before = batch_totals(url, headers)  # the batches of the load (its warm-up included): sizes and times
+        steady = asyncio.run(steady_load(url, models, args.clients, args.seconds, args.batch, headers, "embed",
+                                         warm_seconds=args.warmup_seconds))
         return {"requests": steady.requests, "errors": sum(steady.errors.values()),
                 "p50_ms": round(steady.percentile(50) * 1000, 1), "p99_ms": round(steady.percentile(99) * 1000, 1),
-                "throughput_rps": round(len(steady.latencies) / steady.seconds, 1)}
+                "throughput_rps": round(len(steady.latencies) / steady.seconds, 1),
+                **batch_means(before, batch_totals(url, headers))}
 
     with tempfile.TemporaryDirectory(prefix="hfport-adapters-") as tmp:
         root = Path(tmp)
@@ -290,7 +328,8 @@ def adapters_phase(args: argparse.Namespace, headers: dict[str, str]) -> tuple[d
     for key in ("base_alone", "mixed", "one_pipeline_per_adapter"):
         s = out[key]
         print(f"{key}: {args.clients} clients, {s['requests']} requests, {s['errors']} errors; p50 {s['p50_ms']} ms, "
-              f"p99 {s['p99_ms']} ms; {s['throughput_rps']} req/s")
+              f"p99 {s['p99_ms']} ms; {s['throughput_rps']} req/s; per batch {s['inputs_per_batch']} inputs, "
+              f"{s['adapters_per_pass']} adapters a pass, {s['inference_ms_per_batch']} ms of forward passes")
     print(f"mixed / base alone: {out['mixed_vs_base']}x (goal >= 0.8); mixed / one pipeline per adapter: "
           f"{out['mixed_vs_per_adapter']}x (goal >= 3); RSS base {out['rss_base_mb']} MB, with {n} adapters "
           f"{out['rss_adapters_mb']} MB (+{out['rss_growth']:.1%}, goal < 10%), after the mixed load "
@@ -329,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--route", action="append", choices=sorted(ROUTES),
                    help="what the steady phase sends (repeatable: one phase each; default predict)")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the figures here as JSON")
+    p.add_argument("--warmup-seconds", type=float, default=3.0,
+                   help="with --adapters: each load runs this long untimed before its clock starts (the same "
+                        "clients), so no load is timed on caches another load warmed")
     p.add_argument("--adapters", type=int, default=0,
                    help="N: run the mixed-adapter comparison on /embed (N adapters) instead of the phases above")
     args = p.parse_args(argv)

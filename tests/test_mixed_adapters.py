@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import hfport
 from hfport import lora
+from hfport.nn import lora as nn_lora
 from tests.test_pipelines import make_folder
 from tests.tiny import ALL_FAMILIES, batch, save_hf
 
@@ -79,8 +80,9 @@ def _peft_logits(base: Path, folder: Path, labels: int, ids: list[int], types: l
         return theirs.eval()(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0]
 
 
-@pytest.mark.parametrize("padding_free", [True, False])
-def test_mixed_batch_equals_each_adapter_alone_and_peft(tiny, padding_free):
+@pytest.mark.parametrize(("padding_free", "form"), [(True, "segments"), (False, "segments"), (True, "stacked")])
+def test_mixed_batch_equals_each_adapter_alone_and_peft(tiny, padding_free, form, monkeypatch):
+    monkeypatch.setattr(nn_lora, "MIXED_LORA", form)  # each form of the adapted layers (the cost rule picks one)
     pipe = hfport.pipeline("text-classification", model=tiny["base"],
                            adapters={name: tiny[name] for name in "abc"})
     pipe.model.padding_free = padding_free  # the shared body: packed (a row is a segment of tokens) or padded
@@ -204,6 +206,73 @@ def test_adapters_absent_from_a_batch_are_left_out_and_bf16_rounds_as_alone(tiny
                 ref = alone(name, row, torch.float32)
                 own = (alone(name, row, dtype) - ref).abs().max()
                 assert (got - ref).abs().max() <= 1.5 * own, (names, row)
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_segment_form_equals_stacked_form(tiny, padding_free, monkeypatch):
+    """The two forms of a mixed batch's adapted layers (nn/lora.py: per run of rows its adapter's rank only, or
+    every present adapter's columns masked) give the same hidden states and pooler outputs (fp32 1e-6), on rows
+    sorted by adapter (few runs) and unsorted (a run per row), with base rows and an adapter on the pooler."""
+    cls = hfport.AutoModelForSequenceClassification
+    base = cls.from_pretrained(tiny["base"])
+    base.padding_free = padding_free
+    shared = lora.AdapterSet(base)
+    for name in "abc":
+        shared.load(name, tiny[name], cls)
+    b = batch("bert", lengths=(70, 41, 41, 9, 9, 9, 30, 41))
+    for names in (["a", "a", "b", "b", "c", None, "c", "a"], ["c", "a", None, "b", "a", "c", "b", "c"]):
+        slots = torch.tensor([shared.slots[n] if n else 0 for n in names])  # (B,)
+        out = {}
+        for form in ("segments", "stacked"):
+            monkeypatch.setattr(nn_lora, "MIXED_LORA", form)
+            with torch.no_grad():
+                out[form] = shared.run_body(slots, b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        mask = b["attention_mask"].bool()
+        torch.testing.assert_close(out["segments"][0][mask], out["stacked"][0][mask], atol=1e-6, rtol=0)
+        torch.testing.assert_close(out["segments"][1], out["stacked"][1], atol=1e-6, rtol=0)
+
+
+def test_cost_rule_takes_segments_for_long_runs_and_stacked_for_many_short_ones():
+    """Route's choice per layer (MiniLM's width, 8 adapters of rank 8): in fp32 a batch sorted by adapter (a few
+    runs of tokens) computes each adapter's rank on its own rows; a pooler's input of one row per run over the 8
+    adapters computes the stacked form; in bf16 runs must be longer to take segments."""
+    table = nn_lora.AdapterTable({s: {"q": nn_lora.LoraWeights(torch.randn(8, 384), torch.randn(384, 8), 2.0)}
+                                  for s in range(1, 9)})
+    layer = table.layers["q"]
+    route = nn_lora.Route(table, torch.arange(1, 9))  # 8 rows, each its own adapter
+    route.tokens = torch.arange(1, 9).repeat_interleave(40)  # (320,): 40 tokens a row, sorted: 8 runs
+    plan = route.plan(layer, 320)
+    assert isinstance(plan, nn_lora.Segments) and plan.sizes == [40] * 8 and len(plan.runs) == 8
+    route = nn_lora.Route(table, torch.arange(1, 9).repeat(8))  # 64 sequences, adapters interleaved
+    assert isinstance(route.plan(layer, 64), nn_lora.Plan)  # 64 runs of one row: stacked
+    # bf16: a small matmul's fixed cost is ~5x fp32's (RUN_COST), so the same 8 runs of 40 tokens take the stacked
+    # form, and only runs long enough to pay for their calls take segments
+    half = nn_lora.AdapterTable({s: {"q": nn_lora.LoraWeights(w.A.bfloat16(), w.B.bfloat16(), 2.0)}
+                                 for s, layers in table.adapters.items() for w in layers.values()})
+    for tokens, form in ((40, nn_lora.Plan), (400, nn_lora.Segments)):
+        route = nn_lora.Route(half, torch.arange(1, 9))
+        route.tokens = torch.arange(1, 9).repeat_interleave(tokens)  # (8 tokens,): sorted, 8 runs
+        assert isinstance(route.plan(half.layers["q"], 8 * tokens), form), tokens
+
+
+def test_a_mixed_call_sorts_rows_by_adapter_within_each_length(tiny):
+    """Pipeline.forward_batch hands the body its rows longest first and, within a length, by adapter: each
+    adapter's rows of a length are one run (what the segment form computes per run)."""
+    pipe = hfport.pipeline("text-classification", model=tiny["base"], adapters={n: tiny[n] for n in "abc"})
+    seen: list[tuple[list[int], list[int]]] = []
+    pipe.model.body.encoder.register_forward_pre_hook(
+        lambda module, args: seen.append((nn_lora._state.route.slots.tolist(), module_lengths(args[1]))))
+    texts = ["one two", "one two", "three", "one two", "three", "one two"]
+    names = ["c", "a", "b", "a", None, "c"]
+    pipe(texts, adapter=names, top_k=None)
+    (slots, lengths), = seen  # one forward pass
+    keys = list(zip([-n for n in lengths], slots))
+    assert keys == sorted(keys) and len(set(slots)) == 4 and len(set(lengths)) == 2, (slots, lengths)
+
+
+def module_lengths(layout) -> list[int]:
+    keep = getattr(layout, "keep", None)
+    return keep.sum(1).tolist() if keep is not None else [layout.positions.shape[-1]] * layout.positions.shape[0]
 
 
 # --- the real MiniLM: sentence embeddings ------------------------------------------------------------------------

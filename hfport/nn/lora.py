@@ -23,14 +23,19 @@ Mixed-adapter batches (serving many adapters over one base in one forward pass; 
     routing      while a body runs: which slot each row of the batch takes. Set per thread (a server runs several
                  batches at once); the encoder's pre-hook turns the per-row slots into per-token ones through the
                  batch's layout (a packed batch is its real tokens: a row is a segment of the token axis)
-Per layer the update is three kernels whatever the number of adapters: u = x A_cat^T (every present adapter's
-columns in one matmul), u *= mask (each row keeps its own adapter's columns: a (rows, R) 0/1 matrix built once per
-forward pass and layout of columns, not per layer), y += u B_cat^T. Extra work ~2 R / in of the base matmul, with R
-the present adapters' ranks summed (an adapter absent from the batch is left out, by a slice when one is present).
-It replaced grouping the rows per adapter (index_select, two matmuls, index_add per adapter per layer), whose
-kernel count grows with the adapters present: on MiniLM with 8 adapters and 16 short rows that was ~1200 small
-matmuls per pass, dispatch-bound. Gathering each token's own A and B for a batched matmul instead would read
-r x (in + out) weights per token and need one rank for all.
+Per layer the update takes one of two forms, chosen per forward pass and layer by a cost rule (Route._segmented):
+- segments: a mixed batch comes sorted by adapter within each length (Pipeline.forward_batch), so the rows of one
+  adapter are a few contiguous runs of the layer input (tokens in the packed layout); per run,
+  y[run] += (x[run] A_k^T) B_k^T on views (one split of x and y per layer). Each row pays its own adapter's rank
+  only; two kernels per run.
+- stacked: u = x A_cat^T (every present adapter's columns in one matmul), u *= mask (each row keeps its own
+  adapter's columns: a (rows, R) 0/1 matrix built once per forward pass and layout of columns), y += u B_cat^T.
+  Three kernels whatever the runs, but every row pays every present adapter's rank R (~2 R / in of the base).
+scripts/bench_mixed.py (MiniLM, loadtest's 8 adapters: ranks 4-16, 2-3 targets; 8 and 16 short texts; one thread,
+interleaved, medians of 30; base / mixed forward-pass time): fp32 stacked 0.83x / 0.88x, with the rule (segments
+everywhere) 0.89x / 0.92x; bf16 stacked 0.78x / 0.80x, the rule the same (it keeps stacked on all but ffn.up: bf16
+small matmuls cost ~60-100 us a layer whatever the form, so bf16 mixing costs ~36 such calls a pass). Grouping rows
+by index_select / index_add per adapter per layer (the first form) was ~1200 small kernels a pass.
 """
 
 from __future__ import annotations
@@ -213,6 +218,7 @@ class LayerAdapters(NamedTuple):
     B: Tensor  # (out, R): their B side by side, each times its scaling
     owner: Tensor  # (R,) long: the slot of each column; layers whose adapters have equal ranks share one tensor
     spans: dict[int, tuple[int, int]]  # slot -> its columns [start, end)
+    parts: dict[int, tuple[Tensor, Tensor]]  # slot -> its (A^T (in, r), B^T (r, out)): views, for a run of its rows
 
 
 @torch.no_grad()
@@ -224,7 +230,9 @@ def _side_by_side(layer: dict[int, LoraWeights], owners: dict[tuple, Tensor]) ->
     if ranks not in owners:
         owners[ranks] = torch.cat([torch.full((r,), s, dtype=torch.long, device=A.device) for s, r in ranks])  # (R,)
     bounds = torch.tensor([0] + [r for _, r in ranks]).cumsum(0).tolist()
-    return LayerAdapters(A, B, owners[ranks], {s: (bounds[i], bounds[i + 1]) for i, s in enumerate(slots)})
+    spans = {s: (bounds[i], bounds[i + 1]) for i, s in enumerate(slots)}
+    parts = {s: (A[b:e].t(), B[:, b:e].t()) for s, (b, e) in spans.items()}
+    return LayerAdapters(A, B, owners[ranks], spans, parts)
 
 
 class AdapterTable:
@@ -268,18 +276,33 @@ class MixedLinear(nn.Linear):
         plan = route.plan(layer, flat_x.shape[0])
         if plan is None:  # no row takes an adapter of this layer
             return out
-        cols, mask = plan
-        if isinstance(cols, slice):  # one adapter's columns: views, nothing copied
-            A, B = layer.A[cols], layer.B[:, cols]  # (r, in), (out, r)
-        elif cols is not None:  # the columns of the adapters present in this batch
-            A, B = layer.A.index_select(0, cols), layer.B.index_select(1, cols)  # (R_p, in), (out, R_p)
-        else:
-            A, B = layer.A, layer.B  # (R, in), (out, R)
-        u = flat_x @ A.t()  # (M, R_p): every present adapter's x A^T in one matmul
-        if mask is not None:
-            u.mul_(mask)  # each row keeps its own adapter's columns (none: the base)
-        out.view(-1, self.out_features).addmm_(u, B.t())  # (M, out): updates land in `out`
+        update(plan, layer, flat_x, out.view(-1, self.out_features))  # the updates land in `out`
         return out
+
+
+def update(plan: Plan | Segments, layer: LayerAdapters, x: Tensor, out: Tensor) -> None:
+    """out += each row's adapter update, x (M, in), out (M, out)."""
+    if isinstance(plan, Segments):  # each adapter's rows come in a few runs: its own rank only, on its rows
+        if len(plan.sizes) > 1:
+            xs = x.split_with_sizes(plan.sizes)  # (m_i, in) views, one per run of equal slots
+            outs = out.split_with_sizes(plan.sizes)  # (m_i, out) views into `out`
+        else:  # every row one adapter (an adapter served alone)
+            xs, outs = (x,), (out,)
+        for i, slot in plan.runs:
+            At, Bt = layer.parts[slot]  # (in, r), (r, out)
+            outs[i].addmm_(xs[i] @ At, Bt)  # (m_i, r) @ (r, out) added into the run's rows
+        return
+    cols, mask = plan
+    if isinstance(cols, slice):  # one adapter's columns: views, nothing copied
+        A, B = layer.A[cols], layer.B[:, cols]  # (r, in), (out, r)
+    elif cols is not None:  # the columns of the adapters present in this batch
+        A, B = layer.A.index_select(0, cols), layer.B.index_select(1, cols)  # (R_p, in), (out, R_p)
+    else:
+        A, B = layer.A, layer.B  # (R, in), (out, R)
+    u = x @ A.t()  # (M, R_p): every present adapter's x A^T in one matmul
+    if mask is not None:
+        u.mul_(mask)  # each row keeps its own adapter's columns (none: the base)
+    out.addmm_(u, B.t())  # (M, out)
 
 
 class Plan(NamedTuple):
@@ -290,15 +313,41 @@ class Plan(NamedTuple):
     mask: Tensor | None
 
 
+# How an adapted layer computes a mixed batch: "auto" (the cost rule in Route._make_plan), "segments" or "stacked".
+MIXED_LORA = "auto"
+# The cost rule's fixed costs, in multiply-adds, by dtype: one run of rows in the segment form (two small matmul
+# calls and the loop around them), and the stacked form's three calls. Measured on one core of a 2-core CPU (AMD
+# EPYC, AVX512-BF16; best of 7 x 200, other work running): per run ~8 us in fp32, ~38 us in bf16 (oneDNN's bf16
+# matmuls of a few rows or columns carry a large fixed cost); the stacked form ~11 us fp32, ~45 us bf16; against
+# ~50k (fp32) and ~90k (bf16) multiply-adds a us on the stacked form's shapes. float16, not measured, is taken as
+# bf16. What the rule then picks at MiniLM's shapes, as measured there: fp32 segments on every layer (2-7x less
+# time than stacked); bf16 stacked for 6 runs of 12 tokens on q (87 us against 236 us) and 2 runs of rank 8 (k,
+# ffn.down: 51 / 73 us, 78 / 93 us), segments for 2 runs of rank 16 on ffn.up (98 / 113 us) and any long run (2
+# runs of 125 tokens: 187 / 780 us).
+RUN_COST = {torch.float32: 400_000, torch.bfloat16: 3_400_000, torch.float16: 3_400_000}
+STACKED_COST = {torch.float32: 550_000, torch.bfloat16: 4_000_000, torch.float16: 4_000_000}
+
+
+class Segments(NamedTuple):
+    """How a layer input's rows take a layer's adapters when they come in runs of equal slots (a batch sorted by
+    adapter): the rows cut into those runs (`sizes`, one split: views, nothing copied), and of each run that takes an
+    adapter of this layer its index among them and that adapter's slot."""
+
+    sizes: list[int]
+    runs: tuple[tuple[int, int], ...]
+
+
 class Route:
-    """One forward pass's routing: each batch row's slot, the per-token slots once the layout is known, and per
-    layout of columns a Plan (built once per forward pass, not per layer: the layers share owner tensors)."""
+    """One forward pass's routing: each batch row's slot, the per-token slots once the layout is known, their runs
+    of equal slots, and per layout of columns and layer width a Plan or Segments (built once per forward pass, not
+    per layer: the layers share owner tensors)."""
 
     def __init__(self, table: AdapterTable, slots: Tensor):
         self.table, self.slots = table, slots  # slots: (B,) long, 0 = the base
         self.tokens: Tensor | None = None  # (N,) or (B, T): the slot of each row of the layout
         self.present = sorted(set(slots.tolist()) - {0})
-        self._plans: dict[tuple[int, int], Plan | None] = {}
+        self._plans: dict[tuple[int, int, int], Plan | Segments | None] = {}
+        self._runs: dict[int, list[tuple[int, int, int]]] = {}
 
     def row_slots(self, count: int) -> Tensor:
         """(count,) the slot of each row of a layer input with `count` rows: the tokens of the layout, or the
@@ -313,16 +362,31 @@ class Route:
             return self.slots[:1].expand(count)
         return index.reshape(-1)
 
-    def plan(self, layer: LayerAdapters, count: int) -> Plan | None:
-        key = (id(layer.owner), count)  # the owner tensor lives as long as the table this route holds
+    def runs(self, count: int) -> list[tuple[int, int, int]]:
+        """(start, end, slot) of each run of equal slots along the `count` rows of a layer input, in order."""
+        if count not in self._runs:
+            rows = self.row_slots(count)  # (M,)
+            edges = ((rows[1:] != rows[:-1]).nonzero().squeeze(1) + 1).tolist()
+            starts, ends = [0, *edges], [*edges, count]
+            slots = rows[starts].tolist()
+            self._runs[count] = list(zip(starts, ends, slots))
+        return self._runs[count]
+
+    def plan(self, layer: LayerAdapters, count: int) -> Plan | Segments | None:
+        # the owner tensor lives as long as the table this route holds; in + out: the form chosen depends on them
+        key = (id(layer.owner), count, layer.A.shape[1] + layer.B.shape[0])
         if key not in self._plans:
             self._plans[key] = self._make_plan(layer, count)
         return self._plans[key]
 
-    def _make_plan(self, layer: LayerAdapters, count: int) -> Plan | None:
+    def _make_plan(self, layer: LayerAdapters, count: int) -> Plan | Segments | None:
         present = [s for s in self.present if s in layer.spans]
         if not present:
             return None
+        if self._segmented(layer, count):
+            all_runs = self.runs(count)
+            runs = tuple((i, s) for i, (_, _, s) in enumerate(all_runs) if s in layer.spans)
+            return Segments([e - b for b, e, _ in all_runs], runs)
         rows = self.row_slots(count)  # (M,)
         if len(present) == len(layer.spans):
             cols, owner = None, layer.owner  # (R,)
@@ -334,6 +398,24 @@ class Route:
             owner = layer.owner.index_select(0, cols)  # (R_p,)
         hit = rows[:, None] == owner[None, :]  # (M, R_p)
         return Plan(cols, None if bool(hit.all()) else hit.to(layer.A.dtype))
+
+    def _segmented(self, layer: LayerAdapters, count: int) -> bool:
+        """Whether the segment form costs less than the stacked one on this layer (MIXED_LORA: or as it says). In
+        multiply-adds, with w = in + out: segments sum over runs m_i r_i w + RUN_COST, the stacked form
+        M R_p w (every row times every present adapter's rank) + STACKED_COST. In fp32 segments win unless runs
+        are many and short (a pooler's input over many adapters); in bf16 only for few or long runs."""
+        if MIXED_LORA != "auto":
+            return MIXED_LORA == "segments"
+        if layer.A.device.type != "cpu":  # RUN_COST is a CPU's; on an accelerator kernel launches dominate a
+            return False  # layer's few small matmuls (not measured here): the form with the fewest
+        width = layer.A.shape[1] + layer.B.shape[0]  # in + out
+        run = RUN_COST.get(layer.A.dtype, RUN_COST[torch.bfloat16])
+        fixed = STACKED_COST.get(layer.A.dtype, STACKED_COST[torch.bfloat16])
+        rank = {s: e - b for s, (b, e) in layer.spans.items()}
+        runs = [(e - b, rank[s]) for b, e, s in self.runs(count) if s in rank]
+        segments = sum(m * r * width + run for m, r in runs)
+        stacked = count * sum(rank[s] for s in self.present if s in rank) * width + fixed
+        return segments <= stacked
 
 
 class _State(threading.local):
@@ -368,6 +450,7 @@ def route_tokens(module: nn.Module, args: tuple[Any, ...]) -> None:
     slots = route.slots.repeat_interleave(batch // b) if batch != b else route.slots  # multiple choice: B x C rows
     route.tokens = layout.pack(slots[:, None, None].expand(batch, width, 1)).squeeze(-1)  # (N,) or (B, T)
     route._plans.clear()
+    route._runs.clear()
 
 
 def install_mixed(body: nn.Module, paths: list[str]) -> None:

@@ -342,15 +342,19 @@ class Pipeline:
     def forward_batch(self, batch: list[Feature]) -> None:
         """One forward pass over `batch`; rows of several adapters run the shared body once and each adapter's
         head on its own rows (the body's output replayed to it)."""
-        ids, mask, types = self.batch_tensors(batch)
         pipes = {id(f.pipe or self): f.pipe or self for f in batch}
         passes = getattr(_clock, "passes", None)
         if passes is not None:
             passes.append(len(pipes))
         if len(pipes) == 1:
             (pipe,) = pipes.values()
-            self.scatter(batch, pipe.forward(ids, mask, types), pipe)
+            self.scatter(batch, pipe.forward(*self.batch_tensors(batch)), pipe)
             return
+        # rows of one length sorted by adapter: each adapter's rows of a length, and so their tokens in the packed
+        # layout, are one run, which an adapted layer computes with that adapter's rank only (nn/lora.py's
+        # Segments). Length first: packed attention runs equal lengths together, and costs more cut finer
+        batch = sorted(batch, key=lambda f: (-len(f.input_ids), (f.pipe or self).model.adapter_slot))
+        ids, mask, types = self.batch_tensors(batch)
         slots = torch.tensor([(f.pipe or self).model.adapter_slot for f in batch], device=ids.device)  # (B,)
         hidden, pooled = self.model.adapter_set.run_body(slots, ids, mask, types)  # (B, T, C), (B, C) | None
         for pipe in pipes.values():
