@@ -40,7 +40,10 @@ EPS = 1e-12  # a zero row or token gets a tiny scale instead of a division by ze
 OUTLIER_RATIO = 6.0
 MAX_OUTLIERS = 8
 U8_MARGIN = 1e-5  # relative widening of the per-tensor uint8 range (quantize_tensor_u8)
-QUANT_BLOCK = 1 << 16  # elements per block of quantize_tensor_u8's fp32 arithmetic (256 KiB: in L2)
+# elements per block of quantize_tensor_u8's fp32 arithmetic (1 MiB of fp32: Zen 4's L2 per core). Measured on a
+# bf16 2120 x 1536 / 2120 x 384 input (one thread, CPU time, medians of 9 interleaved rounds): blocks of 2**16
+# 1.92 / 0.45 ms, 2**18 1.60 / 0.41, 2**19 1.59 / 0.37 (each block costs four ops: fewer blocks, less overhead)
+QUANT_BLOCK = 1 << 18
 ACTIVATIONS = ("tensor", "token")  # activation quantization granularities, fastest first (module docstring)
 
 
