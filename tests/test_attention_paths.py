@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import hfport
 from hfport.nn import band as band_module
 from hfport.nn import groups as groups_module
-from hfport.nn.attention import eager_attention, sdpa_attention
+from hfport.nn.attention import sdpa_attention
 from hfport.nn.band import BandPlan, window_band
 from hfport.nn.layout import Packed
 from tests.tiny import batch, save_hf
@@ -145,31 +145,3 @@ def test_groups_place_every_token_once() -> None:
     assert masks[1] is None  # two 5s: nothing padded, no mask (SDPA's unmasked path)
     assert masks[0].shape == (3, 1, 3, 3) and not bool(masks[0][0, 0, 0, 2])  # the 2's padded key is masked
     assert bool(masks[0][0, 0, 2].all())  # its padded query row attends to every key (no NaN row)
-
-
-def test_bf16_inference_softmax_runs_in_fp32() -> None:
-    """bf16 on the CPU without gradients: the scaled scores, mask and softmax in fp32 (attention._fp32_softmax), the
-    probabilities rounded to bf16 once for the second product; nearer the float64 answer than bf16 scores. With
-    gradients (training) the probabilities stay bf16, as before."""
-    torch.manual_seed(0)
-    q, k, v = ((torch.randn(2, 4, 37, 16) * 2).bfloat16() for _ in range(3))  # (G, H, L, D)
-    mask = torch.ones(2, 1, 1, 37, dtype=torch.bool)  # (G, 1, 1, L)
-    mask[1, ..., 30:] = False
-    # not a power of two (as MiniLM's 32 ** -0.5): in bf16 the scaled scores round again, in fp32 they do not. (The
-    # softmax itself computes in fp32 inside torch either way: with a scale of 0.25 both forms are equal.)
-    scale = 1.1 / 16 ** 0.5
-    call = dict(mask=mask, bias=None, dropout_p=0.0, scale=scale)
-
-    def textbook(dtype: torch.dtype) -> torch.Tensor:
-        scores = (q @ k.transpose(-1, -2)).to(dtype) * scale  # (G, H, L, L)
-        probs = scores.masked_fill(~mask, torch.finfo(dtype).min).softmax(-1)
-        return probs.bfloat16() @ v  # (G, H, L, D)
-
-    exact = eager_attention(q.double(), k.double(), v.double(), **call)
-    with torch.inference_mode():
-        got = eager_attention(q, k, v, **call)
-    assert got.dtype == torch.bfloat16 and torch.equal(got, textbook(torch.float32))
-    all_bf16 = textbook(torch.bfloat16)
-    assert (got.double() - exact).abs().mean() < (all_bf16.double() - exact).abs().mean()
-    trained = eager_attention(*(t.clone().requires_grad_() for t in (q, k, v)), **call)
-    assert torch.equal(trained.detach(), all_bf16)

@@ -53,16 +53,6 @@ def _math_is_faster(q: Tensor, k: Tensor) -> bool:
             and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MATH_SCORES_MAX)
 
 
-def _fp32_softmax(scores: Tensor) -> bool:
-    """bf16 inference on the CPU: the scores' scale, mask and softmax run in fp32, which is faster there and a little
-    closer to fp32's answer (the scaled scores are not rounded to bf16 again; torch's softmax computes in fp32
-    inside either way). torch's CPU softmax over bf16 rows of ~140 took 1.9x as long as over fp32 ones (12 x 141 x
-    141: 0.36 against 0.19 ms, one thread); the real MiniLM's int8 forward over 16 rows of 8-256 tokens (bf16 float
-    parts, one thread, CPU time, 7 interleaved rounds) 1.05x faster [1.00..1.13]. Training keeps bf16 probabilities
-    (the backward saves them: fp32 would double that memory)."""
-    return scores.dtype == torch.bfloat16 and scores.device.type == "cpu" and not scores.requires_grad
-
-
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
                    dropout_p: float, scale: float) -> Tensor:
     if _math_is_faster(q, k):
@@ -74,15 +64,13 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
                     dropout_p: float, scale: float) -> Tensor:
     """The textbook form: a readable reference, and the faster one for bf16 on CPUs (see _math_is_faster)."""
-    scores = q @ k.transpose(-1, -2)  # (B, H, T, T)
-    # the softmax in fp32 (scaled in place: a fresh copy), the probabilities back in v's dtype for the second product
-    scores = scores.float().mul_(scale) if _fp32_softmax(scores) else scores * scale
+    scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, T, T)
     if bias is not None:
         scores = scores + bias
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     probs = dropout(scores.softmax(dim=-1), dropout_p)
-    return probs.to(v.dtype) @ v  # (B, H, T, D)
+    return probs @ v  # (B, H, T, D)
 
 
 ATTENTION_BACKENDS: dict[str, Callable[..., Tensor]] = {"sdpa": sdpa_attention, "eager": eager_attention}
