@@ -5,13 +5,15 @@ walked in turn, each value parsed by the standard library's decoder when the cal
         if doc.peek() == "{":
             for key in doc.members():         # after each key the caller reads its value or leaves it (skipped)
                 if key == "data" and doc.peek() == "[":
-                    for i in doc.items():     # likewise for each element
-                        row = doc.value()     # one element parsed: all that is held besides the read buffer
+                    for i, row in doc.elements():  # one element parsed at a time (items(): walk into each)
+                        ...
         doc.end()                             # nothing but whitespace may follow
 
 Memory holds the value being parsed and a read buffer of a block or so, not the document. A bad document gets
 json's own message at json's own position (the walk repeats json.decoder's JSONObject/JSONArray checks, and each
-value is parsed by json itself), turned into the file's line and column, as json.loads on the whole file gives.
+value is parsed by json itself), turned into the file's line and column, as json.loads on the whole file gives
+(checked against json.loads on damaged documents, Python 3.10 to 3.13). Being a stream, it finds a problem when
+the walk gets there: what a caller does with the values before it is the caller's.
 """
 
 from __future__ import annotations
@@ -147,10 +149,15 @@ class JsonStream:
             return True
         if self.peek() != ",":
             raise self._error("Expecting ',' delimiter", self._pos)
-        comma = self._pos
+        if _TRAILING_COMMA:  # look past the comma without consuming it: a read drops only what is consumed
+            while True:
+                after = _WHITESPACE.match(self._buf, self._pos + 1).end()
+                if after < len(self._buf) or not self._read(0):
+                    break
+            if self._buf[after:after + 1] == close:
+                raise self._error(f"Illegal trailing comma before end of {'object' if close == '}' else 'array'}",
+                                  self._pos)
         self._pos += 1
-        if self.peek() == close and _TRAILING_COMMA:
-            raise self._error(f"Illegal trailing comma before end of {'object' if close == '}' else 'array'}", comma)
         return False
 
     def members(self) -> Iterator[str]:
@@ -181,6 +188,7 @@ class JsonStream:
             return
         index = 0
         while True:
+            self.peek()  # (the caller's peek() must not read as having taken the element)
             before = self._offset()
             yield index
             if self._offset() == before:
