@@ -8,5 +8,7 @@ safetensors, so modeling, tasks, pipelines, train and export all read them from 
     onnx                  an ONNX folder (model.onnx, model_quantized.onnx, hfport_onnx.json)
     tables                training data: CSV/TSV, JSONL, Parquet, Arrow IPC, datasets' save_to_disk folders, read
                           as streams of rows (pyarrow, the `data` extra, for the last three)
+    jsonstream            a large JSON document walked a member or an element at a time, json's own errors at
+                          the file's line and column (SQuAD files)
 The run folder (RunDir) is hfport/rundir.py, on the same floor.
 """

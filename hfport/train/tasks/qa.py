@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...formats.jsonstream import JsonStream
 from ...formats.tables import MAX_LINE_BYTES
 from ...pipelines.qa import select_starts_ends
 from ...tokenizer import TokenizerError
@@ -76,46 +77,83 @@ def _text(value: Any, at: str, field: str) -> str:
     return value
 
 
-def _squad_document(path: Path) -> dict[str, Any]:
-    """The parsed file (its bytes and text let go once parsed)."""
-    raw = path.read_bytes()
-    try:
-        top = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 (byte offset {e.start}: {raw[e.start:e.start + 1]!r})") from e
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}, line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
-    if not isinstance(top, dict) or not isinstance(top.get("data"), list):
+def _paragraphs(doc: JsonStream, path: Path, a: int) -> Iterator[tuple[int, int, Any]]:
+    """The paragraphs of the article object data[A], one parsed at a time."""
+    seen, later = False, None
+    for key in doc.members():
+        if later is not None:  # yielded once the walk is past the value, so a syntax error after it comes first
+            yield from later
+            later = None
+        if key != "paragraphs":
+            continue  # title and the rest: skipped
+        if seen:  # (a whole-document parse would keep the last; a stream has read the first)
+            raise DataError(f"{path}, data[{a}]: 'paragraphs' appears twice")
+        seen = True
+        if doc.peek() == "[":
+            yield from ((a, p, paragraph) for p, paragraph in doc.elements())
+            continue
+        later = _not_a_list(doc.value(), path, a)
+    if later is not None:
+        yield from later
+
+
+def _not_a_list(paragraphs: Any, path: Path, a: int) -> Iterator[tuple[int, int, Any]]:
+    """'paragraphs' that is not a list: walked as before (a string's or an object's first item is the error)."""
+    if not isinstance(paragraphs, (str, dict)):
+        raise DataError(f"{path}, data[{a}], field 'paragraphs': expected a list, got {type(paragraphs).__name__}")
+    yield from ((a, p, paragraph) for p, paragraph in enumerate(paragraphs))
+
+
+def squad_paragraphs(path: Path) -> Iterator[tuple[int, int, Any]]:
+    """(article index, paragraph index, paragraph) of a SQuAD JSON file in file order, the file read a paragraph at
+    a time: what is held is one paragraph and the read buffer, never the document. An article that is not an
+    object, or has no 'paragraphs', has none; "version", "title" and the rest are passed over wherever they are."""
+    found = False
+    with JsonStream(path) as doc:
+        if doc.peek() != "{":
+            doc.expect_value()
+            doc.skip()  # a valid document that is not an object is the error below; an invalid one, json's
+        else:
+            for key in doc.members():
+                if key != "data":
+                    continue
+                if found:
+                    raise DataError(f"{path}: 'data' appears twice")
+                found = doc.peek() == "["
+                if not found:
+                    doc.skip()  # json's error first if the rest is not valid JSON, as a whole parse gives
+                    continue
+                for a in doc.items():
+                    if doc.peek() == "{":
+                        yield from _paragraphs(doc, path, a)
+        doc.end()
+    if not found:
         raise DataError(f"{path}: a SQuAD file is an object with a 'data' list")
-    return top
 
 
 def read_squad(path: Path) -> Iterator[Example]:
-    """SQuAD JSON ({"data": [{"paragraphs": [{"context", "qas": [...]}]}]}): errors name the question's id. One JSON
-    document, which the standard library parses whole: the parsed document is held while its examples are yielded
-    (no list of them; the encoded windows, the larger part, go a chunk at a time to collect())."""
-    top = _squad_document(path)
+    """SQuAD JSON ({"data": [{"paragraphs": [{"context", "qas": [...]}]}]}): errors name the question's id. Streamed
+    a paragraph at a time (squad_paragraphs); the encoded windows go a chunk at a time to collect()."""
     empty = True
-    for a, article in enumerate(top["data"]):
-        for p, paragraph in enumerate(article.get("paragraphs", []) if isinstance(article, dict) else []):
-            at_paragraph = f"{path}, data[{a}].paragraphs[{p}]"
-            if not isinstance(paragraph, dict):
-                raise DataError(f"{at_paragraph}: expected an object, got {type(paragraph).__name__}")
-            context = _text(paragraph.get("context"), at_paragraph, "context")
-            for q, qa in enumerate(paragraph.get("qas", [])):
-                qid = str(qa.get("id", f"{a}.{p}.{q}")) if isinstance(qa, dict) else f"{a}.{p}.{q}"
-                at = f"{path}, question id {qid!r}"
-                if not isinstance(qa, dict):
-                    raise DataError(f"{at}: expected an object, got {type(qa).__name__}")
-                question = _text(qa.get("question"), at, "question")
-                if qa.get("is_impossible", False):
-                    answers = []
-                elif "answers" not in qa:
-                    raise DataError(f"{at}, field 'answers': missing (and the question is not marked is_impossible)")
-                else:
-                    answers = _checked_answers(qa["answers"], context, at, "answers")
-                empty = False
-                yield Example(question, context, answers, (str(path), 0), qid)
+    for a, p, paragraph in squad_paragraphs(path):
+        at_paragraph = f"{path}, data[{a}].paragraphs[{p}]"
+        if not isinstance(paragraph, dict):
+            raise DataError(f"{at_paragraph}: expected an object, got {type(paragraph).__name__}")
+        context = _text(paragraph.get("context"), at_paragraph, "context")
+        for q, qa in enumerate(paragraph.get("qas", [])):
+            qid = str(qa.get("id", f"{a}.{p}.{q}")) if isinstance(qa, dict) else f"{a}.{p}.{q}"
+            at = f"{path}, question id {qid!r}"
+            if not isinstance(qa, dict):
+                raise DataError(f"{at}: expected an object, got {type(qa).__name__}")
+            question = _text(qa.get("question"), at, "question")
+            if qa.get("is_impossible", False):
+                answers = []
+            elif "answers" not in qa:
+                raise DataError(f"{at}, field 'answers': missing (and the question is not marked is_impossible)")
+            else:
+                answers = _checked_answers(qa["answers"], context, at, "answers")
+            empty = False
+            yield Example(question, context, answers, (str(path), 0), qid)
     if empty:
         raise DataError(f"{path}: the file has no examples")
 
@@ -146,8 +184,8 @@ def _is_squad(path: Path) -> bool:
 
 
 def read_examples(path: Path, config: Any) -> Iterator[Example]:
-    """A source's examples: a table's streamed, a SQuAD JSON file's (one JSON document, a file of its own) from
-    the file parsed whole."""
+    """A source's examples, streamed: a table's a batch of rows at a time, a SQuAD JSON file's (one JSON document,
+    a file of its own) a paragraph at a time."""
     return read_squad(Path(path)) if _is_squad(path) else read_flat(path, config)
 
 
