@@ -270,31 +270,6 @@ def test_bf16_autocast_gradients_match_transformers(family, tmp_path, monkeypatc
 # --- 4. inference: dtype="auto" agrees with fp32 at the task level (real MiniLM) -----------------------------------
 
 
-@pytest.fixture(scope="module")
-def minilm_heads(tmp_path_factory, minilm_path) -> dict[str, Path]:
-    """The real MiniLM encoder with seeded random task heads, saved in fp32 (both runs load the same weights). The
-    heads' weights are drawn with std 1 (not the init's 0.02) so their logits spread like a trained head's instead
-    of huddling near 0, where every answer would be a near-tie."""
-    root = tmp_path_factory.mktemp("minilm_heads")
-    folders = {}
-    for task, cls in (("sequence-classification", hfport.AutoModelForSequenceClassification),
-                      ("token-classification", hfport.AutoModelForTokenClassification),
-                      ("question-answering", hfport.AutoModelForQuestionAnswering),
-                      ("masked-lm", hfport.AutoModelForMaskedLM)):
-        torch.manual_seed(0)
-        kwargs = {"num_labels": 5} if task.endswith("classification") else {}
-        model = cls.from_pretrained(minilm_path, **kwargs)
-        if task != "masked-lm":
-            with torch.no_grad():
-                for p in model.head.parameters():
-                    p.normal_(0.0, 1.0)
-        model.save_pretrained(root / task)
-        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-            shutil.copy(minilm_path / f, root / task / f)
-        folders[task] = root / task
-    return folders
-
-
 TEXTS = ["The film was wonderful and the acting superb.", "A dreadful plot, poor pacing, and a terrible ending.",
          "Paris is the capital of France.", "Marie Curie won the Nobel Prize in Physics in 1903.",
          "I would not watch it again.", "The soundtrack is the best part of this otherwise forgettable movie, "
