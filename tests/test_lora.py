@@ -21,7 +21,7 @@ from hfport import lora
 from hfport.train.monitor import is_perf
 from hfport.train.loop import finetune
 from tests.test_finetune import _train_in_child, base_config, workdir  # noqa: F401 - workdir is a fixture
-from tests.tiny import ALL_FAMILIES, batch, save_hf
+from tests.tiny import ALL_FAMILIES, batch, save_hf, save_random_adapter
 
 import peft  # noqa: E402 - a dev dependency (the hfport[peft] extra): missing must fail, not skip
 
@@ -50,18 +50,11 @@ def bases(tmp_path_factory) -> dict[str, Path]:
 
 
 def _perturbed_adapter(family: str, task: str, base: Path, out: Path, targets=None):
-    """An hfport model with LoRA whose A, B and head are moved off their init (B = 0 would hide errors). Targets: the
+    """An hfport model with LoRA whose A, B and head are moved off their init (save_random_adapter). Targets: the
     family's attention defaults (q, v; ModernBERT's fused Wqkv) and the feed-forward's first layer."""
     model = hfport.tasks.get(task).model_class.from_pretrained(base, **_labels(task))
     targets = list(targets or (*model.family.lora_targets, "ffn.up"))
-    lora.apply_lora(model, r=4, alpha=8, targets=targets, base=str(base))
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    lora.save_adapter(model, out)
-    return model.eval()
+    return save_random_adapter(model, out, base=base, seed=3, r=4, alpha=8, targets=targets).eval()
 
 
 def _real(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
