@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -121,21 +122,18 @@ def _train_in_child(config: FinetuneConfig):
     return child
 
 
-def test_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
-    """SIGKILL at seeded random steps (sometimes mid-checkpoint), resume: same weights bit for bit, same metrics."""
-    def config(out: Path, **kw) -> FinetuneConfig:
-        return base_config(workdir, out, max_steps=16, batch_size=8, save_steps=2, eval_strategy="steps",
-                           eval_steps=5, **kw)
-
+def check_resume_after_sigkill(config: Callable[..., FinetuneConfig], tmp_path: Path, weights: str,
+                               kill_steps: list[int]) -> list[Path]:
+    """`config(out, **extra)` trained to its end, then once per step in `kill_steps` a run SIGKILLed as soon as its
+    log shows that step (sometimes mid-checkpoint) and resumed: the same metrics and the same final/`weights` file,
+    bit for bit. Returns the killed-and-resumed runs' folders."""
     ref = _train_in_child(config(tmp_path / "ref"))
     ref.join(300)
     assert ref.exitcode == 0
     ref_metrics = model_lines((tmp_path / "ref" / "metrics.jsonl").read_text())
-    ref_weights = load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
-
-    rng = random.Random(1234)
-    for trial in range(5):
-        kill_at = rng.randint(3, 15)
+    ref_weights = load_file(str(tmp_path / "ref" / "final" / weights))
+    outs = []
+    for trial, kill_at in enumerate(kill_steps):
         out = tmp_path / f"trial{trial}"
         child = _train_in_child(config(out))
         deadline = time.time() + 300
@@ -154,10 +152,23 @@ def test_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
         resumed.join(300)
         assert resumed.exitcode == 0
         assert model_lines((out / "metrics.jsonl").read_text()) == ref_metrics, f"trial {trial} (killed at step {kill_at})"
-        weights = load_file(str(out / "final" / "model.safetensors"))
-        assert weights.keys() == ref_weights.keys()
-        for key in weights:
-            assert torch.equal(weights[key], ref_weights[key]), f"trial {trial}: {key} differs"
+        got = load_file(str(out / "final" / weights))
+        assert got.keys() == ref_weights.keys()
+        for key in got:
+            assert torch.equal(got[key], ref_weights[key]), f"trial {trial}: {key} differs"
+        outs.append(out)
+    return outs
+
+
+def test_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
+    """SIGKILL at seeded random steps (sometimes mid-checkpoint), resume: same weights bit for bit, same metrics."""
+    def config(out: Path, **kw) -> FinetuneConfig:
+        return base_config(workdir, out, max_steps=16, batch_size=8, save_steps=2, eval_strategy="steps",
+                           eval_steps=5, **kw)
+
+    rng = random.Random(1234)
+    for out in check_resume_after_sigkill(config, tmp_path, "model.safetensors",
+                                          [rng.randint(3, 15) for _ in range(5)]):
         assert not list((out / "checkpoints").glob(".tmp-*")), "a half-written checkpoint was left behind"
 
 

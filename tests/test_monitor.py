@@ -22,7 +22,7 @@ import torch
 from hfport import verbosity
 from hfport.rundir import RunDir, RunSummary
 from hfport.train.checkpoint import CheckpointWriter, _cpu_copy
-from hfport.train.monitor import (Pace, ResourceSampler, evals_left, fmt_resources, gpu_stats, is_perf,
+from hfport.train.monitor import (Pace, ResourceSampler, evals_left, fmt_resources, gpu_stats,
                                   metrics_csv, read_metrics)
 from hfport.train.report import render_report
 
@@ -209,7 +209,9 @@ def _cli(root: Path, out: Path, *extra: str, env: dict[str, str] | None = None) 
 
 
 def _model_lines(out: Path) -> list[str]:
-    return [x for x in (out / "metrics.jsonl").read_text().splitlines() if not is_perf(json.loads(x))]
+    from tests.test_finetune import model_lines
+
+    return model_lines((out / "metrics.jsonl").read_text())
 
 
 def test_sigkill_during_a_background_write_never_becomes_latest(tiny_run, tmp_path):
