@@ -29,7 +29,7 @@ from hfport.errors import ConfigError
 from hfport.train.loop import mixed_precision
 
 from . import tiny
-from .test_finetune import base_config, write_sentiment
+from .test_finetune import base_config, sentiment_run
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU precision rules apply without CUDA")
 NATIVE = {"float32": 100.0, "bfloat16": 400.0}
@@ -359,13 +359,7 @@ def test_auto_fill_mask_top_k(minilm_heads):
 
 @pytest.fixture(scope="module")
 def ftdir(tmp_path_factory, minilm_path) -> Path:
-    root = tmp_path_factory.mktemp("bf16ft")
-    tiny.save_hf("bert", "base", root / "model", vocab_size=30522)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, root / "model" / f)
-    write_sentiment(root / "train.jsonl", 192, seed=0)
-    write_sentiment(root / "eval.jsonl", 64, seed=1)
-    return root
+    return sentiment_run(tmp_path_factory.mktemp("bf16ft"), minilm_path, 192, 64)
 
 
 def test_bf16_fine_tune_reaches_the_fp32_quality(ftdir, tmp_path):

@@ -27,7 +27,7 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError, epoch_batches, eval_batches, padding_fraction, planned_steps
 from hfport.train.loop import finetune
 from hfport.train.monitor import is_perf
-from tests.tiny import save_hf
+from tests.tiny import save_with_tokenizer
 
 POS = ["great", "wonderful", "excellent", "lovely", "superb", "brilliant"]
 NEG = ["awful", "terrible", "bad", "horrible", "poor", "dreadful"]
@@ -45,17 +45,22 @@ def write_sentiment(path: Path, n: int, seed: int, filler: int = 0) -> None:
             f.write(json.dumps({"text": f"the {thing} was {word} overall {extra}".strip(), "label": label}) + "\n")
 
 
+def sentiment_run(root: Path, minilm: Path, train: int, eval: int) -> Path:
+    """`root`: model/ (a tiny random BERT with MiniLM's WordPiece tokenizer), train.jsonl and eval.jsonl (`train`
+    and `eval` generated sentiment rows, seeds 0 and 1)."""
+    save_with_tokenizer("bert", "base", root / "model", minilm, vocab_size=30522)
+    write_sentiment(root / "train.jsonl", train, seed=0)
+    write_sentiment(root / "eval.jsonl", eval, seed=1)
+    return root
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, minilm_path) -> Path:
-    """A tiny random BERT with the real MiniLM WordPiece tokenizer, and a generated sentiment dataset."""
-    root = tmp_path_factory.mktemp("ft")
-    for name, dropout in (("model", 0.1), ("model_nodrop", 0.0)):
-        save_hf("bert", "base", root / name, vocab_size=30522, hidden_dropout_prob=dropout,
-                attention_probs_dropout_prob=dropout)
-        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-            shutil.copy(minilm_path / f, root / name / f)
-    write_sentiment(root / "train.jsonl", 192, seed=0)
-    write_sentiment(root / "eval.jsonl", 48, seed=1)
+    """A tiny random BERT with the real MiniLM WordPiece tokenizer (with and without dropout), and generated
+    sentiment datasets."""
+    root = sentiment_run(tmp_path_factory.mktemp("ft"), minilm_path, 192, 48)
+    save_with_tokenizer("bert", "base", root / "model_nodrop", minilm_path, vocab_size=30522, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
     write_sentiment(root / "varied.jsonl", 96, seed=2, filler=40)
     write_sentiment(root / "varied_eval.jsonl", 40, seed=3, filler=40)
     return root

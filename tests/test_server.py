@@ -32,16 +32,14 @@ def root(tmp_path_factory, minilm_path) -> Path:
     """The one allowed dir: tiny models of every head, a tiny BERT with MiniLM's tokenizer, sentiment data."""
     from tests.test_finetune import write_sentiment
     from tests.test_pipelines import make_folder
-    from tests.tiny import save_hf
+    from tests.tiny import save_with_tokenizer
 
     root = tmp_path_factory.mktemp("allowed")
     for task in ("sequence-classification", "token-classification", "question-answering", "masked-lm", "base"):
         folder = make_folder(root / "models", "bert", task)
         folder.rename(root / "models" / task)
-    ft = root / "models" / "ft-base"
-    save_hf("bert", "base", ft, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, ft / f)
+    save_with_tokenizer("bert", "base", root / "models" / "ft-base", minilm_path, vocab_size=30522,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (root / "data").mkdir()
     write_sentiment(root / "data" / "train.jsonl", 96, seed=0)
     write_sentiment(root / "data" / "eval.jsonl", 24, seed=1)
