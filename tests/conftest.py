@@ -51,13 +51,14 @@ class _MinilmHeads(dict):
         if head != task:
             self[task] = self[head]
             return self[task]
-        torch.manual_seed(0)
-        kwargs = {"num_labels": 5} if head.endswith("classification") else {}
-        model = getattr(hfport, HEADS[head]).from_pretrained(self.minilm, **kwargs)
-        if head != "masked-lm":
-            with torch.no_grad():
-                for p in model.head.parameters():
-                    p.normal_(0.0, 1.0)
+        with torch.random.fork_rng():  # built inside a test: its RNG stream stays as if nothing had been built
+            torch.manual_seed(0)
+            kwargs = {"num_labels": 5} if head.endswith("classification") else {}
+            model = getattr(hfport, HEADS[head]).from_pretrained(self.minilm, **kwargs)
+            if head != "masked-lm":
+                with torch.no_grad():
+                    for p in model.head.parameters():
+                        p.normal_(0.0, 1.0)
         folder = self.root / head
         model.save_pretrained(folder)
         for name in TOKENIZER_FILES:
