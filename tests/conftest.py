@@ -5,6 +5,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -30,6 +31,46 @@ def tiny_bert(tmp_path_factory, minilm_path) -> Path:
     save_with_tokenizer("bert", "base", folder, minilm_path, vocab_size=30522, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0)
     return folder
+
+
+class _MinilmHeads(dict):
+    """task -> a folder: the real MiniLM body with a seeded random `task` head (built on first use), MiniLM's
+    tokenizer beside it. The heads are drawn with std 1 (not the init's 0.02) so their logits spread like a trained
+    head's instead of huddling near 0, where every answer would be a near-tie; the masked-LM head keeps its init.
+    Keys: tests/tiny.py's head names or their pipeline tags ("text-classification" is "sequence-classification")."""
+
+    def __init__(self, root: Path, minilm: Path):
+        super().__init__()
+        self.root, self.minilm = root, minilm
+
+    def __missing__(self, task: str) -> Path:
+        import hfport
+        from tests.tiny import HEADS, OLD_NAMES, TOKENIZER_FILES
+
+        head = OLD_NAMES.get(task, task)
+        if head != task:
+            self[task] = self[head]
+            return self[task]
+        with torch.random.fork_rng():  # built inside a test: its RNG stream stays as if nothing had been built
+            torch.manual_seed(0)
+            kwargs = {"num_labels": 5} if head.endswith("classification") else {}
+            model = getattr(hfport, HEADS[head]).from_pretrained(self.minilm, **kwargs)
+            if head != "masked-lm":
+                with torch.no_grad():
+                    for p in model.head.parameters():
+                        p.normal_(0.0, 1.0)
+        folder = self.root / head
+        model.save_pretrained(folder)
+        for name in TOKENIZER_FILES:
+            shutil.copy(self.minilm / name, folder / name)
+        self[head] = folder
+        return folder
+
+
+@pytest.fixture(scope="session")
+def minilm_heads(tmp_path_factory, minilm_path) -> dict[str, Path]:
+    """The real MiniLM with seeded random task heads, saved in fp32 (see _MinilmHeads): read them, never write."""
+    return _MinilmHeads(tmp_path_factory.mktemp("minilm_heads"), minilm_path)
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from hfport.errors import ConfigError
 from hfport.train.loop import mixed_precision
 
 from . import tiny
-from .test_finetune import base_config, write_sentiment
+from .test_finetune import base_config, sentiment_run
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU precision rules apply without CUDA")
 NATIVE = {"float32": 100.0, "bfloat16": 400.0}
@@ -270,31 +270,6 @@ def test_bf16_autocast_gradients_match_transformers(family, tmp_path, monkeypatc
 # --- 4. inference: dtype="auto" agrees with fp32 at the task level (real MiniLM) -----------------------------------
 
 
-@pytest.fixture(scope="module")
-def minilm_heads(tmp_path_factory, minilm_path) -> dict[str, Path]:
-    """The real MiniLM encoder with seeded random task heads, saved in fp32 (both runs load the same weights). The
-    heads' weights are drawn with std 1 (not the init's 0.02) so their logits spread like a trained head's instead
-    of huddling near 0, where every answer would be a near-tie."""
-    root = tmp_path_factory.mktemp("minilm_heads")
-    folders = {}
-    for task, cls in (("sequence-classification", hfport.AutoModelForSequenceClassification),
-                      ("token-classification", hfport.AutoModelForTokenClassification),
-                      ("question-answering", hfport.AutoModelForQuestionAnswering),
-                      ("masked-lm", hfport.AutoModelForMaskedLM)):
-        torch.manual_seed(0)
-        kwargs = {"num_labels": 5} if task.endswith("classification") else {}
-        model = cls.from_pretrained(minilm_path, **kwargs)
-        if task != "masked-lm":
-            with torch.no_grad():
-                for p in model.head.parameters():
-                    p.normal_(0.0, 1.0)
-        model.save_pretrained(root / task)
-        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-            shutil.copy(minilm_path / f, root / task / f)
-        folders[task] = root / task
-    return folders
-
-
 TEXTS = ["The film was wonderful and the acting superb.", "A dreadful plot, poor pacing, and a terrible ending.",
          "Paris is the capital of France.", "Marie Curie won the Nobel Prize in Physics in 1903.",
          "I would not watch it again.", "The soundtrack is the best part of this otherwise forgettable movie, "
@@ -384,13 +359,7 @@ def test_auto_fill_mask_top_k(minilm_heads):
 
 @pytest.fixture(scope="module")
 def ftdir(tmp_path_factory, minilm_path) -> Path:
-    root = tmp_path_factory.mktemp("bf16ft")
-    tiny.save_hf("bert", "base", root / "model", vocab_size=30522)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, root / "model" / f)
-    write_sentiment(root / "train.jsonl", 192, seed=0)
-    write_sentiment(root / "eval.jsonl", 64, seed=1)
-    return root
+    return sentiment_run(tmp_path_factory.mktemp("bf16ft"), minilm_path, 192, 64)
 
 
 def test_bf16_fine_tune_reaches_the_fp32_quality(ftdir, tmp_path):

@@ -21,7 +21,7 @@ from hfport.export.peft import ADAPTER_CARD
 from hfport.formats.sentence_transformers import mark_cross_encoder, write_embedding_layout, write_sparse_layout
 from hfport.rundir import RunSummary
 from hfport.train.loop import finetune
-from tests.test_finetune import write_sentiment
+from tests.test_finetune import sentiment_run
 from tests.test_sparse import mlm_folder
 from tests.tiny import TOKENIZER_FILES, save_hf
 
@@ -29,13 +29,7 @@ from tests.tiny import TOKENIZER_FILES, save_hf
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, minilm_path) -> Path:
-    root = tmp_path_factory.mktemp("card")
-    save_hf("bert", "base", root / "model", vocab_size=30522)
-    for f in TOKENIZER_FILES:
-        shutil.copy(minilm_path / f, root / "model" / f)
-    write_sentiment(root / "train.jsonl", 40, seed=0)
-    write_sentiment(root / "eval.jsonl", 12, seed=1)
-    return root
+    return sentiment_run(tmp_path_factory.mktemp("card"), minilm_path, 40, 12)
 
 
 def fine_tune(root: Path, name: str, **extra) -> Path:

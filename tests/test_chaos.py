@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -45,12 +44,11 @@ LONG_STEPS, SHORT_STEPS = 60, 4
 
 def build_inputs(root: Path, minilm: Path) -> tuple[Path, Path]:
     from tests.test_finetune import write_sentiment
-    from tests.tiny import save_hf
+    from tests.tiny import save_with_tokenizer
 
     model = root / "base"
-    save_hf("bert", "base", model, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm / f, model / f)
+    save_with_tokenizer("bert", "base", model, minilm, vocab_size=30522, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
     write_sentiment(root / "train.jsonl", 64, seed=0)
     return model, root / "train.jsonl"
 

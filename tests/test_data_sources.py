@@ -5,7 +5,6 @@ Over HTTP the same sources go by path, confined to the allowed dirs; without pya
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError, read_records
 from hfport.train.loop import finetune
 from hfport.train.preflight import preflight
+from tests.test_finetune_tasks import write_jsonl
 from tests.tiny import save_with_tokenizer
 
 WORDS = {"positive": ["great", "wonderful", "lovely"], "negative": ["awful", "terrible", "dreadful"]}
@@ -36,11 +36,6 @@ def sentiment_rows(n: int, seed: int) -> list[dict[str, Any]]:
         rows.append({"text": f"the {thing} was {rng.choice(WORDS[label])} {filler}".strip(),
                      "pair": f"a remark about the {thing}", "label": label})
     return rows
-
-
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def write_arrow(path: Path, rows: list[dict[str, Any]], stream: bool) -> Path:

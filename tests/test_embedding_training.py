@@ -24,6 +24,7 @@ from hfport.train.loop import finetune
 from hfport.train.metrics.retrieval import correlation_metrics, ranking_metrics, retrieval_metrics
 from hfport.train.preflight import preflight
 from hfport.train.tasks.embedding import cosent_loss, mnrl_loss
+from tests.test_finetune_tasks import write_jsonl
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -36,11 +37,6 @@ def cfg(model: Path, tmp_path: Path, **kw) -> FinetuneConfig:
                   eval=str(DATA / "embed_eval.jsonl"), output_dir=str(tmp_path / "run"), batch_size=16, lr=1e-3,
                   logging_steps=1, seed=3, max_length=48, precision="fp32")
     return FinetuneConfig(**{**values, **kw})
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 # --- losses -----------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError, epoch_batches, eval_batches, padding_fraction, planned_steps
 from hfport.train.loop import finetune
 from hfport.train.monitor import is_perf
-from tests.tiny import save_hf
+from tests.tiny import save_with_tokenizer
 
 POS = ["great", "wonderful", "excellent", "lovely", "superb", "brilliant"]
 NEG = ["awful", "terrible", "bad", "horrible", "poor", "dreadful"]
@@ -44,17 +45,22 @@ def write_sentiment(path: Path, n: int, seed: int, filler: int = 0) -> None:
             f.write(json.dumps({"text": f"the {thing} was {word} overall {extra}".strip(), "label": label}) + "\n")
 
 
+def sentiment_run(root: Path, minilm: Path, train: int, eval: int) -> Path:
+    """`root`: model/ (a tiny random BERT with MiniLM's WordPiece tokenizer), train.jsonl and eval.jsonl (`train`
+    and `eval` generated sentiment rows, seeds 0 and 1)."""
+    save_with_tokenizer("bert", "base", root / "model", minilm, vocab_size=30522)
+    write_sentiment(root / "train.jsonl", train, seed=0)
+    write_sentiment(root / "eval.jsonl", eval, seed=1)
+    return root
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, minilm_path) -> Path:
-    """A tiny random BERT with the real MiniLM WordPiece tokenizer, and a generated sentiment dataset."""
-    root = tmp_path_factory.mktemp("ft")
-    for name, dropout in (("model", 0.1), ("model_nodrop", 0.0)):
-        save_hf("bert", "base", root / name, vocab_size=30522, hidden_dropout_prob=dropout,
-                attention_probs_dropout_prob=dropout)
-        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-            shutil.copy(minilm_path / f, root / name / f)
-    write_sentiment(root / "train.jsonl", 192, seed=0)
-    write_sentiment(root / "eval.jsonl", 48, seed=1)
+    """A tiny random BERT with the real MiniLM WordPiece tokenizer (with and without dropout), and generated
+    sentiment datasets."""
+    root = sentiment_run(tmp_path_factory.mktemp("ft"), minilm_path, 192, 48)
+    save_with_tokenizer("bert", "base", root / "model_nodrop", minilm_path, vocab_size=30522, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
     write_sentiment(root / "varied.jsonl", 96, seed=2, filler=40)
     write_sentiment(root / "varied_eval.jsonl", 40, seed=3, filler=40)
     return root
@@ -121,21 +127,18 @@ def _train_in_child(config: FinetuneConfig):
     return child
 
 
-def test_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
-    """SIGKILL at seeded random steps (sometimes mid-checkpoint), resume: same weights bit for bit, same metrics."""
-    def config(out: Path, **kw) -> FinetuneConfig:
-        return base_config(workdir, out, max_steps=16, batch_size=8, save_steps=2, eval_strategy="steps",
-                           eval_steps=5, **kw)
-
+def check_resume_after_sigkill(config: Callable[..., FinetuneConfig], tmp_path: Path, weights: str,
+                               kill_steps: list[int]) -> list[Path]:
+    """`config(out, **extra)` trained to its end, then once per step in `kill_steps` a run SIGKILLed as soon as its
+    log shows that step (sometimes mid-checkpoint) and resumed: the same metrics and the same final/`weights` file,
+    bit for bit. Returns the killed-and-resumed runs' folders."""
     ref = _train_in_child(config(tmp_path / "ref"))
     ref.join(300)
     assert ref.exitcode == 0
     ref_metrics = model_lines((tmp_path / "ref" / "metrics.jsonl").read_text())
-    ref_weights = load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
-
-    rng = random.Random(1234)
-    for trial in range(5):
-        kill_at = rng.randint(3, 15)
+    ref_weights = load_file(str(tmp_path / "ref" / "final" / weights))
+    outs = []
+    for trial, kill_at in enumerate(kill_steps):
         out = tmp_path / f"trial{trial}"
         child = _train_in_child(config(out))
         deadline = time.time() + 300
@@ -154,10 +157,23 @@ def test_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
         resumed.join(300)
         assert resumed.exitcode == 0
         assert model_lines((out / "metrics.jsonl").read_text()) == ref_metrics, f"trial {trial} (killed at step {kill_at})"
-        weights = load_file(str(out / "final" / "model.safetensors"))
-        assert weights.keys() == ref_weights.keys()
-        for key in weights:
-            assert torch.equal(weights[key], ref_weights[key]), f"trial {trial}: {key} differs"
+        got = load_file(str(out / "final" / weights))
+        assert got.keys() == ref_weights.keys()
+        for key in got:
+            assert torch.equal(got[key], ref_weights[key]), f"trial {trial}: {key} differs"
+        outs.append(out)
+    return outs
+
+
+def test_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
+    """SIGKILL at seeded random steps (sometimes mid-checkpoint), resume: same weights bit for bit, same metrics."""
+    def config(out: Path, **kw) -> FinetuneConfig:
+        return base_config(workdir, out, max_steps=16, batch_size=8, save_steps=2, eval_strategy="steps",
+                           eval_steps=5, **kw)
+
+    rng = random.Random(1234)
+    for out in check_resume_after_sigkill(config, tmp_path, "model.safetensors",
+                                          [rng.randint(3, 15) for _ in range(5)]):
         assert not list((out / "checkpoints").glob(".tmp-*")), "a half-written checkpoint was left behind"
 
 

@@ -4,8 +4,6 @@ the real MiniLM's quality per task, and the dtype strings through pipeline, CLI 
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -265,25 +263,6 @@ def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch,
     assert {m.activations for m in model.modules() if isinstance(m, Int8Linear)} == {"token"}
     assert all(r.passed for r in model.int8_gate)
     assert "int8 with activations per tensor: min cosine" in caplog.text
-
-
-@pytest.fixture(scope="module")
-def minilm_heads(tmp_path_factory, minilm_path) -> dict[str, Path]:
-    """The real MiniLM body with seeded random heads (std 1, so logits spread as a trained head's do: test_bf16.py)."""
-    root = tmp_path_factory.mktemp("int8_heads")
-    folders = {}
-    for task, cls in (("text-classification", hfport.AutoModelForSequenceClassification),
-                      ("token-classification", hfport.AutoModelForTokenClassification)):
-        torch.manual_seed(0)
-        model = cls.from_pretrained(minilm_path, **({"num_labels": 5} if "classification" in task else {}))
-        with torch.no_grad():
-            for p in model.head.parameters():
-                p.normal_(0.0, 1.0)
-        model.save_pretrained(root / task)
-        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-            shutil.copy(minilm_path / f, root / task / f)
-        folders[task] = root / task
-    return folders
 
 
 # issue 30's bars: decided labels and tags >= 99%, spans at the gate's agreement bound (0.99). On these random heads

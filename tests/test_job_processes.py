@@ -30,7 +30,7 @@ from server.store import Store, open_store
 from server.worker import Worker, job_processes
 from tests import ddp_driver
 from tests.test_ddp import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE
-from tests.test_server import TERMINAL, Server
+from tests.test_server import TERMINAL, Server, wait_job
 
 PER_PROCESS = ddp_driver.PER_PROCESS
 KILL_STEPS = 40  # long enough to kill the job between its first checkpoint and its end
@@ -49,18 +49,6 @@ def config(root: Path, **over) -> dict:
     return {**values, **over}
 
 
-def wait(client: httpx.Client, job_id: str, until, timeout: float = 180) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        job = client.get(f"/jobs/{job_id}").json()
-        if until(job):
-            return job
-        if job["status"] in TERMINAL:
-            raise AssertionError(f"job ended before the condition held: {job}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting on job {job_id}: {client.get(f'/jobs/{job_id}').json()}")
-
-
 def losses(run: Path) -> list[float]:
     return [e["loss"] for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
             if e["type"] == "train"]
@@ -75,7 +63,7 @@ def test_two_process_job_equals_one_process_and_survives_its_worker(root, tmp_pa
             # 1. a 2 x B job equals one process with 2B
             r = client.post("/jobs/finetune", json={"config": config(root)})
             assert r.status_code == 202, r.text
-            job = wait(client, r.json()["id"], lambda j: j["status"] in TERMINAL)
+            job = wait_job(client, r.json()["id"], lambda j: j["status"] in TERMINAL, timeout=180)
             assert job["status"] == "succeeded", (job, srv.read_log())
             assert job["progress"]["num_processes"] == 2, job["progress"]
             assert job["result"]["summary"]["num_processes"] == 2, job["result"]
@@ -88,8 +76,8 @@ def test_two_process_job_equals_one_process_and_survives_its_worker(root, tmp_pa
             assert r.status_code == 202, r.text
             killed = r.json()["id"]
             # a complete checkpoint to resume from (the background write of step 2 has ended), the job still running
-            held = wait(client, killed, lambda j: j["status"] == "running"
-                        and RunDir(j["config"]["output_dir"]).resume_point() is not None)
+            held = wait_job(client, killed, lambda j: j["status"] == "running"
+                            and RunDir(j["config"]["output_dir"]).resume_point() is not None, timeout=180)
         procs = job_processes(killed)
         assert len(procs) >= 3, procs  # the launcher and two ranks (the launcher's argv names the job too)
         srv.proc.kill()  # SIGKILL: no handler, no cleanup
@@ -121,7 +109,7 @@ def test_two_process_job_equals_one_process_and_survives_its_worker(root, tmp_pa
     srv = Server(data, root, workers=1, **env).start()
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as client:
-            done = wait(client, killed, lambda j: j["status"] in TERMINAL)
+            done = wait_job(client, killed, lambda j: j["status"] in TERMINAL, timeout=180)
             assert done["status"] == "succeeded", (done, srv.read_log())
             assert done["attempts"] == 2, done
         store = Store(data / "hfport.db")

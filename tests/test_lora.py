@@ -6,10 +6,7 @@ gradient checkpointing gives the same gradients, and bad input is refused with n
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -18,10 +15,9 @@ from safetensors.torch import load_file
 
 import hfport
 from hfport import lora
-from hfport.train.monitor import is_perf
 from hfport.train.loop import finetune
-from tests.test_finetune import _train_in_child, base_config, workdir  # noqa: F401 - workdir is a fixture
-from tests.tiny import ALL_FAMILIES, batch, save_hf
+from tests.test_finetune import base_config, check_resume_after_sigkill, workdir  # noqa: F401 - workdir is a fixture
+from tests.tiny import ALL_FAMILIES, batch, save_hf, save_random_adapter
 
 import peft  # noqa: E402 - a dev dependency (the hfport[peft] extra): missing must fail, not skip
 
@@ -50,18 +46,11 @@ def bases(tmp_path_factory) -> dict[str, Path]:
 
 
 def _perturbed_adapter(family: str, task: str, base: Path, out: Path, targets=None):
-    """An hfport model with LoRA whose A, B and head are moved off their init (B = 0 would hide errors). Targets: the
+    """An hfport model with LoRA whose A, B and head are moved off their init (save_random_adapter). Targets: the
     family's attention defaults (q, v; ModernBERT's fused Wqkv) and the feed-forward's first layer."""
     model = hfport.tasks.get(task).model_class.from_pretrained(base, **_labels(task))
     targets = list(targets or (*model.family.lora_targets, "ffn.up"))
-    lora.apply_lora(model, r=4, alpha=8, targets=targets, base=str(base))
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    lora.save_adapter(model, out)
-    return model.eval()
+    return save_random_adapter(model, out, base=base, seed=3, r=4, alpha=8, targets=targets).eval()
 
 
 def _real(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -229,33 +218,8 @@ def test_lora_resume_after_sigkill_is_bit_identical(workdir, tmp_path):  # noqa:
                            eval_steps=5, lora={"r": 4, "dropout": 0.1, "target_modules": ["q", "v", "ffn.up"]},
                            gradient_checkpointing=True, **kw)
 
-    ref = _train_in_child(config(tmp_path / "ref"))
-    ref.join(300)
-    assert ref.exitcode == 0
-    ref_metrics = model_lines((tmp_path / "ref" / "metrics.jsonl").read_text())
-    ref_weights = load_file(str(tmp_path / "ref" / "final" / "adapter_model.safetensors"))
     rng = random.Random(99)
-    for trial in range(2):
-        kill_at = rng.randint(3, 9)
-        out = tmp_path / f"trial{trial}"
-        child = _train_in_child(config(out))
-        deadline = time.time() + 300
-        while time.time() < deadline and child.is_alive():
-            log = out / "metrics.jsonl"
-            if log.exists() and f'"step": {kill_at},' in log.read_text():
-                break
-            time.sleep(0.005)
-        os.kill(child.pid, signal.SIGKILL)
-        child.join()
-        assert child.exitcode == -signal.SIGKILL
-        resumed = _train_in_child(config(out, resume="latest"))
-        resumed.join(300)
-        assert resumed.exitcode == 0
-        assert model_lines((out / "metrics.jsonl").read_text()) == ref_metrics, f"trial {trial} (killed at {kill_at})"
-        weights = load_file(str(out / "final" / "adapter_model.safetensors"))
-        assert weights.keys() == ref_weights.keys()
-        for key in weights:
-            assert torch.equal(weights[key], ref_weights[key]), key
+    check_resume_after_sigkill(config, tmp_path, "adapter_model.safetensors", [rng.randint(3, 9) for _ in range(2)])
 
 
 def test_lora_flags_through_the_cli(workdir, tmp_path):  # noqa: F811
@@ -350,8 +314,3 @@ def test_unsupported_peft_configs_are_refused(change, message, bases, tmp_path):
         hfport.AutoModelForSequenceClassification.from_pretrained(tmp_path / "a")
     report = hfport.verify(tmp_path / "a")
     assert not report.passed and message.split()[0] in report.table()
-
-
-def model_lines(text: str) -> list[str]:
-    """metrics.jsonl's train/eval lines: the perf lines (speed, ETA, memory) are the machine's, different every run."""
-    return [x for x in text.splitlines() if not is_perf(json.loads(x))]

@@ -11,22 +11,15 @@ import pytest
 import torch
 
 import hfport
-from hfport import lora
 from tests.test_server import Server, assert_error, finetune_config, root, wait_job  # noqa: F401 - root: fixture
-from tests.tiny import save_hf
+from tests.tiny import save_hf, save_random_adapter
 
 TEXTS = ["the plot was great overall", "the acting was awful overall", "the ending was lovely overall"]
 
 
 def _adapter(base: Path, out: Path, task: str = "text-classification", seed: int = 0) -> Path:
     model = hfport.tasks.get(task).model_class.from_pretrained(base, id2label={0: "negative", 1: "positive"})
-    lora.apply_lora(model, r=4, alpha=8, targets=["q", "v"], base=str(base))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    lora.save_adapter(model, out)
+    save_random_adapter(model, out, base=base, seed=seed, r=4, alpha=8, targets=["q", "v"])
     return out
 
 
@@ -120,14 +113,8 @@ def test_an_adapter_with_an_explicit_base_embeds_the_same_on_every_route(root, t
                for k, v in load_file(decoy / "model.safetensors").items()}
     save_file(weights, decoy / "model.safetensors", metadata={"format": "pt"})
     model = hfport.tasks.get("feature-extraction").model_class.from_pretrained(base)
-    lora.apply_lora(model, r=4, alpha=8, targets=["q", "v"], base=str(decoy))
-    g = torch.Generator().manual_seed(6)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
     folder = root / "adapters" / "embed-explicit-base"
-    lora.save_adapter(model, folder)
+    save_random_adapter(model, folder, base=decoy, seed=6, r=4, alpha=8, targets=["q", "v"])
 
     def fresh(data: str) -> TestClient:  # a fresh service: nothing loaded yet
         return TestClient(create_app(Settings(data_dir=tmp_path / data, allowed_dirs=[root, tmp_path],

@@ -21,7 +21,7 @@ import hfport
 from hfport import lora
 from hfport.nn import lora as nn_lora
 from tests.test_pipelines import make_folder
-from tests.tiny import ALL_FAMILIES, batch, save_hf
+from tests.tiny import ALL_FAMILIES, batch, save_hf, save_random_adapter
 
 import peft  # noqa: E402 - a dev dependency: missing must fail, not skip
 
@@ -32,13 +32,7 @@ TEXTS = ["the plot was great and the acting even better", "awful", "the ending w
 def make_adapter(base: Path, out: Path, task: str, r: int, targets: list[str], seed: int, **labels) -> Path:
     """An adapter in PEFT's layout whose A, B and head are moved off their init (B = 0 would hide errors)."""
     model = hfport.tasks.get(task).model_class.from_pretrained(base, ignore_mismatched_sizes=True, **labels)
-    lora.apply_lora(model, r=r, alpha=2 * r, targets=targets, base=str(base))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    lora.save_adapter(model, out)
+    save_random_adapter(model, out, base=base, seed=seed, scale=0.1, r=r, alpha=2 * r, targets=targets)
     return out
 
 

@@ -22,7 +22,7 @@ import torch
 from hfport import verbosity
 from hfport.rundir import RunDir, RunSummary
 from hfport.train.checkpoint import CheckpointWriter, _cpu_copy
-from hfport.train.monitor import (Pace, ResourceSampler, evals_left, fmt_resources, gpu_stats, is_perf,
+from hfport.train.monitor import (Pace, ResourceSampler, evals_left, fmt_resources, gpu_stats,
                                   metrics_csv, read_metrics)
 from hfport.train.report import render_report
 
@@ -187,14 +187,9 @@ def test_a_failed_background_save_is_raised_by_wait():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, minilm_path) -> Path:
-    from tests.test_finetune import write_sentiment
-    from tests.tiny import save_with_tokenizer
+    from tests.test_finetune import sentiment_run
 
-    root = tmp_path_factory.mktemp("monitor")
-    save_with_tokenizer("bert", "base", root / "model", minilm_path, vocab_size=30522)
-    write_sentiment(root / "train.jsonl", 96, seed=0)
-    write_sentiment(root / "eval.jsonl", 24, seed=1)
-    return root
+    return sentiment_run(tmp_path_factory.mktemp("monitor"), minilm_path, 96, 24)
 
 
 def _cli(root: Path, out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -209,7 +204,9 @@ def _cli(root: Path, out: Path, *extra: str, env: dict[str, str] | None = None) 
 
 
 def _model_lines(out: Path) -> list[str]:
-    return [x for x in (out / "metrics.jsonl").read_text().splitlines() if not is_perf(json.loads(x))]
+    from tests.test_finetune import model_lines
+
+    return model_lines((out / "metrics.jsonl").read_text())
 
 
 def test_sigkill_during_a_background_write_never_becomes_latest(tiny_run, tmp_path):

@@ -20,6 +20,7 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError
 from hfport.train.loop import finetune
 from hfport.train.preflight import preflight
+from tests.test_finetune_tasks import write_jsonl
 from tests.tiny import save_with_tokenizer
 
 torch.set_num_threads(1)
@@ -38,11 +39,6 @@ def cfg(model_dir: Path, tmp_path: Path, **kw) -> FinetuneConfig:
                   eval=str(DATA / "rerank_eval.jsonl"), output_dir=str(tmp_path / "run"), batch_size=8, lr=1e-3,
                   logging_steps=1, seed=5, max_length=64, precision="fp32")
     return FinetuneConfig(**{**values, **kw})
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def test_rows_group_by_query_and_losses_by_hand(model_dir, tmp_path):

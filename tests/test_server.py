@@ -32,16 +32,14 @@ def root(tmp_path_factory, minilm_path) -> Path:
     """The one allowed dir: tiny models of every head, a tiny BERT with MiniLM's tokenizer, sentiment data."""
     from tests.test_finetune import write_sentiment
     from tests.test_pipelines import make_folder
-    from tests.tiny import save_hf
+    from tests.tiny import save_with_tokenizer
 
     root = tmp_path_factory.mktemp("allowed")
     for task in ("sequence-classification", "token-classification", "question-answering", "masked-lm", "base"):
         folder = make_folder(root / "models", "bert", task)
         folder.rename(root / "models" / task)
-    ft = root / "models" / "ft-base"
-    save_hf("bert", "base", ft, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, ft / f)
+    save_with_tokenizer("bert", "base", root / "models" / "ft-base", minilm_path, vocab_size=30522,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (root / "data").mkdir()
     write_sentiment(root / "data" / "train.jsonl", 96, seed=0)
     write_sentiment(root / "data" / "eval.jsonl", 24, seed=1)
@@ -444,11 +442,9 @@ def test_export_job(client, registered, root):
 def test_export_job_every_format(client, registered, root):
     """An HTTP export job for every format the CLI writes (hfport.export.FORMATS): each succeeds, is verified, and
     leaves a folder its format recognises; an unknown format is a 422 listing them, another format's option a 422."""
-    import torch
-
     import hfport
     from hfport.export import FORMATS, detect_format
-    from tests.tiny import save_hf
+    from tests.tiny import save_hf, save_random_adapter
 
     models = root / "models"
     scorer = models / "scorer"  # a one-label classifier: the reranker format's source
@@ -460,12 +456,7 @@ def test_export_job_every_format(client, registered, root):
     adapter = models / "adapter"  # a LoRA adapter over the base: the peft and merged formats' source
     if not adapter.exists():
         model = hfport.AutoModelForSequenceClassification.from_pretrained(models / "base", id2label={0: "a", 1: "b"})
-        hfport.lora.apply_lora(model, r=4, alpha=8, targets=["q", "v"], base=str(models / "base"))
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.requires_grad:
-                    p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.05)
-        hfport.lora.save_adapter(model, adapter)
+        save_random_adapter(model, adapter, base=models / "base", seed=3, r=4, alpha=8, targets=["q", "v"])
     sources = {"hf": "cls", "onnx": "cls", "onnx-int8": "cls", "sentence-transformers": "feat",
                "cross-encoder": str(scorer), "peft": str(adapter), "merged": str(adapter), "sparse-encoder": "mlm"}
     assert set(sources) == set(FORMATS)

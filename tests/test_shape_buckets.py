@@ -126,3 +126,22 @@ def test_buckets_change_no_value(family: str, checkpointed: bool, tmp_path) -> N
     assert grads_a.keys() == grads_b.keys() and grads_a
     for name in grads_a:
         torch.testing.assert_close(grads_b[name], grads_a[name], **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _fresh_buckets_module(monkeypatch, value: str):
+    """A fresh copy of nn/buckets.py run with HFPORT_ROW_BUCKETS=`value` (the setting is read at import); the loaded
+    hfport.nn.buckets is left alone."""
+    import importlib.util
+
+    monkeypatch.setenv("HFPORT_ROW_BUCKETS", value)
+    spec = importlib.util.spec_from_file_location("_buckets_copy", buckets.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("value", ["on", "yes", "1"])
+def test_invalid_row_buckets_setting_names_the_variable(monkeypatch, value):
+    with pytest.raises(ValueError, match=rf"HFPORT_ROW_BUCKETS='{value}': expected one of auto, always, off"):
+        _fresh_buckets_module(monkeypatch, value)
+    assert _fresh_buckets_module(monkeypatch, " Always ").ROW_BUCKETS == "always"  # case and spaces are forgiven

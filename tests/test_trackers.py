@@ -15,17 +15,12 @@ from hfport.errors import ConfigError
 from hfport.train import trackers
 from hfport.train.config import FinetuneConfig, resolve_config
 from hfport.train.loop import finetune
-from tests.test_finetune import write_sentiment
-from tests.tiny import save_with_tokenizer
+from tests.test_finetune import sentiment_run
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, minilm_path) -> Path:
-    root = tmp_path_factory.mktemp("trackers")
-    save_with_tokenizer("bert", "base", root / "model", minilm_path, vocab_size=30522)
-    write_sentiment(root / "train.jsonl", 48, seed=0)
-    write_sentiment(root / "eval.jsonl", 16, seed=1)
-    return root
+    return sentiment_run(tmp_path_factory.mktemp("trackers"), minilm_path, 48, 16)
 
 
 def run(data: Path, out: Path, report_to: list[str], **extra) -> list[dict]:

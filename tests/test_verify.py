@@ -24,7 +24,7 @@ from hfport.cli import app
 from hfport.export import FORMATS, ExportError, detect_format, export, read_st_pooling, verify
 from hfport.formats.sentence_transformers import mark_cross_encoder, write_embedding_layout
 from tests.test_export import TOKENIZER_FILES
-from tests.tiny import save_hf
+from tests.tiny import save_hf, save_random_adapter
 
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
 
@@ -55,13 +55,8 @@ def folders(tmp_path_factory, minilm_path) -> dict[str, Path]:
     save_hf("bert", "base", base, vocab_size=30522)
     with_tokenizer(base, minilm_path)
     adapter = hfport.AutoModelForSequenceClassification.from_pretrained(base, id2label={0: "a", 1: "b"})
-    hfport.lora.apply_lora(adapter, r=4, alpha=8, targets=["q", "v"], base=str(base))
-    with torch.no_grad():  # off their init: B = 0 would hide errors
-        g = torch.Generator().manual_seed(3)
-        for p in adapter.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    made["peft"] = hfport.lora.save_adapter(adapter, root / "adapter")
+    made["peft"] = root / "adapter"
+    save_random_adapter(adapter, made["peft"], base=base, seed=3, r=4, alpha=8, targets=["q", "v"])
     return made
 
 

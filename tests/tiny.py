@@ -1,5 +1,6 @@
 """Tiny random transformers models, built with transformers' own config classes and saved with
-save_pretrained: the exact HF layouts hfport must read. Seeded, so every run sees the same weights."""
+save_pretrained: the exact HF layouts hfport must read. Seeded, so every run sees the same weights. Also
+random LoRA adapters over such models (save_random_adapter), in PEFT's layout."""
 
 from __future__ import annotations
 
@@ -139,6 +140,23 @@ def save_with_tokenizer(family: str, task: str, folder: Path, tokenizer: Path, s
     model = save_hf(family, task, folder, seed=seed, **overrides)
     for name in TOKENIZER_FILES:
         shutil.copy(Path(tokenizer) / name, Path(folder) / name)
+    return model
+
+
+def save_random_adapter(model: torch.nn.Module, out: Path, *, base: Path, seed: int, scale: float = 0.05,
+                        **lora_kwargs: Any):
+    """LoRA on the hfport `model` (lora_kwargs: apply_lora's r, alpha, targets, ...), every trainable tensor (A, B,
+    the head) moved off its init by seeded noise of std `scale` (B = 0 would hide errors), saved in PEFT's layout
+    at `out` naming `base` as its base model. Returns the model."""
+    from hfport import lora
+
+    lora.apply_lora(model, base=str(base), **lora_kwargs)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    lora.save_adapter(model, out)
     return model
 
 
