@@ -33,7 +33,9 @@ from tests.pgserver import PgServer, fresh_db_name, require_bin
 from tests.test_chaos import REPO, TERMINAL, build_inputs, job_config, wait_for
 
 LEASE_S = 4.0
-LONG_STEPS = 50
+# the long job must still be running when the test looks for its first checkpoint: 50 steps of the tiny model ran in
+# 4.5 s (45 steps/s) and ended before the test saw one (a timeout, not a fencing failure); 400 leave a ~9 s window
+LONG_STEPS = 400
 # libpq: a dead link errors out within seconds instead of hanging on TCP retransmissions
 TCP_OPTS = "connect_timeout=2&tcp_user_timeout=3000&keepalives=1&keepalives_idle=1&keepalives_interval=1" \
            "&keepalives_count=2"
