@@ -16,7 +16,7 @@ from hfport.errors import HfportError
 from ..errors import ApiError
 from ..settings import Settings
 from .admission import Answers, check_inputs
-from .batching import Batcher, Slots, Timing
+from .batching import Batcher, Timing
 from .cache import ModelCache
 from .records import ModelRecord
 
@@ -26,7 +26,6 @@ class ModelService:
         self.settings = settings
         self.metrics = metrics  # server.metrics.Metrics, or None
         self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict")
-        self.slots = Slots(settings.predict_threads)
         self.cache = ModelCache(settings, metrics)
         self._batchers: dict[tuple[ModelRecord, str], Batcher] = {}
         self.pending = 0  # requests admitted and not answered yet (waiting for a model or in a call)
@@ -64,7 +63,7 @@ class ModelService:
         if batcher is None or batcher.pipe is not leader:  # first use, or the leader was evicted and reloaded
             batcher = self._batchers[key] = Batcher(leader, parameters, self.pool, self.settings,
                                                     record.name if leader is pipe else Path(key[0]).name,
-                                                    self.metrics, self.slots)
+                                                    self.metrics)
         return await batcher.submit(items, getattr(pipe, "adapter_name", None))
 
     def close(self) -> None:
