@@ -17,7 +17,7 @@ import pytest
 from hfport.formats import jsonstream
 from hfport.formats.jsonstream import JsonStream
 from hfport.train.data import DataError
-from hfport.train.tasks.qa import Example, _checked_answers, _text, read_squad
+from hfport.train.tasks.qa import Example, read_squad, squad_examples
 
 WORDS = ["river", "Köln", "naïve", "東京", "emoji 🙂", "tab\there", 'quote "q"', "back\\slash", "plain", "ß"]
 
@@ -33,29 +33,10 @@ def read_squad_whole(path: Path) -> Iterator[Example]:
         raise DataError(f"{path}, line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
     if not isinstance(top, dict) or not isinstance(top.get("data"), list):
         raise DataError(f"{path}: a SQuAD file is an object with a 'data' list")
-    empty = True
-    for a, article in enumerate(top["data"]):
-        for p, paragraph in enumerate(article.get("paragraphs", []) if isinstance(article, dict) else []):
-            at_paragraph = f"{path}, data[{a}].paragraphs[{p}]"
-            if not isinstance(paragraph, dict):
-                raise DataError(f"{at_paragraph}: expected an object, got {type(paragraph).__name__}")
-            context = _text(paragraph.get("context"), at_paragraph, "context")
-            for q, qa in enumerate(paragraph.get("qas", [])):
-                qid = str(qa.get("id", f"{a}.{p}.{q}")) if isinstance(qa, dict) else f"{a}.{p}.{q}"
-                at = f"{path}, question id {qid!r}"
-                if not isinstance(qa, dict):
-                    raise DataError(f"{at}: expected an object, got {type(qa).__name__}")
-                question = _text(qa.get("question"), at, "question")
-                if qa.get("is_impossible", False):
-                    answers = []
-                elif "answers" not in qa:
-                    raise DataError(f"{at}, field 'answers': missing (and the question is not marked is_impossible)")
-                else:
-                    answers = _checked_answers(qa["answers"], context, at, "answers")
-                empty = False
-                yield Example(question, context, answers, (str(path), 0), qid)
-    if empty:
-        raise DataError(f"{path}: the file has no examples")
+    # the same per-question checks (qa.squad_examples) over the paragraphs of the whole parse: what differs is the walk
+    yield from squad_examples(((a, p, paragraph) for a, article in enumerate(top["data"])
+                               for p, paragraph in enumerate(article.get("paragraphs", [])
+                                                             if isinstance(article, dict) else [])), path)
 
 
 def outcome(reader: Callable[[Path], Iterator[Example]], path: Path) -> tuple[list[Example], str | None]:

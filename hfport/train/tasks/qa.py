@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -134,8 +134,13 @@ def squad_paragraphs(path: Path) -> Iterator[tuple[int, int, Any]]:
 def read_squad(path: Path) -> Iterator[Example]:
     """SQuAD JSON ({"data": [{"paragraphs": [{"context", "qas": [...]}]}]}): errors name the question's id. Streamed
     a paragraph at a time (squad_paragraphs); the encoded windows go a chunk at a time to collect()."""
+    return squad_examples(squad_paragraphs(path), path)
+
+
+def squad_examples(paragraphs: Iterable[tuple[int, int, Any]], path: Path) -> Iterator[Example]:
+    """The checked examples of (article index, paragraph index, paragraph) triples from the SQuAD file PATH."""
     empty = True
-    for a, p, paragraph in squad_paragraphs(path):
+    for a, p, paragraph in paragraphs:
         at_paragraph = f"{path}, data[{a}].paragraphs[{p}]"
         if not isinstance(paragraph, dict):
             raise DataError(f"{at_paragraph}: expected an object, got {type(paragraph).__name__}")
