@@ -11,6 +11,13 @@ targets varied, weights random); the same two as one forward pass of the batch (
 mixed pass with every adapted layer in the stacked form (nn/lora.py's MIXED_LORA, what the cost rule chooses
 against). Printed: the median time of each and the ratio base / mixed (the share of the base's throughput mixing
 keeps) with its interquartile range over rounds. Timed by this thread's CPU time unless --wall.
+
+Also timed: "call/per-adapter", the same texts served as one pipeline per adapter serves them at best: one call per
+adapter with only that adapter's texts (the clients of one adapter batched together, no adapter sharing a pass).
+per-adapter / mixed is the ceiling of what mixed batches can gain over one pipeline per adapter on this machine
+(issue 29's ">= 3x" goal): the compute alone, with HTTP, JSON and scheduling costing nothing and every client's
+request in one mixed batch. On a CPU, where a forward pass costs a fixed part plus a part that grows with its rows,
+that ceiling is the fixed part's share; on a GPU a pass of 16 short texts costs about what one of 2 does.
 """
 
 from __future__ import annotations
@@ -73,9 +80,16 @@ def main(argv: list[str] | None = None) -> int:
                     nn_lora.MIXED_LORA = saved
             return run
 
+        groups = {n: [t for t, m in zip(texts, names) if m == n] for n in dict.fromkeys(names)}
+
+        def per_adapter() -> None:  # one pipeline per adapter at best: each adapter's clients in one call of its own
+            for n, ts in groups.items():
+                pipe.predict(ts, adapter=n)
+
         cases = {
             "call/base": lambda: pipe.predict(texts),
             "call/mixed": lambda: pipe.predict(texts, adapter=names),
+            "call/per-adapter": per_adapter,
             "pass/base": lambda: pipe.forward_batch(plain),
             "pass/mixed": lambda: pipe.forward_batch(rows),
             "pass/stacked": stacked(lambda: pipe.forward_batch(rows)),
@@ -91,12 +105,17 @@ def main(argv: list[str] | None = None) -> int:
                 times[k].append(clock() - t0)
         for k, xs in times.items():
             lo, med, hi = quartiles(xs)
-            print(f"{k:12s} median {med * 1e3:7.2f} ms (quartiles {lo * 1e3:.2f}..{hi * 1e3:.2f})")
+            print(f"{k:16s} median {med * 1e3:7.2f} ms (quartiles {lo * 1e3:.2f}..{hi * 1e3:.2f})")
         for base_key, key in (("call/base", "call/mixed"), ("pass/base", "pass/mixed"), ("pass/base", "pass/stacked")):
             ratios = [b / m for b, m in zip(times[base_key], times[key])]
             lo, med, hi = quartiles(ratios)
             print(f"{base_key} / {key} = {med:.3f} (quartiles {lo:.3f}..{hi:.3f}): the share of the base's "
                   f"throughput mixed keeps")
+        ratios = [p / m for p, m in zip(times["call/per-adapter"], times["call/mixed"])]
+        lo, med, hi = quartiles(ratios)
+        print(f"call/per-adapter / call/mixed = {med:.3f} (quartiles {lo:.3f}..{hi:.3f}): the most mixed batches can "
+              f"gain over one pipeline per adapter here (compute only; {len(groups)} adapters, "
+              f"{args.texts} texts in one batch)")
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
