@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from .dropout import Dropout
+from .packed import linear
 
 
 class LoraError(ConfigError):
@@ -86,7 +87,7 @@ class LoraLinear(nn.Linear):
         nn.init.zeros_(self.lora_B.weight)  # the update starts at zero: the model starts as the base
 
     def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = F.linear(x, self.weight, self.bias)
+        out = linear(self, x)  # the packed weight at inference (nn/packed.py)
         return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
 
     def delta_weight(self) -> Tensor:
@@ -128,7 +129,7 @@ class ChunkLoraLinear(LoraLinear):
         return self.lora_B.weight * self.block_mask
 
     def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = F.linear(x, self.weight, self.bias)
+        out = linear(self, x)  # the packed weight at inference (nn/packed.py)
         return out + F.linear(self.lora_A(self.lora_dropout(x)), self.masked_B()) * self.scaling
 
     def delta_weight(self) -> Tensor:
@@ -267,7 +268,7 @@ class MixedLinear(nn.Linear):
         self.path = path
 
     def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = F.linear(x, self.weight, self.bias)
+        out = linear(self, x)  # the packed weight at inference (nn/packed.py)
         route = _state.route
         layer = route.table.layers.get(self.path) if route is not None else None
         if layer is None:  # no routing, or no adapter wraps this layer

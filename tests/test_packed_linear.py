@@ -1,0 +1,216 @@
+"""Prepacked Linear layers (hfport/nn/packed.py): at inference they equal F.linear (fp32 within 1e-5: another kernel's
+summation order; bf16 within one bf16 rounding of the output), for 1-D, 2-D and 3-D inputs; training and grad-on
+calls never build or use the packed copy; a changed weight is never served stale; models keep their types and
+state_dict; LoRA, mixed adapters and int8 still work over packed layers; HFPORT_PACKED_LINEAR is parsed strictly."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hfport
+from hfport.errors import ConfigError
+from hfport.nn import lora as nn_lora
+from hfport.nn import packed
+from hfport.nn.int8 import Int8Linear, quantize_linears
+from tests.test_mixed_adapters import make_adapter
+from tests.test_pipelines import make_folder
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
+
+# fp32: oneDNN and BLAS sum in other orders (|diff| ~3e-7 at K=64 here); bf16: both round the fp32 sum to bf16, so
+# at most one bf16 step (2^-8 relative) apart
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=2 ** -8)}
+
+
+def _layer(dtype: torch.dtype, bias: bool = True) -> nn.Linear:
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 48, bias=bias).to(dtype).eval()
+    assert packed.install(layer) == 1
+    return layer
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_folder(tmp_path_factory.mktemp("packed"), "bert", "sequence-classification")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(64,), (5, 64), (2, 3, 64), (130, 64)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_equals_f_linear(dtype, shape, bias):
+    layer = _layer(dtype, bias)
+    x = torch.randn(*shape).to(dtype)
+    with torch.inference_mode():
+        out = layer(x)  # (.., 48)
+    assert packed.cached(layer) is not None  # the packed path ran (F.linear builds nothing)
+    assert out.shape == (*shape[:-1], 48) and out.dtype == dtype
+    torch.testing.assert_close(out, F.linear(x, layer.weight.detach(), None if layer.bias is None
+                                             else layer.bias.detach()), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_and_grad_never_build_or_keep_the_copy(dtype):
+    layer = _layer(dtype)
+    x = torch.randn(4, 64).to(dtype)
+    layer.train()
+    with torch.no_grad():
+        layer(x)  # train mode, grad off
+    assert packed.cached(layer) is None
+    layer.eval()
+    y = layer(x)  # eval mode, grad on
+    assert packed.cached(layer) is None and y.requires_grad
+    with torch.no_grad():
+        layer(x)
+    assert packed.cached(layer) is not None
+    layer.train()
+    out = layer(x)  # the first training call drops the copy: a fine-tune holds none
+    assert packed.cached(layer) is None
+    out.float().sum().backward()
+    assert layer.weight.grad is not None
+
+
+def test_autocast_and_other_dtypes_go_through_f_linear():
+    layer = _layer(torch.float32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(torch.randn(3, 64))
+    assert out.dtype == torch.bfloat16 and packed.cached(layer) is None
+    with torch.no_grad():
+        with pytest.raises(RuntimeError):  # a dtype mismatch is F.linear's own error, not a silent cast
+            layer(torch.randn(3, 64, dtype=torch.float64))
+        with pytest.raises(RuntimeError):  # so is a shape mismatch
+            layer(torch.randn(3, 63))
+
+
+def test_changed_weight_is_never_served_stale():
+    layer = _layer(torch.float32)
+    x = torch.randn(6, 64)
+    with torch.no_grad():
+        layer(x)
+        layer.weight.mul_(-2.0)  # in place: _version moves
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), **TOL[torch.float32])
+        layer.weight = nn.Parameter(torch.randn(48, 64))  # another tensor
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), **TOL[torch.float32])
+        layer.load_state_dict({"weight": torch.ones(48, 64), "bias": torch.zeros(48)})
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), **TOL[torch.float32])
+    layer.to(torch.bfloat16)  # cast: another dtype and data
+    with torch.no_grad():
+        xb = x.bfloat16()
+        torch.testing.assert_close(layer(xb), F.linear(xb, layer.weight, layer.bias), **TOL[torch.bfloat16])
+
+
+def _logits(model, enc) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(**enc).logits
+
+
+def test_train_a_step_then_evaluate_equals_the_unpacked_model(folder, monkeypatch):
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(folder)
+    linears = [m for m in model.modules() if type(m) is nn.Linear]  # the type is kept: LoRA and int8 find them
+    assert linears and all(packed.installed(m) for m in linears)
+    keys = set(model.state_dict())
+    enc = {"input_ids": torch.tensor([[2, 5, 9, 11, 3], [2, 7, 3, 0, 0]]),
+           "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
+    before = _logits(model, enc)
+    assert all(packed.cached(m) is not None for m in linears)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    loss = model(**enc, labels=torch.tensor([0, 1])).loss
+    assert all(packed.cached(m) is None for m in linears)  # dropped in the training forward, before backward
+    loss.backward()
+    optimizer.step()
+    model.eval()
+    after = _logits(model, enc)
+    assert (after - before).abs().max() > 1e-3  # the step moved the outputs: a stale copy would not
+    monkeypatch.setenv("HFPORT_PACKED_LINEAR", "off")  # the same model, every layer through F.linear
+    torch.testing.assert_close(after, _logits(model, enc), atol=1e-5, rtol=1e-5)
+    assert set(model.state_dict()) == keys  # nothing of the packing in the state_dict
+    clone = copy.deepcopy(model)  # what lora.merged does; the packed copies stay behind (oneDNN's can't be copied)
+    assert all(packed.cached(m) is None for m in clone.modules() if type(m) is nn.Linear)
+    layer = pickle.loads(pickle.dumps(linears[0]))  # the partial pickles by reference; the copy stays behind
+    assert packed.installed(layer) and layer.forward.args[0] is layer and packed.cached(layer) is None
+
+
+def test_pipeline_packs_and_adapters_and_int8_still_work(folder, tmp_path, monkeypatch):
+    adapter = make_adapter(folder, tmp_path / "a", "text-classification", 4, ["q", "ffn.up"], 1)
+    texts = ["a short text", "and another one, longer than the first", "third"]
+
+    def run() -> tuple[list, hfport.Pipeline]:
+        pipe = hfport.pipeline("text-classification", model=folder)
+        pipe.add_adapter("a", adapter)  # mixed adapters: MixedLinear over the shared (packed) Parameters
+        plain = pipe(texts, top_k=None, function_to_apply="none")
+        mixed = pipe(texts, adapter=["a", None, "a"], top_k=None, function_to_apply="none")
+        return [[d["score"] for d in r] for r in plain + mixed], pipe
+
+    got, pipe = run()
+    mixed_layers = [m for m in pipe.model.body.modules() if isinstance(m, nn_lora.MixedLinear)]
+    assert mixed_layers and all(packed.cached(m) is not None for m in mixed_layers)
+    monkeypatch.setenv("HFPORT_PACKED_LINEAR", "off")
+    want, pipe = run()
+    assert not any(packed.cached(m) is not None for m in pipe.model.modules() if isinstance(m, nn.Linear))
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)
+    monkeypatch.delenv("HFPORT_PACKED_LINEAR")
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(folder)
+    enc = {"input_ids": torch.tensor([[2, 5, 9, 3]])}
+    _logits(model, enc)  # packed copies built
+    quantize_linears(model.body.encoder)  # int8 swaps the plain layers, packed or not
+    assert any(isinstance(m, Int8Linear) for m in model.modules())
+    assert _logits(model, enc).isfinite().all()
+
+
+def test_shared_parameters_share_one_packed_copy():
+    a = _layer(torch.float32)
+    b = nn.Linear(64, 48).eval()
+    b.weight, b.bias = a.weight, a.bias  # as two adapters over one base, or MixedLinear
+    packed.install(b)
+    with torch.no_grad():
+        a(torch.randn(2, 64))
+        b(torch.randn(2, 64))
+    assert packed.cached(a) is packed.cached(b)
+
+
+def test_a_failing_first_call_turns_packing_off(monkeypatch):
+    layer = _layer(torch.float32)
+    monkeypatch.setattr(packed._State, "usable", None)  # restored after the test
+    monkeypatch.setattr(packed, "_compute", lambda layer, x: (_ for _ in ()).throw(RuntimeError("no such op")))
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert packed._State.usable is False and packed.cached(layer) is None
+
+
+@pytest.mark.parametrize(("value", "installs"), [("auto", True), (" AUTO ", True), ("", True), ("off", False)])
+def test_switch(value, installs, folder, monkeypatch):
+    monkeypatch.setenv("HFPORT_PACKED_LINEAR", value)
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(folder)
+    assert any(packed.installed(m) for m in model.modules()) is installs
+
+
+def test_a_bad_switch_value_names_the_variable(folder, monkeypatch):
+    monkeypatch.setenv("HFPORT_PACKED_LINEAR", "on")
+    with pytest.raises(ConfigError, match="HFPORT_PACKED_LINEAR='on': expected one of auto, off"):
+        hfport.AutoModelForSequenceClassification.from_pretrained(folder)
+
+
+def test_real_minilm_fp32_packed_equals_transformers(minilm_path):
+    """Inference through the packed layers (the parity grid's outputs run with grad on, so unpacked): a padded batch
+    of real texts, a pair among them, within the parity tolerance of transformers (measured 2.6e-6; unpacked 2.0e-6)."""
+    import transformers
+
+    tok = hfport.AutoTokenizer.from_pretrained(minilm_path)
+    texts = ["The quick brown fox jumps over the lazy dog.", "hi",
+             "Serving latency matters most for short texts in small batches, where the matmuls are thin."]
+    enc = dict(tok(texts, ["a pair's second text", "", "and a third"], padding=True, return_tensors="pt"))
+    mask = enc["attention_mask"].bool()
+    ours = hfport.AutoModel.from_pretrained(minilm_path, dtype=torch.float32)
+    theirs = transformers.AutoModel.from_pretrained(str(minilm_path)).eval()
+    with torch.inference_mode():
+        got = ours(**enc).last_hidden_state[mask]  # (real tokens, C)
+        want = theirs(**enc).last_hidden_state[mask]
+    assert all(packed.cached(m) is not None for m in ours.body.encoder.modules() if type(m) is nn.Linear)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
