@@ -192,9 +192,13 @@ def install(model: nn.Module) -> int:
     """Give each plain nn.Linear under MODEL the packed forward (unless HFPORT_PACKED_LINEAR=off) -> how many."""
     if mode() == "off":
         return 0
+    # a LoRA layer's own A and B stay plain: apply_lora adds them after loading, so they run unpacked in the model
+    # that saves an adapter; packing them where an adapter folder is loaded would make the reloaded model differ
+    inner = {id(sub) for m in model.modules() if isinstance(m, nn.Linear) and type(m) is not nn.Linear
+             for sub in m.modules() if sub is not m}
     count = 0
     for module in model.modules():
-        if type(module) is nn.Linear and not installed(module):
+        if type(module) is nn.Linear and id(module) not in inner and not installed(module):
             module.forward = functools.partial(packed_forward, module)
             count += 1
     return count
