@@ -3,8 +3,8 @@ product through oneDNN on a weight reordered once into oneDNN's blocked layout (
 _reorder_linear_weight / _linear_pointwise, the pair torch's inductor CPU backend uses for frozen Linears).
 
 Why: F.linear reorders nothing ahead of time (fp32: a BLAS call; bf16: oneDNN on the plain weight, re-laid out as it
-goes), which costs most on short inputs. Measured per call (scripts none: a loop over torch's ops, one thread, its
-CPU time, a loaded 2-core AVX512-BF16 EPYC): bf16 1.2-1.45x faster at 14 rows (384 -> 1536: 165 -> 115-126 us),
+goes), which costs most on short inputs. Measured per call (a loop over the two ops against F.linear, one thread,
+its CPU time, a loaded 2-core AVX512-BF16 EPYC): bf16 1.2-1.45x faster at 14 rows (384 -> 1536: 165 -> 115-126 us),
 ~1.1x at 64, 1.01-1.16x at 256 and 1024; fp32 1.2-1.65x at every row count (768 -> 3072 at 256 rows: 15.5 -> 11.8
 ms). A bf16 MiniLM forward pass of one short text spends 77% of its time in these products.
 
@@ -12,8 +12,11 @@ How it hooks in: `install(model)` sets, on each plain nn.Linear under the model,
 (functools.partial(packed_forward, layer), as accelerate's hooks do) instead of swapping or subclassing modules:
 the layer keeps its type (`type(layer) is nn.Linear` checks in nn/lora.py and nn/int8.py still find it), its
 Parameters, state_dict and `.weight` (LoRA wrapping, merging, int8 quantization, exports and save_pretrained read
-the plain weight as before), and a deepcopy or pickle of the model copies the partial bound to the copy.
-LoraLinear and MixedLinear compute their base product through `linear(self, x)`, so adapters keep the gain.
+the plain weight as before), and a deepcopy or pickle of the model copies the partial bound to the copy. A call in
+the shared blocks instead would have to reach every Linear call site (attention and feed-forward variants, pooler,
+every head) and stay reached as families are added; the override covers each plain Linear a model has, at once.
+LoraLinear and MixedLinear compute their base product through `linear(self, x)`, so adapters keep the gain (a LoRA
+layer's own small A and B stay plain: `install`).
 from_pretrained installs it on every model it loads (modeling.py); HFPORT_PACKED_LINEAR=off installs nothing and
 makes `linear` plain F.linear.
 
@@ -27,7 +30,8 @@ a model trained then evaluated, or cast, never computes with a stale copy; and i
 first forward pass in train mode or with grad on, so fine-tuning holds no packed copies.
 
 Memory: the packed copy sits beside the plain weight (which LoRA, int8, exports and saving still read), so the
-Linear weights are held twice once inference has run: MiniLM bf16 ~21 MB more, BERT-base fp32 ~340 MB. And oneDNN
+Linear weights are held twice once inference has run (a MiniLM pipeline's RSS after its first call: fp32 +44 MiB,
+bf16 +22 MiB over HFPORT_PACKED_LINEAR=off; BERT-base fp32 would be ~+340 MB). And oneDNN
 caches one primitive per (row count, weight shape) (~1 MB each measured for 384 -> 1536): fp32's F.linear (BLAS)
 caches nothing, so packed fp32 calls pad their rows to nn/buckets.py's bucket sizes (at most 12.5% extra rows above
 128, 15 below) to keep that set bounded; bf16 calls follow HFPORT_ROW_BUCKETS as F.linear's bf16 calls do (oneDNN
