@@ -19,6 +19,7 @@ import hfport
 from hfport.errors import ConfigError
 from hfport.int8 import quantize
 from hfport.nn import shards
+from hfport.nn.int8 import InputPeaks, body_linears
 from hfport.nn.lora import replaying
 from tests.parity import AUTO_CLASSES
 from tests.test_int8 import MINILM_MIN_COSINE
@@ -235,6 +236,23 @@ def test_concurrent_callers_share_the_pool(tmp_path, monkeypatch):
     assert sorted(got) == [0, 1, 2, 3]
     for i in range(4):
         assert torch.equal(got[i], want[i]), i
+
+
+def test_calibration_hooks_see_every_shard(tmp_path, monkeypatch):
+    """int8's calibration (InputPeaks: forward pre-hooks keeping a running max per Linear) runs sharded when the
+    gate calls the model: hooks on several worker threads at once must not lose a shard's peak."""
+    model = _load("bert", "base", tmp_path)
+    batches = [batch("bert", seed=s, lengths=LENGTHS) for s in range(8)]
+    peaks = {}
+    for env in ("off", "4"):
+        monkeypatch.setenv(shards.ENV, env)
+        with InputPeaks(body_linears(model.body.encoder)) as recorder, torch.no_grad():
+            for b in batches:
+                model(**b)
+        peaks[env] = recorder.peaks
+    assert peaks["4"].keys() == peaks["off"].keys() and len(peaks["off"]) > 0
+    for name, want in peaks["off"].items():
+        assert (peaks["4"][name] - want).abs().max().item() <= TOL, name
 
 
 # --- thread counts -----------------------------------------------------------------------------------------------

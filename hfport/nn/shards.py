@@ -210,10 +210,11 @@ def _signature(forward: Callable[..., Any]) -> inspect.Signature:
 def _busy_thread() -> bool:
     """Per-thread state that would not follow the rows into the workers: torch function / dispatch modes (a
     torch.device context, a FLOP counter), tracing, compiling, an ONNX export."""
+    if torch.compiler.is_compiling():  # first: dynamo reads it as True and traces nothing of the rest
+        return True
     onnx = sys.modules.get("torch.onnx")  # loaded by an export; not imported here for nothing
     return (torch._C._len_torch_function_stack() > 0 or torch._C._len_torch_dispatch_stack() > 0
-            or torch.jit.is_tracing() or torch.compiler.is_compiling()
-            or (onnx is not None and onnx.is_in_onnx_export()))
+            or torch.jit.is_tracing() or (onnx is not None and onnx.is_in_onnx_export()))
 
 
 def plan(forward: Callable[..., Any], model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -221,7 +222,7 @@ def plan(forward: Callable[..., Any], model: Any, args: tuple[Any, ...], kwargs:
     """(the call's model inputs by name, the shards' row ranges) when model(*args, **kwargs) shards, else None.
     `forward`: the model class's forward function. The caller has checked the cheap part: eval mode, autograd off
     (module docstring)."""
-    if _local.worker or setting() == "off" or _busy_thread():
+    if _busy_thread() or _local.worker or setting() == "off":
         return None
     try:
         bound = _signature(forward).bind(model, *args, **kwargs)
