@@ -29,8 +29,8 @@ would so make every thread started afterwards single-threaded. The pool therefor
 before starting workers, lets each worker set 1 for itself (after its own lazy init, which would otherwise reset it on
 the first op), then stores the count it read back into the global from a short-lived helper thread (whose own count
 does not matter): the caller's count and a new thread's count are what they were. This happens once per worker (the
-pool is persistent), since every set_num_threads also clears oneDNN's computation cache; threads started during those
-few milliseconds would see 1.
+pool is persistent): set_num_threads also resizes caffe2's pthreadpool and clears ideep's convolution cache, process-
+wide. A thread that makes its first ATen call during those few milliseconds would start with 1.
 """
 
 from __future__ import annotations
