@@ -7,6 +7,9 @@ counts leaving the process's as they were, and HFPORT_ROW_SHARDS."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -290,6 +293,12 @@ def test_switch_refuses_bad_values(value, tmp_path, monkeypatch):
     monkeypatch.setenv(shards.ENV, value)
     with torch.no_grad(), pytest.raises(ConfigError, match="HFPORT_ROW_SHARDS"):  # named where it is read: a call
         model(**batch("bert", lengths=LENGTHS))
+
+
+def test_bad_switch_stops_the_import():
+    env = {**os.environ, shards.ENV: "many"}
+    done = subprocess.run([sys.executable, "-c", "import hfport"], env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and "ConfigError: HFPORT_ROW_SHARDS='many'" in done.stderr, done.stderr[-2000:]
 
 
 def test_shard_counts(monkeypatch):

@@ -18,7 +18,7 @@ B too). A forward running on a worker never shards again (the workers are marked
 from one of its own threads: callers from many threads (the server's predict threads) queue their shards on the same
 workers, and each waits only for its own.
 
-HFPORT_ROW_SHARDS (read at each call): "auto" (the default) shards into min(torch.get_num_threads(), rows,
+HFPORT_ROW_SHARDS (checked at import, read at each call): "auto" (the default) shards into min(torch.get_num_threads(), rows,
 real tokens // MIN_SHARD_TOKENS) groups; "off" never; an integer N >= 1 shards into min(N, rows) groups whatever the
 intra-op thread count and batch size (N = 1: never).
 
@@ -81,7 +81,11 @@ def parse(value: str) -> str | int:
 
 
 def setting() -> str | int:
+    """HFPORT_ROW_SHARDS now: read at each call, so a process may change it between calls."""
     return parse(os.environ.get(ENV, "auto"))
+
+
+setting()  # and at import: a bad value stops `import hfport` (a server's start), as HFPORT_ROW_BUCKETS's does
 
 
 def shard_count(rows: int, tokens: int) -> int:
