@@ -42,10 +42,12 @@ def _load(family: str, task: str, folder) -> hfport.PreTrainedEncoder:
 def _record_calls(model: torch.nn.Module) -> list[tuple[str, int]]:
     """(thread name, rows) of every call of `model` (the merged call itself is not one: shards are)."""
     calls: list[tuple[str, int]] = []
-    model.register_forward_pre_hook(
-        lambda m, args, kwargs: calls.append((threading.current_thread().name,
-                                              (kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).shape[0])),
-        with_kwargs=True)
+
+    def record(module, args, kwargs) -> None:
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        calls.append((threading.current_thread().name, ids.shape[0]))
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
     return calls
 
 

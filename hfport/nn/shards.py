@@ -18,9 +18,9 @@ B too). A forward running on a worker never shards again (the workers are marked
 from one of its own threads: callers from many threads (the server's predict threads) queue their shards on the same
 workers, and each waits only for its own.
 
-HFPORT_ROW_SHARDS (checked at import, read at each call): "auto" (the default) shards into min(torch.get_num_threads(), rows,
-real tokens // MIN_SHARD_TOKENS) groups; "off" never; an integer N >= 1 shards into min(N, rows) groups whatever the
-intra-op thread count and batch size (N = 1: never).
+HFPORT_ROW_SHARDS (checked at import, read at each call): "auto" (the default) shards into
+min(torch.get_num_threads(), rows, real tokens // MIN_SHARD_TOKENS) groups; "off" never; an integer N >= 1 shards
+into min(N, rows) groups whatever the intra-op thread count and batch size (N = 1: never).
 
 Thread counts: torch.set_num_threads(n) (ATen's ParallelOpenMP.cpp) sets the calling thread's OpenMP and MKL counts
 and ALSO stores n in a process-global atomic, from which every thread that touches ATen later initialises its own
