@@ -26,6 +26,7 @@ from .hardware import auto_dtype
 from .heads import MaskedLMHead
 from .keymap import KeyMap
 from .nn.int8 import Int8Linear
+from .nn import shards
 from .nn.layers import EncoderLayer
 from .nn.packed import install as install_packed
 from .registry import Family, get_family
@@ -168,6 +169,16 @@ class PreTrainedEncoder(nn.Module):
         self.head = self.head_factory(config, **self.family.options_for(config, self.task))
         self.load_report: LoadReport | None = None
         self.adapter: Any = None  # hfport.lora.AdapterInfo when LoRA layers are applied (hfport/lora.py)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """nn.Module's call, except that an inference call (eval mode, autograd off, no labels) on a batch of several
+        rows may run as row shards, one worker thread each (nn/shards.py: when, why, HFPORT_ROW_SHARDS). Every
+        family and head passes here. Module hooks on this model then see each shard's call."""
+        if not (self.training or torch.is_grad_enabled()):
+            planned = shards.plan(type(self).forward, self, args, kwargs)
+            if planned is not None:
+                return shards.run(super().__call__, *planned)
+        return super().__call__(*args, **kwargs)
 
     # --- construction -------------------------------------------------------------------------------------
 

@@ -30,6 +30,8 @@ torch.ao.quantization's dynamic Linear is deprecated in this torch (its removal 
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import Tensor, nn
 
@@ -285,11 +287,15 @@ class InputPeaks:
         self.linears = linears
         self.peaks: dict[str, Tensor] = {}
         self.handles: list = []
+        # a sharded inference call (nn/shards.py) runs the hooks on several worker threads at once: the running max's
+        # read-and-replace under a lock, so no thread's peak is lost (the max is then the unsharded one exactly)
+        self._lock = threading.Lock()
 
     def _hook(self, name: str):
         def record(module: nn.Module, args: tuple[Tensor, ...]) -> None:
             x = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(0).float()  # (K,)
-            self.peaks[name] = torch.maximum(self.peaks[name], x) if name in self.peaks else x
+            with self._lock:
+                self.peaks[name] = torch.maximum(self.peaks[name], x) if name in self.peaks else x
         return record
 
     def __enter__(self) -> InputPeaks:
