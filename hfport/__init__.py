@@ -16,6 +16,7 @@ from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelN
 from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
 from .hub import resolve as resolve_model
 from .modeling import LoadReport, PreTrainedEncoder
+from .nn.packed import packed_bytes
 from .pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, phase_times, pipeline
 from .registry import supported
 from .rundir import RunDir, RunSummary
@@ -41,6 +42,8 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice", "A
            "ItemError",
            # serving: time a call's phases (tokenize, forward, ...), pick a pipeline's token budget by measurement
            "phase_times", "tune_batch_tokens",
+           # a weight's packed inference copy (nn/packed.py), which a memory budget counts beside the weight
+           "packed_bytes",
            # what a server tells apart and lists: the embedding and classification pipelines, a text's tokens
            "SentenceEmbeddingPipeline", "TextClassificationPipeline", "token_listing",
            # -q/-v verbosity: verbosity.configure(level, format), verbosity.from_env(default)

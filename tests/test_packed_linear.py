@@ -214,3 +214,18 @@ def test_real_minilm_fp32_packed_equals_transformers(minilm_path):
         want = theirs(**enc).last_hidden_state[mask]
     assert all(packed.cached(m) is not None for m in ours.body.encoder.modules() if type(m) is nn.Linear)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_server_memory_counts_packed_copies(tiny_bert):
+    """The server's model cache budget (weight_bytes) counts a Linear weight's packed copy once inference built
+    it: without it the budget undercounts a served model by up to its Linear weights."""
+    import hfport
+    from server.serving import weight_bytes
+
+    pipe = hfport.pipeline("feature-extraction", model=tiny_bert, dtype="float32")
+    before = weight_bytes(pipe)
+    linears = [m for m in pipe.model.modules() if type(m) is torch.nn.Linear]
+    pipe(["a short text", "and another one"])
+    packed = [m for m in linears if hfport.packed_bytes(m.weight) > 0]
+    assert packed, "inference built no packed copy"
+    assert weight_bytes(pipe) == before + sum(m.weight.numel() * m.weight.element_size() for m in packed)

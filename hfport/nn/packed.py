@@ -212,3 +212,11 @@ def cached(layer: nn.Module) -> Tensor | None:
     """The packed copy of the layer's weight held now (None: none)."""
     cache = layer.weight.__dict__.get(ATTR)
     return cache.tensor if cache is not None else None
+
+
+def packed_bytes(weight: Tensor) -> int:
+    """Bytes held by WEIGHT's packed copy now (0: none): what a server's memory budget must count beside the
+    weight itself once inference ran. oneDNN's blocked layout holds the same elements (its few padding bytes are
+    not counted)."""
+    cache = weight.__dict__.get(ATTR)
+    return weight.numel() * weight.element_size() if cache is not None and cache.tensor is not None else 0

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from hfport import PreTrainedEncoder, pipeline, tasks, tune_batch_tokens
+from hfport import PreTrainedEncoder, packed_bytes, pipeline, tasks, tune_batch_tokens
 from hfport.lora import AdapterSet
 
 from ..settings import Settings
@@ -23,10 +23,15 @@ from .records import ModelRecord
 log = logging.getLogger("hfport.server.serving")
 
 
+def _bytes(t: Any) -> int:
+    """A weight's bytes, with its packed inference copy once inference built one (hfport.packed_bytes)."""
+    return t.numel() * t.element_size() + packed_bytes(t)
+
+
 def weight_bytes(pipe: Any) -> int:
-    """Memory held by a pipeline's model weights and buffers."""
+    """Memory held by a pipeline's model weights and buffers (and the packed copies of its Linear weights)."""
     model = pipe.model
-    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    return sum(_bytes(t) for t in (*model.parameters(), *model.buffers()))
 
 
 def total_weight_bytes(pipes: Iterable[Any]) -> int:
@@ -34,7 +39,7 @@ def total_weight_bytes(pipes: Iterable[Any]) -> int:
     seen: dict[int, int] = {}
     for pipe in pipes:
         for t in (*pipe.model.parameters(), *pipe.model.buffers()):
-            seen[t.data_ptr()] = t.numel() * t.element_size()
+            seen[t.data_ptr()] = _bytes(t)
     return sum(seen.values())
 
 
