@@ -359,3 +359,26 @@ def test_dropout_keeps_torchs_distribution_scale_and_gradient(dtype):
     assert torch.equal(dropout(x, p), y)
     module = Dropout(p).eval()
     assert module(x) is x and dropout(x, 0.0) is x and isinstance(module, torch.nn.Dropout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_bitwise_torchs_mask_and_scale_kernel(dtype):
+    """The output and the gradient are bit for bit torch's native_dropout_backward (x * mask * scale, the kernel
+    hfport's dropout used before it kept the mask in x's dtype) on the mask the same seed draws (rand >= p), signed
+    zeros included: negative inputs and gradients, attention-probability and residual shapes."""
+    from hfport.nn import dropout
+
+    p = 0.1
+    for shape in [(37, 384), (3, 12, 17, 17)]:
+        x = (torch.randn(shape) * 3).to(dtype).requires_grad_()
+        grad = (torch.randn(shape) * 3).to(dtype)
+        torch.manual_seed(5)
+        y = dropout(x, p)
+        y.backward(grad)
+        torch.manual_seed(5)
+        keep = torch.rand(shape) >= p
+        want_y = torch.ops.aten.native_dropout_backward(x.detach(), keep, 1 / (1 - p))
+        want_grad = torch.ops.aten.native_dropout_backward(grad, keep, 1 / (1 - p))
+        for got, want in ((y.detach(), want_y), (x.grad, want_grad)):
+            assert got.dtype == dtype
+            assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
