@@ -384,7 +384,7 @@ def test_dropout_bitwise_torchs_mask_and_scale_kernel(dtype):
             assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
 
 
-@pytest.mark.parametrize("p", [0.1, 0.3, 1 / 3, 0.5, 2 ** -25, 1e-7, 0.9999999])
+@pytest.mark.parametrize("p", [0.1, 0.3, 1 / 3, 0.5, 0.7, 0.55, 2 ** -25, 1e-7, 0.9999999])
 def test_dropout_decides_as_torch_rand_against_p(p):
     """The mask is drawn as 24-bit integers against a threshold (nn/dropout.py, _keep_threshold): exactly the
     decisions torch.rand(shape) >= p makes from the same seed, and the generator is left in the same state."""

@@ -12,7 +12,6 @@ differ from torch's, as any two libraries' dropout masks do. Other devices keep 
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -54,13 +53,14 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return _KeepMask.apply(x, keep, 1.0 / (1.0 - p))
 
 
-@functools.lru_cache(maxsize=64)
 def _keep_threshold(p: float) -> int:
     """The integer t with r >= t exactly where torch.rand's float r * 2**-24 >= p (p compared as float32, as the
     tensor comparison casts it). torch.rand (float32) and torch.randint(0, 2**24) both take one 32-bit word of the
     generator per value, the float its low 24 bits times 2**-24, the integer the same 24 bits: the same draws, the
-    same decisions and the same generator state after, without the conversion to floats (~11% less time a draw)."""
-    return math.ceil(torch.tensor(p, dtype=torch.float32).item() * (1 << 24))
+    same decisions and the same generator state after, without the conversion to floats (~11% less time a draw).
+    Plain float arithmetic (no tensor, no cache), so torch.compile traces it as a constant."""
+    mantissa, exponent = math.frexp(p)  # p = mantissa * 2**exponent, 0.5 <= mantissa < 1
+    return math.ceil(round(mantissa * (1 << 24)) * 2.0 ** exponent)  # float32(p) * 2**24: 24 bits, half to even
 
 
 class Dropout(nn.Dropout):
