@@ -7,7 +7,8 @@ keep-mask at under half the cost (1.9M values: 5.9 ms against 14.5 ms); the unif
 integers, give the very same decisions a little cheaper still (_keep_threshold). Kept values are scaled by
 1 / (1 - p), in the forward and the backward, exactly as torch does. The masks come from torch's generator, so a
 seed, checkpointing's and GradCache's replays and exact resume behave as with torch's dropout; the values drawn
-differ from torch's, as any two libraries' dropout masks do. Other devices keep torch's kernel (CUDA's is fused and fast).
+differ from torch's, as any two libraries' dropout masks do. Other devices keep torch's kernel (CUDA's is fused
+and fast).
 """
 
 from __future__ import annotations
