@@ -309,6 +309,11 @@ def test_shard_counts(monkeypatch):
     assert shards.shard_count(rows=6, tokens=212) == 2  # the intra-op threads
     assert shards.shard_count(rows=6, tokens=2 * shards.MIN_SHARD_TOKENS - 1) == 1  # too few tokens to be worth it
     assert shards.shard_count(rows=1, tokens=500) == 1
+    # auto shards fp32 models only (bf16 and int8's bf16 float parts measured no gain); a count shards any dtype
+    assert shards.shard_count(rows=6, tokens=5000, dtype=torch.bfloat16) == 1
+    monkeypatch.setenv(shards.ENV, "2")
+    assert shards.shard_count(rows=6, tokens=5000, dtype=torch.bfloat16) == 2
+    monkeypatch.setenv(shards.ENV, "auto")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert shards.shard_count(rows=6, tokens=5000) == 1  # one thread: nothing to share
     monkeypatch.setenv(shards.ENV, "4")
@@ -354,3 +359,20 @@ def test_minilm_fp32_and_int8(minilm_path, monkeypatch):
     between = F.cosine_similarity(pooled["sharded"], pooled["unsharded"]).min().item()
     print(f"MiniLM int8 min cosine vs fp32: {cos}; sharded vs unsharded int8: {between:.5f}")
     assert min(cos.values()) >= MINILM_MIN_COSINE and between >= MINILM_MIN_COSINE, (cos, between)
+
+
+def test_auto_leaves_bf16_models_unsharded(tmp_path, monkeypatch):
+    """The auto rule by dtype reaches the model call: a bf16 model's call runs whole, its fp32 copy's sharded."""
+    model = _load("bert", "base", tmp_path)
+    inputs = batch("bert", lengths=LENGTHS)
+    monkeypatch.setenv(shards.ENV, "auto")
+    monkeypatch.setattr(shards, "MIN_SHARD_TOKENS", 1)
+    seen = []
+    real = shards.split_rows
+    monkeypatch.setattr(shards, "split_rows", lambda w, parts: seen.append(parts) or real(w, parts))
+    with torch.inference_mode():
+        model(**inputs)
+        assert seen == [min(torch.get_num_threads(), len(LENGTHS))] or torch.get_num_threads() < 2
+        seen.clear()
+        model.to(torch.bfloat16)(**inputs)
+    assert seen == []

@@ -63,6 +63,11 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 # whole forward is a few ms gains nothing from being cut. Not tuned by measurement (issue 30 measured 16-row batches
 # of 8..256 tokens only): a floor against tiny batches, not an optimum.
 MIN_SHARD_TOKENS = 64
+# "auto" shards only models that compute in these dtypes. Measured (scripts/bench_engine_ab.py's batches, 16 rows of
+# 8..256 tokens, 2-core AVX512-BF16 EPYC, 7 interleaved rounds, sharded / unsharded time): fp32 MiniLM 1.16x faster,
+# BERT-base shape 1.07x; bf16 1.01x and 0.97x; int8 (bf16 float parts) 1.02x and 1.00x: oneDNN's bf16 and int8
+# kernels already split small matmuls well over two threads, fp32's do not
+AUTO_DTYPES = (torch.float32,)
 
 
 @lru_cache(maxsize=8)
@@ -88,13 +93,16 @@ def setting() -> str | int:
 setting()  # and at import: a bad value stops `import hfport` (a server's start), as HFPORT_ROW_BUCKETS's does
 
 
-def shard_count(rows: int, tokens: int) -> int:
-    """How many shards a batch of `rows` rows and `tokens` real tokens runs as under the setting (1: unsharded)."""
+def shard_count(rows: int, tokens: int, dtype: torch.dtype = torch.float32) -> int:
+    """How many shards a batch of `rows` rows and `tokens` real tokens runs as under the setting (1: unsharded), for
+    a model whose parameters are in DTYPE."""
     mode = setting()
     if mode == "off":
         return 1
     if isinstance(mode, int):
         return max(1, min(mode, rows))
+    if dtype not in AUTO_DTYPES:
+        return 1
     return max(1, min(torch.get_num_threads(), rows, tokens // MIN_SHARD_TOKENS))
 
 
@@ -246,7 +254,8 @@ def plan(forward: Callable[..., Any], model: Any, args: tuple[Any, ...], kwargs:
         weights = mask.reshape(rows, -1).ne(0).sum(1).tolist()  # (B,): real tokens (of every choice) per row
     else:
         weights = [ids[0].numel()] * rows
-    parts = shard_count(rows, sum(weights))
+    first = next(model.parameters(), None)
+    parts = shard_count(rows, sum(weights), first.dtype if first is not None else torch.float32)
     if parts < 2:
         return None
     return inputs, split_rows(weights, parts)
