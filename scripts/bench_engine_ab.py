@@ -5,6 +5,9 @@ and interleaved rounds (same weights, same padded batches: 16 rows of 8..256 tok
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_engine_ab.py                     # minilm and bert-base
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_engine_ab.py --models minilm --rounds 3 --quick
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_engine_ab.py --off HFPORT_ROW_SHARDS --rounds 7   # one switch
+
+--off names the switches the "off" side turns off (default both); the "on" side keeps every switch at its default.
 
 Printed per model: real tokens/s of every contestant (median round) and the ratios on/off and on/transformers with
 their min..max over rounds. Timing needs a quiet machine; no figure is asserted anywhere.
@@ -25,7 +28,8 @@ import torch
 import bench
 from _benchutil import describe, machine
 
-SWITCHES = ("HFPORT_PACKED_LINEAR", "HFPORT_ROW_SHARDS")
+ALL_SWITCHES = ("HFPORT_PACKED_LINEAR", "HFPORT_ROW_SHARDS")
+SWITCHES = ALL_SWITCHES  # the ones the "off" side turns off (--off)
 
 
 @contextlib.contextmanager
@@ -74,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--dtypes", default="fp32,bf16,int8")
     p.add_argument("--quick", action="store_true", help="short batches, 2 rounds: checks that it runs")
+    p.add_argument("--off", default=",".join(ALL_SWITCHES), help="the switches the off side turns off, by comma")
     args = p.parse_args(argv)
+    global SWITCHES
+    SWITCHES = tuple(args.off.split(","))
+    if not set(SWITCHES) <= set(ALL_SWITCHES):
+        p.error(f"--off: expected some of {', '.join(ALL_SWITCHES)}")
     work = bench.QUICK if args.quick else bench.FULL
     rounds = 2 if args.quick else args.rounds
     dtypes = args.dtypes.split(",")
