@@ -17,6 +17,7 @@ from .export import ExportError, ExportOptions, ExportResult, VerifyReport, expo
 from .hub import resolve as resolve_model
 from .modeling import LoadReport, PreTrainedEncoder
 from .nn.packed import packed_bytes
+from .nn.shards import set_num_threads_here
 from .pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, phase_times, pipeline
 from .registry import supported
 from .rundir import RunDir, RunSummary
@@ -44,6 +45,8 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice", "A
            "phase_times", "tune_batch_tokens",
            # a weight's packed inference copy (nn/packed.py), which a memory budget counts beside the weight
            "packed_bytes",
+           # a thread's own intra-op thread count, the process's left alone (a server's predict threads)
+           "set_num_threads_here",
            # what a server tells apart and lists: the embedding and classification pipelines, a text's tokens
            "SentenceEmbeddingPipeline", "TextClassificationPipeline", "token_listing",
            # -q/-v verbosity: verbosity.configure(level, format), verbosity.from_env(default)

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     predict_max_chars: int = Field(20_000, ge=1, description="characters per input (all its text fields)")
     predict_timeout_s: float = Field(30.0, gt=0, description="per-request deadline for /predict")
     predict_threads: int = Field(2, ge=1, description="threads running model forward passes")
+    predict_intra_op_threads: int = Field(0, ge=0, description=(
+        "torch intra-op threads of each predict thread: 0 = auto (the process's intra-op threads shared among the "
+        "predict threads, at least 1 each, so that busy predict threads never ask for more threads than cores); "
+        "N: N each"))
     predict_max_pending: int = Field(64, ge=1, description="requests waiting for a model before 429")
     batch_max_wait_ms: float = Field(5.0, ge=0, description="how long a request waits for others to batch with")
     batch_max_inputs: int = Field(512, ge=1, description="inputs merged into one pipeline call at most")

@@ -279,6 +279,20 @@ def test_workers_leave_the_process_thread_counts_alone():
     assert pool.submit(torch.get_num_threads).result(timeout=60) == 1
 
 
+def test_set_num_threads_here_sets_only_the_calling_thread():
+    """What a server's predict threads run at start (hfport.set_num_threads_here): their own count, the process's
+    and other threads' left alone; share= divides the process's count (at least 1)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    main, fresh = torch.get_num_threads(), _fresh_count()
+    with ThreadPoolExecutor(2, initializer=hfport.set_num_threads_here, initargs=(None, 2)) as pool:
+        counts = [pool.submit(torch.get_num_threads).result(timeout=60) for _ in range(4)]
+    assert counts == [max(1, fresh // 2)] * 4
+    with ThreadPoolExecutor(1, initializer=hfport.set_num_threads_here, initargs=(3,)) as pool:
+        assert pool.submit(torch.get_num_threads).result(timeout=60) == 3
+    assert torch.get_num_threads() == main and _fresh_count() == fresh
+
+
 # --- the switch --------------------------------------------------------------------------------------------------
 
 

@@ -598,6 +598,25 @@ def test_model_cache_is_bounded_by_count_and_memory(tmp_path, root):
     assert run(model_cache_mb=1.5 * one / 2**20) == ["base"]  # room for one tiny model only
 
 
+def test_predict_threads_share_the_cores(tmp_path):
+    """Each predict thread runs torch on its share of the process's intra-op threads (predict_intra_op_threads 0),
+    or on the count asked for; the process's own count stays."""
+    import torch
+
+    from server.serving import ModelService
+    from server.settings import Settings
+
+    main = torch.get_num_threads()
+    for settings, want in ((Settings(data_dir=tmp_path / "d", predict_threads=2), max(1, main // 2)),
+                           (Settings(data_dir=tmp_path / "d", predict_intra_op_threads=3), 3)):
+        service = ModelService(settings)
+        try:
+            assert service.pool.submit(torch.get_num_threads).result(timeout=60) == want
+        finally:
+            service.close()
+    assert torch.get_num_threads() == main
+
+
 def test_settings_from_env(monkeypatch, tmp_path):
     from server.settings import Settings
 

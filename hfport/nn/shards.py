@@ -146,6 +146,19 @@ def _in_fresh_thread(fn: Callable[[], Any]) -> Any:
     return out[0] if out else None
 
 
+def set_num_threads_here(n: int | None = None, share: int = 1) -> int:
+    """This thread's torch intra-op thread count set to N (None: the process's count divided by SHARE, at least 1),
+    the process's count (what threads started later get) left as it was (module docstring: torch.set_num_threads
+    alone would change both). For a thread pool's initializer, e.g. a server's SHARE predict threads dividing the
+    cores: each then runs its matmuls on its share. Returns the count set."""
+    fresh = _in_fresh_thread(torch.get_num_threads)  # what a thread started now initialises to
+    n = n or max(1, fresh // max(1, share))
+    torch.get_num_threads()  # ATen's per-thread lazy init first: run later, it would reset the count set next
+    torch.set_num_threads(n)
+    _in_fresh_thread(lambda: torch.set_num_threads(fresh))  # the global count back; the helper thread's ignored
+    return n
+
+
 class ShardPool:
     """Persistent daemon worker threads, each with one intra-op thread, taking shard jobs from one queue."""
 

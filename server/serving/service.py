@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from hfport import ItemError
+from hfport import ItemError, set_num_threads_here
 from hfport.errors import HfportError
 
 from ..errors import ApiError
@@ -25,7 +25,12 @@ class ModelService:
     def __init__(self, settings: Settings, metrics: Any = None):
         self.settings = settings
         self.metrics = metrics  # server.metrics.Metrics, or None
-        self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict")
+        # each predict thread on its share of the cores (settings.predict_intra_op_threads; 0: the process's
+        # intra-op threads divided among them): two busy predict threads with the process's 2 threads each would put
+        # 4 OpenMP threads on 2 cores
+        self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict",
+                                       initializer=set_num_threads_here,
+                                       initargs=(settings.predict_intra_op_threads or None, settings.predict_threads))
         self.cache = ModelCache(settings, metrics)
         self._batchers: dict[tuple[ModelRecord, str], Batcher] = {}
         self.pending = 0  # requests admitted and not answered yet (waiting for a model or in a call)
