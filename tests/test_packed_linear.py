@@ -229,3 +229,21 @@ def test_server_memory_counts_packed_copies(tiny_bert):
     packed = [m for m in linears if hfport.packed_bytes(m.weight) > 0]
     assert packed, "inference built no packed copy"
     assert weight_bytes(pipe) == before + sum(m.weight.numel() * m.weight.element_size() for m in packed)
+
+
+def test_torch_compile_traces_installed_layers(tiny_bert):
+    """torch.compile (dynamo) traces a loaded model's Linear layers, in training and at inference: the packed path
+    steps aside while compiling (its cache on the weight's __dict__ is not traceable), as a fine-tune with
+    compile=True needs."""
+    model = hfport.AutoModel.from_pretrained(tiny_bert)
+    assert any(packed.installed(m) for m in model.modules())
+    ids = torch.tensor([[101, 2023, 2003, 102], [101, 2054, 102, 0]])
+    mask = (ids != 0).long()
+    compiled = torch.compile(model, backend="eager", fullgraph=False)
+    model.train()
+    compiled(input_ids=ids, attention_mask=mask).last_hidden_state.sum().backward()
+    model.eval()
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+        want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -169,6 +169,8 @@ def drop(layer: nn.Module) -> None:
 
 def linear(layer: nn.Linear, x: Tensor) -> Tensor:
     """F.linear(x, layer.weight, layer.bias), through the packed weight where the module docstring says."""
+    if torch.compiler.is_compiling():  # first: dynamo cannot trace the cache on the weight's __dict__ (nor needs it)
+        return F.linear(x, layer.weight, layer.bias)
     if not _packable(layer, x):
         if layer.training or torch.is_grad_enabled():
             drop(layer)
