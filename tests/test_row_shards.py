@@ -291,6 +291,12 @@ def test_set_num_threads_here_sets_only_the_calling_thread():
     with ThreadPoolExecutor(1, initializer=hfport.set_num_threads_here, initargs=(3,)) as pool:
         assert pool.submit(torch.get_num_threads).result(timeout=60) == 3
     assert torch.get_num_threads() == main and _fresh_count() == fresh
+    # initializers running at once (a pool's threads start together under load): the process's count survives
+    for _ in range(5):
+        start = threading.Barrier(8)
+        with ThreadPoolExecutor(8, initializer=hfport.set_num_threads_here, initargs=(1,)) as pool:
+            assert [f.result(timeout=60) for f in [pool.submit(start.wait) for _ in range(8)]]
+        assert _fresh_count() == fresh
 
 
 # --- the switch --------------------------------------------------------------------------------------------------

@@ -25,10 +25,11 @@ into min(N, rows) groups whatever the intra-op thread count and batch size (N = 
 Thread counts: torch.set_num_threads(n) (ATen's ParallelOpenMP.cpp) sets the calling thread's OpenMP and MKL counts
 and ALSO stores n in a process-global atomic, from which every thread that touches ATen later initialises its own
 count (at::init_num_threads, once per thread, lazily, at its first get_num_threads or parallel op). A worker setting 1
-would so make every thread started afterwards single-threaded. The pool therefore reads the count a fresh thread gets
-before starting workers, lets each worker set 1 for itself (after its own lazy init, which would otherwise reset it on
-the first op), then stores the count it read back into the global from a short-lived helper thread (whose own count
-does not matter): the caller's count and a new thread's count are what they were. This happens once per worker (the
+would so make every thread started afterwards single-threaded. `set_num_threads_here` (what each worker, and a
+server's predict threads, run first) therefore reads the count a fresh thread gets, sets its own (after its own lazy
+init, which would otherwise reset it on the first op), then stores the count it read back into the global from a
+short-lived helper thread (whose own count does not matter), one thread at a time: the caller's count and a new
+thread's count are what they were. This happens once per worker (the
 pool is persistent): set_num_threads also resizes caffe2's pthreadpool and clears ideep's convolution cache, process-
 wide. A thread that makes its first ATen call during those few milliseconds would start with 1.
 """
@@ -146,16 +147,21 @@ def _in_fresh_thread(fn: Callable[[], Any]) -> Any:
     return out[0] if out else None
 
 
+_threads_lock = threading.Lock()  # one thread at a time between reading the process's count and putting it back
+
+
 def set_num_threads_here(n: int | None = None, share: int = 1) -> int:
     """This thread's torch intra-op thread count set to N (None: the process's count divided by SHARE, at least 1),
     the process's count (what threads started later get) left as it was (module docstring: torch.set_num_threads
     alone would change both). For a thread pool's initializer, e.g. a server's SHARE predict threads dividing the
-    cores: each then runs its matmuls on its share. Returns the count set."""
-    fresh = _in_fresh_thread(torch.get_num_threads)  # what a thread started now initialises to
-    n = n or max(1, fresh // max(1, share))
-    torch.get_num_threads()  # ATen's per-thread lazy init first: run later, it would reset the count set next
-    torch.set_num_threads(n)
-    _in_fresh_thread(lambda: torch.set_num_threads(fresh))  # the global count back; the helper thread's ignored
+    cores: each then runs its matmuls on its share. Serialized: two threads doing it at once would each read the
+    other's count as the process's and could leave it behind. Returns the count set."""
+    with _threads_lock:
+        fresh = _in_fresh_thread(torch.get_num_threads)  # what a thread started now initialises to
+        n = n or max(1, fresh // max(1, share))
+        torch.get_num_threads()  # ATen's per-thread lazy init first: run later, it would reset the count set next
+        torch.set_num_threads(n)
+        _in_fresh_thread(lambda: torch.set_num_threads(fresh))  # the global count back; the helper's is ignored
     return n
 
 
@@ -174,20 +180,17 @@ class ShardPool:
         with self._lock:
             if self.size >= workers:
                 return
-            fresh = _in_fresh_thread(torch.get_num_threads)  # what a thread started now initialises to
             ready = [threading.Event() for _ in range(workers - self.size)]
             for i, event in enumerate(ready):
                 threading.Thread(target=self._work, args=(event,), daemon=True,
                                  name=f"hfport-shard-{self.size + i}").start()
             for event in ready:
                 event.wait()
-            _in_fresh_thread(lambda: torch.set_num_threads(fresh))  # the global count back; this thread's ignored
             self.size = workers
 
     def _work(self, ready: threading.Event) -> None:
         _local.worker = True
-        torch.get_num_threads()  # ATen's per-thread lazy init first: run later, it would reset the count set next
-        torch.set_num_threads(1)
+        set_num_threads_here(1)
         ready.set()
         while True:
             fn, future = self.jobs.get()
