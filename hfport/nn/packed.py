@@ -210,15 +210,18 @@ def install(model: nn.Module) -> int:
     return count
 
 
+def _held(weight: Tensor) -> Tensor | None:
+    cache = weight.__dict__.get(ATTR)
+    return cache.tensor if cache is not None else None
+
+
 def cached(layer: nn.Module) -> Tensor | None:
     """The packed copy of the layer's weight held now (None: none)."""
-    cache = layer.weight.__dict__.get(ATTR)
-    return cache.tensor if cache is not None else None
+    return _held(layer.weight)
 
 
 def packed_bytes(weight: Tensor) -> int:
     """Bytes held by WEIGHT's packed copy now (0: none): what a server's memory budget must count beside the
     weight itself once inference ran. oneDNN's blocked layout holds the same elements (its few padding bytes are
     not counted)."""
-    cache = weight.__dict__.get(ATTR)
-    return weight.numel() * weight.element_size() if cache is not None and cache.tensor is not None else 0
+    return weight.numel() * weight.element_size() if _held(weight) is not None else 0
