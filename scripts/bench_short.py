@@ -16,6 +16,12 @@ library goes first (forward, then backward order); the ratio is the median over 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py              # ~3 min on 2 cores
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py --runs 2 --steps 8    # a quick look
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py --profile --threads 1 # where hfport auto's step goes
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py --copies 3 --steps 60 --runs 7 \
+        --ab HFPORT_ROW_BUCKETS=auto                                              # longer windows, one switch's A/B
+
+One run's window is ~0.1-0.5 s a step x --steps; on a shared machine the ratio of one pair of runs moves by +-15%,
+so longer windows (--copies writes the sentences several times over: one epoch, the longest window, holds
+--copies x 25 batches) and more runs narrow the median's range.
 
 --profile measures nothing against Trainer: it runs hfport.finetune(precision="auto") twice on the same batches
 (the first run only warms the process: oneDNN builds and caches its bf16 matmuls per shape, so a batch whose
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -47,8 +54,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = [ROOT / "examples" / "data" / "topics_train.csv", ROOT / "examples" / "data" / "topics_eval.csv"]
 
 
-def write_data(path: Path, folder: Path) -> dict[str, float]:
-    """The sentences as JSONL {"text", "label" (an id: both libraries read ids alike)}; their token-length stats."""
+def write_data(path: Path, folder: Path, copies: int = 1) -> dict[str, float]:
+    """The sentences as JSONL {"text", "label" (an id: both libraries read ids alike)}, COPIES times over (one epoch
+    then holds COPIES x 25 batches: a longer measured window on a noisy machine, same sentences, same lengths);
+    their token-length stats (of one copy) and "rows" written."""
     from tokenizers import Tokenizer
 
     rows = [r for f in DATA for r in csv.DictReader(f.open(encoding="utf-8"))]
@@ -56,13 +65,29 @@ def write_data(path: Path, folder: Path) -> dict[str, float]:
     if len(topics) != bench.NUM_LABELS:
         raise RuntimeError(f"{DATA[0].name}: {len(topics)} topics, the checkpoint's head has {bench.NUM_LABELS}")
     with open(path, "w") as f:
-        f.writelines(json.dumps({"text": r["text"], "label": topics.index(r["label"])}) + "\n" for r in rows)
+        f.writelines(json.dumps({"text": r["text"], "label": topics.index(r["label"])}) + "\n"
+                     for _ in range(copies) for r in rows)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
     lengths = [len(e.ids) for e in tokenizer.encode_batch([r["text"] for r in rows])]
-    return {"examples": len(rows), "median_tokens": statistics.median(lengths), "min_tokens": min(lengths),
+    return {"examples": len(rows), "rows": len(rows) * copies, "median_tokens": statistics.median(lengths),
+            "min_tokens": min(lengths),
             "max_tokens": max(lengths)}
+
+
+def with_env(setting: str, run: Callable[[], float]) -> float:
+    """RUN with SETTING ("NAME=VALUE") in the environment, the old value put back after."""
+    name, _, value = setting.partition("=")
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return run()
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def run_all(runs: dict[str, Callable[[], float]], n: int) -> dict[str, list[float]]:
@@ -145,13 +170,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="measured steps a run")
     parser.add_argument("--warmup-steps", type=int, default=2, help="steps before the measured window")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--copies", type=int, default=1, help="the 400 sentences written this many times over, so "
+                        "one epoch (the longest window: an epoch end checkpoints) holds more steps")
     parser.add_argument("--trainer-bf16", action="store_true", help="also Trainer(bf16=True)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's; 1 on a shared machine "
                         "keeps other jobs from stalling every parallel kernel)")
+    parser.add_argument("--ab", metavar="ENV=VALUE", help="also hfport auto with this environment setting (e.g. "
+                        "HFPORT_PACKED_LINEAR=off), in the same interleaved runs: the A/B of one engine switch")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     parser.add_argument("--profile", action="store_true", help="no comparison: where hfport auto's step goes "
                         "(torch.profiler's self CPU time by part and by operator; see above)")
     args = parser.parse_args()
+    if args.ab is not None and "=" not in args.ab.strip("="):
+        parser.error(f"--ab {args.ab!r}: expected NAME=VALUE")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -167,10 +198,11 @@ def main() -> None:
         scratch = Path(scratch)
         folder, data = scratch / "model", scratch / "train.jsonl"
         bench.build_checkpoint(spec, folder, work.seed)
-        stats = write_data(data, folder)
-        per_epoch = stats["examples"] // work.batch_size
+        stats = write_data(data, folder, args.copies)
+        per_epoch = stats["rows"] // work.batch_size
         if total > per_epoch:  # an epoch end checkpoints: it must not fall inside the window
-            parser.error(f"{total} steps exceed one epoch ({per_epoch} batches of {work.batch_size}); fewer --steps")
+            parser.error(f"{total} steps exceed one epoch ({per_epoch} batches of {work.batch_size}); fewer --steps "
+                         "or more --copies")
         bench.say(f"machine: {describe(m)}; data: {stats['examples']} sentences, median {stats['median_tokens']} "
                   f"tokens ({stats['min_tokens']}..{stats['max_tokens']}); batches of {work.batch_size}, "
                   f"{work.warmup_steps} warm-up + {work.steps} measured steps a run")
@@ -183,11 +215,17 @@ def main() -> None:
             "hfport auto": lambda: bench.run_hfport_finetune(folder, data, scratch / "h", work, total, "auto")}
         if args.trainer_bf16:
             runs["Trainer bf16"] = lambda: bench.run_trainer(spec, folder, data, scratch / "t", work, total, True)
+        if args.ab:
+            runs[f"hfport auto {args.ab}"] = lambda: with_env(args.ab, lambda: bench.run_hfport_finetune(
+                folder, data, scratch / "h", work, total, "auto"))
         rates = run_all(runs, args.runs)
     results: dict[str, Any] = {"hfport fp32 / Trainer fp32": pair(rates, "hfport fp32", "Trainer fp32"),
                                "hfport auto / Trainer fp32": pair(rates, "hfport auto", "Trainer fp32")}
     if args.trainer_bf16:
         results["hfport auto / Trainer bf16"] = pair(rates, "hfport auto", "Trainer bf16")
+    if args.ab:
+        results[f"hfport auto {args.ab} / Trainer fp32"] = pair(rates, f"hfport auto {args.ab}", "Trainer fp32")
+        results[f"hfport auto / auto {args.ab}"] = pair(rates, "hfport auto", f"hfport auto {args.ab}")
     from hfport.train.loop import mixed_precision
 
     auto = mixed_precision("auto")
