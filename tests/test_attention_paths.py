@@ -145,3 +145,29 @@ def test_groups_place_every_token_once() -> None:
     assert masks[1] is None  # two 5s: nothing padded, no mask (SDPA's unmasked path)
     assert masks[0].shape == (3, 1, 3, 3) and not bool(masks[0][0, 0, 0, 2])  # the 2's padded key is masked
     assert bool(masks[0][0, 0, 2].all())  # its padded query row attends to every key (no NaN row)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("length", [16, 48, 64])
+def test_bf16_kernel_choice_short_inference_fused_else_math(monkeypatch, grad: bool, length: int) -> None:
+    """bf16 on the CPU: an inference call of at most FUSED_INFERENCE_SCORES_MAX score entries takes the fused kernel
+    (its fixed cost is lower: nn/attention.py's table), a gradient-carrying call of any size and a longer inference
+    call the math form. Both give the fp32 answer to bf16's rounding."""
+    from hfport.nn import attention
+
+    calls = []
+    fused = F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append("fused") or fused(*a, **k))
+    math = attention.eager_attention
+    monkeypatch.setattr(attention, "eager_attention", lambda *a, **k: calls.append("math") or math(*a, **k))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 12, length, 32, generator=g) for _ in range(3))  # (G, H, L, D) fp32
+    expected = F.scaled_dot_product_attention(q, k, v, scale=0.17)
+    calls.clear()
+    qb, kb, vb = (x.bfloat16().requires_grad_(grad) for x in (q, k, v))
+    with torch.set_grad_enabled(grad):
+        out = attention.sdpa_attention(qb, kb, vb, mask=None, bias=None, dropout_p=0.0, scale=0.17)
+    short = 12 * length * length <= attention.FUSED_INFERENCE_SCORES_MAX
+    assert calls == ["fused" if short and not grad else "math"]
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)  # bf16: 8 bits of mantissa

@@ -38,24 +38,38 @@ def _merge_mask_and_bias(mask: Tensor | None, bias: Tensor | None, dtype: torch.
 # The largest score tensor (G * H * L * L entries) the bf16 CPU path computes in the math form: training keeps the
 # probabilities for the backward, which SDPA does not (2**24 entries = 32 MiB in bf16 per call).
 MATH_SCORES_MAX = 2 ** 24
+# Inference calls (no gradient wanted) with at most this many score entries take the fused kernel instead: the math
+# form's five ops cost ~60-70 us of fixed overhead each call, which a short sequence's whole attention does not. bf16,
+# heads 12 x 32, forward only, best of 3 x 100 calls, us math / fused (2-core AVX512-BF16 EPYC, quiet):
+#   two threads: G=1 L=16 71/25, L=32 99/42, L=48 138/76, L=64 123/105, L=96 170/197; G=4 L=16 126/85, L=32 160/139;
+#                G=16 L=16 371/463 (many tiny heads: the fused kernel's per-head cost wins no more)
+#   one thread:  G=1 L=16 70/35, L=32 86/60, L=48 142/118, L=64 154/167; G=4 L=16 154/129; G=16 L=16 457/482
+# 2**15 entries takes every case where fused won by 1.4x or more (G=1 up to L=48, G=4 at L=16) and none it lost.
+FUSED_INFERENCE_SCORES_MAX = 2 ** 15
 
 
-def _math_is_faster(q: Tensor, k: Tensor) -> bool:
+def _math_is_faster(q: Tensor, k: Tensor, v: Tensor | None = None) -> bool:
     """bf16 on the CPU: torch's fused CPU attention is slower there than the math form's two matmuls and a softmax,
     by far in training (its bf16 backward; measured on a 2-core AVX512-BF16 CPU, 12 heads of 32, forward + backward:
     one sequence of 64 / 128 / 256 tokens 1.9 / 4.4 / 8.0 ms fused, 0.6 / 1.2 / 5.6 ms math; 16 sequences of 25
     13.8 ms against 2.8 ms: MiniLM's bf16 fine-tune step 14% faster whole), a little in inference (forward 1.1-1.4x;
-    MiniLM inference 3% faster). The fused kernel accumulates in fp32, so its attention output is closer to fp32's,
+    MiniLM inference 3% faster) but for short inference calls, where the fused kernel wins
+    (FUSED_INFERENCE_SCORES_MAX). The fused kernel accumulates in fp32, so its attention output is closer to fp32's,
     but not the model's: MiniLM's last hidden state against fp32, mean |diff| 0.0019 math, 0.0018 fused; mean cosine
     0.99989 / 0.99990 (the weights' bf16 rounding dominates). Score tensors above MATH_SCORES_MAX keep the fused
     kernel, which never builds them whole."""
-    return (q.dtype == torch.bfloat16 and q.device.type == "cpu"
-            and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MATH_SCORES_MAX)
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+        return False
+    entries = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
+    if entries <= FUSED_INFERENCE_SCORES_MAX and not (
+            torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v))):
+        return False  # a short inference call: the fused kernel (FUSED_INFERENCE_SCORES_MAX)
+    return entries <= MATH_SCORES_MAX
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
                    dropout_p: float, scale: float) -> Tensor:
-    if _math_is_faster(q, k):
+    if _math_is_faster(q, k, v):
         return eager_attention(q, k, v, mask=mask, bias=bias, dropout_p=dropout_p, scale=scale)
     attn_mask = _merge_mask_and_bias(mask, bias, q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
