@@ -5,7 +5,9 @@
      per-input-channel |max|; channels that dwarf the median (nn/int8.py: OUTLIER_RATIO, at most MAX_OUTLIERS a
      layer) stay fp32 beside the int8 product;
   2. every nn.Linear under the body's encoder becomes an Int8Linear (nn/int8.py: weights per output channel,
-     activations per tensor through oneDNN's fused int8 Linear, the fast one, or per token through torch._int_mm).
+     activations per tensor through oneDNN's fused int8 Linear, the fast one, or per token through torch._int_mm),
+     keeping its float weight for calls of fewer than HFPORT_INT8_MIN_ROWS rows (default 128), where int8's fixed
+     costs make it slower than the float layer (nn/int8.py's docstring has the numbers; 0: int8 always).
      Embeddings, norms, attention's softmax and products, the pooler and the task heads stay float: bf16 where the
      CPU's bf16 is native (what dtype="auto" picks: hfport/hardware.py), else fp32 (`float_dtype`). The int8 kernel
      writes its output in that dtype (the cast fused), so a bf16 body passes bf16 from layer to layer; outputs
@@ -39,7 +41,8 @@ from .errors import ConfigError, ExportError
 from .formats.sentence_transformers import has_embedding_layout, read_layout
 from .hardware import auto_dtype
 from .modeling import PreTrainedEncoder
-from .nn.int8 import ACTIVATIONS, InputPeaks, body_linears, onednn_int8_available, quantize_linears, swap_linears
+from .nn.int8 import ACTIVATIONS, InputPeaks, body_linears, int8_everywhere, onednn_int8_available, quantize_linears, \
+    swap_linears
 from .probes import CALIBRATION_PAIRS, CALIBRATION_TEXTS, PROBE_MAX_LENGTH, GateData, encode, gate_batches, \
     read_gate_data
 from .tasks import TASKS
@@ -111,7 +114,8 @@ def _judge(model: PreTrainedEncoder, folder: Path, batches: Batches,
     bound = MIN_COSINE if gate.threshold == "cosine" else MIN_AGREEMENT
     results = []
     for key, encs in batches.items():
-        chunks = [(_outputs(model, enc, model.task), f, enc) for enc, f in zip(encs, reference[key])]
+        with int8_everywhere():  # judged in int8 at every batch size: small calls would take the float weight
+            chunks = [(_outputs(model, enc, model.task), f, enc) for enc, f in zip(encs, reference[key])]
         verdict = measure(gate, chunks, ctx)
         ok, tolerance = passes(gate, verdict, MIN_AGREEMENT, MIN_COSINE)
         origin, _, kind = key.rpartition("/")
@@ -149,7 +153,7 @@ def quantize(model: PreTrainedEncoder, folder: str | os.PathLike[str], activatio
     Int8Linear): the nn.Linear it replaced, untouched fp32}. What dtype="int8" does before judging; for benchmarks
     (scripts/bench.py) and experiments, not for serving."""
     peaks = peaks if peaks is not None else _calibrate(model, Path(folder))
-    originals = quantize_linears(model.body.encoder, peaks, activations or granularities()[0])
+    originals = quantize_linears(model.body.encoder, peaks, activations or granularities()[0], keep_float=True)
     model.to(dtype or float_dtype(model))  # the Int8Linears keep their int8 weights and fp32 scales
     return originals
 

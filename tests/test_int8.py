@@ -52,6 +52,32 @@ def test_int8_linear_matches_its_reference(bias, n_outliers, activations):
     assert got16.dtype == torch.bfloat16 and ((got16.float() - got).norm() / got.norm()).item() < 0.01
 
 
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_calls_of_few_rows_run_the_kept_float_weight(monkeypatch, activations):
+    """keep_float: fewer than HFPORT_INT8_MIN_ROWS rows -> the float layer exactly (bf16 here, as an int8 model's
+    float parts), more -> int8; int8_everywhere() -> int8 at any size; 0 keeps no float weight; nothing is saved."""
+    monkeypatch.setenv(int8_nn.MIN_ROWS_ENV, "16")
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    layer = int8_nn.Int8Linear.from_linear(linear, torch.tensor([3]), activations, keep_float=True).bfloat16()
+    assert "float_weight" not in layer.state_dict()
+    w, b = linear.weight.detach().bfloat16(), linear.bias.detach().bfloat16()
+    with torch.inference_mode():
+        small, big = torch.randn(15, 64).bfloat16(), torch.randn(16, 64).bfloat16()
+        assert torch.equal(layer(small), nn.functional.linear(small, w, b))  # float, bit for bit
+        with int8_nn.int8_everywhere():
+            forced = layer(small)
+            big_int8 = layer(big)
+        assert not torch.equal(forced, nn.functional.linear(small, w, b))  # int8 rounding shows
+        torch.testing.assert_close(forced.double(), reference_forward(layer, small), atol=2e-2, rtol=2e-2)
+        assert torch.equal(layer(big), big_int8)  # 16 rows: int8 without being told
+    monkeypatch.setenv(int8_nn.MIN_ROWS_ENV, "0")
+    assert int8_nn.Int8Linear.from_linear(linear, None, activations, keep_float=True).float_weight is None
+    monkeypatch.setenv(int8_nn.MIN_ROWS_ENV, "few")
+    with pytest.raises(hfport.ConfigError, match=int8_nn.MIN_ROWS_ENV):
+        int8_nn.Int8Linear.from_linear(linear, None, activations, keep_float=True)
+
+
 def test_u8_quantization_runs_in_fp32_by_blocks(monkeypatch):
     """quantize_tensor_u8: a bf16 input quantizes exactly as its fp32 copy (the arithmetic is fp32, block by
     block), any block size gives the same answer, and outlier channels are out of the range and saturate."""
@@ -239,6 +265,13 @@ def test_gate_refuses_damaged_int8(minilm_path, damaged):
     with pytest.raises(Int8GateError, match=r"int8 refused by its gate: activations per tensor: min cosine >= 0.98: "
                                             r"0\.\d+ .* against the bound 0.98.* \| activations per token: min cosine "
                                             r">= 0.98: 0\.\d+ .*auto-int8"):
+        hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
+
+
+def test_gate_judges_int8_even_where_calls_would_run_float(minilm_path, damaged, monkeypatch):
+    """Every call below HFPORT_INT8_MIN_ROWS rows runs the kept float weight; the gate must still judge int8."""
+    monkeypatch.setenv(int8_nn.MIN_ROWS_ENV, str(10 ** 9))
+    with pytest.raises(Int8GateError, match="int8 refused by its gate"):
         hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
 
 

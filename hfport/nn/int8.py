@@ -26,14 +26,34 @@ activations by `outlier_channels`), are taken out of the int8 product and go thr
 it; their int8 weight rows are zero.
 
 torch.ao.quantization's dynamic Linear is deprecated in this torch (its removal announced), hence these two ops.
+
+Small calls in float: an int8 call costs the input's quantization passes and ~10 small ops on top of the product,
+~100-150 us whatever the row count, where a bf16 Linear of a few rows costs ~50-90 us whole. Measured per call
+(bf16 body, outliers on, best of 3 x 200 calls, us int8 / bf16 F.linear with packing, quiet 2-core EPYC):
+  two threads: 384->384 M=1 226/88, M=64 214/86, M=128 241/132, M=512 435/435; 384->1536 M=64 393/221, M=128
+               389/433; 1536->384 M=64 414/272, M=128 567/436, M=512 1177/1412
+  one thread:  384->1536 M=16 217/135, M=64 372/391, M=128 571/744; 1536->384 M=64 395/398, M=128 642/730
+So a layer made by `from_linear(..., keep_float=True)` (what dtype="int8" loads) also keeps its float weight (a
+non-persistent buffer in the body's float dtype: saved nowhere, cast with the model) and runs calls of fewer than
+`float_below_rows()` rows (HFPORT_INT8_MIN_ROWS, default 128; 0: int8 always, no float weight kept) as a plain float
+Linear (prepacked like any other: nn/packed.py), closer to fp32 than int8 is. MiniLM classification, two threads,
+9 interleaved rounds (median ms a call, int8 always / with the float path / the bf16 model): one short text 9.10 /
+6.40 / 6.05; 4 texts 14.4 / 12.8 / 13.2; 16 texts (~290 tokens: int8) and bench.py's batches unchanged. The gate
+judges int8 itself: `int8_everywhere()` turns the float path off while it measures.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
+
+from ..errors import ConfigError
+from . import packed
 
 QMAX = 127  # symmetric int8: -127..127 (no -128, so a negated value keeps its magnitude)
 EPS = 1e-12  # a zero row or token gets a tiny scale instead of a division by zero (its values stay 0)
@@ -47,6 +67,33 @@ U8_MARGIN = 1e-5  # relative widening of the per-tensor uint8 range (quantize_te
 # 1.92 / 0.45 ms, 2**18 1.60 / 0.41, 2**19 1.59 / 0.37 (each block costs four ops: fewer blocks, less overhead)
 QUANT_BLOCK = 1 << 18
 ACTIVATIONS = ("tensor", "token")  # activation quantization granularities, fastest first (module docstring)
+MIN_ROWS_ENV = "HFPORT_INT8_MIN_ROWS"
+
+
+def float_below_rows() -> int:
+    """Calls of fewer rows than this run a kept float weight (module docstring); 0: never."""
+    value = os.environ.get(MIN_ROWS_ENV, "128").strip() or "128"
+    try:
+        rows = int(value)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ConfigError(f"{MIN_ROWS_ENV}={value!r}: expected a row count >= 0 (0: int8 for every call)")
+    return rows
+
+
+_everywhere = threading.local()
+
+
+@contextlib.contextmanager
+def int8_everywhere() -> Iterator[None]:
+    """Inside, on this thread, every Int8Linear call runs int8, whatever its row count: what the gate judges."""
+    before = getattr(_everywhere, "on", False)
+    _everywhere.on = True
+    try:
+        yield
+    finally:
+        _everywhere.on = before
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -147,6 +194,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)  # (N,) fp32
         self.register_buffer("outliers", torch.zeros(n_outliers, dtype=torch.long))  # (k,) input channels
         self.register_buffer("outlier_weight_t", torch.zeros(n_outliers, out_features))  # (k, N) fp32
+        # (N, K) the float layer's weight for calls of few rows (keep_float; module docstring), else None
+        self.register_buffer("float_weight", None, persistent=False)
+        self.float_below_rows = 0
         self.shared: SharedInput | None = None
         # "tensor": oneDNN's packed copy of weight_t (an opaque tensor, not a buffer: it cannot be saved or copied),
         # made on first use and again whenever weight_t changes (load_state_dict, .to): keyed by its storage/version
@@ -169,8 +219,10 @@ class Int8Linear(nn.Module):
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, linear: nn.Linear, outliers: Tensor | None = None, activations: str = "token") -> Int8Linear:
-        """LINEAR's weights quantized per output channel; the OUTLIERS input channels (k,) kept fp32 beside."""
+    def from_linear(cls, linear: nn.Linear, outliers: Tensor | None = None, activations: str = "token",
+                    keep_float: bool = False) -> Int8Linear:
+        """LINEAR's weights quantized per output channel; the OUTLIERS input channels (k,) kept fp32 beside. KEEP_FLOAT:
+        also LINEAR's weight itself, for calls of fewer than `float_below_rows()` rows (module docstring)."""
         w = linear.weight.detach().float()  # (N, K)
         idx = (outliers if outliers is not None else torch.zeros(0, dtype=torch.long)).to(w.device, torch.long)
         out = cls(linear.in_features, linear.out_features, linear.bias is not None, len(idx), activations)
@@ -183,6 +235,9 @@ class Int8Linear(nn.Module):
         out.weight_scale.copy_(scale.flatten())
         if linear.bias is not None:
             out.bias.copy_(linear.bias.detach().float())
+        if keep_float and (rows := float_below_rows()) > 0:
+            out.float_weight = linear.weight.detach().float().clone()  # (N, K), cast with the model's float parts
+            out.float_below_rows = rows
         return out
 
     def packed(self) -> tuple[Tensor, Tensor]:
@@ -217,6 +272,11 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape  # (..., K)
+        if (self.float_weight is not None and x.numel() < self.float_below_rows * self.in_features
+                and not getattr(_everywhere, "on", False)):
+            # few rows: the float layer (module docstring); the bias follows the float parts' dtype like the weight
+            return packed.linear_weights(x, self.float_weight.to(x.dtype),
+                                         None if self.bias is None else self.bias.to(x.dtype))
         q, scale, zp, kept = self.quantize_input(x)
         if self.activations == "tensor":
             weight, weight_zp = self.packed()
@@ -317,16 +377,17 @@ def swap_linears(root: nn.Module, replace: dict[int, nn.Module]) -> None:
 
 
 def quantize_linears(root: nn.Module, peaks: dict[str, Tensor] | None = None,
-                     activations: str = "token") -> dict[int, nn.Linear]:
+                     activations: str = "token", keep_float: bool = False) -> dict[int, nn.Linear]:
     """Every nn.Linear under ROOT swapped for an Int8Linear with ACTIVATIONS' granularity, once (the outlier channels
     from PEAKS, the calibration |max| per input channel by name; none without). -> {id(Int8Linear): the nn.Linear it
-    replaced}, for `swap_linears` to put the float layers back."""
+    replaced}, for `swap_linears` to put the float layers back. KEEP_FLOAT: each keeps its float weight too, for calls
+    of few rows (module docstring)."""
     linears = body_linears(root)
     replace, originals = {}, {}
     groups: dict[tuple, list[Int8Linear]] = {}  # (parent, calibration peaks) -> the layers that read one input
     for name, linear in linears.items():
         idx = outlier_channels(peaks[name]) if peaks and name in peaks else None
-        q = Int8Linear.from_linear(linear, idx, activations)
+        q = Int8Linear.from_linear(linear, idx, activations, keep_float)
         if peaks and name in peaks:
             groups.setdefault((name.rpartition(".")[0], tuple(peaks[name].tolist())), []).append(q)
         replace[id(linear)], originals[id(q)] = q, linear

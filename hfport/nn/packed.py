@@ -184,6 +184,19 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
         return F.linear(x, layer.weight, layer.bias)
 
 
+class _Weights(NamedTuple):
+    """What `linear` reads of a layer, for callers that hold a float weight outside an nn.Linear."""
+    weight: Tensor
+    bias: Tensor | None
+    training: bool = False
+
+
+def linear_weights(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """F.linear(x, weight, bias) at inference, through the packed weight where the module docstring says: for a float
+    weight held beside other things (nn/int8.py's calls of few rows)."""
+    return linear(_Weights(weight, bias), x)
+
+
 def packed_forward(layer: nn.Linear, x: Tensor) -> Tensor:
     """The forward `install` gives a plain nn.Linear: x (.., in) -> (.., out)."""
     return linear(layer, x)
