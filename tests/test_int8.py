@@ -268,9 +268,12 @@ def test_gate_refuses_damaged_int8(minilm_path, damaged):
         hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
 
 
-def test_gate_judges_int8_even_where_calls_would_run_float(minilm_path, damaged, monkeypatch):
-    """Every call below HFPORT_INT8_MIN_ROWS rows runs the kept float weight; the gate must still judge int8."""
+@pytest.mark.parametrize("shards", ["off", "2"])
+def test_gate_judges_int8_even_where_calls_would_run_float(minilm_path, damaged, monkeypatch, shards):
+    """Every call below HFPORT_INT8_MIN_ROWS rows runs the kept float weight; the gate must still judge int8, also
+    when its passes run as row shards on worker threads."""
     monkeypatch.setenv(int8_nn.MIN_ROWS_ENV, str(10 ** 9))
+    monkeypatch.setenv("HFPORT_ROW_SHARDS", shards)
     with pytest.raises(Int8GateError, match="int8 refused by its gate"):
         hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
 

@@ -82,18 +82,24 @@ def float_below_rows() -> int:
     return rows
 
 
-_everywhere = threading.local()
+class _Everywhere:
+    """How many `int8_everywhere` blocks are open in the process. The process's, not a thread's: a gate's forward pass
+    may run on row-shard worker threads (nn/shards.py), which a thread-local flag would not reach; another model's
+    small calls running int8 meanwhile are only slower."""
+
+    lock, depth = threading.Lock(), 0
 
 
 @contextlib.contextmanager
 def int8_everywhere() -> Iterator[None]:
-    """Inside, on this thread, every Int8Linear call runs int8, whatever its row count: what the gate judges."""
-    before = getattr(_everywhere, "on", False)
-    _everywhere.on = True
+    """Inside, every Int8Linear call runs int8, whatever its row count: what the gate judges."""
+    with _Everywhere.lock:
+        _Everywhere.depth += 1
     try:
         yield
     finally:
-        _everywhere.on = before
+        with _Everywhere.lock:
+            _Everywhere.depth -= 1
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -273,7 +279,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape  # (..., K)
         if (self.float_weight is not None and x.numel() < self.float_below_rows * self.in_features
-                and not getattr(_everywhere, "on", False)):
+                and not _Everywhere.depth):
             # few rows: the float layer (module docstring); the bias follows the float parts' dtype like the weight
             return packed.linear_weights(x, self.float_weight.to(x.dtype),
                                          None if self.bias is None else self.bias.to(x.dtype))
