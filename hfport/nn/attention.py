@@ -48,7 +48,7 @@ MATH_SCORES_MAX = 2 ** 24
 FUSED_INFERENCE_SCORES_MAX = 2 ** 15
 
 
-def _math_is_faster(q: Tensor, k: Tensor, v: Tensor | None = None) -> bool:
+def _math_is_faster(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """bf16 on the CPU: torch's fused CPU attention is slower there than the math form's two matmuls and a softmax,
     by far in training (its bf16 backward; measured on a 2-core AVX512-BF16 CPU, 12 heads of 32, forward + backward:
     one sequence of 64 / 128 / 256 tokens 1.9 / 4.4 / 8.0 ms fused, 0.6 / 1.2 / 5.6 ms math; 16 sequences of 25
@@ -62,7 +62,7 @@ def _math_is_faster(q: Tensor, k: Tensor, v: Tensor | None = None) -> bool:
         return False
     entries = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
     if entries <= FUSED_INFERENCE_SCORES_MAX and not (
-            torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v))):
+            torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return False  # a short inference call: the fused kernel (FUSED_INFERENCE_SCORES_MAX)
     return entries <= MATH_SCORES_MAX
 
