@@ -19,7 +19,8 @@ from .export import verify as verify_folder
 from .hardware import cpu_capabilities, describe
 from .pipelines import InvalidInput, pipeline
 from .tasks import load_any
-from .train.config import read_config_file, resolve_config
+from .train.columns import column_fields
+from .train.config import FinetuneConfig, read_config_file, resolve_config
 from .train.loop import finetune as run_finetune
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -98,8 +99,16 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
     typer.echo(f"{'load':<{width}}  " + report.summary().replace("\n", "\n" + " " * (width + 2)))
 
 
+def _column(field: str) -> typer.models.OptionInfo:
+    """The flag of a fine-tune config column field (--text-column for text_column), in --help's "Data columns"."""
+    info = FinetuneConfig.model_fields[field]
+    default = f" (default {info.default})" if info.default is not None else ""
+    return typer.Option(help=f"{info.description}{default}.", rich_help_panel="Data columns")
+
+
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def finetune(
+    ctx: typer.Context,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML or JSON file of options.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model folder or repo id in the local HF cache.")] = None,
     task: Annotated[Optional[str], typer.Option(help=tasks.names_help(trainable_only=True) + ". Default "
@@ -112,6 +121,24 @@ def finetune(
                                                            "train).")] = None,
     eval_split: Annotated[Optional[str], typer.Option(help="The split of a DatasetDict folder --eval names (default "
                                                           "validation).")] = None,
+    # the columns the task reads (README: the table of each task's; hfport/train/columns.py checks them)
+    text_column: Annotated[Optional[str], _column("text_column")] = None,
+    text_pair_column: Annotated[Optional[str], _column("text_pair_column")] = None,
+    label_column: Annotated[Optional[str], _column("label_column")] = None,
+    tokens_column: Annotated[Optional[str], _column("tokens_column")] = None,
+    tags_column: Annotated[Optional[str], _column("tags_column")] = None,
+    question_column: Annotated[Optional[str], _column("question_column")] = None,
+    context_column: Annotated[Optional[str], _column("context_column")] = None,
+    answers_column: Annotated[Optional[str], _column("answers_column")] = None,
+    choices_column: Annotated[Optional[str], _column("choices_column")] = None,
+    anchor_column: Annotated[Optional[str], _column("anchor_column")] = None,
+    positive_column: Annotated[Optional[str], _column("positive_column")] = None,
+    negative_column: Annotated[Optional[str], _column("negative_column")] = None,
+    sentence1_column: Annotated[Optional[str], _column("sentence1_column")] = None,
+    sentence2_column: Annotated[Optional[str], _column("sentence2_column")] = None,
+    score_column: Annotated[Optional[str], _column("score_column")] = None,
+    query_column: Annotated[Optional[str], _column("query_column")] = None,
+    negatives_column: Annotated[Optional[str], _column("negatives_column")] = None,
     output_dir: Annotated[Optional[str], typer.Option(help="Where the run goes.")] = None,
     epochs: Annotated[Optional[float], typer.Option()] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps; overrides --epochs.")] = None,
@@ -156,7 +183,8 @@ def finetune(
              "precision": precision, "compile": compile_ or None, "max_grad_norm": max_grad_norm,
              "save_strategy": save_strategy, "save_steps": save_steps, "eval_steps": eval_steps, "seed": seed,
              "freeze": freeze, "resume": resume,
-             "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None}
+             "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None,
+             **{field: ctx.params[field] for field in column_fields()}}
     given = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "target_modules": lora_targets}
     if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on
         flags["lora"] = {k: v for k, v in given.items() if v is not None}

@@ -28,7 +28,7 @@ from .feature_extraction import EncoderModel
 from .fill_mask import EncoderForMaskedLM
 from .multiple_choice import EncoderForMultipleChoice
 from .question_answering import EncoderForQuestionAnswering
-from .task import Task
+from .task import Columns, Task
 from .text_classification import EncoderForSequenceClassification
 from .token_classification import EncoderForTokenClassification
 
@@ -128,7 +128,7 @@ def adapter_task(folder: str | os.PathLike[str]) -> str:
     return TASKS_OF_PEFT[facts.task_type]
 
 
-__all__ = ["ALIASES", "MODEL_TASKS", "AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice",
+__all__ = ["ALIASES", "Columns", "MODEL_TASKS", "AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice",
            "AutoModelForQuestionAnswering",
            "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "TASKS", "TASK_CLASSES",
            "EncoderForMaskedLM", "EncoderForMultipleChoice", "EncoderForQuestionAnswering",
