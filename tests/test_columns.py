@@ -1,7 +1,7 @@
 """What users feed a fine-tune (issue 44, item 5): the data columns are config fields with a CLI flag each
 (--text-column, ..., one per column a task record names), the README's table of each task's columns is the records'
 own (hfport/train/columns.py), a file whose first row lacks a column fails before anything loads, naming the flag
-and the tasks whose columns the row has."""
+and the tasks whose columns the row has, and a mistyped task name gets "did you mean"."""
 
 from __future__ import annotations
 
@@ -168,3 +168,34 @@ def test_multiple_choice_reads_the_renamed_choices(tiny_bert, tmp_path):
     checked = hfport.train.preflight({"model": str(tiny_bert), "task": "multiple-choice", "train": str(train),
                                       "eval_fraction": 0.0, "batch_size": 2, "choices_column": "options"})
     assert len(checked.data.train) == 4
+
+
+# --- did you mean ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given, meant", [("text-clasification", "'text-classification'"),
+                                          ("Token_Classification", "'token-classification'"),
+                                          ("sentiment-analisys", "'sentiment-analysis' (= text-classification)"),
+                                          ("reranker", "'reranking' (= text-ranking)")])
+def test_mistyped_task_gets_did_you_mean(given, meant):
+    with pytest.raises(tasks.UnknownTaskError) as info:
+        tasks.get(given)
+    assert f"did you mean {meant}? valid tasks: " in str(info.value)
+    with pytest.raises(ValueError, match="did you mean"):
+        hfport.pipeline(given, model="unused")
+    with pytest.raises(ValueError, match="did you mean"):
+        FinetuneConfig(model="m", train="t", task=given)
+
+
+def test_far_off_task_name_lists_the_tasks_only():
+    with pytest.raises(tasks.UnknownTaskError) as info:
+        tasks.get("translation")
+    assert "did you mean" not in str(info.value) and "valid tasks: feature-extraction" in str(info.value)
+
+
+def test_cli_mistyped_task(tiny_bert):
+    run = CliRunner().invoke(app, ["predict", str(tiny_bert), "--task", "sentence-embeding", "hello"])
+    assert run.exit_code == 1 and "did you mean 'sentence-embedding'?" in run.output
+    run = CliRunner().invoke(app, ["finetune", "--model", "m", "--train", "t", "--task", "tokn-classification",
+                                   "--print-config"])
+    assert run.exit_code == 1 and "did you mean 'token-classification'?" in run.output
