@@ -271,8 +271,9 @@ def predict(
                                                      "text / text_pair).")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
-    """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input)."""
-    setup_logging(verbose, quiet)
+    """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input). Exit 1 when
+    every input failed; when only some did, exit 0 and count them on stderr."""
+    quiet = setup_logging(verbose, quiet) == "quiet"
     items = _read_inputs(texts or [], input_file)
     if not items:
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
@@ -285,6 +286,14 @@ def predict(
         return
     for result in ItemError.render(results):  # a failed input: {"error", "error_type", "index"}
         typer.echo(json.dumps(result, ensure_ascii=False))
+    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, ItemError)]
+    if failed and len(failed) == len(results):  # nothing answered: a script must not take this for success
+        fail(f"every input failed ({len(failed)} of {len(results)}); the first: "
+             f"{failed[0][1].to_dict(failed[0][0])['error']}")
+    if failed and not quiet:
+        shown = ", ".join(str(i) for i, _ in failed[:10]) + (", ..." if len(failed) > 10 else "")
+        typer.secho(f"warning: {len(failed)} of {len(results)} inputs failed (input {shown}); their error objects "
+                    "are on their lines", fg=typer.colors.YELLOW, err=True)
 
 
 def _print_report(report: VerifyReport, json_path: Optional[Path]) -> None:
