@@ -269,6 +269,9 @@ def predict(
     gate_data: Annotated[Optional[str], typer.Option("--gate-data", help="With --dtype int8/auto-int8: a file of "
                                                      "texts the int8 gate also judges (one a line, or JSONL with "
                                                      "text / text_pair).")] = None,
+    file: Annotated[Optional[str], typer.Option("--file", help="An ONNX folder's graph to run (default: the one its "
+                                                "hfport_onnx.json names: an int8 export's model_quantized.onnx); "
+                                                "--file model.onnx runs the fp32 graph.")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input). Exit 1 when
@@ -279,7 +282,8 @@ def predict(
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
     parsed = dict(_option(o) for o in options or [])
     try:
-        pipe = pipeline(task, model=model, device=device, dtype=dtype, batch_size=batch_size, gate_data=gate_data)
+        pipe = pipeline(task, model=model, device=device, dtype=dtype, batch_size=batch_size, gate_data=gate_data,
+                        file=file)
         results = pipe.predict(items, **parsed)
     except (HfportError, ValueError, TypeError) as e:
         fail(str(e))
