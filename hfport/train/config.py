@@ -76,6 +76,9 @@ class FinetuneConfig(BaseModel):
     context_column: str = Field("context", description="question answering: the column of the context")
     answers_column: str = Field("answers", description=(
         "question answering: the column of the answers (SQuAD's {text, answer_start})"))
+    # multiple choice (also question_column or context_column, and label_column: the index of the right choice)
+    choices_column: str = Field("choices", description="multiple choice: the column of the choices (a list of texts; "
+                                "CSV: a JSON list in the cell)")
     doc_stride: int = Field(128, ge=0, description="tokens shared by consecutive windows of a long context")
     max_answer_length: int = Field(30, ge=1, description="longest answer span (tokens) evaluation may pick")
     # sentence embeddings (sentence-embedding) and rerankers (text-ranking)
