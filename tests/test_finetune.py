@@ -581,9 +581,9 @@ def test_save_strategy_decides_the_checkpoints(workdir, tmp_path, strategy, save
     assert (out / "final" / "model.safetensors").is_file() and (out / "best" / "model.safetensors").is_file()
 
 
-def test_save_strategy_steps_needs_save_steps(workdir, tmp_path):
-    with pytest.raises(ValueError, match="save_strategy 'steps' needs save_steps"):
-        base_config(workdir, tmp_path / "run", save_strategy="steps")
+def test_save_strategy_steps_without_save_steps_saves_every_500(workdir, tmp_path):
+    # transformers' save_steps default (tests/test_training_arguments.py compares it with TrainingArguments)
+    assert base_config(workdir, tmp_path / "run", save_strategy="steps").save_steps == 500
 
 
 @pytest.mark.parametrize("fused", ["on", "off"])  # the fused AdamW takes the scale itself: accelerate's flag misses it
