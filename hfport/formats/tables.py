@@ -10,6 +10,7 @@
 A file's kind is read off its suffix (FILE_KINDS) and a folder's off its marker file (FOLDER_KINDS); nothing else
 asks which kind a source is. Rows are numbered from 0 as datasets, pandas and pyarrow number them; lines from 1.
 A ClassLabel column's names, which datasets writes into the Arrow schema's metadata, are read back (class_names).
+A UTF-8 byte-order mark opening a text file (Excel's "CSV UTF-8") is read past.
 Nothing here holds a whole file: every reader yields rows as it goes, so a caller that encodes as it reads keeps
 only what it encodes. Parquet and Arrow need pyarrow (the `data` extra); without it the error says what to install.
 """
@@ -17,6 +18,7 @@ only what it encodes. Parquet and Arrow need pyarrow (the `data` extra); without
 from __future__ import annotations
 
 import bisect
+import codecs
 import csv
 import glob
 import json
@@ -48,9 +50,15 @@ class Record:
 
 def decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) of a UTF-8 file, a line at a time; a bad byte or an over-long line is an error
-    naming the line."""
+    naming the line. A UTF-8 byte-order mark (what Excel's "CSV UTF-8" and Windows editors write first) is read past;
+    a UTF-16 one is an error saying so."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+                if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+                    raise DataError(f"{path}, line 1: UTF-16 (the file starts with its byte-order mark); save it as "
+                                    "UTF-8")
             if len(raw) > MAX_LINE_BYTES:
                 raise DataError(f"{path}, line {number}: the line is {len(raw):,} bytes; the limit is "
                                 f"{MAX_LINE_BYTES:,}")
@@ -204,7 +212,7 @@ def file_kind(path: Path) -> FileKind:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{path}: not readable JSON ({e})") from e
 
