@@ -1,6 +1,8 @@
 """What users actually feed a fine-tune: files as Excel, pandas and datasets write them. Each is read as it means,
 or refused before training with an error naming file, line (row) and field; never trained into a silent wrong model.
 
+- a target no model can learn (NaN or infinite: CSV "nan", JSONL NaN/Infinity, a Parquet float NaN; a blank label
+  cell, which would be a class named '') is refused, for every task that reads a label or a score;
 - a UTF-8 byte-order mark (Excel's "CSV UTF-8") is read past; UTF-16 is refused saying so.
 """
 
@@ -11,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from hfport.train.config import read_config_file
@@ -44,6 +48,72 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]], encoding: str = "utf-8")
 def options(model: Path, train: Path | str, evaluation: Path | str | None = None, **extra: Any) -> dict[str, Any]:
     return {"model": str(model), "train": str(train), "eval": str(evaluation) if evaluation else None,
             "output_dir": "unused", "max_length": 16, "batch_size": 2, **extra}
+
+
+# --- 2. targets no model can learn ----------------------------------------------------------------------------
+
+
+def rows_with(label_at_4: Any, others: list[Any]) -> list[dict[str, Any]]:
+    labels = list(others)
+    labels[3] = label_at_4
+    return [{"text": t, "label": v} for t, v in zip(TEXTS, labels)]
+
+
+FLOATS = [0.5, 1.5, 2.0, 0.0, 3.5, 1.0, 2.5, 0.25]  # regression targets
+CLASSES = ["pos", "neg", "pos", "neg", "pos", "neg", "pos", "neg"]
+
+
+@pytest.mark.parametrize("kind, bad, others, message", [
+    ("csv", "nan", FLOATS, r"'nan' is not a finite number"),
+    ("csv", "NaN", FLOATS, r"'NaN' is not a finite number"),
+    ("csv", "inf", FLOATS, r"'inf' is not a finite number"),
+    ("csv", "-Infinity", FLOATS, r"'-Infinity' is not a finite number"),
+    ("csv", "", CLASSES, r"the label is blank \(''\)"),
+    ("csv", "  ", CLASSES, r"the label is blank"),
+    ("jsonl", float("nan"), FLOATS, r"nan is not a finite number"),
+    ("jsonl", float("inf"), FLOATS, r"inf is not a finite number"),
+    ("jsonl", float("nan"), [0, 1, 1, 0, 1, 0, 0, 1], r"nan is not a finite number"),  # ids: would be regression
+    ("jsonl", "", CLASSES, r"the label is blank"),
+    ("jsonl", ["pos", ""], [["pos"], ["neg"]] * 4, r"item 1 of the list, '', is not a label name"),
+    ("jsonl", ["pos", None], [["pos"], ["neg"]] * 4, r"item 1 of the list, None, is not a label name"),
+    ("parquet", float("nan"), FLOATS, r"nan is not a finite number"),
+])
+def test_a_target_no_model_can_learn_is_refused_naming_file_line_and_field(tiny_bert, tmp_path, kind, bad, others,
+                                                                           message):
+    rows = rows_with(bad, others)
+    if kind == "csv":
+        path, at = write_csv(tmp_path / "train.csv", ["text", "label"], [[r["text"], r["label"]] for r in rows]), \
+            "line 5"
+    elif kind == "jsonl":
+        path, at = write_jsonl(tmp_path / "train.jsonl", rows), "line 4"
+    else:
+        path, at = tmp_path / "train.parquet", "row 3"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(DataError, match=rf"^{path}, {at}, field 'label': {message}"):
+        preflight(options(tiny_bert, path))
+
+
+def test_an_eval_target_no_model_can_learn_is_refused(tiny_bert, tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", rows_with(1.0, FLOATS))
+    evaluation = write_jsonl(tmp_path / "eval.jsonl", rows_with(float("nan"), FLOATS))
+    with pytest.raises(DataError, match=rf"^{evaluation}, line 4, field 'label': nan is not a finite number"):
+        preflight(options(tiny_bert, train, evaluation))
+    with pytest.raises(DataError, match=r"eval.csv, line 5, field 'label': 'inf' is not a finite number"):
+        preflight(options(tiny_bert, train, write_csv(tmp_path / "eval.csv", ["text", "label"],
+                                                      [[r["text"], r["label"]] for r in rows_with("inf", FLOATS)]),
+                          problem_type="regression"))
+
+
+@pytest.mark.parametrize("task, row, column", [
+    ("text-ranking", {"query": "q", "text": "t", "label": float("nan")}, "label"),
+    ("sentence-embedding", {"sentence1": "a", "sentence2": "b", "score": float("nan")}, "score"),
+    ("sentence-embedding", {"sentence1": "a", "sentence2": "b", "score": "Infinity"}, "score"),
+])
+def test_a_score_no_model_can_learn_is_refused(tiny_bert, tmp_path, task, row, column):
+    good = {k: (0.5 if k == column else v) for k, v in row.items()}
+    path = write_jsonl(tmp_path / "train.jsonl", [good, good, row, good])
+    with pytest.raises(DataError, match=rf"^{path}, line 3, field '{column}': {column} .* is not a finite number"):
+        preflight(options(tiny_bert, path, task=task, score_range=[-1e300, 1e300]))
 
 
 # --- 4. byte-order marks --------------------------------------------------------------------------------------

@@ -90,6 +90,38 @@ def field_of(record: Record, column: str, path: Path | str, kind: type | tuple[t
 # --- labels ----------------------------------------------------------------------------------------------
 
 
+def _not_finite(value: Any) -> bool:
+    """A number (or a number's text: CSV's "nan", "inf") that is NaN or infinite: no target a model can learn."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return False
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def check_label(value: Any, path: Path | str, line: int, column: str) -> None:
+    """Refuses a label no model can learn, naming file, line (row) and field: NaN or infinite (a CSV "nan", JSON's
+    NaN/Infinity, a Parquet float NaN), blank (an empty CSV cell would be a class named ''), or a list (multi-label)
+    holding one of those or a null."""
+    problem = None
+    if _not_finite(value):
+        problem = f"{value!r} is not a finite number (NaN or infinite)"
+    elif isinstance(value, str) and not value.strip():
+        problem = f"the label is blank ({value!r})"
+    elif isinstance(value, list):
+        for k, name in enumerate(value):
+            if name is None or isinstance(name, (bool, float)) or _not_finite(name) \
+                    or (isinstance(name, str) and not name.strip()):
+                problem = f"item {k} of the list, {name!r}, is not a label name or id"
+                break
+    if problem:
+        raise DataError(f"{where(path, line, column)}: {problem}; every row needs a label (a name, an id, a number or "
+                        "a list of names): fix the row or drop it before training")
+
+
 def _label_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "other"
@@ -132,6 +164,7 @@ def infer_label_space(labels: Iterable[tuple[Any, int]], path: Path | str, colum
     has as many non-default ones."""
     kinds: dict[str, int] = {}
     for value, line in labels:
+        check_label(value, path, line, column)
         kind = _label_kind(value)
         if kind == "other":
             raise DataError(f"{where(path, line, column)}: unusable label {value!r}")
@@ -164,6 +197,7 @@ def infer_label_space(labels: Iterable[tuple[Any, int]], path: Path | str, colum
 
 
 def encode_label(value: Any, space: LabelSpace, path: Path | str, line: int, column: str) -> Any:
+    check_label(value, path, line, column)
     if space.problem_type == "regression":
         try:
             return float(value)
@@ -288,6 +322,9 @@ def number_in_range(r: Record, column: str, path: Path, score_range: tuple[float
         number = float(value)
     except (TypeError, ValueError):
         raise DataError(f"{where(path, r.line, column)}: expected a number, got {value!r}")
+    if not math.isfinite(number):  # CSV "nan", JSON NaN/Infinity, a Parquet float NaN
+        raise DataError(f"{where(path, r.line, column)}: {what} {value!r} is not a finite number (NaN or infinite); "
+                        "fix the row or drop it before training")
     low, high = score_range
     if not low <= number <= high or number != number:
         raise DataError(f"{where(path, r.line, column)}: {what} {number} is outside score_range [{low}, {high}]; "
