@@ -3,6 +3,9 @@ or refused before training with an error naming file, line (row) and field; neve
 
 - a target no model can learn (NaN or infinite: CSV "nan", JSONL NaN/Infinity, a Parquet float NaN; a blank label
   cell, which would be a class named '') is refused, for every task that reads a label or a score;
+- a source's ClassLabel ids are its own classes: an eval source that lists them in another order (a datasets folder
+  or split, Parquet written by datasets) is mapped to the training labels by name, and a class the training labels
+  lack is refused;
 - a UTF-8 byte-order mark (Excel's "CSV UTF-8") is read past; UTF-16 is refused saying so.
 """
 
@@ -13,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -114,6 +118,111 @@ def test_a_score_no_model_can_learn_is_refused(tiny_bert, tmp_path, task, row, c
     path = write_jsonl(tmp_path / "train.jsonl", [good, good, row, good])
     with pytest.raises(DataError, match=rf"^{path}, line 3, field '{column}': {column} .* is not a finite number"):
         preflight(options(tiny_bert, path, task=task, score_range=[-1e300, 1e300]))
+
+
+# --- 3. an eval source's own ClassLabel order --------------------------------------------------------------------
+
+
+def eval_names(checked: Any) -> list[Any]:
+    """Each eval example's target named by the run's labels (a list of names for multi-label)."""
+    id2label = checked.data.space.id2label
+    out = []
+    for x in checked.data.eval:
+        target = x.target
+        out.append([id2label[i] for i, on in enumerate(target) if on] if isinstance(target, list)
+                   else id2label[target])
+    return out
+
+
+def classlabel_dataset(texts: list[str], names_of_rows: list[Any], names: list[str], column: str = "label",
+                       sequence: bool = False) -> datasets.Dataset:
+    """Rows whose `column` holds the ids, in `names`, of the classes `names_of_rows` names."""
+    label = datasets.ClassLabel(names=names)
+    feature = datasets.Sequence(label) if sequence else label
+    ids = [[names.index(n) for n in row] if sequence else names.index(row) for row in names_of_rows]
+    return datasets.Dataset.from_dict({"text": texts, column: ids},
+                                      features=datasets.Features({"text": datasets.Value("string"), column: feature}))
+
+
+def save_folder(ds: datasets.Dataset, path: Path) -> Path:
+    ds.save_to_disk(str(path))
+    return path
+
+
+def save_parquet(ds: datasets.Dataset, path: Path) -> Path:
+    ds.to_parquet(str(path))
+    return path
+
+
+@pytest.mark.parametrize("writer", [save_folder, save_parquet])
+def test_an_eval_source_with_its_classes_in_another_order_keeps_its_labels(tiny_bert, tmp_path, writer):
+    """The eval source's ClassLabel lists ["positive", "negative"]: read in the training source's id space, every
+    eval label would flip (and accuracy read 1 - accuracy)."""
+    train = writer(classlabel_dataset(TEXTS, sentiment_names(), NAMES), tmp_path / "train.parquet")
+    evaluation = writer(classlabel_dataset(TEXTS, sentiment_names(), NAMES[::-1]), tmp_path / "eval.parquet")
+    checked = preflight(options(tiny_bert, train, evaluation))
+    assert checked.data.space.id2label == dict(enumerate(NAMES))
+    assert eval_names(checked) == sentiment_names()
+
+
+def test_a_datasetdict_split_with_its_own_class_order_keeps_its_labels(tiny_bert, tmp_path):
+    """Each split of a DatasetDict folder has its own features (dataset_info.json): validation's order is its own."""
+    splits = datasets.DatasetDict({"train": classlabel_dataset(TEXTS, sentiment_names(), NAMES),
+                                   "validation": classlabel_dataset(TEXTS, sentiment_names(), NAMES[::-1])})
+    splits.save_to_disk(str(tmp_path / "dsdict"))
+    checked = preflight(options(tiny_bert, tmp_path / "dsdict", tmp_path / "dsdict"))
+    assert eval_names(checked) == sentiment_names()
+
+
+def test_an_eval_source_with_names_from_a_table_of_names(tiny_bert, tmp_path):
+    """Training labels written as names (JSONL), eval as a datasets ClassLabel: the eval ids are named by their own
+    source and found by name."""
+    train = write_jsonl(tmp_path / "train.jsonl", [{"text": t, "label": n} for t, n in zip(TEXTS, sentiment_names())])
+    evaluation = save_folder(classlabel_dataset(TEXTS, sentiment_names(), NAMES[::-1]), tmp_path / "eval")
+    assert eval_names(preflight(options(tiny_bert, train, evaluation))) == sentiment_names()
+
+
+def test_an_eval_class_the_training_labels_lack_is_refused(tiny_bert, tmp_path):
+    train = save_folder(classlabel_dataset(TEXTS, sentiment_names(), NAMES), tmp_path / "train")
+    names = sentiment_names()
+    names[2] = "neutral"
+    evaluation = save_folder(classlabel_dataset(TEXTS, names, ["neutral", "positive", "negative"]), tmp_path / "eval")
+    with pytest.raises(DataError, match=rf"^{evaluation}, row 2, field 'label': class 'neutral' \(its ClassLabel id 0\) "
+                                        r"is not one of the training labels \['negative', 'positive'\]"):
+        preflight(options(tiny_bert, train, evaluation))
+
+
+def test_multi_label_classlabels_are_mapped_by_name(tiny_bert, tmp_path):
+    """A sequence of ClassLabels (multi-label): the training labels are the column's class names (not their ids as
+    text), and an eval source in another order keeps its labels."""
+    rows = [["sport"], ["news", "sport"], ["art"], ["news"], ["art", "sport"], ["news"], ["sport"], ["art"]]
+    train = save_folder(classlabel_dataset(TEXTS, rows, ["art", "news", "sport"], sequence=True), tmp_path / "train")
+    evaluation = save_folder(classlabel_dataset(TEXTS, rows, ["sport", "art", "news"], sequence=True),
+                             tmp_path / "eval")
+    checked = preflight(options(tiny_bert, train, evaluation))
+    assert checked.data.space.problem_type == "multi_label_classification"
+    assert checked.data.space.id2label == {0: "art", 1: "news", 2: "sport"}
+    assert eval_names(checked) == [sorted(r) for r in rows]
+
+
+def test_token_tags_of_an_eval_source_in_another_order_keep_their_names(tiny_bert, tmp_path):
+    tags = ["O", "B-PER", "I-PER"]
+    sentences = [(["anna", "smith", "sings"], ["B-PER", "I-PER", "O"]), (["it", "rains"], ["O", "O"]),
+                 (["bob", "runs"], ["B-PER", "O"]), (["we", "saw", "carl"], ["O", "O", "B-PER"])]
+
+    def folder(names: list[str], path: Path) -> Path:
+        feature = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                                     "tags": datasets.Sequence(datasets.ClassLabel(names=names))})
+        return save_folder(datasets.Dataset.from_dict(
+            {"tokens": [s for s, _ in sentences], "tags": [[names.index(t) for t in ts] for _, ts in sentences]},
+            features=feature), path)
+
+    checked = preflight(options(tiny_bert, folder(tags, tmp_path / "train"), folder(tags[::-1], tmp_path / "eval"),
+                                task="token-classification"))
+    id2label = checked.data.space.id2label
+    assert id2label == dict(enumerate(tags))
+    got = [[id2label[t] for t in x.target if t != -100] for x in checked.data.eval]
+    assert got == [ts for _, ts in sentences]
 
 
 # --- 4. byte-order marks --------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@
 
 A file's kind is read off its suffix (FILE_KINDS) and a folder's off its marker file (FOLDER_KINDS); nothing else
 asks which kind a source is. Rows are numbered from 0 as datasets, pandas and pyarrow number them; lines from 1.
-A ClassLabel column's names, which datasets writes into the Arrow schema's metadata, are read back (class_names).
-A UTF-8 byte-order mark opening a text file (Excel's "CSV UTF-8") is read past.
+A ClassLabel column's names, which datasets writes into a folder's dataset_info.json and the Arrow schema's metadata,
+are read back (class_names). A UTF-8 byte-order mark opening a text file (Excel's "CSV UTF-8") is read past.
 Nothing here holds a whole file: every reader yields rows as it goes, so a caller that encodes as it reads keeps
 only what it encodes. Parquet and Arrow need pyarrow (the `data` extra); without it the error says what to install.
 """
@@ -209,6 +209,8 @@ def file_kind(path: Path) -> FileKind:
 
 # --- datasets folders (save_to_disk) -------------------------------------------------------------------------
 
+DATASET_INFO = "dataset_info.json"  # beside a Dataset folder's state.json: its features (ClassLabel names)
+
 
 def _read_json(path: Path) -> Any:
     try:
@@ -345,16 +347,23 @@ class Source:
             _pyarrow(self.path, kind.name).default_memory_pool().release_unused()
 
     def class_names(self, column: str) -> list[str] | None:
-        """The names of a ClassLabel column (or of a sequence of them: NER tags) as datasets wrote its features into
-        the schema's metadata (Parquet and Arrow files from datasets, save_to_disk folders); None when there are
-        none."""
+        """The names of a ClassLabel column (or of a sequence of them: NER tags, multi-label) as datasets wrote its
+        features: a save_to_disk folder's dataset_info.json (what load_from_disk reads), else the schema's metadata
+        (Parquet and Arrow files from datasets); None when there are none. A source's ids are its own classes: two
+        sources may list the same names in different orders."""
         if self.kind is None or self.kind.schema is None:
             return None
-        metadata = self.kind.schema(self.files[0]).metadata or {}
-        try:
-            features = json.loads(metadata.get(b"huggingface", b"{}"))["info"]["features"]
-        except (KeyError, TypeError, json.JSONDecodeError):
-            return None
+        features = None
+        info = self.files[0].parent / DATASET_INFO
+        if self.path.is_dir() and info.is_file():
+            described = _read_json(info)
+            features = described.get("features") if isinstance(described, dict) else None
+        if features is None:
+            metadata = self.kind.schema(self.files[0]).metadata or {}
+            try:
+                features = json.loads(metadata.get(b"huggingface", b"{}"))["info"]["features"]
+            except (KeyError, TypeError, json.JSONDecodeError):
+                return None
         feature = features.get(column) if isinstance(features, dict) else None
         while isinstance(feature, dict) and feature.get("_type") in ("Sequence", "List"):
             feature = feature.get("feature")
