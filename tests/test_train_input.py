@@ -6,13 +6,15 @@ or refused before training with an error naming file, line (row) and field; neve
 - a source's ClassLabel ids are its own classes: an eval source that lists them in another order (a datasets folder
   or split, Parquet written by datasets) is mapped to the training labels by name, and a class the training labels
   lack is refused;
-- a UTF-8 byte-order mark (Excel's "CSV UTF-8") is read past; UTF-16 is refused saying so.
+- a UTF-8 byte-order mark (Excel's "CSV UTF-8") is read past; UTF-16 is refused saying so;
+- the encoded-examples cache notices a file rewritten in place with the same size and modification time.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from hfport.formats.tables import DIGEST_BLOCK, DIGEST_BLOCKS, Source, content_digest
 from hfport.train.config import read_config_file
 from hfport.train.data import DataError
 from hfport.train.preflight import preflight
+from hfport.train.stored import StoredExamples
 
 TEXTS = ["the film was great", "an awful plot", "a lovely ending", "a dreadful cast", "what a wonderful score",
          "terrible pacing", "great acting", "awful dialogue"]
@@ -264,3 +268,51 @@ def test_utf16_is_refused_saying_so(tiny_bert, tmp_path):
     path = write_csv(tmp_path / "train.csv", ["text", "label"], [[t, 1] for t in TEXTS], encoding="utf-16")
     with pytest.raises(DataError, match=rf"^{path}, line 1: UTF-16 .*save it as UTF-8"):
         preflight(options(tiny_bert, path))
+
+
+# --- 6. the encoded-examples cache and in-place rewrites ---------------------------------------------------------
+
+
+def test_a_file_rewritten_in_place_with_the_same_size_and_time_is_encoded_again(tiny_bert, tmp_path, monkeypatch):
+    monkeypatch.setenv("HFPORT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")  # every source goes to the store
+    path = tmp_path / "train.csv"
+    labels = sentiment_names()
+    write_csv(path, ["text", "label"], [[t, n] for t, n in zip(TEXTS, labels)])
+    first = preflight(options(tiny_bert, path, eval_fraction=0.0))
+    assert isinstance(first.data.train, StoredExamples)
+    stat = path.stat()
+    swapped = ["positive" if n == "negative" else "negative" for n in labels]  # same lengths: same size
+    write_csv(path, ["text", "label"], [[t, n] for t, n in zip(TEXTS, swapped)])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # a copy that keeps times; a coarse clock
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    again = preflight(options(tiny_bert, path, eval_fraction=0.0))
+    names = again.data.space.id2label
+    assert [names[x.target] for x in again.data.train] == swapped
+    assert len(list((tmp_path / "cache" / "encoded").iterdir())) >= 2  # a second store, not the stale one
+
+
+def test_the_content_digest_samples_a_large_file_and_reads_parquets_footer(tmp_path):
+    size = DIGEST_BLOCK * DIGEST_BLOCKS * 4
+    path = tmp_path / "big.csv"
+    data = bytearray(os.urandom(size))
+    path.write_bytes(data)
+    before = content_digest(path)
+    step = (size - DIGEST_BLOCK) // (DIGEST_BLOCKS - 1)
+    for at in (0, size - 1, step * 7 + 5):  # the first block, the last, a sampled one between
+        changed = bytearray(data)
+        changed[at] ^= 0xFF
+        path.write_bytes(changed)
+        assert content_digest(path) != before, at
+    # a Parquet file's footer is read whole, wherever its row groups' statistics end up
+    table = pa.Table.from_pylist([{"text": os.urandom(64).hex(), "label": i % 7} for i in range(40000)])
+    parquet = tmp_path / "big.parquet"
+    pq.write_table(table, parquet, row_group_size=1000)
+    kind = Source(parquet).kind
+    footer = kind.trailer(open(parquet, "rb"), parquet.stat().st_size)
+    assert parquet.stat().st_size > DIGEST_BLOCK * DIGEST_BLOCKS and footer > 8
+    raw = bytearray(parquet.read_bytes())
+    plain = content_digest(parquet, kind.trailer)
+    raw[len(raw) - footer + 1] ^= 0x01  # a byte of the footer's metadata
+    parquet.write_bytes(raw)
+    assert content_digest(parquet, kind.trailer) != plain

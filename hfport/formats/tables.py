@@ -21,11 +21,12 @@ import bisect
 import codecs
 import csv
 import glob
+import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from ..errors import HfportError
 
@@ -177,6 +178,18 @@ def _arrow_schema(path: Path) -> Any:
                 raise DataError(f"{path}: not an Arrow IPC file or stream ({e})") from e
 
 
+def _parquet_footer(f: BinaryIO, size: int) -> int:
+    """The bytes of a Parquet file's footer (its metadata: every row group's column chunks, their offsets, sizes and
+    statistics) and the 8 that close the file; 0 when the file does not end as Parquet does."""
+    if size < 8:
+        return 0
+    f.seek(size - 8)
+    tail = f.read(8)
+    if tail[4:] != b"PAR1":
+        return 0
+    return min(size, int.from_bytes(tail[:4], "little") + 8)
+
+
 @dataclass(frozen=True)
 class FileKind:
     name: str
@@ -184,13 +197,16 @@ class FileKind:
     rows: Callable[[Path], Iterator[tuple[int, dict[str, Any]]]]  # (line or row, values), streamed
     unit: str  # "line" or "row": what a position in the file counts
     schema: Callable[[Path], Any] | None = None  # the Arrow schema, whose metadata holds datasets' features
+    # (open file, size) -> how many bytes at the file's end describe all of it (Parquet's footer), hashed whole by
+    # content_digest
+    trailer: Callable[[BinaryIO, int], int] | None = None
 
 
 FILE_KINDS: tuple[FileKind, ...] = (
     FileKind("csv", (".csv",), lambda p: _delimited_rows(p, ","), "line"),
     FileKind("tsv", (".tsv",), lambda p: _delimited_rows(p, "\t"), "line"),
     FileKind("jsonl", (".jsonl", ".json", ".ndjson"), _jsonl_rows, "line"),
-    FileKind("parquet", (".parquet",), _parquet_rows, "row", _parquet_schema),
+    FileKind("parquet", (".parquet",), _parquet_rows, "row", _parquet_schema, _parquet_footer),
     FileKind("arrow", (".arrow",), _arrow_rows, "row", _arrow_schema),
 )
 
@@ -205,6 +221,35 @@ def file_kind(path: Path) -> FileKind:
     known = ", ".join(s for k in FILE_KINDS for s in k.suffixes)
     raise DataError(f"{path}: unknown data format {path.suffix!r}; use {known}, a glob of .parquet/.arrow files, "
                     "or a folder written by datasets' save_to_disk")
+
+
+# --- a file's content, cheaply ---------------------------------------------------------------------------------
+
+DIGEST_BLOCK = 1 << 16  # bytes read at each sampled place of a file
+DIGEST_BLOCKS = 16  # places sampled: the first block, the last, and evenly between (1 MiB of a large file)
+
+
+def content_digest(path: Path, trailer: Callable[[BinaryIO, int], int] | None = None) -> str:
+    """A hash of a file's content that costs at most ~1 MiB of reading: the whole file when it is that small, else
+    DIGEST_BLOCKS blocks (the first, the last and evenly spaced between) and, for a kind with a `trailer`, the bytes
+    that describe the whole file (Parquet's footer: every column chunk's offsets, sizes and statistics). What a
+    cache keyed by path, size and modification time alone misses: a file rewritten in place with the same size and
+    time (a copy that keeps times, a clock of coarse resolution). A change inside an unsampled stretch of a large
+    file that keeps its size, time and (Parquet) footer still goes unseen."""
+    size = path.stat().st_size
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        if size <= DIGEST_BLOCK * DIGEST_BLOCKS:
+            digest.update(f.read())
+        else:
+            for k in range(DIGEST_BLOCKS):
+                f.seek((size - DIGEST_BLOCK) * k // (DIGEST_BLOCKS - 1))
+                digest.update(f.read(DIGEST_BLOCK))
+            n = trailer(f, size) if trailer is not None else 0
+            if n:
+                f.seek(size - n)
+                digest.update(f.read(n))
+    return digest.hexdigest()
 
 
 # --- datasets folders (save_to_disk) -------------------------------------------------------------------------
@@ -373,6 +418,17 @@ class Source:
                                                                                                list):
             return [str(n) for n in feature["names"]]
         return None
+
+    def fingerprint(self) -> list[list[Any]]:
+        """What the source's content is, per file: [path, size, modification time (ns), content_digest]: a cache of
+        what was read from it (the encoded-examples store) is keyed by it."""
+        kind = self.kind
+        out: list[list[Any]] = []
+        for f in self.files:
+            stat = f.stat()
+            out.append([str(f.resolve()), stat.st_size, stat.st_mtime_ns,
+                        content_digest(f, kind.trailer if kind is not None else None)])
+        return out
 
     @property
     def unit(self) -> str:
