@@ -13,10 +13,12 @@ import torch
 from transformers import Trainer, TrainingArguments
 from transformers.optimization import get_scheduler
 
+import hfport
 from hfport.errors import ConfigError
 from hfport.train.aliases import ALIASES, ANY
 from hfport.train.config import resolve_config
 from hfport.train.optim import build_optimizer, build_scheduler, warmup_steps
+from tests.tiny import ALL_FAMILIES, build_hf, save_hf
 
 BASE = {"model": "m", "train": "t.jsonl"}
 
@@ -215,3 +217,17 @@ def test_training_arguments_defaults_that_are_hfports_behaviour_are_accepted(tmp
     with pytest.raises(ConfigError, match=r"push_to_hub=True: not possible, hfport uploads nothing"):
         hfport_config({"push_to_hub": True})
     assert hfport_config({"activation_checkpointing": True}).gradient_checkpointing is True
+
+
+@pytest.mark.parametrize("family", [*ALL_FAMILIES, "eurobert"])
+def test_weight_decay_spares_what_transformers_spares(tmp_path, family):
+    """weight_decay: the parameters decayed are transformers' Trainer.get_decay_parameter_names on the same model
+    (biases and norms spared: EuroBERT's RMSNorm weights and MPNet's relative_attention_bias too). The rotary families
+    whose checkpoints name their weights otherwise than transformers' classes (fused qkv) are left out."""
+    save_hf(family, "sequence-classification", tmp_path / "m")
+    want = set(Trainer.get_decay_parameter_names(None, build_hf(family, "sequence-classification")))
+    ours = hfport.AutoModelForSequenceClassification.from_pretrained(tmp_path / "m")
+    optimizer = build_optimizer(ours, hfport_config({"weight_decay": 0.1}))
+    decayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    hf_names = ours.hf_names()
+    assert {hf_names[n] for n, p in ours.named_parameters() if id(p) in decayed} == want

@@ -14,6 +14,10 @@ from ..errors import ConfigError
 from .config import PLATEAU_DEFAULTS
 
 _LAYER = re.compile(r"^body\.encoder\.(?:layers|groups)\.(\d+)\.")
+# transformers' Trainer.get_decay_parameter_names, read on a parameter's HF name (lowercased), as it reads the
+# transformers model's: besides everything inside a LayerNorm, no decay for biases (MPNet's relative_attention_bias
+# table too) and norms (EuroBERT's RMSNorm weights)
+NO_DECAY = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
 
 
 def freeze(model: Any, prefixes: list[str]) -> list[str]:
@@ -41,13 +45,15 @@ def freeze(model: Any, prefixes: list[str]) -> list[str]:
 
 
 def build_optimizer(model: nn.Module, config: Any) -> torch.optim.Optimizer:
-    """AdamW (default) or SGD. No weight decay on biases and LayerNorm weights; optional layer-wise lr decay
-    (lr * decay^(distance from the top), embeddings lowest, head and pooler at the full lr)."""
+    """AdamW (default) or SGD. No weight decay where transformers' Trainer has none (biases, norms: NO_DECAY);
+    optional layer-wise lr decay (lr * decay^(distance from the top), embeddings lowest, head and pooler at the full
+    lr)."""
+    hf_names = model.hf_names() if hasattr(model, "hf_names") else {}
     no_decay = set()
     for module_name, module in model.named_modules():
         for pname, _ in module.named_parameters(recurse=False):
             full = f"{module_name}.{pname}" if module_name else pname
-            if isinstance(module, nn.LayerNorm) or pname == "bias":
+            if isinstance(module, nn.LayerNorm) or NO_DECAY.search(hf_names.get(full, full).lower()):
                 no_decay.add(full)
     depths: dict[str, int] = {}
     for name, _ in model.named_parameters():
