@@ -124,6 +124,27 @@ def test_a_score_no_model_can_learn_is_refused(tiny_bert, tmp_path, task, row, c
         preflight(options(tiny_bert, path, task=task, score_range=[-1e300, 1e300]))
 
 
+@pytest.mark.parametrize("task, row, column, message", [
+    ("token-classification", {"tokens": ["a", "b"], "tags": ["O", float("nan")]}, "tags", r"tag 1 must be a name or"),
+    ("token-classification", {"tokens": ["a", "b"], "tags": ["O", ""]}, "tags", r"tag 1 must be a name or"),
+    ("multiple-choice", {"context": "c", "choices": ["x", "y"], "label": float("nan")}, "label",
+     r"expected the index of the right choice"),
+    ("question-answering", {"question": "q?", "context": "abc", "answers": {"text": ["b"],
+                                                                             "answer_start": [float("nan")]}},
+     "answers", r"answer_start an integer"),
+])
+def test_the_other_targets_refuse_nan_and_blanks_too(tiny_bert, tmp_path, task, row, column, message):
+    """Tags, choice indices and answer starts are names or integers, so a NaN or a blank never gets in (refused on
+    main too: this keeps it so)."""
+    good = {"token-classification": {"tokens": ["a", "b"], "tags": ["O", "B-X"]},
+            "multiple-choice": {"context": "c", "choices": ["x", "y"], "label": 1},
+            "question-answering": {"question": "q?", "context": "abc", "answers": {"text": ["b"],
+                                                                                    "answer_start": [1]}}}[task]
+    path = write_jsonl(tmp_path / "train.jsonl", [good, good, row, good])
+    with pytest.raises(DataError, match=rf"^{path}, line 3, field '{column}': .*{message}"):
+        preflight(options(tiny_bert, path, task=task, doc_stride=4))
+
+
 # --- 3. an eval source's own ClassLabel order --------------------------------------------------------------------
 
 
