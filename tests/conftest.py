@@ -73,6 +73,32 @@ def minilm_heads(tmp_path_factory, minilm_path) -> dict[str, Path]:
     return _MinilmHeads(tmp_path_factory.mktemp("minilm_heads"), minilm_path)
 
 
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory, minilm_path) -> Path:
+    """The fine-tuning tests' sentiment folder (tests/finetuning.py's finetune_workdir): model/ and model_nodrop/
+    (a tiny random BERT with MiniLM's tokenizer, with and without dropout), train/eval.jsonl and varied(_eval).jsonl.
+    Shared by the session: read it, write runs elsewhere."""
+    from tests.finetuning import finetune_workdir
+
+    return finetune_workdir(tmp_path_factory.mktemp("ft"), minilm_path)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One PostgreSQL for the session (tests take a fresh database each: pgserver.fresh_db_name)."""
+    from tests.pgserver import PgServer, require_bin
+
+    server = PgServer(require_bin())
+    try:
+        server.start()
+    except Exception:
+        log = server.log()
+        server.stop()
+        raise RuntimeError(f"could not start PostgreSQL:\n{log}") from None
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="module")
 def serve_models(tmp_path_factory):
     """`serve_models({name: folder, ...}, **env)` starts `hfport serve --model name=folder ...` on a free loopback

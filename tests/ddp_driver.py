@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+# what the two runs may differ by (why these bounds: tests/test_ddp.py's docstring): every final weight, and each
+# logged loss (rounded to 6 decimals in metrics.jsonl, so 1e-6 plus a few fp32 ulps of the loss)
+WEIGHT_TOLERANCE = 1e-6
+LOSS_ROUNDING, LOSS_RELATIVE = 1e-6, 4e-7
 PER_PROCESS = 4  # examples per process per step in the 2-process run; the single process takes twice as many
 COMMON = dict(max_steps=3, optimizer="sgd", lr=0.1, momentum=0.0, precision="fp32", seed=11, logging_steps=1,
               eval_fraction=0.2, eval_strategy="no", save_strategy="no", warmup_ratio=0.0, scheduler="constant",
@@ -216,6 +221,16 @@ def run(root: Path, mode: str, names: list[str]) -> None:
         config = FinetuneConfig(**{**COMMON, **values, **again, "output_dir": str(output),
                                    "batch_size": PER_PROCESS * (2 if mode == "one" else 1)})
         finetune(config, progress=False)
+
+
+def launch(root: Path, *args: str, processes: int) -> subprocess.CompletedProcess:
+    """This script's `run ROOT ARGS`, as one plain process or under `accelerate launch` (gloo)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    accelerate = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"] if processes > 1 else []
+    return subprocess.run([sys.executable, *accelerate, str(Path(__file__).resolve()), "run", str(root), *args],
+                          env=env, capture_output=True, timeout=300)
 
 
 def _losses(folder: Path) -> list[float]:

@@ -10,19 +10,27 @@ parameter has a gradient" (`rtol`, `base_loss`, `every_grad`), and the padded la
 Tolerance: fp32, atol 1e-5 (rtol 1.3e-6, torch's fp32 default) on outputs, losses and every gradient. The rtol
 matters only for gradients of tensors summed over every token of the batch (token-type embeddings reach ~60 in
 magnitude, where fp32 summation order alone moves the last digits: ~1e-7 relative).
+
+Built on these: `compare_family` (one cell of the family x head grid, recorded for conftest's table),
+`compare_choices` (multiple choice on (B, C, T) batches), and for pipelines `assert_close_results` (transformers'
+result structure, scores within SCORE_TOL).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import hfport
-from tests.tiny import HEADS, NUM_LABELS, OTHER_HEADS, reference_qa_loss
+from tests import grid
+from tests.tiny import HEADS, NUM_LABELS, OTHER_HEADS, batch, reference_qa_loss, save_hf
 
 ATOL, RTOL = 1e-5, 1.3e-6
+SCORE_TOL = 1e-4  # pipeline scores: probabilities from float32 logits, batched (padded) vs one at a time
+MINILM_MIN_COSINE = 0.99  # the real MiniLM's int8 (or sharded int8) embeddings against its fp32 ones
 AUTO_CLASSES = {**HEADS, **OTHER_HEADS}  # task -> the Auto* class name, the same in hfport and transformers
 
 
@@ -182,3 +190,50 @@ def compare_gradients(ref: torch.nn.Module, ours: hfport.PreTrainedEncoder, *, n
     assert covered == unique, f"{name}: transformers parameters hfport does not have: " + \
         str(sorted(n for n, p in ref_params.items() if id(p) not in covered))
     return worst
+
+
+def compare_family(family: str, task: str, tmp_path: Path, **overrides) -> float:
+    """One cell of the parity grid: tiny.py's `family` model with the `task` head, saved in `tmp_path`, checked on
+    tiny.batch; its worst |diff| goes into the grid conftest prints."""
+    ref = save_hf(family, task, tmp_path, **overrides)
+    inputs = batch(family, pairs=overrides.get("type_vocab_size", 2) > 1)
+    worst = check(task, tmp_path, inputs, ref=ref, name=f"{family}/{task}")
+    grid.record(family, task, worst)
+    return worst
+
+
+def choice_batch(family: str, lengths: tuple[int, ...] = (70, 41, 9, 30, 12, 50), choices: int = 3,
+                 pairs: bool = True) -> dict[str, torch.Tensor]:
+    """(B, C, T): B = len(lengths) / C questions whose choices have unequal lengths (one over 64 tokens)."""
+    return {k: v.view(-1, choices, v.shape[-1]) for k, v in batch(family, lengths=lengths, pairs=pairs).items()}
+
+
+def compare_choices(family: str, tmp_path: Path, padding_free: bool = True, **overrides) -> float:
+    """transformers' *ForMultipleChoice against hfport's on choice_batch: logits, loss and every gradient."""
+    task = "multiple-choice"
+    ref = save_hf(family, task, tmp_path, **overrides)
+    ours = load_ours(task, tmp_path, padding_free)
+    assert type(ref).__name__ == ours.family.architectures[task]
+    inputs = choice_batch(family, pairs=overrides.get("type_vocab_size", 2) > 1)
+    with torch.no_grad():
+        assert ours(**inputs).logits.shape == (2, 3)  # (B, C)
+    worst = compare_models(ref, ours, inputs, task, labels={"labels": torch.tensor([2, 0])}, name=family)
+    grid.record(family, task, worst)
+    return worst
+
+
+def assert_close_results(ours: Any, theirs: Any, where: str = "") -> float:
+    """Same structure, keys, labels, words and offsets; scores within SCORE_TOL. Returns the max score diff."""
+    if isinstance(theirs, list):
+        assert isinstance(ours, list) and len(ours) == len(theirs), f"{where}: {ours} vs {theirs}"
+        return max([assert_close_results(a, b, f"{where}[{i}]") for i, (a, b) in enumerate(zip(ours, theirs))],
+                   default=0.0)
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict) and list(ours) == list(theirs), f"{where}: keys {list(ours)} vs {list(theirs)}"
+        return max([assert_close_results(ours[k], theirs[k], f"{where}.{k}") for k in theirs], default=0.0)
+    if isinstance(theirs, str) or isinstance(theirs, (int,)) and not hasattr(theirs, "dtype"):
+        assert ours == theirs, f"{where}: {ours!r} != {theirs!r}"
+        return 0.0
+    diff = abs(float(ours) - float(theirs))  # numpy/python floats
+    assert diff <= SCORE_TOL, f"{where}: {ours} vs {theirs} (diff {diff:.2e} > {SCORE_TOL})"
+    return diff

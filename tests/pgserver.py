@@ -101,17 +101,3 @@ _counter = iter(range(1, 10**9))
 
 def fresh_db_name() -> str:
     return f"t{os.getpid()}_{next(_counter)}_{int(time.time() * 1000) % 10**8}"
-
-
-@pytest.fixture(scope="session")
-def pg_server():
-    """One PostgreSQL for the session (tests take a fresh database each)."""
-    server = PgServer(require_bin())
-    try:
-        server.start()
-    except Exception:
-        log = server.log()
-        server.stop()
-        raise RuntimeError(f"could not start PostgreSQL:\n{log}") from None
-    yield server
-    server.stop()

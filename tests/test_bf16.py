@@ -28,8 +28,8 @@ from hfport.cli import app
 from hfport.errors import ConfigError
 from hfport.train.loop import mixed_precision
 
-from . import tiny
-from .test_finetune import base_config, sentiment_run
+from tests import tiny
+from tests.finetuning import base_config, sentiment_run
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU precision rules apply without CUDA")
 NATIVE = {"float32": 100.0, "bfloat16": 400.0}

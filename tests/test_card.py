@@ -21,9 +21,8 @@ from hfport.export.peft import ADAPTER_CARD
 from hfport.formats.sentence_transformers import mark_cross_encoder, write_embedding_layout, write_sparse_layout
 from hfport.rundir import RunSummary
 from hfport.train.loop import finetune
-from tests.test_finetune import sentiment_run
-from tests.test_sparse import mlm_folder
-from tests.tiny import TOKENIZER_FILES, save_hf
+from tests.finetuning import sentiment_run
+from tests.tiny import TOKENIZER_FILES, mlm_folder, save_hf
 
 
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from hfport.rundir import TRAINER_STATE, RunDir
-from tests.test_finetune import base_config, model_lines, workdir  # noqa: F401 - workdir is a fixture
+from tests.finetuning import base_config, model_lines
 
 CHECKPOINT_FILES = {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "rng.pt", TRAINER_STATE}
 _SERVER = None
@@ -73,7 +73,7 @@ def _assert_same_run(out: Path, ref: Path, where: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(workdir, tmp_path_factory) -> Path:  # noqa: F811
+def reference(workdir, tmp_path_factory) -> Path:
     ref = tmp_path_factory.mktemp("faults") / "ref"
     assert _train(_config(workdir, ref)) == 0
     return ref
@@ -81,7 +81,7 @@ def reference(workdir, tmp_path_factory) -> Path:  # noqa: F811
 
 @pytest.mark.parametrize("point", ["after-weights", "after-optimizer", "after-state", "before-rename",
                                    "after-rename", "after-latest"])
-def test_kill_during_a_save(workdir, reference, tmp_path, point):  # noqa: F811
+def test_kill_during_a_save(workdir, reference, tmp_path, point):
     out = tmp_path / "run"
     _killed(_config(workdir, out), point, 4)
     _assert_consistent(out, f"killed {point} of step 4's save")
@@ -91,7 +91,7 @@ def test_kill_during_a_save(workdir, reference, tmp_path, point):  # noqa: F811
 
 @pytest.mark.parametrize("point", ["after-weights", "after-state", "after-retire", "before-rename", "after-rename",
                                    "after-latest"])
-def test_kill_during_a_resave(workdir, reference, tmp_path, point):  # noqa: F811
+def test_kill_during_a_resave(workdir, reference, tmp_path, point):
     out = tmp_path / "run"
     shutil.copytree(reference, out)  # a finished run with step-2, step-4 and step-6
     older = str(RunDir(out).checkpoint(2))

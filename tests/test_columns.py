@@ -19,13 +19,9 @@ from hfport.cli import app
 from hfport.train.columns import check_columns, column_fields, columns_table, flag
 from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError
+from tests.data import write_jsonl
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def config(train: Path, **options) -> FinetuneConfig:

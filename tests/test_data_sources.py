@@ -20,23 +20,8 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError, read_records
 from hfport.train.loop import finetune
 from hfport.train.preflight import preflight
-from tests.test_finetune_tasks import write_jsonl
+from tests.data import sentiment_rows, write_jsonl
 from tests.tiny import save_with_tokenizer
-
-WORDS = {"positive": ["great", "wonderful", "lovely"], "negative": ["awful", "terrible", "dreadful"]}
-
-
-def sentiment_rows(n: int, seed: int) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        label = rng.choice(["negative", "positive"])
-        thing = rng.choice(["film", "plot", "ending"])
-        filler = " ".join(rng.choice(["and", "so", "then"]) for _ in range(rng.randint(0, 6)))
-        rows.append({"text": f"the {thing} was {rng.choice(WORDS[label])} {filler}".strip(),
-                     "pair": f"a remark about the {thing}", "label": label})
-    return rows
-
 
 def write_arrow(path: Path, rows: list[dict[str, Any]], stream: bool) -> Path:
     table = pa.Table.from_pylist(rows)

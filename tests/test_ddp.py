@@ -26,9 +26,6 @@ apart).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,20 +37,7 @@ from hfport.errors import ConfigError
 from hfport.train.config import FinetuneConfig
 from hfport.train.preflight import preflight
 from tests import ddp_driver
-
-DRIVER = Path(ddp_driver.__file__)
-WEIGHT_TOLERANCE = 1e-6
-LOSS_ROUNDING, LOSS_RELATIVE = 1e-6, 4e-7
-
-
-def _driver(root: Path, *args: str, processes: int) -> subprocess.CompletedProcess:
-    """tests/ddp_driver.py `run ROOT ARGS`, as one plain process or under `accelerate launch` (gloo)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(DRIVER.parents[1]), os.environ.get("PYTHONPATH", "")])}
-    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines",
-              "1", "--mixed_precision", "no", "--dynamo_backend", "no"] if processes > 1 else []
-    return subprocess.run([sys.executable, *launch, str(DRIVER), "run", str(root), *args], env=env,
-                          capture_output=True, timeout=300)
+from tests.ddp_driver import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE, launch
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +45,9 @@ def runs(tmp_path_factory, minilm_path) -> Path:
     """Every case run twice: once on one process with 2B, once under a 2-process launch with B each."""
     root = tmp_path_factory.mktemp("ddp")
     ddp_driver.prepare(root, minilm_path)
-    one = _driver(root, "one", processes=1)
+    one = launch(root, "one", processes=1)
     assert one.returncode == 0, one.stderr.decode()[-3000:]
-    two = _driver(root, "two", processes=2)
+    two = launch(root, "two", processes=2)
     assert two.returncode == 0, two.stderr.decode()[-3000:]
     return root
 
@@ -104,11 +88,11 @@ def test_a_two_process_run_killed_and_resumed_ends_as_the_unbroken_one(runs):
     """Rank 1 SIGKILLed as step 3 begins (the step-2 checkpoint complete): the launcher ends the run. Relaunched with
     resume "latest", it ends bit-identical to the unbroken 2-process run (fill-mask, SGD with momentum): every final
     weight, and every train and eval line of metrics.jsonl."""
-    killed = _driver(runs, "kill", "resume", processes=2)
+    killed = launch(runs, "kill", "resume", processes=2)
     assert killed.returncode != 0, "rank 1 was not killed"
     folder = runs / "runs" / "killed" / "resume"
     assert (folder / "checkpoints" / "step-2").is_dir() and not (folder / "final").exists()
-    again = _driver(runs, "resume", "resume", processes=2)
+    again = launch(runs, "resume", "resume", processes=2)
     assert again.returncode == 0, again.stderr.decode()[-3000:]
     unbroken = runs / "runs" / "two" / "resume"
     a, b = load_file(unbroken / "final" / "model.safetensors"), load_file(folder / "final" / "model.safetensors")

@@ -24,19 +24,10 @@ from hfport.train.loop import finetune
 from hfport.train.metrics.retrieval import correlation_metrics, ranking_metrics, retrieval_metrics
 from hfport.train.preflight import preflight
 from hfport.train.tasks.embedding import cosent_loss, mnrl_loss
-from tests.test_finetune_tasks import write_jsonl
+from tests.data import DATA, write_jsonl
+from tests.finetuning import embedding_config as cfg
 
 torch.set_num_threads(1)
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "examples" / "data"
-
-
-def cfg(model: Path, tmp_path: Path, **kw) -> FinetuneConfig:
-    """A sentence-embedding fine-tune of `model` (conftest's tiny_bert) on examples/data's retrieval files."""
-    values = dict(model=str(model), task="sentence-embedding", train=str(DATA / "embed_train.jsonl"),
-                  eval=str(DATA / "embed_eval.jsonl"), output_dir=str(tmp_path / "run"), batch_size=16, lr=1e-3,
-                  logging_steps=1, seed=3, max_length=48, precision="fp32")
-    return FinetuneConfig(**{**values, **kw})
 
 
 # --- losses -----------------------------------------------------------------------------------------------------
@@ -264,7 +255,7 @@ def test_score_range_must_be_ordered(tiny_bert, tmp_path):
 def test_http_finetune_job_trains_an_embedding_model(tmp_path, tiny_bert):
     import httpx
 
-    from tests.test_server import Server, wait_job
+    from tests.serving import Server, wait_job
 
     root = tmp_path / "allowed"
     (root / "data").mkdir(parents=True)

@@ -33,8 +33,7 @@ from hfport.train import grouped
 from hfport.train.stored import StoredExamples, collect
 from hfport.train.tasks import get_task
 from hfport.train.tasks.ranking import read_groups
-from tests.test_data_sources import sentiment_rows
-from tests.test_finetune_tasks import mlm_lines, ner_rows, qa_rows, squad_v2
+from tests.data import mlm_lines, ner_rows, qa_rows, sentiment_rows, squad_v2
 from tests.tiny import save_with_tokenizer
 
 torch.set_num_threads(1)

@@ -23,35 +23,15 @@ import hfport
 from hfport import hub
 from hfport.cli import app
 from hfport.export import TOLERANCES, ExportError, VerifyFailed, export, verify
-from tests.test_finetune import write_sentiment
-from tests.test_finetune_tasks import mlm_lines, ner_rows, qa_rows, write_jsonl
-from tests.test_tokenizer import build_tokenizer_folder
-from tests.tiny import HEADS, save_hf
+from tests.data import mlm_lines, ner_rows, qa_rows, write_jsonl, write_sentiment
+from tests.tiny import HEADS, TOKENIZER_FILES, save_hf
+from tests.tiny_tokenizers import add_tokenizer, vocab
 
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
 
 FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert")
 TASKS = tuple(HEADS)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
-VOCAB = 320  # covers the trained tokenizers (at most 300 pieces + specials)
 MEASURED: dict[tuple[str, str], float] = {}  # (family, task) -> max abs output diff, printed by the last test
-
-
-def add_tokenizer(family: str, folder: Path, minilm: Path, tokenizers: Path) -> None:
-    """BERT gets the real MiniLM WordPiece files; the other families a tokenizer trained by test_tokenizer."""
-    if family == "bert":
-        for name in TOKENIZER_FILES:
-            shutil.copy(minilm / name, folder / name)
-        return
-    src = tokenizers / family
-    if not src.exists():
-        build_tokenizer_folder(family, src, model_max_length=64)
-    for item in src.iterdir():
-        shutil.copy(item, folder / item.name)
-
-
-def vocab(family: str) -> int:
-    return 30522 if family == "bert" else VOCAB
 
 
 def record(report: hfport.VerifyReport, family: str, task: str) -> None:

@@ -24,8 +24,8 @@ from server.fence import FENCED
 from server.settings import Settings
 from server.store import open_store
 from server.worker import REPO_ROOT, Worker
-from tests.pgserver import fresh_db_name, pg_server  # noqa: F401 - the session fixture
-from tests.test_chaos import build_inputs, job_config
+from tests.cluster import build_inputs, job_config
+from tests.pgserver import fresh_db_name
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ class SilentLink:
 
 
 def test_a_job_cut_off_from_the_database_dies_before_its_lease_runs_out(pg_server, inputs, hanging,
-                                                                            tmp_path):  # noqa: F811
+                                                                            tmp_path):
     url = pg_server.create_database(fresh_db_name())
     store = open_store(url)
     link = SilentLink(("127.0.0.1", pg_server.port))

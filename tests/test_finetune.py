@@ -9,11 +9,8 @@ import math
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,57 +23,7 @@ from hfport.rundir import RunDir
 from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError, epoch_batches, eval_batches, padding_fraction, planned_steps
 from hfport.train.loop import finetune
-from hfport.train.monitor import is_perf
-from tests.tiny import save_with_tokenizer
-
-POS = ["great", "wonderful", "excellent", "lovely", "superb", "brilliant"]
-NEG = ["awful", "terrible", "bad", "horrible", "poor", "dreadful"]
-
-
-def write_sentiment(path: Path, n: int, seed: int, filler: int = 0) -> None:
-    """`filler` > 0: up to that many extra words per row, so lengths vary as in real text."""
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            label = rng.choice(["negative", "positive"])
-            word = rng.choice(POS if label == "positive" else NEG)
-            thing = rng.choice(["film", "plot", "acting", "soundtrack", "ending"])
-            extra = " ".join(rng.choice(["and", "then", "so", "we", "left"]) for _ in range(rng.randint(0, filler)))
-            f.write(json.dumps({"text": f"the {thing} was {word} overall {extra}".strip(), "label": label}) + "\n")
-
-
-def sentiment_run(root: Path, minilm: Path, train: int, eval: int) -> Path:
-    """`root`: model/ (a tiny random BERT with MiniLM's WordPiece tokenizer), train.jsonl and eval.jsonl (`train`
-    and `eval` generated sentiment rows, seeds 0 and 1)."""
-    save_with_tokenizer("bert", "base", root / "model", minilm, vocab_size=30522)
-    write_sentiment(root / "train.jsonl", train, seed=0)
-    write_sentiment(root / "eval.jsonl", eval, seed=1)
-    return root
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory, minilm_path) -> Path:
-    """A tiny random BERT with the real MiniLM WordPiece tokenizer (with and without dropout), and generated
-    sentiment datasets."""
-    root = sentiment_run(tmp_path_factory.mktemp("ft"), minilm_path, 192, 48)
-    save_with_tokenizer("bert", "base", root / "model_nodrop", minilm_path, vocab_size=30522, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
-    write_sentiment(root / "varied.jsonl", 96, seed=2, filler=40)
-    write_sentiment(root / "varied_eval.jsonl", 40, seed=3, filler=40)
-    return root
-
-
-def base_config(workdir: Path, out: Path, **overrides) -> FinetuneConfig:
-    values = dict(model=str(workdir / "model"), train=str(workdir / "train.jsonl"), eval=str(workdir / "eval.jsonl"),
-                  output_dir=str(out), batch_size=16, lr=3e-3, warmup_ratio=0.1, logging_steps=1, seed=7,
-                  precision="fp32")  # the tolerances below are fp32's; bf16 runs are tested in test_bf16.py
-    return FinetuneConfig(**{**values, **overrides})
-
-
-def model_lines(text: str) -> list[str]:
-    """metrics.jsonl without its `perf` lines (speed, ETA, memory: the machine's, different every run), i.e. the
-    lines that must be identical between a run and its resumed twin."""
-    return [x for x in text.splitlines() if not is_perf(json.loads(x))]
+from tests.finetuning import base_config, check_resume_after_sigkill, model_lines
 
 
 def _losses(out: Path) -> list[float]:
@@ -109,62 +56,6 @@ def _run_cli(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen([sys.executable, "-m", "hfport", "finetune", "-q", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-_FORKSERVER = None
-
-
-def _train_in_child(config: FinetuneConfig):
-    """A child process runs the fine-tune so it can be SIGKILLed. Children come from a fork server that has
-    imported torch and hfport but never run an op: a fast start, without the OpenMP-after-fork hang that
-    forking this (already computing) test process would risk."""
-    global _FORKSERVER
-    import multiprocessing
-
-    if _FORKSERVER is None:
-        _FORKSERVER = multiprocessing.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["torch", "accelerate", "hfport.train.loop", "hfport.tokenizer"])
-    child = _FORKSERVER.Process(target=finetune, args=(config,), kwargs={"progress": False})
-    child.start()
-    return child
-
-
-def check_resume_after_sigkill(config: Callable[..., FinetuneConfig], tmp_path: Path, weights: str,
-                               kill_steps: list[int]) -> list[Path]:
-    """`config(out, **extra)` trained to its end, then once per step in `kill_steps` a run SIGKILLed as soon as its
-    log shows that step (sometimes mid-checkpoint) and resumed: the same metrics and the same final/`weights` file,
-    bit for bit. Returns the killed-and-resumed runs' folders."""
-    ref = _train_in_child(config(tmp_path / "ref"))
-    ref.join(300)
-    assert ref.exitcode == 0
-    ref_metrics = model_lines((tmp_path / "ref" / "metrics.jsonl").read_text())
-    ref_weights = load_file(str(tmp_path / "ref" / "final" / weights))
-    outs = []
-    for trial, kill_at in enumerate(kill_steps):
-        out = tmp_path / f"trial{trial}"
-        child = _train_in_child(config(out))
-        deadline = time.time() + 300
-        while time.time() < deadline and child.is_alive():
-            log = out / "metrics.jsonl"
-            if log.exists() and f'"step": {kill_at},' in log.read_text():
-                break
-            time.sleep(0.005)
-        os.kill(child.pid, signal.SIGKILL)
-        child.join()
-        assert child.exitcode == -signal.SIGKILL, f"trial {trial}: the run ended before it could be killed"
-        # checkpoints are written in the background: a kill soon after step 2 can come before the first one
-        # landed; then there is nothing to resume and the run starts over (as the server's job runner does)
-        again = {"resume": "latest"} if hfport.RunDir(out).latest_checkpoint() else {"overwrite": True}
-        resumed = _train_in_child(config(out, **again))
-        resumed.join(300)
-        assert resumed.exitcode == 0
-        assert model_lines((out / "metrics.jsonl").read_text()) == ref_metrics, f"trial {trial} (killed at step {kill_at})"
-        got = load_file(str(out / "final" / weights))
-        assert got.keys() == ref_weights.keys()
-        for key in got:
-            assert torch.equal(got[key], ref_weights[key]), f"trial {trial}: {key} differs"
-        outs.append(out)
-    return outs
 
 
 def test_resume_after_sigkill_is_bit_identical(workdir, tmp_path):

@@ -8,8 +8,6 @@ positions across doc_stride windows, the 80/10/10 masking, CoNLL parsing, and er
 from __future__ import annotations
 
 import json
-import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,9 @@ from hfport.train.tasks import get_task
 from hfport.train.tasks.mlm import mask_tokens
 from hfport.train.tasks.qa import answer_positions, best_answer
 from hfport.train.tasks.tokens import align_labels, read_conll
-from tests.tiny import save_hf
+from tests.data import mlm_lines, ner_rows, qa_rows, squad_v2, write_jsonl
+from tests.finetuning import model_lines
+from tests.tiny import save_with_tokenizer
 
 torch.set_num_threads(1)  # the tiny model gains nothing from threads on shared cores; avoid oversubscription
 
@@ -32,9 +32,7 @@ torch.set_num_threads(1)  # the tiny model gains nothing from threads on shared 
 def model_dir(tmp_path_factory, minilm_path) -> Path:
     """A tiny random BERT (no task head: the loop adds it) with the real MiniLM tokenizer beside it."""
     root = tmp_path_factory.mktemp("tasks") / "model"
-    save_hf("bert", "base", root, vocab_size=30522)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_path / f, root / f)
+    save_with_tokenizer("bert", "base", root, minilm_path, vocab_size=30522)
     return root
 
 
@@ -59,37 +57,7 @@ def mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 # --- token classification -----------------------------------------------------------------------------------------
-
-PEOPLE = [["alice"], ["bob", "smith"], ["carol"], ["dmitri", "ivanovich"], ["eve", "johansson"]]
-PLACES = [["paris"], ["new", "york"], ["tokyo"], ["rio", "de", "janeiro"], ["zanzibarville"]]
-FILLER = ["yesterday", "we", "think", "that", "quietly", "maybe", "often", "really"]
-
-
-def ner_rows(n: int, seed: int) -> list[dict]:
-    """'<filler> PERSON <filler> visited PLACE <filler>' with IOB2 tags; multi-word and multi-sub-token names."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        tokens, tags = [], []
-        for _ in range(rng.randint(0, 2)):
-            tokens.append(rng.choice(FILLER)), tags.append("O")
-        person = rng.choice(PEOPLE)
-        tokens += person
-        tags += ["B-PER"] + ["I-PER"] * (len(person) - 1)
-        tokens += [rng.choice(FILLER), "visited"]
-        tags += ["O", "O"]
-        place = rng.choice(PLACES)
-        tokens += place
-        tags += ["B-LOC"] + ["I-LOC"] * (len(place) - 1)
-        rows.append({"tokens": tokens, "tags": tags})
-    return rows
-
 
 def test_token_classification_learns(model_dir, tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", ner_rows(160, 0))
@@ -204,27 +172,6 @@ def test_token_data_errors(model_dir, tmp_path, tokenizer, row, fragment):
 
 # --- question answering ---------------------------------------------------------------------------------------
 
-COLORS = ["red", "green", "blue", "yellow", "purple", "orange", "violet", "turquoise"]
-WORDS = ["the", "house", "stood", "near", "a", "river", "and", "people", "walked", "past", "it", "every", "day",
-         "while", "birds", "sang", "in", "trees", "old", "town"]
-
-
-def qa_rows(n: int, seed: int, length: tuple[int, int] = (20, 50)) -> list[dict]:
-    """Contexts of filler words with one color word somewhere; the question asks for the color. Long contexts
-    spill over several windows at max_length 32, so the answer is often in a later window."""
-    rng = random.Random(seed)
-    rows = []
-    for k in range(n):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(*length))]
-        color = rng.choice(COLORS)
-        words.insert(rng.randrange(len(words) + 1), color)
-        context = " ".join(words)
-        start = context.index(f" {color} ") + 1 if f" {color} " in context else context.index(color)
-        rows.append({"id": f"q{k}", "question": "which color is mentioned?", "context": context,
-                     "answers": {"text": [color], "answer_start": [start]}})
-    return rows
-
-
 def test_question_answering_learns(model_dir, tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", qa_rows(192, 0))
     evaluation = write_jsonl(tmp_path / "eval.jsonl", qa_rows(48, 1))
@@ -239,24 +186,6 @@ def test_question_answering_learns(model_dir, tmp_path):
     assert mean(losses[-5:]) < 0.5 * mean(losses[:5]), losses
     assert evals[-1]["eval_exact_match"] >= 0.6, (first_eval, evals[-1])
     assert evals[-1]["eval_f1"] > first_eval["f1"] + 0.4, (first_eval, evals[-1])
-
-
-def squad_v2(n: int, seed: int) -> dict:
-    """SQuAD v2 JSON: the qa_rows questions, a quarter of them made unanswerable by taking the color out."""
-    rng = random.Random(seed + 100)
-    paragraphs = []
-    for row in qa_rows(n, seed):
-        if rng.random() < 0.25:
-            color = row["answers"]["text"][0]
-            context = " ".join(w for w in row["context"].split() if w != color)
-            qas = [{"id": row["id"], "question": row["question"], "answers": [], "is_impossible": True}]
-        else:
-            context = row["context"]
-            qas = [{"id": row["id"], "question": row["question"], "is_impossible": False,
-                    "answers": [{"text": t, "answer_start": s} for t, s in zip(row["answers"]["text"],
-                                                                                row["answers"]["answer_start"])]}]
-        paragraphs.append({"context": context, "qas": qas})
-    return {"version": "v2.0", "data": [{"title": "colors", "paragraphs": paragraphs}]}
 
 
 def test_question_answering_v2_learns_to_abstain(model_dir, tmp_path):
@@ -361,16 +290,6 @@ def test_misaligned_answer_start_is_an_error(model_dir, tmp_path, tokenizer):
 
 # --- masked LM ------------------------------------------------------------------------------------------------
 
-SUBJECTS = ["the cat", "a dog", "my sister", "the old man", "our teacher"]
-VERBS = ["sat on", "looked at", "walked to", "painted", "found"]
-OBJECTS = ["the mat", "a red door", "the garden", "the small boat", "a book"]
-
-
-def mlm_lines(n: int, seed: int) -> str:
-    rng = random.Random(seed)
-    return "".join(f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} .\n" for _ in range(n))
-
-
 def test_masked_lm_learns(model_dir, tmp_path):
     (tmp_path / "train.txt").write_text(mlm_lines(192, 0))
     (tmp_path / "eval.txt").write_text("\n" + mlm_lines(48, 1))  # blank lines are skipped
@@ -402,8 +321,6 @@ def test_masked_lm_resume_is_exact(model_dir, tmp_path):
     a = load_file(str(tmp_path / "whole" / "final" / "model.safetensors"))
     b = load_file(str(tmp_path / "part" / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    from tests.test_finetune import model_lines
-
     assert model_lines((tmp_path / "whole" / "metrics.jsonl").read_text()) == \
         model_lines((tmp_path / "part" / "metrics.jsonl").read_text())
 

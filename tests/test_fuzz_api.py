@@ -19,8 +19,7 @@ import time
 import pytest
 import schemathesis  # a dev dependency: missing, the test fails rather than skips
 
-from tests.test_reliability import walk_routes
-from tests.test_server import Server
+from tests.serving import Server, walk_routes
 from tests.tiny import save_hf
 
 MAX_EXAMPLES = 20  # per operation and mode (schema-valid data, then schema-violating data)

@@ -34,9 +34,8 @@ from hfport.export.onnx_verify import sha256  # noqa: E402
 from hfport.export.probes import (CALIBRATION_PAIRS, CALIBRATION_TEXTS, MIN_JUDGED, judged_pairs,  # noqa: E402
                                   judged_texts, read_gate_data)
 from hfport.pipelines.onnx_backend import ONNX_FILE, QUANTIZED_FILE  # noqa: E402
-from tests.test_export import add_tokenizer, vocab  # noqa: E402
-from tests.test_onnx import decisive_qa  # noqa: E402
-from tests.tiny import save_hf  # noqa: E402
+from tests.tiny import decisive_qa, save_hf  # noqa: E402
+from tests.tiny_tokenizers import add_tokenizer, vocab  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from server.app import create_app
 from server.settings import Settings
-from tests.test_chaos import build_inputs, job_config
+from tests.cluster import build_inputs, job_config
 
 
 @pytest.fixture

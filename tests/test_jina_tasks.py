@@ -18,8 +18,8 @@ from safetensors import safe_open
 import hfport
 from hfport import lora
 from hfport.nn.lora import ChunkLoraLinear
-from tests.test_tokenizer import build_tokenizer_folder
 from tests.tiny import batch, save_hf
+from tests.tiny_tokenizers import build_tokenizer_folder
 
 import peft  # noqa: E402 - a dev dependency: missing must fail, not skip
 import transformers  # noqa: E402

@@ -29,8 +29,8 @@ from server.settings import Settings
 from server.store import Store, open_store
 from server.worker import Worker, job_processes
 from tests import ddp_driver
-from tests.test_ddp import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE
-from tests.test_server import TERMINAL, Server, wait_job
+from tests.ddp_driver import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE
+from tests.serving import TERMINAL, Server, wait_job
 
 PER_PROCESS = ddp_driver.PER_PROCESS
 KILL_STEPS = 40  # long enough to kill the job between its first checkpoint and its end

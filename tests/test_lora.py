@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import hfport
 from hfport import lora
 from hfport.train.loop import finetune
-from tests.test_finetune import base_config, check_resume_after_sigkill, workdir  # noqa: F401 - workdir is a fixture
+from tests.finetuning import base_config, check_resume_after_sigkill
 from tests.tiny import ALL_FAMILIES, batch, save_hf, save_random_adapter
 
 import peft  # noqa: E402 - a dev dependency (the hfport[peft] extra): missing must fail, not skip
@@ -141,7 +141,7 @@ def test_merge_equals_unmerged_and_leaves_shared_base_alone(bases, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def lora_run(workdir, tmp_path_factory) -> Path:  # noqa: F811 - workdir: the fixture imported above
+def lora_run(workdir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("lora") / "run"
     # every linear layer of the encoder: on a tiny *random* base, q and v alone cannot carry the signal to the
     # pooler (measured 0.52 accuracy); on a pretrained model they do (docs/benchmarks.md)
@@ -152,7 +152,7 @@ def lora_run(workdir, tmp_path_factory) -> Path:  # noqa: F811 - workdir: the fi
     return out
 
 
-def test_lora_finetune_writes_a_peft_folder_that_verifies(lora_run, workdir):  # noqa: F811
+def test_lora_finetune_writes_a_peft_folder_that_verifies(lora_run, workdir):
     best = lora_run / "best"
     assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "tokenizer.json"} <= {
         p.name for p in best.iterdir()}
@@ -206,12 +206,12 @@ def test_export_merge_verify_and_pipeline(lora_run, tmp_path):
     assert adapter_export.report.passed and (tmp_path / "adapter" / "adapter_config.json").is_file()
 
 
-def test_export_merge_of_a_plain_model_is_refused(workdir, tmp_path):  # noqa: F811
+def test_export_merge_of_a_plain_model_is_refused(workdir, tmp_path):
     with pytest.raises(hfport.ExportError, match="merge applies to LoRA adapter"):
         hfport.export(workdir / "model", tmp_path / "x", merge=True)
 
 
-def test_lora_resume_after_sigkill_is_bit_identical(workdir, tmp_path):  # noqa: F811
+def test_lora_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
     """As test_finetune's resume test, with LoRA (dropout on its input) and gradient checkpointing."""
     def config(out: Path, **kw):
         return base_config(workdir, out, max_steps=10, batch_size=8, save_steps=2, eval_strategy="steps",
@@ -222,7 +222,7 @@ def test_lora_resume_after_sigkill_is_bit_identical(workdir, tmp_path):  # noqa:
     check_resume_after_sigkill(config, tmp_path, "adapter_model.safetensors", [rng.randint(3, 9) for _ in range(2)])
 
 
-def test_lora_flags_through_the_cli(workdir, tmp_path):  # noqa: F811
+def test_lora_flags_through_the_cli(workdir, tmp_path):
     import subprocess
     import sys
 
@@ -278,7 +278,7 @@ def test_targets_matching_nothing_name_what_exists(bases):
         lora.apply_lora(model, r=0)
 
 
-def test_bad_lora_config_values(workdir):  # noqa: F811
+def test_bad_lora_config_values(workdir):
     from hfport.train.config import resolve_config
 
     for bad, field in (({"r": 0}, "lora.r"), ({"r": -3}, "lora.r"), ({"rank": 4}, "lora.rank")):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hfport
-from tests.test_server import Server, assert_error, finetune_config, root, wait_job  # noqa: F401 - root: fixture
+from tests.serving import Server, allowed_root, assert_error, finetune_config, wait_job
 from tests.tiny import save_hf, save_random_adapter
 
 TEXTS = ["the plot was great overall", "the acting was awful overall", "the ending was lovely overall"]
@@ -24,7 +24,13 @@ def _adapter(base: Path, out: Path, task: str = "text-classification", seed: int
 
 
 @pytest.fixture(scope="module")
-def client(root, tmp_path_factory):  # noqa: F811
+def root(tmp_path_factory, tiny_bert) -> Path:
+    """The allowed dir (tests/serving.py's allowed_root): its own, since the tests write adapters into it."""
+    return allowed_root(tmp_path_factory.mktemp("allowed"), tiny_bert)
+
+
+@pytest.fixture(scope="module")
+def client(root, tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("lora-srv") / "data", root, HFPORT_BATCH_MAX_WAIT_MS="5",
                  # fp32, as the library runs it: "auto" serves bf16 on a CPU with native bf16, and an adapter runs in
                  # its base's dtype (it shares the base's body)
@@ -34,7 +40,7 @@ def client(root, tmp_path_factory):  # noqa: F811
     srv.stop()
 
 
-def test_lora_job_registers_its_adapter_and_predict_equals_the_merged_export(client, root, tmp_path):  # noqa: F811
+def test_lora_job_registers_its_adapter_and_predict_equals_the_merged_export(client, root, tmp_path):
     r = client.post("/models", json={"name": "ftbase", "path": str(root / "models" / "ft-base")})
     assert r.status_code == 201, r.text
     config = finetune_config(root, epochs=1, lora={"r": 4, "target_modules": ["q", "k", "v", "o", "ffn.up"]})
@@ -54,7 +60,7 @@ def test_lora_job_registers_its_adapter_and_predict_equals_the_merged_export(cli
         assert [d["score"] for d in got] == pytest.approx([d["score"] for d in want], abs=1e-5)
 
 
-def test_adapter_registers_over_a_registered_base(client, root):  # noqa: F811
+def test_adapter_registers_over_a_registered_base(client, root):
     client.post("/models", json={"name": "ftbase", "path": str(root / "models" / "ft-base")})
     folder = _adapter(root / "models" / "ft-base", root / "adapters" / "two", seed=2)
     r = client.post("/models", json={"name": "two", "path": str(folder), "base": "ftbase"})
@@ -75,7 +81,7 @@ def test_adapter_registers_over_a_registered_base(client, root):  # noqa: F811
                                               "base": "ftbase"}), 400)
 
 
-def test_adapters_over_one_base_share_its_tensors(root, tmp_path):  # noqa: F811
+def test_adapters_over_one_base_share_its_tensors(root, tmp_path):
     from server.serving import ModelRecord, ModelService, total_weight_bytes, weight_bytes
     from server.settings import Settings
 
@@ -94,7 +100,7 @@ def test_adapters_over_one_base_share_its_tensors(root, tmp_path):  # noqa: F811
     assert total_weight_bytes([a, b]) < 1.1 * weight_bytes(a)
 
 
-def test_an_adapter_with_an_explicit_base_embeds_the_same_on_every_route(root, tmp_path):  # noqa: F811
+def test_an_adapter_with_an_explicit_base_embeds_the_same_on_every_route(root, tmp_path):
     """The base given at registration travels with the model (the cache's record), so TEI's /embed and OpenAI's
     embeddings run the adapter over the same base as /predict, not over the one its adapter_config.json names."""
     import shutil

@@ -19,7 +19,8 @@ from hfport.errors import ConfigError
 from hfport.formats.sentence_transformers import read_layout
 from hfport.train.loop import finetune
 from hfport.train.tasks.embedding import matryoshka_loss, mnrl_loss
-from tests.test_embedding_training import DATA, cfg
+from tests.data import DATA
+from tests.finetuning import embedding_config as cfg
 
 torch.set_num_threads(1)
 
@@ -87,7 +88,7 @@ def test_strict_dimensions_refuse_an_untrained_dimension_only_when_asked(tiny_be
 
     from server.app import create_app
     from server.settings import Settings
-    from tests.test_server import assert_error
+    from tests.serving import assert_error
 
     folder = tmp_path / "mrl"
     shutil.copytree(tiny_bert, folder)

@@ -20,20 +20,13 @@ import torch.nn.functional as F
 import hfport
 from hfport import lora
 from hfport.nn import lora as nn_lora
-from tests.test_pipelines import make_folder
-from tests.tiny import ALL_FAMILIES, batch, save_hf, save_random_adapter
+from tests.tiny import ALL_FAMILIES, batch, make_adapter, save_hf
+from tests.tiny_tokenizers import make_folder
 
 import peft  # noqa: E402 - a dev dependency: missing must fail, not skip
 
 TEXTS = ["the plot was great and the acting even better", "awful", "the ending was lovely overall, I think",
          "a b c d e f g h i j k", "not bad", "the last one is the longest of all the texts in this small batch"]
-
-
-def make_adapter(base: Path, out: Path, task: str, r: int, targets: list[str], seed: int, **labels) -> Path:
-    """An adapter in PEFT's layout whose A, B and head are moved off their init (B = 0 would hide errors)."""
-    model = hfport.tasks.get(task).model_class.from_pretrained(base, ignore_mismatched_sizes=True, **labels)
-    save_random_adapter(model, out, base=base, seed=seed, scale=0.1, r=r, alpha=2 * r, targets=targets)
-    return out
 
 
 def count_body_calls(body: torch.nn.Module) -> list[int]:

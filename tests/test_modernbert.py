@@ -21,7 +21,7 @@ import torch
 import hfport
 from hfport.errors import ConfigError
 from tests import parity
-from tests.parity import ATOL, RTOL, left_padded, outputs_of, real
+from tests.parity import ATOL, RTOL, assert_close_results, left_padded, outputs_of, real
 from tests.tiny import HEADS, batch, build_hf, save_hf
 
 TASKS = list(HEADS)
@@ -311,8 +311,6 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 def test_pipelines(folders) -> None:
     import transformers
-
-    from tests.test_pipelines import assert_close_results
 
     for task, name in (("sequence-classification", "text-classification"),
                        ("token-classification", "token-classification"), ("masked-lm", "fill-mask")):

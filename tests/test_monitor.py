@@ -25,6 +25,7 @@ from hfport.train.checkpoint import CheckpointWriter, _cpu_copy
 from hfport.train.monitor import (Pace, ResourceSampler, evals_left, fmt_resources, gpu_stats,
                                   metrics_csv, read_metrics)
 from hfport.train.report import render_report
+from tests.finetuning import model_lines, sentiment_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("HFPORT_TEST_ARTIFACTS", "")) if os.environ.get("HFPORT_TEST_ARTIFACTS") else None
@@ -187,8 +188,6 @@ def test_a_failed_background_save_is_raised_by_wait():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, minilm_path) -> Path:
-    from tests.test_finetune import sentiment_run
-
     return sentiment_run(tmp_path_factory.mktemp("monitor"), minilm_path, 96, 24)
 
 
@@ -204,8 +203,6 @@ def _cli(root: Path, out: Path, *extra: str, env: dict[str, str] | None = None) 
 
 
 def _model_lines(out: Path) -> list[str]:
-    from tests.test_finetune import model_lines
-
     return model_lines((out / "metrics.jsonl").read_text())
 
 

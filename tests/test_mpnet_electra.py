@@ -18,11 +18,9 @@ import torch
 import hfport
 from hfport.errors import ConfigError
 from hfport.nn.bucketed import relative_bucket
-from tests.test_multiple_choice import choice_batch
-from tests.test_multiple_choice import compare as compare_choices
-from tests.parity import ATOL, RTOL, compare_models, load_ours, real
-from tests.test_parity import compare
+from tests.parity import ATOL, RTOL, choice_batch, compare_choices, compare_family, compare_models, load_ours, real
 from tests.tiny import HEADS, OTHER_HEADS, batch, hf_config, save_hf
+from tests.tiny_tokenizers import build_camembert_tokenizer, build_mpnet_tokenizer, check_parity
 
 torch.set_num_threads(1)
 FAMILIES = ("mpnet", "electra", "camembert")
@@ -45,7 +43,7 @@ def test_buckets_are_transformers_buckets():
 def test_a_larger_bucket_table_is_honoured(tmp_path):
     """transformers buckets into 32 whatever relative_attention_num_buckets says: a 40-row table's rows 32..39
     are never read (no gradient on either side)."""
-    compare("mpnet", "base", tmp_path, relative_attention_num_buckets=40)
+    compare_family("mpnet", "base", tmp_path, relative_attention_num_buckets=40)
 
 
 def test_a_smaller_bucket_table_is_refused(tmp_path):
@@ -137,7 +135,7 @@ def test_mpnet_ignores_token_types_and_classifier_dropout(tmp_path):
     ("mpnet", "sequence-classification", {"hidden_act": "relu", "layer_norm_eps": 1e-5}),
 ])
 def test_family_options(family, task, overrides, tmp_path):
-    compare(family, task, tmp_path, **overrides)
+    compare_family(family, task, tmp_path, **overrides)
 
 
 def test_electra_without_projection_has_no_project_key(tmp_path):
@@ -263,44 +261,8 @@ def test_camembert_is_roberta_under_its_own_names(tmp_path):
 # --- tokenizers in the families' layouts ----------------------------------------------------------------------
 
 
-def build_mpnet_tokenizer(folder: Path, model_max_length: int = 64) -> Path:
-    """A WordPiece vocabulary trained on test_tokenizer's corpus with MPNet's specials first (<s> 0, <pad> 1,
-    </s> 2, [UNK] 3, <mask> 4), saved by transformers' MPNetTokenizer."""
-    import transformers
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-    from tests.test_tokenizer import CORPUS
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200,
-                                                               special_tokens=["<s>", "<pad>", "</s>", "[UNK]",
-                                                                               "<mask>"]))
-    transformers.MPNetTokenizer(vocab=tok.get_vocab(), model_max_length=model_max_length).save_pretrained(folder)
-    return Path(folder)
-
-
-def build_camembert_tokenizer(folder: Path, model_max_length: int = 64) -> Path:
-    """A Unigram vocabulary with CamemBERT's specials, saved by transformers' CamembertTokenizer."""
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    from tests.test_tokenizer import CORPUS
-
-    tok = Tokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=150, unk_token="<unk>", special_tokens=[
-        "<s>NOTUSED", "<pad>", "</s>NOTUSED", "<unk>", "<s>", "</s>", "<mask>"]))
-    vocab = [tuple(v) for v in json.loads(tok.to_str())["model"]["vocab"]]
-    transformers.CamembertTokenizer(vocab=vocab, model_max_length=model_max_length).save_pretrained(folder)
-    return Path(folder)
-
-
 @pytest.mark.parametrize("family", ["mpnet", "camembert"])
 def test_family_tokenizer_matches_transformers(family, tmp_path):
-    from tests.test_tokenizer import check_parity
-
     folder = (build_mpnet_tokenizer if family == "mpnet" else build_camembert_tokenizer)(tmp_path / family)
     check_parity(folder)
     ours = hfport.AutoTokenizer.from_pretrained(folder)

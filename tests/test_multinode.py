@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from server.launch import free_port
-from tests.test_finetune import write_sentiment
+from tests.data import write_sentiment
 from tests.tiny import save_hf
 
 STEPS = 4

@@ -21,32 +21,12 @@ from hfport.pipelines import PipelineInputError
 from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError
 from hfport.train.loop import finetune
-from tests import grid
-from tests.parity import compare_models, load_ours
-from tests.test_pipelines import SCORE_TOL, make_folder
-from tests.tiny import ALL_FAMILIES, batch, build_hf, save_hf
+from tests.parity import SCORE_TOL, compare_choices
+from tests.tiny import ALL_FAMILIES, build_hf, save_hf
+from tests.tiny_tokenizers import make_folder
 
 TASK = "multiple-choice"
 MC = tasks.AutoModelForMultipleChoice
-
-
-def choice_batch(family: str, lengths: tuple[int, ...] = (70, 41, 9, 30, 12, 50), choices: int = 3,
-                 pairs: bool = True) -> dict[str, torch.Tensor]:
-    """(B, C, T): B = len(lengths) / C questions whose choices have unequal lengths (one over 64 tokens)."""
-    return {k: v.view(-1, choices, v.shape[-1]) for k, v in batch(family, lengths=lengths, pairs=pairs).items()}
-
-
-def compare(family: str, tmp_path: Path, padding_free: bool = True, **overrides) -> float:
-    """transformers' *ForMultipleChoice against hfport's (tests/parity.py): logits, loss and every gradient."""
-    ref = save_hf(family, TASK, tmp_path, **overrides)
-    ours = load_ours(TASK, tmp_path, padding_free)
-    assert type(ref).__name__ == ours.family.architectures[TASK]
-    inputs = choice_batch(family, pairs=overrides.get("type_vocab_size", 2) > 1)
-    with torch.no_grad():
-        assert ours(**inputs).logits.shape == (2, 3)  # (B, C)
-    worst = compare_models(ref, ours, inputs, TASK, labels={"labels": torch.tensor([2, 0])}, name=family)
-    grid.record(family, TASK, worst)
-    return worst
 
 
 # --- the model: parity with transformers ---------------------------------------------------------------------
@@ -54,19 +34,19 @@ def compare(family: str, tmp_path: Path, padding_free: bool = True, **overrides)
 
 @pytest.mark.parametrize("family", list(ALL_FAMILIES))
 def test_parity_with_transformers(family, tmp_path):
-    compare(family, tmp_path)
+    compare_choices(family, tmp_path)
 
 
 @pytest.mark.parametrize("family", ["bert", "distilbert", "modernbert", "deberta-v2"])
 def test_parity_on_the_padded_layout(family, tmp_path):
-    compare(family, tmp_path, padding_free=False)
+    compare_choices(family, tmp_path, padding_free=False)
 
 
 @pytest.mark.parametrize("family,overrides", [("modernbert", {"classifier_pooling": "mean"}),
                                               ("roberta", {"classifier_dropout": 0.3}),
                                               ("bert", {"type_vocab_size": 1})])
 def test_parity_head_variants(family, overrides, tmp_path):
-    compare(family, tmp_path, **overrides)
+    compare_choices(family, tmp_path, **overrides)
 
 
 def test_the_record_and_the_families():

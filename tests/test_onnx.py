@@ -33,10 +33,9 @@ from hfport.export.onnx import MANIFEST, PROBE_TEXTS, export_onnx, verify_onnx  
 from hfport.export.onnx_fusion import OPTIMIZED_FILE, split_outliers  # noqa: E402
 from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
                                            graph_inputs, is_onnx_model, open_session, read_folder_config)
-from tests.test_export import add_tokenizer, vocab  # noqa: E402
 from hfport.tasks import canonical  # noqa: E402
-from tests.tiny import HEADS, save_hf  # noqa: E402
-from tests.test_mpnet_electra import build_camembert_tokenizer, build_mpnet_tokenizer  # noqa: E402
+from tests.tiny import HEADS, decisive_qa, save_hf  # noqa: E402
+from tests.tiny_tokenizers import add_tokenizer, build_camembert_tokenizer, build_mpnet_tokenizer, vocab  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
 
@@ -56,15 +55,6 @@ DEBERTA_MIN_AGREEMENT = MIN_AGREEMENT | {"question-answering": 0.95}
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("onnx")
-
-
-def decisive_qa(model, folder: Path) -> None:
-    """A random QA head's start/end logits are nearly flat over a row's tokens, so fp32 decides no span (its two
-    most probable starts within NEAR_TIE of each other) and every row counts, a tie-break int8 may flip; scaled up,
-    as training makes them, fp32 decides its spans and the gate judges them."""
-    with torch.no_grad():
-        model.qa_outputs.weight.mul_(40.0)
-    model.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")

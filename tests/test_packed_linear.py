@@ -18,8 +18,8 @@ from hfport.errors import ConfigError
 from hfport.nn import lora as nn_lora
 from hfport.nn import packed
 from hfport.nn.int8 import Int8Linear, quantize_linears
-from tests.test_mixed_adapters import make_adapter
-from tests.test_pipelines import make_folder
+from tests.tiny import make_adapter
+from tests.tiny_tokenizers import make_folder
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
 

@@ -12,25 +12,17 @@ import torch
 
 import hfport
 from tests import grid
-from tests.parity import ATOL, RTOL, check, real
+from tests.parity import ATOL, RTOL, compare_family, real
 from tests.tiny import FAMILY_CONFIGS, HEADS, batch, save_hf
 
 FAMILIES = list(FAMILY_CONFIGS)
 TASKS = list(HEADS)
 
 
-def compare(family: str, task: str, tmp_path, **overrides) -> float:
-    ref = save_hf(family, task, tmp_path, **overrides)
-    inputs = batch(family, pairs=overrides.get("type_vocab_size", 2) > 1)
-    worst = check(task, tmp_path, inputs, ref=ref, name=f"{family}/{task}")
-    grid.record(family, task, worst)
-    return worst
-
-
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_parity(family, task, tmp_path):
-    compare(family, task, tmp_path)
+    compare_family(family, task, tmp_path)
 
 
 def test_parity_check_catches_a_nudged_weight(tmp_path, monkeypatch):
@@ -45,7 +37,7 @@ def test_parity_check_catches_a_nudged_weight(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hfport.AutoModelForTokenClassification, "from_pretrained", nudged)
     with pytest.raises(AssertionError):
-        compare("distilbert", "token-classification", tmp_path)
+        compare_family("distilbert", "token-classification", tmp_path)
 
 
 def test_parity_check_catches_a_wrong_gradient(tmp_path, monkeypatch):
@@ -62,36 +54,36 @@ def test_parity_check_catches_a_wrong_gradient(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hfport.AutoModelForTokenClassification, "from_pretrained", wrong_grad)
     with pytest.raises(AssertionError, match=r"grad body\.encoder\.layers\.1\.ffn\.down\.weight"):
-        compare("distilbert", "token-classification", tmp_path)
+        compare_family("distilbert", "token-classification", tmp_path)
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu", "silu", "swish", "gelu_fast", "gelu_pytorch_tanh",
                                  "quick_gelu", "gelu_python", "gelu_accurate", "gelu_10", "mish", "tanh",
                                  "sigmoid", "linear", "relu6", "relu2", "leaky_relu", "laplace", "hardswish"])
 def test_hidden_act(act, tmp_path):
-    compare("bert", "masked-lm", tmp_path, hidden_act=act)  # MLM: the activation runs in layers and head
+    compare_family("bert", "masked-lm", tmp_path, hidden_act=act)  # MLM: the activation runs in layers and head
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "albert", "distilbert"])
 def test_untied_masked_lm(family, tmp_path):
     """tie_word_embeddings=False: a decoder of its own; BERT-style heads then use the decoder's bias."""
-    compare(family, "masked-lm", tmp_path, tie_word_embeddings=False)
+    compare_family(family, "masked-lm", tmp_path, tie_word_embeddings=False)
 
 
 @pytest.mark.parametrize("overrides", [
     dict(type_vocab_size=1), dict(type_vocab_size=16), dict(layer_norm_eps=1e-5), dict(classifier_dropout=0.3)])
 def test_bert_variants(overrides, tmp_path):
-    compare("bert", "sequence-classification", tmp_path, **overrides)
+    compare_family("bert", "sequence-classification", tmp_path, **overrides)
 
 
 @pytest.mark.parametrize("groups,inner,layers", [(1, 1, 2), (2, 1, 4), (1, 2, 2), (3, 2, 5)])
 def test_albert_sharing(groups, inner, layers, tmp_path):
-    compare("albert", "masked-lm", tmp_path, num_hidden_groups=groups, inner_group_num=inner,
+    compare_family("albert", "masked-lm", tmp_path, num_hidden_groups=groups, inner_group_num=inner,
             num_hidden_layers=layers)
 
 
 def test_distilbert_sinusoidal(tmp_path):
-    compare("distilbert", "sequence-classification", tmp_path, sinusoidal_pos_embds=True, activation="gelu")
+    compare_family("distilbert", "sequence-classification", tmp_path, sinusoidal_pos_embds=True, activation="gelu")
     # a fresh hfport model starts from the same fixed table transformers builds
     from tests.tiny import build_hf
 

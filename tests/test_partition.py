@@ -12,10 +12,8 @@ namespace and the veth pair are removed on the way out, failure or not."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -29,79 +27,20 @@ from typing import Any, Iterator
 import pytest
 
 from server.store import open_store
+from tests.cluster import (REPO, TCP_OPTS, TERMINAL, Partition, build_inputs, job_config, pid_alive, snapshot,
+                           stale_writes, wait_for, watch_cut)
 from tests.pgserver import PgServer, fresh_db_name, require_bin
-from tests.test_chaos import REPO, TERMINAL, build_inputs, job_config, wait_for
 
 LEASE_S = 4.0
 # the long job must still be running when the test looks for its first checkpoint: 50 steps of the tiny model ran in
 # 4.5 s (45 steps/s) and ended before the test saw one (a timeout, not a fencing failure); 400 leave a ~9 s window
 LONG_STEPS = 400
-# libpq: a dead link errors out within seconds instead of hanging on TCP retransmissions
-TCP_OPTS = "connect_timeout=2&tcp_user_timeout=3000&keepalives=1&keepalives_idle=1&keepalives_interval=1" \
-           "&keepalives_count=2"
 
 
 def _refuse(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"the partition test must run in CI: {reason}")
     pytest.skip(reason)
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if check and out.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
-    return out
-
-
-def _free_subnet() -> ipaddress.IPv4Network:
-    """A /30 of 10.213.0.0/16 overlapping nothing this host has an address or a route for."""
-    used = []
-    for line in _ip("-o", "-4", "addr").stdout.splitlines() + _ip("-o", "-4", "route").stdout.splitlines():
-        for word in line.split():
-            try:
-                used.append(ipaddress.ip_network(word, strict=False))
-            except ValueError:
-                continue
-    for net in ipaddress.ip_network("10.213.0.0/16").subnets(new_prefix=30):
-        if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
-            return net
-    raise RuntimeError("no free /30 in 10.213.0.0/16")
-
-
-class Partition:
-    """A network namespace joined to the root namespace by one veth pair (`cut()` / `heal()` the link)."""
-
-    def __init__(self) -> None:
-        tag = f"{os.getpid() % 10**7}"
-        self.ns, self.root_if, self.ns_if = f"hfport-part-{tag}", f"hfp{tag}r", f"hfp{tag}n"
-        self.subnet = _free_subnet()
-        self.root_ip, self.ns_ip = (str(h) for h in self.subnet.hosts())
-
-    def up(self) -> Partition:
-        self.down()  # leftovers of an earlier run with this pid
-        _ip("netns", "add", self.ns)
-        _ip("link", "add", self.root_if, "type", "veth", "peer", "name", self.ns_if)
-        _ip("link", "set", self.ns_if, "netns", self.ns)
-        _ip("addr", "add", f"{self.root_ip}/30", "dev", self.root_if)
-        _ip("link", "set", self.root_if, "up")
-        for args in (("addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if), ("link", "set", self.ns_if, "up"),
-                     ("link", "set", "lo", "up")):
-            _ip("netns", "exec", self.ns, "ip", *args)
-        return self
-
-    def down(self) -> None:
-        _ip("netns", "del", self.ns, check=False)  # takes its end of the pair, and so the pair, with it
-        _ip("link", "del", self.root_if, check=False)
-
-    def cut(self) -> None:
-        _ip("link", "set", self.root_if, "down")
-
-    def heal(self) -> None:
-        _ip("link", "set", self.root_if, "up")
-
-    def prefix(self) -> list[str]:
-        return ["ip", "netns", "exec", self.ns]
 
 
 @contextmanager
@@ -159,64 +98,6 @@ class Workers:
             self.stop(worker_id)
 
 
-def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file under `folder`: (mtime in ns, size)."""
-    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def pid_alive(pid: int) -> bool:
-    """Running (a zombie its cut-off parent has not reaped yet counts as dead: it can write nothing)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def kill_time(job_log: Path, pid: int) -> float:
-    """When the job process `pid` began to kill itself, by its own last words in job.log (the test's own polling may
-    lag on a loaded host; this does not)."""
-    match = re.search(rf"job process {pid} at ([0-9.]+): .* stopping now", job_log.read_text(errors="replace"))
-    assert match, job_log.read_text(errors="replace")[-3000:]
-    return float(match.group(1))
-
-
-def watch_cut(store, job_id: str, victim_pid: int, run: Path, cut_at: float, job_log: Path) -> dict[str, Any]:
-    """After the cut: the job process kills itself before its lease can run out, the run folder stays as it left it,
-    and only then does another worker requeue the job (lease rule). Returns what stale_writes needs and figures."""
-    wait_for(lambda: not pid_alive(victim_pid), LEASE_S + 10, "the cut-off job process to stop itself", poll=0.02)
-    at_death = snapshot(run)
-    last = store.get_job(job_id)  # the last renewal that reached the database, before the cut
-    assert last["attempts"] == 1 and last["status"] == "running", last
-    dead_at = kill_time(job_log, victim_pid)
-    # the lease it held would have run out (by the database clock) only after the process was already gone
-    assert dead_at < last["heartbeat_at"] + LEASE_S, (dead_at, last["heartbeat_at"])
-    requeue = wait_for(lambda: next((e for _, e in store.events_after(job_id)
-                                     if "lease expired" in e.get("reason", "")), None), 60,
-                       "another worker to requeue the job by the lease rule", poll=0.02)
-    assert snapshot(run) == at_death  # nothing wrote into the run folder from its death to the takeover
-    assert all(mtime < requeue["time"] * 1e9 for mtime, _ in at_death.values())
-    # dead before the lease ran out by the database clock (one host: the clocks are the same)
-    assert dead_at < requeue["time"], (dead_at, requeue["time"])
-    return {"dead_at": dead_at, "requeue": requeue, "cut_to_death_s": round(dead_at - cut_at, 2),
-            "cut_to_takeover_s": round(requeue["time"] - cut_at, 2)}
-
-
-def stale_writes(store, job_id: str, cut: dict[str, Any]) -> int:
-    """Writes of the cut-off attempt the database holds from its death on: after the requeue only the claim by the
-    next worker, then that attempt's own history from its `resumed` event (so 0 when fencing holds)."""
-    events = [e for _, e in store.events_after(job_id)]
-    requeue, dead_at = cut["requeue"], cut["dead_at"]
-    resumed = [e for e in events if e["type"] == "resumed"]
-    assert len(resumed) == 1, resumed
-    after = [e for e in events if e["time"] >= requeue["time"]]
-    assert after[0] == requeue and after[1]["status"] == "running", after[:3]
-    late = [e for e in after[2:] if e["time"] < resumed[0]["time"]]
-    late += [e for e in events if dead_at < e["time"] < requeue["time"] and e["type"] != "status"]
-    return len(late)
-
-
 def rejoin(store, workers: Workers, part: Partition, config: dict[str, Any]) -> float:
     """The link comes back: the stale worker notices, its job is gone, it takes new work (alone now: the root worker
     is stopped first) and its log shows no error. Returns seconds from the heal to its next heartbeat."""
@@ -267,7 +148,7 @@ def run_partition(root: Path, minilm: Path, part: Partition, pg: PgServer, n_sho
         assert pid_alive(victim_pid)
 
         part.cut()
-        cut = watch_cut(store, long_id, victim_pid, run, time.time(), data / "runs" / long_id / "job.log")
+        cut = watch_cut(store, long_id, victim_pid, run, time.time(), data / "runs" / long_id / "job.log", LEASE_S)
         assert workers.procs["w-cut"].poll() is None, "the partitioned worker itself stays alive"
         figures.update({k: v for k, v in cut.items() if k.startswith("cut_")})
 

@@ -14,37 +14,14 @@ import torch
 
 import hfport
 from hfport.pipelines import PipelineInputError
+from tests.parity import SCORE_TOL, assert_close_results
+from tests.tiny_tokenizers import CLS_LABELS, make_folder
 
-from . import tiny
-from .test_tokenizer import build_tokenizer_folder
-
-SCORE_TOL = 1e-4  # scores: probabilities from float32 logits, batched (padded) vs one at a time
 EMBED_TOL = 1e-5  # MiniLM sentence embeddings vs sentence-transformers
 FIXTURES = Path(__file__).parent / "fixtures"
-NER_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
-CLS_LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 
 TEXTS = ["Herman Melville wrote Moby-Dick in Paris.", "The quick brown fox jumps over the lazy dog near Berlin!",
          "unbelievable tokenization", "Straße café naïve 3.14"]
-
-
-def make_folder(root: Path, family: str, task: str, seed: int = 0, **overrides: Any) -> Path:
-    """A tiny random `family` model with the `task` head and a trained tokenizer of the family's kind."""
-    folder = root / f"{family}-{task}-{seed}"
-    if folder.exists():
-        return folder
-    build_tokenizer_folder(family, folder, model_max_length=64)
-    vocab = len(hfport.AutoTokenizer.from_pretrained(folder))
-    tok = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    pad = hfport.AutoTokenizer.from_pretrained(folder).pad_token_id
-    labels = {"sequence-classification": CLS_LABELS, "token-classification": NER_LABELS}.get(task)
-    extra: dict[str, Any] = {"vocab_size": vocab, "pad_token_id": pad, **overrides}
-    if labels:
-        extra |= {"id2label": labels, "label2id": {v: k for k, v in labels.items()}}
-    if tok.get("tokenizer_class", "").startswith("DistilBert"):
-        extra["max_position_embeddings"] = 128
-    tiny.save_hf(family, task, folder, seed=seed, **extra)
-    return folder
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,23 +42,6 @@ def hf_pipeline(task: str, folder: Path, **kwargs: Any):
     import transformers
 
     return transformers.pipeline(task, model=str(folder), tokenizer=str(folder), device="cpu", **kwargs)
-
-
-def assert_close_results(ours: Any, theirs: Any, where: str = "") -> float:
-    """Same structure, keys, labels, words and offsets; scores within SCORE_TOL. Returns the max score diff."""
-    if isinstance(theirs, list):
-        assert isinstance(ours, list) and len(ours) == len(theirs), f"{where}: {ours} vs {theirs}"
-        return max([assert_close_results(a, b, f"{where}[{i}]") for i, (a, b) in enumerate(zip(ours, theirs))],
-                   default=0.0)
-    if isinstance(theirs, dict):
-        assert isinstance(ours, dict) and list(ours) == list(theirs), f"{where}: keys {list(ours)} vs {list(theirs)}"
-        return max([assert_close_results(ours[k], theirs[k], f"{where}.{k}") for k in theirs], default=0.0)
-    if isinstance(theirs, str) or isinstance(theirs, (int,)) and not hasattr(theirs, "dtype"):
-        assert ours == theirs, f"{where}: {ours!r} != {theirs!r}"
-        return 0.0
-    diff = abs(float(ours) - float(theirs))  # numpy/python floats
-    assert diff <= SCORE_TOL, f"{where}: {ours} vs {theirs} (diff {diff:.2e} > {SCORE_TOL})"
-    return diff
 
 
 MAX_DIFFS: dict[str, float] = {}

@@ -34,11 +34,10 @@ from safetensors.torch import load_file, save_file
 
 import hfport
 from hfport.export import ExportError, export
-from tests.test_server import Server, assert_error
-from tests.tiny import save_hf
+from tests.serving import Server, assert_error, walk_routes
+from tests.tiny import TOKENIZER_FILES, save_hf
 
 REPO = Path(__file__).resolve().parent.parent
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
 def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -464,21 +463,6 @@ def assert_openai_error(r: httpx.Response, status: int, code: str | None = None)
     if code is not None:
         assert error["code"] == code, error
     return error
-
-
-def walk_routes(items, kinds, prefix: str = "") -> set[tuple[str, str]]:
-    """(method, path) of every route, schema or not, through included routers (flat in older FastAPI releases,
-    wrapped in an include record holding the original router and its prefix in newer ones)."""
-    found = set()
-    for route in items:
-        if isinstance(route, kinds):
-            found |= {(m, prefix + route.path) for m in (route.methods or ()) if m != "HEAD"}
-        elif hasattr(route, "original_router"):
-            context = getattr(route, "include_context", None)
-            found |= walk_routes(route.original_router.routes, kinds, prefix + getattr(context, "prefix", ""))
-        elif hasattr(route, "routes"):  # a mounted sub-application
-            found |= walk_routes(route.routes, kinds, prefix + getattr(route, "path", ""))
-    return found
 
 
 def test_every_route_needs_the_token(tmp_path):

@@ -20,11 +20,10 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError
 from hfport.train.loop import finetune
 from hfport.train.preflight import preflight
-from tests.test_finetune_tasks import write_jsonl
+from tests.data import DATA, write_jsonl
 from tests.tiny import save_with_tokenizer
 
 torch.set_num_threads(1)
-DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,7 @@ from hfport.int8 import quantize
 from hfport.nn import shards
 from hfport.nn.int8 import InputPeaks, body_linears
 from hfport.nn.lora import replaying
-from tests.parity import AUTO_CLASSES
-from tests.test_int8 import MINILM_MIN_COSINE
+from tests.parity import AUTO_CLASSES, MINILM_MIN_COSINE
 from tests.tiny import batch, save_hf
 
 LENGTHS = (70, 41, 9, 30, 12, 50)  # mixed lengths, padded to 70; one row over 64 tokens

@@ -18,43 +18,17 @@ from typing import Any
 import httpx
 import pytest
 
-from server.launch import ServerProcess
+from tests.serving import TERMINAL, Server, allowed_root, assert_error, finetune_config, wait_job
 
-REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 # --- fixtures: tiny models, data, and a running server -----------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory, minilm_path) -> Path:
+def root(tmp_path_factory, tiny_bert) -> Path:
     """The one allowed dir: tiny models of every head, a tiny BERT with MiniLM's tokenizer, sentiment data."""
-    from tests.test_finetune import write_sentiment
-    from tests.test_pipelines import make_folder
-    from tests.tiny import save_with_tokenizer
-
-    root = tmp_path_factory.mktemp("allowed")
-    for task in ("sequence-classification", "token-classification", "question-answering", "masked-lm", "base"):
-        folder = make_folder(root / "models", "bert", task)
-        folder.rename(root / "models" / task)
-    save_with_tokenizer("bert", "base", root / "models" / "ft-base", minilm_path, vocab_size=30522,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (root / "data").mkdir()
-    write_sentiment(root / "data" / "train.jsonl", 96, seed=0)
-    write_sentiment(root / "data" / "eval.jsonl", 24, seed=1)
-    return root
-
-
-class Server(ServerProcess):
-    """`hfport serve` for the tests: allowed dirs, quick heartbeats, one thread per op; `env` adds HFPORT_*."""
-
-    def __init__(self, data_dir: Path, allowed: Path, workers: int = 2, **env: str):
-        self.allowed = allowed
-        super().__init__(data_dir, data_dir.parent / f"{data_dir.name}-server.log",
-                         env={"HFPORT_ALLOWED_DIRS": json.dumps([str(allowed)]), "OMP_NUM_THREADS": "1",
-                              "HF_HUB_OFFLINE": "1", "HFPORT_JOB_HEARTBEAT_S": "0.5", **env},
-                         args=("--workers", str(workers)), cwd=REPO)
+    return allowed_root(tmp_path_factory.mktemp("allowed"), tiny_bert)
 
 
 @pytest.fixture(scope="module")
@@ -85,28 +59,6 @@ def registered(client, root) -> dict[str, str]:
     return tasks
 
 
-def assert_error(r: httpx.Response, status: int, error_type: str | None = None) -> dict[str, Any]:
-    assert r.status_code == status, (r.status_code, r.text)
-    assert r.headers["content-type"].startswith("application/json"), r.headers
-    body = r.json()
-    assert set(body) == {"error", "error_type"} and body["error"], body
-    if error_type:
-        assert body["error_type"] == error_type, body
-    return body
-
-
-def wait_job(client: httpx.Client, job_id: str, until: Any, timeout: float = 90) -> dict[str, Any]:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        job = client.get(f"/jobs/{job_id}").json()
-        if until(job):
-            return job
-        if job["status"] in TERMINAL:
-            raise AssertionError(f"job ended before the condition held: {job}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting on job {job_id}: {client.get(f'/jobs/{job_id}').json()}")
-
-
 def read_sse(url: str, headers: dict[str, str] | None = None, timeout: float = 120) -> list[tuple[str, dict]]:
     """Every (event, data) frame of an SSE stream, to its end."""
     frames: list[tuple[str, dict]] = []
@@ -123,11 +75,6 @@ def read_sse(url: str, headers: dict[str, str] | None = None, timeout: float = 1
                 frames.append((event, json.loads("\n".join(data))))
                 event, data = "message", []
     return frames
-
-
-def finetune_config(root: Path, **overrides: Any) -> dict[str, Any]:
-    return {"model": "ftbase", "train": str(root / "data" / "train.jsonl"), "eval": str(root / "data" / "eval.jsonl"),
-            "batch_size": 16, "lr": 3e-3, "logging_steps": 1, "seed": 7, "max_length": 32, **overrides}
 
 
 # --- health, errors, registry, confinement --------------------------------------------------------------------

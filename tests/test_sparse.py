@@ -21,7 +21,7 @@ import hfport
 from hfport.formats.sentence_transformers import (SentenceTransformersError, has_embedding_layout, has_sparse_layout,
                                                   read_layout, read_sparse_layout, write_sparse_layout)
 from hfport.tasks.sparse_embedding import sparse_vectors, splade_pool
-from tests.tiny import build_hf
+from tests.tiny import TOKENIZER_FILES, build_hf, mlm_folder
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -30,20 +30,6 @@ TEXTS = ["Paris is the capital of France.", "The cat sat on the mat, and then it
          "How do I reset my password?", "sparse",
          # a long row (~110 tokens, past 64: the padded batch's longest)
          " ".join(["Shops in Vietnam take the dong, the national currency, and the market opens early."] * 7)]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
-
-
-def mlm_folder(root: Path, minilm: Path, seed: int = 0) -> Path:
-    """A tiny BERT masked-LM whose logits are mostly negative (decoder bias - 0.3, about 3 standard deviations of its
-    logits): sparse SPLADE vectors."""
-    model = build_hf("bert", "masked-lm", seed=seed, vocab_size=30522, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
-    with torch.no_grad():
-        model.cls.predictions.bias.sub_(0.3)
-    model.save_pretrained(root)
-    for f in TOKENIZER_FILES:
-        shutil.copy(minilm / f, root / f)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +255,7 @@ def tei_client(tmp_path: Path, allowed: list[Path], **settings):
 
 
 def test_tei_embed_sparse_and_the_dense_sparse_mismatch_errors(st_folder, minilm_path, tmp_path):
-    from tests.test_server import assert_error
+    from tests.serving import assert_error
 
     dense_folder = tiny_dense(tmp_path / "dense", minilm_path)
     with tei_client(tmp_path, [st_folder.parent, tmp_path]) as c:

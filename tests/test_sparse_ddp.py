@@ -24,7 +24,7 @@ import torch
 import hfport
 from hfport.formats.sentence_transformers import has_sparse_layout
 from tests import ddp_driver
-from tests.test_ddp import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE, _driver
+from tests.ddp_driver import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE, launch
 
 NAMES = [c["name"] for c in ddp_driver.SPARSE_CASES]
 EQUAL = {c["name"]: c for c in ddp_driver.SPARSE_CASES if c.get("equal", True)}
@@ -35,9 +35,9 @@ def runs(tmp_path_factory, minilm_path) -> Path:
     root = tmp_path_factory.mktemp("sparse_ddp")
     ddp_driver.prepare(root, minilm_path)
     ddp_driver.prepare_sparse(root, minilm_path)
-    one = _driver(root, "one", *NAMES, processes=1)
+    one = launch(root, "one", *NAMES, processes=1)
     assert one.returncode == 0, one.stderr.decode()[-3000:]
-    two = _driver(root, "two", *NAMES, processes=2)
+    two = launch(root, "two", *NAMES, processes=2)
     assert two.returncode == 0, two.stderr.decode()[-3000:]
     return root
 

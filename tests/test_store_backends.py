@@ -21,7 +21,7 @@ from server.settings import Settings
 from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, IdempotencyKey, IdempotencyKeyUsed, Lease,
                           LeaseLost, MissingDriver, SchemaTooNew, Store, StoreError, StoreUnavailable, open_store)
 from server.worker import Worker
-from tests.pgserver import fresh_db_name, pg_server  # noqa: F401 - the session fixture
+from tests.pgserver import fresh_db_name
 
 BACKENDS = ["sqlite", "postgresql"]
 CFG = {"model": "/nowhere", "options": {}, "verify": False, "output_dir": "/nowhere/out"}
@@ -437,7 +437,7 @@ def test_a_fenced_job_process_is_requeued_not_failed(store, target, tmp_path):
     assert not store.requeue(fenced, "stale attempt", attempt=1) and store.requeue(fenced, "ok", attempt=2)
 
 
-def test_a_vanished_client_does_not_hold_a_lease_row_locked(pg_server):  # noqa: F811
+def test_a_vanished_client_does_not_hold_a_lease_row_locked(pg_server):
     """PostgreSQL: a client cut off inside a transaction (here: one that stops talking while it holds the job row
     locked) is ended by the server after idle_in_transaction_s, so the requeue by another worker goes through, and
     the cut-off client's write is rolled back, never committed."""
@@ -507,7 +507,7 @@ def test_unknown_scheme_is_named():
         open_store("mysql://u@h/x")
 
 
-def test_worker_role_refuses_a_live_duplicate_id_through_the_cli(pg_server, tmp_path):  # noqa: F811
+def test_worker_role_refuses_a_live_duplicate_id_through_the_cli(pg_server, tmp_path):
     url = pg_server.create_database(fresh_db_name())
     store = open_store(url)
     store.register_worker("box-7", "some-other-host", 1, 30.0)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import hfport
-from tests.test_server import assert_error
+from tests.serving import assert_error
 
 ATOL = 1e-5
 
@@ -30,8 +30,8 @@ def close(a, b, atol: float = ATOL) -> None:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, minilm_path) -> dict[str, Path]:
-    from tests.test_pipelines import make_folder
     from tests.tiny import save_hf
+    from tests.tiny_tokenizers import make_folder
 
     root = tmp_path_factory.mktemp("tei-models")
     cls = make_folder(root, "bert", "sequence-classification")

@@ -15,7 +15,7 @@ from hfport.errors import ConfigError
 from hfport.train import trackers
 from hfport.train.config import FinetuneConfig, resolve_config
 from hfport.train.loop import finetune
-from tests.test_finetune import sentiment_run
+from tests.finetuning import sentiment_run
 
 
 @pytest.fixture(scope="module")

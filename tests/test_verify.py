@@ -23,8 +23,7 @@ import hfport
 from hfport.cli import app
 from hfport.export import FORMATS, ExportError, detect_format, export, read_st_pooling, verify
 from hfport.formats.sentence_transformers import mark_cross_encoder, write_embedding_layout
-from tests.test_export import TOKENIZER_FILES
-from tests.tiny import save_hf, save_random_adapter
+from tests.tiny import TOKENIZER_FILES, save_hf, save_random_adapter
 
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
 

@@ -1,6 +1,7 @@
 """Tiny random transformers models, built with transformers' own config classes and saved with
 save_pretrained: the exact HF layouts hfport must read. Seeded, so every run sees the same weights. Also
-random LoRA adapters over such models (save_random_adapter), in PEFT's layout."""
+random LoRA adapters over such models (save_random_adapter, make_adapter), in PEFT's layout, and heads adjusted to
+behave like trained ones (mlm_folder: sparse SPLADE logits; decisive_qa: spans fp32 decides)."""
 
 from __future__ import annotations
 
@@ -158,6 +159,37 @@ def save_random_adapter(model: torch.nn.Module, out: Path, *, base: Path, seed: 
                 p.add_(torch.randn(p.shape, generator=g) * scale)
     lora.save_adapter(model, out)
     return model
+
+
+def make_adapter(base: Path, out: Path, task: str, r: int, targets: list[str], seed: int, **labels) -> Path:
+    """An adapter in PEFT's layout whose A, B and head are moved off their init (B = 0 would hide errors)."""
+    import hfport
+
+    model = hfport.tasks.get(task).model_class.from_pretrained(base, ignore_mismatched_sizes=True, **labels)
+    save_random_adapter(model, out, base=base, seed=seed, scale=0.1, r=r, alpha=2 * r, targets=targets)
+    return out
+
+
+def mlm_folder(root: Path, minilm: Path, seed: int = 0) -> Path:
+    """A tiny BERT masked-LM whose logits are mostly negative (decoder bias - 0.3, about 3 standard deviations of its
+    logits): sparse SPLADE vectors."""
+    model = build_hf("bert", "masked-lm", seed=seed, vocab_size=30522, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    with torch.no_grad():
+        model.cls.predictions.bias.sub_(0.3)
+    model.save_pretrained(root)
+    for f in TOKENIZER_FILES:
+        shutil.copy(minilm / f, root / f)
+    return root
+
+
+def decisive_qa(model, folder: Path) -> None:
+    """A random QA head's start/end logits are nearly flat over a row's tokens, so fp32 decides no span (its two
+    most probable starts within NEAR_TIE of each other) and every row counts, a tie-break int8 may flip; scaled up,
+    as training makes them, fp32 decides its spans and the gate judges them."""
+    with torch.no_grad():
+        model.qa_outputs.weight.mul_(40.0)
+    model.save_pretrained(folder)
 
 
 def batch(family: str, seed: int = 1, lengths: tuple[int, ...] = (70, 41, 9), pairs: bool = True,
