@@ -398,3 +398,36 @@ def test_hfport_init_imports_in_any_order():
         done = subprocess.run([sys.executable, "-c", code, str(init.parent), *sequence], cwd=REPO,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"importing {sequence}: {done.stderr[-2000:]}"
+
+
+# --- the tests themselves -----------------------------------------------------------------------------------------
+
+
+def _test_module_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import in `path` (function-level ones too) that names a test module: tests.test_*,
+    by absolute or relative import, or a `test_*` name taken from the tests package."""
+    package = ["tests"] if path.parent.name == "tests" else []
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join((package[:len(package) - node.level + 1] if node.level else []) +
+                            ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" for a in node.names] if base == "tests" else [base]
+        found += [(node.lineno, t) for t in targets
+                  if t.startswith("tests.") and t.split(".")[1].startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another():
+    """A test module stands alone: what several share (builders, data, servers, comparisons) lives in conftest.py's
+    fixtures or a helper module of tests/ (tiny.py, tiny_tokenizers.py, parity.py, data.py, finetuning.py,
+    serving.py, cluster.py, ...), never in another test module: importing one runs its module-level code and drags its
+    fixtures along (a second copy of a session fixture is a second instance), and hides which file owns what.
+    Helpers and scripts/ import no test module either."""
+    files = sorted((REPO / "tests").glob("*.py")) + sorted((REPO / "scripts").glob("*.py"))
+    problems = [f"{path.relative_to(REPO)}:{line}: imports {target}"
+                for path in files for line, target in _test_module_imports(path)]
+    assert not problems, "\n".join(problems)
