@@ -5,6 +5,10 @@ CPU time is the figure to compare on a shared machine: other processes stretch w
 file spends (they still move it a little: caches, frequency). Wall time is the figure CI pays; take it from a quiet
 machine. Each file's slowest tests come from pytest's own --durations.
 
+Processes the tests leave to others count too: this script is a child subreaper (Linux prctl), so a process whose
+parent exits without waiting for it (multiprocessing's fork server, whose children run the SIGKILL-and-resume
+fine-tunes) is handed to it and reaped here, its CPU time (and its reaped children's) added to the file's.
+
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/test_times.py --out before.json            # every tests/test_*.py
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/test_times.py tests/test_tei.py tests/test_int8.py --out after.json
     .venv/bin/python scripts/test_times.py --compare before.json after.json               # a before/after table
@@ -15,6 +19,7 @@ The whole suite takes ~15 minutes of wall time on a quiet 2-core machine; files 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -34,24 +39,59 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def become_subreaper() -> bool:
+    """Orphaned descendants are re-parented to this process instead of init (PR_SET_CHILD_SUBREAPER), so their CPU
+    time reaches RUSAGE_CHILDREN once reaped. False where the call is unavailable (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # 36: PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_orphans(grace_s: float) -> int:
+    """Reap the orphans handed to this process as they exit, for up to `grace_s` seconds; the number still alive."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        if pid:
+            continue
+        if time.monotonic() > deadline:
+            return len([p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == os.getpid()])
+        time.sleep(0.1)
+
+
+def _parent(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def time_file(path: str, python: str, slowest: int, extra: list[str]) -> dict:
     """One pytest process over `path`: wall and CPU seconds, pytest's summary line and its `slowest` durations."""
     cmd = [python, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "--durations", str(slowest), *extra]
     cpu0, wall0 = children_cpu(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    wall, cpu = time.perf_counter() - wall0, children_cpu() - cpu0
+    wall = time.perf_counter() - wall0
+    left = reap_orphans(grace_s=30)  # a fork server exits once pytest has: reap it before reading the clock
+    cpu = children_cpu() - cpu0
     lines = proc.stdout.splitlines()
     durations = [(float(m[1]), m[2], m[3]) for m in map(DURATION.match, lines) if m]
     summary = next((m[1] for m in map(SUMMARY.match, reversed(lines)) if m), proc.stdout[-300:])
     return {"file": path, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "rc": proc.returncode,
-            "summary": summary, "slowest": durations[:slowest] if slowest else durations}
+            "orphans_left": left, "summary": summary, "slowest": durations[:slowest] if slowest else durations}
 
 
 def compare(before: Path, after: Path) -> str:
     old = {r["file"]: r for r in json.loads(before.read_text())["files"]}
     new = {r["file"]: r for r in json.loads(after.read_text())["files"]}
-    rows = ["| file | CPU s before | CPU s after | wall s before | wall s after | tests after |", "|---|---:|---:|---:|---:|---|"]
+    rows = ["| file | CPU s before | CPU s after | wall s before | wall s after | tests after |",
+            "|---|---:|---:|---:|---:|---|"]
     for name in sorted(old.keys() & new.keys(), key=lambda n: -old[n]["cpu_s"]):
         a, b = old[name], new[name]
         rows.append(f"| {name} | {a['cpu_s']} | {b['cpu_s']} | {a['wall_s']} | {b['wall_s']} | {b['summary']} |")
@@ -73,6 +113,8 @@ def main() -> None:
     if args.compare:
         print(compare(*args.compare))
         return
+    if not become_subreaper():
+        print("warning: not a child subreaper: CPU time of processes the tests orphan is not counted", file=sys.stderr)
     files = args.files or sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py"))
     results = []
     for path in files:
