@@ -84,7 +84,14 @@ def time_file(path: str, python: str, slowest: int, extra: list[str]) -> dict:
     durations = [(float(m[1]), m[2], m[3]) for m in map(DURATION.match, lines) if m]
     summary = next((m[1] for m in map(SUMMARY.match, reversed(lines)) if m), proc.stdout[-300:])
     return {"file": path, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "rc": proc.returncode,
-            "orphans_left": left, "summary": summary, "slowest": durations[:slowest] if slowest else durations}
+            "orphans_left": left, "summary": summary, "failures": _failures(proc.stdout) if proc.returncode else "",
+            "slowest": durations[:slowest] if slowest else durations}
+
+
+def _failures(stdout: str) -> str:
+    """pytest's failure report (from its FAILURES banner), shortened to the last 6000 characters."""
+    start = stdout.find("= FAILURES =")
+    return stdout[start if start >= 0 else 0:][-6000:]
 
 
 def compare(before: Path, after: Path) -> str:
