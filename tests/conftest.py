@@ -129,6 +129,23 @@ def _deterministic():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_found():
+    """A CLI command run in-process (CliRunner, -q / -v) configures logging for the whole process: the root and
+    hfport loggers' levels and verbosity's recorded choice. Each test gets them back as it found them, so a later
+    test (in any module, in any order) still sees what hfport logs, e.g. through caplog."""
+    import logging
+
+    from hfport import verbosity
+
+    root, ours = logging.getLogger(), logging.getLogger("hfport")
+    levels, configured = (root.level, ours.level), verbosity._configured
+    yield
+    root.setLevel(levels[0])
+    ours.setLevel(levels[1])
+    verbosity._configured = configured
+
+
 def pytest_terminal_summary(terminalreporter):
     from tests import grid
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import hfport
-from hfport import ItemError, RunDir, RunSummary
+from hfport import ItemError, RunDir, RunSummary, verbosity
 from hfport.rundir import RUN_FILES, RunDirError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -431,3 +432,21 @@ def test_no_test_module_imports_another():
     problems = [f"{path.relative_to(REPO)}:{line}: imports {target}"
                 for path in files for line, target in _test_module_imports(path)]
     assert not problems, "\n".join(problems)
+
+
+LEVEL_AT_START = logging.getLogger("hfport").level  # as collection found it, before any test ran
+
+
+def test_an_in_process_cli_call_configures_logging():
+    """The first half of a pair: what `hfport ... -q` run through CliRunner does to the process's logging."""
+    from hfport.cli import setup_logging
+
+    setup_logging(quiet=True)
+    assert logging.getLogger("hfport").level == logging.ERROR and verbosity._configured == "quiet"
+
+
+def test_the_next_test_finds_logging_as_it_was():
+    """The second half: conftest's _logging_as_found put it back (without it, every later test's caplog missed
+    hfport's warnings: test_int8's auto-int8 fallback failed after test_mpnet_electra's CLI tests)."""
+    assert logging.getLogger("hfport").level == LEVEL_AT_START and verbosity._configured is None
+
