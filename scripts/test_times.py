@@ -11,6 +11,7 @@ fine-tunes) is handed to it and reaped here, its CPU time (and its reaped childr
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/test_times.py --out before.json            # every tests/test_*.py
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/test_times.py tests/test_tei.py tests/test_int8.py --out after.json
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/test_times.py --together tests --slowest 50 --out suite.json  # as CI
     .venv/bin/python scripts/test_times.py --compare before.json after.json               # a before/after table
 
 The whole suite takes ~15 minutes of wall time on a quiet 2-core machine; files run one after the other.
@@ -72,8 +73,9 @@ def _parent(proc: Path) -> int:
 
 
 def time_file(path: str, python: str, slowest: int, extra: list[str]) -> dict:
-    """One pytest process over `path`: wall and CPU seconds, pytest's summary line and its `slowest` durations."""
-    cmd = [python, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "--durations", str(slowest), *extra]
+    """One pytest process over `path` (several, space-separated: one process for them all): wall and CPU seconds,
+    pytest's summary line and its `slowest` durations."""
+    cmd = [python, "-m", "pytest", *path.split(), "-q", "-p", "no:cacheprovider", "--durations", str(slowest), *extra]
     cpu0, wall0 = children_cpu(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -112,6 +114,9 @@ def main() -> None:
     parser.add_argument("files", nargs="*", help="test files (default: every tests/test_*.py)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--slowest", type=int, default=10, help="pytest --durations per file (0: every test)")
+    parser.add_argument("--together", action="store_true",
+                        help="one pytest process for all the files (the whole suite: `--together tests`), as CI runs "
+                             "them: session fixtures built once")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--pytest-arg", action="append", default=[], help="passed on to pytest (repeatable)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
@@ -123,6 +128,8 @@ def main() -> None:
     if not become_subreaper():
         print("warning: not a child subreaper: CPU time of processes the tests orphan is not counted", file=sys.stderr)
     files = args.files or sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py"))
+    if args.together:
+        files = [" ".join(files)]
     results = []
     for path in files:
         result = time_file(path, args.python, args.slowest, args.pytest_arg)

@@ -84,6 +84,33 @@ def workdir(tmp_path_factory, minilm_path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ddp_root(tmp_path_factory, minilm_path) -> Path:
+    """tests/ddp_driver.py's tiny no-dropout BERTs (MiniLM's tokenizer) and every task's data, sparse-embedding's
+    masked-LM included. Shared by the session: read it; runs go under its runs/ (ddp_runs) or elsewhere."""
+    from tests import ddp_driver
+
+    root = tmp_path_factory.mktemp("ddp")
+    ddp_driver.prepare(root, minilm_path)
+    ddp_driver.prepare_sparse(root, minilm_path)
+    return root
+
+
+@pytest.fixture(scope="session")
+def ddp_runs(ddp_root) -> Path:
+    """ddp_root with every case of tests/ddp_driver.py (CASES and SPARSE_CASES) run twice: in ONE plain process with
+    batch 2B (runs/one/) and in ONE `accelerate launch --num_processes 2` with B each (runs/two/), so test_ddp and
+    test_sparse_ddp together cost two process start-ups. Read runs/one and runs/two; a test that runs more (the
+    kill-and-resume one) writes under runs/<its mode>/."""
+    from tests import ddp_driver
+
+    names = [case["name"] for case in ddp_driver.CASES + ddp_driver.SPARSE_CASES]
+    for mode, processes in (("one", 1), ("two", 2)):
+        done = ddp_driver.launch(ddp_root, mode, *names, processes=processes)
+        assert done.returncode == 0, done.stderr.decode()[-3000:]
+    return ddp_root
+
+
+@pytest.fixture(scope="session")
 def pg_server():
     """One PostgreSQL for the session (tests take a fresh database each: pgserver.fresh_db_name)."""
     from tests.pgserver import PgServer, require_bin

@@ -6,8 +6,8 @@ repeated across processes counted once, with and without GradCache's mini_batch_
 process scores its own negatives.
 
 CI budget: tests/ddp_driver.py runs every case's fine-tune one after another inside ONE launch (and one plain
-process), so the comparison costs two process start-ups and ~17 tiny runs on each side; the kill-and-resume test
-adds two short launches.
+process): conftest's ddp_runs, shared with test_sparse_ddp.py, so the comparison costs two process start-ups and ~20
+tiny runs on each side; the kill-and-resume test adds two short launches.
 
 Tolerances. The two runs compute the same sums in a different order (two half-batch sums, their all-reduce, and the
 all-reduced count that normalises them, against one sum): fp32 rounding, ~1e-7 relative. With SGD at lr 0.1 a
@@ -40,25 +40,13 @@ from tests import ddp_driver
 from tests.ddp_driver import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE, launch
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, minilm_path) -> Path:
-    """Every case run twice: once on one process with 2B, once under a 2-process launch with B each."""
-    root = tmp_path_factory.mktemp("ddp")
-    ddp_driver.prepare(root, minilm_path)
-    one = launch(root, "one", processes=1)
-    assert one.returncode == 0, one.stderr.decode()[-3000:]
-    two = launch(root, "two", processes=2)
-    assert two.returncode == 0, two.stderr.decode()[-3000:]
-    return root
-
-
 EQUAL = {c["name"]: c for c in ddp_driver.CASES if c.get("equal", True)}
 
 
 @pytest.mark.parametrize("name", EQUAL)
-def test_two_processes_equal_one_with_the_global_batch(runs, name):
+def test_two_processes_equal_one_with_the_global_batch(ddp_runs, name):
     """The same loss curve and final weights (every tensor of final/, the adapter's for LoRA)."""
-    diff = ddp_driver.differences(runs, name)
+    diff = ddp_driver.differences(ddp_runs, name)
     steps = EQUAL[name].get("max_steps", ddp_driver.COMMON["max_steps"])
     assert diff["steps"] == [steps, steps], diff
     for one, two in zip(*diff.pop("curves")):
@@ -66,14 +54,14 @@ def test_two_processes_equal_one_with_the_global_batch(runs, name):
     assert diff["weights"] <= WEIGHT_TOLERANCE, diff
 
 
-def test_sentence_embedding_runs_under_ddp_into_a_complete_folder(runs):
+def test_sentence_embedding_runs_under_ddp_into_a_complete_folder(ddp_runs):
     """Each process scores its own in-batch negatives (no gather_across_devices), so the run cannot equal one
     process; it completes (the pooler, never read by the loss, is kept out of training: DDP refused it at step 2
     before) and final/ is a complete BertModel-style folder whose pooler is the source's, unchanged."""
-    diff = ddp_driver.differences(runs, "sentence-embedding")
+    diff = ddp_driver.differences(ddp_runs, "sentence-embedding")
     assert diff["steps"] == [3, 3], diff
-    final = runs / "runs" / "two" / "sentence-embedding" / "final"
-    saved, source = load_file(final / "model.safetensors"), load_file(runs / "bert" / "model.safetensors")
+    final = ddp_runs / "runs" / "two" / "sentence-embedding" / "final"
+    saved, source = load_file(final / "model.safetensors"), load_file(ddp_runs / "bert" / "model.safetensors")
     assert saved.keys() == source.keys()
     pooler = [k for k in saved if k.startswith("pooler.")]
     assert pooler, sorted(saved)
@@ -84,17 +72,17 @@ def test_sentence_embedding_runs_under_ddp_into_a_complete_folder(runs):
     assert len(vectors) == 2 and torch.isfinite(torch.as_tensor(vectors)).all()
 
 
-def test_a_two_process_run_killed_and_resumed_ends_as_the_unbroken_one(runs):
+def test_a_two_process_run_killed_and_resumed_ends_as_the_unbroken_one(ddp_runs):
     """Rank 1 SIGKILLed as step 3 begins (the step-2 checkpoint complete): the launcher ends the run. Relaunched with
     resume "latest", it ends bit-identical to the unbroken 2-process run (fill-mask, SGD with momentum): every final
     weight, and every train and eval line of metrics.jsonl."""
-    killed = launch(runs, "kill", "resume", processes=2)
+    killed = launch(ddp_runs, "kill", "resume", processes=2)
     assert killed.returncode != 0, "rank 1 was not killed"
-    folder = runs / "runs" / "killed" / "resume"
+    folder = ddp_runs / "runs" / "killed" / "resume"
     assert (folder / "checkpoints" / "step-2").is_dir() and not (folder / "final").exists()
-    again = launch(runs, "resume", "resume", processes=2)
+    again = launch(ddp_runs, "resume", "resume", processes=2)
     assert again.returncode == 0, again.stderr.decode()[-3000:]
-    unbroken = runs / "runs" / "two" / "resume"
+    unbroken = ddp_runs / "runs" / "two" / "resume"
     a, b = load_file(unbroken / "final" / "model.safetensors"), load_file(folder / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -104,9 +92,9 @@ def test_a_two_process_run_killed_and_resumed_ends_as_the_unbroken_one(runs):
     assert lines(folder) == lines(unbroken) and len([e for e in lines(folder) if e["type"] == "train"]) == 5
 
 
-def test_gather_across_devices_is_for_in_batch_negatives(runs, tmp_path):
+def test_gather_across_devices_is_for_in_batch_negatives(ddp_root, tmp_path):
     scored = tmp_path / "scored.jsonl"
     scored.write_text("".join(f'{{"sentence1": "a {k}", "sentence2": "b {k}", "score": {k / 4}}}\n' for k in range(4)))
     with pytest.raises(ConfigError, match="gather_across_devices .* mnrl loss, not 'cosent'"):
-        preflight(FinetuneConfig(model=str(runs / "bert"), task="sentence-embedding", train=str(scored),
+        preflight(FinetuneConfig(model=str(ddp_root / "bert"), task="sentence-embedding", train=str(scored),
                                  output_dir=str(tmp_path / "out"), gather_across_devices=True))

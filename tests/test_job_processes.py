@@ -37,10 +37,8 @@ KILL_STEPS = 40  # long enough to kill the job between its first checkpoint and 
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory, minilm_path) -> Path:
-    root = tmp_path_factory.mktemp("jobproc")
-    ddp_driver.prepare(root, minilm_path)  # tiny no-dropout BERTs with MiniLM's tokenizer, each task's data
-    return root
+def root(ddp_root) -> Path:
+    return ddp_root  # conftest's: tiny no-dropout BERTs with MiniLM's tokenizer, each task's data (read only here)
 
 
 def config(root: Path, **over) -> dict:

@@ -11,12 +11,12 @@ cases' regularizer weights (0.05, 0.03) are raised so that this difference shows
 and regularizes its own share; the run completes into a SparseEncoder folder and differs from one process
 (measured 1.2e-2 on the weights, 0.67 on a step's loss).
 
-CI budget: one plain process and one 2-process launch for the three cases (~15 s each on a quiet machine).
+CI budget: none of its own: the three cases run in conftest's ddp_runs, the one plain process and the one 2-process
+launch that run test_ddp.py's cases.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,40 +24,27 @@ import torch
 import hfport
 from hfport.formats.sentence_transformers import has_sparse_layout
 from tests import ddp_driver
-from tests.ddp_driver import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE, launch
+from tests.ddp_driver import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE
 
-NAMES = [c["name"] for c in ddp_driver.SPARSE_CASES]
 EQUAL = {c["name"]: c for c in ddp_driver.SPARSE_CASES if c.get("equal", True)}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, minilm_path) -> Path:
-    root = tmp_path_factory.mktemp("sparse_ddp")
-    ddp_driver.prepare(root, minilm_path)
-    ddp_driver.prepare_sparse(root, minilm_path)
-    one = launch(root, "one", *NAMES, processes=1)
-    assert one.returncode == 0, one.stderr.decode()[-3000:]
-    two = launch(root, "two", *NAMES, processes=2)
-    assert two.returncode == 0, two.stderr.decode()[-3000:]
-    return root
-
-
 @pytest.mark.parametrize("name", EQUAL)
-def test_gathered_sparse_training_on_two_processes_equals_one_with_the_global_batch(runs, name):
-    diff = ddp_driver.differences(runs, name)
+def test_gathered_sparse_training_on_two_processes_equals_one_with_the_global_batch(ddp_runs, name):
+    diff = ddp_driver.differences(ddp_runs, name)
     assert diff["steps"] == [3, 3], diff
     for one, two in zip(*diff.pop("curves")):
         assert abs(one - two) <= LOSS_ROUNDING + LOSS_RELATIVE * abs(one), (one, two, diff)
     assert diff["weights"] <= WEIGHT_TOLERANCE, diff
 
 
-def test_sparse_training_without_gather_runs_on_its_own_negatives_into_a_sparse_encoder_folder(runs):
+def test_sparse_training_without_gather_runs_on_its_own_negatives_into_a_sparse_encoder_folder(ddp_runs):
     """Each process ranks its anchors against its own share (3 negatives, not 7) and regularizes its own texts:
     not one process's run, by far more than the tolerance; final/ is a SparseEncoder folder whose vectors are sparse."""
-    diff = ddp_driver.differences(runs, "sparse-embedding")
+    diff = ddp_driver.differences(ddp_runs, "sparse-embedding")
     assert diff["steps"] == [3, 3], diff
     assert diff["weights"] > 1e3 * WEIGHT_TOLERANCE, diff
-    final = runs / "runs" / "two" / "sparse-embedding" / "final"
+    final = ddp_runs / "runs" / "two" / "sparse-embedding" / "final"
     assert has_sparse_layout(final) and hfport.model_task(final) == "sparse-embedding"
     vectors = hfport.pipeline("sparse-embedding", model=final)(["a sentence", "another one"])
     assert len(vectors) == 2
