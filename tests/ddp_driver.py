@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -103,12 +102,10 @@ def _sentence(rng: random.Random, low: int = 2, high: int = 18) -> str:
 
 
 def _tiny(root: Path, name: str, head: str, minilm: Path) -> None:
-    from tests.tiny import save_hf
+    from tests.tiny import save_with_tokenizer
 
-    folder = root / name
-    save_hf("bert", head, folder, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm / f, folder / f)
+    save_with_tokenizer("bert", head, root / name, minilm, vocab_size=30522, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
 
 
 def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
@@ -168,16 +165,10 @@ def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
 
 def prepare_sparse(root: Path, minilm: Path) -> None:
     """ROOT/bert_mlm: a tiny no-dropout BERT masked-LM (MiniLM's tokenizer) whose decoder bias is pushed down, so
-    its SPLADE vectors have a few hundred nonzeros of 30522, as a trained model's (tests/test_sparse.py's)."""
-    from tests.tiny import build_hf
+    its SPLADE vectors have a few hundred nonzeros of 30522, as a trained model's (tests/tiny.py's mlm_folder)."""
+    from tests.tiny import mlm_folder
 
-    model = build_hf("bert", "masked-lm", seed=0, vocab_size=30522, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
-    with torch.no_grad():
-        model.cls.predictions.bias.sub_(0.3)
-    model.save_pretrained(root / "bert_mlm")
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm / f, root / "bert_mlm" / f)
+    mlm_folder(root / "bert_mlm", minilm)
 
 
 KILL_AT = 3  # rank 1 dies before this step; the checkpoint of step 2 is complete by then

@@ -20,7 +20,7 @@ _SERVER = None
 
 
 def _child(target, *args):
-    """A fork-server child (torch and hfport imported once, no op run before the fork; see test_finetune)."""
+    """A fork-server child (torch and hfport imported once, no op run before the fork; see tests/finetuning.py)."""
     global _SERVER
     import multiprocessing
 
