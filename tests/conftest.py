@@ -13,6 +13,11 @@ import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
+# One intra-op thread for every test, however many files run: tiny models only pay a second thread's
+# synchronisation (far more on shared cores). The whole suite already ran so, by accident: twelve test modules set it
+# at import, and collection imports them all before the first test; a file run alone ran on every core.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:

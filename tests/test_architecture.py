@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 import hfport
 from hfport import ItemError, RunDir, RunSummary, verbosity
@@ -450,3 +451,8 @@ def test_the_next_test_finds_logging_as_it_was():
     hfport's warnings: test_int8's auto-int8 fallback failed after test_mpnet_electra's CLI tests)."""
     assert logging.getLogger("hfport").level == LEVEL_AT_START and verbosity._configured is None
 
+
+def test_every_test_runs_on_one_intra_op_thread():
+    """conftest.py sets it for the session, so a file run alone runs as it does in the whole suite (this module sets
+    no thread count of its own)."""
+    assert torch.get_num_threads() == 1
