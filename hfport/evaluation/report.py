@@ -14,7 +14,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from .result import Evaluation, EvalResult
+from .result import Evaluation, EvalResult, short_names
 
 COLORS = ("#1f6feb", "#d1242f", "#1a7f37", "#8250df", "#bc4c00", "#0a7a8a")  # charts.js's first colours
 W, H, L, R, T, B = 440, 230, 56, 12, 26, 60  # panel size and plot margins (room below for rotated labels)
@@ -26,8 +26,6 @@ def _e(text: Any) -> str:
     return html.escape(str(text))
 
 
-def _label(model: str) -> str:
-    return Path(model).name or model
 
 
 def _svg(title: str, body: str, width: int = W, height: int = H) -> str:
@@ -36,12 +34,23 @@ def _svg(title: str, body: str, width: int = W, height: int = H) -> str:
             f'<text x="{L}" y="16" class="t">{_e(title)}</text>{body}</svg>')
 
 
-def _legend(models: list[str], x: float, y: float) -> str:
-    out = []
-    for i, m in enumerate(models):
-        out.append(f'<rect x="{x}" y="{y + 14 * i - 8}" width="10" height="10" fill="{COLORS[i % len(COLORS)]}"/>'
-                   f'<text x="{x + 14}" y="{y + 14 * i + 1}" class="s">{_e(_label(m))}</text>')
+def _legend(models: list[str], right: float) -> str:
+    """The models' colours in the title row, right-aligned at RIGHT (above the plot, never over it)."""
+    out, x = [], right
+    for i, m in reversed(list(enumerate(models))):
+        name = m[:20]
+        x -= 18 + 6.5 * len(name)
+        out.append(f'<rect x="{x:.0f}" y="7" width="10" height="10" fill="{COLORS[i % len(COLORS)]}"/>'
+                   f'<text x="{x + 14:.0f}" y="16" class="s">{_e(name)}</text>')
     return "".join(out)
+
+
+def _range(values: list[float]) -> tuple[float, float]:
+    """The value axis: [0, 1] for fractions (most metrics), else from 0 (or the lowest value) to the highest."""
+    low, high = min(0.0, *values), max(0.0, *values)
+    if low >= 0 and high <= 1:
+        return 0.0, 1.0
+    return low, high if high > low else low + 1
 
 
 def _axis(top: float, bottom: float, low: float, high: float, width: int) -> str:
@@ -59,14 +68,16 @@ def bar_chart(title: str, groups: list[str], series: list[tuple[str, list[float 
     """Grouped bars: a group per name in GROUPS, a bar per (model, values) in SERIES."""
     if not groups:
         return ""
-    width = max(W, L + R + len(groups) * (14 * len(series) + 10))
+    longest = 6.2 * max(len(g[:24]) for g in groups)  # the longest label's length in pixels, before rotating
+    width = max(W, L + R + len(groups) * (14 * len(series) + 10)) + int(0.82 * longest)  # room for its slant
     values = [v for _, vs in series for v in vs if v is not None]
-    low, high = min(0.0, *values), max(1e-12, *values)
+    low, high = _range(values or [0.0])
     top, bottom = T + 4, H - B
+    height = bottom + 16 + int(0.58 * longest)
     scale = (bottom - top) / (high - low)
-    slot = (width - L - R) / len(groups)
+    slot = (width - L - R - int(0.82 * longest)) / len(groups)
     bar = min(18.0, (slot - 6) / len(series))
-    out = [_axis(top, bottom, low, high, width)]
+    out = [_axis(top, bottom, low, high, width - int(0.82 * longest))]
     for g, name in enumerate(groups):
         x0 = L + g * slot + (slot - bar * len(series)) / 2
         for s, (model, vs) in enumerate(series):
@@ -76,12 +87,12 @@ def bar_chart(title: str, groups: list[str], series: list[tuple[str, list[float 
             y, y_zero = bottom - (v - low) * scale, bottom - (0 - low) * scale
             out.append(f'<rect x="{x0 + s * bar:.1f}" y="{min(y, y_zero):.1f}" width="{bar - 1:.1f}" '
                        f'height="{abs(y_zero - y):.1f}" fill="{COLORS[s % len(COLORS)]}">'
-                       f'<title>{_e(_label(model))} {_e(name)}: {v:.4f}</title></rect>')
+                       f'<title>{_e(model)} {_e(name)}: {v:.4f}</title></rect>')
         cx = L + g * slot + slot / 2
         out.append(f'<text transform="translate({cx:.1f},{bottom + 10}) rotate(35)" class="s">{_e(name[:24])}</text>')
     if len(series) > 1:
-        out.append(_legend([m for m, _ in series], width - R - 150, T))
-    return _svg(title, "".join(out), width)
+        out.append(_legend([m for m, _ in series], width - R))
+    return _svg(title, "".join(out), width, height)
 
 
 def line_chart(title: str, xs: list[int], series: list[tuple[str, list[float]]]) -> str:
@@ -97,9 +108,9 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[float]]])
         color = COLORS[s % len(COLORS)]
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
                    + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
-        out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"><title>{_e(_label(model))} @{k}: '
+        out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"><title>{_e(model)} @{k}: '
                 f'{v:.4f}</title></circle>' for (x, y), k, v in zip(points, xs, ys)]
-    out.append(_legend([m for m, _ in series], W - R - 150, bottom - 14 * len(series)))
+    out.append(_legend([m for m, _ in series], W - R))
     return _svg(title, "".join(out))
 
 
@@ -108,7 +119,7 @@ def heat_map(title: str, labels: list[str], matrix: list[list[int]]) -> str:
     n = len(labels)
     cell = max(14, min(40, 320 // max(1, n)))
     left, top = 110, 40
-    width, height = left + n * cell + 20, top + n * cell + 70
+    width, height = max(left + n * cell + 20, L + 8 * len(title)), top + n * cell + 70
     peak = max((v for row in matrix for v in row), default=0) or 1
     out = [f'<text x="{left + n * cell / 2:.0f}" y="{top - 8}" class="s" text-anchor="middle">predicted</text>',
            f'<text transform="translate(14,{top + n * cell / 2:.0f}) rotate(-90)" class="s" '
@@ -124,7 +135,7 @@ def heat_map(title: str, labels: list[str], matrix: list[list[int]]) -> str:
             if cell >= 22:
                 color = "#fff" if shade > 0.55 else "#111"
                 out.append(f'<text x="{left + j * cell + cell / 2:.1f}" y="{top + i * cell + cell / 2 + 4:.1f}" '
-                           f'class="s" text-anchor="middle" fill="{color}">{v}</text>')
+                           f'class="s" text-anchor="middle" style="fill:{color}">{v}</text>')
     for j, name in enumerate(labels):
         x = left + j * cell + cell / 2
         out.append(f'<text transform="translate({x:.1f},{top + n * cell + 10}) rotate(35)" class="s">'
@@ -138,30 +149,32 @@ def _headline(results: list[EvalResult]) -> list[str]:
     return picked or [n for n in names if "/" not in n and n != "loss"][:8]
 
 
-def charts(evaluation: Evaluation) -> list[str]:
+def charts(evaluation: Evaluation, labels: list[str]) -> list[str]:
+    """The page's charts; LABELS: the models' names on it."""
     results = evaluation.results
     out = []
     names = _headline(results)
-    out.append(bar_chart("metrics", names, [(r.model, [r.metrics.get(n) for n in names]) for r in results]))
-    for r in results:
+    out.append(bar_chart("metrics", names, [(lab, [r.metrics.get(n) for n in names])
+                                            for lab, r in zip(labels, results)]))
+    for lab, r in zip(labels, results):
         confusion = r.details.get("confusion")
         if confusion:
-            out.append(heat_map(f"confusion matrix: {_label(r.model)}", confusion["labels"], confusion["matrix"]))
+            out.append(heat_map(f"confusion matrix: {lab}", confusion["labels"], confusion["matrix"]))
     classes = list(dict.fromkeys(c for r in results for c in r.details.get("per_class", {})))
     if classes:
-        out.append(bar_chart("F1 per class", classes, [(r.model, [r.details.get("per_class", {}).get(c, {}).get("f1")
-                                                                    for c in classes]) for r in results]))
+        out.append(bar_chart("F1 per class", classes, [(lab, [r.details.get("per_class", {}).get(c, {}).get("f1")
+                                                              for c in classes]) for lab, r in zip(labels, results)]))
     for metric in ("recall", "accuracy"):
-        with_curves = [r for r in results if metric in r.details.get("curves", {})]
+        with_curves = [(lab, r.details["curves"][metric]) for lab, r in zip(labels, results)
+                       if metric in r.details.get("curves", {})]
         if with_curves:
-            ks = [int(k) for k in with_curves[0].details["curves"][metric]]
-            out.append(line_chart(f"{metric}@k", ks, [(r.model, [r.details["curves"][metric][k] for k in
-                                                                 r.details["curves"][metric]]) for r in with_curves]))
+            ks = [int(k) for k in with_curves[0][1]]
+            out.append(line_chart(f"{metric}@k", ks, [(lab, list(curve.values())) for lab, curve in with_curves]))
     return [c for c in out if c]
 
 
-def _metrics_table(evaluation: Evaluation) -> str:
-    head = "".join(f"<th>{_e(c)}</th>" for c in ["metric", *(_label(r.model) for r in evaluation.results)]
+def _metrics_table(evaluation: Evaluation, labels: list[str]) -> str:
+    head = "".join(f"<th>{_e(c)}</th>" for c in ["metric", *labels]
                    + (["difference"] if len(evaluation.results) == 2 else []))
     names = list(dict.fromkeys(k for r in evaluation.results for k in r.metrics))
     body = []
@@ -175,7 +188,7 @@ def _metrics_table(evaluation: Evaluation) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def _per_class_table(result: EvalResult) -> str:
+def _per_class_table(result: EvalResult, label: str) -> str:
     table = result.details.get("per_class")
     if not table:
         return ""
@@ -184,15 +197,16 @@ def _per_class_table(result: EvalResult) -> str:
     body = "".join(f"<tr><td>{_e(name)}</td>" + "".join(
         f"<td>{'' if v is None else v if isinstance(v, int) else f'{v:.4f}'}</td>" for v in (row.get(c) for c in columns))
         + "</tr>" for name, row in table.items())
-    return f"<h3>{_e(_label(result.model))}</h3><table><tr>{head}</tr>{body}</table>"
+    return f"<h3>{_e(label)}</h3><table><tr>{head}</tr>{body}</table>"
 
 
 def render_report(evaluation: Evaluation) -> str:
     """The page as a string."""
-    facts = "".join(f"<tr><td>{_e(_label(r.model))}</td><td>{_e(r.model)}</td><td>{r.examples}</td><td>"
+    labels = short_names([r.model for r in evaluation.results])
+    facts = "".join(f"<tr><td>{_e(lab)}</td><td>{_e(r.model)}</td><td>{r.examples}</td><td>"
                     + _e(", ".join(f"{k} {v}" for k, v in r.facts.items() if v is not None)) + "</td></tr>"
-                    for r in evaluation.results)
-    per_class = "".join(_per_class_table(r) for r in evaluation.results)
+                    for lab, r in zip(labels, evaluation.results))
+    per_class = "".join(_per_class_table(r, lab) for lab, r in zip(labels, evaluation.results))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>hfport evaluation: {_e(evaluation.task)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;color:#111}}table{{border-collapse:collapse;margin-bottom:1em}}
 td,th{{border:1px solid #ddd;padding:2px 8px;font-size:13px;text-align:right}}td:first-child,th:first-child{{text-align:left}}
@@ -201,8 +215,8 @@ td,th{{border:1px solid #ddd;padding:2px 8px;font-size:13px;text-align:right}}td
 </head><body><h1>hfport evaluation: {_e(evaluation.task)}</h1>
 <p>data: {_e(evaluation.data)}{f"; corpus: {_e(evaluation.corpus)}" if evaluation.corpus else ""}</p>
 <table><tr><th>model</th><th>path</th><th>examples</th><th>facts</th></tr>{facts}</table>
-<h2>Charts</h2><div>{"".join(charts(evaluation))}</div>
-<h2>Metrics</h2>{_metrics_table(evaluation)}
+<h2>Charts</h2><div>{"".join(charts(evaluation, labels))}</div>
+<h2>Metrics</h2>{_metrics_table(evaluation, labels)}
 {f"<h2>Per class</h2>{per_class}" if per_class else ""}
 </body></html>"""
 

@@ -57,7 +57,7 @@ class Evaluation:
     def table(self) -> str:
         """The metrics as a text table, a column per model (and the difference with --compare)."""
         names = list(dict.fromkeys(k for r in self.results for k in r.metrics))
-        heads = ["metric", *(Path(r.model).name or r.model for r in self.results)]
+        heads = ["metric", *short_names([r.model for r in self.results])]
         if len(self.results) == 2:
             heads.append("difference")
         rows = []
@@ -70,6 +70,16 @@ class Evaluation:
         widths = [max(len(str(x)) for x in col) for col in zip(heads, *rows)]
         return "\n".join("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in
                                    enumerate(zip(line, widths))) for line in [heads, *rows])
+
+
+def short_names(models: list[str]) -> list[str]:
+    """Each model's shortest distinct name: its folder's name, with as many parent folders as tell them apart."""
+    parts = [Path(m).parts or (m,) for m in models]
+    for n in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-n:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [str(m) for m in models]
 
 
 def _fmt(value: float | None, signed: bool = False) -> str:
