@@ -259,6 +259,10 @@ def test_bad_requests_are_named(tiny_bert, tmp_path):
         hfport.evaluate(tiny_bert, DATA / "topics_eval.csv", task="text-classification", corpus=DATA / "topics_eval.csv")
     with pytest.raises(ValueError, match=r"feature-extraction: hfport evaluates text-classification"):
         hfport.evaluate(tiny_bert, DATA / "topics_eval.csv", task="feature-extraction")
+    with pytest.raises(HfportError, match=r"text-classification evaluation: unknown option\(s\) \['output_dir', "
+                                          r"'train'\]; valid: \['text_column'"):  # never a path past the data's
+        hfport.evaluate(tiny_bert, DATA / "topics_eval.csv", task="text-classification", train="/elsewhere",
+                        output_dir="/tmp/x")
     with pytest.raises(HfportError, match=r"unknown option\(s\) \['label_column'\]; valid: \['anchor_column'"):
         hfport.evaluate(tiny_bert, DATA / "embed_eval.jsonl", task="sentence-embedding", label_column="x",
                         progress=False)

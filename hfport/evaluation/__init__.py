@@ -19,27 +19,50 @@ writes the figures as JSON and `report_path=` a self-contained report.html with 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from .. import tasks
+from ..errors import ConfigError
 from .report import render_report, write_report
 from .result import EvalResult, Evaluation
+from .retrieval import OPTIONS as RETRIEVAL_OPTIONS
 from .retrieval import evaluate_retrieval
+from .supervised import OPTIONS as SUPERVISED_OPTIONS
 from .supervised import evaluate_supervised
 
-# the tasks evaluated otherwise than through their fine-tuning evaluation
-EVALUATORS: dict[str, Callable[..., EvalResult]] = {"sentence-embedding": evaluate_retrieval}
+
+@dataclass(frozen=True)
+class Evaluator:
+    """How a task is evaluated: `run(model, data, task, **arguments and options)` and the options it takes."""
+
+    run: Callable[..., EvalResult]
+    options: tuple[str, ...]
 
 
-def evaluator(task: str) -> Callable[..., EvalResult]:
+SUPERVISED = Evaluator(evaluate_supervised, SUPERVISED_OPTIONS)  # every task through its fine-tuning evaluation
+# the tasks evaluated otherwise
+EVALUATORS: dict[str, Evaluator] = {"sentence-embedding": Evaluator(evaluate_retrieval, RETRIEVAL_OPTIONS)}
+
+
+def evaluator(task: str) -> Evaluator:
     """The evaluation of TASK (any of its names); an error listing the tasks hfport evaluates."""
     record = tasks.get(task)
     if record.name in EVALUATORS:
         return EVALUATORS[record.name]
     if record.train is None:
         raise ValueError(f"{record.name}: hfport evaluates {tasks.names_help(trainable_only=True)}")
-    return evaluate_supervised
+    return SUPERVISED
+
+
+def check_options(task: str, options: dict[str, Any]) -> None:
+    """The options TASK's evaluation takes (ConfigError naming the others and the valid ones); what a caller that
+    queues an evaluation (the server) checks first."""
+    valid = evaluator(task).options
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(f"{tasks.get(task).name} evaluation: unknown option(s) {unknown}; valid: {list(valid)}")
 
 
 def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, task: str,
@@ -52,7 +75,8 @@ def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, tas
     OPTIONS: how to read the data, by fine-tuning's option names (text_column, label_column, anchor_column,
     max_length, ...; sentence-embedding also takes the query/corpus prompts and use_faiss)."""
     record = tasks.get(task)
-    run = evaluator(record.name)
+    run = evaluator(record.name).run
+    check_options(record.name, options)
     kwargs: dict[str, Any] = {"corpus": str(corpus) if corpus is not None else None, "dtype": dtype, "device": device,
                               "batch_size": batch_size, "cache": cache, "progress": progress, **options}
     models = [model] if compare is None else [model, compare]
@@ -65,4 +89,5 @@ def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, tas
     return evaluation
 
 
-__all__ = ["EVALUATORS", "EvalResult", "Evaluation", "evaluate", "evaluator", "render_report", "write_report"]
+__all__ = ["EVALUATORS", "EvalResult", "Evaluation", "Evaluator", "check_options", "evaluate", "evaluator", "render_report",
+           "write_report"]

@@ -36,6 +36,14 @@ from ..train.metrics import (IR_CUTOFFS, confusion_matrix, multilabel_per_class_
 from .result import EvalResult
 
 CURVE_KS = (1, 2, 3, 5, 10, 20, 50, 100)  # the recall@k and accuracy@k curves' points
+# the fine-tune options that say how to read and encode evaluation data (FinetuneConfig's names; nothing that names
+# a path or trains): what `evaluate` takes besides its own arguments. eval_split: a DatasetDict folder's split
+OPTIONS = ("text_column", "text_pair_column", "label_column", "problem_type", "max_length", "tokens_column",
+           "tags_column", "label_all_subtokens", "question_column", "context_column", "answers_column", "doc_stride",
+           "max_answer_length", "anchor_column", "positive_column", "negative_column", "sentence1_column",
+           "sentence2_column", "score_column", "query_column", "negatives_column", "score_range", "loss", "scale",
+           "pooling", "normalize", "matryoshka_dims", "mlm_probability", "max_batch_tokens", "group_by_length",
+           "seed", "eval_split")
 
 
 def label_map(data_labels: dict[int, str], model_labels: dict[int, str], where: str) -> dict[int, int]:
@@ -144,8 +152,14 @@ def evaluate_supervised(model: str | os.PathLike[str], data: str, task: str, *, 
     record = tasks.get(task)
     if corpus is not None:
         raise ConfigError(f"corpus: distractors are for sentence-embedding evaluation, not {record.name}")
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"{record.name} evaluation: unknown option(s) {unknown}; valid: {list(OPTIONS)}")
     loaded, tokenizer = load(record, model, dtype, device)
+    # the file is read as a fine-tune reads its --eval (a DatasetDict folder: the eval_split on both sides)
     values = {"model": str(model), "task": record.name, "train": str(data), "eval": str(data), **options}
+    if "eval_split" in options:
+        values["train_split"] = options["eval_split"]
     if batch_size is not None:
         values["batch_size"] = batch_size
     config, _ = resolve_config(values, {}, "evaluate options")
