@@ -63,11 +63,12 @@ def ranked_hits(query_emb: torch.Tensor, corpus_emb: torch.Tensor, relevant: lis
     return out
 
 
-def evaluate_retrieval(model: str | os.PathLike[str], data: str, task: str, *, corpus: str | None = None,
+def evaluate_retrieval(model: str | os.PathLike[str] | Encoder, data: str, task: str, *, corpus: str | None = None,
                        dtype: str | None = None, device: Any = None, batch_size: int | None = None,
                        cache: bool | str | os.PathLike[str] = True, progress: bool = True,
                        **options: Any) -> EvalResult:
-    """MODEL's retrieval metrics on DATA's (query, positive) rows (+ CORPUS's distractors). OPTIONS: OPTIONS' names
+    """MODEL's retrieval metrics on DATA's (query, positive) rows (+ CORPUS's distractors). MODEL: a folder or repo id,
+    or an Encoder already loaded. OPTIONS: OPTIONS' names
     (the anchor/positive columns as fine-tuning names them, the corpus file's text column, the prompts, use_faiss)."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -75,7 +76,9 @@ def evaluate_retrieval(model: str | os.PathLike[str], data: str, task: str, *, c
     queries, positives, _, _ = read_pairs(data, options.get("anchor_column"), options.get("positive_column"))
     distractors = read_corpus(corpus, options.get("corpus_column", "text")) if corpus is not None else []
     queries, corpus_texts, relevant = retrieval_benchmark(queries, positives, distractors)
-    encoder = Encoder(model, device=device, dtype=dtype, batch_size=batch_size, cache=cache, progress=progress)
+    encoder = model if isinstance(model, Encoder) else Encoder(model, device=device, dtype=dtype,
+                                                              batch_size=batch_size, cache=cache, progress=progress)
+    model = encoder.folder if isinstance(model, Encoder) else model
     similarity = encoder.similarity_fn_name
     if similarity not in SIMILARITIES:
         raise ConfigError(f"the model compares embeddings by {similarity!r}; evaluation ranks by "

@@ -54,9 +54,10 @@ def exact_top_k(queries: Tensor, corpus: Tensor, k: int, *, query_block: int = Q
         best_idx = torch.empty((len(q), 0), dtype=torch.long, device=q.device)
         for c0 in range(0, n, corpus_block):
             scores = q @ corpus[c0:c0 + corpus_block].T  # (b, d)
-            merged = torch.cat([best, scores], dim=1)  # (b, k + d)
-            merged_idx = torch.cat([best_idx, torch.arange(c0, c0 + scores.shape[1], device=q.device).expand(
-                len(q), -1)], dim=1)  # (b, k + d)
+            block, block_idx = torch.topk(scores, k=min(k, scores.shape[1]), dim=1)  # (b, k'): the block's best
+            del scores  # the block's scores go before the merge: memory holds one (b, d) block at a time
+            merged = torch.cat([best, block], dim=1)  # (b, <=2k)
+            merged_idx = torch.cat([best_idx, block_idx + c0], dim=1)  # (b, <=2k)
             best, where = torch.topk(merged, k=min(k, merged.shape[1]), dim=1)  # (b, k) best first
             best_idx = merged_idx.gather(1, where)
         top_scores.append(best)
