@@ -162,8 +162,8 @@ def finetune(
              "precision": precision, "compile": compile_ or None, "max_grad_norm": max_grad_norm,
              "save_strategy": save_strategy, "save_steps": save_steps, "eval_steps": eval_steps, "seed": seed,
              "freeze": freeze, "resume": resume,
-             "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None,
-             "eval_before": eval_before or None}
+             "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None}
+    flags["eval_before"] = eval_before or None
     given = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "target_modules": lora_targets}
     if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on
         flags["lora"] = {k: v for k, v in given.items() if v is not None}
