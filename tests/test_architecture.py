@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 # the submodules the server may import from, besides the top-level names in hfport.__all__ (hfport/__init__.py's
 # docstring lists them as public)
 PUBLIC_MODULES = ("hfport", "hfport.errors", "hfport.train", "hfport.export", "hfport.rundir", "hfport.pipelines",
-                  "hfport.tasks", "hfport.embeddings", "hfport.verbosity", "hfport.lora")
+                  "hfport.tasks", "hfport.embeddings", "hfport.verbosity", "hfport.lora", "hfport.retrieval",
+                  "hfport.evaluation")
 
 
 # --- RunDir ---------------------------------------------------------------------------------------------------

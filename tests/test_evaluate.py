@@ -1,5 +1,5 @@
-"""`hfport evaluate` (hfport.evaluation): sentence-embedding equal to sentence-transformers' InformationRetrievalEvaluator,
-the reranker's figures equal to that evaluator's on CrossEncoder scores, every supervised task equal to a fine-tune's
+"""`hfport evaluate` (hfport.evaluation): sentence-embedding equal to sentence-transformers'
+InformationRetrievalEvaluator, the reranker's figures equal to that evaluator's on CrossEncoder scores, every supervised task equal to a fine-tune's
 own evaluation of the same model (through `finetune --eval-before`, whose step-0 line is that evaluation), labels
 mapped to the model's by name, --compare, the JSON and report.html, and the CLI."""
 
@@ -83,8 +83,8 @@ def test_reranking_equals_information_retrieval_evaluator_on_cross_encoder_score
         scores = cross.predict([(g["query"], t) for t in texts])
         predictions.append([{"corpus_id": i, "score": float(s)} for i, s in zip(ids, scores)])
     evaluator = InformationRetrievalEvaluator(queries, corpus, relevant)
-    theirs = {f"{name.replace('@k', '@' + str(k))}": v for name, values in evaluator.compute_metrics(predictions).items()
-              for k, v in values.items()}
+    computed = evaluator.compute_metrics(predictions)
+    theirs = {name.replace("@k", f"@{k}"): v for name, values in computed.items() for k, v in values.items()}
     assert set(theirs) <= set(result.metrics)
     np.testing.assert_allclose([result.metrics[k] for k in theirs], list(theirs.values()), rtol=0, atol=1e-6)
     assert set(result.details["curves"]) == {"recall", "accuracy"}
@@ -256,7 +256,8 @@ def test_cli_evaluate(tiny_bert, tmp_path):
 
 def test_bad_requests_are_named(tiny_bert, tmp_path):
     with pytest.raises(HfportError, match="corpus: distractors are for sentence-embedding evaluation"):
-        hfport.evaluate(tiny_bert, DATA / "topics_eval.csv", task="text-classification", corpus=DATA / "topics_eval.csv")
+        hfport.evaluate(tiny_bert, DATA / "topics_eval.csv", task="text-classification",
+                        corpus=DATA / "topics_eval.csv")
     with pytest.raises(ValueError, match=r"feature-extraction: hfport evaluates text-classification"):
         hfport.evaluate(tiny_bert, DATA / "topics_eval.csv", task="feature-extraction")
     with pytest.raises(HfportError, match=r"text-classification evaluation: unknown option\(s\) \['output_dir', "

@@ -89,5 +89,5 @@ def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, tas
     return evaluation
 
 
-__all__ = ["EVALUATORS", "EvalResult", "Evaluation", "Evaluator", "check_options", "evaluate", "evaluator", "render_report",
-           "write_report"]
+__all__ = ["EVALUATORS", "EvalResult", "Evaluation", "Evaluator", "check_options", "evaluate", "evaluator",
+           "render_report", "write_report"]

@@ -194,9 +194,11 @@ def _per_class_table(result: EvalResult, label: str) -> str:
         return ""
     columns = list(dict.fromkeys(k for row in table.values() for k in row))
     head = "".join(f"<th>{_e(c)}</th>" for c in ["label", *columns])
-    body = "".join(f"<tr><td>{_e(name)}</td>" + "".join(
-        f"<td>{'' if v is None else v if isinstance(v, int) else f'{v:.4f}'}</td>" for v in (row.get(c) for c in columns))
-        + "</tr>" for name, row in table.items())
+    def cell(v: Any) -> str:
+        return "" if v is None else str(v) if isinstance(v, int) else f"{v:.4f}"
+
+    body = "".join(f"<tr><td>{_e(name)}</td>" + "".join(f"<td>{cell(row.get(c))}</td>" for c in columns) + "</tr>"
+                   for name, row in table.items())
     return f"<h3>{_e(label)}</h3><table><tr>{head}</tr>{body}</table>"
 
 
@@ -209,7 +211,8 @@ def render_report(evaluation: Evaluation) -> str:
     per_class = "".join(_per_class_table(r, lab) for lab, r in zip(labels, evaluation.results))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>hfport evaluation: {_e(evaluation.task)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;color:#111}}table{{border-collapse:collapse;margin-bottom:1em}}
-td,th{{border:1px solid #ddd;padding:2px 8px;font-size:13px;text-align:right}}td:first-child,th:first-child{{text-align:left}}
+td,th{{border:1px solid #ddd;padding:2px 8px;font-size:13px;text-align:right}}
+td:first-child,th:first-child{{text-align:left}}
 .up{{color:#1a7f37}}.down{{color:#d1242f}}.chart{{margin:0 12px 12px 0;border:1px solid #eee}}
 .chart .t{{font-size:13px;font-weight:600}}.chart .s{{font-size:11px;fill:#444}}.chart .g{{stroke:#eee}}</style>
 </head><body><h1>hfport evaluation: {_e(evaluation.task)}</h1>

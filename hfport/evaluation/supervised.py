@@ -29,7 +29,7 @@ from ..formats.tables import DataError
 from ..pipelines import check_dtype
 from ..tokenizer import AutoTokenizer, has_tokenizer_files
 from ..train.amp import float32_outputs
-from ..train.config import resolve_config
+from ..train.config import FinetuneConfig, resolve_config
 from ..train.data import EncodedData, LabelSpace, eval_batches, example_lengths, retarget, without_tokens
 from ..train.metrics import (IR_CUTOFFS, confusion_matrix, multilabel_per_class_metrics, per_class_metrics,
                              ranked_metrics, ranking_metrics)
@@ -38,12 +38,10 @@ from .result import EvalResult
 CURVE_KS = (1, 2, 3, 5, 10, 20, 50, 100)  # the recall@k and accuracy@k curves' points
 # the fine-tune options that say how to read and encode evaluation data (FinetuneConfig's names; nothing that names
 # a path or trains): what `evaluate` takes besides its own arguments. eval_split: a DatasetDict folder's split
-OPTIONS = ("text_column", "text_pair_column", "label_column", "problem_type", "max_length", "tokens_column",
-           "tags_column", "label_all_subtokens", "question_column", "context_column", "answers_column", "doc_stride",
-           "max_answer_length", "anchor_column", "positive_column", "negative_column", "sentence1_column",
-           "sentence2_column", "score_column", "query_column", "negatives_column", "score_range", "loss", "scale",
-           "pooling", "normalize", "matryoshka_dims", "mlm_probability", "max_batch_tokens", "group_by_length",
-           "seed", "eval_split")
+OPTIONS = (*(f for f in FinetuneConfig.model_fields if f.endswith("_column")), "problem_type", "max_length",
+           "label_all_subtokens", "doc_stride", "max_answer_length", "score_range", "loss", "scale", "pooling",
+           "normalize", "matryoshka_dims", "mlm_probability", "max_batch_tokens", "group_by_length", "seed",
+           "eval_split")
 
 
 def label_map(data_labels: dict[int, str], model_labels: dict[int, str], where: str) -> dict[int, int]:
@@ -198,7 +196,8 @@ def eval_rows(train_task: Any, model: Any, data: EncodedData, config: Any, progr
     try:
         for idx in batches:
             items = [data.eval[i] for i in idx]
-            batch = {k: v.to(model.device) for k, v in train_task.collate(items, data, seed=config.seed + start).items()}
+            batch = train_task.collate(items, data, seed=config.seed + start)
+            batch = {k: v.to(model.device) for k, v in batch.items()}
             start += len(idx)
             outputs = float32_outputs(train_task.forward(model, batch, data))
             loss = float(train_task.loss(outputs, batch, data, None, 0.0))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -121,32 +122,147 @@ def check_options(num_negatives: int, range_min: int, range_max: int | None, sam
     return range_max
 
 
-def rerank_scores(reranker: Pipeline, queries: Sequence[str], texts: Sequence[Sequence[str | None]],
-                  progress: bool) -> list[list[float]]:
-    """The reranker's score (its sigmoid, as CrossEncoder.predict gives it) of each query with each of its texts
-    (None: no text, scored -inf)."""
-    out: list[list[float]] = []
-    bar = tqdm(total=len(queries), desc="reranking", unit="query", disable=not progress, dynamic_ncols=True)
+@dataclass
+class Candidates:
+    """Each distinct query's best corpus rows (the search's, then the filters'), and its positives."""
+
+    queries: list[str]  # the distinct anchors, in order
+    corpus: list[str]  # the distinct candidate texts: the corpus given (or the positives), then the positives
+    positive_indices: list[list[int]]  # each query's distinct positives' corpus rows, in the order of the pairs
+    scores: torch.Tensor  # (Q, k) best first until rescored or filtered; -inf: no candidate (padding, filtered)
+    indices: torch.Tensor  # (Q, k) corpus rows; -1: padding of a corpus smaller than k
+    positive_scores: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # (P,): each (query, positive)
+
+    @property
+    def n_positives(self) -> list[int]:
+        return [len(p) for p in self.positive_indices]
+
+    @property
+    def pair_queries(self) -> list[str]:
+        """Each (query, positive) pair's query, the pairs grouped by query."""
+        return [q for q, ps in zip(self.queries, self.positive_indices) for _ in ps]
+
+    @property
+    def pair_positives(self) -> list[str]:
+        return [self.corpus[i] for ps in self.positive_indices for i in ps]
+
+
+def find_candidates(anchors: Sequence[str], positives: Sequence[str], corpus: Sequence[str] | None,
+                    encoder: Encoder, k: int, query_prompt: str, corpus_prompt: str, use_faiss: bool | None,
+                    progress: bool) -> Candidates:
+    """Embed the distinct queries and candidates (normalized, as normalize_embeddings=True) and find each query's k
+    best by inner product; each pair's positive score beside them."""
+    texts = list(dict.fromkeys([*(corpus if corpus is not None else positives), *positives]))
+    row = {text: i for i, text in enumerate(texts)}
+    queries = list(dict.fromkeys(anchors))
+    number = {q: i for i, q in enumerate(queries)}
+    if len(queries) != len(anchors):
+        log.info("found %d unique queries out of %d", len(queries), len(anchors))
+    positive_indices: list[list[int]] = [[] for _ in queries]
+    for a, p in zip(anchors, positives):
+        if row[p] not in positive_indices[number[a]]:
+            positive_indices[number[a]].append(row[p])
+    corpus_emb = F.normalize(torch.from_numpy(encoder.encode(texts, corpus_prompt, "embedding the corpus")),
+                             p=2, dim=-1)  # (D, C)
+    query_emb = F.normalize(torch.from_numpy(encoder.encode(queries, query_prompt, "embedding the queries")),
+                            p=2, dim=-1)  # (Q, C)
+    bar = tqdm(total=len(queries), desc="searching", unit="query", disable=not progress, dynamic_ncols=True)
     try:
-        for query, candidates in zip(queries, texts):
-            pairs = [{"text": query, "text_pair": t} for t in candidates if t is not None]
-            results = reranker.predict(pairs, top_k=None, function_to_apply="sigmoid", truncation=True) if pairs \
-                else []
-            scores = iter(results)
-            row = []
-            for t in candidates:
-                if t is None:
-                    row.append(-float("inf"))
-                    continue
-                r = next(scores)
-                if isinstance(r, ItemError):
-                    raise ValueError(f"reranking query {query[:80]!r} with {t[:80]!r}: {r.message}")
-                row.append(r[0]["score"])
-            out.append(row)
-            bar.update(1)
+        scores, indices = top_k(query_emb, corpus_emb, k, use_faiss=use_faiss, progress=bar.update)  # (Q, k) each
     finally:
         bar.close()
-    return out
+    found = Candidates(queries, texts, positive_indices, scores, indices)
+    pair_query = [q for q, ps in enumerate(positive_indices) for _ in ps]
+    flat = [i for ps in positive_indices for i in ps]
+    found.positive_scores = (query_emb[pair_query] * corpus_emb[flat]).sum(-1)  # (P,)
+    return found
+
+
+RERANK_QUERIES = 32  # queries whose candidate pairs go to the reranker in one call (its batches span them)
+
+
+def rerank(found: Candidates, reranker: Pipeline, progress: bool) -> None:
+    """The reranker's scores (its sigmoid, as CrossEncoder.predict gives them) in place of the candidates' and the
+    positives' (padding stays -inf)."""
+
+    def score(pairs: list[tuple[str, str]]) -> list[float]:
+        results = reranker.predict([{"text": q, "text_pair": t} for q, t in pairs], top_k=None,
+                                   function_to_apply="sigmoid", truncation=True)
+        for (q, t), r in zip(pairs, results):
+            if isinstance(r, ItemError):
+                raise ValueError(f"reranking query {q[:80]!r} with {t[:80]!r}: {r.message}")
+        return [r[0]["score"] for r in results]
+
+    rows = found.indices.tolist()
+    scores = torch.full(found.scores.shape, -float("inf"))  # (Q, k)
+    bar = tqdm(total=len(rows), desc="reranking", unit="query", disable=not progress, dynamic_ncols=True)
+    try:
+        for start in range(0, len(rows), RERANK_QUERIES):
+            places = [(q, j) for q in range(start, min(start + RERANK_QUERIES, len(rows)))
+                      for j, i in enumerate(rows[q]) if i >= 0]
+            values = score([(found.queries[q], found.corpus[rows[q][j]]) for q, j in places])
+            for (q, j), v in zip(places, values):
+                scores[q, j] = v
+            bar.update(min(RERANK_QUERIES, len(rows) - start))
+    finally:
+        bar.close()
+    found.scores = scores
+    found.positive_scores = torch.tensor(score(list(zip(found.pair_queries, found.pair_positives))))
+
+
+def apply_filters(found: Candidates, include_positives: bool, absolute_margin: float | None,
+                  relative_margin: float | None, max_score: float | None,
+                  min_score: float | None) -> dict[str, dict[str, float]]:
+    """Drop (score -inf) padding, the query's own positives (unless include_positives), and what the margins and
+    score bounds exclude, in sentence-transformers' order; returns {filter: {skipped, ratio}} as it counts them."""
+    scores, indices = found.scores, found.indices
+    scores[indices == -1] = -float("inf")
+    if not include_positives:
+        own = torch.stack([torch.isin(indices[q], torch.tensor(ps)) for q, ps in enumerate(found.positive_indices)])
+        scores[own] = -float("inf")  # (Q, k)
+    skipped: dict[str, dict[str, float]] = {}
+    candidates = scores.numel()
+
+    def drop(name: str, removed: torch.Tensor, counted: bool) -> None:
+        nonlocal candidates
+        scores[removed] = -float("inf")
+        n = int(removed.sum())
+        if n:
+            skipped[name] = {"skipped": n, "ratio": n / candidates}
+            candidates -= n if counted else 0  # the score bounds' ratios are of the margins' remainder
+
+    if absolute_margin is not None or relative_margin is not None:
+        # the query's lowest positive score: with several positives the margin holds against the hardest one
+        starts = np.cumsum([0, *found.n_positives[:-1]]).tolist()
+        lowest = torch.stack([found.positive_scores[s:s + n].min()
+                              for s, n in zip(starts, found.n_positives)])  # (Q,)
+        if absolute_margin is not None:
+            drop("absolute_margin", scores + absolute_margin > lowest[:, None], True)
+        if relative_margin is not None:
+            drop("relative_margin", scores > (lowest - lowest.abs() * relative_margin)[:, None], True)
+    if max_score is not None:
+        drop("max_score", scores > max_score, False)
+    if min_score is not None:
+        drop("min_score", scores < min_score, False)
+    return skipped
+
+
+def select(found: Candidates, range_min: int, range_max: int, num_negatives: int, sampling_strategy: str,
+           seed: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(corpus rows, scores), (Q, num_negatives) each, best first: the range_max best left, the first range_min
+    skipped, then the best ("top") or a random draw ("random": the calls sentence-transformers makes on `random`)."""
+    batch = torch.arange(len(found.queries)).unsqueeze(-1)  # (Q, 1)
+    scores, local = torch.topk(found.scores, k=range_max, dim=1)  # (Q, range_max) best first
+    indices = found.indices[batch, local][:, range_min:]
+    scores = scores[:, range_min:]
+    if sampling_strategy == "top":
+        return indices[:, :num_negatives], scores[:, :num_negatives]
+    rng = random.Random(seed)
+    options = (indices.size(1) - scores.isinf().sum(1)).clamp(min=num_negatives)  # (Q,): where enough are left
+    sampled = [rng.sample(range(int(n)), k=num_negatives) for n in options]
+    indices, scores = indices[batch, sampled], scores[batch, sampled]
+    scores, local = scores.sort(dim=1, descending=True)
+    return indices[batch, local], scores
 
 
 def mine_hard_negatives(anchors: Sequence[str], positives: Sequence[str], model: Any, *,
@@ -173,153 +289,70 @@ def mine_hard_negatives(anchors: Sequence[str], positives: Sequence[str], model:
     if include_positives and output_format != "n-tuple":
         log.warning('include_positives: output_format is set to "n-tuple" so that the ranking order is kept')
         output_format = "n-tuple"
-    filtered = any(v is not None for v in (absolute_margin, relative_margin, max_score, min_score))
-    if reranker is not None and not filtered:
+    bounds = (absolute_margin, relative_margin, max_score, min_score)
+    if reranker is not None and all(v is None for v in bounds):
         raise ValueError("a reranker rescores the candidates for the score filters (max_score, min_score, "
                          "absolute_margin, relative_margin); give one of them (sentence-transformers would ignore the "
                          "reranker)")
-    counts: dict[str, int] = {}
-    for a in anchors:  # rows per anchor, duplicates included (sentence-transformers' groupby count)
-        counts[a] = counts.get(a, 0) + 1
-    max_positives = max(counts.values())
+    max_positives = max(Counter(anchors).values())  # rows per anchor, duplicates included (its groupby count)
     range_max = check_options(num_negatives, range_min, range_max, sampling_strategy, output_format, max_positives,
-                              filtered=any(v is not None for v in (absolute_margin, relative_margin, max_score))
-                              or (reranker is not None and min_score is not None))
-
+                              filtered=any(v is not None for v in bounds[:3]) or
+                              (reranker is not None and min_score is not None))
     encoder = model if isinstance(model, Encoder) else Encoder(model, device=device, dtype=dtype,
                                                               batch_size=batch_size, cache=cache, progress=progress)
     if encoder.similarity_fn_name not in SIMILARITIES:
         raise ValueError(f"the model compares embeddings by {encoder.similarity_fn_name!r}; mining ranks by "
                          f"{' or '.join(SIMILARITIES)} similarity")
-    corpus = list(dict.fromkeys([*(corpus if corpus is not None else positives), *positives]))
-    corpus_idx = {text: i for i, text in enumerate(corpus)}
-    queries = list(dict.fromkeys(anchors))
-    queries_idx = {q: i for i, q in enumerate(queries)}
-    n_queries = len(queries)
-    if n_queries != len(anchors):
-        log.info("found %d unique queries out of %d", n_queries, len(anchors))
-
-    corpus_emb = torch.from_numpy(encoder.encode(corpus, encoder.prompt("document", corpus_prompt_name, corpus_prompt),
-                                                 "embedding the corpus"))
-    query_emb = torch.from_numpy(encoder.encode(queries, encoder.prompt("query", query_prompt_name, query_prompt),
-                                                "embedding the queries"))
-    corpus_emb = F.normalize(corpus_emb, p=2, dim=-1)  # (D, C): normalize_embeddings=True
-    query_emb = F.normalize(query_emb, p=2, dim=-1)  # (Q, C)
-
-    k = range_max + max_positives  # room for the positives, which are taken out after
-    bar = tqdm(total=n_queries, desc="searching", unit="query", disable=not progress, dynamic_ncols=True)
-    try:
-        scores, indices = top_k(query_emb, corpus_emb, k, use_faiss=use_faiss, progress=bar.update)  # (Q, k) each
-    finally:
-        bar.close()
-
-    # each distinct query's distinct positives, in order; the pairs regrouped by query
-    positive_indices: list[list[int]] = [[] for _ in range(n_queries)]
-    for a, p in zip(anchors, positives):
-        row = positive_indices[queries_idx[a]]
-        if corpus_idx[p] not in row:
-            row.append(corpus_idx[p])
-    n_positives = [len(p) for p in positive_indices]
-    pair_queries = [queries[q] for q in range(n_queries) for _ in range(n_positives[q])]
-    pair_positives = [corpus[i] for q in range(n_queries) for i in positive_indices[q]]
-    flat_positive_idx = [i for row in positive_indices for i in row]
-    positive_scores = (query_emb[[q for q in range(n_queries) for _ in range(n_positives[q])]]
-                       * corpus_emb[flat_positive_idx]).sum(-1)  # (P,): each (query, positive) pair's score
-
-    if reranker is not None and filtered:
-        ranker = reranker if isinstance(reranker, Pipeline) else pipeline("text-ranking", model=reranker,
-                                                                            device=device, batch_size=batch_size)
-        candidates = [[corpus[i] if i >= 0 else None for i in row] for row in indices.tolist()]
-        scores = torch.tensor(rerank_scores(ranker, queries, candidates, progress), dtype=torch.float32)
-        positive_scores = torch.tensor([row[0] for row in rerank_scores(
-            ranker, pair_queries, [[p] for p in pair_positives], progress=False)], dtype=torch.float32)
-    scores[indices == -1] = -float("inf")  # padding of a small corpus
-
-    if not include_positives:
-        positive_mask = torch.stack([torch.isin(indices[q], torch.tensor(positive_indices[q]))
-                                     for q in range(n_queries)])  # (Q, k)
-        scores[positive_mask] = -float("inf")
-
-    skipped: dict[str, dict[str, float]] = {}
-    num_candidates = scores.numel()
-
-    def drop(name: str, removed: torch.Tensor, count_down: bool) -> None:
-        nonlocal num_candidates
-        scores[removed] = -float("inf")
-        n = int(removed.sum())
-        if n:
-            skipped[name] = {"skipped": n, "ratio": n / num_candidates}
-            if count_down:
-                num_candidates -= n
-
-    if absolute_margin is not None or relative_margin is not None:
-        # the query's lowest positive score: with several positives the margin holds against the hardest one
-        lowest = torch.stack([positive_scores[start:start + n].min() for start, n in
-                              zip(np.cumsum([0, *n_positives[:-1]]).tolist(), n_positives)])  # (Q,)
-        if absolute_margin is not None:
-            drop("absolute_margin", scores + absolute_margin > lowest[:, None], True)
-        if relative_margin is not None:
-            drop("relative_margin", scores > (lowest - lowest.abs() * relative_margin)[:, None], True)
-    if max_score is not None:
-        drop("max_score", scores > max_score, False)
-    if min_score is not None:
-        drop("min_score", scores < min_score, False)
-
-    batch_idx = torch.arange(n_queries).unsqueeze(-1)  # (Q, 1)
-    negative_scores, local = torch.topk(scores, k=range_max, dim=1)  # (Q, range_max) best first
-    indices = indices[batch_idx, local]
-    indices, negative_scores = indices[:, range_min:], negative_scores[:, range_min:]
-    if sampling_strategy == "top":
-        indices, negative_scores = indices[:, :num_negatives], negative_scores[:, :num_negatives]
-    else:
-        rng = random.Random(seed)
-        options = (indices.size(1) - negative_scores.isinf().sum(1)).clamp(min=num_negatives)  # (Q,)
-        sampled = [rng.sample(range(int(n)), k=num_negatives) for n in options]  # as sentence-transformers draws
-        indices, negative_scores = indices[batch_idx, sampled], negative_scores[batch_idx, sampled]
-        negative_scores, local = negative_scores.sort(dim=1, descending=True)
-        indices = indices[batch_idx, local]
-
-    columns, rows, negatives_kept, differences, possible = _format(
-        output_format, output_scores, anchor_column, positive_column, queries, corpus, anchors, positive_indices,
-        n_positives, pair_queries, pair_positives, indices, negative_scores, positive_scores, num_negatives)
-    options = {"absolute_margin": absolute_margin, "relative_margin": relative_margin, "max_score": max_score,
-               "min_score": min_score, "range_min": range_min, "range_max": range_max,
-               "num_negatives": num_negatives, "sampling_strategy": sampling_strategy, "output_format": output_format}
-    stats = {"queries": n_queries, "corpus": len(corpus), "options": options, "skipped": skipped,
-             "positive": _score_summary(positive_scores), "negative": _score_summary(negatives_kept),
+    found = find_candidates(anchors, positives, corpus, encoder, range_max + max_positives,  # room for positives
+                            encoder.prompt("query", query_prompt_name, query_prompt),
+                            encoder.prompt("document", corpus_prompt_name, corpus_prompt), use_faiss, progress)
+    if reranker is not None:
+        rerank(found, reranker if isinstance(reranker, Pipeline) else pipeline(
+            "text-ranking", model=reranker, device=device, batch_size=batch_size), progress)
+    skipped = apply_filters(found, include_positives, *bounds)
+    indices, negative_scores = select(found, range_min, range_max, num_negatives, sampling_strategy, seed)
+    columns, rows, kept, differences, possible = _format(output_format, output_scores, anchor_column,
+                                                         positive_column, found, len(anchors), indices,
+                                                         negative_scores, num_negatives)
+    options = dict(zip(("absolute_margin", "relative_margin", "max_score", "min_score"), bounds)) | {
+        "range_min": range_min, "range_max": range_max, "num_negatives": num_negatives,
+        "sampling_strategy": sampling_strategy, "output_format": output_format}
+    stats = {"queries": len(found.queries), "corpus": len(found.corpus), "options": options, "skipped": skipped,
+             "positive": _score_summary(found.positive_scores), "negative": _score_summary(kept),
              "difference": _score_summary(differences), "possible": possible, "missing": possible - len(rows)}
     return MineResult(columns, rows, stats)
 
 
-def _format(output_format: str, output_scores: bool, anchor_column: str, positive_column: str,
-            queries: list[str], corpus: list[str], anchors: Sequence[str], positive_indices: list[list[int]],
-            n_positives: list[int], pair_queries: list[str], pair_positives: list[str], indices: torch.Tensor,
-            negative_scores: torch.Tensor, positive_scores: torch.Tensor,
+def _format(output_format: str, output_scores: bool, anchor_column: str, positive_column: str, found: Candidates,
+            n_rows: int, indices: torch.Tensor, negative_scores: torch.Tensor,
             num_negatives: int) -> tuple[list[str], list[dict[str, Any]], torch.Tensor, torch.Tensor, int]:
     """(columns, rows, the negatives' scores, positive - negative differences, the rows possible) in OUTPUT_FORMAT,
-    row for row as sentence-transformers builds them."""
+    row for row as sentence-transformers builds them. N_ROWS: the input's (anchor, positive) rows."""
+    queries, corpus, positive_scores = found.queries, found.corpus, found.positive_scores
+    pair_queries, pair_positives = found.pair_queries, found.pair_positives
     n_queries = len(queries)
-    per_pair = torch.repeat_interleave(torch.arange(n_queries), torch.tensor(n_positives))  # (P,): each pair's query
+    per_pair = torch.repeat_interleave(torch.arange(n_queries), torch.tensor(found.n_positives))  # (P,)
     pair_indices, pair_scores = indices[per_pair], negative_scores[per_pair]  # (P, n) each
-    found = pair_scores != -float("inf")  # (P, n)
+    found_mask = pair_scores != -float("inf")  # (P, n)
     rows: list[dict[str, Any]] = []
     if output_format == "triplet":
         columns = [anchor_column, positive_column, "negative"] + (["scores"] if output_scores else [])
         for p, (query, positive) in enumerate(zip(pair_queries, pair_positives)):
             for j in range(num_negatives):
-                if found[p, j]:
+                if found_mask[p, j]:
                     row = {anchor_column: query, positive_column: positive,
                            "negative": corpus[int(pair_indices[p, j])]}
                     if output_scores:
                         row["scores"] = [float(positive_scores[p]), float(pair_scores[p, j])]
                     rows.append(row)
-        kept = pair_scores[found]
-        return columns, rows, kept, positive_scores[:, None].expand_as(pair_scores)[found] - kept, found.numel()
+        kept = pair_scores[found_mask]
+        return (columns, rows, kept, positive_scores[:, None].expand_as(pair_scores)[found_mask] - kept,
+                found_mask.numel())
     if output_format == "labeled-pair":
         columns = [anchor_column, positive_column, "score" if output_scores else "label"]
         p = 0
         for q in range(n_queries):
-            for i in positive_indices[q]:
+            for i in found.positive_indices[q]:
                 rows.append({anchor_column: queries[q], positive_column: corpus[i],
                              columns[2]: float(positive_scores[p]) if output_scores else 1})
                 p += 1
@@ -327,11 +360,11 @@ def _format(output_format: str, output_scores: bool, anchor_column: str, positiv
                 if s != -float("inf"):
                     rows.append({anchor_column: queries[q], positive_column: corpus[i],
                                  columns[2]: s if output_scores else 0})
-        kept = pair_scores[found]
-        return (columns, rows, kept, positive_scores[:, None].expand_as(pair_scores)[found] - kept,
-                n_queries * num_negatives + len(anchors))
+        kept = pair_scores[found_mask]
+        return (columns, rows, kept, positive_scores[:, None].expand_as(pair_scores)[found_mask] - kept,
+                n_queries * num_negatives + n_rows)
     if output_format == "n-tuple":
-        complete = found.all(dim=1)  # (P,): a row only where all n negatives were found
+        complete = found_mask.all(dim=1)  # (P,): a row only where all n negatives were found
         columns = [anchor_column, positive_column, *(f"negative_{i}" for i in range(1, num_negatives + 1))]
         columns += ["scores"] if output_scores else []
         for p in torch.nonzero(complete).flatten().tolist():
@@ -346,15 +379,16 @@ def _format(output_format: str, output_scores: bool, anchor_column: str, positiv
     # labeled-list
     columns = [anchor_column, positive_column, "scores" if output_scores else "labels"]
     for p in range(len(pair_queries)):
-        if not found[p].any():
+        keep = found_mask[p]
+        if not keep.any():
             continue
-        keep = found[p]
         texts = [pair_positives[p], *(corpus[i] for i in pair_indices[p][keep].tolist())]
         values = ([float(positive_scores[p]), *pair_scores[p][keep].tolist()] if output_scores
                   else [1] + [0] * int(keep.sum()))
         rows.append({anchor_column: pair_queries[p], positive_column: texts, columns[2]: values})
-    kept = pair_scores[found]
-    return columns, rows, kept, positive_scores[:, None].expand_as(pair_scores)[found] - kept, len(found)
+    kept = pair_scores[found_mask]
+    return (columns, rows, kept, positive_scores[:, None].expand_as(pair_scores)[found_mask] - kept,
+            len(found_mask))
 
 
 # --- reading pairs and corpora from files -------------------------------------------------------------------------
