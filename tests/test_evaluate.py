@@ -40,13 +40,29 @@ def st_information_retrieval(st_model, rows: list[dict], distractors: list[str])
                                          {f"d{i:06d}": d for i, d in enumerate(corpus)}, relevant)(st_model)
 
 
-@pytest.mark.parametrize("model", ["tiny_bert", "minilm_path"])
+def _dot_model(tiny_bert: Path, folder: Path) -> Path:
+    """tiny_bert in the sentence-transformers layout (mean pooling, not normalized) whose
+    config_sentence_transformers.json says its embeddings compare by dot product."""
+    import shutil
+
+    from hfport.formats.sentence_transformers import ST_MODEL_CONFIG, write_embedding_layout
+
+    shutil.copytree(tiny_bert, folder)
+    write_embedding_layout(folder, pooling="mean", normalize=False, hidden_size=32, max_seq_length=128)
+    config = json.loads((folder / ST_MODEL_CONFIG).read_text())
+    (folder / ST_MODEL_CONFIG).write_text(json.dumps({**config, "similarity_fn_name": "dot"}))
+    return folder
+
+
+@pytest.mark.parametrize("model", ["tiny_bert", "minilm_path", "dot"])
 def test_sentence_embedding_equals_information_retrieval_evaluator(model, request, tmp_path):
-    """Same names, same values to 1e-6: a random tiny BERT (every metric away from 0 and 1) and the real MiniLM with
-    distractors (a text file, one a line)."""
+    """Same names, same values to 1e-6: a random tiny BERT (every metric away from 0 and 1), the real MiniLM with
+    distractors (a text file, one a line), and a model whose similarity function is the dot product (dot_ndcg@10,
+    ..., ranked by unnormalized inner products)."""
     from sentence_transformers import SentenceTransformer
 
-    folder = request.getfixturevalue(model)
+    folder = _dot_model(request.getfixturevalue("tiny_bert"), tmp_path / "dot") if model == "dot" else \
+        request.getfixturevalue(model)
     distractors = list(dict.fromkeys(json.loads(line)["negative"] for line in
                                      (DATA / "embed_train.jsonl").read_text().splitlines()))
     corpus = tmp_path / "corpus.txt"
@@ -56,7 +72,8 @@ def test_sentence_embedding_equals_information_retrieval_evaluator(model, reques
     theirs = st_information_retrieval(SentenceTransformer(str(folder), device="cpu"), EMBED, distractors)
     assert list(ours) == list(theirs)
     np.testing.assert_allclose([ours[k] for k in theirs], list(theirs.values()), rtol=0, atol=1e-6)
-    assert 0 < ours["cosine_ndcg@10"] <= 1
+    prefix = "dot" if model == "dot" else "cosine"
+    assert 0 < ours[f"{prefix}_ndcg@10"] <= 1 and all(k.startswith(prefix + "_") for k in ours)
 
 
 def test_reranking_equals_information_retrieval_evaluator_on_cross_encoder_scores(tiny_bert, minilm_path,
@@ -267,3 +284,17 @@ def test_bad_requests_are_named(tiny_bert, tmp_path):
     with pytest.raises(HfportError, match=r"unknown option\(s\) \['label_column'\]; valid: \['anchor_column'"):
         hfport.evaluate(tiny_bert, DATA / "embed_eval.jsonl", task="sentence-embedding", label_column="x",
                         progress=False)
+
+
+def test_a_similarity_function_sentence_transformers_does_not_have_is_named(tiny_bert, tmp_path):
+    from hfport.formats.sentence_transformers import ST_MODEL_CONFIG, SentenceTransformersError, read_layout
+
+    folder = _dot_model(tiny_bert, tmp_path / "model")
+    assert read_layout(folder).similarity_fn_name == "dot"
+    (folder / ST_MODEL_CONFIG).write_text(json.dumps({"similarity_fn_name": "hamming"}))
+    with pytest.raises(SentenceTransformersError, match=r"similarity_fn_name 'hamming'; sentence-transformers' are "
+                                                        r"\['cosine', 'dot', 'euclidean', 'manhattan'\]"):
+        read_layout(folder)
+    (folder / ST_MODEL_CONFIG).write_text(json.dumps({"similarity_fn_name": "euclidean"}))
+    with pytest.raises(HfportError, match=r"compares embeddings by 'euclidean'; evaluation ranks by cosine or dot"):
+        hfport.evaluate(folder, DATA / "embed_eval.jsonl", task="sentence-embedding", cache=False, progress=False)
