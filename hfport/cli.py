@@ -527,7 +527,8 @@ def mine(
 
 @app.command()
 def evaluate(
-    model: Annotated[str, typer.Argument(help="A model folder or a repo id in the local HF cache.")],
+    model: Annotated[str, typer.Argument(help="A model folder, a repo id in the local HF cache, or a fine-tune run "
+                                              "folder (its best/).")],
     data: Annotated[str, typer.Option("--data", help="Labelled data in the format fine-tuning reads for the task "
                                                     "(sentence-embedding: (query, positive) rows).")],
     task: Annotated[str, typer.Option("--task", "-t", help=tasks.names_help(trainable_only=True) + ".")],

@@ -202,6 +202,11 @@ def test_eval_before_changes_nothing_else(minilm_path, tmp_path):
     page = (tmp_path / "run-True" / "report.html").read_text()
     assert "Before and after fine-tuning" in page and "before (step 0)" in page
     assert "Before and after" not in (tmp_path / "run-False" / "report.html").read_text()
+    # a run folder evaluates as its best/
+    by_run = hfport.evaluate(tmp_path / "run-True", evaluation, task="text-classification", progress=False)
+    assert by_run.results[0].model == str(tmp_path / "run-True" / "best")
+    best = next(x for x in lines[True] if x["type"] == "eval" and x["step"] == summary.best_step)
+    assert by_run.metrics["accuracy"] == pytest.approx(best["eval_accuracy"], abs=1e-9)
 
 
 def test_labels_are_the_models_by_name(minilm_path, tmp_path):

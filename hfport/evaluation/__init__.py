@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from .. import tasks
 from ..errors import ConfigError
+from ..rundir import RunDir
 from .report import render_report, write_report
 from .result import EvalResult, Evaluation
 from .retrieval import OPTIONS as RETRIEVAL_OPTIONS
@@ -65,12 +66,21 @@ def check_options(task: str, options: dict[str, Any]) -> None:
         raise ConfigError(f"{tasks.get(task).name} evaluation: unknown option(s) {unknown}; valid: {list(valid)}")
 
 
+def model_folder(model: str | os.PathLike[str]) -> str:
+    """MODEL as a folder to load: a fine-tune's run folder is its best/ (as `hfport export` takes it)."""
+    path = Path(model)
+    if path.is_dir() and not (path / "config.json").is_file() and "best" in RunDir(path).models():
+        return str(RunDir(path).best)
+    return str(model)
+
+
 def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, task: str,
              corpus: str | os.PathLike[str] | None = None, compare: str | os.PathLike[str] | None = None,
              json_path: str | os.PathLike[str] | None = None, report_path: str | os.PathLike[str] | None = None,
              dtype: str | None = None, device: Any = None, batch_size: int | None = None,
              cache: bool | str | os.PathLike[str] = True, progress: bool = True, **options: Any) -> Evaluation:
-    """TASK's metrics of MODEL (and of COMPARE, the same way) on DATA. corpus: sentence-embedding's distractors (a
+    """TASK's metrics of MODEL (and of COMPARE, the same way) on DATA; a model is a folder, a repo id in the local HF
+    cache or a fine-tune's run folder (its best/). corpus: sentence-embedding's distractors (a
     .txt file of one text a line, or a data file with a `text` column). dtype: as `hfport predict --dtype`.
     OPTIONS: how to read the data, by fine-tuning's option names (text_column, label_column, anchor_column,
     max_length, ...; sentence-embedding also takes the query/corpus prompts and use_faiss)."""
@@ -80,7 +90,7 @@ def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, tas
     kwargs: dict[str, Any] = {"corpus": str(corpus) if corpus is not None else None, "dtype": dtype, "device": device,
                               "batch_size": batch_size, "cache": cache, "progress": progress, **options}
     models = [model] if compare is None else [model, compare]
-    results = [run(str(m), str(data), record.name, **kwargs) for m in models]
+    results = [run(model_folder(m), str(data), record.name, **kwargs) for m in models]
     evaluation = Evaluation(record.name, str(data), results, str(corpus) if corpus is not None else None)
     if json_path is not None:
         evaluation.write_json(json_path)
