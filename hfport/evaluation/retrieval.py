@@ -44,17 +44,17 @@ def retrieval_benchmark(queries: Sequence[str], positives: Sequence[str],
 
 
 def ranked_hits(query_emb: torch.Tensor, corpus_emb: torch.Tensor, relevant: list[list[int]], similarity: str,
-                k: int, use_faiss: bool | None, progress: bool) -> list[np.ndarray]:
+                k: int, use_faiss: bool | None, progress: bool, device: Any = "cpu") -> list[np.ndarray]:
     """Each query's top k as 0/1 gains in rank order: best score first, ties by corpus row (the evaluator's order)."""
     if similarity == "cosine":
         query_emb, corpus_emb = F.normalize(query_emb, p=2, dim=-1), F.normalize(corpus_emb, p=2, dim=-1)
     bar = tqdm(total=len(query_emb), desc="searching", unit="query", disable=not progress, dynamic_ncols=True)
     try:
-        scores, indices = top_k(query_emb, corpus_emb, min(k, len(corpus_emb)), use_faiss=use_faiss,
-                                progress=bar.update)  # (Q, k) each
+        scores, indices = top_k(query_emb.to(device), corpus_emb.to(device), min(k, len(corpus_emb)),
+                                use_faiss=use_faiss, progress=bar.update)  # (Q, k) each, where the model runs
     finally:
         bar.close()
-    scores_np, indices_np = scores.numpy(), indices.numpy()
+    scores_np, indices_np = scores.cpu().numpy(), indices.cpu().numpy()
     out = []
     for q, rel in enumerate(relevant):
         order = np.lexsort((indices_np[q], -scores_np[q]))  # by score, then by corpus row
@@ -88,7 +88,8 @@ def evaluate_retrieval(model: str | os.PathLike[str] | Encoder, data: str, task:
     corpus_emb = torch.from_numpy(encoder.encode(corpus_texts, corpus_prompt, "embedding the corpus"))
     query_emb = torch.from_numpy(encoder.encode(queries, query_prompt, "embedding the queries"))
     k = max(max(ks) for ks in (*IR_CUTOFFS.values(), CURVE_KS))
-    ranked = ranked_hits(query_emb, corpus_emb, relevant, similarity, k, options.get("use_faiss"), progress)
+    ranked = ranked_hits(query_emb, corpus_emb, relevant, similarity, k, options.get("use_faiss"), progress,
+                         encoder.device)
     ideal = [np.ones(len(r)) for r in relevant]
     names = [f"query {q!r}" for q in queries]
     metrics = {f"{similarity}_{name}": value for name, value in ranked_metrics(ranked, ideal, IR_CUTOFFS,

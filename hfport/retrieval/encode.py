@@ -42,10 +42,13 @@ class Encoder:
         else:
             self.pipe = pipeline("sentence-embedding", model=model, device=device,
                                  dtype=check_dtype(dtype) if dtype is not None else None, batch_size=batch_size)
-        source = self.pipe.model.load_report.source if self.pipe.model.load_report is not None else None
+        # the folder the weights came from: what the cache's key hashes. An ONNX graph (the onnx backend) has no
+        # load report, and its folder's safetensors may not be what runs: it is embedded every time, never cached
+        report = getattr(self.pipe.model, "load_report", None)
+        source = report.source if report is not None else None
         self.folder = Path(source) if source and Path(source).is_dir() else None
         self.dtype = dtype
-        self.cache_setting = cache if self.folder is not None else False  # an in-memory model has no identity
+        self.cache_setting = cache if self.folder is not None else False  # no folder, no identity: no cache
         self.progress = progress
         self._caches: dict[str, EmbeddingCache] = {}
 
@@ -53,6 +56,11 @@ class Encoder:
     def layout(self) -> Any:
         """The folder's sentence-transformers facts (prompts, similarity_fn_name, normalize, ...)."""
         return self.pipe.sentence
+
+    @property
+    def device(self) -> Any:
+        """Where the model runs: the search runs there too."""
+        return self.pipe.model.device
 
     @property
     def similarity_fn_name(self) -> str:

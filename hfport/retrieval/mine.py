@@ -166,12 +166,14 @@ def find_candidates(anchors: Sequence[str], positives: Sequence[str], corpus: Se
                              p=2, dim=-1)  # (D, C)
     query_emb = F.normalize(torch.from_numpy(encoder.encode(queries, query_prompt, "embedding the queries")),
                             p=2, dim=-1)  # (Q, C)
+    device = encoder.device  # the search runs where the model does (a GPU's matmuls), then back
     bar = tqdm(total=len(queries), desc="searching", unit="query", disable=not progress, dynamic_ncols=True)
     try:
-        scores, indices = top_k(query_emb, corpus_emb, k, use_faiss=use_faiss, progress=bar.update)  # (Q, k) each
+        scores, indices = top_k(query_emb.to(device), corpus_emb.to(device), k, use_faiss=use_faiss,
+                                progress=bar.update)  # (Q, k) each
     finally:
         bar.close()
-    found = Candidates(queries, texts, positive_indices, scores, indices)
+    found = Candidates(queries, texts, positive_indices, scores.cpu(), indices.cpu())
     pair_query = [q for q, ps in enumerate(positive_indices) for _ in ps]
     flat = [i for ps in positive_indices for i in ps]
     found.positive_scores = (query_emb[pair_query] * corpus_emb[flat]).sum(-1)  # (P,)
