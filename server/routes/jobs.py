@@ -70,6 +70,10 @@ def _output_dir(value: str | None, settings: Settings, job_id: str, default: str
     if value is None:
         return str(settings.runs_dir / job_id / default)
     out = confine(value, settings, "output_dir", must_exist=False)
+    uploads = settings.uploads_dir.resolve()
+    if out == uploads or out.is_relative_to(uploads):  # the upload sweeper deletes what no live job reads there
+        raise ApiError(400, f"output_dir: {value!r} lies in the uploads folder ({uploads}), which the server empties "
+                            "of files no queued or running job reads; choose a folder outside it", "InvalidPath")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ApiError(409, f"output_dir: {value!r} exists and is not empty; a job writes a fresh folder", "Conflict")
     return str(out)
