@@ -59,7 +59,8 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics.Metrics()
-    app.state.model_service = ModelService(settings, app.state.metrics)
+    app.state.model_service = ModelService(settings, app.state.metrics,
+                                           trusted=lambda folder: preload.operator_chose(store, folder))
     app.state.startup = preload.register(settings.models, app.state.store)  # `serve --model`: bad ones fail here
     errors.install(app)
     metrics.install(app, app.state.metrics)

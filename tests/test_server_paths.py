@@ -87,3 +87,49 @@ def test_an_output_dir_under_uploads_is_refused(tmp_path, root):
                   "output_dir": str(uploads / "run")}
         error(client.post("/jobs/finetune", json={"config": config}), 400, "InvalidPath")
         assert client.get("/jobs").json()["jobs"] == []
+
+
+# --- 11: files inside a model folder ----------------------------------------------------------------------------
+
+def test_a_symlink_out_of_a_model_folder_is_never_read(tmp_path, root):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = root / "models" / "linked"
+    shutil.copytree(root / "models" / "cls", folder)
+    secret = outside / "tokenizer.json"
+    shutil.copy(folder / "tokenizer.json", secret)
+    with make_app(tmp_path, root) as client:
+        # registered while clean, linked out before its first load: the load refuses it
+        assert client.post("/models", json={"name": "linked", "path": str(folder)}).status_code == 201
+        (folder / "tokenizer.json").unlink()
+        (folder / "tokenizer.json").symlink_to(secret)
+        message = error(client.post("/decode", json={"ids": [5, 6, 7]}, headers={"x-model": "linked"}), 403,
+                        "PathNotAllowed")
+        assert "tokenizer.json links outside the allowed directories" in message and str(secret) not in message
+        error(client.post("/predict", json={"model": "linked", "inputs": "a b"}), 403, "PathNotAllowed")
+        # registering it, or naming it in a job, is refused too
+        error(client.post("/models", json={"name": "again", "path": str(folder)}), 403, "PathNotAllowed")
+        error(client.post("/jobs/export", json={"model": "linked"}), 403, "PathNotAllowed")
+        error(client.post("/jobs/export", json={"model": str(folder)}), 403, "PathNotAllowed")
+        # a folder linked out as a whole (a sub-folder here) is refused as its files are
+        (folder / "tokenizer.json").unlink()
+        shutil.copy(secret, folder / "tokenizer.json")
+        (folder / "1_Pooling").symlink_to(outside, target_is_directory=True)
+        error(client.post("/models", json={"name": "again", "path": str(folder)}), 403, "PathNotAllowed")
+        (folder / "1_Pooling").unlink()
+        assert client.post("/models", json={"name": "clean", "path": str(folder)}).status_code == 201
+        assert client.post("/decode", json={"ids": [5, 6]}, headers={"x-model": "clean"}).status_code == 200
+
+
+def test_a_model_the_operator_named_at_start_is_read_as_a_whole(tmp_path, root):
+    """`serve --model` folders are the operator's choice (an HF cache snapshot's files are links into its blobs):
+    their files are not confined."""
+    snapshot = tmp_path / "cache" / "snapshot"
+    blobs = tmp_path / "cache" / "blobs"
+    shutil.copytree(root / "models" / "cls", snapshot)
+    blobs.mkdir()
+    (snapshot / "tokenizer.json").rename(blobs / "tok")
+    (snapshot / "tokenizer.json").symlink_to(blobs / "tok")
+    with make_app(tmp_path, root, models=[f"cached={snapshot}"]) as client:
+        r = client.post("/decode", json={"ids": [5, 6]}, headers={"x-model": "cached"})
+        assert r.status_code == 200, r.text

@@ -26,6 +26,7 @@ from ..deps import StoreDep
 from ..errors import ApiError, ShapedErrorRoute, error_response, validation_message
 from ..idempotency import IdempotencyKeyHeader, idempotent
 from ..schemas import ERRORS, ExportJobRequest, FinetuneJobConfig, FinetuneJobRequest, JobInfo, JobList, JobStatus
+from ..preload import confine_model_files
 from ..security import confine
 from ..settings import Settings, SettingsDep
 from ..store import TERMINAL, BaseStore as Store
@@ -38,11 +39,14 @@ GLOB_CHARS = "*?["  # a data path whose file name holds one is a glob of Parquet
 
 
 def _model_path(value: str, store: Store, settings: Settings, what: str = "model", run_ok: bool = False) -> str:
-    """A registered model's folder, or a folder inside the allowed dirs (run_ok: or a fine-tune run folder)."""
+    """A registered model's folder, or a folder inside the allowed dirs (run_ok: or a fine-tune run folder); every
+    file in it inside them too (a symlink out is refused)."""
     entry = store.get_model(value)
     if entry is not None:
+        confine_model_files(store, settings, entry["path"], what)
         return entry["path"]
     folder = confine(value, settings, what)
+    confine_model_files(store, settings, folder, what)
     if run_ok and "best" in RunDir(folder).models():  # export takes a run's best/
         return str(folder)
     if not (folder / "config.json").is_file():
