@@ -89,6 +89,61 @@ def test_an_output_dir_under_uploads_is_refused(tmp_path, root):
         assert client.get("/jobs").json()["jobs"] == []
 
 
+# --- 10: export of a registered adapter ---------------------------------------------------------------------------
+
+def test_export_of_a_registered_adapter_loads_its_registered_base(tmp_path, root):
+    from server import jobrun
+
+    work = root / "moved"
+    shutil.copytree(root / "models" / "base", work / "base-old")
+    folder = adapter(work / "base-old", work / "adapter")
+    (work / "base-old").rename(work / "base-new")  # the base moved: the adapter's file names a folder now gone
+    with make_app(tmp_path, root) as client:
+        r = client.post("/models", json={"name": "ad", "path": str(folder), "base": str(work / "base-new")})
+        assert r.status_code == 201, r.text
+        r = client.post("/jobs/export", json={"model": "ad", "format": "merged"})
+        assert r.status_code == 202, r.text
+        store = client.app.state.store
+        result = jobrun.run_export(store, store.get_job(r.json()["id"]))  # what the job process runs
+        assert result["verify"]["passed"], result
+        assert store.get_job(r.json()["id"])["config"]["base_model"] == str((work / "base-new").resolve())
+    # the merge equals the adapter over its registered base
+    texts = ["a b c", "d e"]
+    merged = hfport.pipeline("text-classification", model=result["output_dir"])(texts, top_k=None)
+    model = hfport.tasks.get("text-classification").model_class.from_pretrained(folder,
+                                                                                base_model=work / "base-new")
+    want = hfport.pipeline("text-classification", model=model, tokenizer=work / "base-new")(texts, top_k=None)
+    for got, ref in zip(merged, want):
+        assert [d["score"] for d in got] == pytest.approx([d["score"] for d in ref], abs=1e-5)
+
+
+def test_an_adapter_whose_base_lies_outside_is_refused(tmp_path, root):
+    outside = tmp_path / "outside"
+    shutil.copytree(root / "models" / "base", outside / "base")
+    folder = adapter(outside / "base", root / "adapters" / "outside-base")
+    with make_app(tmp_path, root) as client:
+        for route, body in (("/jobs/export", {"model": str(folder)}),
+                            ("/jobs/export", {"model": str(folder), "format": "merged"}),
+                            ("/jobs/finetune", {"config": {"model": str(folder),
+                                                           "train": str(root / "data" / "train.jsonl")}})):
+            message = error(client.post(route, json=body), 403, "PathNotAllowed")
+            assert "base_model_name_or_path" in message, message
+        assert client.get("/jobs").json()["jobs"] == []
+
+
+def test_the_library_export_takes_the_base(tmp_path, root):
+    base = tmp_path / "base"
+    shutil.copytree(root / "models" / "base", base)
+    folder = adapter(base, tmp_path / "adapter")
+    moved = base.rename(tmp_path / "elsewhere")
+    with pytest.raises(hfport.HfportError):
+        hfport.export(folder, tmp_path / "no-base")  # the folder its adapter_config.json names is gone
+    result = hfport.export(folder, tmp_path / "peft", base_model=moved, verify=True)
+    assert result.format == "peft" and result.report.passed, result.report
+    with pytest.raises(hfport.ExportError, match="plain model"):
+        hfport.export(moved, tmp_path / "x", base_model=moved)
+
+
 # --- 11: files inside a model folder ----------------------------------------------------------------------------
 
 def test_a_symlink_out_of_a_model_folder_is_never_read(tmp_path, root):

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 
-from hfport import RunDir
+from hfport import RunDir, lora
 from hfport.errors import ConfigError, HfportError
 from hfport.train import preflight, resolve_config
 from hfport.train import metrics_csv, read_metrics
@@ -52,6 +52,30 @@ def _model_path(value: str, store: Store, settings: Settings, what: str = "model
     if not (folder / "config.json").is_file():
         raise ApiError(400, f"{what}: {value!r} is neither a registered model nor a model folder", "InvalidModel")
     return str(folder)
+
+
+def _adapter_base(folder: Path, store: Store, settings: Settings, what: str,
+                  registered: str | None = None) -> str | None:
+    """The base model folder a job over adapter FOLDER reads (None: FOLDER is no adapter): `registered` (a registered
+    adapter's base) when given, else the folder's base_model_name_or_path; confined like every path a job reads, its
+    files too (a registered model's folder counts as inside: it was confined when registered, or the operator chose
+    it at start)."""
+    if not lora.is_adapter_folder(folder):
+        return None
+    base = registered
+    if base is None:
+        try:
+            named = lora.read_adapter_config(folder).get("base_model_name_or_path")
+        except HfportError as e:
+            raise ApiError(400, f"{what}: {e}", "InvalidModel") from e
+        if not named:
+            raise ApiError(400, f"{what}: the adapter {folder} names no base_model_name_or_path", "InvalidModel")
+        entry = store.get_model(named)
+        known = {m["path"] for m in store.list_models() if m.get("kind") != "adapter"}
+        base = entry["path"] if entry is not None else named if named in known else str(
+            confine(named, settings, f"{what}: the adapter's base_model_name_or_path"))
+    confine_model_files(store, settings, base, f"{what}: the adapter's base")
+    return base
 
 
 def _data_path(value: str, settings: Settings, what: str) -> str:
@@ -142,6 +166,15 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
     values["train"] = _data_path(config.train, settings, "config.train")
     if config.eval is not None:
         values["eval"] = _data_path(config.eval, settings, "config.eval")
+    # a fine-tune loads an adapter over the base its adapter_config.json names (confined here); a registered adapter
+    # served over another base cannot be trained from
+    entry = store.get_model(config.model)
+    base = _adapter_base(Path(values["model"]), store, settings, "config.model")
+    if base is not None and entry is not None and entry.get("base") \
+            and Path(entry["base"]).resolve() != Path(base).resolve():
+        raise ApiError(400, f"config.model: {config.model!r} is registered over the base {entry['base']}, but its "
+                            f"adapter_config.json names {base}, which a fine-tune would load; register the adapter "
+                            "over that base, or fine-tune from the base", "InvalidModel")
     values["output_dir"] = _output_dir(config.output_dir, settings, job_id, "run")
     try:
         resolved, _ = resolve_config(values, {}, "config")
@@ -233,9 +266,15 @@ def _submit_export(body: ExportJobRequest, store: Store, settings: Settings) -> 
     options = dict(body.options)
     if body.gate_data is not None:  # a server-side file: confined like every other path, passed as the option
         options["gate_data"] = str(confine(body.gate_data, settings, "gate_data"))
-    config = {"model": _model_path(body.model, store, settings, run_ok=True), "format": body.format,
-              "options": options, "verify": body.verify,
+    model = _model_path(body.model, store, settings, run_ok=True)
+    run = RunDir(model)
+    source = run.model(options.get("which", "best")) if RunDir.is_run(model) else Path(model)
+    config = {"model": model, "format": body.format, "options": options, "verify": body.verify,
               "output_dir": _output_dir(body.output_dir, settings, job_id, "export")}
+    entry = store.get_model(body.model)
+    base = _adapter_base(source, store, settings, "model", entry.get("base") if entry is not None else None)
+    if base is not None:  # the export loads exactly this base, never the one the adapter's file names
+        config["base_model"] = base
     return JobInfo(**store.create_job("export", config, job_id))
 
 
