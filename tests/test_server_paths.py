@@ -188,3 +188,49 @@ def test_a_model_the_operator_named_at_start_is_read_as_a_whole(tmp_path, root):
     with make_app(tmp_path, root, models=[f"cached={snapshot}"]) as client:
         r = client.post("/decode", json={"ids": [5, 6]}, headers={"x-model": "cached"})
         assert r.status_code == 200, r.text
+
+
+# --- 12: the data check's size limit ----------------------------------------------------------------------------
+
+def test_the_data_check_limit_counts_folders_and_globs(tmp_path, root):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    shards = root / "shards"
+    shards.mkdir(exist_ok=True)
+    rows = {"text": [f"row {i} " * 20 for i in range(64)], "label": ["positive", "negative"] * 32}
+    for i in range(3):
+        pq.write_table(pa.table(rows), shards / f"part-{i}.parquet")
+    one = (shards / "part-0.parquet").stat().st_size
+    with make_app(tmp_path, root, dataset_check_max_bytes=2 * one) as client:  # each file fits, together they do not
+        for train in (str(shards / "*.parquet"), str(shards)):
+            config = {"model": str(root / "models" / "cls"), "train": train}
+            message = error(client.post("/jobs/finetune", json={"config": config}), 413, "PayloadTooLarge")
+            assert f"{3 * one:,} bytes" in message and "HFPORT_DATASET_CHECK_MAX_BYTES" in message, message
+
+
+# --- 13: Idempotency-Key on the upload route ---------------------------------------------------------------------
+
+def test_idempotency_key_on_the_upload_route(tmp_path, root):
+    import json
+
+    data = (root / "data" / "train.jsonl").read_bytes()
+    config = json.dumps({"model": str(root / "models" / "cls"), "batch_size": 8, "max_length": 16})
+
+    def upload(key: str, content: bytes = data):
+        return client.post("/jobs/finetune/upload", data={"config": config},
+                           files={"train": ("train.jsonl", content)}, headers={"Idempotency-Key": key})
+
+    with make_app(tmp_path, root) as client:
+        first = upload("k1")
+        assert first.status_code == 202, first.text
+        again = upload("k1")
+        assert again.status_code == 202 and again.json()["id"] == first.json()["id"], again.text
+        assert len(client.get("/jobs").json()["jobs"]) == 1
+        uploads = tmp_path / "data" / "uploads"
+        assert len(list(uploads.iterdir())) == 1  # the retry's copy of the file is gone
+        assert Path(first.json()["config"]["train"]).is_file()
+        other = data.replace(b"positive", b"negative", 1)
+        assert "Idempotency-Key 'k1'" in error(upload("k1", other), 409, "IdempotencyKeyReused")
+        assert upload("k2").json()["id"] != first.json()["id"]
+        assert len(client.get("/jobs").json()["jobs"]) == 2 and len(list(uploads.iterdir())) == 2

@@ -4,9 +4,10 @@ Handlers only validate and enqueue; the worker (server/worker.py) runs each job 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
-import os
 import re
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -107,14 +108,30 @@ def _output_dir(value: str | None, settings: Settings, job_id: str, default: str
     return str(out)
 
 
+def data_bytes(path: str) -> int:
+    """The bytes a data source's check reads: a file's size, a folder's files together (a datasets save_to_disk
+    folder), a glob's matches together (the sources _data_path takes); 0 for a missing one (preflight names it)."""
+    where = Path(path)
+    if where.is_file():
+        return where.stat().st_size
+    if where.is_dir():
+        files = where.rglob("*")
+    elif any(c in where.name for c in GLOB_CHARS):
+        files = where.parent.glob(where.name)
+    else:
+        return 0
+    return sum(f.stat().st_size for f in files if f.is_file())
+
+
 def check_data(config: Any, settings: Settings) -> None:
     """The engine's own preflight (hfport.train.preflight: model, tokenizer, data files read and encoded) before
     the job is queued, so a bad file is a 422 naming file, line and field instead of a job that fails later; for
     the processes the job will run (a batch per process). Callers run it off the event loop; a file over
-    HFPORT_DATASET_CHECK_MAX_BYTES is refused before any of it is read."""
+    HFPORT_DATASET_CHECK_MAX_BYTES is refused before any of it is read: a file, a datasets folder (its files
+    together) or a glob of Parquet/Arrow files (its matches together)."""
     for field in ("train", "eval"):
         path = getattr(config, field)
-        size = os.stat(path).st_size if path is not None and os.path.isfile(path) else 0  # missing: preflight says
+        size = data_bytes(path) if path is not None else 0
         if size > settings.dataset_check_max_bytes:
             raise ApiError(413, f"config.{field}: {Path(path).name!r} is {size:,} bytes, more than the "
                                 f"{settings.dataset_check_max_bytes:,} bytes a submission's data check reads "
@@ -201,12 +218,15 @@ router.add_api_route("/finetune", submit_finetune, methods=["POST"], response_mo
                      summary="Queue a fine-tune (data by path inside the allowed dirs)")
 
 
-async def _save_upload(upload: UploadFile, settings: Settings, folder: Path) -> str:
+async def _save_upload(upload: UploadFile, settings: Settings, folder: Path) -> tuple[str, dict[str, str]]:
+    """The uploaded file saved into FOLDER: its path, and its name and SHA-256 (what an Idempotency-Key's request
+    digest covers)."""
     name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(upload.filename or "data").name).lstrip(".") or "data"
     if not name.endswith((".jsonl", ".json", ".csv")):
         raise ApiError(422, f"{upload.filename!r}: data files are .jsonl, .json or .csv", "ValidationError")
     target = folder / name
     size = 0
+    digest = hashlib.sha256()
     f = await asyncio.to_thread(target.open, "wb")
     try:
         while chunk := await upload.read(CHUNK):
@@ -214,10 +234,11 @@ async def _save_upload(upload: UploadFile, settings: Settings, folder: Path) -> 
             if size > settings.max_upload_bytes:
                 raise ApiError(413, f"{upload.filename!r}: larger than the upload limit of "
                                     f"{settings.max_upload_bytes} bytes", "PayloadTooLarge")
+            digest.update(chunk)
             await asyncio.to_thread(f.write, chunk)
     finally:
         await asyncio.to_thread(f.close)
-    return str(target)
+    return str(target), {"name": upload.filename or name, "sha256": digest.hexdigest()}
 
 
 @router.post("/finetune/upload", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
@@ -229,29 +250,43 @@ async def submit_finetune_upload(
     train: Annotated[UploadFile, File(description="training data (.jsonl or .csv)")],
     eval: Annotated[UploadFile | None, File(description="evaluation data")] = None,
     register_as: Annotated[str | None, Form(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> JobInfo:
+    """With an Idempotency-Key, a retry (the same config, register_as and file contents) gets the first job back
+    and its second copy of the files is dropped; the same key with anything else is a 409, as on POST
+    /jobs/finetune."""
     try:
         values = json.loads(config)
     except json.JSONDecodeError as e:
         raise ApiError(422, f"config: not JSON ({e.msg})", "ValidationError") from e
     if not isinstance(values, dict):
         raise ApiError(422, "config: must be a JSON object", "ValidationError")
+    request: dict[str, Any] = {"config": dict(values), "register_as": register_as}
     folder = settings.uploads_dir / uuid.uuid4().hex[:12]
     folder.mkdir(parents=True, exist_ok=True)
+    created: list[str] = []
     try:
-        values["train"] = await _save_upload(train, settings, folder)
+        values["train"], request["train"] = await _save_upload(train, settings, folder)
         if eval is not None:
-            values["eval"] = await _save_upload(eval, settings, folder)
+            values["eval"], request["eval"] = await _save_upload(eval, settings, folder)
         try:
             typed = FinetuneJobConfig.model_validate(values)
         except ValidationError as e:
             raise config_error(e.errors()) from e
-        return await asyncio.to_thread(_submit_finetune, typed, register_as, store, settings)
-    except ApiError:
-        import shutil
 
+        def submit(keyed: Store) -> JobInfo:
+            job = _submit_finetune(typed, register_as, keyed, settings)
+            created.append(job.id)
+            return job
+
+        job = await asyncio.to_thread(idempotent, store, settings, "finetune-upload", idempotency_key, request,
+                                      submit)
+    except ApiError:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+    if job.id not in created:  # a retry answered with the first submission's job, which reads that one's files
+        shutil.rmtree(folder, ignore_errors=True)
+    return job
 
 
 @router.post("/export", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
