@@ -67,9 +67,8 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
     app.add_middleware(BodyLimit, settings=settings, upload_paths=(jobs.UPLOAD_PATH,))
     app.include_router(health.router)
     app.include_router(dashboard.router)
-    # the schema and its browser view need the token too (FastAPI's own are always public); Swagger UI's files not
+    # the schema and its browser view need the token too (FastAPI's own are always public)
     app.include_router(docs.router, dependencies=[Authorized])
-    app.include_router(docs.assets)
     # /predict takes hfport's native body and TEI's (routes/predict.py tells them apart); TEI's and OpenAI's routes
     for router in (models.router, predict.router, jobs.router, tei.router, openai.router, metrics.router):
         app.include_router(router, dependencies=[Authorized])

@@ -23,11 +23,11 @@ def test_docs_page_and_its_assets_are_served_locally(tmp_path):
         assert urls and all(u.startswith("/") and not u.startswith("//") for u in urls), urls
         types = {}
         for url in urls:
-            r = client.get(url, headers=auth if url == "/openapi.json" else {})  # a <script> sends no token
+            r = client.get(url, headers=auth)
             assert r.status_code == 200 and r.content, (url, r.status_code)
             types[url.rsplit(".", 1)[-1]] = (r.headers["content-type"], r.content)
         assert types["js"][0].startswith("text/javascript") and b"SwaggerUIBundle" in types["js"][1]
         assert types["css"][0].startswith("text/css") and b".swagger-ui" in types["css"][1]
         assert types["png"][0] == "image/png" and types["json"][1].startswith(b"{")
-        assert client.get("/docs/assets/index.html").status_code == 404  # only the page's own files
-        assert client.get("/docs/assets/..%2F..%2Fsettings.py").status_code == 404
+        assert client.get("/docs/assets/index.html", headers=auth).status_code == 404  # only the page's own files
+        assert client.get("/docs/assets/..%2F..%2Fsettings.py", headers=auth).status_code == 404

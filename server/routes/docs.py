@@ -1,7 +1,7 @@
-"""The API's own description: GET /openapi.json and its browser view GET /docs (Swagger UI), both behind the token
-when one is set. Swagger UI's script, stylesheet and icon are served from the installed swagger-ui-bundle-v2 package
-(Apache-2.0) at /docs/assets/, not fetched from a CDN as FastAPI's default page does, so the docs work on a host
-without internet. The assets hold no data and a browser's <script> sends no bearer token: they are public."""
+"""The API's own description: GET /openapi.json and its browser view GET /docs (Swagger UI), behind the token when
+one is set, as every route but /health and the dashboard. Swagger UI's script, stylesheet and icon are served from the
+installed swagger-ui-bundle-v2 package (Apache-2.0) at /docs/assets/, not fetched from a CDN as FastAPI's default page
+does, so the docs work on a host without internet."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ ASSETS_PATH = "/docs/assets"
 ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon-32x32.png": "image/png"}
 DIST = Path(str(swagger_ui_path))  # swagger-ui's dist folder inside the package
 
-router = APIRouter(include_in_schema=False)  # mounted behind the token
-assets = APIRouter(include_in_schema=False)  # public
+router = APIRouter(include_in_schema=False)
 
 
 @router.get("/openapi.json")
@@ -35,7 +34,7 @@ def docs() -> HTMLResponse:
                                swagger_favicon_url=f"{ASSETS_PATH}/favicon-32x32.png")
 
 
-@assets.get(ASSETS_PATH + "/{name}")
+@router.get(ASSETS_PATH + "/{name}")
 def asset(name: str) -> FileResponse:
     """One of Swagger UI's files, by name from a fixed list (nothing else of the package is reachable)."""
     if name not in ASSETS:
