@@ -34,6 +34,7 @@ def confine_model_files(store: Store, settings: Settings, folder: str | Path, wh
     if not operator_chose(store, str(folder)):
         confine_files(folder, settings, what)
 
+
 @dataclass
 class Startup:
     default: str | None = None  # the model requests that name none go to

@@ -26,8 +26,8 @@ from hfport.train import metrics_csv, read_metrics
 from ..deps import StoreDep
 from ..errors import ApiError, ShapedErrorRoute, error_response, validation_message
 from ..idempotency import IdempotencyKeyHeader, idempotent
-from ..schemas import ERRORS, ExportJobRequest, FinetuneJobConfig, FinetuneJobRequest, JobInfo, JobList, JobStatus
 from ..preload import confine_model_files
+from ..schemas import ERRORS, ExportJobRequest, FinetuneJobConfig, FinetuneJobRequest, JobInfo, JobList, JobStatus
 from ..security import confine
 from ..settings import Settings, SettingsDep
 from ..store import TERMINAL, BaseStore as Store
@@ -302,8 +302,7 @@ def _submit_export(body: ExportJobRequest, store: Store, settings: Settings) -> 
     if body.gate_data is not None:  # a server-side file: confined like every other path, passed as the option
         options["gate_data"] = str(confine(body.gate_data, settings, "gate_data"))
     model = _model_path(body.model, store, settings, run_ok=True)
-    run = RunDir(model)
-    source = run.model(options.get("which", "best")) if RunDir.is_run(model) else Path(model)
+    source = RunDir(model).model(options.get("which", "best")) if RunDir.is_run(model) else Path(model)
     config = {"model": model, "format": body.format, "options": options, "verify": body.verify,
               "output_dir": _output_dir(body.output_dir, settings, job_id, "export")}
     entry = store.get_model(body.model)
