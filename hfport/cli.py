@@ -208,7 +208,12 @@ def finetune(
         typer.echo(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
 
 
+PYTHON_LITERALS = {"True": True, "False": False, "None": None}  # -o truncation=True, as Python spells it
+
+
 def _parse_value(text: str) -> object:
+    if text.strip() in PYTHON_LITERALS:
+        return PYTHON_LITERALS[text.strip()]
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -216,7 +221,8 @@ def _parse_value(text: str) -> object:
 
 
 def _option(pair: str) -> tuple[str, object]:
-    """KEY=VALUE with VALUE read as JSON when it parses (3, true, null, ["a","b"]), else as a string."""
+    """KEY=VALUE with VALUE read as JSON when it parses (3, true, null, ["a","b"]) or as Python's True, False or
+    None, else as a string."""
     key, sep, value = pair.partition("=")
     if not sep or not key.strip():
         raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE, e.g. top_k=3")

@@ -584,7 +584,7 @@ def test_model_cache_is_bounded_by_count_and_memory(tmp_path, root):
         return [record.name for record in service.cache.records()]
 
     def run(**limits: int) -> list[str]:
-        service = ModelService(Settings(data_dir=tmp_path / "d", **limits))
+        service = ModelService(Settings(data_dir=tmp_path / "d", allowed_dirs=[root], **limits))  # what it may read
         try:
             return asyncio.run(load_all(service))
         finally:

@@ -32,7 +32,11 @@ different adapters share forward passes (pipelines/base.py: Pipeline.add_adapter
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
 cannot be answered (empty text, no mask token, too long, ...) gets an `hfport.ItemError` in its place (rendered by
-the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input raises PipelineInputError instead.
+the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input raises PipelineInputError instead
+(InputTooLongError for one longer than the model takes).
+
+truncation= (transformers' spelling) and truncate= (TEI's and sentence-transformers') are one option: every pipeline
+that cuts long inputs takes both.
 """
 
 from __future__ import annotations
@@ -52,8 +56,8 @@ from ..formats.sentence_transformers import has_sparse_layout
 from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
-from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, adapters_per_pass,
-                   phase_times)
+from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InputTooLongError, InvalidInput, Pipeline, PipelineInputError,
+                   adapters_per_pass, phase_times)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -181,6 +185,7 @@ __all__ = [
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",
+    "InputTooLongError",
     "InvalidInput",
     "ItemError",
     "OnnxModel",
