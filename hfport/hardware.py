@@ -92,12 +92,18 @@ def machine_key() -> dict[str, Any]:
     return {"cpu": cpu_name(), "cores": os.cpu_count() or 1, "torch": torch.__version__, "format": FORMAT}
 
 
-def cache_path() -> Path:
+def cache_root() -> Path:
+    """hfport's user cache dir: $HFPORT_CACHE_DIR, else $XDG_CACHE_HOME/hfport, else ~/.cache/hfport (this file's
+    hardware.json; hfport/retrieval/cache.py's embeddings)."""
     if os.environ.get(CACHE_ENV):
         root = Path(os.environ[CACHE_ENV])
     else:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfport"
-    return root.expanduser() / CACHE_FILE
+    return root.expanduser()
+
+
+def cache_path() -> Path:
+    return cache_root() / CACHE_FILE
 
 
 def _operands(dtype: torch.dtype, n: int) -> tuple[Any, torch.Tensor, torch.Tensor]:

@@ -41,8 +41,8 @@ from ..hardware import HeapPolicy
 from ..rundir import TRAINER_STATE, RunDir, RunSummary
 from ..tasks import get as task_record
 from .amp import LossScale, clip_grad_norm, float32_outputs, mixed_precision
-from .checkpoint import (CheckpointWriter, load_checkpoint, prune, restore_rng, rewind, snapshot,
-                         write_checkpoint)
+from .checkpoint import (CheckpointWriter, capture_rng, load_checkpoint, prune, restore_rng, rewind, rng_tensors,
+                         snapshot, write_checkpoint)
 from .config import FinetuneConfig
 from .data import EncodedData, epoch_batches, eval_batches, example_lengths, planned_steps
 from .metrics import EarlyStopping, MetricHistory
@@ -250,6 +250,8 @@ class Trainer:
                             "here)", self.state.step, ", ".join(f"step-{s}" for s in dropped))
         self.metrics_file = MetricsLog(self.run.metrics, keep_through_step=self.state.step if self.config.resume
                                        else None, enabled=self.main)
+        if self.config.eval_before and self.state.step == 0 and self.data.eval:
+            self.evaluate_before()
         if saved_rng is not None:
             restore_rng(*saved_rng)
         self.batches = self.plan.batches(self.state.epoch)
@@ -420,6 +422,14 @@ class Trainer:
         mean_loss = sum(r[1] for r in everything) / len(everything)
         return {"loss": mean_loss, **self.task.metrics([r[2] for r in everything], data,
                                                        self.unwrapped.config.id2label)}
+
+    def evaluate_before(self) -> None:
+        """--eval-before: the base model's evaluation, logged as the eval line of step 0. It picks no best model and
+        leaves every RNG as it found it, so the run trains exactly as it would without it."""
+        states = capture_rng(), rng_tensors()
+        metrics = self.evaluate()
+        restore_rng(*states)
+        self.log_event("eval", {f"eval_{k}": v for k, v in metrics.items()})
 
     def record_eval(self, metrics: dict[str, float]) -> bool:
         """Log, keep the best model, step plateau schedules; True when early stopping or convergence says stop."""

@@ -3,6 +3,8 @@
 Data (JSONL/CSV; the column names are config fields):
   (anchor, positive)              pairs; loss mnrl: in-batch negatives (MultipleNegativesRankingLoss)
   (anchor, positive, negative)    triplets; the negative (a text or a list of texts) is a hard negative for mnrl
+  (anchor, positive, negative_1, ..., negative_n)  n-tuples, as sentence-transformers' mine_hard_negatives (and
+                                  `hfport mine`) write them: the numbered columns are the hard negatives
   (sentence1, sentence2, score)   scored pairs; loss cosent (CoSENTLoss), scores within score_range
 The format is the first row's: a file whose first row has the negative column must have it in every row.
 
@@ -216,7 +218,10 @@ def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
         raise DataError(f"{where(path, head.line)}: neither an anchor column ({config.anchor_column!r}, for "
                         f"pairs and triplets) nor a sentence1 column ({config.sentence1_column!r}, for scored pairs); "
                         f"the row has {sorted(first)}")
-    triplets = not scored and config.negative_column in first
+    # n-tuples: negative_1, negative_2, ... (the columns with that name and the following numbers)
+    numbered = [] if config.negative_column in first else list(itertools.takewhile(
+        first.__contains__, (f"{config.negative_column}_{i}" for i in itertools.count(1))))
+    triplets = not scored and (config.negative_column in first or bool(numbered))
 
     def rows() -> Iterator[Row]:
         for r in itertools.chain([head], records):
@@ -226,7 +231,8 @@ def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
                 continue
             texts = [_text(r, config.anchor_column, path), _text(r, config.positive_column, path)]
             if triplets:  # a triplet file: every row has its negative (field_of names a missing one)
-                texts += _negatives(r, config.negative_column, path)
+                texts += ([_text(r, column, path) for column in numbered] if numbered
+                          else _negatives(r, config.negative_column, path))
             yield texts, None, r.line
 
     return ("scored-pairs" if scored else "pairs"), triplets, rows()
