@@ -134,3 +134,14 @@ def test_listwise_ranking_loss_reads_nothing(tmp_path, counted, minilm_path):
                             max_steps=3, save_strategy="no", eval_strategy="no")
     loop.finetune(config, progress=False)
     assert [[r for r in reads if r != "layout"] for reads in counted] == [["loop.py:read"], [], []]
+
+
+def test_embedding_mnrl_loss_reads_nothing(tmp_path, counted, tiny_bert):
+    """MultipleNegativesRankingLoss scores every text of the batch (non-candidates at -inf): no unique(), no
+    nonzero(), no boolean index whose size the GPU would report."""
+    from tests.test_embedding_training import cfg
+
+    config = cfg(tiny_bert, tmp_path, eval=None, eval_fraction=0.0, max_steps=3, logging_steps=100,
+                 save_strategy="no", eval_strategy="no")
+    loop.finetune(config, progress=False)
+    assert [[r for r in reads if r != "layout"] for reads in counted] == [["loop.py:read"], [], []]
