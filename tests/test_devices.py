@@ -7,7 +7,6 @@ cache placing every served model, adapters included, on it."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -68,8 +68,9 @@ TEXTS = ["Paris is the capital of France.", "The cat sat on the mat.", "How do I
 
 def test_info_and_health(client):
     health = client.get("/health")
-    assert health.status_code == 200 and health.json()["dtype"] == "float32"  # HFPORT_PREDICT_DTYPE, HFPORT_DEVICE
-    assert health.json()["device"] == ("cpu" if not torch.cuda.is_available() else hfport.pipelines.device_name("cuda:0"))
+    assert health.status_code == 200 and health.json()["dtype"] == "float32"  # HFPORT_PREDICT_DTYPE
+    served_on = "cpu" if not torch.cuda.is_available() else hfport.pipelines.device_name("cuda:0")  # HFPORT_DEVICE
+    assert health.json()["device"] == served_on
     info = client.get("/info").json()
     assert info["model_id"] == "minilm" and info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["model_dtype"] == "float32" and info["model_device"] == health.json()["device"]

@@ -33,5 +33,6 @@ def health(request: Request, store: StoreDep, models: ModelServiceDep, settings:
         _sampler = ResourceSampler().start()
     resources = _sampler.latest or _sampler.sample()
     return Health(version=hfport.__version__, jobs=store.count_by_status(), models_loaded=models.loaded,
-                  device=device_name(settings.device), dtype=settings.predict_dtype, resources=resources, trainable_tasks=[t.name for t in tasks.TASKS.values() if t.train],
+                  device=device_name(settings.device), dtype=settings.predict_dtype, resources=resources,
+                  trainable_tasks=[t.name for t in tasks.TASKS.values() if t.train],
                   features={"lora": any(n.startswith("lora") for n in FinetuneConfig.model_fields)})
