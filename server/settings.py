@@ -47,13 +47,13 @@ class Settings(BaseSettings):
     strict_dimensions: bool = Field(False, description=(
         "/embed and /v1/embeddings refuse a `dimensions` the model was not trained for (its Matryoshka dimensions, "
         "recorded in config_sentence_transformers.json, or its full size); off: any prefix is served"))
-    device: str = Field("auto", description="where served models run, adapters included: auto (the first CUDA "
-                        "device when there is one, else the CPU), cpu, cuda or cuda:N")
     predict_dtype: str = Field("auto", description="dtype models are served in: auto (the checkpoint's, but bf16 "
-                               "for an fp32 checkpoint on a CPU with native bf16 or on a CUDA GPU with bf16), "
-                               "float32, bfloat16, float16, int8 "
+                               "for an fp32 checkpoint on a CPU with native bf16), float32, bfloat16, float16, int8 "
                                "(the encoder's Linear layers in int8, refused where the int8 gate fails) or "
                                "auto-int8 (int8, else bf16 where the gate fails)")
+    device: str = Field("auto", description="where served models run, adapters included: auto (the first CUDA "
+                        "device when there is one, else the CPU), cpu, cuda or cuda:N; predict_dtype auto serves an "
+                        "fp32 checkpoint in bf16 on a CUDA GPU with bf16")
     model_cache_size: int = Field(4, ge=1, description="loaded models kept in memory, a base and "
                                   "the adapters over it counting as one (least recently used go)")
     model_cache_mb: float = Field(4096, gt=0,
