@@ -33,7 +33,7 @@ from hfport.nn import varlen as varlen_module
 from hfport.train import loop
 from hfport.train.config import FinetuneConfig
 from tests import synthetic
-from tests.parity import AUTO_CLASSES, compare_models, labels_for, load_ours, real
+from tests.parity import AUTO_CLASSES, compare_models, labels_for, real
 from tests.tiny import ALL_FAMILIES, HEADS, ROTARY_CONFIGS, ROTARY_EXTRA_HEADS, ROTARY_HEADS, batch, save_hf
 
 pytestmark = [pytest.mark.cuda,
@@ -245,7 +245,8 @@ def test_parity_fp32(family, task, tmp_path):
     if family == "deberta-v2":
         options.update(test_deberta_parity.PARITY)
     options.setdefault("base_loss", projection_loss)
-    ours = load_ours(task, tmp_path).to(CUDA)
+    ours = getattr(hfport, AUTO_CLASSES[task]).from_pretrained(tmp_path, device="cuda")  # loaded onto the GPU
+    assert not ours.load_report.initialized and not ours.load_report.unexpected, ours.load_report.summary()
     labels = labels_for(task, inputs)
     compare_models(ref, ours, on(CUDA, inputs), task, labels=on(CUDA, labels), name=f"{family}/{task} cuda",
                    **options)
