@@ -17,7 +17,7 @@ from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFa
     get_format
 from .export import export as export_to
 from .export import verify as verify_folder
-from .hardware import cpu_capabilities, describe
+from .hardware import cpu_capabilities, describe, device_name
 from .pipelines import InvalidInput, pipeline
 from .retrieval import OUTPUT_FORMATS, SAMPLING_STRATEGIES
 from .retrieval import mine as run_mine
@@ -31,6 +31,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More log output (-vv for debug).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors.")]
+DEVICE_HELP = "auto (the first CUDA device when there is one, else the CPU), cpu, cuda or cuda:N (default: cpu)."
 
 
 @app.callback()
@@ -61,8 +62,12 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
          remeasure: Annotated[bool, typer.Option("--remeasure", help="With --hardware: measure again instead of "
                                                  "reading the cached result.")] = False,
          as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+         device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
+         dtype: Annotated[Optional[str], typer.Option(help="The dtype to load MODEL in: float32, bfloat16, float16 "
+                                                     "or auto (default: the checkpoint's as stored, float32).")] = None,
          verbose: Verbose = 0, quiet: Quiet = False) -> None:
-    """Family, head, parameter count, dtype and the load report of MODEL; --hardware: what this CPU computes fast."""
+    """Family, head, parameter count, device, dtype and the load report of MODEL; --hardware: what this CPU computes
+    fast."""
     setup_logging(verbose, quiet)
     if model is None and not hardware:
         fail("give a MODEL, or --hardware for this machine's measured capabilities")
@@ -72,14 +77,15 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
         if model is None:
             return
     try:
-        m = load_any(model)
+        m = load_any(model, device=device, dtype=dtype)
     except (HfportError, ValueError) as e:
         fail(str(e))
         return
     report = m.load_report
     facts = {
         "path": str(model), "family": m.family.model_type, "head": m.task,
-        "architecture": m.family.architectures[m.task], "parameters": m.num_parameters(), "dtype": str(m.dtype),
+        "architecture": m.family.architectures[m.task], "parameters": m.num_parameters(),
+        "device": device_name(m.device), "dtype": str(m.dtype).removeprefix("torch."),
         "hidden_size": m.config.hidden_size, "layers": m.config.num_hidden_layers,
         "heads": m.config.num_attention_heads, "vocab_size": m.config.vocab_size,
         "labels": m.config.id2label if tasks.get(m.task).labels else None,
@@ -275,7 +281,7 @@ def predict(
         "--set", "-o", help="A pipeline option as KEY=VALUE (JSON value), e.g. -o top_k=3 "
         "-o aggregation_strategy=simple; repeatable.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Rows per forward pass.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ...")] = None,
+    device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, float16, bfloat16, auto, int8 (the encoder's Linear "
                                                  "layers in int8 behind the int8 gate) or auto-int8 (int8, or bf16 "
                                                  "where the gate refuses).")] = None,

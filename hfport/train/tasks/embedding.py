@@ -71,20 +71,24 @@ def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: 
     Duplicates: a text that appears twice is one candidate, so an example's positive repeated as another's is not a
     negative of itself; and where two examples share an anchor, each one's positive is masked out of the other's
     negatives (both are relevant to that anchor).
+
+    Every text is a column, those that are no candidate (anchors only) at -inf, so no shape depends on the data:
+    the GPU never has to report how many candidates there are (the same softmax over the same candidates, in the
+    same order, as over the distinct candidates alone).
     """
+    u = embeddings.shape[0]
     anchors, positives = index[:, 0], index[:, 1]  # (B,), (B,)
-    slots = index[:, 1:]  # (B, K-1)
-    candidates = torch.unique(slots[slots >= 0])  # (M,) sorted rows of the distinct candidate texts
-    column = torch.full((embeddings.shape[0],), -1, dtype=torch.long, device=index.device)  # (U,)
-    column[candidates] = torch.arange(len(candidates), device=index.device)
-    scores = (similarity or cosine_matrix)(embeddings[anchors[own]], embeddings[candidates]) * scale  # (b, M)
-    target = column[positives]  # (B,)
+    slots = index[:, 1:]  # (B, K-1); -1: no such negative
+    named = torch.zeros(u + 1, dtype=torch.bool, device=index.device)  # (U + 1,): the last row takes the -1s
+    named[torch.where(slots >= 0, slots, u).flatten()] = True
+    scores = (similarity or cosine_matrix)(embeddings[anchors[own]], embeddings) * scale  # (b, U)
     same_anchor = anchors[own, None] == anchors[None, :]  # (b, B)
-    other = same_anchor & (target[None, :] != target[own, None])  # (b, B): j's positive is also relevant to i
-    mask = torch.zeros_like(scores, dtype=torch.bool)  # (b, M)
-    rows, cols = other.nonzero(as_tuple=True)
-    mask[rows, target[cols]] = True
-    return F.cross_entropy(scores.masked_fill(mask, float("-inf")), target[own])
+    other = same_anchor & (positives[None, :] != positives[own, None])  # (b, B): j's positive is also relevant to i
+    # (b, U): texts that are no candidate, and positives relevant to i through another example of its anchor
+    relevant = torch.zeros(scores.shape, dtype=torch.long, device=index.device).scatter_reduce_(
+        1, positives[None, :].expand_as(other), other.long(), "amax")
+    mask = relevant.bool() | ~named[None, :u]
+    return F.cross_entropy(scores.masked_fill(mask, float("-inf")), positives[own])
 
 
 def shrink(embeddings: torch.Tensor, dim: int) -> torch.Tensor:
