@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 # docstring lists them as public)
 PUBLIC_MODULES = ("hfport", "hfport.errors", "hfport.train", "hfport.export", "hfport.rundir", "hfport.pipelines",
                   "hfport.tasks", "hfport.embeddings", "hfport.verbosity", "hfport.lora", "hfport.retrieval",
-                  "hfport.evaluation")
+                  "hfport.evaluation", "hfport.settings")
 
 
 # --- RunDir ---------------------------------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def test_routes_import_no_route_and_the_server_shares_no_private_names():
 # imports) exists. The longest matching prefix names a module's floor.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("hfport.errors", "hfport.version", "hfport.keymap", "hfport.hardware", "hfport.verbosity",
-              "hfport.outputs")),
+              "hfport.outputs", "hfport.settings")),  # settings: the library's HFPORT_* settings, read by any floor
     ("core", ("hfport.config", "hfport.hub", "hfport.nn", "hfport.staging")),  # nn/: the blocks and the LoRA layer
     ("formats", ("hfport.formats", "hfport.rundir")),  # the on-disk formats (adapter, sentence-transformers, ONNX, run)
     ("families", ("hfport.registry", "hfport.models", "hfport.heads", "hfport.tokenizer")),
