@@ -15,6 +15,7 @@ from .. import hub
 from ..tokenizer import AutoTokenizer
 from .config import FinetuneConfig, resolve_config
 from .data import DataError, EncodedData
+from .distill import check_student_layers, distilled
 from .tasks import TrainTask, get_task
 
 
@@ -37,7 +38,8 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
     config = as_config(config)
     source = hub.resolve(config.model)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    task = get_task(config.task)
+    check_student_layers(config, source)
+    task = distilled(get_task(config.task), config, tokenizer)  # with a teacher: checked, and its wrapper
     labels = model_labels(source)
     data = task.read(config, tokenizer, labels)
     if len(data.train) < config.batch_size * world:
