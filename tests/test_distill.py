@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -349,3 +350,30 @@ def test_the_teacher_is_checked_before_training(root, tmp_path, minilm_path):
         preflight(_config(root, tmp_path / "d", teacher=str(other)))
     with pytest.raises(DataError, match=r"mixed.jsonl.*line 1.*without its own target"):
         preflight(_config(root, tmp_path / "e", train=str(root / "mixed.jsonl"), eval=str(root / "mixed.jsonl")))
+
+
+def test_the_service_confines_the_teacher_as_it_confines_the_model(root, tmp_path):
+    """POST /jobs/finetune: a teacher outside the allowed dirs is refused (403) as a model there is; a registered
+    name or a folder inside is taken."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+    from tests.test_server import assert_error
+
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    config = {"model": str(root / "student"), "task": "text-classification", "train": str(root / "labelled.jsonl"),
+              "eval": str(root / "eval.jsonl"), "batch_size": 8}
+    with TestClient(create_app(Settings(data_dir=tmp_path / "data", allowed_dirs=[root, allowed]),
+                               run_worker=False)) as c:
+        assert_error(c.post("/jobs/finetune", json={"config": {**config, "teacher": "/etc"}}), 403)
+        outside = tmp_path / "outside"
+        shutil.copytree(root / "teacher", outside)
+        (allowed / "link").symlink_to(outside, target_is_directory=True)
+        for path in (outside, allowed / "link"):
+            assert_error(c.post("/jobs/finetune", json={"config": {**config, "teacher": str(path)}}), 403)
+        assert c.post("/models", json={"name": "big", "path": str(root / "teacher")}).status_code == 201
+        r = c.post("/jobs/finetune", json={"config": {**config, "teacher": "big"}})
+        assert r.status_code in (200, 201, 202), r.text
+        assert r.json()["config"]["teacher"] == str(root / "teacher")
