@@ -142,8 +142,9 @@ def finetune(
                                                        "follows) or a checkpoint folder.")] = None,
     teacher: Annotated[Optional[str], typer.Option(help="Distil: learn this model's outputs (a checkpoint of the "
                                                        "task's model with the same tokenizer), computed once.")] = None,
-    distill_alpha: Annotated[Optional[float], typer.Option(help="Weight of the teacher's term against the task's "
-                                                                "own loss (default 0.5; 1: the teacher alone).")] = None,
+    distill_alpha: Annotated[Optional[float], typer.Option(help="Weight of the teacher's term against the "
+                                                                "task's own loss (default 0.5; 1: the teacher "
+                                                                "alone).")] = None,
     distill_temperature: Annotated[Optional[float], typer.Option(help="Softmax temperature of the logits' KL "
                                                                       "(default 2).")] = None,
     teacher_dtype: Annotated[Optional[str], typer.Option(help="float32 (default) | bfloat16 | int8: the teacher's "

@@ -10,10 +10,11 @@ Teacher: the real all-MiniLM-L6-v2 (6 layers) fine-tuned by hfport on examples/d
 embeddings and classifier, trained with `teacher=` on the same 320 sentences with their labels removed (the teacher
 alone teaches them: KL at distill_temperature, T^2-scaled), batch 16. Metric: accuracy on
 examples/data/topics_eval.csv (80 sentences neither model trained on), both models loaded from their final/ folders
-the same way; beside it the gold labels' log-loss, and both for the kept layers before distillation. Speed: the models' forward passes over the 80 held-out sentences, tokenized once, in batches of each
---batch-sizes entry, fp32 on the CPU, inference_mode; rounds interleaved (teacher first in even rounds, student first
-in odd ones) after a warm-up pass each; the medians with their range, and the median of the rounds' speed ratios
-(teacher time / student time) with its range.
+the same way; beside it the gold labels' log-loss, and both for the kept layers before distillation. Speed: the
+models' forward passes over the 80 held-out sentences, tokenized once, in batches of each --batch-sizes entry, fp32 on
+the CPU, inference_mode; rounds interleaved (teacher first in even rounds, student first in odd ones) after a warm-up
+pass each; the medians with their range, and the median of the rounds' speed ratios (teacher time / student time)
+with its range.
 """
 
 from __future__ import annotations

@@ -229,9 +229,9 @@ def test_an_embedding_student_learns_a_wider_teacher_through_a_projection(root, 
     from step 2 ends bit-identical; without the projection restored it would restart from its initial weights) and
     best/ and final/ do not (they are the student's folders, 32 wide)."""
     def config(out: Path, **kw) -> FinetuneConfig:
-        return _config(root, out, task="sentence-embedding", teacher=str(root / "wide"), train=str(root / "pairs.jsonl"),
-                       eval=None, eval_fraction=0.2, distill_alpha=1.0, max_steps=5, save_steps=2,
-                       save_total_limit=10, **kw)
+        return _config(root, out, task="sentence-embedding", teacher=str(root / "wide"),
+                       train=str(root / "pairs.jsonl"), eval=None, eval_fraction=0.2, distill_alpha=1.0,
+                       max_steps=5, save_steps=2, save_total_limit=10, **kw)
 
     finetune(config(tmp_path / "ref"), progress=False)
     step2 = tmp_path / "ref" / "checkpoints" / "step-2"

@@ -186,7 +186,7 @@ def teacher_label_space(config: Any) -> LabelSpace | None:
     """With a teacher, the labels are the teacher's (its id2label, in its order: the student's logits line up with
     its logits) and labelled rows are encoded into them; the problem type is --problem-type, else the teacher's,
     else transformers' rule (one label: regression). None without a teacher."""
-    if not config.teacher:
+    if not getattr(config, "teacher", None):
         return None
     _, teacher, _ = teacher_config(config)
     problem = config.problem_type or teacher.problem_type or (
@@ -320,8 +320,9 @@ def _rows(values: Any, keep: torch.Tensor, keys: tuple[str, ...] | None = None) 
     """A batch (its KEYS) or a model output with only the rows KEEP (B,) marks."""
     if isinstance(values, dict):
         return {k: v[keep] if k in (keys or ()) else v for k, v in values.items()}
-    return dataclasses.replace(values, **{f.name: v[keep] for f in dataclasses.fields(values)
-                                          if torch.is_tensor(v := getattr(values, f.name)) and v.shape[:1] == keep.shape})
+    fields = {f.name: getattr(values, f.name) for f in dataclasses.fields(values)}
+    return dataclasses.replace(values, **{name: v[keep] for name, v in fields.items()
+                                          if torch.is_tensor(v) and v.shape[:1] == keep.shape})
 
 
 class Distillation(TrainTask):

@@ -35,6 +35,7 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> Iterator[list[Feat
     """A source's rows checked and tokenized a chunk at a time (yielded as they are encoded); each target is the label
     as written (one object per distinct value) until encode_label replaces it."""
     columns = [config.text_column, config.label_column] + ([config.text_pair_column] if config.text_pair_column else [])
+    optional = bool(getattr(config, "teacher", None))  # with a teacher a row may have no label
     seen: dict[Any, Any] = {}
     name = str(path)
 
@@ -46,7 +47,7 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> Iterator[list[Feat
         features = []
         for i, r in enumerate(chunk):
             label = r.values.get(config.label_column)
-            label = None if config.teacher and label in (None, "") else label  # a row the teacher alone teaches
+            label = None if optional and label in (None, "") else label  # a row the teacher alone teaches
             if isinstance(label, (str, int, float)):  # keyed with its type: True == 1 and 1.0 == 1 stay apart
                 label = seen.setdefault((type(label), label), label)
             features.append(Features(compact(enc["input_ids"][i]),
@@ -56,8 +57,8 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> Iterator[list[Feat
     chunk: list[Record] = []
     for r in iter_records(path):
         for c in columns:
-            if c == config.label_column and config.teacher and r.values.get(c) in (None, ""):
-                continue  # with a teacher a row may have no label
+            if c == config.label_column and optional and r.values.get(c) in (None, ""):
+                continue
             value = field_of(r, c, path)
             if c != config.label_column and (not isinstance(value, str) or not value.strip()):
                 raise DataError(f"{where(path, r.line, c)}: expected non-empty text, got {value!r}")
@@ -72,7 +73,9 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> Iterator[list[Feat
 def encoded(path: Source, config: Any, tokenizer: Any) -> Sequence[Features]:
     """A source's examples: in a list, or on disk for a large source (hfport/train/stored.py)."""
     settings = {"text": config.text_column, "pair": config.text_pair_column, "label": config.label_column,
-                "max_length": config.max_length, **({"labels": "optional"} if config.teacher else {})}
+                "max_length": config.max_length}
+    if getattr(config, "teacher", None):
+        settings["labels"] = "optional"
     return collect(encode_rows(path, config, tokenizer), path, tokenizer, SequenceClassification.name, settings)
 
 
@@ -158,7 +161,8 @@ class SequenceClassification(TrainTask):
 
 
 def no_label(space: Any) -> Any:
-    """The target of a row without a label (distillation: the teacher alone teaches it; the loss's own term skips it)."""
+    """The target of a row without a label (distillation: the teacher alone teaches it; the task's own loss skips
+    it)."""
     if space.problem_type == "regression":
         return float("nan")
     if space.problem_type == "multi_label_classification":

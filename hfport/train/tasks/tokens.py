@@ -103,7 +103,8 @@ def read_sentences(path: Path, config: Any) -> Iterator[Sentence]:
         if not path.is_file():
             raise DataError(f"{path}: no such file")
         return iter_conll(path)
-    return read_jsonl(path, config.tokens_column, config.tags_column, optional_tags=bool(config.teacher))
+    optional = bool(getattr(config, "teacher", None))  # with a teacher a sentence may have no tags
+    return read_jsonl(path, config.tokens_column, config.tags_column, optional_tags=optional)
 
 
 def tag_space(tags: Iterable[str], model_id2label: dict[int, str] | None,
