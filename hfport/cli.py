@@ -19,7 +19,8 @@ from .export import verify as verify_folder
 from .hardware import cpu_capabilities, describe
 from .pipelines import InvalidInput, pipeline
 from .tasks import load_any
-from .train.config import read_config_file, resolve_config
+from .train.columns import column_fields
+from .train.config import FinetuneConfig, read_config_file, resolve_config
 from .train.loop import finetune as run_finetune
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -98,8 +99,16 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
     typer.echo(f"{'load':<{width}}  " + report.summary().replace("\n", "\n" + " " * (width + 2)))
 
 
+def _column(field: str) -> typer.models.OptionInfo:
+    """The flag of a fine-tune config column field (--text-column for text_column), in --help's "Data columns"."""
+    info = FinetuneConfig.model_fields[field]
+    default = f" (default {info.default})" if info.default is not None else ""
+    return typer.Option(help=f"{info.description}{default}.", rich_help_panel="Data columns")
+
+
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def finetune(
+    ctx: typer.Context,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML or JSON file of options.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model folder or repo id in the local HF cache.")] = None,
     task: Annotated[Optional[str], typer.Option(help=tasks.names_help(trainable_only=True) + ". Default "
@@ -112,6 +121,24 @@ def finetune(
                                                            "train).")] = None,
     eval_split: Annotated[Optional[str], typer.Option(help="The split of a DatasetDict folder --eval names (default "
                                                           "validation).")] = None,
+    # the columns the task reads (README: the table of each task's; hfport/train/columns.py checks them)
+    text_column: Annotated[Optional[str], _column("text_column")] = None,
+    text_pair_column: Annotated[Optional[str], _column("text_pair_column")] = None,
+    label_column: Annotated[Optional[str], _column("label_column")] = None,
+    tokens_column: Annotated[Optional[str], _column("tokens_column")] = None,
+    tags_column: Annotated[Optional[str], _column("tags_column")] = None,
+    question_column: Annotated[Optional[str], _column("question_column")] = None,
+    context_column: Annotated[Optional[str], _column("context_column")] = None,
+    answers_column: Annotated[Optional[str], _column("answers_column")] = None,
+    choices_column: Annotated[Optional[str], _column("choices_column")] = None,
+    anchor_column: Annotated[Optional[str], _column("anchor_column")] = None,
+    positive_column: Annotated[Optional[str], _column("positive_column")] = None,
+    negative_column: Annotated[Optional[str], _column("negative_column")] = None,
+    sentence1_column: Annotated[Optional[str], _column("sentence1_column")] = None,
+    sentence2_column: Annotated[Optional[str], _column("sentence2_column")] = None,
+    score_column: Annotated[Optional[str], _column("score_column")] = None,
+    query_column: Annotated[Optional[str], _column("query_column")] = None,
+    negatives_column: Annotated[Optional[str], _column("negatives_column")] = None,
     output_dir: Annotated[Optional[str], typer.Option(help="Where the run goes.")] = None,
     epochs: Annotated[Optional[float], typer.Option()] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps; overrides --epochs.")] = None,
@@ -169,7 +196,8 @@ def finetune(
              "freeze": freeze, "resume": resume, "teacher": teacher, "distill_alpha": distill_alpha,
              "distill_temperature": distill_temperature, "teacher_dtype": teacher_dtype,
              "student_layers": student_layers,
-             "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None}
+             "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None,
+             **{field: ctx.params[field] for field in column_fields()}}
     given = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "target_modules": lora_targets}
     if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on
         flags["lora"] = {k: v for k, v in given.items() if v is not None}
@@ -193,7 +221,12 @@ def finetune(
         typer.echo(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
 
 
+PYTHON_LITERALS = {"True": True, "False": False, "None": None}  # -o truncation=True, as Python spells it
+
+
 def _parse_value(text: str) -> object:
+    if text.strip() in PYTHON_LITERALS:
+        return PYTHON_LITERALS[text.strip()]
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -201,7 +234,8 @@ def _parse_value(text: str) -> object:
 
 
 def _option(pair: str) -> tuple[str, object]:
-    """KEY=VALUE with VALUE read as JSON when it parses (3, true, null, ["a","b"]), else as a string."""
+    """KEY=VALUE with VALUE read as JSON when it parses (3, true, null, ["a","b"]) or as Python's True, False or
+    None, else as a string."""
     key, sep, value = pair.partition("=")
     if not sep or not key.strip():
         raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE, e.g. top_k=3")
@@ -254,22 +288,35 @@ def predict(
     gate_data: Annotated[Optional[str], typer.Option("--gate-data", help="With --dtype int8/auto-int8: a file of "
                                                      "texts the int8 gate also judges (one a line, or JSONL with "
                                                      "text / text_pair).")] = None,
+    file: Annotated[Optional[str], typer.Option("--file", help="An ONNX folder's graph to run (default: the one its "
+                                                "hfport_onnx.json names: an int8 export's model_quantized.onnx); "
+                                                "--file model.onnx runs the fp32 graph.")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
-    """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input)."""
-    setup_logging(verbose, quiet)
+    """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input). Exit 1 when
+    every input failed; when only some did, exit 0 and count them on stderr."""
+    quiet = setup_logging(verbose, quiet) == "quiet"
     items = _read_inputs(texts or [], input_file)
     if not items:
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
     parsed = dict(_option(o) for o in options or [])
     try:
-        pipe = pipeline(task, model=model, device=device, dtype=dtype, batch_size=batch_size, gate_data=gate_data)
+        pipe = pipeline(task, model=model, device=device, dtype=dtype, batch_size=batch_size, gate_data=gate_data,
+                        file=file)
         results = pipe.predict(items, **parsed)
     except (HfportError, ValueError, TypeError) as e:
         fail(str(e))
         return
     for result in ItemError.render(results):  # a failed input: {"error", "error_type", "index"}
         typer.echo(json.dumps(result, ensure_ascii=False))
+    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, ItemError)]
+    if failed and len(failed) == len(results):  # nothing answered: a script must not take this for success
+        fail(f"every input failed ({len(failed)} of {len(results)}); the first: "
+             f"{failed[0][1].to_dict(failed[0][0])['error']}")
+    if failed and not quiet:
+        shown = ", ".join(str(i) for i, _ in failed[:10]) + (", ..." if len(failed) > 10 else "")
+        typer.secho(f"warning: {len(failed)} of {len(results)} inputs failed (input {shown}); their error objects "
+                    "are on their lines", fg=typer.colors.YELLOW, err=True)
 
 
 def _print_report(report: VerifyReport, json_path: Optional[Path]) -> None:

@@ -102,8 +102,10 @@ def run_export(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
     verify = bool(config.get("verify"))
     store.add_event(job["id"], {"type": "export", "stage": "export" + (" + verify" if verify else ""),
                                 "source": config["model"], "format": format_})
+    # an adapter's base as the API resolved and confined it (a registered adapter's registered base), never the
+    # one its adapter_config.json names
     result = hfport.export(config["model"], config["output_dir"], format=format_, verify=verify,
-                           **(config.get("options") or {})).to_dict()
+                           base_model=config.get("base_model"), **(config.get("options") or {})).to_dict()
     out = {"output_dir": result["out"], **{k: result[k] for k in ("format", "family", "task", "dtype", "files")}}
     if result["verify"] is not None:
         out["verify"] = result["verify"]

@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     strict_dimensions: bool = Field(False, description=(
         "/embed and /v1/embeddings refuse a `dimensions` the model was not trained for (its Matryoshka dimensions, "
         "recorded in config_sentence_transformers.json, or its full size); off: any prefix is served"))
+    auto_truncate: bool = Field(True, description=(
+        "as TEI's --auto-truncate (on by default since TEI 1.9): inputs longer than the model takes are cut to its "
+        "maximum length on /embed, /embed_all, /embed_sparse, /similarity, /rerank, TEI's /predict and "
+        "/v1/embeddings, unless a TEI request says truncate=false (then 413); off: refused unless a TEI request says "
+        "truncate=true (OpenAI's /v1/embeddings has no such field)"))
     predict_dtype: str = Field("auto", description="dtype models are served in: auto (the checkpoint's, but bf16 "
                                "for an fp32 checkpoint on a CPU with native bf16), float32, bfloat16, float16, int8 "
                                "(the encoder's Linear layers in int8, refused where the int8 gate fails) or "

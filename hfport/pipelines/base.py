@@ -79,6 +79,20 @@ class PipelineInputError(HfportError, ValueError):
     """One input the pipeline cannot answer; the message says which and why."""
 
 
+class InputTooLongError(PipelineInputError):
+    """An input with more tokens than the model takes (and no truncation asked for): its count and the limit, so a
+    protocol can word the refusal in its own terms (its failed item's error_type is this class's name)."""
+
+    def __init__(self, tokens: int, limit: int, hint: str):
+        super().__init__(f"{tokens} tokens, but the model takes at most {limit}; {hint}")
+        self.tokens, self.limit = tokens, limit
+
+
+# one option, two spellings: transformers' pipelines say truncation=, TEI and sentence-transformers say truncate=;
+# a pipeline takes either under the name it declares (its `defaults`)
+TRUNCATION_SPELLINGS = {"truncate": "truncation", "truncation": "truncate"}
+
+
 @dataclass(frozen=True)
 class InvalidInput:
     """Stands in for an input its reader could not decode, so it keeps its place and gets its error."""
@@ -144,14 +158,28 @@ class Pipeline:
     # --- options ------------------------------------------------------------------------------------------
 
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        options = self.spelled(options)
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             raise ValueError(f"{self.task}: unknown option(s) {unknown}; valid: {sorted(self.defaults)}")
         return options
 
+    def spelled(self, options: dict[str, Any]) -> dict[str, Any]:
+        """`options` with truncate/truncation under the spelling this pipeline declares; both spellings with two
+        values is an error naming them."""
+        out: dict[str, Any] = {}
+        for key, value in options.items():
+            name = key if key in self.defaults else TRUNCATION_SPELLINGS.get(key, key)
+            if name in out and out[name] != value:
+                other = next(k for k in options if k != key and (k == name or TRUNCATION_SPELLINGS.get(k) == name))
+                raise ValueError(f"{self.task}: {other}={options[other]!r} and {key}={value!r} are one option "
+                                 f"({name}) spelled two ways; give one")
+            out[name] = value
+        return out
+
     def resolve_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """Defaults < pipeline-level options < call options, then the task's own checks (given: what was set)."""
-        self.check_options(options)
+        options = self.check_options(options)
         given = {**self.options, **options}
         return self.validate({**self.defaults, **given}, given)
 
@@ -295,8 +323,7 @@ class Pipeline:
     def check_length(self, row: Feature) -> None:
         n = len(row.input_ids)
         if self.max_positions is not None and n > self.max_positions:
-            raise PipelineInputError(f"{n} tokens, but the model takes at most {self.max_positions}; "
-                                     f"{self.too_long_hint()}")
+            raise InputTooLongError(n, self.max_positions, self.too_long_hint())
 
     def too_long_hint(self) -> str:
         return "pass truncation=True (and max_length=...) to cut it"

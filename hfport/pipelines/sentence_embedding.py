@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..formats.sentence_transformers import ST_POOLINGS, SentenceLayout, read_layout
 from ..heads import pool
-from .base import Feature, Pipeline, PipelineInputError, check_text, positive_int
+from .base import Feature, InputTooLongError, Pipeline, PipelineInputError, check_text, positive_int
 
 POOLINGS = tuple(ST_POOLINGS.values())
 DIRECTIONS = ("right", "left")
@@ -53,7 +53,12 @@ class TextEmbeddingPipeline(Pipeline):
         return super().normalize(inputs, opts)
 
     def validate_inputs(self, opts: dict[str, Any]) -> dict[str, Any]:
-        """truncation_direction and prompt_name, checked; opts["_prompt"] and ["_skip"] set for preprocess."""
+        """truncate, truncation_direction and prompt_name, checked; opts["_prompt"] and ["_skip"] set for
+        preprocess."""
+        if opts["truncate"] is None:
+            opts["truncate"] = False
+        if not isinstance(opts["truncate"], bool):  # a tokenizer strategy ("only_first") means nothing here
+            raise ValueError(f"truncate={opts['truncate']!r}: use true or false (truncation= is the same option)")
         direction = str(opts["truncation_direction"]).lower()
         if direction not in DIRECTIONS:
             raise ValueError(f"truncation_direction={opts['truncation_direction']!r}: use 'right' or 'left'")
@@ -114,8 +119,7 @@ class TextEmbeddingPipeline(Pipeline):
     def check_length(self, row: Feature) -> None:
         n = len(row.input_ids)
         if self.max_input_length is not None and n > self.max_input_length:
-            raise PipelineInputError(f"{n} tokens, but the model takes at most {self.max_input_length}; "
-                                     "pass truncate=True to cut it")
+            raise InputTooLongError(n, self.max_input_length, "pass truncate=True to cut it")
 
 
 class SentenceEmbeddingPipeline(TextEmbeddingPipeline):

@@ -18,7 +18,7 @@ from ..config import EncoderConfig
 from ..heads import SequenceClassificationHead, pool
 from ..modeling import PreTrainedEncoder
 from ..outputs import MultipleChoiceModelOutput
-from .task import Task
+from .task import Columns, Task
 
 
 def multiple_choice_head(c: EncoderConfig, *, dropout: float | None = None, dense_act: str | None = None,
@@ -58,6 +58,8 @@ TASK = Task(
     auto_class="AutoModelForMultipleChoice",
     pipeline="hfport.pipelines.multiple_choice:MultipleChoicePipeline",
     train="hfport.train.tasks.multiple_choice:MultipleChoice",
+    columns=(Columns(("context_column", "choices_column", "label_column")),
+             Columns(("question_column", "choices_column", "label_column"))),
     default_metrics={None: ("accuracy", "max")},
     choice_axis=True,
     # PEFT has no multiple-choice task type: an adapter's task_type is null and config.json's architectures

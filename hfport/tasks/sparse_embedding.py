@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .fill_mask import EncoderForMaskedLM
-from .task import Task
+from .task import Columns, Task
 
 BLOCK = 1 << 20  # logits per decoder pass (tokens x vocabulary columns): 4 MB in fp32, cache-sized, whatever the batch
 
@@ -109,6 +109,7 @@ TASK = Task(
     outputs=("logits",), per_sequence=frozenset(), auto_class="AutoModelForMaskedLM",
     pipeline="hfport.pipelines.sparse_embedding:SparseEmbeddingPipeline",
     train="hfport.train.tasks.sparse:SparseEmbedding",
+    columns=(Columns(("anchor_column", "positive_column"), optional=("negative_column",)),),  # pairs, triplets
     # pairs/triplets are scored as retrieval by dot product of the sparse vectors
     default_metrics={None: ("ndcg@10", "max"), "pairs": ("ndcg@10", "max")},
     model_task="fill-mask")

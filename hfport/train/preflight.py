@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import hub
 from ..tokenizer import AutoTokenizer
+from .columns import check_columns
 from .config import FinetuneConfig, resolve_config
 from .data import DataError, EncodedData
 from .distill import check_student_layers, distilled
@@ -36,6 +37,7 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
 
     Raises ConfigError (bad options), ModelNotFoundError, TokenizerError, DataError (file, line, field)."""
     config = as_config(config)
+    check_columns(config)  # the first row of each file: a file with other column names fails here, saying which flag
     source = hub.resolve(config.model)
     tokenizer = AutoTokenizer.from_pretrained(source)
     check_student_layers(config, source)

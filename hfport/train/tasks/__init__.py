@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ...tasks import get as task_record
-from ..data import EncodedData, Features
+from ..data import EncodedData, Features, Source
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what a batch gives the model; the rest is targets
 
@@ -26,6 +26,11 @@ class TrainTask:
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         raise NotImplementedError
+
+    def reads_own_format(self, source: Source) -> bool:
+        """SOURCE is a file of a format of the task's own (its record's `files`: a CoNLL or .txt file), not a table
+        whose columns the record's `columns` name: a suffix no table kind claims."""
+        return source.kind is None
 
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
         """A padded batch. `seed` names the training step (fixed across resumes; the same in every process and

@@ -92,12 +92,15 @@ class SequenceClassification(TrainTask):
         train_path, eval_path = data_sources(config)
         train = encoded(train_path, config, tokenizer)
         evaluation = encoded(eval_path, config, tokenizer) if eval_path else []
+        class_names = train_path.class_names(config.label_column)
         space = teacher_label_space(config) or infer_label_space(
-            RawLabels(train), train_path, config.label_column, config.problem_type, model_id2label,
-            train_path.class_names(config.label_column))
+            RawLabels(train), train_path, config.label_column, config.problem_type, model_id2label, class_names)
         for path, features in ((train_path, train), (eval_path, evaluation)):
-            retarget(features, lambda x, path=path: no_label(space) if x.target is None else encode_label(
-                x.target, space, path, x.source[1], config.label_column))
+            # a source's ClassLabel ids are its own classes: the eval source's are found in the training labels by
+            # name (its classes may be listed in another order, or be a subset)
+            names = path.class_names(config.label_column) if path is not None else None
+            retarget(features, lambda x, path=path, names=names: no_label(space) if x.target is None else
+                     encode_label(x.target, space, path, x.source[1], config.label_column, names))
         if eval_path is None:
             train, evaluation = split_off(train, config.eval_fraction, config.seed)
         return EncodedData(train, evaluation, space, tokenizer.pad_token_id)

@@ -157,13 +157,26 @@ def _b_to_i(id2label: dict[int, str]) -> dict[int, int]:
             if name.startswith("B-") and "I-" + name[2:] in label2id}
 
 
+def _class_tags(s: Sentence, names: list[str], path: Path) -> None:
+    """A sentence's tags, ids of its source's ClassLabel (a datasets folder, Parquet or Arrow written by datasets),
+    as that source's class names."""
+    for k, (tag, line) in enumerate(zip(s.tags, s.tag_lines)):
+        if not tag.isdigit() or int(tag) >= len(names):
+            raise DataError(f"{where(path, line, s.tag_field)}: tag {k}, {tag!r}, is not an id of the column's "
+                            f"ClassLabel, 0..{len(names) - 1} ({names})")
+        s.tags[k] = names[int(tag)]
+
+
 def encode_sentences(path: Path, config: Any, tokenizer: Any, label2id: dict[str, int],
-                     b_to_i: dict[int, int]) -> Iterator[list[Features]]:
+                     b_to_i: dict[int, int], class_names: list[str] | None = None) -> Iterator[list[Features]]:
     """A source's sentences tokenized a chunk at a time (yielded as they are encoded), targets aligned to the
-    sub-tokens; an unknown tag is an error naming its line before its chunk is encoded."""
+    sub-tokens; an unknown tag is an error naming its line before its chunk is encoded. With `class_names` (the
+    source's own ClassLabel names) a tag id is that source's class, looked up in `label2id` by name."""
     cut = total = 0
     for chunk in in_chunks(read_sentences(path, config)):
         for s in chunk:
+            if class_names is not None and s.tags is not None:
+                _class_tags(s, class_names, path)
             for tag, line in zip(s.tags or (), s.tag_lines):
                 if tag not in label2id:
                     raise DataError(f"{where(path, line, s.tag_field)}: unknown tag {tag!r}; the training tags are "
@@ -207,8 +220,12 @@ class TokenClassification(TrainTask):
                     "label_all_subtokens": config.label_all_subtokens, "label2id": label2id}
 
         def encoded(path: Source) -> Sequence[Features]:
-            chunks = encode_sentences(path, config, tokenizer, label2id, _b_to_i(space.id2label))
-            return collect(chunks, path, tokenizer, self.name, settings)
+            # a source's ClassLabel ids are its own classes, found among the training tags by name (an eval split
+            # saved on its own may list them in another order)
+            names = path.class_names(config.tags_column)
+            mapping = space.label2id if names is not None else label2id
+            chunks = encode_sentences(path, config, tokenizer, mapping, _b_to_i(space.id2label), names)
+            return collect(chunks, path, tokenizer, self.name, {**settings, "label2id": mapping, "class_names": names})
 
         train, evaluation = encoded_splits(encoded, train_path, eval_path, config)
         return EncodedData(train, evaluation, space, tokenizer.pad_token_id)
