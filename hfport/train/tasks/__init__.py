@@ -81,6 +81,8 @@ class TrainTask:
     # --- distillation: what a teacher's outputs teach this task (hfport/train/distill.py runs the teacher) ---
 
     distillable: bool = False  # the hooks below are this task's own
+    # the config fields of the columns a row may lack when a teacher teaches it (it then learns from the teacher alone)
+    teacher_stands_in_for: tuple[str, ...] = ()
 
     def teacher_data(self, data: EncodedData, teacher: Path) -> EncodedData:
         """The data as the teacher's pass reads it: the teacher's own settings where the task has any (pooling)."""

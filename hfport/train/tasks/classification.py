@@ -130,6 +130,7 @@ class SequenceClassification(TrainTask):
     # distillation (hfport/train/distill.py): the teacher's logits, per row
 
     distillable = True
+    teacher_stands_in_for = ("label_column",)
 
     def teacher_targets(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                         data: EncodedData) -> list[np.ndarray]:

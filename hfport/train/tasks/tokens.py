@@ -259,6 +259,7 @@ class TokenClassification(TrainTask):
     # distillation (hfport/train/distill.py): the teacher's logits at each word's first sub-token
 
     distillable = True
+    teacher_stands_in_for = ("tags_column",)
 
     def teacher_targets(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                         data: EncodedData) -> list[np.ndarray]:
