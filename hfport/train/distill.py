@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import hub
+from .. import hub, tasks
 from ..config import EncoderConfig
 from ..errors import ConfigError
 from ..formats.encoded import Store, StoreBusy, evict, open_or_write, write_store
@@ -140,9 +140,9 @@ def keep_layers(model: PreTrainedEncoder, spec: list[int] | str) -> PreTrainedEn
     student_config.set_labels(id2label=dict(config.id2label), problem_type=config.problem_type)
     layers = {int(m.group(1)) for name in model.state_dict() if (m := _LAYER.match(name))}
     if layers != set(range(config.num_hidden_layers)):
-        raise ConfigError(f"{config.source}: model_type {config.model_type!r} shares its layers ({len(layers)} sets "
-                          f"of weights for {config.num_hidden_layers} layers); student_layers keeps layers that have "
-                          "weights of their own")
+        raise ConfigError(f"{config.source}: model_type {config.model_type!r} does not hold one set of weights per "
+                          f"layer (ALBERT shares its layers' weights); student_layers keeps layers that have weights "
+                          "of their own")
     state = {}
     for name, tensor in model.state_dict().items():
         m = _LAYER.match(name)
@@ -200,8 +200,7 @@ def distilled(task: TrainTask, config: Any, tokenizer: Any) -> TrainTask:
     if not config.teacher:
         return task
     if not task.distillable:
-        names = sorted(name for name in ("text-classification", "token-classification", "sentence-embedding",
-                                         "text-ranking"))
+        names = [r.name for r in tasks.TASKS.values() if r.train is not None and r.train_task.distillable]
         raise ConfigError(f"teacher: {task.name} does not distil; distillation trains {', '.join(names)}")
     folder, teacher, kind = teacher_config(config)
     wanted = task_record(config.task).checkpoint_task
@@ -244,7 +243,8 @@ def teacher_rows(base: TrainTask, folder: Path, config: Any, data: EncodedData,
 
 def teacher_key(base: TrainTask, folder: Path, config: Any, examples: Sequence[Features]) -> str:
     """A hash of everything the targets depend on: the teacher's files, its dtype, the task, the examples."""
-    files = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir()) if f.is_file()]
+    files = [[str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns]
+             for f in sorted(folder.rglob("*")) if f.is_file()]  # with a sentence-transformers layout's modules
     text = json.dumps({"format": FORMAT, "teacher": str(folder.resolve()), "files": files,
                        "dtype": config.teacher_dtype, "task": base.name, "examples": examples_digest(examples)},
                       sort_keys=True)
