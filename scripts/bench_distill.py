@@ -3,7 +3,7 @@ layer (DistilBERT's recipe, `student_layers="every_other"`) and distilled from i
 teacher: its metric on held-out data and its inference speed.
 
   python scripts/bench_distill.py [--teacher-epochs 3] [--student-epochs 12] [--rounds 9] [--threads N]
-  a quick check that it runs: --teacher-epochs 0.05 --student-epochs 0.05 --rounds 2
+  a quick check that it runs: --teacher-epochs 0.2 --student-epochs 0.2 --rounds 2 (steps past the warm-up)
 
 Teacher: the real all-MiniLM-L6-v2 (6 layers) fine-tuned by hfport on examples/data/topics_train.csv (320 sentences,
 4 topics; batch 16, lr 2e-4, 10% warm-up), its final/ folder. Student: that folder's layers 0, 2 and 4 with its
