@@ -157,6 +157,7 @@ class Info(BaseModel):
     model_id: str
     model_sha: str | None = None
     model_dtype: str
+    model_device: str = Field(description="where the model runs (not in TEI's schema): cpu or 'cuda:0 (NVIDIA H200)'")
     model_type: dict[str, Any] = Field(description="{'embedding': {'pooling'}} | {'classifier': {'id2label', "
                                                    "'label2id'}} | {'reranker': {...}}")
     max_concurrent_requests: int

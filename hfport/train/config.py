@@ -225,6 +225,9 @@ class FinetuneConfig(BaseModel):
         "when to evaluate: every epoch, every eval_steps, or never"))
     eval_steps: int | None = Field(None, ge=1, description=(
         "evaluate every this many optimizer steps (eval_strategy 'steps')"))
+    eval_before: bool = Field(False, description=(
+        "evaluate the base model before the first step: its figures are the eval line of step 0 (never best/) and "
+        "report.html's 'before' column"))
     metric: str | None = Field(None, description="metric that picks the best model; default by task and "
                                "problem type (the task's record: e.g. accuracy, f1_micro for multi-label, mse for "
                                "regression, f1 for tokens and QA, perplexity for fill-mask); loss with "

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 import hfport
 from hfport import token_listing
+from hfport.pipelines import device_name
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, validation_message
@@ -151,6 +152,7 @@ async def info(request: Request, store: StoreDep, service: ModelServiceDep, sett
         kind = {model.kind: labels}
         max_len = model.pipe.max_positions
     return Info(model_id=model.name, model_dtype=str(model.pipe.model.dtype).removeprefix("torch."),
+                model_device=device_name(model.pipe.model.device),
                 model_type=kind, max_concurrent_requests=settings.predict_max_pending, max_input_length=max_len,
                 max_batch_tokens=model.pipe.max_batch_tokens, max_client_batch_size=settings.predict_max_inputs,
                 auto_truncate=settings.auto_truncate, tokenization_workers=settings.predict_threads,

@@ -3,6 +3,8 @@
 Data (JSONL/CSV; the column names are config fields):
   (anchor, positive)              pairs; loss mnrl: in-batch negatives (MultipleNegativesRankingLoss)
   (anchor, positive, negative)    triplets; the negative (a text or a list of texts) is a hard negative for mnrl
+  (anchor, positive, negative_1, ..., negative_n)  n-tuples, as sentence-transformers' mine_hard_negatives (and
+                                  `hfport mine`) write them: the numbered columns are the hard negatives
   (sentence1, sentence2, score)   scored pairs; loss cosent (CoSENTLoss), scores within score_range
 The format is the first row's: a file whose first row has the negative column must have it in every row.
 
@@ -71,20 +73,24 @@ def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: 
     Duplicates: a text that appears twice is one candidate, so an example's positive repeated as another's is not a
     negative of itself; and where two examples share an anchor, each one's positive is masked out of the other's
     negatives (both are relevant to that anchor).
+
+    Every text is a column, those that are no candidate (anchors only) at -inf, so no shape depends on the data:
+    the GPU never has to report how many candidates there are (the same softmax over the same candidates, in the
+    same order, as over the distinct candidates alone).
     """
+    u = embeddings.shape[0]
     anchors, positives = index[:, 0], index[:, 1]  # (B,), (B,)
-    slots = index[:, 1:]  # (B, K-1)
-    candidates = torch.unique(slots[slots >= 0])  # (M,) sorted rows of the distinct candidate texts
-    column = torch.full((embeddings.shape[0],), -1, dtype=torch.long, device=index.device)  # (U,)
-    column[candidates] = torch.arange(len(candidates), device=index.device)
-    scores = (similarity or cosine_matrix)(embeddings[anchors[own]], embeddings[candidates]) * scale  # (b, M)
-    target = column[positives]  # (B,)
+    slots = index[:, 1:]  # (B, K-1); -1: no such negative
+    named = torch.zeros(u + 1, dtype=torch.bool, device=index.device)  # (U + 1,): the last row takes the -1s
+    named[torch.where(slots >= 0, slots, u).flatten()] = True
+    scores = (similarity or cosine_matrix)(embeddings[anchors[own]], embeddings) * scale  # (b, U)
     same_anchor = anchors[own, None] == anchors[None, :]  # (b, B)
-    other = same_anchor & (target[None, :] != target[own, None])  # (b, B): j's positive is also relevant to i
-    mask = torch.zeros_like(scores, dtype=torch.bool)  # (b, M)
-    rows, cols = other.nonzero(as_tuple=True)
-    mask[rows, target[cols]] = True
-    return F.cross_entropy(scores.masked_fill(mask, float("-inf")), target[own])
+    other = same_anchor & (positives[None, :] != positives[own, None])  # (b, B): j's positive is also relevant to i
+    # (b, U): texts that are no candidate, and positives relevant to i through another example of its anchor
+    relevant = torch.zeros(scores.shape, dtype=torch.long, device=index.device).scatter_reduce_(
+        1, positives[None, :].expand_as(other), other.long(), "amax")
+    mask = relevant.bool() | ~named[None, :u]
+    return F.cross_entropy(scores.masked_fill(mask, float("-inf")), positives[own])
 
 
 def shrink(embeddings: torch.Tensor, dim: int) -> torch.Tensor:
@@ -218,7 +224,10 @@ def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
         raise DataError(f"{where(path, head.line)}: neither an anchor column ({config.anchor_column!r}, for "
                         f"pairs and triplets) nor a sentence1 column ({config.sentence1_column!r}, for scored pairs); "
                         f"the row has {sorted(first)}")
-    triplets = not scored and config.negative_column in first
+    # n-tuples: negative_1, negative_2, ... (the columns with that name and the following numbers)
+    numbered = [] if config.negative_column in first else list(itertools.takewhile(
+        first.__contains__, (f"{config.negative_column}_{i}" for i in itertools.count(1))))
+    triplets = not scored and (config.negative_column in first or bool(numbered))
 
     def rows() -> Iterator[Row]:
         for r in itertools.chain([head], records):
@@ -228,7 +237,8 @@ def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
                 continue
             texts = [_text(r, config.anchor_column, path), _text(r, config.positive_column, path)]
             if triplets:  # a triplet file: every row has its negative (field_of names a missing one)
-                texts += _negatives(r, config.negative_column, path)
+                texts += ([_text(r, column, path) for column in numbered] if numbered
+                          else _negatives(r, config.negative_column, path))
             yield texts, None, r.line
 
     return ("scored-pairs" if scored else "pairs"), triplets, rows()

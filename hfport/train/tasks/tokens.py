@@ -254,7 +254,9 @@ class TokenClassification(TrainTask):
         labels = batch["labels"]  # (B, T)
         if class_weights is None:
             return (labels != IGNORE).sum()  # ()
-        return class_weights.to(labels.device)[labels[labels != IGNORE]].sum()  # ()
+        labelled = labels != IGNORE  # (B, T); weights gathered at every position, 0 where unlabelled (no
+        # boolean index: its size would be read from the GPU)
+        return (class_weights.to(labels.device)[labels.clamp(min=0)] * labelled).sum()  # ()
 
     # distillation (hfport/train/distill.py): the teacher's logits at each word's first sub-token
 
