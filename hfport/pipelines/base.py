@@ -237,6 +237,9 @@ class Pipeline:
         replaced). Its pipeline: the adapter's head, its tokenizer (its folder's, else this pipeline's)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"an adapter's name must be a non-empty string, got {name!r}")
+        if not isinstance(self.model, PreTrainedEncoder):  # an ONNX graph is fixed: no LoRA layers to route through
+            raise ValueError(f"adapter {name!r}: the {type(self.model).__name__} backend runs a fixed graph; serve "
+                             "adapters on the torch backend")
         adapters = getattr(self.model, "adapter_set", None) or AdapterSet(self.model)
         model = adapters.load(name, folder, type(self.model))
         if tokenizer is None:
