@@ -1,7 +1,8 @@
 """What users feed a fine-tune (issue 44, item 5): the data columns are config fields with a CLI flag each
 (--text-column, ..., one per column a task record names), the table of each task's columns (README.md and
-docs/fine-tuning.md) is the records' own (hfport/train/columns.py), a file whose first row lacks a column fails before anything loads, naming the flag
-and the tasks whose columns the row has, and a mistyped task name gets "did you mean"."""
+docs/fine-tuning.md) is the records' own (hfport/train/columns.py), a file whose first row lacks a column fails
+before anything loads, naming the flag and the tasks whose columns the row has, and a mistyped task name gets "did
+you mean"."""
 
 from __future__ import annotations
 

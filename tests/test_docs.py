@@ -55,8 +55,9 @@ def _anchors(page: Path) -> set[str]:
 def test_site_builds_strict_and_offline(tmp_path):
     _needs_mkdocs()
     site = tmp_path / "site"
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-                          "--site-dir", str(site)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
+               "--site-dir", str(site)]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # material's notice about mkdocs 2.0
     assert run.returncode == 0, run.stdout + run.stderr
     pages = sorted(site.rglob("*.html"))
