@@ -157,8 +157,9 @@ def test_a_model_without_long_trouble_keeps_int8(spiked):
 
 
 def test_user_gate_data_is_judged_whole(spiked, tmp_path, monkeypatch):
-    """The built-in long rows capped below SPIKE_FROM (GATE_MAX_LENGTH 120 here) pass; the user's texts of ~150-250
-    tokens, cut only at the model's max length, reach past it and are refused (the old gate cut them at 96)."""
+    """The built-in long rows capped below SPIKE_FROM (GATE_MAX_LENGTH 120 here) pass; the user's texts of a few
+    hundred tokens, cut only at the model's max length, reach past it and are refused (the old gate cut them at
+    96)."""
     monkeypatch.setattr(probes, "GATE_MAX_LENGTH", 120, raising=False)  # (on the old gate: no such cap, a 96 cut)
     sentences = judged_texts(200)
     data = tmp_path / "long.txt"
@@ -166,7 +167,7 @@ def test_user_gate_data_is_judged_whole(spiked, tmp_path, monkeypatch):
     with pytest.raises(Int8GateError) as info:
         hfport.AutoModel.from_pretrained(spiked("base"), dtype="int8", gate_data=data)
     refused = _lines(info.value)
-    assert f"texts of " in refused and f"({data}) FAILED" in refused, refused
+    assert "texts of " in refused and f"({data}) FAILED" in refused, refused
     assert "long texts" not in refused  # the built-in rows, all under 120 tokens, passed
 
 
