@@ -1,5 +1,5 @@
 """text-embeddings-inference's protocol: its request and response bodies, how it words errors (TEI_ANSWERS, the
-Validation shape of a malformed body), its timing headers, and the TEI-shaped predict that POST /predict and POST /
+Validation shape of a malformed body) and the TEI-shaped predict that POST /predict and POST /
 share. The routes are in routes/tei.py (and POST /predict in routes/predict.py); the model work is server/serving.
 
 Errors are TEI's {"error", "error_type"} with TEI's codes: 400 Empty (no inputs), 413 Validation (too many inputs,
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ApiError, ShapedErrorRoute, error_response, validation_message
 from .schemas import ErrorBody
-from .serving import Answer, Answers, ModelService, Served, Timing, infer, served
+from .serving import Answer, Answers, ModelService, Served, Timing, infer, served, set_timing
 from .settings import get_settings
 from .store import BaseStore
 
@@ -178,14 +178,6 @@ async def tei_infer(model: Served, service: ModelService, items: list[Any], para
     return await infer(service, model.record, items, params, TEI_ANSWERS, field)
 
 
-def set_timing(response: Response, started: float, timing: Timing, model: Served) -> None:
-    ms = {"x-compute-time": (time.perf_counter() - started), "x-tokenization-time": timing.tokenization,
-          "x-queue-time": timing.queue, "x-inference-time": timing.inference}
-    for header, seconds in ms.items():
-        response.headers[header] = str(round(seconds * 1000))
-    response.headers["x-model-id"] = model.name
-
-
 EMBEDDING_KINDS = ("embedding", "sparse-embedding")  # the kinds whose pipelines take truncate + a direction
 
 
@@ -204,18 +196,6 @@ def truncation(truncate: bool | None, direction: str, model: Served, auto_trunca
     # the model's own maximum (what /info reports as max_input_length)
     limit = model.pipe.max_positions
     return {"truncation": True, **({"max_length": limit} if limit is not None else {})}
-
-
-def check_dimensions(model: Served, dimensions: int | None, strict: bool) -> None:
-    """With HFPORT_STRICT_DIMENSIONS: a `dimensions` the model was not trained for (its Matryoshka dimensions, else
-    its full size) is a 422 naming the model and the allowed sizes. Off (the default), any prefix is served."""
-    if not strict or dimensions is None:
-        return
-    full = model.pipe.dimension
-    allowed = sorted({*model.pipe.sentence.matryoshka_dims, full})
-    if dimensions not in allowed:
-        raise ApiError(422, f"dimensions={dimensions}: model {model.name!r} was trained for dimensions {allowed} "
-                            "(the server refuses others: HFPORT_STRICT_DIMENSIONS)", "Validation")
 
 
 def listify(inputs: Any) -> tuple[list[Any], bool]:
@@ -238,7 +218,7 @@ async def tei_embed_sparse(body: EmbedSparseRequest, request: Request, response:
     """TEI's /embed_sparse: each input's nonzero SPLADE weights, [{"index", "value"}] in index order. A dense
     model answers 424 Backend naming the model and its kind (as /embed does for a sparse one)."""
     started = time.perf_counter()
-    model = await served(request, store, service)
+    model = await served(request, store, service, TEI_ANSWERS)
     model.need("sparse-embedding", route="/embed_sparse")
     items, _ = listify(body.inputs)
     params = {"prompt_name": body.prompt_name,
@@ -252,7 +232,7 @@ async def tei_predict(body: TeiPredictRequest, request: Request, response: Respo
                       service: ModelService) -> list:
     """TEI's /predict: a classifier's or reranker's scores for a text, a pair, or a list of them."""
     started = time.perf_counter()
-    model = await served(request, store, service)
+    model = await served(request, store, service, TEI_ANSWERS)
     model.need("classifier", "reranker", route="/predict")
     inputs = body.inputs
     single = isinstance(inputs, str) or (len(inputs) == 2 and all(isinstance(x, str) for x in inputs))

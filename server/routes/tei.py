@@ -23,13 +23,12 @@ from hfport import token_listing
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, validation_message
-from ..serving import ModelService, Served, check_inputs, served
+from ..serving import ModelService, Served, check_inputs, served, set_timing
 from ..settings import Settings, SettingsDep
 from ..store import BaseStore
 from ..tei_api import (TEI_ANSWERS, TEI_ERRORS, DecodeRequest, EmbedAllRequest, EmbedRequest, EmbedSparseRequest,
                        Info, Rank, RerankRequest, SimilarityRequest, SimpleToken, SparseValue, TeiPredictRequest,
-                       TeiRoute, TokenizeRequest, check_dimensions, listify, set_timing, tei_embed_sparse, tei_infer,
-                       tei_predict, truncation)
+                       TeiRoute, TokenizeRequest, listify, tei_embed_sparse, tei_infer, tei_predict, truncation)
 
 router = APIRouter(tags=["tei"], route_class=TeiRoute, responses=TEI_ERRORS)
 
@@ -37,10 +36,10 @@ router = APIRouter(tags=["tei"], route_class=TeiRoute, responses=TEI_ERRORS)
 async def _embed(request: Request, response: Response, body: EmbedRequest | EmbedAllRequest, store: BaseStore,
                  service: ModelService, output: str, settings: Settings) -> list:
     started = time.perf_counter()
-    model = await served(request, store, service)
+    model = await served(request, store, service, TEI_ANSWERS)
     model.need("embedding", route=request.url.path)
     if isinstance(body, EmbedRequest):
-        check_dimensions(model, body.dimensions, settings.strict_dimensions)
+        model.check_dimensions(body.dimensions, settings.strict_dimensions)
     items, _ = listify(body.inputs)
     params = {"output": output, "prompt_name": body.prompt_name,
               **truncation(body.truncate, body.truncation_direction, model, settings.auto_truncate)}
@@ -75,7 +74,7 @@ async def embed_sparse(body: EmbedSparseRequest, request: Request, response: Res
 async def rerank(body: RerankRequest, request: Request, response: Response, store: StoreDep,
                  service: ModelServiceDep, settings: SettingsDep) -> list:
     started = time.perf_counter()
-    model = await served(request, store, service)
+    model = await served(request, store, service, TEI_ANSWERS)
     model.need("reranker", route="/rerank")
     if not body.query.strip():
         raise ApiError(400, "`query` cannot be empty", "Empty")
@@ -95,7 +94,7 @@ async def rerank(body: RerankRequest, request: Request, response: Response, stor
 async def similarity(body: SimilarityRequest, request: Request, response: Response, store: StoreDep,
                      service: ModelServiceDep, settings: SettingsDep) -> list:
     started = time.perf_counter()
-    model = await served(request, store, service)
+    model = await served(request, store, service, TEI_ANSWERS)
     model.need("embedding", route="/similarity")
     check_inputs(body.inputs.sentences, settings, TEI_ANSWERS, "inputs.sentences")
     items = [body.inputs.source_sentence, *body.inputs.sentences]
@@ -110,7 +109,7 @@ async def similarity(body: SimilarityRequest, request: Request, response: Respon
 @router.post("/tokenize", response_model=list[list[SimpleToken]], summary="Tokens with offsets (TEI)")
 async def tokenize(body: TokenizeRequest, request: Request, store: StoreDep, service: ModelServiceDep,
                    settings: SettingsDep) -> list:
-    model = await served(request, store, service)
+    model = await served(request, store, service, TEI_ANSWERS)
     items, _ = listify(body.inputs)
     check_inputs(items, settings, TEI_ANSWERS)
     prompt = ""
@@ -129,7 +128,7 @@ async def tokenize(body: TokenizeRequest, request: Request, store: StoreDep, ser
 @router.post("/decode", response_model=list[str], summary="Token ids back to text (TEI)")
 async def decode(body: DecodeRequest, request: Request, store: StoreDep, service: ModelServiceDep,
                  settings: SettingsDep) -> list:
-    model = await served(request, store, service)
+    model = await served(request, store, service, TEI_ANSWERS)
     rows = [body.ids] if body.ids and isinstance(body.ids[0], int) else list(body.ids)
     check_inputs(rows, settings, TEI_ANSWERS, "ids")
     vocab = len(model.pipe.tokenizer)
@@ -140,7 +139,7 @@ async def decode(body: DecodeRequest, request: Request, store: StoreDep, service
     return [model.pipe.tokenizer.decode(row, skip_special_tokens=body.skip_special_tokens) for row in rows]
 @router.get("/info", response_model=Info, summary="The default (or x-model) model and the server's limits (TEI)")
 async def info(request: Request, store: StoreDep, service: ModelServiceDep, settings: SettingsDep) -> Info:
-    model = await served(request, store, service)
+    model = await served(request, store, service, TEI_ANSWERS)
     config = model.pipe.model.config
     if model.kind in ("embedding", "sparse-embedding"):  # TEI names a SPLADE model's pooling "splade"
         kind = {"embedding": {"pooling": model.pipe.sentence.pooling}}
@@ -164,7 +163,7 @@ async def root(request: Request, response: Response, store: StoreDep, service: M
     or reranker: TEI's /predict; with a `parameters` object, the Inference API's shape instead (transformers'
     option names; one input answers [[{label, score}, ...]], every label by default). Other tasks (token
     classification, question answering, fill-mask): the pipeline with `parameters`, answering its own shape."""
-    model = await served(request, store, service)
+    model = await served(request, store, service, TEI_ANSWERS)
 
     def parse(cls: type[BaseModel], data: dict[str, Any]) -> Any:
         try:
