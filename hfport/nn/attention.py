@@ -10,7 +10,6 @@ relative terms), `rotary` (positions applied to q and k), `window` (local attent
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable, Protocol
 
 import torch
@@ -20,6 +19,7 @@ from torch import Tensor, nn
 from .dropout import dropout
 from .layout import Layout, SequenceBias
 from .positions import Rotary
+from .varlen import BoundKernel
 
 
 class AttentionBackend(Protocol):
@@ -155,8 +155,8 @@ class SelfAttention(nn.Module):
             q = q * self.scale
         if self.rotary is not None:
             q, k = self.rotary(q, k, layout, self.num_heads)  # (.., C) each
-        kernel = partial(ATTENTION_BACKENDS[self.backend], dropout_p=self.dropout if self.training else 0.0,
-                         scale=1.0 if self.scale_query else self.scale)
+        kernel = BoundKernel(ATTENTION_BACKENDS[self.backend], dropout_p=self.dropout if self.training else 0.0,
+                             scale=1.0 if self.scale_query else self.scale)
         return self.o(layout.attend(q, k, v, self.num_heads, kernel, bias, self.window))  # (.., C)
 
     def extra_repr(self) -> str:

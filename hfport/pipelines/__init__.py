@@ -53,6 +53,7 @@ from ..errors import ItemError
 from ..formats.adapter import is_adapter_folder
 from ..formats.onnx import is_onnx_model
 from ..formats.sentence_transformers import has_sparse_layout
+from ..hardware import device_name, resolve_device
 from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
@@ -95,7 +96,9 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              gate_data: str | os.PathLike[str] | None = None, file: str | None = None, **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
-    tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
+    tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs; device
+    "auto" is the first CUDA device when there is one, else the CPU ("cpu", "cuda", "cuda:N" or a torch.device;
+    None: the CPU for a folder, where it is for a loaded model).
     batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple").
     backend: "torch" or "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it); None picks
@@ -107,6 +110,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
+    auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
+    device = resolve_device(device) if device is not None else None
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: use one of {list(BACKENDS)}")
     if isinstance(model, (str, os.PathLike)) and (backend == "onnx" or (backend is None and is_onnx_model(model))):
@@ -122,7 +127,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
         float32 = dtype is None or dtype == "auto" or (
             dtype not in INT8_DTYPES and resolve_dtype(dtype) == torch.float32)
-        if (device is not None and torch.device(device).type != "cpu") or not float32:
+        if (device is not None and device.type != "cpu" and not auto) or not float32:
             raise ValueError(f"the onnx backend runs float32 graphs on the CPU; got device={device!r}, "
                              f"dtype={dtype!r}")
     elif isinstance(model, PreTrainedEncoder):
@@ -164,6 +169,13 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
+def check_device(device: str) -> str:
+    """DEVICE when pipeline(device=...) takes it on this machine ("auto", "cpu", "cuda", "cuda:N"), else a
+    ValueError naming the choices and the CUDA devices this process sees."""
+    resolve_device(device)
+    return device
+
+
 def model_task(model: str | os.PathLike[str]) -> str:
     """The pipeline task of a model folder's head (or of a repo id in the local HF cache), read from config.json's
     `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model: feature-extraction;
@@ -181,7 +193,9 @@ def model_task(model: str | os.PathLike[str]) -> str:
 __all__ = [
     "PIPELINES",
     "adapters_per_pass",
+    "check_device",
     "check_dtype",
+    "device_name",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",

@@ -252,6 +252,9 @@ class Pipeline:
         replaced). Its pipeline: the adapter's head, its tokenizer (its folder's, else this pipeline's)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"an adapter's name must be a non-empty string, got {name!r}")
+        if not isinstance(self.model, PreTrainedEncoder):  # an ONNX graph is fixed: no LoRA layers to route through
+            raise ValueError(f"adapter {name!r}: the {type(self.model).__name__} backend runs a fixed graph; serve "
+                             "adapters on the torch backend")
         adapters = getattr(self.model, "adapter_set", None) or AdapterSet(self.model)
         model = adapters.load(name, folder, type(self.model))
         if tokenizer is None:
@@ -418,11 +421,12 @@ class Pipeline:
                 self.scatter([batch[r] for r in rows], pipe.forward(*sub), pipe)
 
     def scatter(self, batch: list[Feature], outputs: dict[str, Tensor], pipe: Pipeline) -> None:
-        """Each row's outputs, cut back to its own length where they have a token axis."""
+        """Each row's outputs, cut back to its own length where they have a token axis. Each output comes to the
+        host once for the batch (on a GPU, one copy and one wait per output, not one per row)."""
+        host = {k: v.float().cpu() for k, v in outputs.items()}
         for row, f in enumerate(batch):
             n = len(f.input_ids)
-            f.outputs = {k: (v[row, :n] if k in pipe.token_outputs else v[row]).float().cpu()
-                         for k, v in outputs.items()}
+            f.outputs = {k: v[row, :n] if k in pipe.token_outputs else v[row] for k, v in host.items()}
 
     def batch_tensors(self, batch: list[Feature]) -> tuple[Tensor, Tensor, Tensor | None]:
         """The batch's ids, attention mask and token types, (B, T) each, right-padded, on the model's device."""
@@ -441,7 +445,9 @@ class Pipeline:
             mask[row, :n] = torch.tensor(f.attention_mask)
             if types is not None:
                 types[row, :n] = torch.tensor(f.token_type_ids)
-        return ids.to(device), mask.to(device), types.to(device) if types is not None else None
+        # non_blocking: on a GPU the copies queue behind the work in flight instead of waiting for it
+        return (ids.to(device, non_blocking=True), mask.to(device, non_blocking=True),
+                types.to(device, non_blocking=True) if types is not None else None)
 
     # --- helpers for tasks --------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Jobs: submit fine-tune and export jobs, list and read them, follow their events (SSE), cancel them.
+"""Jobs: submit fine-tune, export and evaluate jobs, list and read them, follow their events (SSE), cancel them.
 Handlers only validate and enqueue; the worker (server/worker.py) runs each job in its own process."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from hfport import RunDir, lora
 from hfport.errors import ConfigError, HfportError
+from hfport.evaluation import check_options as check_evaluate_options
 from hfport.train import preflight, resolve_config
 from hfport.train import metrics_csv, read_metrics
 
@@ -27,7 +28,8 @@ from ..deps import StoreDep
 from ..errors import ApiError, ShapedErrorRoute, error_response, validation_message
 from ..idempotency import IdempotencyKeyHeader, idempotent
 from ..preload import confine_model_files
-from ..schemas import ERRORS, ExportJobRequest, FinetuneJobConfig, FinetuneJobRequest, JobInfo, JobList, JobStatus
+from ..schemas import (ERRORS, EvaluateJobRequest, ExportJobRequest, FinetuneJobConfig, FinetuneJobRequest, JobInfo,
+                       JobList, JobStatus)
 from ..security import confine
 from ..settings import Settings, SettingsDep
 from ..store import TERMINAL, BaseStore as Store
@@ -180,6 +182,8 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
     job_id = store.new_id()
     values = config.model_dump(exclude_unset=True, exclude={"resume", "overwrite"})  # the rest: FinetuneConfig's
     values["model"] = _model_path(config.model, store, settings)
+    if config.teacher is not None:  # distillation's teacher: a model as `model` is
+        values["teacher"] = _model_path(config.teacher, store, settings, "config.teacher")
     values["train"] = _data_path(config.train, settings, "config.train")
     if config.eval is not None:
         values["eval"] = _data_path(config.eval, settings, "config.eval")
@@ -310,6 +314,47 @@ def _submit_export(body: ExportJobRequest, store: Store, settings: Settings) -> 
     if base is not None:  # the export loads exactly this base, never the one the adapter's file names
         config["base_model"] = base
     return JobInfo(**store.create_job("export", config, job_id))
+
+
+@router.post("/evaluate", response_model=JobInfo, status_code=status.HTTP_202_ACCEPTED,
+             summary="Queue an evaluation: a task's metrics on labelled data (+ eval.json, report.html)")
+def submit_evaluate(body: EvaluateJobRequest, store: StoreDep, settings: SettingsDep,
+                    idempotency_key: IdempotencyKeyHeader = None) -> JobInfo:
+    return idempotent(store, settings, "evaluate", idempotency_key, body,
+                      lambda s: _submit_evaluate(body, s, settings))
+
+
+def _submit_evaluate(body: EvaluateJobRequest, store: Store, settings: Settings) -> JobInfo:
+    """Paths confined (the models may be registered names or run folders), the options checked against the task's
+    evaluation, then the job queued; the job process runs hfport.evaluate (server/jobrun.py)."""
+    try:
+        check_evaluate_options(body.task, body.options)
+    except (HfportError, ValueError) as e:
+        raise ApiError(422, str(e), "InvalidConfig") from e
+    job_id = store.new_id()
+    config = {"model": _evaluated_model(body.model, store, settings, "model"), "task": body.task,
+              "data": _data_path(body.data, settings, "data"),
+              "corpus": _data_path(body.corpus, settings, "corpus") if body.corpus is not None else None,
+              "compare": _evaluated_model(body.compare, store, settings, "compare") if body.compare else None,
+              "options": body.options, "dtype": body.dtype, "batch_size": body.batch_size,
+              "output_dir": _output_dir(body.output_dir, settings, job_id, "evaluate")}
+    return JobInfo(**store.create_job("evaluate", config, job_id))
+
+
+def _evaluated_model(value: str, store: Store, settings: Settings, what: str) -> str:
+    """A model to evaluate: a registered one's folder, a model folder, or a run folder's best/; an adapter's base (the
+    one its adapter_config.json names, which loading it reads) confined too."""
+    path = _model_path(value, store, settings, what, run_ok=True)
+    run = RunDir(path)
+    if not (Path(path) / "config.json").is_file() and "best" in run.models():
+        path = str(run.best)
+    base = _adapter_base(Path(path), store, settings, what)
+    entry = store.get_model(value)
+    if base is not None and entry is not None and entry.get("base") \
+            and Path(entry["base"]).resolve() != Path(base).resolve():
+        raise ApiError(400, f"{what}: {value!r} is registered over the base {entry['base']}, but its adapter names "
+                            f"{base}, the base an evaluation loads", "InvalidModel")
+    return path
 
 
 @router.get("", response_model=JobList, summary="Jobs, newest first")

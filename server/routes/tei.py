@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 import hfport
 from hfport import ItemError, token_listing
+from hfport.pipelines import device_name
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, ShapedErrorRoute, error_response, validation_message
@@ -186,6 +187,7 @@ class Info(BaseModel):
     model_id: str
     model_sha: str | None = None
     model_dtype: str
+    model_device: str = Field(description="where the model runs (not in TEI's schema): cpu or 'cuda:0 (NVIDIA H200)'")
     model_type: dict[str, Any] = Field(description="{'embedding': {'pooling'}} | {'classifier': {'id2label', "
                                                    "'label2id'}} | {'reranker': {...}}")
     max_concurrent_requests: int
@@ -435,6 +437,7 @@ async def info(request: Request, store: StoreDep, service: ModelServiceDep, sett
         kind = {model.kind: labels}
         max_len = model.pipe.max_positions
     return Info(model_id=model.name, model_dtype=str(model.pipe.model.dtype).removeprefix("torch."),
+                model_device=device_name(model.pipe.model.device),
                 model_type=kind, max_concurrent_requests=settings.predict_max_pending, max_input_length=max_len,
                 max_batch_tokens=model.pipe.max_batch_tokens, max_client_batch_size=settings.predict_max_inputs,
                 auto_truncate=settings.auto_truncate, tokenization_workers=settings.predict_threads,

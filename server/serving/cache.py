@@ -138,7 +138,7 @@ class ModelCache:
             self._check_files(folder)
             shared = self._sets.get(folder)
             if shared is None:
-                leader = pipeline(task, model=folder, dtype=self.settings.predict_dtype)
+                leader = pipeline(task, model=folder, dtype=self.settings.predict_dtype, device=self.settings.device)
                 if isinstance(leader.model, PreTrainedEncoder):  # an ONNX graph has no body to share
                     self._sets[folder] = AdapterSet(leader.model)
             else:  # its own head, the shared body (the copy of the body just read is dropped)
