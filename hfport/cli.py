@@ -178,6 +178,17 @@ def finetune(
                                                          "per encoder layer in the backward pass.")] = False,
     resume: Annotated[Optional[str], typer.Option(help="Continue a run: 'latest' (the default when no value "
                                                        "follows) or a checkpoint folder.")] = None,
+    teacher: Annotated[Optional[str], typer.Option(help="Distil: learn this model's outputs (a checkpoint of the "
+                                                       "task's model with the same tokenizer), computed once.")] = None,
+    distill_alpha: Annotated[Optional[float], typer.Option(help="Weight of the teacher's term against the "
+                                                                "task's own loss (default 0.5; 1: the teacher "
+                                                                "alone).")] = None,
+    distill_temperature: Annotated[Optional[float], typer.Option(help="Softmax temperature of the logits' KL "
+                                                                      "(default 2).")] = None,
+    teacher_dtype: Annotated[Optional[str], typer.Option(help="float32 (default) | bfloat16 | int8: the teacher's "
+                                                              "dtype while its outputs are computed.")] = None,
+    student_layers: Annotated[Optional[str], typer.Option(help="Train a student of these layers of --model "
+                                                               "(0,2,4) or every_other.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a run already in --output-dir.")] = False,
     eval_before: Annotated[bool, typer.Option("--eval-before", help="Evaluate the base model before the first step: "
                                               "its figures are the run's step-0 eval line and report.html's "
@@ -196,7 +207,9 @@ def finetune(
              "group_by_length": group_by_length, "max_batch_tokens": max_batch_tokens, "lr": lr,
              "precision": precision, "compile": compile_ or None, "max_grad_norm": max_grad_norm,
              "save_strategy": save_strategy, "save_steps": save_steps, "eval_steps": eval_steps, "seed": seed,
-             "freeze": freeze, "resume": resume,
+             "freeze": freeze, "resume": resume, "teacher": teacher, "distill_alpha": distill_alpha,
+             "distill_temperature": distill_temperature, "teacher_dtype": teacher_dtype,
+             "student_layers": student_layers,
              "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None,
              **{field: ctx.params[field] for field in column_fields()}}
     flags["eval_before"] = eval_before or None

@@ -102,6 +102,8 @@ class FinetuneJobConfig(FinetuneConfig):
     the allowed dirs, the job's own run folder, and the two options the server sets itself."""
 
     model: str = Field(description="a registered model name, or a model folder inside the allowed dirs")
+    teacher: str | None = Field(None, description="distillation's teacher, as model: a registered model name, or a "
+                                                  "model folder inside the allowed dirs")
     train: str = Field(description="training data inside the allowed dirs (relative: from the data dir): a CSV/TSV, "
                                    "JSONL, Parquet or Arrow file, a glob of Parquet/Arrow files, or a datasets "
                                    "save_to_disk folder (its split: train_split); the upload route takes it from the "

@@ -9,11 +9,13 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 import hfport
 from hfport import ItemError, RunDir, RunSummary
+from hfport.pipelines import DEFAULT_MAX_BATCH_TOKENS, Feature, Pipeline, PipelineInputError
 from hfport.rundir import RUN_FILES, RunDirError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,15 +100,28 @@ def test_run_summary_round_trip(tmp_path):
 # --- ItemError: a value in Python, {"error", "error_type", "index"} in the CLI and over HTTP ----------------------
 
 
-class FakePipe:
-    """Answers every item but "bad", which gets an ItemError; records each call's items."""
+class FakePipe(Pipeline):
+    """Answers every item but "bad", which gets an ItemError; records the items of each forward pass (a library
+    call's, or the server's across requests)."""
 
-    def __init__(self) -> None:
+    task = "text-classification"
+    defaults: ClassVar[dict[str, object]] = {}
+
+    def __init__(self) -> None:  # no model: forward_batch below stands in for it
         self.calls: list[list[str]] = []
+        self.options, self.adapters, self.batch_size = {}, {}, None
+        self.max_batch_tokens, self.max_positions = DEFAULT_MAX_BATCH_TOKENS, None
 
-    def predict(self, items: list[str], **options: object) -> list[object]:
-        self.calls.append(list(items))
-        return [ItemError("not a good item", "PipelineInputError") if x == "bad" else {"label": x} for x in items]
+    def preprocess(self, item: str, opts: dict) -> list[Feature]:
+        return [Feature(item=-1, input_ids=[0], attention_mask=[1], token_type_ids=None, data={"text": item})]
+
+    def forward_batch(self, batch: list[Feature]) -> None:
+        self.calls.append([f.data["text"] for f in batch])
+
+    def postprocess(self, item: str, features: list[Feature], opts: dict) -> object:
+        if item == "bad":
+            raise PipelineInputError("not a good item")
+        return {"label": item}
 
 
 def test_item_error_renders_with_its_position():
@@ -155,7 +170,7 @@ def test_http_predict_gives_each_request_its_own_indices(tmp_path):
             t.start()
         for t in threads:
             t.join()
-        assert [len(c) for c in pipe.calls] == [4], pipe.calls  # one merged call of both requests
+        assert [len(c) for c in pipe.calls] == [4], pipe.calls  # one forward pass of both requests' rows
         assert answers["a"]["outputs"] == [
             {"label": "good-a"}, {"error": "input 1: not a good item", "error_type": "PipelineInputError", "index": 1}]
         assert answers["b"]["outputs"] == [

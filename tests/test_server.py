@@ -343,7 +343,7 @@ def test_finetune_body_is_typed_from_finetune_config(root, tmp_path):
         assert config["additionalProperties"] is False and set(config["required"]) == {"model", "train"}
         assert set(config["properties"]) == set(FinetuneConfig.model_fields)
         # the service's own meaning
-        restated = {"model", "train", "eval", "output_dir", "resume", "overwrite", "logging_dir"}
+        restated = {"model", "teacher", "train", "eval", "output_dir", "resume", "overwrite", "logging_dir"}
         for name, field in FinetuneConfig.model_fields.items():
             shown = config["properties"][name]
             assert shown.get("description"), name  # every field says what it is

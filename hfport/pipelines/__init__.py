@@ -58,7 +58,7 @@ from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
 from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InputTooLongError, InvalidInput, Pipeline, PipelineInputError,
-                   adapters_per_pass, phase_times)
+                   Prepared, adapters_per_pass, pack_rows, phase_times)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -205,12 +205,14 @@ __all__ = [
     "OnnxModel",
     "Pipeline",
     "PipelineInputError",
+    "Prepared",
     "SentenceEmbeddingPipeline",
     "SparseEmbeddingPipeline",
     "QuestionAnsweringPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
     "model_task",
+    "pack_rows",
     "phase_times",
     "pipeline",
 ]

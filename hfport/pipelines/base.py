@@ -5,9 +5,12 @@ A call runs in four steps, each task filling in the parts marked (task):
   2. preprocess: each item becomes one or more Features, the token rows the model sees (task). A bad item (empty
      text, no mask token, too long for the model, ...) becomes an error for that item only.
   3. forward: every Feature of the call is sorted by length and packed into batches of at most `batch_size` rows
-     and `max_batch_tokens` padded tokens; each batch runs through the model once (task: which outputs) and the
-     outputs are cut back to each row's own length, so a result never depends on its batch-mates.
+     and `max_batch_tokens` padded tokens (`pack_rows`); each batch runs through the model once (task: which
+     outputs) and the outputs are cut back to each row's own length, so a result never depends on its batch-mates.
   4. postprocess: each item's outputs become its result, in input order (task).
+A caller that forms its own batches (the server packs the rows of concurrent requests into one forward pass) runs the
+steps itself: `prepare` (1-2 for a list), `forward_rows` (3, one pass over exactly the rows it is given), `finish`
+(4); `predict` is the three with `batches` between them.
 Items that failed come back as an `ItemError` (message, error_type) in their place when the call gave a list; a
 single input raises its error instead. The CLI and the HTTP API render an ItemError with its position in the list
 as `{"error": "input i: ...", "error_type": ..., "index": i}` (ItemError.to_dict).
@@ -111,6 +114,18 @@ class Feature:
     data: dict[str, Any] = field(default_factory=dict)  # what postprocess needs: offsets, encodings, masks
     outputs: dict[str, Tensor] = field(default_factory=dict)  # filled by the forward step, CPU float32
     pipe: Any = field(default=None, repr=False, compare=False)  # the pipeline of the row's adapter (None: the call's)
+    error: Exception | None = field(default=None, repr=False, compare=False)  # set by the forward step if it failed
+
+
+@dataclass
+class Prepared:
+    """A list of items made into rows for the model (Pipeline.prepare). Whoever batches runs `rows` in forward passes
+    of its choosing (Pipeline.forward_rows) and then reads the results (Pipeline.finish)."""
+
+    items: list[Any]
+    members: list[tuple[Pipeline, dict[str, Any]]]  # each item's pipeline (its adapter's, else the call's), options
+    rows: list[Feature]  # the rows of the items that did not fail, in item order
+    failed: dict[int, Exception]  # item index -> why it failed before the model saw it
 
 
 def check_text(text: Any, what: str = "text") -> str:
@@ -223,7 +238,7 @@ class Pipeline:
 
     def predict(self, items: list[Any], *, adapter: Any = None, **options: Any) -> list[Any]:
         """One result per item, in order, with list semantics for every task (no single-input unwrapping): a
-        failed item is an ItemError. What the CLI and a server call."""
+        failed item is an ItemError. What the CLI calls (the server runs the steps: prepare, forward_rows, finish)."""
         if not isinstance(items, (list, tuple)):
             raise TypeError(f"predict takes a list of inputs, got {type(items).__name__}")
         opts = self.resolve_options(options)
@@ -237,6 +252,9 @@ class Pipeline:
         replaced). Its pipeline: the adapter's head, its tokenizer (its folder's, else this pipeline's)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"an adapter's name must be a non-empty string, got {name!r}")
+        if not isinstance(self.model, PreTrainedEncoder):  # an ONNX graph is fixed: no LoRA layers to route through
+            raise ValueError(f"adapter {name!r}: the {type(self.model).__name__} backend runs a fixed graph; serve "
+                             "adapters on the torch backend")
         adapters = getattr(self.model, "adapter_set", None) or AdapterSet(self.model)
         model = adapters.load(name, folder, type(self.model))
         if tokenizer is None:
@@ -273,16 +291,35 @@ class Pipeline:
 
     # --- the run ------------------------------------------------------------------------------------------
 
+    def prepare(self, items: list[Any], *, adapter: Any = None, **options: Any) -> Prepared:
+        """Steps 1-2 for a list of items, as predict runs them: options resolved (a bad option raises), each item made
+        into its rows (a bad item fails alone)."""
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"prepare takes a list of inputs, got {type(items).__name__}")
+        opts = self.resolve_options(options)
+        return self.rows_of(list(items), self.members(adapter, len(items), options) or [(self, opts)] * len(items))
+
+    def finish(self, prepared: Prepared) -> list[Any]:
+        """Step 4, once every row of `prepared` went through forward_rows: one result per item, in order, a failed
+        item an ItemError."""
+        return [r.item if isinstance(r, _Failed) else r for r in self.outcomes(prepared)]
+
     def run(self, items: list[Any], opts: dict[str, Any],
             members: list[tuple[Pipeline, dict]] | None = None) -> list[Any]:
-        """Results (or _Failed) in input order; `members`: each item's pipeline and options (None: this one's).
-        Any error while preparing or reading one item fails that item only: expected ones (PipelineInputError,
-        TokenizerError) quietly, anything else with its traceback logged."""
+        """Results (or _Failed) in input order; `members`: each item's pipeline and options (None: this one's)."""
+        prepared = self.rows_of(items, members or [(self, opts)] * len(items))
+        for batch in self.batches(prepared.rows):
+            self.forward_rows(batch)
+        return self.outcomes(prepared)
+
+    def rows_of(self, items: list[Any], members: list[tuple[Pipeline, dict]]) -> Prepared:
+        """Each item's rows, by its own pipeline and options. Any error while preparing one item fails that item
+        only: expected ones (PipelineInputError, TokenizerError) quietly, anything else with its traceback logged."""
         failed: dict[int, Exception] = {}
         features: list[Feature] = []
         started = time.perf_counter()
         for i, item in enumerate(items):
-            pipe, popts = members[i] if members is not None else (self, opts)
+            pipe, popts = members[i]
             try:
                 if isinstance(item, InvalidInput):  # rejected before it got here (e.g. an unreadable line)
                     raise PipelineInputError(item.reason)
@@ -293,18 +330,20 @@ class Pipeline:
                 features.extend(rows)
             except Exception as e:  # noqa: BLE001 - one bad item must not sink the batch
                 failed[i] = self._item_error(i, e)
-        features = [f for f in features if f.item not in failed]
         _add_time("tokenization", started)
-        started = time.perf_counter()
-        for f, error in self.forward_all(features):
-            failed.setdefault(f.item, error)
-        _add_time("inference", started)
+        return Prepared(items, members, [f for f in features if f.item not in failed], failed)
+
+    def outcomes(self, prepared: Prepared) -> list[Any]:
+        """Each item's result (or _Failed: its preprocess, a row's forward pass or its postprocess failed)."""
+        failed = dict(prepared.failed)
         by_item: dict[int, list[Feature]] = {}
-        for f in features:
+        for f in prepared.rows:
             by_item.setdefault(f.item, []).append(f)
+            if f.error is not None:
+                failed.setdefault(f.item, f.error)
         results: list[Any] = []
-        for i, item in enumerate(items):
-            pipe, popts = members[i] if members is not None else (self, opts)
+        for i, item in enumerate(prepared.items):
+            pipe, popts = prepared.members[i]
             if i not in failed:
                 try:
                     results.append(pipe.postprocess(item, by_item.get(i, []), popts))
@@ -331,39 +370,27 @@ class Pipeline:
     # --- batching -----------------------------------------------------------------------------------------
 
     def batches(self, features: list[Feature]) -> list[list[Feature]]:
-        """Longest rows first; a batch stops at batch_size rows or max_batch_tokens padded tokens."""
-        order = sorted(features, key=lambda f: len(f.input_ids), reverse=True)
-        out: list[list[Feature]] = []
-        for f in order:
-            if out:
-                batch = out[-1]
-                rows = len(batch) + 1
-                padded = rows * len(batch[0].input_ids)  # the first row is the batch's longest
-                if (self.batch_size is None or rows <= self.batch_size) and padded <= self.max_batch_tokens:
-                    batch.append(f)
-                    continue
-            out.append([f])
-        return out
+        """A call's rows as its forward passes: pack_rows under this pipeline's batch_size and max_batch_tokens."""
+        return pack_rows(features, self.max_batch_tokens, self.batch_size)
 
-    def forward_all(self, features: list[Feature]) -> list[tuple[Feature, Exception]]:
-        """Run every row; fill f.outputs. A batch that fails is retried row by row, so one bad row fails alone."""
-        errors: list[tuple[Feature, Exception]] = []
-        for batch in self.batches(features):
-            try:
-                self.forward_batch(batch)
-                continue
-            except (RuntimeError, IndexError, ValueError) as e:
-                if len(batch) > 1:
-                    log.warning("%s: a batch of %d rows failed (%s); retrying row by row", self.task, len(batch), e)
-                else:
-                    errors.append((batch[0], PipelineInputError(f"the model failed on this input: {e}")))
-                    continue
-            for f in batch:
-                try:
-                    self.forward_batch([f])
-                except (RuntimeError, IndexError, ValueError) as e:
-                    errors.append((f, PipelineInputError(f"the model failed on this input: {e}")))
-        return errors
+    def forward_rows(self, rows: list[Feature]) -> None:
+        """Run `rows` as one forward pass, as given (the caller formed the batch: `batches` for a call, the server's
+        batcher across requests); fills each row's outputs. A pass that fails is retried row by row, so one bad row
+        fails alone (its `error`)."""
+        started = time.perf_counter()
+        try:
+            self.forward_batch(rows)
+        except (RuntimeError, IndexError, ValueError) as e:
+            if len(rows) == 1:
+                rows[0].error = PipelineInputError(f"the model failed on this input: {e}")
+            else:
+                log.warning("%s: a batch of %d rows failed (%s); retrying row by row", self.task, len(rows), e)
+                for f in rows:
+                    try:
+                        self.forward_batch([f])
+                    except (RuntimeError, IndexError, ValueError) as e:
+                        f.error = PipelineInputError(f"the model failed on this input: {e}")
+        _add_time("inference", started)
 
     @torch.no_grad()
     def forward_batch(self, batch: list[Feature]) -> None:
@@ -441,6 +468,23 @@ class Pipeline:
                                token_type_ids=enc["token_type_ids"][r] if "token_type_ids" in enc else None,
                                data=data))
         return out
+
+
+def pack_rows(rows: list[Feature], max_tokens: int, max_rows: int | None = None) -> list[list[Feature]]:
+    """Rows packed into forward passes: longest first; a pass stops at `max_rows` rows (None: no limit) or
+    `max_tokens` padded tokens (rows x its longest row)."""
+    order = sorted(rows, key=lambda f: len(f.input_ids), reverse=True)
+    out: list[list[Feature]] = []
+    for f in order:
+        if out:
+            batch = out[-1]
+            count = len(batch) + 1
+            padded = count * len(batch[0].input_ids)  # the first row is the batch's longest
+            if (max_rows is None or count <= max_rows) and padded <= max_tokens:
+                batch.append(f)
+                continue
+        out.append([f])
+    return out
 
 
 @dataclass

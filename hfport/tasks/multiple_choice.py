@@ -23,12 +23,13 @@ from .task import Columns, Task
 
 def multiple_choice_head(c: EncoderConfig, *, dropout: float | None = None, dense_act: str | None = None,
                          pre_dropout: float = 0.0, dense_size: int | None = None, transform: dict | None = None,
-                         pooling: str = "first") -> SequenceClassificationHead:
+                         pooling: str = "first", project: bool = True) -> SequenceClassificationHead:
     """BERT's head by default (dropout -> a one-output linear layer on the pooler output); a family's options add
-    the layers its classifier puts before (as text-classification's head factory)."""
+    the layers its classifier puts before (as text-classification's head factory; `project`: see
+    SequenceClassificationHead)."""
     return SequenceClassificationHead(c.hidden_size, 1, c.classifier_dropout if dropout is None else dropout,
                                       dense_act=dense_act, pre_dropout=pre_dropout, dense_size=dense_size,
-                                      transform=transform, pooling=pooling)
+                                      transform=transform, pooling=pooling, project=project)
 
 
 def _flat(x: Tensor | None) -> Tensor | None:

@@ -34,10 +34,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import TorchDynamoPlugin, gather_object, set_seed
+from safetensors.torch import load_file
 
 from .. import lora, verbosity
 from ..errors import ConfigError
 from ..hardware import HeapPolicy
+from ..hub import SAFE_WEIGHTS
 from ..rundir import TRAINER_STATE, RunDir, RunSummary
 from ..tasks import get as task_record
 from .amp import LossScale, clip_grad_norm, float32_outputs, mixed_precision
@@ -45,6 +47,7 @@ from .checkpoint import (CheckpointWriter, capture_rng, load_checkpoint, prune, 
                          snapshot, write_checkpoint)
 from .config import FinetuneConfig
 from .data import EncodedData, epoch_batches, eval_batches, example_lengths, planned_steps
+from .distill import keep_layers
 from .metrics import EarlyStopping, MetricHistory
 from .monitor import PERF, Pace, ResourceSampler, evals_left, read_metrics
 from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
@@ -57,6 +60,7 @@ from .trackers import Trackers, accelerator_options
 __all__ = ["Trainer", "TrainState", "clip_grad_norm", "finetune", "float32_outputs", "mixed_precision"]
 
 log = logging.getLogger("hfport.train")
+COMPANION = "companion."  # a checkpoint's weights of the modules trained beside the model (TrainTask.companion)
 
 
 def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
@@ -75,6 +79,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     if accelerator.is_main_process:
         prepare_output_dir(run, config)
     accelerator.wait_for_everyone()
+    checked.task.before_training(checked.data, accelerator.device)  # a teacher's outputs (distillation), once
     model, frozen = build_model(config, checked)
 
     # 2. the epochs' batches and the optimisation
@@ -83,8 +88,14 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     metric_name, metric_mode = config.default_metric(_problem(checked.data))  # e.g. regression: mse, not accuracy
     model.to(accelerator.device)  # before the optimizer: a fused AdamW is chosen by where the parameters live
     optimizer = build_optimizer(model, config)
+    companion = checked.task.companion  # trained beside the model at the head's lr (distillation's projection)
+    if companion is not None:
+        companion.to(accelerator.device)
+        optimizer.add_param_group({"params": list(companion.parameters()), "weight_decay": config.weight_decay})
     scheduler = build_scheduler(optimizer, config, total_steps, metric_mode)
     model, optimizer = accelerator.prepare(model, optimizer)
+    if companion is not None:
+        checked.task.companion = accelerator.prepare(companion)  # DDP synchronises its gradients too
 
     # 3. state, fresh or resumed; 4. the steps; 5. final/, best/, summary, report
     trainer = Trainer(config, accelerator, run, checked, model, optimizer, scheduler, plan, total_steps,
@@ -124,6 +135,8 @@ def build_model(config: FinetuneConfig, checked: Preflight) -> tuple[torch.nn.Mo
             label_kwargs["problem_type"] = data.space.problem_type
     model = task_record(config.task).model_class.from_pretrained(checked.source, ignore_mismatched_sizes=True,
                                                                  **label_kwargs)
+    if config.student_layers is not None:  # a student of some of the model's layers (distillation)
+        model = keep_layers(model, config.student_layers)
     frozen = freeze(model, config.freeze)
     if config.lora is not None:  # base frozen, LoRA layers and the head trained; best/ and final/ hold the adapter
         lora.apply_lora(model, config.lora.r, config.lora.alpha, config.lora.dropout, config.lora.target_modules,
@@ -223,7 +236,9 @@ class Trainer:
         self.loss_scale = LossScale(self.scaler)  # did the scaler skip a step (fp16 only)
         # the bare model (no DDP, no torch.compile wrapper): its names are the checkpoint's, without `_orig_mod.`
         self.unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-        self.params = [p for p in model.parameters() if p.requires_grad]  # what clipping sees
+        self.companion = checked.task.companion  # modules the loss trains beside the model, or None
+        self.params = [p for m in (model, self.companion) if m is not None for p in m.parameters()
+                       if p.requires_grad]  # what clipping sees
         weights = _class_weights(config, self.data)  # on the device once, not copied there every micro-batch
         self.class_weights = weights.to(accelerator.device) if weights is not None else None
         # the best model and early stopping share one tracker; without a patience it never says stop
@@ -249,6 +264,10 @@ class Trainer:
             if ckpt is None or not (ckpt / TRAINER_STATE).is_file():
                 raise ConfigError(f"resume: no checkpoint found ({self.config.resume!r} in {self.run.checkpoints})")
             saved = load_checkpoint(ckpt, self.unwrapped, self.optimizer, self.scheduler, self.scaler)
+            if self.companion is not None:
+                weights = load_file(str(ckpt / SAFE_WEIGHTS))
+                self.accelerator.unwrap_model(self.companion).load_state_dict(
+                    {k.removeprefix(COMPANION): v for k, v in weights.items() if k.startswith(COMPANION)})
             saved_rng = saved.pop("rng"), saved.pop("rng_tensors")
             self.state = TrainState.from_dict(saved)
             self.tracker.load_state_dict(self.state.tracker)
@@ -473,6 +492,9 @@ class Trainer:
         if self.main:
             snap = snapshot(self.state.step, self.unwrapped, self.optimizer, self.scheduler, self.scaler,
                             self.state.to_dict())
+            if self.companion is not None:  # in the checkpoint beside the model's weights, never in best/ or final/
+                snap.weights |= {COMPANION + k: v.detach().to("cpu", copy=True) for k, v in
+                                 self.accelerator.unwrap_model(self.companion).state_dict().items()}
             protect = {self.tracker.best_step} if self.tracker.best_step is not None else set()
             run, keep = self.run, self.config.save_total_limit
             self.writer.submit(lambda: (write_checkpoint(run, snap), prune(run, keep, protect)))

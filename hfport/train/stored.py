@@ -57,14 +57,17 @@ def is_large(source: Source) -> bool:
 def store_key(source: Source, tokenizer: Any, task: str, settings: dict[str, Any]) -> str:
     """A hash of everything the encoded examples depend on."""
     files = source.fingerprint()  # path, size, time and a sampled hash of the content: an in-place rewrite shows
-    # the backend's JSON without the truncation and padding a call last configured (they are call settings, and the
-    # encode settings are in the key on their own)
-    backend = {k: v for k, v in json.loads(tokenizer.backend_tokenizer.to_str()).items()
-               if k not in ("truncation", "padding")}
-    tokenizer_hash = hashlib.sha256(json.dumps(backend, sort_keys=True).encode()).hexdigest()
-    text = json.dumps({"files": files, "split": source.split, "tokenizer": tokenizer_hash, "task": task,
+    text = json.dumps({"files": files, "split": source.split, "tokenizer": tokenizer_digest(tokenizer), "task": task,
                        "settings": settings}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """A hash of how a tokenizer encodes: its backend's JSON without the truncation and padding a call last
+    configured (they are call settings; the encode settings are keyed on their own)."""
+    backend = {k: v for k, v in json.loads(tokenizer.backend_tokenizer.to_str()).items()
+               if k not in ("truncation", "padding")}
+    return hashlib.sha256(json.dumps(backend, sort_keys=True).encode()).hexdigest()
 
 
 def store_folder(key: str) -> Path:

@@ -182,6 +182,8 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
     job_id = store.new_id()
     values = config.model_dump(exclude_unset=True, exclude={"resume", "overwrite"})  # the rest: FinetuneConfig's
     values["model"] = _model_path(config.model, store, settings)
+    if config.teacher is not None:  # distillation's teacher: a model as `model` is
+        values["teacher"] = _model_path(config.teacher, store, settings, "config.teacher")
     values["train"] = _data_path(config.train, settings, "config.train")
     if config.eval is not None:
         values["eval"] = _data_path(config.eval, settings, "config.eval")

@@ -25,6 +25,7 @@ process with the global batch.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -41,6 +42,7 @@ from ...formats.sentence_transformers import has_embedding_layout, read_st_pooli
 from ...heads import pool
 from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, field_of, in_chunks,
                     iter_records, number_in_range, pad_ids, split_off, text_id, where)
+from ..distill import margin_mse, squared_error
 
 from ..metrics import retrieval as metrics
 from ..stored import collect
@@ -316,6 +318,7 @@ class SentenceEmbedding(TrainTask):
             eval_features = encoded(eval_path, evaluation)
         extra = {"loss": loss, "scale": config.scale or self.default_scale, "pooling": pooling, "normalize": normalize,
                  "mini_batch_size": config.mini_batch_size, "gather": config.gather_across_devices,
+                 "triplets": hard_negatives,
                  "hidden_size": raw.get("hidden_size"), "matryoshka_dims": dims,
                  "matryoshka_weights": list(config.matryoshka_weights or [1.0] * len(dims)),
                  "max_length": min(config.max_length, int(raw.get("max_position_embeddings", config.max_length)))}
@@ -392,6 +395,59 @@ class SentenceEmbedding(TrainTask):
 
     def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
         return batch["labels"].shape[0]  # the examples (anchors), not the distinct texts encoded
+
+    # distillation (hfport/train/distill.py): the teacher's embeddings of every text (MSE), or for rows with hard
+    # negatives its dot-product scores of the positive and the negatives (MarginMSE)
+
+    distillable = True
+
+    def teacher_data(self, data: EncodedData, teacher: Path) -> EncodedData:
+        """The teacher embeds as its own sentence-transformers config says (else mean pooling, not normalized), in
+        one pass per batch."""
+        pooling, normalize = read_st_pooling(teacher) if has_embedding_layout(teacher) else ("mean", False)
+        return dataclasses.replace(data, extra={**data.extra, "pooling": pooling, "normalize": normalize,
+                                                "mini_batch_size": None})
+
+    def teacher_targets(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                        data: EncodedData) -> list[np.ndarray]:
+        """Per example: the dot products of its anchor with its positive and negatives (k,) (triplets), else the
+        embeddings of its texts (k, C)."""
+        embeddings, index = outputs.float(), batch["labels"]  # (U, C), (B, K)
+        out = []
+        for b, x in enumerate(items):
+            texts = embeddings[index[b, :len(x.meta["ids"])]]  # (k, C)
+            out.append((texts[1:] @ texts[0] if data.extra["triplets"] else texts).cpu().numpy())
+        return out
+
+    def distill_terms(self, outputs: Any, batch: dict[str, torch.Tensor], teacher: torch.Tensor, data: EncodedData,
+                      temperature: float, companion: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        embeddings, index = outputs.float(), batch["labels"]  # (U, C), (B, K)
+        valid = index >= 0  # (B, K): a row with fewer texts is padded with -1
+        texts = embeddings[index.clamp(min=0)]  # (B, K, C)
+        rows = torch.arange(len(index), device=index.device)  # (B,)
+        if data.extra["triplets"]:  # MarginMSELoss, its default similarity (the dot product)
+            scores = (texts[:, 1:] @ texts[:, 0, :, None]).squeeze(-1)  # (B, K-1)
+            target = scores.new_zeros(scores.shape).masked_scatter(valid[:, 1:], teacher)  # (B, K-1)
+            return margin_mse(scores, target, valid[:, 1:]), rows
+        if companion is not None:  # to the teacher's width (sentence-transformers' MSELoss projection_dim)
+            texts = companion(texts).float()  # (B, K, C_teacher)
+        target = texts.new_zeros(texts.shape).masked_scatter(valid[..., None], teacher)  # (B, K, C_teacher)
+        per_text = squared_error(texts, target)  # (B, K)
+        return (per_text * valid).sum(-1) / valid.sum(-1), rows  # (B,): the mean over the row's texts
+
+    def distill_units(self, batch: dict[str, torch.Tensor], data: EncodedData) -> Any:
+        return batch["labels"].shape[0]  # the examples
+
+    def distill_companion(self, data: EncodedData, teacher_width: int, seed: int) -> torch.nn.Module | None:
+        """A student narrower or wider than the teacher learns its embeddings through nn.Linear(student, teacher)
+        (initialised as torch does, from SEED, the global generator untouched), as sentence-transformers' MSELoss
+        with projection_dim; margins are scores, of any width."""
+        width = data.extra["hidden_size"]
+        if data.extra["triplets"] or width == teacher_width:
+            return None
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return torch.nn.Linear(width, teacher_width)
 
     def unused_modules(self, model: Any) -> list[str]:
         """The encoder's pooler: the embedding pools last_hidden_state itself. Frozen, it keeps the source's weights,

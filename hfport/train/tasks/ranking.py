@@ -26,6 +26,7 @@ from ...formats.sentence_transformers import mark_cross_encoder
 from ..data import (DataError, EncodedData, Features, LabelSpace, Record, Source, compact, data_sources, encoded_splits,
                     field_of, in_chunks, iter_records, number_in_range, pad_ids, source, text_id, where,
                     without_tokens)
+from ..distill import squared_error
 from ..grouped import gathered
 from ..metrics import retrieval as metrics
 from ..stored import collect, is_large
@@ -198,6 +199,21 @@ class Reranking(TrainTask):
             return labels.shape[0]
         relevant = labels.new_zeros(batch["slots"].shape[0]).index_add_(0, groups, labels)  # (G,)
         return (relevant > 0).sum()  # ()
+
+    # distillation (hfport/train/distill.py): a reranker teacher's logit for every pair (MSE, CrossEncoder's MSELoss)
+
+    distillable = True
+
+    def teacher_targets(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                        data: EncodedData) -> list[np.ndarray]:
+        logits = outputs.logits.float().squeeze(-1).cpu().numpy()  # (N,)
+        groups = batch["groups"].cpu().numpy()  # (N,)
+        return [logits[groups == b] for b in range(len(items))]
+
+    def distill_terms(self, outputs: Any, batch: dict[str, torch.Tensor], teacher: torch.Tensor, data: EncodedData,
+                      temperature: float, companion: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = outputs.logits.float()  # (N, 1)
+        return squared_error(logits, teacher.view_as(logits)), batch["groups"]  # (N,), (N,)
 
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:
