@@ -282,8 +282,8 @@ OPTIONAL_EXTRAS = {"onnxruntime", "onnx", "peft", "psycopg", "transformers", "se
                    "pyarrow",  # pyarrow: the `data` extra, read only for Parquet/Arrow/datasets-folder training data
                    "faiss"}  # faiss: the `faiss` extra, an optional index for searching very large corpora
 FUNCTION_IMPORTS_ALLOWED = {
-    ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs",
-    ("hfport/cli.py", "pydantic"): "serve's settings errors, imported with the server",
+    ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs (and "
+                                 "when its --help lists the server's settings)",
     ("hfport/hub.py", "huggingface_hub"): "only for a repo id (not a folder); importing it costs every start-up",
 }
 
