@@ -5,7 +5,8 @@ The public API is the names below, plus these submodules: hfport.errors (excepti
 options and results), hfport.rundir (RunDir, RunSummary), hfport.lora (LoRA adapters in PEFT's format: apply, save,
 load, merge), hfport.pipelines, hfport.tasks (the task records: names, aliases, model classes), hfport.embeddings
 (sentence-transformers folders: pooling, prompts, batch budgets), hfport.verbosity (HFPORT_VERBOSITY, log
-set-up), hfport.retrieval (embedding search with an on-disk embedding cache, hard-negative mining: `mine`) and
+set-up), hfport.settings (the library's settings, its HFPORT_* variables; the base class of the server's),
+hfport.retrieval (embedding search with an on-disk embedding cache, hard-negative mining: `mine`) and
 hfport.evaluation (`evaluate`: a task's metrics on labelled data, JSON and report.html); `resolve_model` finds a local
 folder or a repo id in the local HF cache. The CLI and the server use nothing
 else; the server takes every name it needs from the top-level namespace.

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
+from . import settings as library_settings
 from . import tasks, verbosity
 from .convert import convert as convert_folder
-from .errors import HfportError, ItemError
+from .errors import HfportError, ItemError, SettingsError
 from .evaluation import evaluate as run_evaluate
 from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFailed, VerifyReport, formats_help, \
     get_format
@@ -634,7 +636,26 @@ def evaluate(
             typer.echo(f"{what} written to {path}", err=True)
 
 
-@app.command()
+class ServeCommand(TyperCommand):
+    """`serve --help` ends with every setting's environment variable, by group, read from the settings classes when
+    the help is shown: the library never imports the server at import time."""
+
+    @property
+    def epilog(self) -> str:
+        from server.settings import Settings as ServerSettings
+
+        paragraphs = ["Flags win over these environment variables; docs/settings.md says what each setting means.",
+                      *library_settings.help_text(ServerSettings, "Server"),
+                      *library_settings.help_text(library_settings.Settings, "Library")]
+        # typer's rich help keeps a paragraph's line breaks; click's plain help keeps them after a \b line
+        return "\n\n".join(paragraphs if self.rich_markup_mode else ["\b\n" + p for p in paragraphs])
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:  # click's __init__ sets it; the property above answers instead
+        pass
+
+
+@app.command(cls=ServeCommand)
 def serve(
     host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1, or HFPORT_HOST).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port (default 8000, or HFPORT_PORT).")] = None,
@@ -652,8 +673,6 @@ def serve(
     setup_logging(verbose, quiet, default="verbose")
     # the service is an application over the library, like this CLI: the library never imports it, so it is
     # imported here, when the command runs (`python -m server` is the same entry point)
-    from pydantic import ValidationError
-
     try:
         from server.__main__ import serve as run
     except ImportError as e:
@@ -665,7 +684,7 @@ def serve(
     try:
         run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, models=model or None,
             quiet=quiet)
-    except ValidationError as e:  # a bad setting, from a flag or an HFPORT_* variable
+    except SettingsError as e:  # a bad setting, from a flag or an HFPORT_* variable: named with its value
         fail(f"invalid settings: {e}")
     except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback
         fail(str(e))

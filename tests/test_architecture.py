@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 # docstring lists them as public)
 PUBLIC_MODULES = ("hfport", "hfport.errors", "hfport.train", "hfport.export", "hfport.rundir", "hfport.pipelines",
                   "hfport.tasks", "hfport.embeddings", "hfport.verbosity", "hfport.lora", "hfport.retrieval",
-                  "hfport.evaluation")
+                  "hfport.evaluation", "hfport.settings")
 
 
 # --- RunDir ---------------------------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def test_routes_import_no_route_and_the_server_shares_no_private_names():
 # imports) exists. The longest matching prefix names a module's floor.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("hfport.errors", "hfport.version", "hfport.keymap", "hfport.hardware", "hfport.verbosity",
-              "hfport.outputs")),
+              "hfport.outputs", "hfport.settings")),  # settings: the library's HFPORT_* settings, read by any floor
     ("core", ("hfport.config", "hfport.hub", "hfport.nn", "hfport.staging")),  # nn/: the blocks and the LoRA layer
     ("formats", ("hfport.formats", "hfport.rundir")),  # the on-disk formats (adapter, sentence-transformers, ONNX, run)
     ("families", ("hfport.registry", "hfport.models", "hfport.heads", "hfport.tokenizer")),
@@ -282,8 +282,8 @@ OPTIONAL_EXTRAS = {"onnxruntime", "onnx", "peft", "psycopg", "transformers", "se
                    "pyarrow",  # pyarrow: the `data` extra, read only for Parquet/Arrow/datasets-folder training data
                    "faiss"}  # faiss: the `faiss` extra, an optional index for searching very large corpora
 FUNCTION_IMPORTS_ALLOWED = {
-    ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs",
-    ("hfport/cli.py", "pydantic"): "serve's settings errors, imported with the server",
+    ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs (and "
+                                 "when its --help lists the server's settings)",
     ("hfport/hub.py", "huggingface_hub"): "only for a repo id (not a folder); importing it costs every start-up",
 }
 

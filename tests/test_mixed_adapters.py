@@ -471,11 +471,12 @@ def test_unknown_target_module_is_a_tei_error(minilm, tmp_path):
 
 
 def test_model_cache_counts_a_base_and_its_adapters_as_one_model(tiny, tmp_path, monkeypatch):
-    """More adapters than model_cache_size over one base stay loaded (each loaded once: a cache that evicted them one
-    by one reloaded an adapter on nearly every request of a round-robin load); another model evicts the whole group."""
+    """Adapters over one base stay loaded while the group fits model_cache_mb (each loaded once: a cache that evicted
+    them one by one reloaded an adapter on nearly every request of a round-robin load); another model of the base's
+    size evicts the whole group."""
     import asyncio
 
-    from server.serving import ModelRecord, ModelService
+    from server.serving import ModelRecord, ModelService, weight_bytes
     from server.settings import Settings
 
     loads: list[str] = []
@@ -496,8 +497,9 @@ def test_model_cache_counts_a_base_and_its_adapters_as_one_model(tiny, tmp_path,
         assert [r.name for r in service.cache.records()] == ["other"]  # the group went together
 
     # the models' folders are allowed dirs: the cache reads only files inside them
+    one = weight_bytes(hfport.pipeline(task, model=base, dtype=Settings().predict_dtype))  # as the service loads it
     service = ModelService(Settings(data_dir=tmp_path / "d", allowed_dirs=[tiny["base"].parent, tmp_path],
-                                    model_cache_size=1, batch_token_budgets=[512]))
+                                    model_cache_mb=1.5 * one / 2**20, batch_token_budgets=[512]))
     try:
         asyncio.run(serve(service))
     finally:

@@ -331,7 +331,7 @@ def service(tmp_path: Path, models: dict[str, Path]):
     from server.settings import Settings
 
     client = TestClient(create_app(Settings(data_dir=tmp_path / "data", allowed_dirs=[tmp_path],
-                                            batch_autotune=False, predict_dtype="float32"), run_worker=False))
+                                            batch_token_budgets=[], predict_dtype="float32"), run_worker=False))
     client.__enter__()
     for name, path in models.items():
         r = client.post("/models", json={"name": name, "path": str(path)})

@@ -52,7 +52,8 @@ def expected_passes(lengths: list[int], budget: int) -> list[list[int]]:
 def test_concurrent_requests_are_batched_once_by_the_server(folder, tmp_path, monkeypatch):
     inputs = 3 + 2 + 2 + 1  # the four requests below: the group flushes when the last one is in (not on a timer)
     settings = Settings(data_dir=tmp_path / "data", allowed_dirs=[folder.parent], predict_dtype="float32",
-                        batch_token_budgets=[BUDGET], batch_max_inputs=inputs, batch_max_wait_ms=60_000)
+                        batch_token_budgets=[BUDGET], predict_max_inputs=inputs // 2,  # merged calls: twice that
+                        batch_max_wait_ms=60_000)
     app = create_app(settings, run_worker=False)
     with TestClient(app) as c:
         assert c.post("/models", json={"name": "emb", "path": str(folder)}).status_code == 201

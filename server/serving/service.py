@@ -26,12 +26,10 @@ class ModelService:
         """`trusted(folder)`: whether a model folder is read as a whole, its files unchecked (ModelCache)."""
         self.settings = settings
         self.metrics = metrics  # server.metrics.Metrics, or None
-        # each predict thread on its share of the cores (settings.predict_intra_op_threads; 0: the process's
-        # intra-op threads divided among them): two busy predict threads with the process's 2 threads each would put
-        # 4 OpenMP threads on 2 cores
+        # each predict thread on its share of the cores (the process's intra-op threads divided among them): two
+        # busy predict threads with the process's 2 threads each would put 4 OpenMP threads on 2 cores
         self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict",
-                                       initializer=set_num_threads_here,
-                                       initargs=(settings.predict_intra_op_threads or None, settings.predict_threads))
+                                       initializer=set_num_threads_here, initargs=(None, settings.predict_threads))
         self.cache = ModelCache(settings, metrics, trusted)
         self._batchers: dict[tuple[str, str], Batcher] = {}  # (model folder, task): a leader's one batcher
         self.pending = 0  # requests admitted and not answered yet (waiting for a model or in a call)
