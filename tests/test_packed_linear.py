@@ -247,3 +247,12 @@ def test_torch_compile_traces_installed_layers(tiny_bert):
         got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
         want = model(input_ids=ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_fp32_padded_row_counts():
+    """Packed fp32 calls pad their rows to a bounded set of sizes (oneDNN keeps a primitive per row count)."""
+    assert [packed.padded_rows(n) for n in (1, 16, 17, 128, 129, 144, 145, 256, 257, 1000)] == [
+        16, 16, 32, 128, 144, 144, 160, 256, 288, 1024]
+    sizes = {packed.padded_rows(n) for n in range(1, 4097)}
+    assert len(sizes) == 8 + 8 * 5  # 16..128, then 8 per doubling up to 4096
+    assert all(packed.padded_rows(n) >= n and (n <= 128 or packed.padded_rows(n) <= n * 1.125) for n in range(1, 4097))

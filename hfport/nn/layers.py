@@ -8,7 +8,6 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .activations import Activation
-from .buckets import row_buckets
 from .dropout import Dropout
 from .layout import Layout, Packed, Padded
 from .positions import positions_from_padding
@@ -157,14 +156,8 @@ class EncoderLayer(nn.Module):
         if self.checkpointed and self.training and torch.is_grad_enabled():
             # non-reentrant: works with the layout object and keyword arguments; the RNG state is preserved by
             # default, so the recomputation draws the same dropout masks
-            return checkpoint(self._recomputable, x, layout, use_reentrant=False, **attn_kwargs)
+            return checkpoint(self._forward, x, layout, use_reentrant=False, **attn_kwargs)
         return self._forward(x, layout, **attn_kwargs)
-
-    def _recomputable(self, x: Tensor, layout: Layout, **attn_kwargs) -> Tensor:
-        """_forward with the body's row buckets, also when the backward recomputes it (outside the body's forward):
-        the recomputed linears must save the same (bucketed) shapes."""
-        with row_buckets():
-            return self._forward(x, layout, **attn_kwargs)
 
     def _forward(self, x: Tensor, layout: Layout, **attn_kwargs) -> Tensor:
         """x: the layout's rows, (B, T, C) or (N, C); every step but attention is per token."""
@@ -259,10 +252,9 @@ class EncoderBody(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         layout = self.plan(input_ids, attention_mask, position_ids)
-        with row_buckets():  # a bounded set of matmul shapes over varied token counts (nn/buckets.py)
-            x = layout.embed(self.embeddings, input_ids, token_type_ids)  # the layout's rows (.., C)
-            x = layout.unpack(self.encoder(x, layout))  # (B, T, C)
-            return x, self.pooler(x) if self.pooler is not None else None
+        x = layout.embed(self.embeddings, input_ids, token_type_ids)  # the layout's rows (.., C)
+        x = layout.unpack(self.encoder(x, layout))  # (B, T, C)
+        return x, self.pooler(x) if self.pooler is not None else None
 
     @property
     def word_embeddings(self) -> nn.Embedding:

@@ -33,9 +33,9 @@ Memory: the packed copy sits beside the plain weight (which LoRA, int8, exports 
 Linear weights are held twice once inference has run (a MiniLM pipeline's RSS after its first call: fp32 +44 MiB,
 bf16 +22 MiB over HFPORT_PACKED_LINEAR=off; BERT-base fp32 would be ~+340 MB). And oneDNN
 caches one primitive per (row count, weight shape) (~1 MB each measured for 384 -> 1536): fp32's F.linear (BLAS)
-caches nothing, so packed fp32 calls pad their rows to nn/buckets.py's bucket sizes (at most 12.5% extra rows above
-128, 15 below) to keep that set bounded; bf16 calls follow HFPORT_ROW_BUCKETS as F.linear's bf16 calls do (oneDNN
-cached per row count there already).
+caches nothing, so packed fp32 calls pad their rows up to `padded_rows` (at most 12.5% extra rows above 128, 15
+below) to keep that set bounded; bf16 calls do not (F.linear's bf16 calls go through oneDNN and cache per row count
+already).
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from . import buckets
 
 log = logging.getLogger("hfport")
 
@@ -142,9 +141,16 @@ def _packed_weight(weight: Tensor) -> Tensor:
     return cache.tensor
 
 
-def _pad_rows(x: Tensor) -> bool:
-    """Whether a packed call pads its rows to a bucket: fp32 always (module docstring), bf16 as F.linear would."""
-    return x.dtype == torch.float32 or buckets.ROW_BUCKETS != "off"
+FINE_STEP, FINE_MAX = 16, 128  # padded row counts: multiples of FINE_STEP up to FINE_MAX, then 8 steps per doubling
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a packed fp32 call pads ROWS up to: 16, 32, .., 128, then 144, 160, .., 256, 288, 320, .., 512,
+    576, .. (a bounded set of oneDNN primitives over varied token counts; module docstring)."""
+    if rows <= FINE_MAX:
+        return max(FINE_STEP, -(-rows // FINE_STEP) * FINE_STEP)
+    step = 1 << ((rows - 1).bit_length() - 4)  # 1/8 of the power of two below rows
+    return -(-rows // step) * step
 
 
 def _compute(layer: nn.Linear, x: Tensor) -> Tensor:
@@ -152,7 +158,7 @@ def _compute(layer: nn.Linear, x: Tensor) -> Tensor:
     k = layer.weight.shape[1]
     rows = x.reshape(-1, k)  # (M, in)
     m = rows.shape[0]
-    target = buckets.bucket(m) if m and _pad_rows(x) else m
+    target = padded_rows(m) if m and x.dtype == torch.float32 else m
     if target != m:
         rows = torch.cat([rows, rows.new_zeros(target - m, k)])  # (M', in): the zero rows are sliced off below
     packed = _packed_weight(layer.weight)
