@@ -15,6 +15,7 @@ from .embeddings import token_listing, tune_batch_tokens
 from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelNotFoundError
 from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
 from .hub import resolve as resolve_model
+from .inference import for_inference, inference_steps
 from .modeling import LoadReport, PreTrainedEncoder
 from .nn.packed import packed_bytes
 from .nn.shards import set_num_threads_here
@@ -43,6 +44,8 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice", "A
            "ItemError",
            # serving: time a call's phases (tokenize, forward, ...), pick a pipeline's token budget by measurement
            "phase_times", "tune_batch_tokens",
+           # the inference step pipelines apply to their model (hfport/inference.py), and what it did to a model
+           "for_inference", "inference_steps",
            # a weight's packed inference copy (nn/packed.py), which a memory budget counts beside the weight
            "packed_bytes",
            # a thread's own intra-op thread count, the process's left alone (a server's predict threads)

@@ -28,7 +28,6 @@ from .keymap import KeyMap
 from .nn.int8 import Int8Linear
 from .nn import shards
 from .nn.layers import EncoderLayer
-from .nn.packed import install as install_packed
 from .registry import Family, get_family
 from .staging import staged
 
@@ -224,7 +223,6 @@ class PreTrainedEncoder(nn.Module):
             adapted = ADAPTER_LOADER(cls, folder, base_model=base_model, dtype=dtype, device=device,
                                      num_labels=num_labels, id2label=id2label, label2id=label2id,
                                      problem_type=problem_type)
-            install_packed(adapted)  # its head and untargeted layers are new modules (the base's got it at load)
             return adapted
         if base_model is not None:
             raise ConfigError(f"{folder}: base_model= applies to adapter folders (with adapter_config.json) only")
@@ -240,7 +238,6 @@ class PreTrainedEncoder(nn.Module):
             model = cls(config, family)
         model = model.to(torch_dtype).to_empty(device=device or "cpu")
         model.load_report = model._load(checkpoint, ignore_mismatched_sizes)
-        install_packed(model)  # plain Linear layers use prepacked weights at inference only (nn/packed.py)
         return model.eval()
 
     def _plan(self, checkpoint: hub.Checkpoint) -> tuple[dict[str, str], list[str]]:

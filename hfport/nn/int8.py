@@ -50,6 +50,7 @@ import threading
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
@@ -203,6 +204,7 @@ class Int8Linear(nn.Module):
         # (N, K) the float layer's weight for calls of few rows (keep_float; module docstring), else None
         self.register_buffer("float_weight", None, persistent=False)
         self.float_below_rows = 0
+        self.prepacked = False  # calls of few rows on the packed float weight (nn/packed.py: set by pack_linears)
         self.shared: SharedInput | None = None
         # "tensor": oneDNN's packed copy of weight_t (an opaque tensor, not a buffer: it cannot be saved or copied),
         # made on first use and again whenever weight_t changes (load_state_dict, .to): keyed by its storage/version
@@ -281,8 +283,8 @@ class Int8Linear(nn.Module):
         if (self.float_weight is not None and x.numel() < self.float_below_rows * self.in_features
                 and not _Everywhere.depth):
             # few rows: the float layer (module docstring); the bias follows the float parts' dtype like the weight
-            return packed.linear_weights(x, self.float_weight.to(x.dtype),
-                                         None if self.bias is None else self.bias.to(x.dtype))
+            weight, bias = self.float_weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
+            return packed.linear_weights(x, weight, bias) if self.prepacked else F.linear(x, weight, bias)
         q, scale, zp, kept = self.quantize_input(x)
         if self.activations == "tensor":
             weight, weight_zp = self.packed()
@@ -311,7 +313,9 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"outliers={len(self.outliers)}, activations={self.activations}")
+                f"outliers={len(self.outliers)}, activations={self.activations}"
+                + (f", float_below_rows={self.float_below_rows}" if self.float_weight is not None else "")
+                + (", prepacked=True" if self.prepacked else ""))
 
 
 def reference_forward(layer: Int8Linear, x: Tensor) -> Tensor:
@@ -339,7 +343,8 @@ def body_linears(root: nn.Module) -> dict[str, nn.Linear]:
     seen: set[int] = set()
     out = {}
     for name, module in root.named_modules():
-        if type(module) is nn.Linear and id(module) not in seen:  # exactly nn.Linear: a LoRA layer is not swapped
+        # exactly nn.Linear (or its packed form): a LoRA layer is not swapped
+        if type(module) in (nn.Linear, packed.PackedLinear) and id(module) not in seen:
             seen.add(id(module))
             out[name] = module
     return out

@@ -54,7 +54,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from .dropout import Dropout
-from .packed import linear
+from .packed import PackedLinear, linear
 
 
 class LoraError(ConfigError):
@@ -77,6 +77,7 @@ class LoraLinear(nn.Linear):
         self.lora_B = nn.Linear(r, self.out_features, bias=False, **kw)  # (out, r)
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r
+        self.prepacked = False  # the base product on the packed weight (nn/packed.py: set by pack_linears)
         self.reset_lora_parameters()
 
     @torch.no_grad()
@@ -86,16 +87,19 @@ class LoraLinear(nn.Linear):
         nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # as peft (and nn.Linear's default)
         nn.init.zeros_(self.lora_B.weight)  # the update starts at zero: the model starts as the base
 
+    def base(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out): x W^T + b
+        return linear(self, x) if self.prepacked else F.linear(x, self.weight, self.bias)
+
     def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = linear(self, x)  # the packed weight at inference (nn/packed.py)
-        return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+        return self.base(x) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
 
     def delta_weight(self) -> Tensor:
         """scaling * B A, (out, in), computed in float32."""
         return (self.lora_B.weight.float() @ self.lora_A.weight.float()) * self.scaling
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, alpha={self.alpha}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, alpha={self.alpha}"
+                + (", prepacked=True" if self.prepacked else ""))
 
 
 class ChunkLoraLinear(LoraLinear):
@@ -129,8 +133,7 @@ class ChunkLoraLinear(LoraLinear):
         return self.lora_B.weight * self.block_mask
 
     def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = linear(self, x)  # the packed weight at inference (nn/packed.py)
-        return out + F.linear(self.lora_A(self.lora_dropout(x)), self.masked_B()) * self.scaling
+        return self.base(x) + F.linear(self.lora_A(self.lora_dropout(x)), self.masked_B()) * self.scaling
 
     def delta_weight(self) -> Tensor:
         return (self.masked_B().float() @ self.lora_A.weight.float()) * self.scaling
@@ -266,9 +269,10 @@ class MixedLinear(nn.Linear):
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias  # the same Parameters: nothing copied
         self.path = path
+        self.prepacked = isinstance(base, PackedLinear)  # the base product as the layer it replaces computed it
 
     def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = linear(self, x)  # the packed weight at inference (nn/packed.py)
+        out = linear(self, x) if self.prepacked else F.linear(x, self.weight, self.bias)
         route = _state.route
         layer = route.table.layers.get(self.path) if route is not None else None
         if layer is None:  # no routing, or no adapter wraps this layer
@@ -463,7 +467,7 @@ def install_mixed(body: nn.Module, paths: list[str]) -> None:
         layer = getattr(owner, child)
         if isinstance(layer, MixedLinear):
             continue
-        if isinstance(layer, LoraLinear) or type(layer) is not nn.Linear:
+        if type(layer) not in (nn.Linear, PackedLinear):
             raise LoraError(f"mixed adapters: {path} is a {type(layer).__name__}, not a plain linear layer")
         setattr(owner, child, MixedLinear(layer, path))
     if not getattr(body.encoder, "_routes_tokens", False):

@@ -86,7 +86,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              dtype: Any = None, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
              backend: str | None = None, base_model: Any = None,
              adapters: Mapping[str, str | os.PathLike[str]] | None = None,
-             gate_data: str | os.PathLike[str] | None = None, **options: Any) -> Pipeline:
+             gate_data: str | os.PathLike[str] | None = None, packed_linear: bool = True, **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
@@ -97,7 +97,9 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     adapters: {name: adapter folder} served over `model` (its body shared, not reloaded); pick one per call with
     `adapter=`.
     dtype="int8" / "auto-int8" (a folder only): the encoder's Linear layers in int8, held to the int8 gate on built-in
-    texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses."""
+    texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses.
+    packed_linear: the pipeline's model computes its Linear layers on prepacked weights (hfport/inference.py; applied
+    in place, also to a model given loaded)."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
     if backend is not None and backend not in BACKENDS:
@@ -138,7 +140,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
                         f"{type(model).__name__}")
     if not isinstance(tokenizer, PreTrainedTokenizer):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-    pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens, **options)
+    pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
+               packed_linear=packed_linear, **options)
     if adapters:
         if isinstance(model, OnnxModel):
             raise ValueError("adapters: the onnx backend runs a fixed graph; serve adapters on the torch backend")

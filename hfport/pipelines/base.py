@@ -31,9 +31,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..errors import HfportError, ItemError
+from ..inference import for_inference
 from ..lora import AdapterSet, replaying
 from ..modeling import PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, TokenizerError, has_tokenizer_files
@@ -121,13 +122,16 @@ class Pipeline:
     token_outputs: ClassVar[tuple[str, ...]] = ()  # forward outputs with a token axis, cut to each row's length
 
     def __init__(self, model: PreTrainedEncoder, tokenizer: PreTrainedTokenizer, *, batch_size: int | None = None,
-                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, **options: Any):
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, packed_linear: bool = True, **options: Any):
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) or max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be a positive integer, got {max_batch_tokens!r}")
-        self.model = model.eval()
+        # the model serves inference from here on: eval mode and the inference step (hfport/inference.py)
+        self.packed_linear = bool(packed_linear)
+        self.model = for_inference(model, packed_linear=self.packed_linear) if isinstance(model, nn.Module) \
+            else model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
@@ -216,7 +220,7 @@ class Pipeline:
         if not isinstance(tokenizer, PreTrainedTokenizer):
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         member = type(self)(model, tokenizer, batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens,
-                            **self.options)
+                            packed_linear=self.packed_linear, **self.options)
         member.leader, member.adapter_name = self, name
         self.adapters = {**self.adapters, name: member}  # replaced, not edited: a call in flight keeps its view
         return member
