@@ -18,8 +18,8 @@ from .hub import resolve as resolve_model
 from .inference import for_inference, inference_steps
 from .modeling import LoadReport, PreTrainedEncoder
 from .nn.packed import packed_bytes
-from .nn.shards import set_num_threads_here
 from .pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, phase_times, pipeline
+from .pipelines.shards import set_num_threads_here
 from .registry import supported
 from .rundir import RunDir, RunSummary
 from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForMultipleChoice, AutoModelForQuestionAnswering,

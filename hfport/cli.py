@@ -17,7 +17,8 @@ from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFa
 from .export import export as export_to
 from .export import verify as verify_folder
 from .hardware import cpu_capabilities, describe
-from .pipelines import InvalidInput, pipeline
+from .inference import for_inference, inference_steps
+from .pipelines import InvalidInput, pipeline, shards
 from .tasks import load_any
 from .train.config import read_config_file, resolve_config
 from .train.loop import finetune as run_finetune
@@ -58,7 +59,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
                                                  "reading the cached result.")] = False,
          as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
          verbose: Verbose = 0, quiet: Quiet = False) -> None:
-    """Family, head, parameter count, dtype and the load report of MODEL; --hardware: what this CPU computes fast."""
+    """Family, head, parameter count, dtype, the inference steps a pipeline applies to it and the load report of MODEL;
+    --hardware: what this CPU computes fast."""
     setup_logging(verbose, quiet)
     if model is None and not hardware:
         fail("give a MODEL, or --hardware for this machine's measured capabilities")
@@ -73,12 +75,16 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
         fail(str(e))
         return
     report = m.load_report
+    dtype = m.dtype
+    steps = inference_steps(for_inference(m))  # what a pipeline over this model runs (hfport/inference.py)
     facts = {
         "path": str(model), "family": m.family.model_type, "head": m.task,
         "architecture": m.family.architectures[m.task], "parameters": m.num_parameters(), "dtype": str(m.dtype),
         "hidden_size": m.config.hidden_size, "layers": m.config.num_hidden_layers,
         "heads": m.config.num_attention_heads, "vocab_size": m.config.vocab_size,
         "labels": m.config.id2label if tasks.get(m.task).labels else None,
+        "inference": {**{step: f"{n} layers" for step, n in steps.items()},
+                      "row_shards": shards.describe("auto", dtype)},
         "load_report": {"loaded": len(report.loaded), "initialized": report.initialized,
                         "unexpected": report.unexpected,
                         "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite,
@@ -93,6 +99,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
             continue
         if key == "parameters":
             value = f"{value:,}"
+        if key == "inference":
+            value = "; ".join(f"{step} {what}" for step, what in value.items())
         if value is not None:
             typer.echo(f"{key:<{width}}  {value}")
     typer.echo(f"{'load':<{width}}  " + report.summary().replace("\n", "\n" + " " * (width + 2)))

@@ -26,8 +26,8 @@ from .hardware import auto_dtype
 from .heads import MaskedLMHead
 from .keymap import KeyMap
 from .nn.int8 import Int8Linear
-from .nn import shards
 from .nn.layers import EncoderLayer
+from .nn.lora import Route
 from .registry import Family, get_family
 from .staging import staged
 
@@ -168,16 +168,10 @@ class PreTrainedEncoder(nn.Module):
         self.head = self.head_factory(config, **self.family.options_for(config, self.task))
         self.load_report: LoadReport | None = None
         self.adapter: Any = None  # hfport.lora.AdapterInfo when LoRA layers are applied (hfport/lora.py)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """nn.Module's call, except that an inference call (eval mode, autograd off, no labels) on a batch of several
-        rows may run as row shards, one worker thread each (nn/shards.py: when, why, HFPORT_ROW_SHARDS). Every
-        family and head passes here. Module hooks on this model then see each shard's call."""
-        if not (self.training or torch.is_grad_enabled()):
-            planned = shards.plan(type(self).forward, self, args, kwargs)
-            if planned is not None:
-                return shards.run(super().__call__, *planned)
-        return super().__call__(*args, **kwargs)
+        # serving many adapters over one body (hfport.lora.AdapterSet.adopt): the set whose body this model shares,
+        # and the slot of this model's adapter in its table (0: the base)
+        self.adapter_set: Any = None
+        self.adapter_slot = 0
 
     # --- construction -------------------------------------------------------------------------------------
 
@@ -432,9 +426,22 @@ class PreTrainedEncoder(nn.Module):
         return self.body.word_embeddings
 
     def _body(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
-              position_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
+              position_ids: Tensor | None, encoder_outputs: tuple[Tensor, Tensor | None] | None = None
+              ) -> tuple[Tensor, Tensor | None]:
+        """(hidden (B, T, C), pooled (B, C) or None): the body's, or `encoder_outputs` when the caller computed
+        them already (a mixed-adapter batch's body, run once for every adapter's rows: Pipeline.forward_batch)."""
+        if encoder_outputs is not None:
+            return encoder_outputs
         return self.body(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                         position_ids=position_ids)
+                         position_ids=position_ids, adapters=self.adapter_route(input_ids))
+
+    def adapter_route(self, input_ids: Tensor) -> Route | None:
+        """Every row to this model's adapter in the AdapterSet it was adopted by (None: no adapter set, or the base),
+        so the model computes its adapter wherever it is called."""
+        if self.adapter_set is None or not self.adapter_slot:
+            return None
+        slots = torch.full(input_ids.shape[:1], self.adapter_slot, dtype=torch.long, device=input_ids.device)  # (B,)
+        return Route(self.adapter_set.table, slots)
 
 
 def legacy_name(key: str) -> str:

@@ -295,3 +295,23 @@ def test_fp32_padded_row_counts():
     sizes = {packed.padded_rows(n) for n in range(1, 4097)}
     assert len(sizes) == 8 + 8 * 5  # 16..128, then 8 per doubling up to 4096
     assert all(packed.padded_rows(n) >= n and (n <= 128 or packed.padded_rows(n) <= n * 1.125) for n in range(1, 4097))
+
+
+def test_cli_info_names_the_inference_steps(folder):
+    """`hfport info` says what a pipeline over the model runs: its PackedLinear layers and the row-shard rule for
+    its dtype."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+    from hfport.pipelines import shards
+
+    linears = sum(isinstance(m, nn.Linear) for m in hfport.AutoModelForSequenceClassification.from_pretrained(
+        folder).modules())
+    result = CliRunner().invoke(app, ["info", str(folder), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["inference"] == {"packed_linear": f"{linears} layers",
+                                                      "row_shards": shards.describe("auto", torch.float32)}
+    text = CliRunner().invoke(app, ["info", str(folder)]).output
+    assert f"inference     packed_linear {linears} layers; row_shards auto: batches of" in text, text
