@@ -112,8 +112,8 @@ def test_one_outlier_rule_for_the_engine_and_the_onnx_quantizer(tmp_path):
 
 
 def test_outlier_rule_median_and_limit():
-    peaks = torch.tensor([1.0, 1.0, 1.0, 3.0, 6.0, 100.0])  # median 2 (the mean of 1 and 3): threshold 8
-    assert int8_nn.outlier_channels(peaks).tolist() == [5]  # 6 is 3x the median, not 6x the lower middle value 1
+    peaks = torch.tensor([1.0, 1.0, 1.0, 3.0, 7.0, 100.0])  # median 2 (the mean of 1 and 3): threshold 8
+    assert int8_nn.outlier_channels(peaks).tolist() == [5]  # 7 is 3.5x the median (7x the lower middle value)
     peaks[4] = 9.0
     assert int8_nn.outlier_channels(peaks).tolist() == [4, 5]
     assert int8_nn.outlier_channels(peaks, limit=1).tolist() == [5]  # the largest first
