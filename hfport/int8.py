@@ -18,11 +18,13 @@
      sentences 0.9960 with fp32 float parts, 0.9966 with bf16 ones (over the gate's 64 judged texts 0.9918 and
      0.9902; bf16 alone 0.9999);
   3. the gate (hfport/agreement.py, the ONNX export's rules and thresholds): int8 against fp32 on the built-in
-     judged texts and pairs (never the calibration ones) and on the user's `gate_data`, by the task's agreement
-     kind, int8 at every call size (quantized with no float weight kept; the float weights for calls of few rows are
-     kept once int8 passed). Each activation granularity this torch has is tried in turn, fastest first
-     (`granularities`); the first that passes is kept. None passing: an Int8GateError saying by how much, or with
-     "auto-int8" the float layers back and the model in bf16 (logged, and noted in the load report).
+     judged texts and pairs (never the calibration ones), short and long ones up to the model's max length (at most
+     GATE_MAX_LENGTH tokens; hfport/probes.py says why), and on the user's `gate_data` cut only at the model's max
+     length, each set by itself, by the task's agreement kind, int8 at every call size (quantized with no float
+     weight kept; the float weights for calls of few rows are kept once int8 passed). Each activation granularity
+     this torch has is tried in turn, fastest first (`granularities`); the first that passes is kept. None passing:
+     an Int8GateError saying by how much, or with "auto-int8" the float layers back and the model in bf16 (logged,
+     and noted in the load report).
 The gate's verdicts are kept on the model as `model.int8_gate` (a list of GateResult).
 """
 
@@ -38,7 +40,7 @@ import torch
 from torch import Tensor
 
 from . import modeling
-from .agreement import MIN_AGREEMENT, MIN_COSINE, GateContext, gate_for, measure, passes
+from .agreement import MIN_AGREEMENT, MIN_COSINE, Gate, GateContext, gate_for, items, passes, verdict
 from .errors import ConfigError, ExportError
 from .formats.sentence_transformers import has_embedding_layout, read_layout
 from .hardware import auto_dtype
@@ -61,19 +63,21 @@ class Int8GateError(ExportError):
 @dataclass(frozen=True)
 class GateResult:
     data: str  # where the judged texts came from
-    kind: str  # "texts" or "pairs"
+    kind: str  # "texts", "pairs", "long texts" or "long pairs"
     statistic: str  # the gate's tolerance, e.g. "min cosine >= 0.98"
     value: float
     items: int
     bound: float  # the threshold the statistic is held to
     passed: bool
+    tokens: tuple[int, int] = (0, 0)  # the shortest and longest judged row, in tokens
 
     def line(self) -> str:
-        return (f"{self.statistic}: {self.value:.4f} over {self.items} {self.kind} ({self.data})"
-                f"{'' if self.passed else ' FAILED'}")
+        return (f"{self.statistic}: {self.value:.4f} over {self.items} {self.kind} of {self.tokens[0]}-"
+                f"{self.tokens[1]} tokens ({self.data}){'' if self.passed else ' FAILED'}")
 
 
 def _max_length(config: Any) -> int:
+    """The calibration batches' cut (their texts are short)."""
     return min(PROBE_MAX_LENGTH, config.max_position_embeddings - 2)  # room for RoBERTa's position offset
 
 
@@ -100,27 +104,42 @@ def _pooling(folder: Path) -> str:
 
 
 Batches = dict[str, list[dict[str, Tensor]]]  # "<origin>/<kind>" -> the judged batches
+Reference = dict[str, list[Tensor]]  # the same keys -> fp32's judged items per batch
 
 
 def _batches(model: PreTrainedEncoder, folder: Path, datasets: list[GateData]) -> Batches:
     """Every data set as the gate's batches (hfport/probes.py: gate_batches), tokenized once."""
     return {f"{data.origin}/{kind}": encs for data in datasets
-            for kind, encs in gate_batches(folder, model.task, model.config, data, _max_length(model.config)).items()}
+            for kind, encs in gate_batches(folder, model.task, model.config, data).items()}
 
 
-def _judge(model: PreTrainedEncoder, folder: Path, batches: Batches,
-           reference: dict[str, list[dict[str, Tensor]]]) -> list[GateResult]:
+def _gate(model: PreTrainedEncoder, folder: Path) -> tuple[Gate, GateContext]:
+    return gate_for(TASKS[model.task].agreement, model.config), GateContext(model.config, _pooling(folder))
+
+
+def _reference(model: PreTrainedEncoder, folder: Path, batches: Batches) -> Reference:
+    """fp32's judged items on every batch: only the items are kept (fill-mask's logits are (rows, T, vocab))."""
+    gate, ctx = _gate(model, folder)
+    return {key: [items(gate, _outputs(model, enc, model.task), enc, ctx, reference=True) for enc in encs]
+            for key, encs in batches.items()}
+
+
+def _tokens(encs: list[dict[str, Tensor]]) -> tuple[int, int]:
+    lengths = torch.cat([enc["attention_mask"].sum(1) for enc in encs])  # (rows,)
+    return int(lengths.min()), int(lengths.max())
+
+
+def _judge(model: PreTrainedEncoder, folder: Path, batches: Batches, reference: Reference) -> list[GateResult]:
     """The gate's verdict per data set and kind: MODEL's outputs (int8) against REFERENCE (fp32, same keys)."""
-    gate = gate_for(TASKS[model.task].agreement, model.config)
-    ctx = GateContext(model.config, _pooling(folder))
+    gate, ctx = _gate(model, folder)
     bound = MIN_COSINE if gate.threshold == "cosine" else MIN_AGREEMENT
     results = []
     for key, encs in batches.items():
-        chunks = [(_outputs(model, enc, model.task), f, enc) for enc, f in zip(encs, reference[key])]
-        verdict = measure(gate, chunks, ctx)
-        ok, tolerance = passes(gate, verdict, MIN_AGREEMENT, MIN_COSINE)
+        chunks = [(items(gate, _outputs(model, enc, model.task), enc, ctx), f) for enc, f in zip(encs, reference[key])]
+        judged = verdict(gate, chunks, ctx)
+        ok, tolerance = passes(gate, judged, MIN_AGREEMENT, MIN_COSINE)
         origin, _, kind = key.rpartition("/")
-        results.append(GateResult(origin, kind, tolerance, verdict.value, verdict.items, bound, ok))
+        results.append(GateResult(origin, kind, tolerance, judged.value, judged.items, bound, ok, _tokens(encs)))
     return results
 
 
@@ -185,7 +204,7 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
         return _fallback(model, folder, f"int8 cannot load here: {e}")
     datasets = [GateData.builtin()] + ([read_gate_data(gate_data)] if gate_data is not None else [])
     batches = _batches(model, folder, datasets)
-    reference = {key: [_outputs(model, enc, model.task) for enc in encs] for key, encs in batches.items()}  # fp32
+    reference = _reference(model, folder, batches)  # fp32
     peaks = _calibrate(model, folder)
     refused = []
     for activations in granularities():

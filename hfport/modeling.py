@@ -22,7 +22,7 @@ from . import hub
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError
 from .formats.adapter import is_adapter_folder
-from .hardware import auto_dtype
+from .hardware import auto_dtype, resolve_device
 from .heads import MaskedLMHead
 from .keymap import KeyMap
 from .nn.int8 import Int8Linear
@@ -197,7 +197,10 @@ class PreTrainedEncoder(nn.Module):
         """A model folder, or a LoRA adapter folder in PEFT's format (adapter_config.json): its base comes from
         `base_model_name_or_path`, or `base_model=` (a folder, or a loaded model whose tensors are shared).
         dtype="int8" / "auto-int8": the encoder's Linear layers in int8, held to the int8 gate on the built-in
-        judged texts and `gate_data` (a file: one text a line, or JSONL with text / text_pair; hfport/int8.py)."""
+        judged texts and `gate_data` (a file: one text a line, or JSONL with text / text_pair; hfport/int8.py).
+        device: "auto" (the first CUDA device when there is one, else the CPU), "cpu", "cuda", "cuda:N" or a
+        torch.device; None: the CPU."""
+        device = resolve_device(device) if device is not None else None
         folder = hub.resolve(path_or_repo_id, revision=revision, cache_dir=cache_dir)
         if isinstance(dtype, str) and dtype in INT8_DTYPES:
             if INT8_LOADER is None:

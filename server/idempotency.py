@@ -1,4 +1,5 @@
-"""Idempotent job submission: an `Idempotency-Key` header on POST /jobs/finetune and /jobs/export.
+"""Idempotent job submission: an `Idempotency-Key` header on POST /jobs/finetune, /jobs/finetune/upload (the digest
+covers each uploaded file's name and SHA-256) and /jobs/export.
 
 A client that timed out cannot know whether its job was created; it retries with the same key and the same body and
 gets the same job back (202, the same id), never a second one. The same key with another body is a 409 naming the

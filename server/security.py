@@ -56,6 +56,33 @@ def confine(path: str | os.PathLike[str], settings: Settings, what: str = "path"
     return real
 
 
+def confine_files(folder: str | os.PathLike[str], settings: Settings, what: str = "path") -> None:
+    """Every file and folder under FOLDER (a model folder the server reads) resolves inside an allowed dir: a symlink
+    out (vocab.txt -> /etc/...) is refused with 403 as a path outside them is; confining the folder alone would still
+    let the tokenizer or the loader read through it. Symlinked folders are walked too (each real folder once)."""
+    root = Path(folder)
+    seen: set[Path] = set()
+
+    def check(path: Path) -> Path:
+        try:
+            real = path.resolve(strict=False)
+        except (OSError, RuntimeError) as e:  # a symlink loop
+            raise ApiError(400, f"{what}: {path} cannot be resolved ({e})", "InvalidPath") from e
+        if not any(real == r or real.is_relative_to(r) for r in settings.roots):
+            raise ApiError(403, f"{what}: {path} links outside the allowed directories "
+                                f"({', '.join(str(r) for r in settings.roots)})", "PathNotAllowed")
+        return real
+
+    for top, dirs, files in os.walk(root, followlinks=True):
+        real = check(Path(top))
+        if real in seen:  # a link back into a folder already walked
+            dirs[:] = []
+            continue
+        seen.add(real)
+        for name in files:
+            check(Path(top) / name)
+
+
 class BodyLimit:
     """Refuses request bodies over a limit with 413 before the app parses them: by Content-Length when given,
     else while streaming. Upload routes get settings.max_upload_bytes, every other route max_request_bytes."""

@@ -15,7 +15,7 @@ from fastapi import Depends, Request
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from hfport.pipelines import check_dtype
+from hfport.pipelines import check_device, check_dtype
 
 
 class Settings(BaseSettings):
@@ -47,10 +47,18 @@ class Settings(BaseSettings):
     strict_dimensions: bool = Field(False, description=(
         "/embed and /v1/embeddings refuse a `dimensions` the model was not trained for (its Matryoshka dimensions, "
         "recorded in config_sentence_transformers.json, or its full size); off: any prefix is served"))
+    auto_truncate: bool = Field(True, description=(
+        "as TEI's --auto-truncate (on by default since TEI 1.9): inputs longer than the model takes are cut to its "
+        "maximum length on /embed, /embed_all, /embed_sparse, /similarity, /rerank, TEI's /predict and "
+        "/v1/embeddings, unless a TEI request says truncate=false (then 413); off: refused unless a TEI request says "
+        "truncate=true (OpenAI's /v1/embeddings has no such field)"))
     predict_dtype: str = Field("auto", description="dtype models are served in: auto (the checkpoint's, but bf16 "
                                "for an fp32 checkpoint on a CPU with native bf16), float32, bfloat16, float16, int8 "
                                "(the encoder's Linear layers in int8, refused where the int8 gate fails) or "
                                "auto-int8 (int8, else bf16 where the gate fails)")
+    device: str = Field("auto", description="where served models run, adapters included: auto (the first CUDA "
+                        "device when there is one, else the CPU), cpu, cuda or cuda:N; predict_dtype auto serves an "
+                        "fp32 checkpoint in bf16 on a CUDA GPU with bf16")
     model_cache_size: int = Field(4, ge=1, description="loaded models kept in memory, a base and "
                                   "the adapters over it counting as one (least recently used go)")
     model_cache_mb: float = Field(4096, gt=0,
@@ -134,6 +142,11 @@ class Settings(BaseSettings):
     @classmethod
     def _dtype(cls, v: str) -> str:
         return check_dtype(v)  # a ValueError names the choices
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        return check_device(v)  # a ValueError names the choices and the CUDA devices this process sees
 
     @field_validator("data_dir")
     @classmethod

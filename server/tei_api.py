@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .errors import ApiError, ShapedErrorRoute, error_response, validation_message
 from .schemas import ErrorBody
 from .serving import Answer, Answers, ModelService, Served, Timing, infer, served
+from .settings import get_settings
 from .store import BaseStore
 
 TEI_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -29,14 +30,16 @@ TEI_ERRORS: dict[int | str, dict[str, Any]] = {
 TEI_ANSWERS = Answers(
     empty=Answer(400, "Empty", "`{field}` cannot be empty"),
     too_many=Answer(413, "Validation", "batch size {count} > maximum allowed batch size {limit}"),
-    too_long=Answer(413, "Validation", "{field}[{index}]: {chars} characters, the limit is {limit}"),
+    too_long=Answer(413, "Validation", "{field}[{index}]: {chars} characters, the limit is {limit} "
+                                       "(HFPORT_PREDICT_MAX_CHARS)"),
     blank=Answer(400, "Empty", "{field}[{index}] is empty"),
     overloaded=Answer(429, "Overloaded", "{pending} requests are waiting; retry shortly"),
     timeout=Answer(504, "Timeout", "took longer than {seconds} s; send fewer or shorter inputs"),
     backend=Answer(424, "Backend", "model {model!r}: {error}"),
     options=Answer(422, "Validation", "{error}"),
     # a per-input failure of the pipeline, by its error type -> TEI's status and error_type
-    failed_item={"PipelineInputError": (413, "Validation"), "TokenizerError": (422, "Tokenizer")})
+    failed_item={"PipelineInputError": (413, "Validation"), "InputTooLongError": (413, "Validation"),
+                 "TokenizerError": (422, "Tokenizer")})
 
 
 class TeiRoute(ShapedErrorRoute):
@@ -51,6 +54,7 @@ class TeiRoute(ShapedErrorRoute):
 # --- bodies -------------------------------------------------------------------------------------------------------
 
 Direction = Literal["Right", "Left", "right", "left"]
+TRUNCATE = "cut inputs longer than max_input_length (default: the server's HFPORT_AUTO_TRUNCATE, on by default)"
 Texts = str | list[str]
 
 
@@ -59,7 +63,7 @@ class TeiBody(BaseModel):
 class EmbedRequest(TeiBody):
     inputs: str | list[str] | list[int] | list[list[int]] = Field(description="a text, texts, or token ids")
     normalize: bool = True
-    truncate: bool | None = Field(None, description="cut inputs longer than max_input_length (default false)")
+    truncate: bool | None = Field(None, description=TRUNCATE)
     truncation_direction: Direction = "Right"
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
     dimensions: int | None = Field(None, ge=1, description="keep the first n values (Matryoshka), then normalize")
@@ -67,7 +71,7 @@ class EmbedRequest(TeiBody):
 
 class EmbedAllRequest(TeiBody):
     inputs: str | list[str] | list[int] | list[list[int]]
-    truncate: bool | None = None
+    truncate: bool | None = Field(None, description=TRUNCATE)
     truncation_direction: Direction = "Right"
     prompt_name: str | None = None
 
@@ -76,7 +80,7 @@ class EmbedSparseRequest(TeiBody):
     """TEI's /embed_sparse body: a SPLADE model's sparse vectors."""
 
     inputs: str | list[str] | list[int] | list[list[int]] = Field(description="a text, texts, or token ids")
-    truncate: bool | None = Field(None, description="cut inputs longer than max_input_length (default false)")
+    truncate: bool | None = Field(None, description=TRUNCATE)
     truncation_direction: Direction = "Right"
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
 
@@ -93,7 +97,7 @@ class TeiPredictRequest(TeiBody):
         description="a text, a [text, text_pair] pair, or a list of texts or pairs (as TEI: a list of exactly two "
                     "texts is one pair)")
     raw_scores: bool = False
-    truncate: bool | None = None
+    truncate: bool | None = Field(None, description=TRUNCATE)
     truncation_direction: Direction = "Right"
 
 
@@ -102,7 +106,7 @@ class RerankRequest(TeiBody):
     texts: list[str]
     raw_scores: bool = False
     return_text: bool = False
-    truncate: bool | None = None
+    truncate: bool | None = Field(None, description=TRUNCATE)
     truncation_direction: Direction = "Right"
 
 
@@ -113,7 +117,7 @@ class SimilarityInput(TeiBody):
 
 class SimilarityRequest(TeiBody):
     inputs: SimilarityInput
-    truncate: bool | None = None
+    truncate: bool | None = Field(None, description=TRUNCATE)
     truncation_direction: Direction = "Right"
     prompt_name: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="accepted and ignored (huggingface_hub sends {})")
@@ -153,6 +157,7 @@ class Info(BaseModel):
     model_id: str
     model_sha: str | None = None
     model_dtype: str
+    model_device: str = Field(description="where the model runs (not in TEI's schema): cpu or 'cuda:0 (NVIDIA H200)'")
     model_type: dict[str, Any] = Field(description="{'embedding': {'pooling'}} | {'classifier': {'id2label', "
                                                    "'label2id'}} | {'reranker': {...}}")
     max_concurrent_requests: int
@@ -160,7 +165,8 @@ class Info(BaseModel):
     max_batch_tokens: int
     max_batch_requests: int | None = None
     max_client_batch_size: int
-    auto_truncate: bool = False
+    auto_truncate: bool = Field(description="inputs without `truncate` are cut at max_input_length "
+                                            "(HFPORT_AUTO_TRUNCATE)")
     tokenization_workers: int
     version: str
 
@@ -184,12 +190,21 @@ def set_timing(response: Response, started: float, timing: Timing, model: Served
 EMBEDDING_KINDS = ("embedding", "sparse-embedding")  # the kinds whose pipelines take truncate + a direction
 
 
-def truncation(truncate: bool | None, direction: str, kind: str) -> dict[str, Any]:
-    """TEI's truncate options as the pipeline's: embedding pipelines take a direction; others cut on the right."""
-    if direction.lower() == "left" and kind not in EMBEDDING_KINDS:
+def truncation(truncate: bool | None, direction: str, model: Served, auto_truncate: bool) -> dict[str, Any]:
+    """TEI's truncate options as the pipeline's. As TEI: a request's `truncate` wins, else the server's
+    HFPORT_AUTO_TRUNCATE (TEI's `req.truncate.unwrap_or(info.auto_truncate)`); inputs are cut at the model's
+    maximum length. Embedding pipelines take a direction; a classifier cuts on the right, at its position table."""
+    if direction.lower() == "left" and model.kind not in EMBEDDING_KINDS:
         raise ApiError(422, "truncation_direction=Left: only embedding models cut on the left", "Validation")
-    return {"truncate": bool(truncate), "truncation_direction": direction.lower()} if kind in EMBEDDING_KINDS else (
-        {"truncation": True} if truncate else {})
+    cut = auto_truncate if truncate is None else truncate
+    if model.kind in EMBEDDING_KINDS:
+        return {"truncate": cut, "truncation_direction": direction.lower()}
+    if not cut:
+        return {}
+    # transformers' truncation=True cuts at the tokenizer's model_max_length, which a folder may not set: TEI cuts at
+    # the model's own maximum (what /info reports as max_input_length)
+    limit = model.pipe.max_positions
+    return {"truncation": True, **({"max_length": limit} if limit is not None else {})}
 
 
 def check_dimensions(model: Served, dimensions: int | None, strict: bool) -> None:
@@ -227,7 +242,8 @@ async def tei_embed_sparse(body: EmbedSparseRequest, request: Request, response:
     model = await served(request, store, service)
     model.need("sparse-embedding", route="/embed_sparse")
     items, _ = listify(body.inputs)
-    params = {"prompt_name": body.prompt_name, **truncation(body.truncate, body.truncation_direction, model.kind)}
+    params = {"prompt_name": body.prompt_name,
+              **truncation(body.truncate, body.truncation_direction, model, get_settings(request).auto_truncate)}
     results, timing = await tei_infer(model, service, items, params)
     set_timing(response, started, timing, model)
     return results
@@ -243,7 +259,7 @@ async def tei_predict(body: TeiPredictRequest, request: Request, response: Respo
     single = isinstance(inputs, str) or (len(inputs) == 2 and all(isinstance(x, str) for x in inputs))
     items = [pair_item(inputs)] if single else [pair_item(x) for x in inputs]
     params = {"top_k": None, "function_to_apply": "none" if body.raw_scores else None,
-              **truncation(body.truncate, body.truncation_direction, model.kind)}
+              **truncation(body.truncate, body.truncation_direction, model, get_settings(request).auto_truncate)}
     results, timing = await tei_infer(model, service, items, params)
     set_timing(response, started, timing, model)
     return results[0] if single else results

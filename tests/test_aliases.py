@@ -24,7 +24,7 @@ def test_training_arguments_names_are_stored_under_hfports():
                                       "eval_steps": 7, "save_steps": 9, "save_total_limit": 4, "max_steps": 11,
                                       "early_stopping_patience": 2}, {"learning_rate": 2e-3}, "run.yaml")
     assert (config.lr, config.epochs, config.batch_size, config.grad_accum, config.scheduler) == \
-        (2e-3, 2.0, 4, 3, "constant")
+        (2e-3, 2.0, 4, 3, "constant_with_warmup")
     assert (config.warmup_ratio, config.max_grad_norm, config.weight_decay) == (0.2, 0.5, 0.1)
     assert (config.metric, config.metric_mode, config.precision, config.adam_betas) == ("f1", "max", "bf16",
                                                                                           (0.9, 0.98))

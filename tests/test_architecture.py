@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 # the submodules the server may import from, besides the top-level names in hfport.__all__ (hfport/__init__.py's
 # docstring lists them as public)
 PUBLIC_MODULES = ("hfport", "hfport.errors", "hfport.train", "hfport.export", "hfport.rundir", "hfport.pipelines",
-                  "hfport.tasks", "hfport.embeddings", "hfport.verbosity", "hfport.lora")
+                  "hfport.tasks", "hfport.embeddings", "hfport.verbosity", "hfport.lora", "hfport.retrieval",
+                  "hfport.evaluation")
 
 
 # --- RunDir ---------------------------------------------------------------------------------------------------
@@ -256,14 +257,15 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("modeling", ("hfport.modeling", "hfport.inference")),
     ("tasks", ("hfport.tasks", "hfport.lora", "hfport.convert")),
     ("pipelines", ("hfport.pipelines", "hfport.embeddings", "hfport.agreement", "hfport.probes",
-                   "hfport.int8")),
-    ("train/export", ("hfport.train", "hfport.export")),
+                   "hfport.int8", "hfport.retrieval")),  # retrieval: embedding search, hard-negative mining
+    ("train/export", ("hfport.train", "hfport.export", "hfport.evaluation")),  # evaluation: `hfport evaluate`
     ("entry", ("hfport.cli", "hfport.__main__", "hfport")),
 )
 # what a function may import: optional extras (hfport imports without them) and these, each with its reason
 OPTIONAL_EXTRAS = {"onnxruntime", "onnx", "peft", "psycopg", "transformers", "sentence_transformers",
                    "mlflow",  # mlflow: report_to mlflow (hfport[trackers]) points its tracking URI at the run
-                   "pyarrow"}  # pyarrow: the `data` extra, read only for Parquet/Arrow/datasets-folder training data
+                   "pyarrow",  # pyarrow: the `data` extra, read only for Parquet/Arrow/datasets-folder training data
+                   "faiss"}  # faiss: the `faiss` extra, an optional index for searching very large corpora
 FUNCTION_IMPORTS_ALLOWED = {
     ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs",
     ("hfport/cli.py", "pydantic"): "serve's settings errors, imported with the server",

@@ -48,7 +48,7 @@ LOSS_ROUNDING, LOSS_RELATIVE = 1e-6, 4e-7
 
 def _driver(root: Path, *args: str, processes: int) -> subprocess.CompletedProcess:
     """tests/ddp_driver.py `run ROOT ARGS`, as one plain process or under `accelerate launch` (gloo)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HFPORT_CACHE_DIR": str(root / "cache"),
            "PYTHONPATH": os.pathsep.join([str(DRIVER.parents[1]), os.environ.get("PYTHONPATH", "")])}
     launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines",
               "1", "--mixed_precision", "no", "--dynamo_backend", "no"] if processes > 1 else []

@@ -242,7 +242,7 @@ def test_pooling_defaults_come_from_the_base_models_sentence_transformers_config
      "batch_size 1 gives no in-batch negatives"),
     ([{"anchor": "a", "positive": "b"}, {"anchor": "c", "positive": "d"}], {"loss": "listwise"},
      "loss 'listwise' does not fit"),
-    ([{"text": "a", "label": 1}], {}, "neither an anchor column ('anchor'"),
+    ([{"text": "a", "label": 1}], {}, "no columns 'anchor', 'positive'; the row has ['label', 'text']"),
 ])
 def test_bad_embedding_data_is_named(tiny_bert, tmp_path, rows, options, fragment):
     train = write_jsonl(tmp_path / "bad.jsonl", rows)

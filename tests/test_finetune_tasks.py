@@ -392,7 +392,7 @@ def test_masked_lm_resume_is_exact(model_dir, tmp_path):
     from safetensors.torch import load_file
 
     (tmp_path / "train.txt").write_text(mlm_lines(64, 5))
-    common = dict(eval_strategy="no", eval_fraction=0.0, scheduler="constant", save_steps=3, batch_size=8)
+    common = dict(eval_strategy="no", eval_fraction=0.0, scheduler="constant_with_warmup", save_steps=3, batch_size=8)
     whole = config(model_dir, tmp_path, "masked-lm", tmp_path / "train.txt", None, max_steps=6,
                    output_dir=str(tmp_path / "whole"), **common)
     finetune(whole, progress=False)

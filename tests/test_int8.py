@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import hfport
-from hfport import hardware
+from hfport import hardware, probes
 from hfport.int8 import Int8GateError, float_dtype, granularities, quantize, quantize_loaded
 from hfport.nn import int8 as int8_nn
 from hfport.nn.int8 import ACTIVATIONS, InputPeaks, Int8Linear, body_linears, quantize_linears, reference_forward
@@ -296,7 +296,14 @@ def test_minilm_embeddings_int8(minilm_int8, tmp_path):
 
 
 @pytest.fixture
-def damaged(monkeypatch):
+def short_long_rows(monkeypatch):
+    """The gate's long rows up to 128 tokens, not MiniLM's 512: for the tests of refusal and fallback, which any
+    set shows, the long band at a fraction of its cost (test_gate_lengths.py tests the lengths themselves)."""
+    monkeypatch.setattr(probes, "GATE_MAX_LENGTH", 128)
+
+
+@pytest.fixture
+def damaged(monkeypatch, short_long_rows):
     """int8 that keeps 3 levels a side (a broken quantizer): the gate must see it."""
     monkeypatch.setattr(int8_nn, "QMAX", 3)
 
@@ -337,7 +344,7 @@ def test_auto_int8_falls_back_to_bf16(minilm_path, damaged, caplog):
     assert "auto-int8 chose bf16" in caplog.text
 
 
-def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch, caplog):
+def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch, caplog, short_long_rows):
     """"tensor" refused by the gate (its quantizer crushed to 3 levels here), "token" passing: int8 kept, per token."""
     real = int8_nn.quantize_tensor_u8
 

@@ -81,7 +81,8 @@ def test_adapters_over_one_base_share_its_tensors(root, tmp_path):  # noqa: F811
 
     base = root / "models" / "ft-base"
     one, two = _adapter(base, tmp_path / "one", seed=3), _adapter(base, tmp_path / "two", seed=4)
-    service = ModelService(Settings(data_dir=tmp_path / "data", batch_autotune=False, predict_dtype="float32"))
+    service = ModelService(Settings(data_dir=tmp_path / "data", allowed_dirs=[root, tmp_path],  # what it may read
+                                    batch_autotune=False, predict_dtype="float32"))
     try:
         a = service.load(ModelRecord("one", str(one), "text-classification", base=str(base)))
         b = service.load(ModelRecord("two", str(two), "text-classification", base=str(base)))

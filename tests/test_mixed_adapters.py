@@ -537,7 +537,9 @@ def test_model_cache_counts_a_base_and_its_adapters_as_one_model(tiny, tmp_path,
         await service.predict(ModelRecord("other", str(other), task), ["some text"], {})
         assert [r.name for r in service.cache.records()] == ["other"]  # the group went together
 
-    service = ModelService(Settings(data_dir=tmp_path / "d", model_cache_size=1, batch_token_budgets=[512]))
+    # the models' folders are allowed dirs: the cache reads only files inside them
+    service = ModelService(Settings(data_dir=tmp_path / "d", allowed_dirs=[tiny["base"].parent, tmp_path],
+                                    model_cache_size=1, batch_token_budgets=[512]))
     try:
         asyncio.run(serve(service))
     finally:

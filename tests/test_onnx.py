@@ -155,10 +155,11 @@ def test_bert_heads_export_verify_and_serve(task, exported, source):
     assert rows(report, "int8 vs fp32") and rows(report, "fp32 vs hfport")
     pipe_task, inputs, options = PIPELINE_CASES[task]
     torch_pipe = hfport.pipeline(pipe_task, model=source("bert", task), **options)
-    onnx_pipe = hfport.pipeline(pipe_task, model=out, **options)  # auto-detected: model.onnx, no safetensors
+    # auto-detected (model.onnx, no safetensors); the fp32 graph of an int8 export by file=
+    onnx_pipe = hfport.pipeline(pipe_task, model=out, file=ONNX_FILE, **options)
     assert isinstance(onnx_pipe.model, OnnxModel) and onnx_pipe.model.path.name == ONNX_FILE
     assert_same(torch_pipe(inputs), onnx_pipe(inputs), atol=1e-4)
-    int8_pipe = hfport.pipeline(pipe_task, model=out / QUANTIZED_FILE, **options)
+    int8_pipe = hfport.pipeline(pipe_task, model=out, **options)  # the folder serves its int8 graph
     assert int8_pipe.model.path.name == QUANTIZED_FILE
     assert len(int8_pipe(inputs)) == len(inputs)
 
@@ -195,7 +196,7 @@ def assert_same(a, b, atol: float) -> None:
 def test_feature_extraction_tokens_match_torch_at_real_positions(exported, source):
     out, _ = exported("bert", "feature-extraction")
     torch_pipe = hfport.pipeline("feature-extraction", model=source("bert", "feature-extraction"), return_tensors=True)
-    onnx_pipe = hfport.pipeline("feature-extraction", model=out, backend="onnx", return_tensors=True)
+    onnx_pipe = hfport.pipeline("feature-extraction", model=out, backend="onnx", file=ONNX_FILE, return_tensors=True)
     for a, b in zip(torch_pipe(TEXTS), onnx_pipe(TEXTS)):  # each (1, T_i, C): the row's own tokens only
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
 
@@ -318,17 +319,17 @@ def test_graph_outputs_that_disagree_with_config(exported, tmp_path):
     config["architectures"] = ["BertForQuestionAnswering"]  # a QA config over a classification graph
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(OnnxModelError, match="no output 'start_logits'"):
-        OnnxModel.from_pretrained(folder)
+        OnnxModel.from_pretrained(folder / ONNX_FILE)
     report = verify_onnx(folder)
     assert not report.passed and any(r.check == "graph" for r in report.failures)
     config["architectures"] = ["BertForTokenClassification"]  # same output name, wrong rank
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(OnnxModelError, match="rank 2"):
-        OnnxModel.from_pretrained(folder)
+        OnnxModel.from_pretrained(folder / ONNX_FILE)
     config["architectures"], config["type_vocab_size"] = ["BertForSequenceClassification"], 0  # no token types
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(OnnxModelError, match="graph inputs .* do not match config.json"):
-        OnnxModel.from_pretrained(folder)
+        OnnxModel.from_pretrained(folder / ONNX_FILE)
 
 
 def test_truncated_graph(exported, tmp_path):
@@ -336,12 +337,12 @@ def test_truncated_graph(exported, tmp_path):
     data = (folder / ONNX_FILE).read_bytes()
     (folder / ONNX_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(OnnxModelError, match="truncated or not an ONNX model"):
-        OnnxModel.from_pretrained(folder)
+        OnnxModel.from_pretrained(folder, file=ONNX_FILE)
     report = verify_onnx(folder)
     assert not report.passed
     assert "truncated" in report.table()
     with pytest.raises(OnnxModelError, match="truncated"):
-        hfport.pipeline("feature-extraction", model=folder)
+        hfport.pipeline("feature-extraction", model=folder, file=ONNX_FILE)
 
 
 def test_opset_the_runtime_cannot_load(exported, tmp_path):
@@ -352,7 +353,7 @@ def test_opset_the_runtime_cannot_load(exported, tmp_path):
             entry.version = 99
     onnx.save(model, str(folder / ONNX_FILE))
     with pytest.raises(OnnxModelError, match="opset"):
-        OnnxModel.from_pretrained(folder)
+        OnnxModel.from_pretrained(folder / ONNX_FILE)
     assert not verify_onnx(folder).passed
 
 
@@ -446,7 +447,7 @@ def test_deberta_exports_verifies_and_serves(task, deberta):
     else:
         inputs = inputs + [LONG_TEXT]
     torch_pipe = hfport.pipeline(pipe_task, model=src, **options)
-    onnx_pipe = hfport.pipeline(pipe_task, model=out, backend="onnx", **options)
+    onnx_pipe = hfport.pipeline(pipe_task, model=out, backend="onnx", file=ONNX_FILE, **options)
     assert isinstance(onnx_pipe.model, OnnxModel)
     assert_same(torch_pipe(inputs), onnx_pipe(inputs), atol=1e-4)
 
@@ -458,7 +459,7 @@ def test_deberta_graph_serves_every_length(variant, deberta):
     positions."""
     src, out, report = deberta("feature-extraction", variant)
     assert report.passed, report.table()
-    graph = OnnxModel.from_pretrained(out)
+    graph = OnnxModel.from_pretrained(out / ONNX_FILE)
     ours = hfport.AutoModel.from_pretrained(src).eval()
     g = torch.Generator().manual_seed(0)
     for lengths in [(5,), (90, 7, 33)]:
@@ -480,7 +481,7 @@ def test_mpnet_graph_serves_every_length(exported, source):
     the traced one and longer than the exact buckets and the 128-token bucket range, right- and left-padded."""
     out, report = exported("mpnet", "feature-extraction")
     assert report.passed, report.table()
-    graph = OnnxModel.from_pretrained(out)
+    graph = OnnxModel.from_pretrained(out / ONNX_FILE)
     ours = hfport.AutoModel.from_pretrained(source("mpnet", "feature-extraction")).eval()
     g = torch.Generator().manual_seed(0)
     for lengths, flip in [((3,), False), ((120, 7, 33), False), ((120, 7, 33), True)]:
@@ -566,7 +567,7 @@ def test_backend_choice(exported, source):
         hfport.pipeline("token-classification", model=out)
     pipe = hfport.pipeline("text-classification", model=out, backend="onnx")
     assert "model=bert" in repr(pipe) and "device=cpu" in repr(pipe)  # the facts pipelines read from a model
-    assert sum(t.numel() for t in pipe.model.buffers()) == (out / ONNX_FILE).stat().st_size
+    assert sum(t.numel() for t in pipe.model.buffers()) == (out / QUANTIZED_FILE).stat().st_size  # what it serves
     bad = pipe.predict(["fine", "", "great"])  # a bad item fails alone, as with the PyTorch backend
     assert isinstance(bad[1], hfport.ItemError) and bad[0]["label"] and bad[2]["label"]
 

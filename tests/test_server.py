@@ -343,7 +343,7 @@ def test_finetune_body_is_typed_from_finetune_config(root, tmp_path):
         assert config["additionalProperties"] is False and set(config["required"]) == {"model", "train"}
         assert set(config["properties"]) == set(FinetuneConfig.model_fields)
         # the service's own meaning
-        restated = {"model", "train", "eval", "output_dir", "resume", "overwrite", "logging_dir"}
+        restated = {"model", "teacher", "train", "eval", "output_dir", "resume", "overwrite", "logging_dir"}
         for name, field in FinetuneConfig.model_fields.items():
             shown = config["properties"][name]
             assert shown.get("description"), name  # every field says what it is
@@ -354,7 +354,8 @@ def test_finetune_body_is_typed_from_finetune_config(root, tmp_path):
                     assert shown["default"] == json.loads(json.dumps(field.default)), name
         assert config["properties"]["lr"]["type"] == "number" and config["properties"]["lr"]["default"] == 5e-5
         assert config["properties"]["lr"]["exclusiveMinimum"] == 0
-        assert config["properties"]["scheduler"]["enum"] == ["linear", "cosine", "constant", "one_cycle", "plateau"]
+        assert config["properties"]["scheduler"]["enum"] == ["linear", "cosine", "constant", "constant_with_warmup",
+                                                             "one_cycle", "plateau", "reduce_lr_on_plateau"]
         assert "$ref" in str(config["properties"]["lora"]) and "LoraSettings" in schemas
 
         c.post("/models", json={"name": "ftbase", "path": str(root / "models" / "ft-base")})
@@ -583,7 +584,7 @@ def test_model_cache_is_bounded_by_count_and_memory(tmp_path, root):
         return [record.name for record in service.cache.records()]
 
     def run(**limits: int) -> list[str]:
-        service = ModelService(Settings(data_dir=tmp_path / "d", **limits))
+        service = ModelService(Settings(data_dir=tmp_path / "d", allowed_dirs=[root], **limits))  # what it may read
         try:
             return asyncio.run(load_all(service))
         finally:

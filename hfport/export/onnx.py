@@ -28,8 +28,9 @@
                           0.012 and flips 7 of the 800 on seed 42: the near ties cap what int8 can agree on. Tried
                           and dropped: SmoothQuant's channel migration (seed 42, alpha 0.3-1.0: at best 0.041 at 0.7,
                           most alphas worse than plain int8); per-tensor weights 94% (100%);
-    config.json, the tokenizer files, and hfport_onnx.json (opset, inputs, outputs, the source it was made from and
-    each graph's sha256).
+    config.json, the tokenizer files, the source's sentence-transformers files (pooling, normalize: what the embedding
+    pipelines read), and hfport_onnx.json (opset, inputs, outputs, the source it was made from, each graph's sha256
+    and `default_file`, the graph the folder serves: an int8 export's int8 graph).
 Everything is written into a hidden sibling folder, verified there, and renamed into place only if every check
 passed, so a failed or rejected export leaves nothing at OUT (an existing OUT is only replaced with `force`).
 
@@ -69,6 +70,7 @@ from .. import hub
 from ..modeling import PreTrainedEncoder
 from ..nn.int8 import MAX_OUTLIERS, OUTLIER_RATIO
 from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE, read_manifest
+from ..formats.sentence_transformers import copy_layout
 from ..pipelines.onnx_backend import DYNAMIC_AXES, graph_inputs
 from ..tasks import TASKS
 from ..tokenizer import TOKENIZER_FILES, AutoTokenizer
@@ -153,7 +155,7 @@ def onnx_use(facts: CardFacts) -> list[str]:
             f'model = {ort}.from_pretrained("{facts.name}")  # {ONNX_FILE}, fp32',
             *([f'int8 = {ort}.from_pretrained("{facts.name}", file_name="{QUANTIZED_FILE}")'] if int8 else []),
             "```", "", f'With hfport: `hfport.pipeline("{facts.task}", model="{facts.name}")` (the onnx backend'
-            + (f"; `model=\"{facts.name}/{QUANTIZED_FILE}\"` for int8)." if int8 else ")."), ""]
+            + (f", the int8 graph; `file=\"{ONNX_FILE}\"` for fp32)." if int8 else ")."), ""]
 
 
 # optimum's ONNX exports on the Hub: transformers' library with the onnx tag
@@ -229,8 +231,10 @@ def write_onnx(source: Source, out: Path, options: OnnxOptions, *, quantize: str
         for name in TOKENIZER_FILES:
             if (tok_folder / name).is_file():
                 shutil.copyfile(tok_folder / name, staging / name)
+        copy_layout(source.model, staging)  # an embedding model pools and normalizes as its source did
         hub.write_json_atomic(staging / MANIFEST, {
-            "format": "onnx", "hfport_version": config["hfport_version"], "opset": opset,
+            "format": "onnx-int8" if quantize else "onnx", "default_file": QUANTIZED_FILE if quantize else ONNX_FILE,
+            "hfport_version": config["hfport_version"], "opset": opset,
             "exporter": f"torch.onnx TorchScript exporter (torch {torch.__version__})", "padded": True,
             "inputs": graph_inputs(model.config), "outputs": list(TASKS[model.task].graph_outputs),
             "source": str(source.model.resolve()), **manifest,

@@ -51,8 +51,9 @@ class JsonStream:
         self._line, self._line_start = 1, 0  # the line of _buf[0] (1-based) and where that line starts
         try:
             self._read(0)
-            if self._buf.startswith("\ufeff"):  # json.loads refuses a BOM the same way
-                raise self._error("Unexpected UTF-8 BOM (decode using utf-8-sig)", 0)
+            # a byte-order mark (Windows editors write one) is no part of the document: read past, as json.loads
+            # reads the file decoded as utf-8-sig (columns on line 1 count from after it)
+            self._buf = self._buf.removeprefix("\ufeff")
         except DataError:
             self._file.close()
             raise

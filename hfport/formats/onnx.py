@@ -3,8 +3,9 @@
     model.onnx             the fp32 graph, as optimum names it
     model_quantized.onnx   the int8 graph beside it (when exported with --quantize int8)
     config.json, tokenizer files   as in the HF folder it came from (architectures name the head)
-    hfport_onnx.json       hfport's manifest: opset, inputs, outputs, the source it was made from and each graph's
-                           sha256 (verify checks the graphs against it)
+    hfport_onnx.json       hfport's manifest: opset, inputs, outputs, the source it was made from, each graph's
+                           sha256 (verify checks the graphs against it) and `default_file`, the graph a loader opens
+                           when not told which (an int8 export: model_quantized.onnx)
 """
 
 from __future__ import annotations
@@ -47,4 +48,26 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     return manifest
 
 
-__all__ = ["MANIFEST", "ONNX_FILE", "QUANTIZED_FILE", "OnnxModelError", "is_onnx_model", "read_manifest"]
+def default_file(folder: str | os.PathLike[str]) -> str:
+    """The graph of an ONNX folder a loader opens when not told which: the manifest's `default_file`; a manifest
+    written before that key: the int8 graph when it records one (an int8 export), else model.onnx; no manifest (an
+    optimum export): model.onnx, as optimum's loaders."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return ONNX_FILE
+    if "default_file" not in manifest:
+        return QUANTIZED_FILE if manifest.get("quantization") else ONNX_FILE
+    return graph_file(manifest["default_file"], Path(folder) / MANIFEST, "default_file")
+
+
+def graph_file(name: object, where: str | os.PathLike[str], what: str = "file") -> str:
+    """NAME checked as a graph's file name inside an ONNX folder: a .onnx name, no path (a folder may only serve its
+    own graphs)."""
+    if not isinstance(name, str) or Path(name).name != name or name in (".", "..") or Path(name).suffix != ".onnx":
+        raise OnnxModelError(f"{where}: {what} {name!r} must name a .onnx file in the folder, e.g. {ONNX_FILE!r} or "
+                             f"{QUANTIZED_FILE!r}")
+    return name
+
+
+__all__ = ["MANIFEST", "ONNX_FILE", "QUANTIZED_FILE", "OnnxModelError", "default_file", "graph_file", "is_onnx_model",
+           "read_manifest"]

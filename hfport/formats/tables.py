@@ -9,7 +9,8 @@
 
 A file's kind is read off its suffix (FILE_KINDS) and a folder's off its marker file (FOLDER_KINDS); nothing else
 asks which kind a source is. Rows are numbered from 0 as datasets, pandas and pyarrow number them; lines from 1.
-A ClassLabel column's names, which datasets writes into the Arrow schema's metadata, are read back (class_names).
+A ClassLabel column's names, which datasets writes into a folder's dataset_info.json and the Arrow schema's metadata,
+are read back (class_names). A UTF-8 byte-order mark opening a text file (Excel's "CSV UTF-8") is read past.
 Nothing here holds a whole file: every reader yields rows as it goes, so a caller that encodes as it reads keeps
 only what it encodes. Parquet and Arrow need pyarrow (the `data` extra); without it the error says what to install.
 """
@@ -17,13 +18,15 @@ only what it encodes. Parquet and Arrow need pyarrow (the `data` extra); without
 from __future__ import annotations
 
 import bisect
+import codecs
 import csv
 import glob
+import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from ..errors import HfportError
 
@@ -48,9 +51,15 @@ class Record:
 
 def decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) of a UTF-8 file, a line at a time; a bad byte or an over-long line is an error
-    naming the line."""
+    naming the line. A UTF-8 byte-order mark (what Excel's "CSV UTF-8" and Windows editors write first) is read past;
+    a UTF-16 one is an error saying so."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+                if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+                    raise DataError(f"{path}, line 1: UTF-16 (the file starts with its byte-order mark); save it as "
+                                    "UTF-8")
             if len(raw) > MAX_LINE_BYTES:
                 raise DataError(f"{path}, line {number}: the line is {len(raw):,} bytes; the limit is "
                                 f"{MAX_LINE_BYTES:,}")
@@ -169,6 +178,33 @@ def _arrow_schema(path: Path) -> Any:
                 raise DataError(f"{path}: not an Arrow IPC file or stream ({e})") from e
 
 
+def _parquet_footer(f: BinaryIO, size: int) -> int:
+    """The bytes of a Parquet file's footer (its metadata: every row group's column chunks, their offsets, sizes and
+    statistics) and the 8 that close the file; 0 when the file does not end as Parquet does."""
+    if size < 8:
+        return 0
+    f.seek(size - 8)
+    tail = f.read(8)
+    if tail[4:] != b"PAR1":
+        return 0
+    return min(size, int.from_bytes(tail[:4], "little") + 8)
+
+
+# --- writing: rows out (what `hfport mine` writes for a fine-tune to read) ---------------------------------------
+
+
+def _write_jsonl(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps({c: row[c] for c in columns}, ensure_ascii=False) + "\n")
+
+
+def _write_parquet(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    pa = _pyarrow(path, "Parquet")
+    table = pa.table({c: [row[c] for row in rows] for c in columns})
+    pa.parquet.write_table(table, path)
+
+
 @dataclass(frozen=True)
 class FileKind:
     name: str
@@ -176,15 +212,37 @@ class FileKind:
     rows: Callable[[Path], Iterator[tuple[int, dict[str, Any]]]]  # (line or row, values), streamed
     unit: str  # "line" or "row": what a position in the file counts
     schema: Callable[[Path], Any] | None = None  # the Arrow schema, whose metadata holds datasets' features
+    # (open file, size) -> how many bytes at the file's end describe all of it (Parquet's footer), hashed whole by
+    # content_digest
+    trailer: Callable[[BinaryIO, int], int] | None = None
+    write: Callable[[Path, list[str], list[dict[str, Any]]], None] | None = None  # (path, columns, rows); None: read only
 
 
 FILE_KINDS: tuple[FileKind, ...] = (
     FileKind("csv", (".csv",), lambda p: _delimited_rows(p, ","), "line"),
     FileKind("tsv", (".tsv",), lambda p: _delimited_rows(p, "\t"), "line"),
-    FileKind("jsonl", (".jsonl", ".json", ".ndjson"), _jsonl_rows, "line"),
-    FileKind("parquet", (".parquet",), _parquet_rows, "row", _parquet_schema),
+    FileKind("jsonl", (".jsonl", ".json", ".ndjson"), _jsonl_rows, "line", write=_write_jsonl),
+    FileKind("parquet", (".parquet",), _parquet_rows, "row", _parquet_schema, _parquet_footer, write=_write_parquet),
     FileKind("arrow", (".arrow",), _arrow_rows, "row", _arrow_schema),
 )
+
+
+def write_rows(path: str | os.PathLike[str], columns: list[str], rows: list[dict[str, Any]]) -> Path:
+    """Write ROWS (each a dict with every one of COLUMNS) to PATH in the kind its suffix names, beside it first and
+    renamed into place when complete, so a failure never leaves a half-written file. Returns the path."""
+    path = Path(path)
+    kind = file_kind(path)
+    if kind.write is None:
+        writable = ", ".join(s for k in FILE_KINDS if k.write is not None for s in k.suffixes)
+        raise DataError(f"{path}: hfport writes {writable}, not {kind.name}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        kind.write(staging, columns, rows)
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+    return path
 
 
 ARROW = FILE_KINDS[-1]  # what datasets' folders hold
@@ -199,12 +257,43 @@ def file_kind(path: Path) -> FileKind:
                     "or a folder written by datasets' save_to_disk")
 
 
+# --- a file's content, cheaply ---------------------------------------------------------------------------------
+
+DIGEST_BLOCK = 1 << 16  # bytes read at each sampled place of a file
+DIGEST_BLOCKS = 16  # places sampled: the first block, the last, and evenly between (1 MiB of a large file)
+
+
+def content_digest(path: Path, trailer: Callable[[BinaryIO, int], int] | None = None) -> str:
+    """A hash of a file's content that costs at most ~1 MiB of reading: the whole file when it is that small, else
+    DIGEST_BLOCKS blocks (the first, the last and evenly spaced between) and, for a kind with a `trailer`, the bytes
+    that describe the whole file (Parquet's footer: every column chunk's offsets, sizes and statistics). What a
+    cache keyed by path, size and modification time alone misses: a file rewritten in place with the same size and
+    time (a copy that keeps times, a clock of coarse resolution). A change inside an unsampled stretch of a large
+    file that keeps its size, time and (Parquet) footer still goes unseen."""
+    size = path.stat().st_size
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        if size <= DIGEST_BLOCK * DIGEST_BLOCKS:
+            digest.update(f.read())
+        else:
+            for k in range(DIGEST_BLOCKS):
+                f.seek((size - DIGEST_BLOCK) * k // (DIGEST_BLOCKS - 1))
+                digest.update(f.read(DIGEST_BLOCK))
+            n = trailer(f, size) if trailer is not None else 0
+            if n:
+                f.seek(size - n)
+                digest.update(f.read(n))
+    return digest.hexdigest()
+
+
 # --- datasets folders (save_to_disk) -------------------------------------------------------------------------
+
+DATASET_INFO = "dataset_info.json"  # beside a Dataset folder's state.json: its features (ClassLabel names)
 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{path}: not readable JSON ({e})") from e
 
@@ -337,16 +426,23 @@ class Source:
             _pyarrow(self.path, kind.name).default_memory_pool().release_unused()
 
     def class_names(self, column: str) -> list[str] | None:
-        """The names of a ClassLabel column (or of a sequence of them: NER tags) as datasets wrote its features into
-        the schema's metadata (Parquet and Arrow files from datasets, save_to_disk folders); None when there are
-        none."""
+        """The names of a ClassLabel column (or of a sequence of them: NER tags, multi-label) as datasets wrote its
+        features: a save_to_disk folder's dataset_info.json (what load_from_disk reads), else the schema's metadata
+        (Parquet and Arrow files from datasets); None when there are none. A source's ids are its own classes: two
+        sources may list the same names in different orders."""
         if self.kind is None or self.kind.schema is None:
             return None
-        metadata = self.kind.schema(self.files[0]).metadata or {}
-        try:
-            features = json.loads(metadata.get(b"huggingface", b"{}"))["info"]["features"]
-        except (KeyError, TypeError, json.JSONDecodeError):
-            return None
+        features = None
+        info = self.files[0].parent / DATASET_INFO
+        if self.path.is_dir() and info.is_file():
+            described = _read_json(info)
+            features = described.get("features") if isinstance(described, dict) else None
+        if features is None:
+            metadata = self.kind.schema(self.files[0]).metadata or {}
+            try:
+                features = json.loads(metadata.get(b"huggingface", b"{}"))["info"]["features"]
+            except (KeyError, TypeError, json.JSONDecodeError):
+                return None
         feature = features.get(column) if isinstance(features, dict) else None
         while isinstance(feature, dict) and feature.get("_type") in ("Sequence", "List"):
             feature = feature.get("feature")
@@ -356,6 +452,17 @@ class Source:
                                                                                                list):
             return [str(n) for n in feature["names"]]
         return None
+
+    def fingerprint(self) -> list[list[Any]]:
+        """What the source's content is, per file: [path, size, modification time (ns), content_digest]: a cache of
+        what was read from it (the encoded-examples store) is keyed by it."""
+        kind = self.kind
+        out: list[list[Any]] = []
+        for f in self.files:
+            stat = f.stat()
+            out.append([str(f.resolve()), stat.st_size, stat.st_mtime_ns,
+                        content_digest(f, kind.trailer if kind is not None else None)])
+        return out
 
     @property
     def unit(self) -> str:

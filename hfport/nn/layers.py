@@ -251,6 +251,8 @@ class EncoderBody(nn.Module):
             # nothing padded, or relative positions that a hole in the mask would shift: the padded layout
             if packed is not None and (packed.contiguous or self.encoder.packs_holes):
                 return packed
+            if packed is None:  # nothing padded, as Packed read off the mask (on a GPU: not read twice)
+                attention_mask = None
         return self.encoder.padded_layout.from_mask(attention_mask, position_ids)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,

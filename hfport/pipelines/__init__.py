@@ -22,6 +22,8 @@ hfport/tasks/ holds the names and which pipeline class each task uses.
 
 Backends: "torch" (hfport's models) or "onnx" (an exported ONNX folder or .onnx file run by onnxruntime on the CPU,
 pipelines/onnx_backend.py). The default picks "onnx" for a .onnx file or a folder with model.onnx and no safetensors.
+An ONNX folder runs the graph its manifest names (an int8 export: model_quantized.onnx), or `file=` another of its
+graphs (file="model.onnx": the fp32 one).
 
 Adapters: `adapters={"name": folder, ...}` loads LoRA adapters (PEFT's folders) over the model, sharing its body; a
 call's `adapter="name"` (or a list with a name or None per input) picks each input's adapter, and inputs of
@@ -30,7 +32,11 @@ different adapters share forward passes (pipelines/base.py: Pipeline.add_adapter
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
 cannot be answered (empty text, no mask token, too long, ...) gets an `hfport.ItemError` in its place (rendered by
-the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input raises PipelineInputError instead.
+the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input raises PipelineInputError instead
+(InputTooLongError for one longer than the model takes).
+
+truncation= (transformers' spelling) and truncate= (TEI's and sentence-transformers') are one option: every pipeline
+that cuts long inputs takes both.
 """
 
 from __future__ import annotations
@@ -47,11 +53,12 @@ from ..errors import ItemError
 from ..formats.adapter import is_adapter_folder
 from ..formats.onnx import is_onnx_model
 from ..formats.sentence_transformers import has_sparse_layout
+from ..hardware import device_name, resolve_device
 from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
-from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, adapters_per_pass,
-                   phase_times)
+from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InputTooLongError, InvalidInput, Pipeline, PipelineInputError,
+                   adapters_per_pass, phase_times)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -86,15 +93,18 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              dtype: Any = None, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
              backend: str | None = None, base_model: Any = None,
              adapters: Mapping[str, str | os.PathLike[str]] | None = None,
-             gate_data: str | os.PathLike[str] | None = None, packed_linear: bool = True,
+             gate_data: str | os.PathLike[str] | None = None, file: str | None = None, packed_linear: bool = True,
              row_shards: str | int = "auto", **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
-    tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
+    tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs; device
+    "auto" is the first CUDA device when there is one, else the CPU ("cpu", "cuda", "cuda:N" or a torch.device;
+    None: the CPU for a folder, where it is for a loaded model).
     batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple").
     backend: "torch" or "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it); None picks
     "onnx" for a .onnx file or a folder with model.onnx and no safetensors.
+    file: the graph of an ONNX folder to run (default: the one its manifest names; an int8 export's int8 graph).
     adapters: {name: adapter folder} served over `model` (its body shared, not reloaded); pick one per call with
     `adapter=`.
     dtype="int8" / "auto-int8" (a folder only): the encoder's Linear layers in int8, held to the int8 gate on built-in
@@ -104,12 +114,16 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     threads (pipelines/shards.py; "auto" shards fp32 models only, where it was measured to pay)."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
+    auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
+    device = resolve_device(device) if device is not None else None
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: use one of {list(BACKENDS)}")
     if isinstance(model, (str, os.PathLike)) and (backend == "onnx" or (backend is None and is_onnx_model(model))):
         model_path = Path(model).expanduser()
-        model = OnnxModel.from_pretrained(model_path)
+        model = OnnxModel.from_pretrained(model_path, file=file)
         tokenizer = (model_path.parent if model_path.is_file() else model_path) if tokenizer is None else tokenizer
+    elif file is not None:
+        raise ValueError(f"file={file!r} picks a graph of an ONNX folder; {model!r} is not one on the onnx backend")
     if isinstance(model, OnnxModel):
         if model.task != record.checkpoint_task:
             raise ValueError(f"{name} needs a {record.checkpoint_task} model; {model.path} is a {model.task} graph")
@@ -117,7 +131,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
         float32 = dtype is None or dtype == "auto" or (
             dtype not in INT8_DTYPES and resolve_dtype(dtype) == torch.float32)
-        if (device is not None and torch.device(device).type != "cpu") or not float32:
+        if (device is not None and device.type != "cpu" and not auto) or not float32:
             raise ValueError(f"the onnx backend runs float32 graphs on the CPU; got device={device!r}, "
                              f"dtype={dtype!r}")
     elif isinstance(model, PreTrainedEncoder):
@@ -160,6 +174,13 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
+def check_device(device: str) -> str:
+    """DEVICE when pipeline(device=...) takes it on this machine ("auto", "cpu", "cuda", "cuda:N"), else a
+    ValueError naming the choices and the CUDA devices this process sees."""
+    resolve_device(device)
+    return device
+
+
 def model_task(model: str | os.PathLike[str]) -> str:
     """The pipeline task of a model folder's head (or of a repo id in the local HF cache), read from config.json's
     `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model: feature-extraction;
@@ -177,10 +198,13 @@ def model_task(model: str | os.PathLike[str]) -> str:
 __all__ = [
     "PIPELINES",
     "adapters_per_pass",
+    "check_device",
     "check_dtype",
+    "device_name",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",
+    "InputTooLongError",
     "InvalidInput",
     "ItemError",
     "OnnxModel",

@@ -83,6 +83,20 @@ class PipelineInputError(HfportError, ValueError):
     """One input the pipeline cannot answer; the message says which and why."""
 
 
+class InputTooLongError(PipelineInputError):
+    """An input with more tokens than the model takes (and no truncation asked for): its count and the limit, so a
+    protocol can word the refusal in its own terms (its failed item's error_type is this class's name)."""
+
+    def __init__(self, tokens: int, limit: int, hint: str):
+        super().__init__(f"{tokens} tokens, but the model takes at most {limit}; {hint}")
+        self.tokens, self.limit = tokens, limit
+
+
+# one option, two spellings: transformers' pipelines say truncation=, TEI and sentence-transformers say truncate=;
+# a pipeline takes either under the name it declares (its `defaults`)
+TRUNCATION_SPELLINGS = {"truncate": "truncation", "truncation": "truncate"}
+
+
 @dataclass(frozen=True)
 class InvalidInput:
     """Stands in for an input its reader could not decode, so it keeps its place and gets its error."""
@@ -154,14 +168,28 @@ class Pipeline:
     # --- options ------------------------------------------------------------------------------------------
 
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        options = self.spelled(options)
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             raise ValueError(f"{self.task}: unknown option(s) {unknown}; valid: {sorted(self.defaults)}")
         return options
 
+    def spelled(self, options: dict[str, Any]) -> dict[str, Any]:
+        """`options` with truncate/truncation under the spelling this pipeline declares; both spellings with two
+        values is an error naming them."""
+        out: dict[str, Any] = {}
+        for key, value in options.items():
+            name = key if key in self.defaults else TRUNCATION_SPELLINGS.get(key, key)
+            if name in out and out[name] != value:
+                other = next(k for k in options if k != key and (k == name or TRUNCATION_SPELLINGS.get(k) == name))
+                raise ValueError(f"{self.task}: {other}={options[other]!r} and {key}={value!r} are one option "
+                                 f"({name}) spelled two ways; give one")
+            out[name] = value
+        return out
+
     def resolve_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """Defaults < pipeline-level options < call options, then the task's own checks (given: what was set)."""
-        self.check_options(options)
+        options = self.check_options(options)
         given = {**self.options, **options}
         return self.validate({**self.defaults, **given}, given)
 
@@ -222,6 +250,9 @@ class Pipeline:
         replaced). Its pipeline: the adapter's head, its tokenizer (its folder's, else this pipeline's)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"an adapter's name must be a non-empty string, got {name!r}")
+        if not isinstance(self.model, PreTrainedEncoder):  # an ONNX graph is fixed: no LoRA layers to route through
+            raise ValueError(f"adapter {name!r}: the {type(self.model).__name__} backend runs a fixed graph; serve "
+                             "adapters on the torch backend")
         adapters = getattr(self.model, "adapter_set", None) or AdapterSet(self.model)
         model = adapters.load(name, folder, type(self.model))
         if tokenizer is None:
@@ -308,8 +339,7 @@ class Pipeline:
     def check_length(self, row: Feature) -> None:
         n = len(row.input_ids)
         if self.max_positions is not None and n > self.max_positions:
-            raise PipelineInputError(f"{n} tokens, but the model takes at most {self.max_positions}; "
-                                     f"{self.too_long_hint()}")
+            raise InputTooLongError(n, self.max_positions, self.too_long_hint())
 
     def too_long_hint(self) -> str:
         return "pass truncation=True (and max_length=...) to cut it"
@@ -386,7 +416,8 @@ class Pipeline:
     def shard_parts(self, batch: list[Feature]) -> list[list[Feature]]:
         """The batch as the row shards `row_shards` asks for (shards.py): contiguous parts balanced by real tokens,
         or the whole batch in one part."""
-        if len(batch) < 2 or not isinstance(self.model, nn.Module) or shards.busy_thread():
+        if (len(batch) < 2 or not isinstance(self.model, nn.Module) or self.model.device.type != "cpu"
+                or shards.busy_thread()):  # CUDA runs a batch whole; ONNX graphs thread in onnxruntime
             return [batch]
         weights = [sum(f.attention_mask) for f in batch]  # real tokens per row
         parts = shards.shard_count(self.row_shards, len(batch), sum(weights), self.model.dtype)
@@ -395,11 +426,12 @@ class Pipeline:
         return [batch[a:b] for a, b in shards.split_rows(weights, parts)]
 
     def scatter(self, batch: list[Feature], outputs: dict[str, Tensor], pipe: Pipeline) -> None:
-        """Each row's outputs, cut back to its own length where they have a token axis."""
+        """Each row's outputs, cut back to its own length where they have a token axis. Each output comes to the
+        host once for the batch (on a GPU, one copy and one wait per output, not one per row)."""
+        host = {k: v.float().cpu() for k, v in outputs.items()}
         for row, f in enumerate(batch):
             n = len(f.input_ids)
-            f.outputs = {k: (v[row, :n] if k in pipe.token_outputs else v[row]).float().cpu()
-                         for k, v in outputs.items()}
+            f.outputs = {k: v[row, :n] if k in pipe.token_outputs else v[row] for k, v in host.items()}
 
     def batch_tensors(self, batch: list[Feature]) -> tuple[Tensor, Tensor, Tensor | None]:
         """The batch's ids, attention mask and token types, (B, T) each, right-padded, on the model's device."""
@@ -418,7 +450,9 @@ class Pipeline:
             mask[row, :n] = torch.tensor(f.attention_mask)
             if types is not None:
                 types[row, :n] = torch.tensor(f.token_type_ids)
-        return ids.to(device), mask.to(device), types.to(device) if types is not None else None
+        # non_blocking: on a GPU the copies queue behind the work in flight instead of waiting for it
+        return (ids.to(device, non_blocking=True), mask.to(device, non_blocking=True),
+                types.to(device, non_blocking=True) if types is not None else None)
 
     # --- helpers for tasks --------------------------------------------------------------------------------
 

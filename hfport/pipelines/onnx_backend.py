@@ -3,7 +3,11 @@
 
 `OnnxModel` stands where a PreTrainedEncoder stands: called as `model(input_ids, attention_mask=...,
 token_type_ids=...)` it returns the same output dataclasses (hfport/outputs.py) with torch tensors, and it has the
-`config`, `family`, `task`, `device` and `dtype` the pipelines read, so no pipeline branches on the backend.
+`config`, `family`, `task`, `device`, `dtype` and `load_report` (its `source`: the folder, whose
+sentence-transformers files the embedding pipelines read) the pipelines read, so no pipeline branches on the backend.
+
+A folder serves the graph its manifest names (`default_file`: an int8 export's int8 graph; formats/onnx.py), or the
+one `file=` names.
 
 The graphs compute padded batches (the exporter traces hfport's padded path: the padding-free one is
 data-dependent): values at padding positions are outside the contract, exactly as for the PyTorch models.
@@ -24,8 +28,9 @@ from torch import Tensor
 from .. import hub
 from ..config import EncoderConfig
 # the ONNX folder's names (formats/onnx.py); QUANTIZED_FILE and is_onnx_model are named here for the backend's users
-from ..formats.onnx import ONNX_FILE, QUANTIZED_FILE, OnnxModelError, is_onnx_model  # noqa: F401
-from ..modeling import on_meta, task_of
+from ..formats.onnx import (ONNX_FILE, QUANTIZED_FILE, OnnxModelError, default_file, graph_file,  # noqa: F401
+                            is_onnx_model)
+from ..modeling import LoadReport, on_meta, task_of
 from ..registry import Family, get_family
 from ..tasks import TASKS
 
@@ -115,6 +120,8 @@ class OnnxModel:
         self.task = task
         self.inputs = [i.name for i in session.get_inputs()]
         self.outputs = list(TASKS[task].graph_outputs)
+        # what the pipelines read of a loaded model's origin: the folder (its sentence-transformers files) and the graph
+        self.load_report = LoadReport(str(path.parent), notes=[f"onnx graph {path.name}"])
         # The module tree on the meta device (no memory): what the pipelines read about the model's layout, such
         # as the position table's size, comes from the same code as for the PyTorch model.
         with on_meta():
@@ -123,12 +130,16 @@ class OnnxModel:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], *, file: str | None = None,
                         threads: int | None = None) -> OnnxModel:
-        """PATH: an ONNX folder (its model.onnx, or `file` in it) or a .onnx file whose folder holds config.json."""
+        """PATH: an ONNX folder or a .onnx file whose folder holds config.json. A folder serves the graph its manifest
+        names (formats/onnx.py's default_file: an int8 export's model_quantized.onnx, else model.onnx), or `file`,
+        another graph in it (file="model.onnx": the fp32 graph of an int8 export)."""
         p = Path(path).expanduser()
         if p.is_file():
+            if file is not None:
+                raise OnnxModelError(f"{p}: file={file!r} picks a graph of an ONNX folder; {p.name} is a graph already")
             folder, graph = p.parent, p
         elif p.is_dir():
-            folder, graph = p, p / (file or ONNX_FILE)
+            folder, graph = p, p / (default_file(p) if file is None else graph_file(file, p))
         else:
             raise OnnxModelError(f"{p}: no such ONNX folder or file")
         _, family, config, task = read_folder_config(folder)

@@ -12,8 +12,8 @@ A pipeline's rows are independent (a result never depends on its batch-mates), s
 padded to its own longest row, run through the task's forward, its outputs scattered to its own rows. Nothing is
 merged and the model is called as usual, once per shard, on a worker thread. Not sharded: a batch mixing adapters
 (one pass of the shared body over every row), a model that is no torch module (ONNX graphs run in onnxruntime's own
-threads), and a caller thread under a torch function or dispatch mode or a trace (per-thread state that would not
-follow the rows into the workers).
+threads) or not on the CPU, and a caller thread under a torch function or dispatch mode or a trace (per-thread state
+that would not follow the rows into the workers).
 
 row_shards: "auto" (the default) shards a model computing in AUTO_DTYPES into min(torch.get_num_threads(), rows,
 real tokens // MIN_SHARD_TOKENS) groups; "off" never; an integer N >= 1 into min(N, rows) groups whatever the dtype,

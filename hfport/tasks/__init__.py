@@ -13,6 +13,7 @@ architectures, else maps PEFT's task_type through the records' `peft_task_type`.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from typing import Any
@@ -28,7 +29,7 @@ from .feature_extraction import EncoderModel
 from .fill_mask import EncoderForMaskedLM
 from .multiple_choice import EncoderForMultipleChoice
 from .question_answering import EncoderForQuestionAnswering
-from .task import Task
+from .task import Columns, Task
 from .text_classification import EncoderForSequenceClassification
 from .token_classification import EncoderForTokenClassification
 
@@ -69,11 +70,23 @@ def names_help(trainable_only: bool = False) -> str:
 
 
 def get(name: Any) -> Task:
-    """The record of a task by any of its names; an unknown name is an error listing them all."""
+    """The record of a task by any of its names; an unknown name is an error naming the closest ones and listing them
+    all."""
     task = TASKS.get(ALIASES.get(name, name)) if isinstance(name, str) else None
     if task is None:
-        raise UnknownTaskError(f"task {name!r} is not supported; valid tasks: {names_help()}")
+        hint = did_you_mean(name) if isinstance(name, str) else ""
+        raise UnknownTaskError(f"task {name!r} is not supported; {hint}valid tasks: {names_help()}")
     return task
+
+
+def did_you_mean(name: str) -> str:
+    """"did you mean 'text-classification'? " for a mistyped task name (any case, _ for -): the closest of the names
+    and aliases; "" when none is close."""
+    close = difflib.get_close_matches(name.strip().lower().replace("_", "-"), [*TASKS, *ALIASES], n=1, cutoff=0.6)
+    if not close:
+        return ""
+    alias = f" (= {ALIASES[close[0]]})" if close[0] in ALIASES else ""
+    return f"did you mean {close[0]!r}{alias}? "
 
 
 def canonical(name: Any) -> str:
@@ -128,7 +141,7 @@ def adapter_task(folder: str | os.PathLike[str]) -> str:
     return TASKS_OF_PEFT[facts.task_type]
 
 
-__all__ = ["ALIASES", "MODEL_TASKS", "AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice",
+__all__ = ["ALIASES", "Columns", "MODEL_TASKS", "AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice",
            "AutoModelForQuestionAnswering",
            "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "TASKS", "TASK_CLASSES",
            "EncoderForMaskedLM", "EncoderForMultipleChoice", "EncoderForQuestionAnswering",

@@ -8,7 +8,7 @@ from ..config import EncoderConfig
 from ..heads import MaskedLMHead, masked_lm_loss
 from ..modeling import PreTrainedEncoder
 from ..outputs import MaskedLMOutput
-from .task import Task
+from .task import Columns, Task
 
 
 def mlm_head(c: EncoderConfig, *, act: str | None = None, tied: bool | None = None, decoder_bias: bool = True,
@@ -36,6 +36,7 @@ class EncoderForMaskedLM(PreTrainedEncoder):
 TASK = Task(
     name="fill-mask", aliases=("masked-lm",), model_class=EncoderForMaskedLM, outputs=("logits",),
     per_sequence=frozenset(), auto_class="AutoModelForMaskedLM", pipeline="hfport.pipelines.fill_mask:FillMaskPipeline",
-    train="hfport.train.tasks.mlm:MaskedLM", default_metrics={None: ("perplexity", "min")}, masked_input=True,
+    train="hfport.train.tasks.mlm:MaskedLM", columns=(Columns(("text_column",)),), files=".txt (a text a line)",
+    default_metrics={None: ("perplexity", "min")}, masked_input=True,
     output_type=MaskedLMOutput, architecture_suffix="ForMaskedLM", graph_outputs={"logits": (3, "vocab_size")},
     agreement="top_k")

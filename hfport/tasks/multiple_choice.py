@@ -18,17 +18,18 @@ from ..config import EncoderConfig
 from ..heads import SequenceClassificationHead, pool
 from ..modeling import PreTrainedEncoder
 from ..outputs import MultipleChoiceModelOutput
-from .task import Task
+from .task import Columns, Task
 
 
 def multiple_choice_head(c: EncoderConfig, *, dropout: float | None = None, dense_act: str | None = None,
                          pre_dropout: float = 0.0, dense_size: int | None = None, transform: dict | None = None,
-                         pooling: str = "first") -> SequenceClassificationHead:
+                         pooling: str = "first", project: bool = True) -> SequenceClassificationHead:
     """BERT's head by default (dropout -> a one-output linear layer on the pooler output); a family's options add
-    the layers its classifier puts before (as text-classification's head factory)."""
+    the layers its classifier puts before (as text-classification's head factory; `project`: see
+    SequenceClassificationHead)."""
     return SequenceClassificationHead(c.hidden_size, 1, c.classifier_dropout if dropout is None else dropout,
                                       dense_act=dense_act, pre_dropout=pre_dropout, dense_size=dense_size,
-                                      transform=transform, pooling=pooling)
+                                      transform=transform, pooling=pooling, project=project)
 
 
 def _flat(x: Tensor | None) -> Tensor | None:
@@ -61,6 +62,8 @@ TASK = Task(
     auto_class="AutoModelForMultipleChoice",
     pipeline="hfport.pipelines.multiple_choice:MultipleChoicePipeline",
     train="hfport.train.tasks.multiple_choice:MultipleChoice",
+    columns=(Columns(("context_column", "choices_column", "label_column")),
+             Columns(("question_column", "choices_column", "label_column"))),
     default_metrics={None: ("accuracy", "max")},
     choice_axis=True,
     # PEFT has no multiple-choice task type: an adapter's task_type is null and config.json's architectures

@@ -9,7 +9,7 @@ from ..config import EncoderConfig
 from ..heads import QuestionAnsweringHead, question_answering_loss
 from ..modeling import PreTrainedEncoder
 from ..outputs import QuestionAnsweringOutput
-from .task import Task
+from .task import Columns, Task
 
 
 def qa_head(c: EncoderConfig, *, dropout: float = 0.0, transform: dict | None = None) -> QuestionAnsweringHead:
@@ -44,6 +44,7 @@ TASK = Task(
     name="question-answering", aliases=(), model_class=EncoderForQuestionAnswering,
     outputs=("start_logits", "end_logits"), per_sequence=frozenset(), auto_class="AutoModelForQuestionAnswering",
     pipeline="hfport.pipelines.qa:QuestionAnsweringPipeline", train="hfport.train.tasks.qa:QuestionAnswering",
+    columns=(Columns(("question_column", "context_column", "answers_column")),), files="SQuAD JSON (.json)",
     default_metrics={None: ("f1", "max")},  # SQuAD token F1
     pair_input=True,
     output_type=QuestionAnsweringOutput, architecture_suffix="ForQuestionAnswering", peft_task_type="QUESTION_ANS",

@@ -11,13 +11,15 @@ positive[, negative]) rows with in-batch negatives, or (sentence1, sentence2, sc
 from __future__ import annotations
 
 from .feature_extraction import EncoderModel
-from .task import Task
+from .task import Columns, Task
 
 TASK = Task(
     name="sentence-embedding", aliases=("sentence-similarity", "sentence-embeddings"), model_class=EncoderModel,
     outputs=("last_hidden_state", "pooler_output"), per_sequence=frozenset({"pooler_output"}),
     auto_class="AutoModel", pipeline="hfport.pipelines.sentence_embedding:SentenceEmbeddingPipeline",
     train="hfport.train.tasks.embedding:SentenceEmbedding",
+    columns=(Columns(("anchor_column", "positive_column"), optional=("negative_column",)),  # pairs, triplets
+             Columns(("sentence1_column", "sentence2_column", "score_column"))),  # scored pairs
     # problem types of the data: pairs/triplets are scored as retrieval, scored pairs by rank correlation
     default_metrics={None: ("ndcg@10", "max"), "pairs": ("ndcg@10", "max"), "scored-pairs": ("spearman", "max")},
     model_task="feature-extraction")

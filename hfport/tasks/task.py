@@ -29,6 +29,17 @@ if TYPE_CHECKING:
 Metric = tuple[str, str]  # (metric name, "max" | "min")
 
 
+@dataclass(frozen=True)
+class Columns:
+    """One shape of training row a task reads, by the fine-tune config fields that name its columns
+    (hfport/train/config.py: text_column, label_column, ...; each is also the CLI flag --text-column, ...). A row has
+    every `required` column (a field whose value is None, text_pair_column by default, is not read) and may have the
+    `optional` ones."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+
+
 def _load(reference: str) -> Any:
     module, _, name = reference.partition(":")
     return getattr(importlib.import_module(module), name)
@@ -44,6 +55,10 @@ class Task:
     auto_class: str  # transformers' Auto class that loads this head
     pipeline: str  # "module:Class" of the pipeline
     train: str | None  # "module:Class" of the training task (reader, collation, loss, metrics); None: not trainable
+    # the rows the training task reads from a table (CSV/TSV, JSONL, Parquet, Arrow, datasets folder), one Columns a
+    # shape it accepts: the README's table, the CLI's column flags and the missing-column error read these
+    columns: tuple[Columns, ...] = ()
+    files: str = ""  # files of its own format the training task reads besides tables (a CoNLL file, SQuAD JSON)
     # problem type (None: the task has none, or it is not known yet) -> the metric that picks the best model
     default_metrics: dict[str | None, Metric] = field(default_factory=dict)
     labels: bool = False  # the head is sized by config.id2label (classification heads)

@@ -8,7 +8,7 @@ from ..config import EncoderConfig
 from ..heads import SequenceClassificationHead, infer_problem_type, pool, sequence_classification_loss
 from ..modeling import PreTrainedEncoder
 from ..outputs import SequenceClassifierOutput
-from .task import Task
+from .task import Columns, Task
 
 
 def classification_head(c: EncoderConfig, *, dropout: float | None = None, dense_act: str | None = None,
@@ -51,6 +51,7 @@ TASK = Task(
     auto_class="AutoModelForSequenceClassification",
     pipeline="hfport.pipelines.classification:TextClassificationPipeline",
     train="hfport.train.tasks.classification:SequenceClassification",
+    columns=(Columns(("text_column", "label_column", "text_pair_column")),),
     default_metrics={None: ("accuracy", "max"), "single_label_classification": ("accuracy", "max"),
                      # subset accuracy is harsh with many labels; micro F1 credits each label that is right
                      "multi_label_classification": ("f1_micro", "max"),

@@ -9,12 +9,15 @@ loss (hfport/train/tasks/ranking.py).
 
 from __future__ import annotations
 
-from .task import Task
+from .task import Columns, Task
 from .text_classification import EncoderForSequenceClassification
 
 TASK = Task(
     name="text-ranking", aliases=("reranking",), model_class=EncoderForSequenceClassification,
     outputs=("logits",), per_sequence=frozenset({"logits"}), auto_class="AutoModelForSequenceClassification",
     pipeline="hfport.pipelines.classification:TextClassificationPipeline",
-    train="hfport.train.tasks.ranking:Reranking", default_metrics={None: ("ndcg@10", "max")},
+    train="hfport.train.tasks.ranking:Reranking",
+    columns=(Columns(("query_column", "text_column", "label_column")),  # a row a (query, text) pair
+             Columns(("query_column", "positive_column", "negatives_column"))),  # a row a query's group
+    default_metrics={None: ("ndcg@10", "max")},
     labels=True, model_task="text-classification")

@@ -8,7 +8,7 @@ from ..config import EncoderConfig
 from ..heads import TokenClassificationHead, token_classification_loss
 from ..modeling import PreTrainedEncoder
 from ..outputs import TokenClassifierOutput
-from .task import Task
+from .task import Columns, Task
 
 
 def token_head(c: EncoderConfig, *, dropout: float | None = None, transform: dict | None = None
@@ -36,6 +36,7 @@ TASK = Task(
     per_sequence=frozenset(), auto_class="AutoModelForTokenClassification",
     pipeline="hfport.pipelines.tokens:TokenClassificationPipeline",
     train="hfport.train.tasks.tokens:TokenClassification",
+    columns=(Columns(("tokens_column", "tags_column")),), files="CoNLL (.conll, .txt: a word and its tag a line)",
     default_metrics={None: ("f1", "max")},  # entity-level micro F1
     labels=True,
     output_type=TokenClassifierOutput, architecture_suffix="ForTokenClassification", peft_task_type="TOKEN_CLS",

@@ -15,7 +15,16 @@ from .aliases import did_you_mean, translate
 from .data import MEGA_BUCKET_STEPS
 from .trackers import report_to_list
 
-LOWER_IS_BETTER = ("loss", "mse", "mae", "perplexity")  # the mode of a metric named without --metric-mode
+# the mode of a metric named without --metric-mode: min for these and, as transformers' greater_is_better default, for
+# any name ending in "loss"; transformers would maximise mse, mae and perplexity (every name not ending in "loss"),
+# which keeps the worst model: hfport minimises them
+LOWER_IS_BETTER = ("loss", "mse", "mae", "perplexity")
+TRANSFORMERS_SAVE_STEPS = 500  # TrainingArguments' save_steps, what save_strategy "steps" uses when none is given
+# the plateau schedules' (factor, patience) where plateau_factor / plateau_patience are not given: hfport's plateau
+# (cut by half after one stalled evaluation: evaluations are few, one an epoch by default) and transformers'
+# reduce_lr_on_plateau (torch's ReduceLROnPlateau defaults)
+PLATEAU_DEFAULTS = {"plateau": (0.5, 1), "reduce_lr_on_plateau": (0.1, 10)}
+NO_WARMUP = ("constant", "reduce_lr_on_plateau")  # transformers' schedules that never warm up
 
 
 class LoraSettings(BaseModel):
@@ -76,6 +85,9 @@ class FinetuneConfig(BaseModel):
     context_column: str = Field("context", description="question answering: the column of the context")
     answers_column: str = Field("answers", description=(
         "question answering: the column of the answers (SQuAD's {text, answer_start})"))
+    # multiple choice (also question_column or context_column, and label_column: the index of the right choice)
+    choices_column: str = Field("choices", description="multiple choice: the column of the choices (a list of texts; "
+                                "CSV: a JSON list in the cell)")
     doc_stride: int = Field(128, ge=0, description="tokens shared by consecutive windows of a long context")
     max_answer_length: int = Field(30, ge=1, description="longest answer span (tokens) evaluation may pick")
     # sentence embeddings (sentence-embedding) and rerankers (text-ranking)
@@ -123,11 +135,33 @@ class FinetuneConfig(BaseModel):
         "sparse-embedding: weight of the FLOPS regularizer on the queries (anchors)"))
     document_regularizer_weight: float = Field(3e-5, ge=0, description=(
         "sparse-embedding: weight of the FLOPS regularizer on the documents (positives and negatives)"))
+    # distillation (hfport/train/distill.py)
+    teacher: str | None = Field(None, description=(
+        "distil from this model (a folder or repo id in the local HF cache, a checkpoint of the task's model, with "
+        "the student's tokenizer): its outputs for the training rows are computed once before training (cached like "
+        "encoded data) and the student learns them: text- and token-classification its temperature-scaled logits "
+        "(KL), rows without a label from the teacher alone; sentence-embedding its embeddings (MSE; through a "
+        "learned projection, used in training only, when the widths differ) or, for (anchor, positive, negative) "
+        "rows, its dot-product score margins (MarginMSE); text-ranking its scores (MSE on the logits)"))
+    distill_alpha: float = Field(0.5, ge=0, le=1, description=(
+        "with a teacher: alpha * the distillation loss + (1 - alpha) * the task's own loss, on rows that have their "
+        "own target (1: the teacher alone, as sentence-transformers' MSELoss and MarginMSELoss; 0: the task's loss "
+        "alone)"))
+    distill_temperature: float = Field(2.0, gt=0, description=(
+        "with a teacher: the temperature T both logits are divided by before the softmax (classification); the KL "
+        "term is scaled by T^2 (Hinton et al., DistilBERT)"))
+    teacher_dtype: Literal["float32", "bfloat16", "int8"] = Field("float32", description=(
+        "the dtype the teacher runs in while its outputs are computed (int8: behind hfport's int8 gate)"))
+    student_layers: list[int] | Literal["every_other"] | None = Field(None, description=(
+        "build the model to train from `model` by keeping these encoder layers (indices from 0, increasing), or "
+        "every_other (0, 2, 4, ...: half the depth, DistilBERT's recipe); its config.json's layer count follows, so "
+        "best/ and final/ load as they are in transformers"))
     # masked LM
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="fraction of tokens chosen for masking")
     # schedule
     epochs: float = Field(3.0, gt=0, description="passes over the training data (a fraction is allowed)")
-    max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
+    max_steps: int | None = Field(None, ge=1, description=(
+        "optimizer steps; overrides epochs (0 or below, as transformers' default -1: epochs decide)"))
     batch_size: int = Field(16, ge=1, description="examples per optimizer step per process, before accumulation")
     grad_accum: int = Field(1, ge=1, description="batches whose gradients add up to one optimizer step")
     group_by_length: bool = Field(True, description=(
@@ -148,16 +182,26 @@ class FinetuneConfig(BaseModel):
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's betas")
     adam_eps: float = Field(1e-8, description="AdamW's epsilon")
     layer_lr_decay: float = Field(1.0, gt=0, le=1.0, description="lr multiplier per layer going down the stack")
-    scheduler: Literal["linear", "cosine", "constant", "one_cycle", "plateau"] = Field("linear", description=(
-        "the learning-rate schedule after warmup"))
+    scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup", "one_cycle", "plateau",
+                       "reduce_lr_on_plateau"] = Field("linear", description=(
+        "the learning-rate schedule, transformers' names and curves: linear or cosine (warmup from 0, then down to "
+        "0), constant (no warmup), constant_with_warmup, reduce_lr_on_plateau (no warmup; the lr times "
+        "plateau_factor, default 0.1, after plateau_patience, default 10, evaluations without a relative "
+        "improvement of 1e-4, torch's ReduceLROnPlateau); hfport's own: one_cycle, and plateau (reduce_lr_on_plateau "
+        "with warmup, factor 0.5 and patience 1 by default)"))
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description=(
-        "the fraction of the steps over which the learning rate warms up"))
-    warmup_steps: int = Field(0, ge=0, description="overrides warmup_ratio when > 0")
-    plateau_factor: float = Field(0.5, gt=0, lt=1, description=(
-        "plateau scheduler: the lr is multiplied by this when the metric stalls"))
-    plateau_patience: int = Field(1, ge=0, description=(
-        "plateau scheduler: evaluations without improvement before the lr is cut"))
-    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the gradient norm to this; null: no clipping")
+        "the fraction of the steps over which the learning rate warms up (linearly from 0)"))
+    warmup_steps: float = Field(0, ge=0, description=(
+        "steps of warmup; overrides warmup_ratio when > 0. Below 1, a fraction of the steps (transformers 5's "
+        "meaning)"))
+    plateau_factor: float | None = Field(None, gt=0, lt=1, description=(
+        "plateau schedules: the lr is multiplied by this when the metric stalls (default 0.5 for plateau, 0.1 for "
+        "reduce_lr_on_plateau)"))
+    plateau_patience: int | None = Field(None, ge=0, description=(
+        "plateau schedules: evaluations without improvement before the lr is cut (default 1 for plateau, 10 for "
+        "reduce_lr_on_plateau)"))
+    max_grad_norm: float | None = Field(1.0, gt=0, description=(
+        "clip the gradient norm to this; null or 0 (transformers' way to say it): no clipping"))
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="label smoothing of the classification loss")
     class_weights: list[float] | Literal["balanced"] | None = Field(None, description=(
         "classification loss weights: one per label, or 'balanced' (n_examples / (n_classes * count))"))
@@ -181,11 +225,16 @@ class FinetuneConfig(BaseModel):
         "when to evaluate: every epoch, every eval_steps, or never"))
     eval_steps: int | None = Field(None, ge=1, description=(
         "evaluate every this many optimizer steps (eval_strategy 'steps')"))
+    eval_before: bool = Field(False, description=(
+        "evaluate the base model before the first step: its figures are the eval line of step 0 (never best/) and "
+        "report.html's 'before' column"))
     metric: str | None = Field(None, description="metric that picks the best model; default by task and "
                                "problem type (the task's record: e.g. accuracy, f1_micro for multi-label, mse for "
-                               "regression, f1 for tokens and QA, perplexity for fill-mask)")
+                               "regression, f1 for tokens and QA, perplexity for fill-mask); loss with "
+                               "reduce_lr_on_plateau or load_best_model_at_end, as transformers")
     metric_mode: Literal["max", "min"] | None = Field(None, description=(
-        "whether a higher (max) or lower (min) metric is better; default by the metric"))
+        "whether a higher (max) or lower (min) metric is better; default by the metric (min for loss, mse, mae, "
+        "perplexity); needs the metric named"))
     early_stopping_patience: int | None = Field(None, ge=1, description=(
         "stop after this many evaluations without improvement of the metric"))
     early_stopping_threshold: float = Field(0.0, ge=0, description=(
@@ -213,8 +262,34 @@ class FinetuneConfig(BaseModel):
     @classmethod
     def _aliases(cls, data: Any) -> Any:
         """transformers' TrainingArguments names (learning_rate, num_train_epochs...) stored under hfport's (an HTTP
-        job body comes this way); an unknown key is left to extra="forbid" (did_you_mean words its message)."""
-        return translate(data, cls.model_fields, keep_unknown=True) if isinstance(data, dict) else data
+        job body comes this way); an unknown key is left to extra="forbid" (did_you_mean words its message). Then
+        the defaults transformers derives from other options (TrainingArguments.__post_init__)."""
+        if not isinstance(data, dict):
+            return data
+        data = translate(data, cls.model_fields, keep_unknown=True)
+        if data.get("eval_strategy") == "steps" and data.get("eval_steps") in (None, 0):
+            data["eval_steps"] = data.get("logging_steps", cls.model_fields["logging_steps"].default)
+        if data.get("save_strategy") == "steps" and data.get("save_steps") is None:
+            data["save_steps"] = TRANSFORMERS_SAVE_STEPS
+        return data
+
+    @field_validator("max_steps", mode="before")
+    @classmethod
+    def _max_steps(cls, v: Any) -> Any:
+        # transformers' max_steps: -1 (its default) or any value <= 0 leaves the epochs in charge
+        return None if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 else v
+
+    @field_validator("max_grad_norm", mode="before")
+    @classmethod
+    def _max_grad_norm(cls, v: Any) -> Any:
+        return None if isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0 else v  # transformers': off
+
+    @field_validator("warmup_steps")
+    @classmethod
+    def _warmup_steps(cls, v: float) -> float:
+        if v >= 1 and not float(v).is_integer():
+            raise ValueError(f"{v}: a whole number of steps, or a fraction of the steps below 1")
+        return int(v) if v >= 1 else v
 
     @classmethod
     def did_you_mean(cls, key: str) -> str:
@@ -247,6 +322,23 @@ class FinetuneConfig(BaseModel):
             raise ValueError(f"{v!r}: a run name names TensorBoard's folder for the run; no path separators")
         return v
 
+    @field_validator("student_layers", mode="before")
+    @classmethod
+    def _layers(cls, v: Any) -> Any:
+        if isinstance(v, str) and v != "every_other":  # "0,2,4" from a flag
+            try:
+                return [int(p) for p in v.split(",") if p.strip()]
+            except ValueError:
+                raise ValueError(f"{v!r}: layer indices separated by commas (0,2,4) or 'every_other'") from None
+        return v
+
+    @field_validator("student_layers")
+    @classmethod
+    def _increasing(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not v or v[0] < 0 or any(b <= a for a, b in zip(v, v[1:]))):
+            raise ValueError(f"{v}: distinct layer indices from 0, in increasing order (the order they run in)")
+        return v
+
     @field_validator("freeze", mode="before")
     @classmethod
     def _split(cls, v: Any) -> Any:
@@ -254,10 +346,20 @@ class FinetuneConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneConfig:
-        if self.eval_strategy == "steps" and self.eval_steps is None:
-            raise ValueError("eval_strategy 'steps' needs eval_steps")
-        if self.save_strategy == "steps" and self.save_steps is None:
-            raise ValueError("save_strategy 'steps' needs save_steps")
+        if self.scheduler in NO_WARMUP and (self.warmup_steps or self.warmup_ratio):
+            # transformers ignores the warmup here; hfport refuses rather than drop what was asked for
+            other = "constant_with_warmup" if self.scheduler == "constant" else "plateau (hfport's, with warmup)"
+            raise ValueError(f"scheduler {self.scheduler!r} has no warmup (transformers' schedule of that name "
+                             f"ignores warmup_steps/warmup_ratio); for a warmup use {other}")
+        if self.scheduler in PLATEAU_DEFAULTS and self.eval_strategy == "no":
+            raise ValueError(f"scheduler {self.scheduler!r} cuts the lr when the evaluated metric stalls; it needs an "
+                             "eval_strategy other than 'no'")
+        if self.metric_mode is not None and self.metric is None and self.scheduler != "reduce_lr_on_plateau":
+            # transformers ignores greater_is_better without a metric (nothing picks a best model); applied to the
+            # task's default metric it could keep the worst model (accuracy minimised)
+            raise ValueError(f"metric_mode {self.metric_mode!r} (transformers: greater_is_better) without a metric: "
+                             "name the metric it applies to (metric, or transformers' metric_for_best_model; "
+                             "load_best_model_at_end alone picks the eval loss)")
         if self.matryoshka_dims is not None:
             if not self.matryoshka_dims or any(d < 1 for d in self.matryoshka_dims) \
                     or len(set(self.matryoshka_dims)) != len(self.matryoshka_dims):
@@ -267,6 +369,11 @@ class FinetuneConfig(BaseModel):
                                  f"{len(self.matryoshka_dims)}: one weight per dimension")
         elif self.matryoshka_weights is not None:
             raise ValueError("matryoshka_weights without matryoshka_dims")
+        if self.teacher is None:  # a value other than the default means the run was meant to distil
+            given = [name for name in ("distill_alpha", "distill_temperature", "teacher_dtype")
+                     if getattr(self, name) != type(self).model_fields[name].default]
+            if given:
+                raise ValueError(f"{', '.join(given)} without a teacher: set teacher to distil")
         if self.score_range[0] >= self.score_range[1]:
             raise ValueError(f"score_range {list(self.score_range)}: the low end must be below the high end")
         if tasks.get(self.task).pair_input and self.doc_stride >= self.max_length:  # contexts cut into windows
@@ -276,8 +383,10 @@ class FinetuneConfig(BaseModel):
     def default_metric(self, problem_type: str | None = None) -> tuple[str, str]:
         """(metric, mode) that picks the best model: --metric, else the task's default for the problem type (the
         one the data turned out to have, else --problem-type)."""
-        if self.metric:
-            return self.metric, self.metric_mode or ("min" if self.metric in LOWER_IS_BETTER else "max")
+        metric = self.metric or ("loss" if self.scheduler == "reduce_lr_on_plateau" else None)  # as transformers
+        if metric:
+            lower = metric in LOWER_IS_BETTER or metric.endswith("loss")
+            return metric, self.metric_mode or ("min" if lower else "max")
         name, mode = tasks.get(self.task).default_metric(problem_type or self.problem_type)
         return name, self.metric_mode or mode
 
@@ -285,7 +394,7 @@ class FinetuneConfig(BaseModel):
 def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is no content
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot be read ({e})") from e
     try:
@@ -304,16 +413,17 @@ def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], fi
                    ) -> tuple[FinetuneConfig, dict[str, str]]:
     """Defaults < file < flags. Returns the config and, for each field, where its value came from."""
     translated, renamed = [], {}  # aliases to hfport's names per origin, so a flag still overrides the file's alias
+    implied: dict[str, Any] = {}  # what transformers derives from an alias: below every value given, in any origin
     for origin, values in ((file_name, dict(file_values or {})),
                            ("flags", {k: v for k, v in flags.items() if v is not None})):
         try:
-            translated.append(translate(values, FinetuneConfig.model_fields, renamed=renamed))
+            translated.append(translate(values, FinetuneConfig.model_fields, renamed=renamed, implied=implied))
         except ValueError as e:
             raise ConfigError(f"{origin}: {e}") from e
         for name in set(values) & set(translated[-1]):  # given under hfport's name here: an earlier alias lost
             renamed.pop(name, None)
     file_values, flags = translated
-    merged = {**file_values, **{k: v for k, v in flags.items() if v is not None}}
+    merged = {**implied, **file_values, **{k: v for k, v in flags.items() if v is not None}}
     if isinstance(flags.get("lora"), dict) and isinstance(file_values.get("lora"), dict):
         merged["lora"] = {**file_values["lora"], **flags["lora"]}  # --lora-r refines the file's lora section
     try:
@@ -323,6 +433,7 @@ def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], fi
                              + (f" (given as {renamed[err['loc'][0]]})" if err["loc"] and err["loc"][0] in renamed
                                 else "") + f": {err['msg']}" for err in e.errors())
         raise ConfigError(f"invalid fine-tune config: {problems}") from e
-    sources = {name: "flag" if flags.get(name) is not None else file_name if name in file_values else "default"
+    sources = {name: "flag" if flags.get(name) is not None else file_name if name in file_values
+               else "transformers' default" if name in implied else "default"
                for name in FinetuneConfig.model_fields}
     return config, sources

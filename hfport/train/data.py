@@ -90,6 +90,38 @@ def field_of(record: Record, column: str, path: Path | str, kind: type | tuple[t
 # --- labels ----------------------------------------------------------------------------------------------
 
 
+def _not_finite(value: Any) -> bool:
+    """A number (or a number's text: CSV's "nan", "inf") that is NaN or infinite: no target a model can learn."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return False
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def check_label(value: Any, path: Path | str, line: int, column: str) -> None:
+    """Refuses a label no model can learn, naming file, line (row) and field: NaN or infinite (a CSV "nan", JSON's
+    NaN/Infinity, a Parquet float NaN), blank (an empty CSV cell would be a class named ''), or a list (multi-label)
+    holding one of those or a null."""
+    problem = None
+    if _not_finite(value):
+        problem = f"{value!r} is not a finite number (NaN or infinite)"
+    elif isinstance(value, str) and not value.strip():
+        problem = f"the label is blank ({value!r})"
+    elif isinstance(value, list):
+        for k, name in enumerate(value):
+            if name is None or isinstance(name, (bool, float)) or _not_finite(name) \
+                    or (isinstance(name, str) and not name.strip()):
+                problem = f"item {k} of the list, {name!r}, is not a label name or id"
+                break
+    if problem:
+        raise DataError(f"{where(path, line, column)}: {problem}; every row needs a label (a name, an id, a number or "
+                        "a list of names): fix the row or drop it before training")
+
+
 def _label_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "other"
@@ -128,10 +160,11 @@ def infer_label_space(labels: Iterable[tuple[Any, int]], path: Path | str, colum
                       class_names: list[str] | None = None) -> LabelSpace:
     """From the training labels, (value, line) pairs iterated more than once: names (sorted), ids, floats
     (regression) or lists (multi-label). Ids are named by `class_names` when the data has them (a datasets
-    ClassLabel column: every class, also those the training rows never use), else by the model's labels when it
-    has as many non-default ones."""
+    ClassLabel column, or a sequence of them for multi-label: every class, also those the training rows never use),
+    else by the model's labels when it has as many non-default ones."""
     kinds: dict[str, int] = {}
     for value, line in labels:
+        check_label(value, path, line, column)
         kind = _label_kind(value)
         if kind == "other":
             raise DataError(f"{where(path, line, column)}: unusable label {value!r}")
@@ -144,6 +177,8 @@ def infer_label_space(labels: Iterable[tuple[Any, int]], path: Path | str, colum
     if problem_type == "regression" or (problem_type is None and kind == "float"):
         return LabelSpace("regression", {0: "LABEL_0"})
     if kind == "list":
+        if class_names:  # ids of a sequence of ClassLabels (encode_label names each by class_names)
+            return LabelSpace("multi_label_classification", dict(enumerate(class_names)))
         names = sorted({str(n) for value, _ in labels for n in value})
         return LabelSpace("multi_label_classification", dict(enumerate(names)))
     if kind == "int":
@@ -163,13 +198,40 @@ def infer_label_space(labels: Iterable[tuple[Any, int]], path: Path | str, colum
     return LabelSpace(problem_type or "single_label_classification", dict(enumerate(names)))
 
 
-def encode_label(value: Any, space: LabelSpace, path: Path | str, line: int, column: str) -> Any:
+def class_name(value: Any, names: list[str], path: Path | str, line: int, column: str) -> str:
+    """A ClassLabel column's id as its class name (`names`: the column's, as the source's own features list them)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(names):
+        raise DataError(f"{where(path, line, column)}: {value!r} is not an id of the column's ClassLabel, "
+                        f"0..{len(names) - 1} ({names})")
+    return names[value]
+
+
+def encode_label(value: Any, space: LabelSpace, path: Path | str, line: int, column: str,
+                 class_names: list[str] | None = None) -> Any:
+    """A row's label as its target in `space`. With `class_names` (the source's own ClassLabel names: a datasets
+    folder, Parquet or Arrow written by datasets) an id is read as that source's class and found in `space` by name,
+    so a source whose classes are in another order (an eval split saved on its own) keeps its labels; a name `space`
+    does not have is an error."""
+    check_label(value, path, line, column)
     if space.problem_type == "regression":
         try:
             return float(value)
         except (TypeError, ValueError):
             raise DataError(f"{where(path, line, column)}: regression label must be a number, got {value!r}")
     label2id = space.label2id
+    if class_names is not None:
+        names = [class_name(v, class_names, path, line, column) for v in value] if isinstance(value, list) \
+            else [class_name(value, class_names, path, line, column)]
+        for name in names:
+            if name not in label2id:
+                raise DataError(f"{where(path, line, column)}: class {name!r} (its ClassLabel id {value!r}) is not "
+                                f"one of the training labels {sorted(label2id)}")
+        if space.problem_type != "multi_label_classification":
+            return label2id[names[0]]
+        vec = [0.0] * len(label2id)
+        for name in names:
+            vec[label2id[name]] = 1.0
+        return vec
     if space.problem_type == "multi_label_classification":
         if not isinstance(value, list):
             raise DataError(f"{where(path, line, column)}: multi-label rows need a list of names, got {value!r}")
@@ -288,6 +350,9 @@ def number_in_range(r: Record, column: str, path: Path, score_range: tuple[float
         number = float(value)
     except (TypeError, ValueError):
         raise DataError(f"{where(path, r.line, column)}: expected a number, got {value!r}")
+    if not math.isfinite(number):  # CSV "nan", JSON NaN/Infinity, a Parquet float NaN
+        raise DataError(f"{where(path, r.line, column)}: {what} {value!r} is not a finite number (NaN or infinite); "
+                        "fix the row or drop it before training")
     low, high = score_range
     if not low <= number <= high or number != number:
         raise DataError(f"{where(path, r.line, column)}: {what} {number} is outside score_range [{low}, {high}]; "

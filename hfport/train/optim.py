@@ -11,8 +11,13 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .config import PLATEAU_DEFAULTS
 
 _LAYER = re.compile(r"^body\.encoder\.(?:layers|groups)\.(\d+)\.")
+# transformers' Trainer.get_decay_parameter_names, read on a parameter's HF name (lowercased), as it reads the
+# transformers model's: besides everything inside a LayerNorm, no decay for biases (MPNet's relative_attention_bias
+# table too) and norms (EuroBERT's RMSNorm weights)
+NO_DECAY = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
 
 
 def freeze(model: Any, prefixes: list[str]) -> list[str]:
@@ -40,13 +45,15 @@ def freeze(model: Any, prefixes: list[str]) -> list[str]:
 
 
 def build_optimizer(model: nn.Module, config: Any) -> torch.optim.Optimizer:
-    """AdamW (default) or SGD. No weight decay on biases and LayerNorm weights; optional layer-wise lr decay
-    (lr * decay^(distance from the top), embeddings lowest, head and pooler at the full lr)."""
+    """AdamW (default) or SGD. No weight decay where transformers' Trainer has none (biases, norms: NO_DECAY);
+    optional layer-wise lr decay (lr * decay^(distance from the top), embeddings lowest, head and pooler at the full
+    lr)."""
+    hf_names = model.hf_names() if hasattr(model, "hf_names") else {}
     no_decay = set()
     for module_name, module in model.named_modules():
         for pname, _ in module.named_parameters(recurse=False):
             full = f"{module_name}.{pname}" if module_name else pname
-            if isinstance(module, nn.LayerNorm) or pname == "bias":
+            if isinstance(module, nn.LayerNorm) or NO_DECAY.search(hf_names.get(full, full).lower()):
                 no_decay.add(full)
     depths: dict[str, int] = {}
     for name, _ in model.named_parameters():
@@ -100,67 +107,101 @@ def use_fused(config: Any, params: list[nn.Parameter]) -> bool:
 
 
 def warmup_steps(config: Any, total_steps: int) -> int:
-    return config.warmup_steps if config.warmup_steps > 0 else math.ceil(config.warmup_ratio * total_steps)
+    """transformers' TrainingArguments.get_warmup_steps: warmup_steps (below 1: a fraction of the steps), else
+    warmup_ratio of the steps, rounded up."""
+    given = config.warmup_steps
+    if given >= 1:
+        return int(given)
+    return math.ceil((given if given > 0 else config.warmup_ratio) * total_steps)
+
+
+def warmup_factor(step: int, warmup: int) -> float:
+    """transformers' linear warmup: from 0 at step 0 to the peak at step `warmup`."""
+    return step / max(1, warmup)
+
+
+PLATEAU_THRESHOLD = 1e-4  # torch's ReduceLROnPlateau: a relative improvement smaller than this is a stall
+PLATEAU_EPS = 1e-8  # ... and a cut smaller than this is not made
 
 
 class PlateauWithWarmup:
-    """Linear warmup, then the lr is cut by `factor` whenever the eval metric stalls for `patience` evals."""
+    """Linear warmup (transformers'), then torch's ReduceLROnPlateau (mode from the metric, threshold 1e-4 relative,
+    eps 1e-8, no cooldown, no floor): each group's lr is multiplied by `factor` once the eval metric has not improved
+    for more than `patience` evaluations. Without warmup it steps exactly as transformers' reduce_lr_on_plateau
+    schedule, whose ReduceLROnPlateau hears the same metric."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, warmup: int, factor: float, patience: int, mode: str):
         self.optimizer, self.warmup, self.factor, self.patience, self.mode = optimizer, warmup, factor, patience, mode
         self.base_lrs = [g["lr"] for g in optimizer.param_groups]
-        self.step_count, self.cuts, self.bad_evals, self.best = 0, 0, 0, None
+        self.lrs = list(self.base_lrs)  # each group's lr after the cuts so far, before the warmup's factor
+        self.step_count, self.bad_evals, self.best = 0, 0, None
         self._apply()
 
     def _apply(self) -> None:
-        warm = min(1.0, (self.step_count + 1) / self.warmup) if self.warmup else 1.0
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-            group["lr"] = base * warm * self.factor ** self.cuts
+        warm = warmup_factor(self.step_count, self.warmup) if self.step_count < self.warmup else 1.0
+        for group, lr in zip(self.optimizer.param_groups, self.lrs):
+            group["lr"] = lr * warm
 
     def step(self) -> None:
         self.step_count += 1
         self._apply()
 
+    def _better(self, value: float) -> bool:
+        if self.best is None:
+            return value == value  # nan never improves (torch: nan < inf is false)
+        if self.mode == "max":
+            return value > self.best * (1.0 + PLATEAU_THRESHOLD)
+        return value < self.best * (1.0 - PLATEAU_THRESHOLD)
+
     def on_eval(self, value: float) -> None:
-        better = self.best is None or (value > self.best if self.mode == "max" else value < self.best)
-        if better:
+        if self._better(value):
             self.best, self.bad_evals = value, 0
         else:
             self.bad_evals += 1
-            if self.bad_evals > self.patience:
-                self.cuts, self.bad_evals = self.cuts + 1, 0
-                self._apply()
+        if self.bad_evals > self.patience:
+            self.lrs = [lr * self.factor if lr - lr * self.factor > PLATEAU_EPS else lr for lr in self.lrs]
+            self.bad_evals = 0
+            self._apply()
 
     def get_last_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("base_lrs", "step_count", "cuts", "bad_evals", "best")}
+        return {k: getattr(self, k) for k in ("base_lrs", "lrs", "step_count", "bad_evals", "best")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        if "cuts" in state:  # a checkpoint from before the per-group lrs: its cuts applied to the base lrs
+            cuts = state.pop("cuts")
+            state["lrs"] = [lr * self.factor ** cuts for lr in state["base_lrs"]]
         for k, v in state.items():
             setattr(self, k, v)
         self._apply()
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: Any, total_steps: int, metric_mode: str) -> Any:
-    """Stepped once per optimizer step (plateau also hears every eval)."""
+    """Stepped once per optimizer step (the plateau schedules also hear every eval). linear, cosine, constant and
+    constant_with_warmup are transformers' curves (get_scheduler), step for step."""
     warm = warmup_steps(config, total_steps)
-    if config.scheduler == "plateau":
-        return PlateauWithWarmup(optimizer, warm, config.plateau_factor, config.plateau_patience, metric_mode)
+    if config.scheduler in PLATEAU_DEFAULTS:
+        factor, patience = PLATEAU_DEFAULTS[config.scheduler]
+        return PlateauWithWarmup(optimizer, warm,
+                                 config.plateau_factor if config.plateau_factor is not None else factor,
+                                 config.plateau_patience if config.plateau_patience is not None else patience,
+                                 metric_mode)
     if config.scheduler == "one_cycle":
         return torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=max(total_steps, 2),
             pct_start=warm / total_steps if warm else 0.3, anneal_strategy="cos")
 
     def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm  # the first step already trains at a small, non-zero lr
-        if config.scheduler == "constant":
+        if step < warm:  # constant has none: the config refuses a warmup with it
+            return warmup_factor(step, warm)
+        if config.scheduler in ("constant", "constant_with_warmup"):
             return 1.0
-        progress = (step - warm) / max(1, total_steps - warm)
-        if config.scheduler == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-        return max(0.0, 1.0 - progress)  # linear
+        if config.scheduler == "cosine":  # transformers' num_cycles 0.5: half a cosine, down to 0 at the end
+            progress = (step - warm) / max(1, total_steps - warm)
+            return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+        return max(0.0, (total_steps - step) / max(1, total_steps - warm))  # linear, as transformers writes it
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

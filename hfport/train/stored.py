@@ -5,11 +5,12 @@ A task's reader yields its Features a chunk at a time; `collect` keeps them in a
 writes them to a store when its files hold STREAM_BYTES or more ($HFPORT_STREAM_BYTES; 0: always), so memory does not
 grow with the file: what stays per example is its length (int32) and, once the label space is known, its target.
 The store lives in the user cache dir (`$HFPORT_CACHE_DIR/encoded/`, as hardware.json) under a hash of what the
-encoding depends on: the source files' paths, sizes and modification times, the tokenizer, the task and its
-settings. A later run on the same data reuses it; a change to any of those encodes again. Processes that read the
-same source at once (the ranks of `accelerate launch`) share one store: the first writes it, the others wait for it
-and open it (hfport/formats/encoded.py's locks). After a store is written, the least recently used others are
-evicted while the stores hold more than $HFPORT_STORE_MAX_BYTES, never one a running process has open.
+encoding depends on: the source files' paths, sizes, modification times and a sampled hash of their content
+(Source.fingerprint), the tokenizer, the task and its settings. A later run on the same data reuses it; a change to
+any of those encodes again. Processes that read the same source at once (the ranks of `accelerate launch`) share one
+store: the first writes it, the others wait for it and open it (hfport/formats/encoded.py's locks). After a store is
+written, the least recently used others are evicted while the stores hold more than $HFPORT_STORE_MAX_BYTES, never one
+a running process has open.
 
 `StoredExamples` is a map-style sequence of Features like the list it replaces: the loop indexes it, `len()` counts
 it, iteration streams it in order, `lengths` gives every example's token count without reading the tokens, and
@@ -79,15 +80,18 @@ def is_large(source: Source) -> bool:
 
 def store_key(source: Source, tokenizer: Any, task: str, settings: dict[str, Any]) -> str:
     """A hash of everything the encoded examples depend on."""
-    files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in source.files]
-    # the backend's JSON without the truncation and padding a call last configured (they are call settings, and the
-    # encode settings are in the key on their own)
-    backend = {k: v for k, v in json.loads(tokenizer.backend_tokenizer.to_str()).items()
-               if k not in ("truncation", "padding")}
-    tokenizer_hash = hashlib.sha256(json.dumps(backend, sort_keys=True).encode()).hexdigest()
-    text = json.dumps({"files": files, "split": source.split, "tokenizer": tokenizer_hash, "task": task,
+    files = source.fingerprint()  # path, size, time and a sampled hash of the content: an in-place rewrite shows
+    text = json.dumps({"files": files, "split": source.split, "tokenizer": tokenizer_digest(tokenizer), "task": task,
                        "settings": settings}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """A hash of how a tokenizer encodes: its backend's JSON without the truncation and padding a call last
+    configured (they are call settings; the encode settings are keyed on their own)."""
+    backend = {k: v for k, v in json.loads(tokenizer.backend_tokenizer.to_str()).items()
+               if k not in ("truncation", "padding")}
+    return hashlib.sha256(json.dumps(backend, sort_keys=True).encode()).hexdigest()
 
 
 def store_folder(key: str) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import struct
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
@@ -17,11 +18,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hfport import ItemError
+from hfport.pipelines import InputTooLongError
+
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, ShapedErrorRoute, validation_message
-from ..serving import served
+from ..serving import Served, infer, served
 from ..settings import SettingsDep
-from ..tei_api import check_dimensions, set_timing, tei_infer
+from ..tei_api import TEI_ANSWERS, check_dimensions, set_timing
 
 # hfport's error types -> OpenAI's (type, code)
 OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_exceeded",
@@ -95,6 +99,21 @@ class EmbeddingsResponse(BaseModel):
     usage: Usage
 
 
+# TEI's words for the checks before the model (empty, too many, too long, overloaded); a failed input comes back in
+# its place and _refusal words it in OpenAI's terms
+OPENAI_ANSWERS = replace(TEI_ANSWERS, failed_item=None)
+
+
+def _refusal(index: int, error: ItemError, model: Served) -> ApiError:
+    """A failed input as OpenAI refuses one (400): an input longer than the model takes names the model's context
+    length and the one switch that would cut it, HFPORT_AUTO_TRUNCATE (OpenAI's body has no truncate field)."""
+    if error.error_type == InputTooLongError.__name__:
+        return ApiError(400, f"input[{index}]: longer than this model's maximum context length of "
+                             f"{model.pipe.max_input_length} tokens; shorten it (this server cuts long inputs only "
+                             "when started with HFPORT_AUTO_TRUNCATE=true, and it is off)", "context_length_exceeded")
+    return ApiError(400, f"input[{index}]: {error.message}", "Validation")
+
+
 def _b64(vector: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
@@ -108,8 +127,13 @@ async def embeddings(body: EmbeddingsRequest, request: Request, response: Respon
     check_dimensions(model, body.dimensions, settings.strict_dimensions)
     single = isinstance(body.input, str) or (bool(body.input) and isinstance(body.input[0], int))
     items: list[Any] = [body.input] if single else list(body.input)
-    params = {"normalize": True, "dimensions": body.dimensions, "with_token_count": True}
-    results, timing = await tei_infer(model, service, items, params, field="input")  # TEI's words, OpenAI's codes
+    # OpenAI's body has no truncate field: the server's HFPORT_AUTO_TRUNCATE decides (TEI's /v1/embeddings too)
+    params = {"normalize": True, "dimensions": body.dimensions, "with_token_count": True,
+              "truncate": settings.auto_truncate}
+    results, timing = await infer(service, model.record, items, params, OPENAI_ANSWERS, field="input")
+    for i, r in enumerate(results):  # the first failed input fails the request, in OpenAI's words
+        if isinstance(r, ItemError):
+            raise _refusal(i, r, model)
     tokens = sum(r["tokens"] for r in results)
     data = [Embedding(index=i, embedding=_b64(r["embedding"]) if body.encoding_format == "base64" else r["embedding"])
             for i, r in enumerate(results)]

@@ -23,7 +23,8 @@ router = APIRouter(tags=["predict"], responses=TEI_ERRORS)  # hfport's error typ
 NATIVE_ANSWERS = Answers(
     empty=Answer(422, "ValidationError", "{field}: empty list"),
     too_many=Answer(413, "TooManyInputs", "{field}: {count} inputs, the limit is {limit} a request"),
-    too_long=Answer(413, "InputTooLong", "{field}[{index}]: {chars} characters, the limit is {limit}"),
+    too_long=Answer(413, "InputTooLong", "{field}[{index}]: {chars} characters, the limit is {limit} "
+                                         "(HFPORT_PREDICT_MAX_CHARS)"),
     overloaded=Answer(429, "TooManyRequests", "{pending} predict requests are waiting; retry shortly"),
     timeout=Answer(504, "Timeout", "predict took longer than {seconds} s; send fewer or shorter inputs"),
     backend=Answer(400, "{error_kind}", "model {model!r}: {error}"),

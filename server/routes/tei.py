@@ -20,11 +20,12 @@ from pydantic import BaseModel, ValidationError
 
 import hfport
 from hfport import token_listing
+from hfport.pipelines import device_name
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, validation_message
 from ..serving import ModelService, Served, check_inputs, served
-from ..settings import SettingsDep
+from ..settings import Settings, SettingsDep
 from ..store import BaseStore
 from ..tei_api import (TEI_ANSWERS, TEI_ERRORS, DecodeRequest, EmbedAllRequest, EmbedRequest, EmbedSparseRequest,
                        Info, Rank, RerankRequest, SimilarityRequest, SimpleToken, SparseValue, TeiPredictRequest,
@@ -35,15 +36,15 @@ router = APIRouter(tags=["tei"], route_class=TeiRoute, responses=TEI_ERRORS)
 
 
 async def _embed(request: Request, response: Response, body: EmbedRequest | EmbedAllRequest, store: BaseStore,
-                 service: ModelService, output: str, strict_dimensions: bool = False) -> list:
+                 service: ModelService, output: str, settings: Settings) -> list:
     started = time.perf_counter()
     model = await served(request, store, service)
     model.need("embedding", route=request.url.path)
     if isinstance(body, EmbedRequest):
-        check_dimensions(model, body.dimensions, strict_dimensions)
+        check_dimensions(model, body.dimensions, settings.strict_dimensions)
     items, _ = listify(body.inputs)
     params = {"output": output, "prompt_name": body.prompt_name,
-              **truncation(body.truncate, body.truncation_direction, model.kind)}
+              **truncation(body.truncate, body.truncation_direction, model, settings.auto_truncate)}
     if output == "sentence":
         params |= {"normalize": body.normalize, "dimensions": body.dimensions}
     results, timing = await tei_infer(model, service, items, params)
@@ -54,13 +55,13 @@ async def _embed(request: Request, response: Response, body: EmbedRequest | Embe
 @router.post("/embed", response_model=list[list[float]], summary="Sentence embeddings (TEI)")
 async def embed(body: EmbedRequest, request: Request, response: Response, store: StoreDep,
                 service: ModelServiceDep, settings: SettingsDep) -> list:
-    return await _embed(request, response, body, store, service, "sentence", settings.strict_dimensions)
+    return await _embed(request, response, body, store, service, "sentence", settings)
 
 
 @router.post("/embed_all", response_model=list[list[list[float]]], summary="Per-token hidden states (TEI)")
 async def embed_all(body: EmbedAllRequest, request: Request, response: Response, store: StoreDep,
-                    service: ModelServiceDep) -> list:
-    return await _embed(request, response, body, store, service, "tokens")
+                    service: ModelServiceDep, settings: SettingsDep) -> list:
+    return await _embed(request, response, body, store, service, "tokens", settings)
 
 
 @router.post("/embed_sparse", response_model=list[list[SparseValue]],
@@ -82,7 +83,7 @@ async def rerank(body: RerankRequest, request: Request, response: Response, stor
     items = [{"text": body.query, "text_pair": t} for t in body.texts]
     check_inputs(body.texts, settings, TEI_ANSWERS, "texts")
     params = {"top_k": None, "function_to_apply": "none" if body.raw_scores else "sigmoid",
-              **truncation(body.truncate, body.truncation_direction, model.kind)}
+              **truncation(body.truncate, body.truncation_direction, model, settings.auto_truncate)}
     results, timing = await tei_infer(model, service, items, params, field="texts")
     ranks = [{"index": i, "score": r[0]["score"], "text": body.texts[i] if body.return_text else None}
              for i, r in enumerate(results)]
@@ -100,7 +101,7 @@ async def similarity(body: SimilarityRequest, request: Request, response: Respon
     check_inputs(body.inputs.sentences, settings, TEI_ANSWERS, "inputs.sentences")
     items = [body.inputs.source_sentence, *body.inputs.sentences]
     params = {"normalize": True, "prompt_name": body.prompt_name,
-              **truncation(body.truncate, body.truncation_direction, model.kind)}
+              **truncation(body.truncate, body.truncation_direction, model, settings.auto_truncate)}
     vectors, timing = await tei_infer(model, service, items, params)
     source = vectors[0]
     set_timing(response, started, timing, model)
@@ -151,9 +152,11 @@ async def info(request: Request, store: StoreDep, service: ModelServiceDep, sett
         kind = {model.kind: labels}
         max_len = model.pipe.max_positions
     return Info(model_id=model.name, model_dtype=str(model.pipe.model.dtype).removeprefix("torch."),
+                model_device=device_name(model.pipe.model.device),
                 model_type=kind, max_concurrent_requests=settings.predict_max_pending, max_input_length=max_len,
                 max_batch_tokens=model.pipe.max_batch_tokens, max_client_batch_size=settings.predict_max_inputs,
-                tokenization_workers=settings.predict_threads, version=hfport.__version__)
+                auto_truncate=settings.auto_truncate, tokenization_workers=settings.predict_threads,
+                version=hfport.__version__)
 
 
 @router.post("/", summary="TEI's default route: by the model's kind (and huggingface_hub's InferenceClient)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from .records import ModelRecord
 
 
 class ModelService:
-    def __init__(self, settings: Settings, metrics: Any = None):
+    def __init__(self, settings: Settings, metrics: Any = None, trusted: Callable[[str], bool] | None = None):
+        """`trusted(folder)`: whether a model folder is read as a whole, its files unchecked (ModelCache)."""
         self.settings = settings
         self.metrics = metrics  # server.metrics.Metrics, or None
         # each predict thread on its share of the cores (settings.predict_intra_op_threads; 0: the process's
@@ -31,7 +33,7 @@ class ModelService:
         self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict",
                                        initializer=set_num_threads_here,
                                        initargs=(settings.predict_intra_op_threads or None, settings.predict_threads))
-        self.cache = ModelCache(settings, metrics)
+        self.cache = ModelCache(settings, metrics, trusted)
         self._batchers: dict[tuple[ModelRecord, str], Batcher] = {}
         self.pending = 0  # requests admitted and not answered yet (waiting for a model or in a call)
 

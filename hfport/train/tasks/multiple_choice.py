@@ -2,8 +2,8 @@
 
 Data (JSONL, or CSV/TSV whose `choices` cell is a JSON list):
   {"context": ..., "choices": [..., ...], "label": 1}     ("question" in place of "context"; the column names are
-                                                          the config's context_column / question_column and
-                                                          label_column)
+                                                          the config's context_column / question_column,
+                                                          choices_column and label_column)
 The label is the index of the right choice. Every row of a file has the same number of choices: a batch is
 (B, C, T). One example is one question with its choices (batch_size counts questions; the token budget reads each
 example as its longest choice, as text-ranking's groups). Loss: cross-entropy over the choices. Metric: accuracy.
@@ -25,9 +25,6 @@ from ..metrics import accuracy
 from ..stored import collect
 from . import TrainTask
 
-CHOICES = "choices"  # the column holding the list of choices
-
-
 def choice_metrics(problem_type: str | None = None, *, predictions: Any = None, labels: Any = None,
                    **_: Any) -> dict[str, float]:
     """accuracy: the fraction of questions whose highest-scoring choice (predictions: (N, C) logits) is the label."""
@@ -43,18 +40,18 @@ def _stem_column(record: Record, config: Any, path: Path) -> str:
     return columns[0]
 
 
-def _choices(record: Record, path: Path) -> list[str]:
-    value = field_of(record, CHOICES, path)
+def _choices(record: Record, column: str, path: Path) -> list[str]:
+    value = field_of(record, column, path)
     if isinstance(value, str):  # CSV: a JSON list in the cell
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise DataError(f"{where(path, record.line, CHOICES)}: expected a JSON list of texts ({e.msg})") from e
+            raise DataError(f"{where(path, record.line, column)}: expected a JSON list of texts ({e.msg})") from e
     if not isinstance(value, list) or len(value) < 2:
-        raise DataError(f"{where(path, record.line, CHOICES)}: expected a list of at least 2 texts, got {value!r}")
+        raise DataError(f"{where(path, record.line, column)}: expected a list of at least 2 texts, got {value!r}")
     for choice in value:
         if not isinstance(choice, str) or not choice.strip():
-            raise DataError(f"{where(path, record.line, CHOICES)}: expected non-empty texts, got {choice!r}")
+            raise DataError(f"{where(path, record.line, column)}: expected non-empty texts, got {choice!r}")
     return value
 
 
@@ -79,11 +76,12 @@ def read_questions(path: Path, config: Any) -> Iterator[tuple[Record, str, list[
         stem = field_of(r, column, path)
         if not isinstance(stem, str) or not stem.strip():
             raise DataError(f"{where(path, r.line, column)}: expected non-empty text, got {stem!r}")
-        choices = _choices(r, path)
+        choices = _choices(r, config.choices_column, path)
         first = first or (r.line, len(choices))
         if len(choices) != first[1]:
-            raise DataError(f"{where(path, r.line, CHOICES)}: {len(choices)} choices, but line {first[0]} has "
-                            f"{first[1]}; every row of a file needs the same number (a batch is (B, C, T))")
+            raise DataError(f"{where(path, r.line, config.choices_column)}: {len(choices)} choices, but line "
+                            f"{first[0]} has {first[1]}; every row of a file needs the same number (a batch is "
+                            "(B, C, T))")
         yield r, stem, choices, _label(r, config.label_column, path, len(choices))
 
 
@@ -106,7 +104,8 @@ class MultipleChoice(TrainTask):
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         train_path, eval_path = data_sources(config)
-        settings = {"columns": [config.context_column, config.question_column, config.label_column],
+        settings = {"columns": [config.context_column, config.question_column, config.choices_column,
+                                config.label_column],
                     "max_length": config.max_length}
 
         def encoded(path: Source) -> Sequence[Features]:

@@ -21,8 +21,8 @@ from ...formats.jsonstream import JsonStream
 from ...formats.tables import MAX_LINE_BYTES
 from ...pipelines.qa import select_starts_ends
 from ...tokenizer import TokenizerError
-from ..data import (DataError, EncodedData, Features, compact, data_sources, field_of, held_out, in_chunks,
-                    iter_records, pad_ids, where)
+from ..data import (DataError, EncodedData, Features, Source, compact, data_sources, field_of, held_out,
+                    in_chunks, iter_records, pad_ids, where)
 from ..metrics import qa as metrics
 from ..stored import collect
 from . import TrainTask
@@ -277,6 +277,9 @@ def best_answer(windows: list[tuple[np.ndarray, np.ndarray, list[Any]]], context
 class QuestionAnswering(TrainTask):
     name = "question-answering"
     compute_metrics = staticmethod(metrics.compute)
+
+    def reads_own_format(self, source: Source) -> bool:
+        return _is_squad(Path(source)) or super().reads_own_format(source)
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         train_path, eval_path = data_sources(config)

@@ -1,0 +1,40 @@
+"""`hfport predict`'s exit status (issue 44, item 14): non-zero when every input failed, 0 when some were answered
+(each failure an error object on its line, and counted on stderr)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from hfport.cli import app
+
+
+def predict(model, *args: str):
+    return CliRunner().invoke(app, ["predict", str(model), "--task", "feature-extraction", *args])
+
+
+def test_every_input_failed_exits_non_zero(tiny_bert, tmp_path):
+    run = predict(tiny_bert, "", "   ")
+    assert run.exit_code == 1
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [(r["index"], r["error_type"]) for r in lines] == [(0, "PipelineInputError"), (1, "PipelineInputError")]
+    assert "error: every input failed (2 of 2); the first: input 0: text is empty or only whitespace" in run.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": \n"unterminated\n')  # two lines, neither JSON
+    run = predict(tiny_bert, "--input", str(bad))
+    assert run.exit_code == 1 and "every input failed (2 of 2)" in run.stderr
+    assert "bad.jsonl line 1: not JSON" in run.stdout
+
+
+def test_some_inputs_failed_exits_zero_and_counts_them(tiny_bert):
+    run = predict(tiny_bert, "fine", "", "great")
+    assert run.exit_code == 0, run.output
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert isinstance(lines[0], list) and isinstance(lines[2], list)
+    assert lines[1]["index"] == 1 and "text is empty" in lines[1]["error"]
+    assert "warning: 1 of 3 inputs failed (input 1)" in run.stderr
+    quiet = predict(tiny_bert, "fine", "", "-q")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    ok = predict(tiny_bert, "fine")
+    assert ok.exit_code == 0 and ok.stderr == ""
