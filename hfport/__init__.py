@@ -19,10 +19,11 @@ from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelN
 from .evaluation import EvalResult, Evaluation, evaluate
 from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
 from .hub import resolve as resolve_model
+from .inference import for_inference, inference_steps
 from .modeling import LoadReport, PreTrainedEncoder
 from .nn.packed import packed_bytes
-from .nn.shards import set_num_threads_here
 from .pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, phase_times, pipeline
+from .pipelines.shards import set_num_threads_here
 from .registry import supported
 from .retrieval import MineResult, mine, mine_hard_negatives
 from .rundir import RunDir, RunSummary
@@ -48,6 +49,8 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice", "A
            "ItemError",
            # serving: time a call's phases (tokenize, forward, ...), pick a pipeline's token budget by measurement
            "phase_times", "tune_batch_tokens",
+           # the inference step pipelines apply to their model (hfport/inference.py), and what it did to a model
+           "for_inference", "inference_steps",
            # a weight's packed inference copy (nn/packed.py), which a memory budget counts beside the weight
            "packed_bytes",
            # a thread's own intra-op thread count, the process's left alone (a server's predict threads)

@@ -20,7 +20,8 @@ from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFa
 from .export import export as export_to
 from .export import verify as verify_folder
 from .hardware import cpu_capabilities, describe, device_name
-from .pipelines import InvalidInput, pipeline
+from .inference import for_inference, inference_steps
+from .pipelines import InvalidInput, pipeline, shards
 from .retrieval import OUTPUT_FORMATS, SAMPLING_STRATEGIES
 from .retrieval import mine as run_mine
 from .tasks import load_any
@@ -68,8 +69,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
          dtype: Annotated[Optional[str], typer.Option(help="The dtype to load MODEL in: float32, bfloat16, float16 "
                                                      "or auto (default: the checkpoint's as stored, float32).")] = None,
          verbose: Verbose = 0, quiet: Quiet = False) -> None:
-    """Family, head, parameter count, device, dtype and the load report of MODEL; --hardware: what this CPU computes
-    fast."""
+    """Family, head, parameter count, device, dtype, the inference steps a pipeline applies to it and the load report
+    of MODEL; --hardware: what this CPU computes fast."""
     setup_logging(verbose, quiet)
     if model is None and not hardware:
         fail("give a MODEL, or --hardware for this machine's measured capabilities")
@@ -84,6 +85,7 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
         fail(str(e))
         return
     report = m.load_report
+    steps = inference_steps(for_inference(m))  # what a pipeline over this model runs (hfport/inference.py)
     facts = {
         "path": str(model), "family": m.family.model_type, "head": m.task,
         "architecture": m.family.architectures[m.task], "parameters": m.num_parameters(),
@@ -91,6 +93,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
         "hidden_size": m.config.hidden_size, "layers": m.config.num_hidden_layers,
         "heads": m.config.num_attention_heads, "vocab_size": m.config.vocab_size,
         "labels": m.config.id2label if tasks.get(m.task).labels else None,
+        "inference": {**{step: f"{n} layers" for step, n in steps.items()},
+                      "row_shards": shards.describe("auto", m.dtype)},
         "load_report": {"loaded": len(report.loaded), "initialized": report.initialized,
                         "unexpected": report.unexpected,
                         "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite,
@@ -105,6 +109,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
             continue
         if key == "parameters":
             value = f"{value:,}"
+        if key == "inference":
+            value = "; ".join(f"{step} {what}" for step, what in value.items())
         if value is not None:
             typer.echo(f"{key:<{width}}  {value}")
     typer.echo(f"{'load':<{width}}  " + report.summary().replace("\n", "\n" + " " * (width + 2)))

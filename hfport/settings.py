@@ -198,6 +198,10 @@ class Settings(EnvSettings):
                                "STREAM_BYTES, which scripts/bench_data_rss.py sets per mode)",
         "HFPORT_STORE_WAIT_S": "fixed: a process waits up to 2 h for another writing the same store "
                                "(hfport/train/stored.py STORE_WAIT_S)",
+        "HFPORT_PACKED_LINEAR": "pipeline(..., packed_linear=False) (hfport.for_inference's step)",
+        "HFPORT_ROW_SHARDS": "pipeline(..., row_shards=\"off\" or a number)",
+        "HFPORT_ROW_BUCKETS": "removed: no gain on a default path (docs/benchmarks.md)",
+        "HFPORT_INT8_MIN_ROWS": "the min_rows argument of hfport.int8.quantize_loaded",
     }
 
     @field_validator("verbosity", mode="before")

@@ -269,7 +269,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("hfport.config", "hfport.hub", "hfport.nn", "hfport.staging")),  # nn/: the blocks and the LoRA layer
     ("formats", ("hfport.formats", "hfport.rundir")),  # the on-disk formats (adapter, sentence-transformers, ONNX, run)
     ("families", ("hfport.registry", "hfport.models", "hfport.heads", "hfport.tokenizer")),
-    ("modeling", ("hfport.modeling",)),
+    ("modeling", ("hfport.modeling", "hfport.inference")),
     ("tasks", ("hfport.tasks", "hfport.lora", "hfport.convert")),
     ("pipelines", ("hfport.pipelines", "hfport.embeddings", "hfport.agreement", "hfport.probes",
                    "hfport.int8", "hfport.retrieval")),  # retrieval: embedding search, hard-negative mining

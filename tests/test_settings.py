@@ -24,9 +24,6 @@ from server.settings import Settings as ServerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = (LibrarySettings, ServerSettings)
-# the engine's switches (nn/packed.py, buckets.py, shards.py, nn/int8.py) leave in another change of issue 45; until
-# then they are the only HFPORT_* names outside the settings classes
-ENGINE_SWITCHES = {"HFPORT_PACKED_LINEAR", "HFPORT_ROW_BUCKETS", "HFPORT_ROW_SHARDS", "HFPORT_INT8_MIN_ROWS"}
 TEST_VARIABLES = {"HFPORT_CHAOS_JOBS"}  # read by tests/test_chaos.py only (docs/benchmarks.md says how to run it)
 
 
@@ -72,7 +69,7 @@ def test_serve_help_lists_every_variable():
 def test_every_hfport_variable_mentioned_is_a_setting():
     """The code, the scripts, the README and docs/ name only settings (or the retired ones, in their tables).
     docs/benchmarks.md is left out: a record of past runs, each with the settings of its commit."""
-    known = {cls.env_name(n) for cls in CLASSES for n in cls.model_fields} | ENGINE_SWITCHES | TEST_VARIABLES
+    known = {cls.env_name(n) for cls in CLASSES for n in cls.model_fields} | TEST_VARIABLES
     retired = {name for cls in CLASSES for name in cls.retired}
     files = [*REPO.glob("hfport/**/*.py"), *REPO.glob("server/**/*.py"), *REPO.glob("scripts/*.py"),
              REPO / "README.md", *[p for p in REPO.glob("docs/*.md") if p.name != "benchmarks.md"],

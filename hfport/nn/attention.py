@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from .dropout import dropout
 from .layout import Layout, SequenceBias
+from .lora import Route, routed
 from .positions import Rotary
 from .varlen import BoundKernel
 
@@ -98,8 +99,8 @@ class FusedQKV(nn.Module):
         super().__init__()
         self.proj = nn.Linear(hidden_size, 3 * (attention_size or hidden_size), bias=bias)
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.proj(x).chunk(3, dim=-1)  # (.., A) each, q first
+    def forward(self, x: Tensor, adapters: Route | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        return routed(self.proj, x, adapters).chunk(3, dim=-1)  # (.., A) each, q first
 
 
 class SelfAttention(nn.Module):
@@ -137,11 +138,11 @@ class SelfAttention(nn.Module):
             self.v = nn.Linear(hidden_size, kv_size, bias=bias)
         self.o = nn.Linear(attention_size, hidden_size, bias=bias)
 
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """rows (.., C) -> q, k, v (.., A) each (k and v repeated up from kv_heads heads)."""
+    def project(self, x: Tensor, adapters: Route | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """rows (.., C) -> q, k, v (.., A) each (k and v repeated up from kv_heads heads); adapters: the layout's."""
         if self.qkv is not None:
-            return self.qkv(x)
-        q, k, v = self.q(x), self.k(x), self.v(x)  # (.., A), (.., Akv), (.., Akv)
+            return self.qkv(x, adapters)
+        q, k, v = (routed(layer, x, adapters) for layer in (self.q, self.k, self.v))  # (.., A), (.., Akv) x 2
         if self.kv_heads != self.num_heads:
             k, v = self.repeat_kv(k), self.repeat_kv(v)  # (.., A) each
         return q, k, v
@@ -155,14 +156,15 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, layout: Layout, bias: SequenceBias | None = None) -> Tensor:
         """x: the layout's rows (.., C) -> (.., C); bias: score terms per sequence (see SequenceBias)."""
-        q, k, v = self.project(x)  # (.., A) each
+        q, k, v = self.project(x, layout.adapters)  # (.., A) each
         if self.scale_query:  # once, up front: the bias callback then sees the scaled queries
             q = q * self.scale
         if self.rotary is not None:
             q, k = self.rotary(q, k, layout, self.num_heads)  # (.., A) each
         kernel = BoundKernel(ATTENTION_BACKENDS[self.backend], dropout_p=self.dropout if self.training else 0.0,
                              scale=1.0 if self.scale_query else self.scale)
-        return self.o(layout.attend(q, k, v, self.num_heads, kernel, bias, self.window))  # (.., A) -> (.., C)
+        out = layout.attend(q, k, v, self.num_heads, kernel, bias, self.window)  # (.., A)
+        return routed(self.o, out, layout.adapters)  # (.., C)
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, backend={self.backend}, window={self.window}"

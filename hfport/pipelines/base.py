@@ -5,8 +5,9 @@ A call runs in four steps, each task filling in the parts marked (task):
   2. preprocess: each item becomes one or more Features, the token rows the model sees (task). A bad item (empty
      text, no mask token, too long for the model, ...) becomes an error for that item only.
   3. forward: every Feature of the call is sorted by length and packed into batches of at most `batch_size` rows
-     and `max_batch_tokens` padded tokens (`pack_rows`); each batch runs through the model once (task: which
-     outputs) and the outputs are cut back to each row's own length, so a result never depends on its batch-mates.
+     and `max_batch_tokens` padded tokens (`pack_rows`); each batch runs through the model once (task: which outputs), or as row
+     shards on worker threads (`row_shards`, shards.py), and the outputs are cut back to each row's own length, so
+     a result never depends on its batch-mates.
   4. postprocess: each item's outputs become its result, in input order (task).
 A caller that forms its own batches (the server packs the rows of concurrent requests into one forward pass) runs the
 steps itself: `prepare` (1-2 for a list), `forward_rows` (3, one pass over exactly the rows it is given), `finish`
@@ -34,12 +35,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..errors import HfportError, ItemError
-from ..lora import AdapterSet, replaying
+from ..inference import for_inference
+from ..lora import AdapterSet
 from ..modeling import PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, TokenizerError, has_tokenizer_files
+from . import shards
+from .shards import check_row_shards
 
 log = logging.getLogger("hfport")
 
@@ -150,16 +154,21 @@ class Pipeline:
     token_outputs: ClassVar[tuple[str, ...]] = ()  # forward outputs with a token axis, cut to each row's length
 
     def __init__(self, model: PreTrainedEncoder, tokenizer: PreTrainedTokenizer, *, batch_size: int | None = None,
-                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, **options: Any):
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, packed_linear: bool = True,
+                 row_shards: str | int = "auto", **options: Any):
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) or max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be a positive integer, got {max_batch_tokens!r}")
-        self.model = model.eval()
+        # the model serves inference from here on: eval mode and the inference step (hfport/inference.py)
+        self.packed_linear = bool(packed_linear)
+        self.model = for_inference(model, packed_linear=self.packed_linear) if isinstance(model, nn.Module) \
+            else model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.row_shards = check_row_shards(row_shards)  # a batch's rows split over worker threads (shards.py)
         self.options = self.check_options(options)  # pipeline-level defaults for every call
         self.max_positions = model_max_positions(model)
         self.adapters: dict[str, Pipeline] = {}  # adapter name -> its pipeline over this pipeline's body
@@ -168,7 +177,8 @@ class Pipeline:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(task={self.task!r}, model={self.model.family.model_type}, "
-                f"device={self.model.device}, dtype={self.model.dtype}, batch_size={self.batch_size})")
+                f"device={self.model.device}, dtype={self.model.dtype}, batch_size={self.batch_size}, "
+                f"packed_linear={self.packed_linear}, row_shards={self.row_shards!r})")
 
     # --- options ------------------------------------------------------------------------------------------
 
@@ -217,7 +227,10 @@ class Pipeline:
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         raise NotImplementedError
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
+        """The task's outputs on a batch; encoder_outputs: the body's (hidden, pooled) on these rows when already
+        computed (a mixed-adapter batch), handed to the model instead of running its body again."""
         raise NotImplementedError
 
     def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:
@@ -262,7 +275,7 @@ class Pipeline:
         if not isinstance(tokenizer, PreTrainedTokenizer):
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         member = type(self)(model, tokenizer, batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens,
-                            **self.options)
+                            packed_linear=self.packed_linear, row_shards=self.row_shards, **self.options)
         member.leader, member.adapter_name = self, name
         self.adapters = {**self.adapters, name: member}  # replaced, not edited: a call in flight keeps its view
         return member
@@ -395,14 +408,19 @@ class Pipeline:
     @torch.no_grad()
     def forward_batch(self, batch: list[Feature]) -> None:
         """One forward pass over `batch`; rows of several adapters run the shared body once and each adapter's
-        head on its own rows (the body's output replayed to it)."""
+        head on its own rows (the body's output on them handed to its model as `encoder_outputs`)."""
         pipes = {id(f.pipe or self): f.pipe or self for f in batch}
         passes = getattr(_clock, "passes", None)
         if passes is not None:
             passes.append(len(pipes))
         if len(pipes) == 1:
             (pipe,) = pipes.values()
-            self.scatter(batch, pipe.forward(*self.batch_tensors(batch)), pipe)
+            parts = self.shard_parts(batch)
+            if len(parts) == 1:
+                self.scatter(batch, pipe.forward(*self.batch_tensors(batch)), pipe)
+            else:  # each part a batch of its own on a worker thread (shards.py); its rows get its outputs
+                shards.run([lambda part=part: self.scatter(part, pipe.forward(*self.batch_tensors(part)), pipe)
+                            for part in parts])
             return
         # rows of one length sorted by adapter: each adapter's rows of a length, and so their tokens in the packed
         # layout, are one run, which an adapted layer computes with that adapter's rank only (nn/lora.py's
@@ -417,8 +435,19 @@ class Pipeline:
             sub = (ids.index_select(0, index), mask.index_select(0, index),
                    types.index_select(0, index) if types is not None else None)
             outputs = (hidden.index_select(0, index), pooled.index_select(0, index) if pooled is not None else None)
-            with replaying(sub[0], outputs):
-                self.scatter([batch[r] for r in rows], pipe.forward(*sub), pipe)
+            self.scatter([batch[r] for r in rows], pipe.forward(*sub, encoder_outputs=outputs), pipe)
+
+    def shard_parts(self, batch: list[Feature]) -> list[list[Feature]]:
+        """The batch as the row shards `row_shards` asks for (shards.py): contiguous parts balanced by real tokens,
+        or the whole batch in one part."""
+        if (len(batch) < 2 or not isinstance(self.model, nn.Module) or self.model.device.type != "cpu"
+                or shards.busy_thread()):  # CUDA runs a batch whole; ONNX graphs thread in onnxruntime
+            return [batch]
+        weights = [sum(f.attention_mask) for f in batch]  # real tokens per row
+        parts = shards.shard_count(self.row_shards, len(batch), sum(weights), self.model.dtype)
+        if parts < 2:
+            return [batch]
+        return [batch[a:b] for a, b in shards.split_rows(weights, parts)]
 
     def scatter(self, batch: list[Feature], outputs: dict[str, Tensor], pipe: Pipeline) -> None:
         """Each row's outputs, cut back to its own length where they have a token axis. Each output comes to the

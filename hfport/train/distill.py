@@ -45,7 +45,6 @@ from ..formats.encoded import Store, StoreBusy, evict, open_or_write, write_stor
 from ..formats.tables import where
 from ..hardware import cache_path
 from ..modeling import PreTrainedEncoder, on_meta, task_of
-from ..nn.packed import install as install_packed
 from ..registry import get_family
 from ..settings import settings as library_settings
 from ..tasks import get as task_record
@@ -158,7 +157,6 @@ def keep_layers(model: PreTrainedEncoder, spec: list[int] | str) -> PreTrainedEn
     if missing or unexpected:  # a family whose layers differ by position (ModernBERT's first has no attention norm)
         raise ConfigError(f"{config.source}: layers {kept} do not make a {len(kept)}-layer {config.model_type} stack "
                           f"(tensors its layers lack: {unexpected[:4]}; need: {missing[:4]}); keep layer 0 first")
-    install_packed(student)  # as from_pretrained leaves every model
     student.load_report = model.load_report
     log.info("student: layers %s of %s's %d", kept, config.source, config.num_hidden_layers)
     return student.train(model.training)
