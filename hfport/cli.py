@@ -8,16 +8,22 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
+from . import settings as library_settings
 from . import tasks, verbosity
 from .convert import convert as convert_folder
-from .errors import HfportError, ItemError
+from .errors import HfportError, ItemError, SettingsError
+from .evaluation import evaluate as run_evaluate
 from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFailed, VerifyReport, formats_help, \
     get_format
 from .export import export as export_to
 from .export import verify as verify_folder
-from .hardware import cpu_capabilities, describe
-from .pipelines import InvalidInput, pipeline
+from .hardware import cpu_capabilities, describe, device_name
+from .inference import for_inference, inference_steps
+from .pipelines import InvalidInput, pipeline, shards
+from .retrieval import OUTPUT_FORMATS, SAMPLING_STRATEGIES
+from .retrieval import mine as run_mine
 from .tasks import load_any
 from .train.columns import column_fields
 from .train.config import FinetuneConfig, read_config_file, resolve_config
@@ -28,6 +34,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More log output (-vv for debug).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors.")]
+DEVICE_HELP = "auto (the first CUDA device when there is one, else the CPU), cpu, cuda or cuda:N (default: cpu)."
 
 
 @app.callback()
@@ -58,8 +65,12 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
          remeasure: Annotated[bool, typer.Option("--remeasure", help="With --hardware: measure again instead of "
                                                  "reading the cached result.")] = False,
          as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+         device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
+         dtype: Annotated[Optional[str], typer.Option(help="The dtype to load MODEL in: float32, bfloat16, float16 "
+                                                     "or auto (default: the checkpoint's as stored, float32).")] = None,
          verbose: Verbose = 0, quiet: Quiet = False) -> None:
-    """Family, head, parameter count, dtype and the load report of MODEL; --hardware: what this CPU computes fast."""
+    """Family, head, parameter count, device, dtype, the inference steps a pipeline applies to it and the load report
+    of MODEL; --hardware: what this CPU computes fast."""
     setup_logging(verbose, quiet)
     if model is None and not hardware:
         fail("give a MODEL, or --hardware for this machine's measured capabilities")
@@ -69,17 +80,21 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
         if model is None:
             return
     try:
-        m = load_any(model)
+        m = load_any(model, device=device, dtype=dtype)
     except (HfportError, ValueError) as e:
         fail(str(e))
         return
     report = m.load_report
+    steps = inference_steps(for_inference(m))  # what a pipeline over this model runs (hfport/inference.py)
     facts = {
         "path": str(model), "family": m.family.model_type, "head": m.task,
-        "architecture": m.family.architectures[m.task], "parameters": m.num_parameters(), "dtype": str(m.dtype),
+        "architecture": m.family.architectures[m.task], "parameters": m.num_parameters(),
+        "device": device_name(m.device), "dtype": str(m.dtype).removeprefix("torch."),
         "hidden_size": m.config.hidden_size, "layers": m.config.num_hidden_layers,
         "heads": m.config.num_attention_heads, "vocab_size": m.config.vocab_size,
         "labels": m.config.id2label if tasks.get(m.task).labels else None,
+        "inference": {**{step: f"{n} layers" for step, n in steps.items()},
+                      "row_shards": shards.describe("auto", m.dtype)},
         "load_report": {"loaded": len(report.loaded), "initialized": report.initialized,
                         "unexpected": report.unexpected,
                         "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite,
@@ -94,6 +109,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
             continue
         if key == "parameters":
             value = f"{value:,}"
+        if key == "inference":
+            value = "; ".join(f"{step} {what}" for step, what in value.items())
         if value is not None:
             typer.echo(f"{key:<{width}}  {value}")
     typer.echo(f"{'load':<{width}}  " + report.summary().replace("\n", "\n" + " " * (width + 2)))
@@ -167,7 +184,21 @@ def finetune(
                                                          "per encoder layer in the backward pass.")] = False,
     resume: Annotated[Optional[str], typer.Option(help="Continue a run: 'latest' (the default when no value "
                                                        "follows) or a checkpoint folder.")] = None,
+    teacher: Annotated[Optional[str], typer.Option(help="Distil: learn this model's outputs (a checkpoint of the "
+                                                       "task's model with the same tokenizer), computed once.")] = None,
+    distill_alpha: Annotated[Optional[float], typer.Option(help="Weight of the teacher's term against the "
+                                                                "task's own loss (default 0.5; 1: the teacher "
+                                                                "alone).")] = None,
+    distill_temperature: Annotated[Optional[float], typer.Option(help="Softmax temperature of the logits' KL "
+                                                                      "(default 2).")] = None,
+    teacher_dtype: Annotated[Optional[str], typer.Option(help="float32 (default) | bfloat16 | int8: the teacher's "
+                                                              "dtype while its outputs are computed.")] = None,
+    student_layers: Annotated[Optional[str], typer.Option(help="Train a student of these layers of --model "
+                                                               "(0,2,4) or every_other.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a run already in --output-dir.")] = False,
+    eval_before: Annotated[bool, typer.Option("--eval-before", help="Evaluate the base model before the first step: "
+                                              "its figures are the run's step-0 eval line and report.html's "
+                                              "'before' column.")] = False,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Any other option as KEY=VALUE "
                                                                     "(e.g. --set scheduler=cosine).")] = None,
     print_config: Annotated[bool, typer.Option("--print-config", help="Show the resolved config and where "
@@ -182,9 +213,12 @@ def finetune(
              "group_by_length": group_by_length, "max_batch_tokens": max_batch_tokens, "lr": lr,
              "precision": precision, "compile": compile_ or None, "max_grad_norm": max_grad_norm,
              "save_strategy": save_strategy, "save_steps": save_steps, "eval_steps": eval_steps, "seed": seed,
-             "freeze": freeze, "resume": resume,
+             "freeze": freeze, "resume": resume, "teacher": teacher, "distill_alpha": distill_alpha,
+             "distill_temperature": distill_temperature, "teacher_dtype": teacher_dtype,
+             "student_layers": student_layers,
              "overwrite": overwrite or None, "gradient_checkpointing": gradient_checkpointing or None,
              **{field: ctx.params[field] for field in column_fields()}}
+    flags["eval_before"] = eval_before or None
     given = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "target_modules": lora_targets}
     if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on
         flags["lora"] = {k: v for k, v in given.items() if v is not None}
@@ -208,7 +242,12 @@ def finetune(
         typer.echo(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
 
 
+PYTHON_LITERALS = {"True": True, "False": False, "None": None}  # -o truncation=True, as Python spells it
+
+
 def _parse_value(text: str) -> object:
+    if text.strip() in PYTHON_LITERALS:
+        return PYTHON_LITERALS[text.strip()]
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -216,7 +255,8 @@ def _parse_value(text: str) -> object:
 
 
 def _option(pair: str) -> tuple[str, object]:
-    """KEY=VALUE with VALUE read as JSON when it parses (3, true, null, ["a","b"]), else as a string."""
+    """KEY=VALUE with VALUE read as JSON when it parses (3, true, null, ["a","b"]) or as Python's True, False or
+    None, else as a string."""
     key, sep, value = pair.partition("=")
     if not sep or not key.strip():
         raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE, e.g. top_k=3")
@@ -262,7 +302,7 @@ def predict(
         "--set", "-o", help="A pipeline option as KEY=VALUE (JSON value), e.g. -o top_k=3 "
         "-o aggregation_strategy=simple; repeatable.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Rows per forward pass.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ...")] = None,
+    device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, float16, bfloat16, auto, int8 (the encoder's Linear "
                                                  "layers in int8 behind the int8 gate) or auto-int8 (int8, or bf16 "
                                                  "where the gate refuses).")] = None,
@@ -473,7 +513,155 @@ def convert(
     typer.echo(result.summary())
 
 
+def _options(pairs: Optional[list[str]]) -> dict[str, object]:
+    try:
+        return dict(_option(o) for o in pairs or [])
+    except typer.BadParameter as e:
+        fail(str(e))
+        raise
+
+
 @app.command()
+def mine(
+    model: Annotated[str, typer.Option("--model", help="A sentence-embedding model: a folder or a repo id in the "
+                                                      "local HF cache.")],
+    data: Annotated[str, typer.Option("--data", help="(anchor, positive) rows: CSV/TSV, JSONL, Parquet, Arrow or a "
+                                                    "datasets folder; the anchor/positive columns, else the first "
+                                                    "two.")],
+    out: Annotated[Path, typer.Option("--out", help="Where the mined rows go: .jsonl or .parquet.")],
+    corpus: Annotated[Optional[str], typer.Option("--corpus", help="More candidate texts: a .txt file (one text a "
+                                                                   "line) or a data file with a `text` column; the "
+                                                                   "positives always are candidates.")] = None,
+    num_negatives: Annotated[int, typer.Option(help="Negatives per (anchor, positive).")] = 3,
+    range_min: Annotated[int, typer.Option(help="Skip each query's this many best candidates.")] = 0,
+    range_max: Annotated[Optional[int], typer.Option(help="Consider each query's this many best candidates "
+                                                          "(default: range_min + num_negatives + positives, x10 "
+                                                          "negatives with a score filter).")] = None,
+    max_score: Annotated[Optional[float], typer.Option(help="Drop candidates scoring above this.")] = None,
+    min_score: Annotated[Optional[float], typer.Option(help="Drop candidates scoring below this.")] = None,
+    absolute_margin: Annotated[Optional[float], typer.Option(help="Drop candidates scoring above the query's "
+                                                                  "lowest positive score minus this.")] = None,
+    relative_margin: Annotated[Optional[float], typer.Option(help="Drop candidates scoring above the lowest "
+                                                                  "positive score minus its magnitude times this "
+                                                                  "(0.05: 5% below).")] = None,
+    sampling_strategy: Annotated[str, typer.Option(help=f"{' | '.join(SAMPLING_STRATEGIES)}: the best "
+                                                       "candidates left, or a random draw of them.")] = "top",
+    seed: Annotated[Optional[int], typer.Option(help="The random draw's seed (sampling random).")] = None,
+    include_positives: Annotated[bool, typer.Option("--include-positives", help="Keep the positives among the "
+                                                    "candidates (a first-stage ranking; forces n-tuple).")] = False,
+    output_format: Annotated[str, typer.Option(help=f"{' | '.join(OUTPUT_FORMATS)} (sentence-transformers' "
+                                                    "columns; n-tuple and triplet train sentence-embedding, "
+                                                    "labeled-pair text-ranking).")] = "triplet",
+    output_scores: Annotated[bool, typer.Option("--output-scores", help="Add the scores to each row.")] = False,
+    query_prompt_name: Annotated[Optional[str], typer.Option(help="A prompt of the model for the anchors.")] = None,
+    query_prompt: Annotated[Optional[str], typer.Option(help="A prompt text for the anchors.")] = None,
+    corpus_prompt_name: Annotated[Optional[str], typer.Option(help="A prompt of the model for the corpus.")] = None,
+    corpus_prompt: Annotated[Optional[str], typer.Option(help="A prompt text for the corpus.")] = None,
+    reranker: Annotated[Optional[str], typer.Option(help="A text-ranking model that rescores the candidates for "
+                                                         "the score filters.")] = None,
+    anchor_column: Annotated[Optional[str], typer.Option(help="The anchor column (default: anchor, else the "
+                                                              "first).")] = None,
+    positive_column: Annotated[Optional[str], typer.Option(help="The positive column (default: positive, else the "
+                                                                "second).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Rows per forward pass.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ...")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="As `hfport predict --dtype`: float32, float16, bfloat16, "
+                                                      "auto, int8, auto-int8.")] = None,
+    faiss: Annotated[Optional[bool], typer.Option("--faiss/--no-faiss", help="Search with faiss (installed: "
+                                                  "hfport[faiss]) or exactly in blocks (default: faiss for 1M+ "
+                                                  "texts when installed).")] = None,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Keep the embeddings on disk by model and text "
+                                                                   "(hfport's cache dir) so another run reuses "
+                                                                   "them.")] = True,
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Where the embedding cache lives.")] = None,
+    verbose: Verbose = 0, quiet: Quiet = False,
+) -> None:
+    """Mine hard negatives for (anchor, positive) rows, as sentence-transformers' mine_hard_negatives; writes rows
+    `hfport finetune` reads (--task sentence-embedding; labeled-pair: --task text-ranking)."""
+    quiet = setup_logging(verbose, quiet) == "quiet"
+    try:
+        result = run_mine(model, data, corpus=corpus, out=out, anchor_column=anchor_column,
+                          positive_column=positive_column, reranker=reranker, range_min=range_min,
+                          range_max=range_max, max_score=max_score, min_score=min_score,
+                          absolute_margin=absolute_margin, relative_margin=relative_margin,
+                          num_negatives=num_negatives, sampling_strategy=sampling_strategy,
+                          query_prompt_name=query_prompt_name, query_prompt=query_prompt,
+                          corpus_prompt_name=corpus_prompt_name, corpus_prompt=corpus_prompt,
+                          include_positives=include_positives, output_format=output_format,
+                          output_scores=output_scores, seed=seed, use_faiss=faiss, dtype=dtype, device=device,
+                          batch_size=batch_size, cache=cache_dir if cache and cache_dir else cache,
+                          progress=not quiet)
+    except (HfportError, ValueError, ImportError) as e:
+        fail(str(e))
+        return
+    if not quiet:
+        typer.echo(result.summary(), err=True)
+        typer.echo(f"wrote {len(result.rows)} rows ({', '.join(result.columns)}) to {out}", err=True)
+
+
+@app.command()
+def evaluate(
+    model: Annotated[str, typer.Argument(help="A model folder, a repo id in the local HF cache, or a fine-tune run "
+                                              "folder (its best/).")],
+    data: Annotated[str, typer.Option("--data", help="Labelled data in the format fine-tuning reads for the task "
+                                                    "(sentence-embedding: (query, positive) rows).")],
+    task: Annotated[str, typer.Option("--task", "-t", help=tasks.names_help(trainable_only=True) + ".")],
+    corpus: Annotated[Optional[str], typer.Option("--corpus", help="sentence-embedding: distractors added to the "
+                                                                   "corpus (.txt, one text a line, or a file with a "
+                                                                   "`text` column).")] = None,
+    compare: Annotated[Optional[str], typer.Option("--compare", help="Another model evaluated the same way, side by "
+                                                                     "side (e.g. the base of a fine-tune).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the figures here as JSON.")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", help="Write a self-contained report.html with the "
+                                                                    "charts here.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Examples per forward pass.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ...")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="As `hfport predict --dtype`: float32, float16, bfloat16, "
+                                                      "auto, int8, auto-int8.")] = None,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="sentence-embedding: keep the embeddings on "
+                                                                   "disk by model and text.")] = True,
+    options: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="How to read the data, by fine-tuning's option names, as KEY=VALUE: text_column, label_column, "
+                      "anchor_column, max_length, ...; sentence-embedding also query_prompt, corpus_prompt_name, "
+                      "use_faiss. Repeatable.")] = None,
+    verbose: Verbose = 0, quiet: Quiet = False,
+) -> None:
+    """TASK's metrics of MODEL on DATA, computed as fine-tuning's evaluation (and sentence-transformers'
+    InformationRetrievalEvaluator, for sentence-embedding) computes them; a table, --json and --report."""
+    quiet = setup_logging(verbose, quiet) == "quiet"
+    try:
+        evaluation = run_evaluate(model, data, task=task, corpus=corpus, compare=compare, json_path=json_path,
+                                  report_path=report, dtype=dtype, device=device, batch_size=batch_size, cache=cache,
+                                  progress=not quiet, **_options(options))
+    except (HfportError, ValueError, ImportError) as e:
+        fail(str(e))
+        return
+    typer.echo(evaluation.table())
+    for path, what in ((json_path, "figures"), (report, "report")):
+        if path is not None and not quiet:
+            typer.echo(f"{what} written to {path}", err=True)
+
+
+class ServeCommand(TyperCommand):
+    """`serve --help` ends with every setting's environment variable, by group, read from the settings classes when
+    the help is shown: the library never imports the server at import time."""
+
+    @property
+    def epilog(self) -> str:
+        from server.settings import Settings as ServerSettings
+
+        paragraphs = ["Flags win over these environment variables; docs/settings.md says what each setting means.",
+                      *library_settings.help_text(ServerSettings, "Server"),
+                      *library_settings.help_text(library_settings.Settings, "Library")]
+        # typer's rich help keeps a paragraph's line breaks; click's plain help keeps them after a \b line
+        return "\n\n".join(paragraphs if self.rich_markup_mode else ["\b\n" + p for p in paragraphs])
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:  # click's __init__ sets it; the property above answers instead
+        pass
+
+
+@app.command(cls=ServeCommand)
 def serve(
     host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1, or HFPORT_HOST).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port (default 8000, or HFPORT_PORT).")] = None,
@@ -491,8 +679,6 @@ def serve(
     setup_logging(verbose, quiet, default="verbose")
     # the service is an application over the library, like this CLI: the library never imports it, so it is
     # imported here, when the command runs (`python -m server` is the same entry point)
-    from pydantic import ValidationError
-
     try:
         from server.__main__ import serve as run
     except ImportError as e:
@@ -504,7 +690,7 @@ def serve(
     try:
         run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, models=model or None,
             quiet=quiet)
-    except ValidationError as e:  # a bad setting, from a flag or an HFPORT_* variable
+    except SettingsError as e:  # a bad setting, from a flag or an HFPORT_* variable: named with its value
         fail(f"invalid settings: {e}")
     except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback
         fail(str(e))

@@ -4,9 +4,9 @@ A CPU flag list says what instructions exist, not whether torch's kernels use th
 hypervisor may hide flags; oneDNN may or may not have a bf16 path for the build). So the answer comes from a timed
 square matmul per dtype, the operation that dominates an encoder: bf16 counts as native when its matmul runs at
 least NATIVE_MARGIN times as fast as fp32's. The probe takes well under a second, once per machine: its result is
-kept in `hardware.json` under the user cache dir ($HFPORT_CACHE_DIR, else $XDG_CACHE_HOME/hfport, else
-~/.cache/hfport), keyed by CPU model, core count and torch version; a file for another key, or one that does not
-parse, is measured again and replaced.
+kept in `hardware.json` under hfport's cache dir (the setting cache_dir: $HFPORT_CACHE_DIR, else
+$XDG_CACHE_HOME/hfport, else ~/.cache/hfport), keyed by CPU model, core count and torch version; a file for another
+key, or one that does not parse, is measured again and replaced.
 
 Decisions that read it: fine-tuning's `precision: auto` (bf16 autocast where native) and `dtype="auto"` when
 loading a model for the CPU (an fp32 checkpoint runs in bf16 where native; see `auto_dtype`).
@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
+from .settings import settings
+
 log = logging.getLogger("hfport.hardware")
 
-CACHE_ENV = "HFPORT_CACHE_DIR"
 CACHE_FILE = "hardware.json"
 FORMAT = 3  # bumped when the probe changes, so older files are measured again (2: one thread, CPU time; 3: int8 on
 # oneDNN's uint8 Linear)
@@ -92,12 +93,14 @@ def machine_key() -> dict[str, Any]:
     return {"cpu": cpu_name(), "cores": os.cpu_count() or 1, "torch": torch.__version__, "format": FORMAT}
 
 
+def cache_root() -> Path:
+    """hfport's user cache dir, the setting cache_dir (this file's hardware.json; hfport/retrieval/cache.py's
+    embeddings; the encoded-examples stores)."""
+    return settings().cache_dir
+
+
 def cache_path() -> Path:
-    if os.environ.get(CACHE_ENV):
-        root = Path(os.environ[CACHE_ENV])
-    else:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfport"
-    return root.expanduser() / CACHE_FILE
+    return cache_root() / CACHE_FILE
 
 
 def _operands(dtype: torch.dtype, n: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
@@ -221,13 +224,59 @@ def is_cpu(device: Any) -> bool:
     return device is None or torch.device(device).type == "cpu"
 
 
+# --- devices: what `device=` accepts (loaders, pipelines, the CLI's --device, the server's HFPORT_DEVICE) ----------
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
+
+
+def resolve_device(device: Any) -> torch.device:
+    """A device as loaders, pipelines, the CLI and the server take it: "auto" (the first CUDA device when this
+    process sees one, else the CPU), "cpu", "cuda" (CUDA device 0) or "cuda:N", or a torch.device. A CUDA device
+    this process does not see, or any other name, is an error naming the choices and the devices there are."""
+    if isinstance(device, torch.device):
+        chosen = device
+    elif isinstance(device, str) and device.strip().lower() == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    else:
+        try:
+            chosen = torch.device(device.strip().lower() if isinstance(device, str) else device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device {device!r} is not one of {', '.join(DEVICE_CHOICES)}") from e
+    if chosen.type == "cpu":
+        return torch.device("cpu")
+    if chosen.type != "cuda":
+        raise ValueError(f"device {device!r}: hfport runs on {', '.join(DEVICE_CHOICES)}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = 0 if chosen.index is None else chosen.index
+    if index >= count:
+        seen = f"CUDA devices 0..{count - 1}" if count else "no CUDA device"
+        raise ValueError(f"device {device!r}: this process sees {seen} (torch {torch.__version__}, CUDA "
+                         f"{torch.version.cuda or 'not built in'}); use one of {', '.join(DEVICE_CHOICES)}")
+    return torch.device("cuda", index)
+
+
+def device_name(device: Any) -> str:
+    """What reports print for a device (anything resolve_device takes, "auto" too): "cpu", or
+    "cuda:0 (NVIDIA H200)"."""
+    device = resolve_device(device)
+    if device.type != "cuda":
+        return device.type
+    return f"cuda:{device.index} ({torch.cuda.get_device_name(device.index)})"
+
+
 def auto_dtype(checkpoint_dtype: torch.dtype, device: Any = None) -> torch.dtype:
     """dtype="auto": the checkpoint's dtype (as in transformers), except that an fp32 checkpoint loaded for a CPU
-    with native bf16 runs in bf16. Casting the weights was measured against bf16 autocast over fp32 weights for
-    MiniLM inference on an AVX512-BF16 CPU: about as fast (12.4k vs 11.9k tokens/s, fp32 6.5k), half the weight
-    memory, and mean-pooled embeddings within cosine 0.9999 of fp32 (autocast: 0.99996); it also needs nothing
-    from the code that runs the model."""
-    if checkpoint_dtype == torch.float32 and is_cpu(device) and cpu_capabilities().bf16_native:
+    with native bf16, or for a CUDA device with bf16 (compute capability 8.0 and up), runs in bf16. Casting the
+    weights was measured against bf16 autocast over fp32 weights for MiniLM inference on an AVX512-BF16 CPU: about
+    as fast (12.4k vs 11.9k tokens/s, fp32 6.5k), half the weight memory, and mean-pooled embeddings within cosine
+    0.9999 of fp32 (autocast: 0.99996); it also needs nothing from the code that runs the model. On a GPU bf16 is
+    the tensor cores' rate (an H200: ~790 TFLOP/s in bf16 against ~67 in plain fp32)."""
+    if checkpoint_dtype != torch.float32:
+        return checkpoint_dtype
+    if is_cpu(device):
+        return torch.bfloat16 if cpu_capabilities().bf16_native else checkpoint_dtype
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.bfloat16
     return checkpoint_dtype
 

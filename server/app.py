@@ -10,13 +10,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse
 
 import hfport
 
 from . import errors, metrics, preload
-from .routes import dashboard, health, jobs, models, openai, predict, tei
+from .routes import dashboard, docs, health, jobs, models, openai, tei
 from .security import Authorized, BodyLimit
 from .serving import ModelService
 from .settings import Settings
@@ -58,27 +56,21 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
                   description="Predict with, fine-tune and export hfport encoder models. Errors are JSON "
                               "{\"error\", \"error_type\"}.")
 
-    # the schema and its browser view need the token too (mounted by hand: FastAPI's own are always public)
-    @app.get("/openapi.json", include_in_schema=False, dependencies=[Authorized])
-    def openapi() -> dict:
-        return app.openapi()
-
-    @app.get("/docs", include_in_schema=False, dependencies=[Authorized])
-    def docs() -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="hfport API")
-
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics.Metrics()
-    app.state.model_service = ModelService(settings, app.state.metrics)
+    app.state.model_service = ModelService(settings, app.state.metrics,
+                                           trusted=lambda folder: preload.operator_chose(store, folder))
     app.state.startup = preload.register(settings.models, app.state.store)  # `serve --model`: bad ones fail here
     errors.install(app)
     metrics.install(app, app.state.metrics)
     app.add_middleware(BodyLimit, settings=settings, upload_paths=(jobs.UPLOAD_PATH,))
     app.include_router(health.router)
     app.include_router(dashboard.router)
-    # /predict takes hfport's native body and TEI's (routes/predict.py tells them apart); TEI's and OpenAI's routes
-    for router in (models.router, predict.router, jobs.router, tei.router, openai.router, metrics.router):
+    # the schema and its browser view need the token too (FastAPI's own are always public)
+    app.include_router(docs.router, dependencies=[Authorized])
+    # TEI's routes (POST /predict takes hfport's native body too: routes/tei.py tells them apart) and OpenAI's
+    for router in (models.router, jobs.router, tei.router, openai.router, metrics.router):
         app.include_router(router, dependencies=[Authorized])
     return app
 

@@ -1,7 +1,8 @@
 """One job, in its own process: `python -m server.jobrun JOB_ID --data-dir DIR`.
 
 The worker (server/worker.py) starts it; it reads the job from the store, runs the same engine as `hfport finetune`
-(or hfport.export for export jobs) and writes events, progress, the result and the final status back. A fine-tune
+(hfport.export for export jobs, hfport.evaluate for evaluate jobs) and writes events, progress, the result and the
+final status back. A fine-tune
 whose output folder already holds checkpoints (the server died while it ran) resumes from the latest one.
 Every write it makes carries its attempt's lease, and it dies before another worker may take the job over
 (server/fence.py). Exit codes: 0 succeeded, 1 failed (the error is in the store), 143 terminated (cancel or server
@@ -102,13 +103,37 @@ def run_export(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
     verify = bool(config.get("verify"))
     store.add_event(job["id"], {"type": "export", "stage": "export" + (" + verify" if verify else ""),
                                 "source": config["model"], "format": format_})
+    # an adapter's base as the API resolved and confined it (a registered adapter's registered base), never the
+    # one its adapter_config.json names
     result = hfport.export(config["model"], config["output_dir"], format=format_, verify=verify,
-                           **(config.get("options") or {})).to_dict()
+                           base_model=config.get("base_model"), **(config.get("options") or {})).to_dict()
     out = {"output_dir": result["out"], **{k: result[k] for k in ("format", "family", "task", "dtype", "files")}}
     if result["verify"] is not None:
         out["verify"] = result["verify"]
         store.add_event(job["id"], {"type": "export", "stage": "verified", "passed": out["verify"]["passed"]})
     return out
+
+
+def run_evaluate(store: BaseStore, job: dict[str, Any]) -> dict[str, Any]:
+    """hfport.evaluate, its figures in output_dir (eval.json, report.html) and in the job's result."""
+    config = dict(job["config"])
+    out = Path(config["output_dir"])
+    store.add_event(job["id"], {"type": "evaluate", "stage": "evaluate", "model": config["model"],
+                                "task": config["task"], "data": config["data"]})
+    evaluation = hfport.evaluate(config["model"], config["data"], task=config["task"], corpus=config.get("corpus"),
+                                 compare=config.get("compare"), json_path=out / "eval.json",
+                                 report_path=out / "report.html", dtype=config.get("dtype"),
+                                 batch_size=config.get("batch_size"), progress=False,
+                                 **(config.get("options") or {}))
+    store.update_progress(job["id"], {}, {k: v for k, v in evaluation.metrics.items()
+                                          if isinstance(v, (int, float)) and "/" not in k})
+    result = evaluation.to_dict()
+    return {"output_dir": str(out), "json": str(out / "eval.json"), "report": str(out / "report.html"),
+            "task": result["task"], "results": [{"model": r["model"], "examples": r["examples"],
+                                                 "metrics": r["metrics"]} for r in result["results"]]}
+
+
+RUNNERS = {"finetune": run_finetune, "export": run_export, "evaluate": run_evaluate}  # job kind -> what runs it
 
 
 def main(argv: list[str] | None = None, fence: Fence | None = None) -> int:
@@ -150,7 +175,7 @@ def main(argv: list[str] | None = None, fence: Fence | None = None) -> int:
         store = open_store(os.environ.get("HFPORT_DATABASE_URL") or args.data_dir / "hfport.db")
         job = store.get_job(args.job_id)
     try:
-        result = (run_finetune if job["kind"] == "finetune" else run_export)(store, job)
+        result = RUNNERS[job["kind"]](store, job)
     except Exception as e:  # noqa: BLE001 - every failure ends up in the store, with its message
         traceback.print_exc()
         if main_rank:

@@ -13,10 +13,27 @@ from pathlib import Path
 from .errors import ApiError
 from .jobrun import model_task
 from .schemas import NAME_PATTERN
+from .security import confine_files
 from .serving import PROTOCOL_TASK, ModelRecord, ModelService
+from .settings import Settings
 from .store import BaseStore as Store
 
 log = logging.getLogger("hfport.server")
+SOURCE = "serve --model"  # the registry's source of a start-up model: the operator's choice, read as a whole
+
+
+def operator_chose(store: Store, folder: str) -> bool:
+    """Whether FOLDER is a start-up model's (`serve --model`, now or in an earlier run), whose files the server reads
+    without confining each (an HF cache snapshot's files are links into the cache's blobs)."""
+    return any(m["path"] == folder and m.get("source") == SOURCE for m in store.list_models())
+
+
+def confine_model_files(store: Store, settings: Settings, folder: str | Path, what: str) -> None:
+    """Every file of a model folder a request or job names lies inside the allowed dirs (403 otherwise), unless the
+    operator chose the folder at start."""
+    if not operator_chose(store, str(folder)):
+        confine_files(folder, settings, what)
+
 
 @dataclass
 class Startup:
@@ -56,7 +73,7 @@ def register(specs: list[str], store: Store) -> Startup:
         if task is None:
             raise ApiError(400, f"--model {spec!r}: {folder}/config.json does not name a supported model",
                            "InvalidModel")
-        store.register_model(name, str(folder), task, source="serve --model", replace=True)
+        store.register_model(name, str(folder), task, source=SOURCE, replace=True)
         startup.names.append(name)
     startup.default = startup.names[0] if startup.names else None
     if not startup.names:

@@ -31,6 +31,10 @@ class Health(BaseModel):
     version: str
     jobs: dict[str, int] = Field(description="job counts by status")
     models_loaded: int
+    device: str = Field(description="where served models run (HFPORT_DEVICE resolved), e.g. cpu or "
+                        "'cuda:0 (NVIDIA H200)'")
+    dtype: str = Field(description="the dtype models are served in (HFPORT_PREDICT_DTYPE; auto: the checkpoint's, "
+                       "bf16 for an fp32 checkpoint on a CUDA GPU or a CPU with native bf16)")
     resources: dict[str, float] = Field(default_factory=dict, description="the server process and machine: "
                                         "cpu_percent, rss_gb, mem_used_gb/mem_total_gb, gpu<i>_* when CUDA is used")
     trainable_tasks: list[str] = Field(default_factory=list, description="tasks a fine-tune job accepts")
@@ -98,6 +102,8 @@ class FinetuneJobConfig(FinetuneConfig):
     the allowed dirs, the job's own run folder, and the two options the server sets itself."""
 
     model: str = Field(description="a registered model name, or a model folder inside the allowed dirs")
+    teacher: str | None = Field(None, description="distillation's teacher, as model: a registered model name, or a "
+                                                  "model folder inside the allowed dirs")
     train: str = Field(description="training data inside the allowed dirs (relative: from the data dir): a CSV/TSV, "
                                    "JSONL, Parquet or Arrow file, a glob of Parquet/Arrow files, or a datasets "
                                    "save_to_disk folder (its split: train_split); the upload route takes it from the "
@@ -150,9 +156,31 @@ class ExportJobRequest(BaseModel):
         return self
 
 
+class EvaluateJobRequest(BaseModel):
+    """hfport.evaluate's arguments (as `hfport evaluate`), with paths inside the allowed dirs."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="a registered model name, a model folder or a fine-tune run folder (its best/), "
+                                   "inside the allowed dirs")
+    task: PipelineTask = Field(description=f"the task: {tasks.names_help(trainable_only=True)}")
+    data: str = Field(description="labelled data inside the allowed dirs (relative: from the data dir), in the "
+                                  "format fine-tuning reads for the task (sentence-embedding: (query, positive) rows)")
+    corpus: str | None = Field(None, description="sentence-embedding: distractors for the corpus, a file inside the "
+                                                 "allowed dirs (.txt, one text a line, or a data file with `text`)")
+    compare: str | None = Field(None, description="another model evaluated the same way, side by side (a registered "
+                                                  "name or a folder, as model)")
+    options: dict[str, Any] = Field(default_factory=dict, description="how to read the data, by fine-tuning's option "
+                                    "names (text_column, label_column, anchor_column, max_length, ...); "
+                                    "sentence-embedding also takes query_prompt, corpus_prompt_name, use_faiss, ...")
+    dtype: str | None = Field(None, description="as `hfport predict --dtype`: float32, bfloat16, int8, ...")
+    batch_size: int | None = Field(None, ge=1, description="examples per forward pass")
+    output_dir: str | None = Field(None, description="where eval.json and report.html go: default "
+                                                     "<data_dir>/runs/<job id>/evaluate")
+
+
 class JobInfo(BaseModel):
     id: str
-    kind: Literal["finetune", "export"]
+    kind: Literal["finetune", "export", "evaluate"]
     status: JobStatus
     config: dict[str, Any]
     progress: dict[str, Any] = Field(description="step, epoch, total_steps when known; num_processes (a fine-tune's "

@@ -56,9 +56,36 @@ def confine(path: str | os.PathLike[str], settings: Settings, what: str = "path"
     return real
 
 
+def confine_files(folder: str | os.PathLike[str], settings: Settings, what: str = "path") -> None:
+    """Every file and folder under FOLDER (a model folder the server reads) resolves inside an allowed dir: a symlink
+    out (vocab.txt -> /etc/...) is refused with 403 as a path outside them is; confining the folder alone would still
+    let the tokenizer or the loader read through it. Symlinked folders are walked too (each real folder once)."""
+    root = Path(folder)
+    seen: set[Path] = set()
+
+    def check(path: Path) -> Path:
+        try:
+            real = path.resolve(strict=False)
+        except (OSError, RuntimeError) as e:  # a symlink loop
+            raise ApiError(400, f"{what}: {path} cannot be resolved ({e})", "InvalidPath") from e
+        if not any(real == r or real.is_relative_to(r) for r in settings.roots):
+            raise ApiError(403, f"{what}: {path} links outside the allowed directories "
+                                f"({', '.join(str(r) for r in settings.roots)})", "PathNotAllowed")
+        return real
+
+    for top, dirs, files in os.walk(root, followlinks=True):
+        real = check(Path(top))
+        if real in seen:  # a link back into a folder already walked
+            dirs[:] = []
+            continue
+        seen.add(real)
+        for name in files:
+            check(Path(top) / name)
+
+
 class BodyLimit:
     """Refuses request bodies over a limit with 413 before the app parses them: by Content-Length when given,
-    else while streaming. Upload routes get settings.max_upload_bytes, every other route max_request_bytes."""
+    else while streaming. Upload routes get settings.max_data_bytes, every other route max_request_bytes."""
 
     def __init__(self, app: ASGIApp, settings: Settings, upload_paths: tuple[str, ...]):
         self.app, self.settings, self.upload_paths = app, settings, upload_paths
@@ -68,9 +95,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         upload = scope["path"].rstrip("/") in self.upload_paths
-        limit = self.settings.max_upload_bytes if upload else self.settings.max_request_bytes
-        what = "upload" if upload else "request body"
-        message = f"{what} larger than the server's limit of {limit} bytes"
+        limit = self.settings.max_data_bytes if upload else self.settings.max_request_bytes
+        what, setting = ("upload", "HFPORT_MAX_DATA_BYTES") if upload else ("request body", "HFPORT_MAX_REQUEST_BYTES")
+        message = f"{what} larger than the server's limit of {limit} bytes ({setting})"
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             await error_response(413, message, "PayloadTooLarge")(scope, receive, send)

@@ -51,7 +51,7 @@ class Cluster:
 
     def __init__(self, data: Path, url: str):
         self.data, self.url = data, url
-        self.env = {"HFPORT_DATABASE_URL": url, "HFPORT_LEASE_S": str(LEASE_S), "HFPORT_JOB_HEARTBEAT_S": "0.5",
+        self.env = {"HFPORT_DATABASE_URL": url, "HFPORT_JOB_LEASE_S": str(LEASE_S),
                     "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
         self.apis: list[ServerProcess] = []
         self.workers: dict[str, subprocess.Popen] = {}
@@ -413,8 +413,8 @@ def kill_time(job_log: Path, pid: int) -> float:
 
 def watch_cut(store, job_id: str, victim_pid: int, run: Path, cut_at: float, job_log: Path,
               lease_s: float) -> dict[str, Any]:
-    """After the cut: the job process kills itself before its lease (`lease_s`, the workers' HFPORT_LEASE_S) can run
-    out, the run folder stays as it left it, and only then does another worker requeue the job (lease rule). Returns
+    """After the cut: the job process kills itself before its lease (`lease_s`, the workers' HFPORT_JOB_LEASE_S) can
+    run out, the run folder stays as it left it, and only then does another worker requeue the job (lease rule). Returns
     what stale_writes needs and figures."""
     wait_for(lambda: not pid_alive(victim_pid), lease_s + 10, "the cut-off job process to stop itself", poll=0.02)
     at_death = snapshot(run)

@@ -178,6 +178,17 @@ def _logging_as_found():
     verbosity._configured = configured
 
 
+@pytest.fixture(autouse=True)
+def _library_settings():
+    """Each test starts from the library settings its environment names and leaves none behind: what a test set with
+    hfport.settings.use() (or read after monkeypatching an HFPORT_* variable) goes with it."""
+    import hfport.settings
+
+    hfport.settings.reset()
+    yield
+    hfport.settings.reset()
+
+
 def pytest_terminal_summary(terminalreporter):
     from tests import grid
 

@@ -76,6 +76,17 @@ CASES: list[dict[str, Any]] = [
      "gather_across_devices": True},
     {"name": "sentence-embedding-gather-chunks", "model": "bert", "task": "sentence-embedding",
      "train": "pairs.jsonl", "gather_across_devices": True, "mini_batch_size": 3},
+    # distillation (a teacher's stored outputs): every third row without a label (its units weigh 1 in the teacher's
+    # mean, the others alpha), a token teacher at each word's first sub-token, a reranker's scores, and a 48-wide
+    # embedding teacher through the student's projection (a module DDP synchronises beside the model)
+    {"name": "distill-text-classification", "model": "bert", "task": "text-classification",
+     "train": "single_partial.jsonl", "teacher": "bert_teacher", "eval_fraction": 0.0},
+    {"name": "distill-token-classification", "model": "bert", "task": "token-classification",
+     "train": "ner_partial.jsonl", "teacher": "bert_tagger", "eval_fraction": 0.0},
+    {"name": "distill-text-ranking", "model": "bert", "task": "text-ranking", "train": "rerank.jsonl",
+     "teacher": "bert_ranker"},
+    {"name": "distill-sentence-embedding", "model": "bert", "task": "sentence-embedding", "train": "pairs.jsonl",
+     "teacher": "bert_wide", "distill_alpha": 1.0},
 ]
 # sparse-embedding (SPLADE), run by tests/test_sparse_ddp.py in a launch of its own (named: `run` without names runs
 # CASES only). A masked-LM whose vectors are sparse (prepare_sparse). Without gather each process ranks and
@@ -101,11 +112,11 @@ def _sentence(rng: random.Random, low: int = 2, high: int = 18) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
 
 
-def _tiny(root: Path, name: str, head: str, minilm: Path) -> None:
+def _tiny(root: Path, name: str, head: str, minilm: Path, **overrides: Any) -> None:
     from tests.tiny import save_with_tokenizer
 
     save_with_tokenizer("bert", head, root / name, minilm, vocab_size=30522, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+                        attention_probs_dropout_prob=0.0, **overrides)
 
 
 def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
@@ -115,6 +126,12 @@ def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
     rng = random.Random(0)
     _tiny(root, "bert", "base", minilm)
     _tiny(root, "bert_mc", "multiple-choice", minilm)
+    for name, head, names in (("bert_teacher", "sequence-classification", ["a", "b", "c"]),
+                              ("bert_tagger", "token-classification", ["B-PER", "I-PER", "O"])):
+        _tiny(root, name, head, minilm, seed=1, id2label=dict(enumerate(names)),
+              label2id={v: k for k, v in enumerate(names)})
+    _tiny(root, "bert_ranker", "sequence-classification", minilm, seed=2, num_labels=1)
+    _tiny(root, "bert_wide", "base", minilm, seed=3, hidden_size=48)
     n = 40
     texts = [_sentence(rng) for _ in range(n)]
     _jsonl(root / "single.jsonl", [{"text": t, "label": rng.choice(["a", "b", "c"])} for t in texts])
@@ -126,6 +143,10 @@ def prepare(root: Path, minilm: Path) -> list[dict[str, Any]]:
         words = t.split()
         ner.append({"tokens": words, "tags": [rng.choice(["O", "B-PER", "I-PER"]) for _ in words]})
     _jsonl(root / "ner.jsonl", ner)
+    labels = random.Random(1)  # its own stream: the other cases' data stays as it was
+    _jsonl(root / "single_partial.jsonl", [{"text": t} if k % 3 == 0 else {"text": t, "label": labels.choice("abc")}
+                                           for k, t in enumerate(texts)])
+    _jsonl(root / "ner_partial.jsonl", [{"tokens": r["tokens"]} if k % 3 == 0 else r for k, r in enumerate(ner)])
     qa = []
     for k in range(n):
         words = _sentence(rng, 6, 30).split()
@@ -207,6 +228,8 @@ def run(root: Path, mode: str, names: list[str]) -> None:
     for case in [c for c in CASES + SPARSE_CASES if c["name"] in names] if names else CASES:
         values = {k: v for k, v in case.items() if k not in ("name", "equal")}
         values.update(model=str(root / case["model"]), train=str(root / case["train"]))
+        if "teacher" in case:
+            values["teacher"] = str(root / case["teacher"])
         again = {"resume": "latest"} if mode == "resume" else {"overwrite": True}
         output = root / "runs" / folder / case["name"]
         config = FinetuneConfig(**{**COMMON, **values, **again, "output_dir": str(output),
@@ -216,7 +239,7 @@ def run(root: Path, mode: str, names: list[str]) -> None:
 
 def launch(root: Path, *args: str, processes: int) -> subprocess.CompletedProcess:
     """This script's `run ROOT ARGS`, as one plain process or under `accelerate launch` (gloo)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HFPORT_CACHE_DIR": str(root / "cache"),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     accelerate = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"] if processes > 1 else []

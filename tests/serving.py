@@ -1,4 +1,4 @@
-"""The service as the tests run it: `hfport serve` in a child process (Server: allowed dirs, quick heartbeats),
+"""The service as the tests run it: `hfport serve` in a child process (Server: allowed dirs),
 the allowed folder of tiny models and sentiment data the service tests register and train on, and the checks they
 share: JSON errors, waiting on a job, walking the app's routes."""
 
@@ -35,13 +35,13 @@ def allowed_root(root: Path, tiny_bert: Path) -> Path:
 
 
 class Server(ServerProcess):
-    """`hfport serve` for the tests: allowed dirs, quick heartbeats, one thread per op; `env` adds HFPORT_*."""
+    """`hfport serve` for the tests: allowed dirs, one thread per op; `env` adds HFPORT_*."""
 
     def __init__(self, data_dir: Path, allowed: Path, workers: int = 2, **env: str):
         self.allowed = allowed
         super().__init__(data_dir, data_dir.parent / f"{data_dir.name}-server.log",
                          env={"HFPORT_ALLOWED_DIRS": json.dumps([str(allowed)]), "OMP_NUM_THREADS": "1",
-                              "HF_HUB_OFFLINE": "1", "HFPORT_JOB_HEARTBEAT_S": "0.5", **env},
+                              "HF_HUB_OFFLINE": "1", **env},
                          args=("--workers", str(workers)), cwd=REPO)
 
 

@@ -34,6 +34,7 @@ NOT_IN_SCHEMA = {
     ("GET", "/openapi.json"): "the schema itself (the fuzzer reads it)",
     ("GET", "/docs"): "the Swagger page over the schema: static HTML, no input",
     ("GET", "/static/charts.js"): "a static file of the package, no input",
+    ("GET", "/docs/assets/{name}"): "Swagger UI's files for /docs, from a fixed list (tests/test_docs_offline.py)",
 }
 # schema operations not fuzzed, and why (none: every documented operation gets requests)
 NOT_FUZZED: dict[tuple[str, str], str] = {}
@@ -51,9 +52,9 @@ def live(tmp_path_factory, minilm_path):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(minilm_path / name, model / name)
     srv = Server(base / "data", allowed, workers=1, HFPORT_API_TOKEN=TOKEN, HFPORT_MAX_REQUEST_BYTES=str(64 * 1024),
-                 HFPORT_MAX_UPLOAD_BYTES=str(64 * 1024), HFPORT_PREDICT_MAX_INPUTS="8",
+                 HFPORT_MAX_DATA_BYTES=str(64 * 1024), HFPORT_PREDICT_MAX_INPUTS="8",
                  HFPORT_PREDICT_MAX_CHARS="2000", HFPORT_PREDICT_TIMEOUT_S="10",
-                 HFPORT_MODELS=f"{TINY_MODEL}={model}", HFPORT_BATCH_AUTOTUNE="false").start()
+                 HFPORT_MODELS=f"{TINY_MODEL}={model}", HFPORT_BATCH_TOKEN_BUDGETS="[]").start()
     yield srv
     srv.stop()
 

@@ -129,3 +129,11 @@ def test_default_file_of_older_and_foreign_folders(folders, tmp_path):
     (folder / MANIFEST).unlink()
     assert default_file(folder) == ONNX_FILE
     assert hfport.pipeline("sentence-embedding", model=folder).model.path.name == ONNX_FILE
+
+
+def test_add_adapter_on_an_onnx_pipeline_is_refused_by_name(folders):
+    """The server's model cache adds a registered adapter to its base's pipeline (Pipeline.add_adapter): over an ONNX
+    base that must be the same clear refusal `pipeline(..., adapters=)` gives, not an AttributeError from inside."""
+    pipe = hfport.pipeline("sentence-embedding", model=str(folders["onnx"]))
+    with pytest.raises(ValueError, match="adapter 'a'.*fixed graph.*torch backend"):
+        pipe.add_adapter("a", folders["src"])

@@ -67,9 +67,13 @@ TEXTS = ["Paris is the capital of France.", "The cat sat on the mat.", "How do I
 
 
 def test_info_and_health(client):
-    assert client.get("/health").status_code == 200
+    health = client.get("/health")
+    assert health.status_code == 200 and health.json()["dtype"] == "float32"  # HFPORT_PREDICT_DTYPE
+    served_on = "cpu" if not torch.cuda.is_available() else hfport.pipelines.device_name("cuda:0")  # HFPORT_DEVICE
+    assert health.json()["device"] == served_on
     info = client.get("/info").json()
     assert info["model_id"] == "minilm" and info["model_type"] == {"embedding": {"pooling": "mean"}}
+    assert info["model_dtype"] == "float32" and info["model_device"] == health.json()["device"]
     assert info["max_input_length"] == 256  # sentence_bert_config.json, below the 512 positions
     assert info["max_batch_tokens"] in (256, 512)  # picked by timing both budgets
     assert info["max_client_batch_size"] == 8
@@ -103,7 +107,8 @@ def test_embed_all_and_truncation(client, pipes):
     assert len(out) == 1 and len(out[0]) == n and len(out[0][0]) == 384
     close(out[0], pipes["minilm"]("short text", output="tokens"))
     long = " ".join(["word"] * 400)
-    assert_error(client.post("/embed", json={"inputs": [long]}), 413, "Validation")
+    # HFPORT_AUTO_TRUNCATE is on by default (as TEI's): a request's own truncate=false refuses the long input
+    assert_error(client.post("/embed", json={"inputs": [long], "truncate": False}), 413, "Validation")
     for side in ("Right", "Left"):
         r = client.post("/embed", json={"inputs": [long + " end"], "truncate": True, "truncation_direction": side})
         assert r.status_code == 200, r.text

@@ -95,6 +95,7 @@ class Source:
     given: Path
     model: Path  # the folder with config.json + weights
     run: RunDir | None = None  # the fine-tune output folder (summary.json, best/, final/, checkpoints/)
+    base_model: Path | None = None  # an adapter's base, given (None: its adapter_config.json's base_model_name_or_path)
 
     @property
     def adapter(self) -> bool:

@@ -77,18 +77,20 @@ MERGED_CARD = CardStyle(relation="merge")  # a plain HF folder: the base's weigh
 
 def verify_adapter(dir: str | os.PathLike[str], source: Any = None, *, atol: float | None = None,
                    rtol: float | None = None, json_path: Any = None, which: str = "best",
-                   label: str | None = None) -> VerifyReport:
+                   label: str | None = None, base_model: str | os.PathLike[str] | None = None) -> VerifyReport:
     """peft over transformers computes, from adapter folder DIR, what hfport computes from SOURCE (default DIR).
-    Never raises for a failed check: every failure is a FAIL row."""
+    base_model: the base both load (default: the one DIR's adapter_config.json names). Never raises for a failed
+    check: every failure is a FAIL row."""
     folder = Path(dir).expanduser()
     report = VerifyReport(label or str(folder), str(source if source is not None else folder))
     report.set_tolerances("float32", atol, rtol)
     with reporting(report, json_path):
-        _verify_adapter(folder, source, which, report)
+        _verify_adapter(folder, source, which, report, base_model)
     return report
 
 
-def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport) -> None:
+def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport,
+                    base_model: str | os.PathLike[str] | None) -> None:
     ctx: dict[str, Any] = {}
     with check_row(report, "config", lora.ADAPTER_CONFIG):
         raw = lora.read_adapter_config(folder)  # refuses what hfport cannot compute (IA3, DoRA, ...)
@@ -103,7 +105,7 @@ def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport)
     ours: PreTrainedEncoder | None = None
     with check_row(report, "source", str(source or folder)):
         src = resolve_source(source if source is not None else folder, which)
-        model = load_any(src.model, dtype=torch.float32)
+        model = load_any(src.model, dtype=torch.float32, base_model=base_model if src.adapter else None)
         if model.task != task:
             raise ExportError(f"{src.model} holds a {model.task} model; {folder} holds a {task} adapter")
         ours, report.source = model, str(src.model)
@@ -113,23 +115,23 @@ def _verify_adapter(folder: Path, source: Any, which: str, report: VerifyReport)
         with check_row(report, "labels", "id2label/label2id"):
             check_labels(report, hub.read_config(folder)[0], ours)
     theirs, batches = None, {}
+    base = str(base_model) if base_model is not None else raw.get("base_model_name_or_path")
     with quiet_transformers() as transformers:
         with check_row(report, "load", f"peft over {TRANSFORMERS_AUTO[task]}"):
-            theirs = load_peft(report, transformers, folder, raw, task, cfg)
+            theirs = load_peft(report, transformers, folder, base, task, cfg)
         with check_row(report, "tokenizer", "load"):
-            tok = folder if has_tokenizer_files(folder) else Path(raw.get("base_model_name_or_path") or folder)
+            tok = folder if has_tokenizer_files(folder) else Path(base or folder)
             batches = check_tokenizer(report, transformers, tok, task, hub.read_config(tok)[0]
                                       if (tok / "config.json").is_file() else {})
     if ours is not None and theirs is not None and batches:
         compare_models(report, batches, ours, theirs, task)
 
 
-def load_peft(report: VerifyReport, transformers: Any, folder: Path, raw: dict[str, Any], task: str,
+def load_peft(report: VerifyReport, transformers: Any, folder: Path, base: str | None, task: str,
               labels: dict[str, Any]) -> Any:
-    """transformers' head model of the base, then peft's adapter over it; None when a load row failed."""
+    """transformers' head model of BASE, then peft's adapter over it; None when a load row failed."""
     from peft import PeftModel
 
-    base = raw.get("base_model_name_or_path")
     auto = getattr(transformers, TRANSFORMERS_AUTO[task])
     model = auto.from_pretrained(str(hub.resolve(base)), dtype=torch.float32, trust_remote_code=False, **labels)
     peft_model = PeftModel.from_pretrained(model, str(folder), is_trainable=False)
@@ -162,7 +164,7 @@ def _load_adapter_model(source: Source, what: str) -> tuple[PreTrainedEncoder, P
     if not source.adapter:
         raise ExportError(f"{source.model}: {what} applies to LoRA adapter folders (adapter_config.json); this is "
                           "a plain model")
-    model = load_any(source.model, dtype=torch.float32)
+    model = load_any(source.model, dtype=torch.float32, base_model=source.base_model)
     tok_folder = tokenizer_folder(source)
     if tok_folder is None and model.adapter is not None and model.adapter.base:
         base = Path(model.adapter.base)
@@ -189,7 +191,7 @@ def write_adapter(source: Source, out: Path, options: ExportOptions, *, verify: 
                               [lora.ADAPTER_WEIGHTS], tok_folder, format="peft")
         if verify:
             result.report = verify_adapter(staging, source.model, atol=options.atol, rtol=options.rtol,
-                                           json_path=json_path, label=str(out))
+                                           json_path=json_path, label=str(out), base_model=source.base_model)
             raise_unless_passed(result.report, out, source.model)
         write_card(staging, source, result, card)  # after verify: the card states its outcome
         result.files = sorted(p.name for p in staging.iterdir())

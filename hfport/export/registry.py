@@ -127,12 +127,14 @@ def formats_help() -> str:
 
 def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, format: str = DEFAULT_FORMAT,
            force: bool = False, verify: bool = False, json_path: str | os.PathLike[str] | None = None,
-           merge: bool = False, **options: Any) -> ExportResult:
+           merge: bool = False, base_model: str | os.PathLike[str] | None = None, **options: Any) -> ExportResult:
     """Write SRC at OUT in FORMAT (FORMATS), with the format's OPTIONS (ExportOptions for the weight folders:
     which, dtype, max_shard_size, atol, rtol; OnnxOptions for ONNX); with verify=True, prove it against SRC before
     OUT appears (the ONNX formats always do). An existing OUT is only replaced with force.
 
-    A LoRA adapter source exported as "hf" stays an adapter ("peft"); merge=True is format "merged"."""
+    A LoRA adapter source exported as "hf" stays an adapter ("peft"); merge=True is format "merged". base_model: an
+    adapter source's base folder (default: the one its adapter_config.json names), loaded by the export and its
+    verify alike."""
     fmt = get_format(format)
     if merge:
         if fmt.name not in (DEFAULT_FORMAT, "merged"):
@@ -140,6 +142,10 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, format: 
         fmt = FORMATS["merged"]
     opts = fmt.options.of(**options)
     source = resolve_source(src, opts.which)
+    if base_model is not None:
+        if not source.adapter:
+            raise ExportError(f"base_model: {source.model} is a plain model, not a LoRA adapter over a base")
+        source.base_model = Path(base_model).expanduser()
     target = Path(out).expanduser()
     check_out(source, target, force)
     if fmt.adapter_format is not None and source.adapter:

@@ -42,6 +42,7 @@ MODULES = "modules.json"
 MATRYOSHKA_KEY = "matryoshka_dims"  # hfport's key in config_sentence_transformers.json (see the module docstring)
 ST_CONFIG = "sentence_bert_config.json"
 ST_MODEL_CONFIG = "config_sentence_transformers.json"
+SIMILARITY_FNS = ("cosine", "dot", "euclidean", "manhattan")  # sentence-transformers' SimilarityFunction values
 POOLING_DIR = "1_Pooling"
 NORMALIZE_DIR = "2_Normalize"
 POOLING_MODES = ("mean", "cls", "max")
@@ -127,6 +128,7 @@ class SentenceLayout:
     default_prompt_name: str | None = None
     include_prompt: bool = True  # False: a prompt's tokens (and the leading special token) are not pooled
     matryoshka_dims: tuple[int, ...] = ()  # the prefix sizes the model was trained for (hfport's record; () unknown)
+    similarity_fn_name: str = "cosine"  # SIMILARITY_FNS: how the model's embeddings are compared (its `similarity`)
     source: str = "default (no modules.json)"
 
 
@@ -166,6 +168,18 @@ def _read_common(folder: Path) -> dict[str, Any]:
     return extra
 
 
+def _read_similarity(folder: Path) -> dict[str, Any]:
+    """config_sentence_transformers.json's similarity_fn_name (sentence-transformers' default: cosine)."""
+    config = folder / ST_MODEL_CONFIG
+    name = _read_json(config).get("similarity_fn_name") if config.is_file() else None
+    if name is None:
+        return {}
+    if name not in SIMILARITY_FNS:
+        raise SentenceTransformersError(f"{config}: similarity_fn_name {name!r}; sentence-transformers' are "
+                                        f"{list(SIMILARITY_FNS)}")
+    return {"similarity_fn_name": name}
+
+
 def _read_modules(folder: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """modules.json's entries and each one's class name (sentence-transformers 6 writes
     `...sentence_transformer.modules.pooling.Pooling` where older versions wrote `...models.Pooling`)."""
@@ -188,7 +202,7 @@ def read_layout(folder: str | Path) -> SentenceLayout:
     if has_sparse_layout(folder):
         raise SentenceTransformersError(f"{folder / MODULES}: a sparse (SparseEncoder) model; it gives sparse "
                                         "vocabulary-sized vectors (task sparse-embedding), not dense embeddings")
-    extra = _read_common(folder)
+    extra = _read_common(folder) | _read_similarity(folder)
     if not has_embedding_layout(folder):
         return SentenceLayout(**extra)
     modules, kinds = _read_modules(folder)

@@ -190,6 +190,21 @@ def _parquet_footer(f: BinaryIO, size: int) -> int:
     return min(size, int.from_bytes(tail[:4], "little") + 8)
 
 
+# --- writing: rows out (what `hfport mine` writes for a fine-tune to read) ---------------------------------------
+
+
+def _write_jsonl(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps({c: row[c] for c in columns}, ensure_ascii=False) + "\n")
+
+
+def _write_parquet(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    pa = _pyarrow(path, "Parquet")
+    table = pa.table({c: [row[c] for row in rows] for c in columns})
+    pa.parquet.write_table(table, path)
+
+
 @dataclass(frozen=True)
 class FileKind:
     name: str
@@ -200,15 +215,34 @@ class FileKind:
     # (open file, size) -> how many bytes at the file's end describe all of it (Parquet's footer), hashed whole by
     # content_digest
     trailer: Callable[[BinaryIO, int], int] | None = None
+    write: Callable[[Path, list[str], list[dict[str, Any]]], None] | None = None  # (path, columns, rows); None: read only
 
 
 FILE_KINDS: tuple[FileKind, ...] = (
     FileKind("csv", (".csv",), lambda p: _delimited_rows(p, ","), "line"),
     FileKind("tsv", (".tsv",), lambda p: _delimited_rows(p, "\t"), "line"),
-    FileKind("jsonl", (".jsonl", ".json", ".ndjson"), _jsonl_rows, "line"),
-    FileKind("parquet", (".parquet",), _parquet_rows, "row", _parquet_schema, _parquet_footer),
+    FileKind("jsonl", (".jsonl", ".json", ".ndjson"), _jsonl_rows, "line", write=_write_jsonl),
+    FileKind("parquet", (".parquet",), _parquet_rows, "row", _parquet_schema, _parquet_footer, write=_write_parquet),
     FileKind("arrow", (".arrow",), _arrow_rows, "row", _arrow_schema),
 )
+
+
+def write_rows(path: str | os.PathLike[str], columns: list[str], rows: list[dict[str, Any]]) -> Path:
+    """Write ROWS (each a dict with every one of COLUMNS) to PATH in the kind its suffix names, beside it first and
+    renamed into place when complete, so a failure never leaves a half-written file. Returns the path."""
+    path = Path(path)
+    kind = file_kind(path)
+    if kind.write is None:
+        writable = ", ".join(s for k in FILE_KINDS if k.write is not None for s in k.suffixes)
+        raise DataError(f"{path}: hfport writes {writable}, not {kind.name}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        kind.write(staging, columns, rows)
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+    return path
 
 
 ARROW = FILE_KINDS[-1]  # what datasets' folders hold

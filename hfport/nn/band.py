@@ -64,6 +64,11 @@ class BandPlan:
         mask = mask | ~qreal[..., :, None]
         return BandPlan(blocks, block, half, length, mask.reshape(g * blocks, 1, block, slab))
 
+    def to(self, device: torch.device, non_blocking: bool = False) -> BandPlan:
+        """The same plan with its mask on `device` (as Tensor.to: a plan built on the host, sent to the GPU)."""
+        return BandPlan(self.blocks, self.block, self.half, self.length,
+                        self.mask.to(device, non_blocking=non_blocking))
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, kernel: Kernel) -> Tensor:
         """q, k, v (G, H, L, D) -> (G, H, L, D)."""
         g, h, length, d = q.shape

@@ -28,6 +28,13 @@ from .band import BandPlan, banded, window_band
 # the 5 groups the rule picks 10.8-11.7, 2 groups 11.9-13.1; without dropout per run 10.9, padded 14.5, 5 groups 9.2.
 CALL_COST = 1_300_000
 SCATTER_COST = 100
+# The same rule's costs on a CUDA GPU, where Packed.attend always runs groups when it cannot run varlen_attn
+# (nn/varlen.py): estimates from an H200's rates, not measurements (scripts/bench_gpu.py times the paths). A group's
+# calls, forward + backward (scatters, mask, SDPA, gather), are ~12 kernel launches of ~5 us when small, ~60 us, at
+# ~2e14 multiply-adds/s in bf16: CUDA_CALL_COST ~ 1.2e10; a padded element moves ~16 bytes over those launches at
+# ~4.3 TB/s (3.7 ps), ~750 multiply-adds' time. So a GPU batch is one or a few groups.
+CUDA_CALL_COST = 12_000_000_000
+CUDA_SCATTER_COST = 750
 # "auto" (the cost rule), "runs" or "padded" (one group): how Packed.attend runs a batch without a bias callback.
 PACKED_ATTENTION = "auto"
 # A padded group spans at most this many distinct lengths (bounds the cost rule's DP at D * 64 steps).
@@ -87,6 +94,11 @@ class Groups:
         positions[slots] = packed.positions
         return Groups(shapes, slots, real, positions)
 
+    def to(self, device: torch.device) -> Groups:
+        """The same groups with their tensors on `device` (planned on the host, copied without waiting)."""
+        return Groups(self.shapes, *(x.to(device, non_blocking=True) for x in (self.slots, self.real,
+                                                                                 self.positions)))
+
     def masks(self, window: int | None) -> list[Tensor | BandPlan | None]:
         """Per group: None (nothing padded, no window), a (G, 1, L|1, L) bool mask (real keys, and the band with a
         window; padded query rows attend to every key), or a BandPlan for long windowed groups."""
@@ -107,14 +119,18 @@ class Groups:
         return out
 
 
-def plan_groups(packed: PackedRows, width: int) -> Groups | None:
+def plan_groups(packed: PackedRows, width: int, *, call_cost: int | None = None, scatter_cost: int | None = None,
+                per_run: bool = True) -> Groups | None:
     """The cost rule (see CALL_COST): padded groups by length when they cost less than one call per run, else
     None (per-run calls). Sequences sorted by length are cut where the DP over their distinct lengths says: a
-    group costs CALL_COST + G * L * width * (L + SCATTER_COST) for G sequences padded to its longest, L. So a
+    group costs call_cost + G * L * width * (L + scatter_cost) for G sequences padded to its longest, L. So a
     batch of many short runs of mixed lengths (64 texts of 8-21 tokens) becomes two or three calls over little
     padding, few long varied ones stay per run. PACKED_ATTENTION forces either ("runs" / "padded": one group
-    over all sequences), for tests and measurements."""
-    if PACKED_ATTENTION == "runs" or (PACKED_ATTENTION == "auto" and len(packed.runs) == 1):
+    over all sequences), for tests and measurements. per_run=False always groups (CUDA: no per-run loop);
+    call_cost / scatter_cost: the rule's costs (default CALL_COST and SCATTER_COST, read at the call)."""
+    call_cost = CALL_COST if call_cost is None else call_cost
+    scatter_cost = SCATTER_COST if scatter_cost is None else scatter_cost
+    if per_run and (PACKED_ATTENTION == "runs" or (PACKED_ATTENTION == "auto" and len(packed.runs) == 1)):
         return None
     per_length = Counter(n for n in packed.lengths if n)
     if not per_length:  # nothing real to attend over
@@ -129,11 +145,11 @@ def plan_groups(packed: PackedRows, width: int) -> Groups | None:
         longest, count, best[j] = lengths[j - 1], 0, float("inf")
         for i in range(j - 1, max(j - 1 - MAX_GROUP_SPAN, -1), -1):
             count += counts[i]
-            cost = best[i] + CALL_COST + count * longest * width * (longest + SCATTER_COST)
+            cost = best[i] + call_cost + count * longest * width * (longest + scatter_cost)
             if cost < best[j]:
                 best[j], cut[j] = cost, i
-    runs = sum(count * length ** 2 * width + CALL_COST for _, count, length in packed.runs)
-    if PACKED_ATTENTION == "auto" and runs <= best[-1]:
+    runs = sum(count * length ** 2 * width + call_cost for _, count, length in packed.runs)
+    if per_run and PACKED_ATTENTION == "auto" and runs <= best[-1]:
         return None
     shapes, j = [], len(lengths)
     while j:

@@ -20,6 +20,7 @@ nn/groups.py (Packed's short runs regrouped by length into a few padded calls, a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
@@ -29,7 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from .band import BandPlan, Kernel, attend_local, banded, window_band
-from .groups import Groups, plan_groups
+from .groups import CUDA_CALL_COST, CUDA_SCATTER_COST, Groups, plan_groups
+from .varlen import VARLEN_ATTN, BoundKernel, cu_seqlens, cuda_route, fallback_reason, say_once, window_size
 
 # bias(q, k) -> the additive score bias (G|1, H|1, L, L) of G sequences of length L given their (G, H, L, D) queries
 # and keys (DeBERTa's relative terms), or None. The one injection point for score terms, on every layout. It returns
@@ -40,6 +42,9 @@ SequenceBias = Callable[[Tensor, Tensor], "Tensor | None"]
 class Layout(Protocol):
     keep: Tensor | None  # (B, T) bool real tokens; None when nothing is padded
     positions: Tensor  # the position id of every row, shaped like the rows without C: (B|1, T) or (N,)
+    # a mixed-adapter batch's routing bound to this layout (nn/lora.py's Route: which adapter each row takes), which
+    # every linear call of the blocks passes on (nn/lora.py's `routed`); None: every row the plain layers
+    adapters: Any
 
     @property
     def max_length(self) -> int: ...  # the longest sequence attention sees (relative tables are built for it)
@@ -93,6 +98,7 @@ class Padded(_PerBatch):
 
     keep: Tensor | None  # (B, T) bool, or None when nothing is padded
     positions: Tensor  # (B|1, T) long
+    adapters: Any = None  # Layout.adapters
 
     @staticmethod
     def from_mask(attention_mask: Tensor | None, positions: Tensor) -> Padded:
@@ -108,7 +114,7 @@ class Padded(_PerBatch):
         return None if self.keep is None else self.keep[:, None, None, :]  # (B, 1, 1, T)
 
     def embed(self, embeddings: nn.Module, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
-        return embeddings(input_ids, token_type_ids, self.positions)  # (B, T, C)
+        return embeddings(input_ids, token_type_ids, self.positions, adapters=self.adapters)  # (B, T, C)
 
     def pack(self, x: Tensor) -> Tensor:
         return x
@@ -147,6 +153,8 @@ class Packed(_PerBatch):
     lengths: tuple[int, ...]  # real tokens per sequence
     contiguous: bool  # every sequence's real tokens form one run (left or right padding, no holes)
     positions: Tensor  # (N,) long: each row's position id
+    host_positions: Tensor  # (N,) long on the host: `positions` where attention is planned (the same tensor on CPU)
+    adapters: Any = None  # Layout.adapters
 
     @staticmethod
     def from_mask(attention_mask: Tensor, positions: Tensor | None = None) -> Packed | None:
@@ -154,7 +162,11 @@ class Packed(_PerBatch):
 
         positions: the padded batch's position ids (B|1, T), packed with the tokens; by default each token's
         position in the padded row, which restarts at 0 for every right-padded sequence (and is shifted by the
-        padding for left-padded ones: rotary scores depend on position differences only)."""
+        padding for left-padded ones: rotary scores depend on position differences only).
+
+        A batch on a GPU is planned on the host (see on_host): the row counts are Python values either way."""
+        if attention_mask.device.type != "cpu":
+            return Packed.on_host(attention_mask, positions)
         keep = attention_mask.bool()  # (B, T)
         if bool(keep.all()):
             return None
@@ -167,7 +179,25 @@ class Packed(_PerBatch):
         if positions is None:
             positions = span
         packed_positions = positions.expand(b, t).reshape(-1).index_select(0, index)  # (N,)
-        return Packed(keep, index, tuple(lengths.tolist()), bool((run == keep).all()), packed_positions)
+        return Packed(keep, index, tuple(lengths.tolist()), bool((run == keep).all()), packed_positions,
+                      packed_positions)
+
+    @staticmethod
+    def on_host(attention_mask: Tensor, positions: Tensor | None) -> Packed | None:
+        """A device batch's layout: its mask and position ids read back in one copy (the forward pass's one wait
+        for the GPU: how many rows each sequence has is a Python value, here and in transformers' padding-free
+        path alike), planned on the host as a CPU batch is, and the rows' index and positions sent back without
+        waiting (non_blocking). Every later plan (cu_seqlens, groups, masks) reads the host copies."""
+        b, t = attention_mask.shape
+        if positions is None:
+            positions = torch.arange(t, device=attention_mask.device)[None, :]  # (1, T)
+        both = torch.stack((attention_mask.to(torch.long), positions.to(torch.long).expand(b, t))).cpu()  # (2, B, T)
+        host = Packed.from_mask(both[0], both[1])
+        if host is None:
+            return None
+        device = attention_mask.device
+        return dataclasses.replace(host, keep=attention_mask.bool(), index=host.index.to(device, non_blocking=True),
+                                   positions=host.positions.to(device, non_blocking=True))
 
     @property
     def batch(self) -> int:
@@ -200,10 +230,26 @@ class Packed(_PerBatch):
     def max_length(self) -> int:
         return max(self.lengths)
 
+    @cached_property
+    def rows_in_order(self) -> bool:
+        """Each sequence's position ids step by one from row to row (no hole in the mask, ordinary position ids):
+        a window counted in rows (varlen_attn's) is then the window counted in position ids (hfport's)."""
+        if not self.contiguous:
+            return False
+        steps = self.host_positions.diff()  # (N - 1,)
+        starts = torch.tensor([s for s, n in zip(self.starts, self.lengths) if n][1:], dtype=torch.long) - 1
+        inside = torch.ones_like(steps, dtype=torch.bool).index_fill_(0, starts, False)  # steps within a sequence
+        return bool((steps[inside] == 1).all())
+
+    def device_tensor(self, key: str, build: Callable[[], Tensor], device: torch.device) -> Tensor:
+        """A host-built planning tensor on the rows' device, copied once per batch without waiting."""
+        return self.cached((key, device), lambda: build().to(device, non_blocking=True))
+
     def embed(self, embeddings: nn.Module, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         """The embeddings of the real tokens only: ids, token types and positions packed first."""
         token_type_ids = self.pack(token_type_ids)[None] if token_type_ids is not None else None  # (1, N)
-        return embeddings(self.pack(input_ids)[None], token_type_ids, self.positions[None])[0]  # (N, C)
+        return embeddings(self.pack(input_ids)[None], token_type_ids, self.positions[None],
+                          adapters=self.adapters)[0]  # (N, C)
 
     def pack(self, x: Tensor) -> Tensor:
         """(B, T, ...) -> (N, ...). Integer tensors (ids) are gathered directly; float ones keep a fast gradient."""
@@ -227,8 +273,14 @@ class Packed(_PerBatch):
         windows run local attention blocked (BandPlan).
         Measured on a 2-core CPU, 16 rows with 41% padding, attention forward + backward with dropout / without:
         per sequence 156 / 105 ms, one masked padded call 380 / 126 ms, nested-tensor SDPA 672 / 700 ms.
-        A sliding window is a band mask per run, built here on any device; on CUDA, flash-attn's varlen kernel
-        (cu_seqlens from `starts`, window_size=(w // 2, w // 2)) would do all runs in one call without masks."""
+        A sliding window is a band mask per run, built here on any device.
+
+        On CUDA (SelfAttention's kernel, nn/varlen.py's BoundKernel): no per-run loop. One varlen_attn call over
+        every sequence (cu_seqlens and the longest length built on the host; a window as window_size), or, where
+        cuda_route says it cannot run (no such kernel in this torch, attention dropout, a score bias, fp32), padded
+        SDPA over a few length groups, the bias callback called per group (see attend_cuda)."""
+        if q.is_cuda and isinstance(kernel, BoundKernel):
+            return self.attend_cuda(q, k, v, heads, kernel, bias, window)
         c = q.shape[1]
         d = c // heads
         groups = self.cached(("groups", c), lambda: plan_groups(self, c)) if bias is None else None
@@ -248,19 +300,70 @@ class Packed(_PerBatch):
         return torch.cat(pieces)  # (N, C)
 
     def _attend_grouped(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kernel: Kernel, window: int | None,
-                        groups: Groups) -> Tensor:
+                        groups: Groups, masks: list[Tensor | BandPlan | None] | None = None,
+                        bias: SequenceBias | None = None) -> Tensor:
         """q, k, v (N, C) -> (N, C): the rows scattered into the groups' padded buffer (S = sum G * L rows), one
         kernel call per group over (G, H, L, D) with real keys only, rows gathered back. Padded query rows attend
-        to every key (thrown away; a fully masked row would be NaN and poison the backward)."""
+        to every key (thrown away; a fully masked row would be NaN and poison the backward). bias: the score bias of
+        a group's length L, (G|1, H|1, L, L) (relative terms depend on distances only, so a sequence padded to L
+        reads its own); masks: the groups' (default: built from them here)."""
         c = q.shape[1]
-        masks = self.cached(("group masks", window), lambda: groups.masks(window))
+        if masks is None:
+            masks = self.cached(("group masks", window), lambda: groups.masks(window))
         sizes = [count * length for count, length in groups.shapes]
         buffers = (_Scatter.apply(x, groups.slots, groups.size).split(sizes) for x in (q, k, v))  # (G * L, C) each
         pieces = []
         for (count, length), mask, qg, kg, vg in zip(groups.shapes, masks, *buffers):
             qh, kh, vh = (_heads(x.view(count, length, c), heads) for x in (qg, kg, vg))  # (G, H, L, D)
-            pieces.append(_merge_heads(attend_local(qh, kh, vh, kernel, mask)).reshape(count * length, c))  # (G * L, C)
+            if bias is None:
+                out = attend_local(qh, kh, vh, kernel, mask)  # (G, H, L, D)
+            elif isinstance(mask, BandPlan):
+                raise ValueError("a score bias with blocked local attention: no family has both")
+            else:
+                out = kernel(qh, kh, vh, mask=mask, bias=bias(qh, kh))  # (G, H, L, D)
+            pieces.append(_merge_heads(out).reshape(count * length, c))  # (G * L, C)
         return Rows.apply(torch.cat(pieces) if len(pieces) > 1 else pieces[0], groups.slots, True)  # (N, C)
+
+    # --- CUDA: no per-run loop --------------------------------------------------------------------------------
+
+    def attend_cuda(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kernel: BoundKernel,
+                    bias: SequenceBias | None, window: int | None, varlen: Callable[..., Tensor] | None = None
+                    ) -> Tensor:
+        """q, k, v (N, C) -> (N, C) on a GPU: cuda_route picks one varlen_attn call (attend_varlen) or padded SDPA
+        over length groups (attend_groups). `varlen`: the kernel (default VARLEN_ATTN); tests pass
+        varlen_reference to run this branch's arithmetic on the CPU."""
+        varlen = VARLEN_ATTN if varlen is None else varlen
+        d = q.shape[1] // heads
+        route = cuda_route(q.dtype, d, dropout_p=kernel.dropout_p, bias=bias is not None,
+                           rows_in_order=window is None or self.rows_in_order, varlen=varlen is not None)
+        if route == "varlen":
+            return self.attend_varlen(q, k, v, heads, kernel.scale, window, varlen)
+        say_once(fallback_reason(q.dtype, d, dropout_p=kernel.dropout_p, bias=bias is not None))
+        return self.attend_groups(q, k, v, heads, kernel, bias, window)
+
+    def attend_varlen(self, q: Tensor, k: Tensor, v: Tensor, heads: int, scale: float, window: int | None,
+                      varlen: Callable[..., Tensor]) -> Tensor:
+        """q, k, v (N, C) -> (N, C): every sequence in one varlen(q, k, v, cu_seqlens, cu_seqlens, longest,
+        longest, scale=, window_size=) call over (N, H, D) views; cu_seqlens and the longest length come from the
+        host plan (nothing read back from the GPU)."""
+        n, c = q.shape
+        cu = self.device_tensor("cu_seqlens", lambda: cu_seqlens(self.lengths), q.device)  # (B' + 1,) int32
+        longest = self.max_length
+        out = varlen(*(x.view(n, heads, c // heads) for x in (q, k, v)), cu, cu, longest, longest,
+                     scale=scale, window_size=window_size(window))  # (N, H, D)
+        return out.reshape(n, c)  # (N, C)
+
+    def attend_groups(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kernel: Kernel,
+                      bias: SequenceBias | None, window: int | None) -> Tensor:
+        """q, k, v (N, C) -> (N, C): padded SDPA over length groups, the groups and their masks planned on the host
+        (nn/groups.py's rule at its CUDA costs, always grouped) and copied to the rows' device once per batch."""
+        c = q.shape[1]
+        host = self.cached(("host groups", c), lambda: plan_groups(_HostRows(self), c, call_cost=CUDA_CALL_COST,
+                                                                     scatter_cost=CUDA_SCATTER_COST, per_run=False))
+        groups = self.cached(("groups on", q.device, c), lambda: host.to(q.device))
+        masks = self.cached(("group masks on", q.device, c, window), lambda: [
+            m.to(q.device, non_blocking=True) if m is not None else None for m in host.masks(window)])
+        return self._attend_grouped(q, k, v, heads, kernel, window, groups, masks, bias)
 
     def _window_masks(self, window: int) -> list[Tensor | BandPlan | None]:
         """Per run (G, 1, L, L) band masks (a BandPlan for long runs), None for a run the window covers whole."""
@@ -273,6 +376,34 @@ class Packed(_PerBatch):
             band = window_band(positions, window)  # (G, L, L)
             masks.append(None if bool(band.all()) else band[:, None])  # (G, 1, L, L)
         return masks
+
+
+@dataclass(frozen=True, eq=False)
+class _HostRows:
+    """A packed batch as its host plan sees it (PackedRows, nn/groups.py): its position ids on the host, so groups
+    and masks are built there and copied to the GPU, never read back from it."""
+
+    packed: Packed
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return self.packed.lengths
+
+    @property
+    def positions(self) -> Tensor:
+        return self.packed.host_positions
+
+    @property
+    def batch(self) -> int:
+        return self.packed.batch
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        return self.packed.starts
+
+    @property
+    def runs(self) -> tuple[tuple[int, int, int], ...]:
+        return self.packed.runs
 
 
 @dataclass(frozen=True, eq=False)
@@ -295,6 +426,7 @@ class RepresentativePadding(_PerBatch):
     padded_keys: Tensor  # (B, 1, 1, T) bool
     rows: Tensor  # (N',) long: flat (B * T) position of each packed row
     scatter: Tensor  # (B * T,) long: packed row of each flat position
+    adapters: Any = None  # Layout.adapters
 
     @staticmethod
     def from_mask(attention_mask: Tensor | None, positions: Tensor) -> RepresentativePadding | Padded:
@@ -323,7 +455,7 @@ class RepresentativePadding(_PerBatch):
     def embed(self, embeddings: nn.Module, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         """Embeddings of the padded batch with padding zeroed (the precondition of sharing one representative;
         transformers' DeBERTa zeroes them too), then packed."""
-        x = embeddings(input_ids, token_type_ids, self.padded_positions)  # (B, T, C)
+        x = embeddings(input_ids, token_type_ids, self.padded_positions, adapters=self.adapters)  # (B, T, C)
         return self.pack(x * self.keep[..., None])  # (N', C)
 
     def pack(self, x: Tensor) -> Tensor:  # (B, T, F) -> (N', F)

@@ -32,7 +32,11 @@ different adapters share forward passes (pipelines/base.py: Pipeline.add_adapter
 Inputs are batched under a token budget (`max_batch_tokens` padded tokens, and at most `batch_size` rows when
 given), longest first; results come back in input order. A list input answers every item it can: an item that
 cannot be answered (empty text, no mask token, too long, ...) gets an `hfport.ItemError` in its place (rendered by
-the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input raises PipelineInputError instead.
+the CLI and the HTTP API as `{"error", "error_type", "index"}`). A single input raises PipelineInputError instead
+(InputTooLongError for one longer than the model takes).
+
+truncation= (transformers' spelling) and truncate= (TEI's and sentence-transformers') are one option: every pipeline
+that cuts long inputs takes both.
 """
 
 from __future__ import annotations
@@ -49,11 +53,12 @@ from ..errors import ItemError
 from ..formats.adapter import is_adapter_folder
 from ..formats.onnx import is_onnx_model
 from ..formats.sentence_transformers import has_sparse_layout
+from ..hardware import device_name, resolve_device
 from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
-from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InvalidInput, Pipeline, PipelineInputError, adapters_per_pass,
-                   phase_times)
+from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InputTooLongError, InvalidInput, Pipeline, PipelineInputError,
+                   Prepared, adapters_per_pass, pack_rows, phase_times)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -88,10 +93,13 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              dtype: Any = None, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
              backend: str | None = None, base_model: Any = None,
              adapters: Mapping[str, str | os.PathLike[str]] | None = None,
-             gate_data: str | os.PathLike[str] | None = None, file: str | None = None, **options: Any) -> Pipeline:
+             gate_data: str | os.PathLike[str] | None = None, file: str | None = None, packed_linear: bool = True,
+             row_shards: str | int = "auto", **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
-    tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs.
+    tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs; device
+    "auto" is the first CUDA device when there is one, else the CPU ("cpu", "cuda", "cuda:N" or a torch.device;
+    None: the CPU for a folder, where it is for a loaded model).
     batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple").
     backend: "torch" or "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it); None picks
@@ -100,9 +108,14 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     adapters: {name: adapter folder} served over `model` (its body shared, not reloaded); pick one per call with
     `adapter=`.
     dtype="int8" / "auto-int8" (a folder only): the encoder's Linear layers in int8, held to the int8 gate on built-in
-    texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses."""
+    texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses.
+    packed_linear: the pipeline's model computes its Linear layers on prepacked weights (hfport/inference.py; applied
+    in place, also to a model given loaded). row_shards: "auto", "off" or a count: a batch's rows split over worker
+    threads (pipelines/shards.py; "auto" shards fp32 models only, where it was measured to pay)."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
+    auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
+    device = resolve_device(device) if device is not None else None
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: use one of {list(BACKENDS)}")
     if isinstance(model, (str, os.PathLike)) and (backend == "onnx" or (backend is None and is_onnx_model(model))):
@@ -118,7 +131,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
         float32 = dtype is None or dtype == "auto" or (
             dtype not in INT8_DTYPES and resolve_dtype(dtype) == torch.float32)
-        if (device is not None and torch.device(device).type != "cpu") or not float32:
+        if (device is not None and device.type != "cpu" and not auto) or not float32:
             raise ValueError(f"the onnx backend runs float32 graphs on the CPU; got device={device!r}, "
                              f"dtype={dtype!r}")
     elif isinstance(model, PreTrainedEncoder):
@@ -143,7 +156,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
                         f"{type(model).__name__}")
     if not isinstance(tokenizer, PreTrainedTokenizer):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-    pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens, **options)
+    pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
+               packed_linear=packed_linear, row_shards=row_shards, **options)
     if adapters:
         if isinstance(model, OnnxModel):
             raise ValueError("adapters: the onnx backend runs a fixed graph; serve adapters on the torch backend")
@@ -158,6 +172,13 @@ def check_dtype(dtype: str) -> str:
     if dtype not in ("auto", *INT8_DTYPES):
         resolve_dtype(dtype)
     return dtype
+
+
+def check_device(device: str) -> str:
+    """DEVICE when pipeline(device=...) takes it on this machine ("auto", "cpu", "cuda", "cuda:N"), else a
+    ValueError naming the choices and the CUDA devices this process sees."""
+    resolve_device(device)
+    return device
 
 
 def model_task(model: str | os.PathLike[str]) -> str:
@@ -177,21 +198,26 @@ def model_task(model: str | os.PathLike[str]) -> str:
 __all__ = [
     "PIPELINES",
     "adapters_per_pass",
+    "check_device",
     "check_dtype",
+    "device_name",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",
+    "InputTooLongError",
     "InvalidInput",
     "ItemError",
     "OnnxModel",
     "Pipeline",
     "PipelineInputError",
+    "Prepared",
     "SentenceEmbeddingPipeline",
     "SparseEmbeddingPipeline",
     "QuestionAnsweringPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
     "model_task",
+    "pack_rows",
     "phase_times",
     "pipeline",
 ]

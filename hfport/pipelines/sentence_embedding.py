@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..formats.sentence_transformers import ST_POOLINGS, SentenceLayout, read_layout
 from ..heads import pool
-from .base import Feature, Pipeline, PipelineInputError, check_text, positive_int
+from .base import Feature, InputTooLongError, Pipeline, PipelineInputError, check_text, positive_int
 
 POOLINGS = tuple(ST_POOLINGS.values())
 DIRECTIONS = ("right", "left")
@@ -53,7 +53,12 @@ class TextEmbeddingPipeline(Pipeline):
         return super().normalize(inputs, opts)
 
     def validate_inputs(self, opts: dict[str, Any]) -> dict[str, Any]:
-        """truncation_direction and prompt_name, checked; opts["_prompt"] and ["_skip"] set for preprocess."""
+        """truncate, truncation_direction and prompt_name, checked; opts["_prompt"] and ["_skip"] set for
+        preprocess."""
+        if opts["truncate"] is None:
+            opts["truncate"] = False
+        if not isinstance(opts["truncate"], bool):  # a tokenizer strategy ("only_first") means nothing here
+            raise ValueError(f"truncate={opts['truncate']!r}: use true or false (truncation= is the same option)")
         direction = str(opts["truncation_direction"]).lower()
         if direction not in DIRECTIONS:
             raise ValueError(f"truncation_direction={opts['truncation_direction']!r}: use 'right' or 'left'")
@@ -62,6 +67,11 @@ class TextEmbeddingPipeline(Pipeline):
         if name is not None and name not in self.sentence.prompts:
             raise ValueError(f"prompt_name={name!r}: the model's prompts are {sorted(self.sentence.prompts) or 'none'}")
         opts["_prompt"] = self.sentence.prompts.get(name, "") if name is not None else ""
+        prompt = opts.get("prompt")  # a prompt given as text wins over prompt_name, as in SentenceTransformer.encode
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ValueError(f"prompt={prompt!r}: a prompt is a string")
+            opts["_prompt"] = prompt
         excluded = opts["_prompt"] and not self.sentence.include_prompt
         opts["_skip"] = self.prompt_tokens(opts["_prompt"]) if excluded else 0  # leading tokens not pooled
         return opts
@@ -114,8 +124,7 @@ class TextEmbeddingPipeline(Pipeline):
     def check_length(self, row: Feature) -> None:
         n = len(row.input_ids)
         if self.max_input_length is not None and n > self.max_input_length:
-            raise PipelineInputError(f"{n} tokens, but the model takes at most {self.max_input_length}; "
-                                     "pass truncate=True to cut it")
+            raise InputTooLongError(n, self.max_input_length, "pass truncate=True to cut it")
 
 
 class SentenceEmbeddingPipeline(TextEmbeddingPipeline):
@@ -123,8 +132,10 @@ class SentenceEmbeddingPipeline(TextEmbeddingPipeline):
 
     Options: pooling / normalize (default: the folder's), truncate (cut inputs longer than max_input_length instead
     of failing them), truncation_direction ("right"|"left"), dimensions (Matryoshka: keep the first n values, then
-    normalize if asked), prompt_name (a prefix from the folder's prompts), output ("sentence" or "tokens": the
-    per-token hidden states, unpooled), with_token_count (each result becomes {"embedding", "tokens"}).
+    normalize if asked), prompt_name (a prefix from the folder's prompts), prompt (a prefix given as text; it wins over
+    prompt_name, and include_prompt false leaves its tokens out of pooling as sentence-transformers does), output ("sentence" or "tokens": the
+    per-token hidden states, unpooled), with_token_count (each result becomes {"embedding", "tokens"}), return_tensors
+    (a sentence's vector as a CPU float32 tensor instead of a list, as transformers' feature-extraction option).
     An item is a text or a list of token ids (used as given: no special tokens are added)."""
 
     task = "sentence-embedding"
@@ -132,7 +143,8 @@ class SentenceEmbeddingPipeline(TextEmbeddingPipeline):
     token_outputs = ("last_hidden_state",)
     defaults: ClassVar[dict[str, Any]] = {"pooling": None, "normalize": None, "truncate": False,
                                           "truncation_direction": "right", "dimensions": None, "prompt_name": None,
-                                          "output": "sentence", "with_token_count": False}
+                                          "prompt": None, "output": "sentence", "with_token_count": False,
+                                          "return_tensors": False}
 
     def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
@@ -157,8 +169,10 @@ class SentenceEmbeddingPipeline(TextEmbeddingPipeline):
             raise ValueError(f"output={opts['output']!r}: use 'sentence' or 'tokens'")
         return opts
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
-        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                         encoder_outputs=encoder_outputs)
         return {"last_hidden_state": out.last_hidden_state}  # (B, T, C)
 
     def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:
@@ -175,5 +189,5 @@ class SentenceEmbeddingPipeline(TextEmbeddingPipeline):
                 vector = vector[: opts["dimensions"]]  # (D,): Matryoshka, cut before normalizing
             if opts["normalize"]:
                 vector = F.normalize(vector, p=2, dim=-1)
-            out = vector.tolist()
+            out = vector if opts["return_tensors"] else vector.tolist()
         return {"embedding": out, "tokens": len(f.input_ids)} if opts["with_token_count"] else out

@@ -2,6 +2,8 @@
 SparseEncoder.encode computes it from a folder it saved (Transformer fill-mask -> SpladePooling; the folder's
 1_SpladePooling/config.json picks max or sum pooling and the activation, hfport/formats/sentence_transformers.py's
 read_sparse_layout). A masked-LM folder without the SparseEncoder files pools as SpladePooling's defaults (max, relu).
+An ONNX folder exported from such a model (its graph returns the MLM logits; the export copies the SparseEncoder files)
+pools the graph's logits the same way (tasks/sparse_embedding.py: sparse_vectors, logits_vectors).
 
 A result is TEI's sparse shape: the nonzero entries, in index order, as [{"index": token id, "value": weight}, ...]
 (what TEI's /embed_sparse answers per text; `output="dict"` gives {token id: weight} instead). max_active_dims keeps
@@ -52,9 +54,11 @@ class SparseEmbeddingPipeline(TextEmbeddingPipeline):
             raise ValueError(f"output={opts['output']!r}: use one of {list(OUTPUTS)}")
         return self.validate_inputs(opts)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
         vectors = sparse_vectors(self.model, input_ids, attention_mask, token_type_ids,
-                                 self.sentence.pooling_strategy, self.sentence.activation)  # (B, V)
+                                 self.sentence.pooling_strategy, self.sentence.activation,
+                                 encoder_outputs=encoder_outputs)  # (B, V)
         return {"sparse": vectors}
 
     def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:

@@ -12,6 +12,8 @@ the folder says. Training: (anchor, positive[, negative]) rows with sentence-tra
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -20,13 +22,20 @@ from .fill_mask import EncoderForMaskedLM
 from .task import Columns, Task
 
 BLOCK = 1 << 20  # logits per decoder pass (tokens x vocabulary columns): 4 MB in fp32, cache-sized, whatever the batch
+# logits per call of a model that returns them whole (an ONNX graph): 64 MB in fp32. The pipeline's max_batch_tokens
+# (16384) bounds hidden states; as (T, V) logits per row it would be 2 GB at MiniLM's 30522-token vocabulary
+CALL_LOGITS = 1 << 24
 
 
 @torch.no_grad()  # inference: training pools the whole logits with gradients (splade_pool)
-def sparse_vectors(model: EncoderForMaskedLM, input_ids: Tensor, attention_mask: Tensor,
+def sparse_vectors(model: EncoderForMaskedLM | Any, input_ids: Tensor, attention_mask: Tensor,
                    token_type_ids: Tensor | None = None, strategy: str = "max", activation: str = "relu",
-                   block: int = BLOCK) -> Tensor:
+                   block: int = BLOCK, encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> Tensor:
     """(B, T) inputs -> (B, V) fp32 SPLADE vectors, SpladePooling's values computed with less work (inference).
+
+    `model` is hfport's masked-LM module, pooled by its decoder as below, or any other masked-LM model (an ONNX
+    graph on onnxruntime, hfport/pipelines/onnx_backend.py's OnnxModel), which is called as every model is and whose
+    whole (B, T, V) logits are pooled (`logits_vectors`).
 
     The MLM head runs on the real tokens only (padding is pooled to nothing anyway), and its decoder in blocks of
     vocabulary columns, each pooled per sequence as soon as it is made: the (tokens, V) logits never exist at once.
@@ -36,10 +45,13 @@ def sparse_vectors(model: EncoderForMaskedLM, input_ids: Tensor, attention_mask:
     logit near zero (where the support is decided) is rounded near zero, not at the size of the bias; adding the
     bias after a bf16 max rounds at |x| ~ |b|: support Jaccard against fp32 0.949 instead of 0.973 (SparseEncoder's
     own bf16: 0.974), measured by scripts/bench_sparse.py --tiny on 48 texts.
-    In bf16 the max is bf16 and the activation fp32. Sum pooling needs each token's activation, per block."""
+    In bf16 the max is bf16 and the activation fp32. Sum pooling needs each token's activation, per block.
+    encoder_outputs: the body's outputs when already computed (a mixed-adapter batch's)."""
     if strategy not in ("max", "sum"):
         raise ValueError(f"pooling_strategy={strategy!r}: use 'max' or 'sum'")
-    hidden, _ = model._body(input_ids, attention_mask, token_type_ids, None)  # (B, T, C)
+    if not isinstance(model, EncoderForMaskedLM):  # a graph keeps its body and head inside: its logits are all it gives
+        return logits_vectors(model, input_ids, attention_mask, token_type_ids, strategy, activation)
+    hidden, _ = model._body(input_ids, attention_mask, token_type_ids, None, encoder_outputs)  # (B, T, C)
     keep = attention_mask.bool()  # (B, T)
     x = model.head.decoder_input(hidden[keep])  # (N, E): the real tokens, sequence by sequence
     weight, bias = model.head.output_layer(model.body.word_embeddings.weight)  # (V, E), (V,) | None
@@ -57,6 +69,23 @@ def sparse_vectors(model: EncoderForMaskedLM, input_ids: Tensor, attention_mask:
             reduced = part.amax(dim=1) if strategy == "max" else part.sum(dim=1, dtype=torch.float32)  # (count, v)
             pooled[row:row + count, c:c + columns] = reduced
     return pooled if strategy == "sum" else _activate(pooled, activation, inplace=True)  # (B, V); -inf -> 0
+
+
+@torch.no_grad()  # inference, as sparse_vectors
+def logits_vectors(model: Any, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None,
+                   strategy: str = "max", activation: str = "relu", budget: int = CALL_LOGITS) -> Tensor:
+    """(B, T) inputs -> (B, V) fp32 SPLADE vectors from a masked-LM model called as
+    `model(input_ids, attention_mask=, token_type_ids=)`, which returns `.logits` (B, T, V), pooled by splade_pool.
+    The rows go in groups of at most `budget` logits (at least one row a call), so one call's logits stay bounded
+    whatever the batch. Values at padding positions (a padded graph's) are never pooled: splade_pool masks them."""
+    rows = max(1, budget // max(1, input_ids.shape[1] * model.config.vocab_size))
+    parts = []
+    for r in range(0, input_ids.shape[0], rows):
+        mask = attention_mask[r:r + rows]  # (b, T)
+        types = token_type_ids[r:r + rows] if token_type_ids is not None else None
+        logits = model(input_ids[r:r + rows], attention_mask=mask, token_type_ids=types).logits  # (b, T, V)
+        parts.append(splade_pool(logits.float(), mask, strategy, activation))  # (b, V)
+    return torch.cat(parts)  # (B, V)
 
 
 def _runs(lengths: list[int]) -> list[tuple[int, int, int, int]]:

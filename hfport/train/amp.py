@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 import torch
@@ -57,15 +58,27 @@ def float32_outputs(outputs: Any) -> Any:
                                            if torch.is_tensor(v := getattr(outputs, f.name)) and v.is_floating_point()})
 
 
+# Devices whose values Python reads without waiting for queued work (the CPU computes as it is asked): there the
+# clipping decision reads the norm; anywhere else the norm stays on the device.
+FREE_READS = frozenset({"cpu"})
+
+
 def clip_grad_norm(accelerator: Any, params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """accelerate's clip_grad_norm_ (unscale, global norm, scale by min(1, max_norm / (norm + 1e-6))), without the
     scaling pass when that factor is exactly 1.0: multiplying by 1.0 changes no bit, and skipping it saves a read and a
     write of every gradient (~90 MB for MiniLM) on each step whose norm is under the limit. torch's own arithmetic
-    decides, so the gradients are identical either way. FSDP, DeepSpeed and XLA keep accelerate's own path."""
+    decides, so the gradients are identical either way. FSDP, DeepSpeed and XLA keep accelerate's own path.
+
+    On a GPU the norm stays there: deciding to skip would wait for it, so the factor is applied on the device
+    (torch's clip_grads_with_norm_, clamped to 1.0: the same bits), and max_norm = inf (no clipping) skips it."""
     if accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         return accelerator.clip_grad_norm_(params, max_norm)
     accelerator.unscale_gradients()  # fp16 loss scaling; a no-op otherwise
     total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])  # () fp32
+    if total.device.type not in FREE_READS:
+        if not math.isinf(max_norm):
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
     coef = (max_norm / (total + 1e-6)).item()  # torch's clip_coef: clamped to 1.0, the multiply is a no-op
     if not coef >= 1.0:  # a NaN norm scales too, as torch does (every gradient becomes NaN)
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
@@ -73,21 +86,25 @@ def clip_grad_norm(accelerator: Any, params: list[torch.nn.Parameter], max_norm:
 
 
 class LossScale:
-    """Whether the loss scaler skipped the optimizer step just taken: read the scale before the step, ask after it.
-    The scaler halves its scale after a step it skipped (inf or nan gradients) and never lowers it otherwise, so a
-    lower scale means a skip. accelerate's own flag (`accelerator.optimizer_step_was_skipped`) watches whether the
+    """Whether the loss scaler skipped the optimizer step just taken: keep the scale before the step, compare after
+    it. The scaler halves its scale after a step it skipped (inf or nan gradients) and never lowers it otherwise, so
+    a lower scale means a skip. accelerate's own flag (`accelerator.optimizer_step_was_skipped`) watches whether the
     optimizer's step method was called, which an optimizer that takes the scale itself (the fused AdamW, hfport's
     default) always is: on overflow it reports no skip (accelerate issue #4242). Without a scaler nothing is ever
-    skipped and nothing is read."""
+    skipped and nothing is read.
+
+    The scale before is a copy on the device (GradScaler's _get_scale_async: get_scale() would wait for a GPU), so
+    the comparison after the step is the step's one wait: the schedule needs its answer before the next step."""
 
     def __init__(self, scaler: Any):
         self.scaler = scaler
-        self.before: float | None = None
+        self.before: torch.Tensor | None = None
 
     def read(self) -> None:
         """Before the optimizer step."""
-        self.before = self.scaler.get_scale() if self.scaler is not None else None  # a float: waits for a GPU
+        scale = self.scaler._get_scale_async() if self.scaler is not None else None  # () on the device, or None
+        self.before = scale.clone() if scale is not None else None
 
     def skipped(self) -> bool:
         """After the optimizer step (and the scaler's update, which accelerate's step includes)."""
-        return self.before is not None and self.scaler.get_scale() < self.before
+        return self.before is not None and bool(self.scaler._get_scale_async() < self.before)

@@ -92,6 +92,8 @@ def check_columns(config: FinetuneConfig) -> None:
     or .txt file, SQuAD JSON) is the task's reader's to check."""
     record = tasks.get(config.task)
     names = {f: getattr(config, f) for f in column_fields()}
+    if config.teacher:  # distillation: a row may lack the targets its teacher stands in for (not read: None)
+        names.update(dict.fromkeys(record.train_task.teacher_stands_in_for, None))
     for source in data_sources(config):
         if source is None or not record.columns or record.train_task.reads_own_format(source):
             continue

@@ -135,6 +135,27 @@ class FinetuneConfig(BaseModel):
         "sparse-embedding: weight of the FLOPS regularizer on the queries (anchors)"))
     document_regularizer_weight: float = Field(3e-5, ge=0, description=(
         "sparse-embedding: weight of the FLOPS regularizer on the documents (positives and negatives)"))
+    # distillation (hfport/train/distill.py)
+    teacher: str | None = Field(None, description=(
+        "distil from this model (a folder or repo id in the local HF cache, a checkpoint of the task's model, with "
+        "the student's tokenizer): its outputs for the training rows are computed once before training (cached like "
+        "encoded data) and the student learns them: text- and token-classification its temperature-scaled logits "
+        "(KL), rows without a label from the teacher alone; sentence-embedding its embeddings (MSE; through a "
+        "learned projection, used in training only, when the widths differ) or, for (anchor, positive, negative) "
+        "rows, its dot-product score margins (MarginMSE); text-ranking its scores (MSE on the logits)"))
+    distill_alpha: float = Field(0.5, ge=0, le=1, description=(
+        "with a teacher: alpha * the distillation loss + (1 - alpha) * the task's own loss, on rows that have their "
+        "own target (1: the teacher alone, as sentence-transformers' MSELoss and MarginMSELoss; 0: the task's loss "
+        "alone)"))
+    distill_temperature: float = Field(2.0, gt=0, description=(
+        "with a teacher: the temperature T both logits are divided by before the softmax (classification); the KL "
+        "term is scaled by T^2 (Hinton et al., DistilBERT)"))
+    teacher_dtype: Literal["float32", "bfloat16", "int8"] = Field("float32", description=(
+        "the dtype the teacher runs in while its outputs are computed (int8: behind hfport's int8 gate)"))
+    student_layers: list[int] | Literal["every_other"] | None = Field(None, description=(
+        "build the model to train from `model` by keeping these encoder layers (indices from 0, increasing), or "
+        "every_other (0, 2, 4, ...: half the depth, DistilBERT's recipe); its config.json's layer count follows, so "
+        "best/ and final/ load as they are in transformers"))
     # masked LM
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="fraction of tokens chosen for masking")
     # schedule
@@ -204,6 +225,9 @@ class FinetuneConfig(BaseModel):
         "when to evaluate: every epoch, every eval_steps, or never"))
     eval_steps: int | None = Field(None, ge=1, description=(
         "evaluate every this many optimizer steps (eval_strategy 'steps')"))
+    eval_before: bool = Field(False, description=(
+        "evaluate the base model before the first step: its figures are the eval line of step 0 (never best/) and "
+        "report.html's 'before' column"))
     metric: str | None = Field(None, description="metric that picks the best model; default by task and "
                                "problem type (the task's record: e.g. accuracy, f1_micro for multi-label, mse for "
                                "regression, f1 for tokens and QA, perplexity for fill-mask); loss with "
@@ -298,6 +322,23 @@ class FinetuneConfig(BaseModel):
             raise ValueError(f"{v!r}: a run name names TensorBoard's folder for the run; no path separators")
         return v
 
+    @field_validator("student_layers", mode="before")
+    @classmethod
+    def _layers(cls, v: Any) -> Any:
+        if isinstance(v, str) and v != "every_other":  # "0,2,4" from a flag
+            try:
+                return [int(p) for p in v.split(",") if p.strip()]
+            except ValueError:
+                raise ValueError(f"{v!r}: layer indices separated by commas (0,2,4) or 'every_other'") from None
+        return v
+
+    @field_validator("student_layers")
+    @classmethod
+    def _increasing(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not v or v[0] < 0 or any(b <= a for a, b in zip(v, v[1:]))):
+            raise ValueError(f"{v}: distinct layer indices from 0, in increasing order (the order they run in)")
+        return v
+
     @field_validator("freeze", mode="before")
     @classmethod
     def _split(cls, v: Any) -> Any:
@@ -328,6 +369,11 @@ class FinetuneConfig(BaseModel):
                                  f"{len(self.matryoshka_dims)}: one weight per dimension")
         elif self.matryoshka_weights is not None:
             raise ValueError("matryoshka_weights without matryoshka_dims")
+        if self.teacher is None:  # a value other than the default means the run was meant to distil
+            given = [name for name in ("distill_alpha", "distill_temperature", "teacher_dtype")
+                     if getattr(self, name) != type(self).model_fields[name].default]
+            if given:
+                raise ValueError(f"{', '.join(given)} without a teacher: set teacher to distil")
         if self.score_range[0] >= self.score_range[1]:
             raise ValueError(f"score_range {list(self.score_range)}: the low end must be below the high end")
         if tasks.get(self.task).pair_input and self.doc_stride >= self.max_length:  # contexts cut into windows

@@ -34,17 +34,20 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import TorchDynamoPlugin, gather_object, set_seed
+from safetensors.torch import load_file
 
 from .. import lora, verbosity
 from ..errors import ConfigError
 from ..hardware import HeapPolicy
+from ..hub import SAFE_WEIGHTS
 from ..rundir import TRAINER_STATE, RunDir, RunSummary
 from ..tasks import get as task_record
 from .amp import LossScale, clip_grad_norm, float32_outputs, mixed_precision
-from .checkpoint import (CheckpointWriter, load_checkpoint, prune, restore_rng, rewind, snapshot,
-                         write_checkpoint)
+from .checkpoint import (CheckpointWriter, capture_rng, load_checkpoint, prune, restore_rng, rewind, rng_tensors,
+                         snapshot, write_checkpoint)
 from .config import FinetuneConfig
 from .data import EncodedData, epoch_batches, eval_batches, example_lengths, planned_steps
+from .distill import keep_layers
 from .metrics import EarlyStopping, MetricHistory
 from .monitor import PERF, Pace, ResourceSampler, evals_left, read_metrics
 from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
@@ -57,6 +60,7 @@ from .trackers import Trackers, accelerator_options
 __all__ = ["Trainer", "TrainState", "clip_grad_norm", "finetune", "float32_outputs", "mixed_precision"]
 
 log = logging.getLogger("hfport.train")
+COMPANION = "companion."  # a checkpoint's weights of the modules trained beside the model (TrainTask.companion)
 
 
 def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
@@ -75,6 +79,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     if accelerator.is_main_process:
         prepare_output_dir(run, config)
     accelerator.wait_for_everyone()
+    checked.task.before_training(checked.data, accelerator.device)  # a teacher's outputs (distillation), once
     model, frozen = build_model(config, checked)
 
     # 2. the epochs' batches and the optimisation
@@ -83,8 +88,14 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     metric_name, metric_mode = config.default_metric(_problem(checked.data))  # e.g. regression: mse, not accuracy
     model.to(accelerator.device)  # before the optimizer: a fused AdamW is chosen by where the parameters live
     optimizer = build_optimizer(model, config)
+    companion = checked.task.companion  # trained beside the model at the head's lr (distillation's projection)
+    if companion is not None:
+        companion.to(accelerator.device)
+        optimizer.add_param_group({"params": list(companion.parameters()), "weight_decay": config.weight_decay})
     scheduler = build_scheduler(optimizer, config, total_steps, metric_mode)
     model, optimizer = accelerator.prepare(model, optimizer)
+    if companion is not None:
+        checked.task.companion = accelerator.prepare(companion)  # DDP synchronises its gradients too
 
     # 3. state, fresh or resumed; 4. the steps; 5. final/, best/, summary, report
     trainer = Trainer(config, accelerator, run, checked, model, optimizer, scheduler, plan, total_steps,
@@ -124,6 +135,8 @@ def build_model(config: FinetuneConfig, checked: Preflight) -> tuple[torch.nn.Mo
             label_kwargs["problem_type"] = data.space.problem_type
     model = task_record(config.task).model_class.from_pretrained(checked.source, ignore_mismatched_sizes=True,
                                                                  **label_kwargs)
+    if config.student_layers is not None:  # a student of some of the model's layers (distillation)
+        model = keep_layers(model, config.student_layers)
     frozen = freeze(model, config.freeze)
     if config.lora is not None:  # base frozen, LoRA layers and the head trained; best/ and final/ hold the adapter
         lora.apply_lora(model, config.lora.r, config.lora.alpha, config.lora.dropout, config.lora.target_modules,
@@ -192,12 +205,18 @@ class TrainState:
 
 @dataclass
 class StepResult:
-    """What one optimizer step reports to the log."""
+    """What one optimizer step reports to the log. The loss and the norm stay on the device: reading them waits
+    for the GPU, so only a step that shows them reads them (read: both in one copy)."""
 
-    loss: float  # the global batch's mean loss, the same on every process
-    grad_norm: torch.Tensor  # () before clipping; read lazily, it may wait for a GPU
+    loss: torch.Tensor  # () fp32, the global batch's mean loss, the same on every process
+    grad_norm: torch.Tensor  # () before clipping
     tokens: int  # real tokens in the global batches, every process's
     examples: int
+
+    def read(self) -> tuple[float, float]:
+        """(loss, grad norm) as Python floats: one copy from the device, one wait."""
+        loss, norm = torch.stack((self.loss.float(), self.grad_norm.float().to(self.loss.device))).tolist()
+        return loss, norm
 
 
 class Trainer:
@@ -217,8 +236,11 @@ class Trainer:
         self.loss_scale = LossScale(self.scaler)  # did the scaler skip a step (fp16 only)
         # the bare model (no DDP, no torch.compile wrapper): its names are the checkpoint's, without `_orig_mod.`
         self.unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-        self.params = [p for p in model.parameters() if p.requires_grad]  # what clipping sees
-        self.class_weights = _class_weights(config, self.data)
+        self.companion = checked.task.companion  # modules the loss trains beside the model, or None
+        self.params = [p for m in (model, self.companion) if m is not None for p in m.parameters()
+                       if p.requires_grad]  # what clipping sees
+        weights = _class_weights(config, self.data)  # on the device once, not copied there every micro-batch
+        self.class_weights = weights.to(accelerator.device) if weights is not None else None
         # the best model and early stopping share one tracker; without a patience it never says stop
         self.tracker, self.metric_name = tracker, tracker.metric
         self.emit = emit or (lambda event: None)
@@ -228,6 +250,7 @@ class Trainer:
         self.batches: list[list[int]] = []  # the current epoch's global batches (log lines read their count)
         self.stop = False  # early stopping or convergence said so
         self.pace, self.sampler, self.bar = Pace(), None, Progress(0, 0, enabled=False)
+        self.shown_loss = math.nan  # the loss last read back (logging steps): what the bar shows between them
 
     # --- 3. state, fresh or resumed ---------------------------------------------------------------------------
 
@@ -241,6 +264,10 @@ class Trainer:
             if ckpt is None or not (ckpt / TRAINER_STATE).is_file():
                 raise ConfigError(f"resume: no checkpoint found ({self.config.resume!r} in {self.run.checkpoints})")
             saved = load_checkpoint(ckpt, self.unwrapped, self.optimizer, self.scheduler, self.scaler)
+            if self.companion is not None:
+                weights = load_file(str(ckpt / SAFE_WEIGHTS))
+                self.accelerator.unwrap_model(self.companion).load_state_dict(
+                    {k.removeprefix(COMPANION): v for k, v in weights.items() if k.startswith(COMPANION)})
             saved_rng = saved.pop("rng"), saved.pop("rng_tensors")
             self.state = TrainState.from_dict(saved)
             self.tracker.load_state_dict(self.state.tracker)
@@ -250,6 +277,8 @@ class Trainer:
                             "here)", self.state.step, ", ".join(f"step-{s}" for s in dropped))
         self.metrics_file = MetricsLog(self.run.metrics, keep_through_step=self.state.step if self.config.resume
                                        else None, enabled=self.main)
+        if self.config.eval_before and self.state.step == 0 and self.data.eval:
+            self.evaluate_before()
         if saved_rng is not None:
             restore_rng(*saved_rng)
         self.batches = self.plan.batches(self.state.epoch)
@@ -291,12 +320,17 @@ class Trainer:
 
     def step(self, group: list[list[int]]) -> StepResult:
         """One optimizer step over `group`: each global batch's stride on this process, forward, loss, backward
-        (gradients summed over the group, synchronised across processes on the last), then one update."""
+        (gradients summed over the group, synchronised across processes on the last), then one update.
+
+        Nothing here waits for a GPU but the loss scaler's skip check (fp16 only): token counts come from the host
+        batch, the loss and the gradient norm stay on the device (log_step reads them on logging steps), and
+        clipping scales on the device. The model's forward reads its batch's mask back once (nn/layout.py's
+        Packed.on_host)."""
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=self.accelerator.device)
         tokens = 0
         for k, global_idx in enumerate(group):
-            batch = self.micro_batch(global_idx[self.rank::self.world])  # this process's share of the global batch
+            batch, real = self.micro_batch(global_idx[self.rank::self.world])  # this process's share, its tokens
             with self.no_sync(last=k == len(group) - 1):
                 with self.accelerator.autocast():
                     outputs = float32_outputs(self.task.forward(self.model, batch, self.data))
@@ -304,7 +338,7 @@ class Trainer:
                                                        self.config.label_smoothing), batch)  # fp32
                 self.accelerator.backward(loss / len(group))  # fp16: the loss scaler scales it first
             step_loss += loss.detach().float() / len(group)
-            tokens += int(batch["attention_mask"].sum()) * self.world
+            tokens += real * self.world
             self.state.examples_seen += len(global_idx)
         # unscale (fp16) and clip by the global norm
         grad_norm = clip_grad_norm(self.accelerator, self.params, self.config.max_grad_norm or float("inf"))
@@ -316,10 +350,10 @@ class Trainer:
             self.state.skipped_steps += 1  # the schedule stands still: it counts the updates the weights received
         else:
             self.scheduler.step()
-        loss_value = self.accelerator.reduce(step_loss, "mean").item()  # the global batch's loss, every process
+        loss = self.accelerator.reduce(step_loss, "mean")  # () the global batch's loss, every process
         self.state.step += 1
         self.state.batch_in_epoch += len(group)
-        return StepResult(loss_value, grad_norm, tokens, sum(len(g) for g in group))
+        return StepResult(loss, grad_norm, tokens, sum(len(g) for g in group))
 
     def global_mean(self, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """This process's mean loss rescaled so that DDP's average of the processes' gradients is the gradient of
@@ -335,35 +369,42 @@ class Trainer:
         loss = torch.where(count > 0, loss, torch.zeros_like(loss))
         return loss * (count * self.world / total.clamp(min=torch.finfo(torch.float32).tiny))
 
-    def micro_batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
+    def micro_batch(self, indices: list[int]) -> tuple[dict[str, torch.Tensor], int]:
+        """The collated batch on the device, and its real tokens (counted on the host, before the copy)."""
         # the seed names the step, not the micro-batch or the process: a task that draws at random (fill-mask's
         # masks) draws per example from it and the example's identity, so the draw repeats after a resume and does
         # not depend on how the global batch is split across micro-batches and processes
         seed = self.config.seed * 1_000_003 + self.state.step
-        return to_device(self.task.collate([self.data.train[i] for i in indices], self.data, seed),
-                         self.accelerator.device)
+        batch = self.task.collate([self.data.train[i] for i in indices], self.data, seed)
+        return to_device(batch, self.accelerator.device), int(batch["attention_mask"].sum())
 
     def no_sync(self, last: bool) -> Any:
         """DDP all-reduces gradients on the group's last backward only."""
         return self.accelerator.no_sync(self.model) if not last and self.world > 1 else contextlib.nullcontext()
 
     def log_step(self, result: StepResult) -> None:
-        """The train line and the perf line every logging_steps (and on step 1), the TRACE line, the bar."""
+        """The train line and the perf line every logging_steps (and on step 1), the TRACE line, the bar. The loss
+        and the norm are read back (one wait for a GPU) only on a step that shows them; the bar shows the loss
+        last read."""
         lr = self.scheduler.get_last_lr()[-1]
         self.pace.step(result.tokens, result.examples)
         perf = {**self.pace.report(self.total_steps - self.state.step, self.remaining_evals()),
                 **(self.sampler.latest if self.sampler else {})}
-        if self.state.step % self.config.logging_steps == 0 or self.state.step == 1:
-            train = {"loss": round(result.loss, 6), "lr": lr, "grad_norm": float(result.grad_norm)}
+        logging_step = self.state.step % self.config.logging_steps == 0 or self.state.step == 1
+        trace = log.isEnabledFor(verbosity.TRACE)
+        if logging_step or trace or math.isnan(self.shown_loss):
+            self.shown_loss, grad_norm = result.read()
+        if logging_step:
+            train = {"loss": round(self.shown_loss, 6), "lr": lr, "grad_norm": grad_norm}
             if self.scaler is not None:  # only a loss scaler skips steps; fp32 and bf16 lines stay as they were
                 train["skipped_steps"] = self.state.skipped_steps
             self.log_event("train", train)
             # speed, ETA and memory on a line of their own: train/eval lines stay identical across resumes
             self.log_event(PERF, {**perf, "checkpoint_wait_s": round(self.writer.waited_s, 3)})
-        if log.isEnabledFor(verbosity.TRACE):  # float(grad_norm) waits for a GPU: only when it is shown
-            log.log(verbosity.TRACE, "step %d loss %.6f lr %.3e grad_norm %.4f", self.state.step, result.loss, lr,
-                    float(result.grad_norm))
-        self.bar.update(1, loss=result.loss, lr=lr, perf=perf)
+        if trace:
+            log.log(verbosity.TRACE, "step %d loss %.6f lr %.3e grad_norm %.4f", self.state.step, self.shown_loss,
+                    lr, grad_norm)
+        self.bar.update(1, loss=self.shown_loss, lr=lr, perf=perf)
 
     def after_step(self) -> None:
         """An epoch's end moves the position to the next epoch; then the evaluation and the checkpoint due now."""
@@ -421,6 +462,14 @@ class Trainer:
         return {"loss": mean_loss, **self.task.metrics([r[2] for r in everything], data,
                                                        self.unwrapped.config.id2label)}
 
+    def evaluate_before(self) -> None:
+        """--eval-before: the base model's evaluation, logged as the eval line of step 0. It picks no best model and
+        leaves every RNG as it found it, so the run trains exactly as it would without it."""
+        states = capture_rng(), rng_tensors()
+        metrics = self.evaluate()
+        restore_rng(*states)
+        self.log_event("eval", {f"eval_{k}": v for k, v in metrics.items()})
+
     def record_eval(self, metrics: dict[str, float]) -> bool:
         """Log, keep the best model, step plateau schedules; True when early stopping or convergence says stop."""
         value = metrics.get(self.metric_name)
@@ -443,6 +492,9 @@ class Trainer:
         if self.main:
             snap = snapshot(self.state.step, self.unwrapped, self.optimizer, self.scheduler, self.scaler,
                             self.state.to_dict())
+            if self.companion is not None:  # in the checkpoint beside the model's weights, never in best/ or final/
+                snap.weights |= {COMPANION + k: v.detach().to("cpu", copy=True) for k, v in
+                                 self.accelerator.unwrap_model(self.companion).state_dict().items()}
             protect = {self.tracker.best_step} if self.tracker.best_step is not None else set()
             run, keep = self.run, self.config.save_total_limit
             self.writer.submit(lambda: (write_checkpoint(run, snap), prune(run, keep, protect)))

@@ -16,6 +16,7 @@ from ..tokenizer import AutoTokenizer
 from .columns import check_columns
 from .config import FinetuneConfig, resolve_config
 from .data import DataError, EncodedData
+from .distill import check_student_layers, distilled
 from .tasks import TrainTask, get_task
 
 
@@ -39,7 +40,8 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
     check_columns(config)  # the first row of each file: a file with other column names fails here, saying which flag
     source = hub.resolve(config.model)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    task = get_task(config.task)
+    check_student_layers(config, source)
+    task = distilled(get_task(config.task), config, tokenizer)  # with a teacher: checked, and its wrapper
     labels = model_labels(source)
     data = task.read(config, tokenizer, labels)
     if len(data.train) < config.batch_size * world:

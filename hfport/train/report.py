@@ -48,6 +48,25 @@ def machine_facts(entries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def before_after(entries: list[dict[str, Any]], summary: RunSummary) -> str:
+    """--eval-before's table: each eval metric of the base model (the eval line of step 0), the best step's and the
+    final evaluation's; empty without a step-0 evaluation."""
+    evals = [e for e in entries if e.get("type") == "eval"]
+    before = next((e for e in evals if e.get("step") == 0), None)
+    if before is None:
+        return ""
+    best = next((e for e in reversed(evals) if e.get("step") == summary.best_step and e is not before), None)
+    columns = [("before (step 0)", before), (f"best (step {summary.best_step})", best),
+               ("final", summary.final_eval)]
+    columns = [(name, values) for name, values in columns if values]
+    keys = [k for k, v in before.items() if k.startswith("eval_") and isinstance(v, (int, float))]
+    head = "".join(f"<th>{html.escape(name)}</th>" for name, _ in columns)
+    body = "".join(f"<tr><td>{html.escape(k[5:])}</td>" + "".join(
+        f"<td>{values[k]:.4f}</td>" if isinstance(values.get(k), (int, float)) else "<td></td>"
+        for _, values in columns) + "</tr>" for k in keys)
+    return f"<h2>Before and after fine-tuning</h2><table><tr><th>metric</th>{head}</tr>{body}</table>"
+
+
 def render_report(entries: list[dict[str, Any]], summary: RunSummary, problems: list[str] | None = None) -> str:
     """The page as a string (write_report writes it)."""
     data = json.dumps([{"name": "run", "entries": entries}]).replace("</", "<\\/")  # never ends the <script>
@@ -57,6 +76,7 @@ def render_report(entries: list[dict[str, Any]], summary: RunSummary, problems: 
 <style>body{{font-family:system-ui,sans-serif;margin:2em;color:#111}}table{{border-collapse:collapse}}
 td{{border:1px solid #ddd;padding:2px 8px;font-size:13px}}.problems{{color:#9a3412}}</style>
 </head><body><h1>hfport fine-tune report</h1><h2>Summary</h2><table>{_rows(summary.to_dict(with_config=False))}</table>
+{before_after(entries, summary)}
 {f'<h2>Machine</h2><table>{_rows(facts)}</table>' if facts else ''}
 {f'<h2>Unreadable metrics lines</h2><ul class="problems">{notes}</ul>' if notes else ''}
 <h2>Curves</h2><div id="charts"><noscript>the curves need JavaScript (inline, no network)</noscript></div>

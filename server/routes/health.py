@@ -8,11 +8,13 @@ from fastapi import APIRouter, Request
 
 import hfport
 from hfport import tasks
+from hfport.pipelines import device_name
 from hfport.train import FinetuneConfig, ResourceSampler
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError
 from ..schemas import ErrorBody, Health
+from ..settings import SettingsDep
 
 router = APIRouter(tags=["health"])
 _sampler: ResourceSampler | None = None  # started on the first request: a daemon thread sampling every 2 s
@@ -20,7 +22,7 @@ _sampler: ResourceSampler | None = None  # started on the first request: a daemo
 
 @router.get("/health", response_model=Health, summary="Liveness, job counts, resources",
             responses={503: {"model": ErrorBody, "description": "the default model is loading or failed to"}})
-def health(request: Request, store: StoreDep, models: ModelServiceDep) -> Health:
+def health(request: Request, store: StoreDep, models: ModelServiceDep, settings: SettingsDep) -> Health:
     startup = getattr(request.app.state, "startup", None)
     if startup is not None and startup.error is not None:
         raise ApiError(503, startup.error, "Unhealthy")
@@ -31,5 +33,6 @@ def health(request: Request, store: StoreDep, models: ModelServiceDep) -> Health
         _sampler = ResourceSampler().start()
     resources = _sampler.latest or _sampler.sample()
     return Health(version=hfport.__version__, jobs=store.count_by_status(), models_loaded=models.loaded,
-                  resources=resources, trainable_tasks=[t.name for t in tasks.TASKS.values() if t.train],
+                  device=device_name(settings.device), dtype=settings.predict_dtype, resources=resources,
+                  trainable_tasks=[t.name for t in tasks.TASKS.values() if t.train],
                   features={"lora": any(n.startswith("lora") for n in FinetuneConfig.model_fields)})

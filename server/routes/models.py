@@ -11,6 +11,7 @@ from hfport.lora import check_adapter_base, is_adapter_folder, read_adapter_conf
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError
 from ..jobrun import model_task
+from ..preload import confine_model_files
 from ..schemas import ERRORS, Deleted, ModelInfo, ModelList, ModelRegistration
 from ..security import confine
 from ..serving import lookup
@@ -27,6 +28,7 @@ def list_models(store: StoreDep) -> ModelList:
 @router.post("", response_model=ModelInfo, status_code=status.HTTP_201_CREATED, summary="Register a model folder")
 def register(body: ModelRegistration, store: StoreDep, settings: SettingsDep) -> ModelInfo:
     folder = confine(body.path, settings, "path")
+    confine_model_files(store, settings, folder, "path")  # a symlink inside (vocab.txt -> /etc/...) is refused too
     adapter = is_adapter_folder(folder)
     if body.kind == "adapter" and not adapter:
         raise ApiError(400, f"path: {body.path!r} is not an adapter folder (no adapter_config.json)", "InvalidModel")
@@ -59,6 +61,7 @@ def adapter_base(store, settings, folder, given: str | None) -> str:
     if entry is not None and entry.get("kind") == "adapter":
         raise ApiError(400, f"base: {name!r} is an adapter; give its base model", "InvalidModel")
     base = Path(entry["path"]) if entry is not None else confine(name, settings, "base")
+    confine_model_files(store, settings, base, "base")
     try:
         check_adapter_base(folder, base)
     except HfportError as e:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hfport import PreTrainedEncoder, packed_bytes, pipeline, tasks, tune_batch_tokens
 from hfport.lora import AdapterSet
 
+from ..security import confine_files
 from ..settings import Settings
 from .records import ModelRecord
 
@@ -51,9 +52,10 @@ def _group(record: ModelRecord) -> tuple[str, str]:
 class ModelCache:
     """Thread-safe: concurrent loads of one record wait for the first; the newest pipeline always stays."""
 
-    def __init__(self, settings: Settings, metrics: Any = None):
+    def __init__(self, settings: Settings, metrics: Any = None, trusted: Callable[[str], bool] | None = None):
         self.settings = settings
         self.metrics = metrics  # server.metrics.Metrics, or None
+        self.trusted = trusted or (lambda folder: False)  # folders read as a whole, unchecked (`serve --model`)
         self.tuning: dict[ModelRecord, Any] = {}  # record -> hfport.embeddings.BatchTuning
         self._pipes: OrderedDict[ModelRecord, Any] = OrderedDict()
         self._sets: dict[str, AdapterSet] = {}  # model folder -> the body its leaders and adapters share
@@ -84,6 +86,8 @@ class ModelCache:
                     return self._pipes[record]
             key = _group(record)
             leader = self._leader(*key)
+            if record.base:
+                self._check_files(record.path)
             # an adapter joins its base's leader (a name loaded again replaces its weights): nothing reloaded
             pipe = leader.add_adapter(record.name, record.path) if record.base else leader
             self.tuning[record] = self._leader_tuning[key]
@@ -96,14 +100,13 @@ class ModelCache:
             return pipe
 
     def _evict_over_budget(self) -> None:  # holding the lock
-        """Evict least recently used models until the rest fit model_cache_size and model_cache_mb. The unit is a
-        leader with the adapters over it (one loaded model: evicting an adapter alone frees almost nothing and its
-        next request would load it again, so 8 adapters over one base thrashed a cache of 4 pipelines)."""
+        """Evict least recently used models until the rest fit model_cache_mb. The unit is a leader with the adapters
+        over it (one loaded model: evicting an adapter alone frees almost nothing and its next request would load it
+        again, so 8 adapters over one base thrashed a cache of 4 pipelines)."""
         budget = self.settings.model_cache_mb * 2**20
         while True:
             groups = list(dict.fromkeys(_group(r) for r in reversed(self._pipes)))[::-1]  # by last use, oldest first
-            if len(groups) <= 1 or (len(groups) <= self.settings.model_cache_size
-                                    and total_weight_bytes(self._pipes.values()) <= budget):
+            if len(groups) <= 1 or total_weight_bytes(self._pipes.values()) <= budget:
                 return
             for old in [r for r in self._pipes if _group(r) == groups[0]]:
                 del self._pipes[old]
@@ -131,9 +134,10 @@ class ModelCache:
             leader = self._leaders.get(key)
             if leader is not None:
                 return leader
+            self._check_files(folder)
             shared = self._sets.get(folder)
             if shared is None:
-                leader = pipeline(task, model=folder, dtype=self.settings.predict_dtype)
+                leader = pipeline(task, model=folder, dtype=self.settings.predict_dtype, device=self.settings.device)
                 if isinstance(leader.model, PreTrainedEncoder):  # an ONNX graph has no body to share
                     self._sets[folder] = AdapterSet(leader.model)
             else:  # its own head, the shared body (the copy of the body just read is dropped)
@@ -144,11 +148,19 @@ class ModelCache:
             self._leaders[key] = leader
             return leader
 
+    def _check_files(self, folder: str) -> None:
+        """Every file a load reads (config, weights, vocab.txt, ...) lies inside the allowed dirs, not only the
+        folder (server/security.py's confine_files, 403 otherwise), checked at each load: a link may appear after
+        registration. A folder the operator named at start (`serve --model`) is read as a whole: it was chosen
+        outside the API, and an HF cache snapshot's files are links into the cache's blobs."""
+        if not self.trusted(folder):
+            confine_files(folder, self.settings, "model folder")
+
     def _warm_up(self, folder: str, task: str, pipe: Any) -> Any:
-        """A first forward pass before the model takes requests; with batch_autotune, forward passes at each
-        budget of batch_token_budgets pick the pipeline's max_batch_tokens (hfport.embeddings.tune_batch_tokens)."""
-        settings = self.settings
-        budgets = tuple(settings.batch_token_budgets) if settings.batch_autotune else (pipe.max_batch_tokens,)
+        """A first forward pass before the model takes requests; forward passes at each budget of
+        batch_token_budgets pick the pipeline's max_batch_tokens (hfport.embeddings.tune_batch_tokens); none: the
+        pipeline's own, after one warm-up pass."""
+        budgets = tuple(self.settings.batch_token_budgets) or (pipe.max_batch_tokens,)
         tuning = tune_batch_tokens(pipe, budgets)
         log.info("%s (%s): max_batch_tokens=%d; padded tokens/s by budget: %s%s", folder, task,
                  tuning.chosen, {b: round(t) for b, t in tuning.throughput.items()},

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from .errors import DuplicateWorker, IdempotencyKeyUsed, LeaseLost
 from .migrations import migrate
 
-KINDS = ("finetune", "export")
+KINDS = ("finetune", "export", "evaluate")
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
 _JSON_COLUMNS = ("config", "progress", "metrics", "result")

@@ -97,11 +97,26 @@ def _idempotency(real: str) -> tuple[str, ...]:
     )
 
 
+def _evaluate_jobs() -> tuple[str, ...]:
+    """Version 5: evaluate jobs. jobs.kind's CHECK takes 'evaluate' too. Neither dialect alters a CHECK in place
+    (SQLite cannot; a table rebuild would cascade-delete the events), so the column is replaced: the old one renamed,
+    a new one added with the wider CHECK, the values copied, the old one dropped (with its CHECK). The default only
+    fills the existing rows before the copy; every insert names its kind."""
+    return (
+        "ALTER TABLE jobs RENAME COLUMN kind TO kind_v4",
+        "ALTER TABLE jobs ADD COLUMN kind TEXT NOT NULL DEFAULT 'finetune' "
+        "CHECK (kind IN ('finetune', 'export', 'evaluate'))",
+        "UPDATE jobs SET kind = kind_v4",
+        "ALTER TABLE jobs DROP COLUMN kind_v4",
+    )
+
+
 def _migrations(real: str) -> tuple[Migration, ...]:
     return (Migration(1, "jobs, events, models", _base(real)),
             Migration(2, "workers, leases, event counter, model kind", _scale_out(real)),
             Migration(3, "adapter base model", _adapters()),
-            Migration(4, "idempotency keys", _idempotency(real)))
+            Migration(4, "idempotency keys", _idempotency(real)),
+            Migration(5, "evaluate jobs", _evaluate_jobs()))
 
 
 MIGRATIONS: dict[str, tuple[Migration, ...]] = {

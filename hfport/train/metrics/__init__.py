@@ -27,7 +27,8 @@ fixed label set: pass num_labels or label_names for classification; entity types
 - text-classification / regression: mse, mae, r2
 - token-classification: precision, recall, f1 (entity level, micro), accuracy (token level), f1/<entity type>
 - question-answering: exact_match, f1
-- sentence-embedding (pairs, triplets) / text-ranking: mrr@10, ndcg@10, recall@1, recall@10 (retrieval.py);
+- sentence-embedding (pairs, triplets) / text-ranking: mrr@10, ndcg@10, recall@1, recall@10 (retrieval.py; its
+  ranked_metrics also gives InformationRetrievalEvaluator's accuracy@k, precision@k and map@k, as `hfport evaluate`);
   sentence-embedding with scored pairs (problem_type "scored-pairs"): spearman, pearson
 - fill-mask: loss, perplexity; accuracy (over non-ignored positions) when predictions and labels are given
   (without `loss`, the loss is computed from the logits, every masked token weighing the same)
@@ -41,11 +42,11 @@ from typing import Any
 
 from ...tasks import get as task_record
 from .base import ArrayLike, Mode
-from .classification import (PROBLEM_TYPES, accuracy, classification_metrics, infer_problem_type,
-                             multilabel_metrics, multilabel_per_label_f1, per_label_f1, precision_recall_f1,
-                             regression_metrics)
+from .classification import (PROBLEM_TYPES, accuracy, classification_metrics, confusion_matrix, infer_problem_type,
+                             multilabel_metrics, multilabel_per_class_metrics, multilabel_per_label_f1,
+                             per_class_metrics, per_label_f1, precision_recall_f1, regression_metrics)
 from .mlm import masked_accuracy, masked_lm_loss, perplexity
-from .retrieval import correlation_metrics, ranking_metrics, retrieval_metrics
+from .retrieval import IR_CUTOFFS, correlation_metrics, ranked_metrics, ranking_metrics, retrieval_metrics
 from .qa import normalize_answer, squad_exact_match, squad_f1, squad_metrics
 from .stopping import EarlyStopping, MetricHistory, Point
 from .tokens import Entity, entity_f1_per_type, get_entities, tags_from_ids, token_classification_metrics
@@ -71,8 +72,9 @@ def compute_metrics(task: str, problem_type: str | None = None, *, predictions: 
         id2label=id2label, threshold=threshold, loss=loss)
 
 
-__all__ = ["PROBLEM_TYPES", "ArrayLike", "EarlyStopping", "Entity", "MetricHistory", "Mode", "Point", "accuracy",
-           "classification_metrics", "compute_metrics", "correlation_metrics", "entity_f1_per_type", "get_entities", "infer_problem_type",
+__all__ = ["IR_CUTOFFS", "PROBLEM_TYPES", "ArrayLike", "EarlyStopping", "Entity", "MetricHistory", "Mode", "Point",
+           "accuracy", "classification_metrics", "compute_metrics", "confusion_matrix", "multilabel_per_class_metrics",
+           "per_class_metrics", "ranked_metrics", "correlation_metrics", "entity_f1_per_type", "get_entities", "infer_problem_type",
            "masked_accuracy", "masked_lm_loss", "multilabel_metrics", "multilabel_per_label_f1",
            "normalize_answer", "per_label_f1", "perplexity", "precision_recall_f1", "ranking_metrics", "regression_metrics", "retrieval_metrics",
            "squad_exact_match", "squad_f1", "squad_metrics", "tags_from_ids", "token_classification_metrics"]

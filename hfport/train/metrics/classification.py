@@ -106,6 +106,27 @@ def classification_metrics(predictions: ArrayLike, labels: ArrayLike, *, num_lab
     return out
 
 
+def confusion_matrix(predictions: ArrayLike, labels: ArrayLike, *, num_labels: int | None = None,
+                     label_names: Sequence[str] | None = None) -> tuple[list[str], np.ndarray]:
+    """(class names, (L, L) counts): row = the true class, column = the predicted one (sklearn's layout)."""
+    pred, true, classes, names = _class_ids(predictions, labels, num_labels, label_names)
+    n = len(classes)
+    return names, np.bincount(true * n + pred, minlength=n * n).reshape(n, n)
+
+
+def _table(names: list[str], tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> dict[str, dict[str, float]]:
+    p, r, f = _prf(tp, fp, fn)
+    return {name: {"precision": float(p[i]), "recall": float(r[i]), "f1": float(f[i]), "support": int(tp[i] + fn[i])}
+            for i, name in enumerate(names)}
+
+
+def per_class_metrics(predictions: ArrayLike, labels: ArrayLike, *, num_labels: int | None = None,
+                      label_names: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    """Single-label {class: {precision, recall, f1, support}} (sklearn's classification_report, zero_division=0)."""
+    pred, true, classes, names = _class_ids(predictions, labels, num_labels, label_names)
+    return _table(names, *_confusion_counts(pred, true, len(classes)))
+
+
 # -------------------------------------------------------------------------------- multi-label classification
 
 def _binary(predictions: ArrayLike, labels: ArrayLike, threshold: float) -> tuple[np.ndarray, np.ndarray]:
@@ -134,6 +155,13 @@ def multilabel_per_label_f1(predictions: ArrayLike, labels: ArrayLike, *, thresh
     names = _column_names(label_names, pred.shape[1])
     _, _, f = _prf(*_multilabel_counts(pred, true))
     return {name: float(v) for name, v in zip(names, f)}
+
+
+def multilabel_per_class_metrics(predictions: ArrayLike, labels: ArrayLike, *, threshold: float = 0.0,
+                                 label_names: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    """Multi-label {label: {precision, recall, f1, support}}, each column on its own."""
+    pred, true = _binary(predictions, labels, threshold)
+    return _table(_column_names(label_names, pred.shape[1]), *_multilabel_counts(pred, true))
 
 
 def _column_names(label_names: Sequence[str] | None, n: int) -> list[str]:

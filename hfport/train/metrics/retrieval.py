@@ -2,10 +2,16 @@
 
 Every query ranks its candidates by score, highest first (ties keep the candidates' order). With gains g (a
 candidate's relevance: 1/0 for retrieval, the label for graded reranker data) and relevant = g > 0:
-    mrr@k      1 / rank of the first relevant candidate within the top k, else 0
-    ndcg@k     DCG@k / ideal DCG@k, DCG = sum over the top k of g_i / log2(i + 1) (i = 1-based rank)
-    recall@k   relevant candidates in the top k / relevant candidates
-averaged over queries, as sentence-transformers' InformationRetrievalEvaluator computes them (binary gains there).
+    accuracy@k   1 if a relevant candidate is in the top k, else 0
+    precision@k  relevant candidates in the top k / k
+    recall@k     relevant candidates in the top k / relevant candidates
+    mrr@k        1 / rank of the first relevant candidate within the top k, else 0
+    ndcg@k       DCG@k / ideal DCG@k, DCG = sum over the top k of g_i / log2(i + 1) (i = 1-based rank)
+    map@k        the sum of precision@i over the ranks i <= k holding a relevant candidate / min(k, relevant count)
+averaged over queries, as sentence-transformers' InformationRetrievalEvaluator computes them (binary gains there;
+IR_CUTOFFS are its defaults). `ranked_metrics` computes them from each query's ranked list (the top of a search over
+a large corpus is enough: the ideal DCG and the relevant count come from the relevant candidates given apart);
+`ranking_metrics` ranks every candidate first. Training's evaluation reports CUTOFFS, `hfport evaluate` IR_CUTOFFS.
 A query with no relevant candidate has no defined score: it is an error naming the query.
 """
 
@@ -17,40 +23,79 @@ import numpy as np
 
 from .base import ArrayLike, _array, _same_length
 
-CUTOFFS = {"mrr": (10,), "ndcg": (10,), "recall": (1, 10)}
+CUTOFFS = {"mrr": (10,), "ndcg": (10,), "recall": (1, 10)}  # what fine-tuning's evaluation reports
+# sentence-transformers' InformationRetrievalEvaluator defaults, in the order it reports them
+IR_CUTOFFS = {"accuracy": (1, 3, 5, 10), "precision": (1, 3, 5, 10), "recall": (1, 3, 5, 10), "ndcg": (10,),
+              "mrr": (10,), "map": (100,)}
+
+
+def _query_metrics(ranked: np.ndarray, ideal: np.ndarray, cutoffs: dict[str, tuple[int, ...]],
+                   totals: dict[str, float]) -> None:
+    """Add one query's values to TOTALS. ranked (N,): the gains of its candidates in rank order, best first (at least
+    the top max(k)); ideal (R,): the gains of all its relevant candidates."""
+    hits = ranked > 0  # (N,)
+    n_relevant = len(ideal)
+    first = int(np.argmax(hits)) if hits.any() else len(hits)  # 0-based rank of the first relevant candidate
+    discounts = 1.0 / np.log2(np.arange(2, max(len(ranked), len(ideal)) + 2))  # (max(N, R),)
+    for k in cutoffs.get("accuracy", ()):
+        totals[f"accuracy@{k}"] += 1.0 if first < k else 0.0
+    for k in cutoffs.get("precision", ()):
+        totals[f"precision@{k}"] += float(hits[:k].sum()) / k
+    for k in cutoffs.get("mrr", ()):
+        totals[f"mrr@{k}"] += 1.0 / (first + 1) if first < k else 0.0
+    for k in cutoffs.get("ndcg", ()):
+        dcg = float((ranked[:k] * discounts[:len(ranked[:k])]).sum())
+        best = np.sort(ideal)[::-1][:k]
+        totals[f"ndcg@{k}"] += dcg / float((best * discounts[:len(best)]).sum())
+    for k in cutoffs.get("recall", ()):
+        totals[f"recall@{k}"] += float(hits[:k].sum()) / float(n_relevant)
+    for k in cutoffs.get("map", ()):
+        top = hits[:k]
+        precisions = np.cumsum(top)[top] / (np.flatnonzero(top) + 1.0)  # precision at each relevant rank
+        totals[f"map@{k}"] += float(precisions.sum()) / min(k, n_relevant)
+
+
+def ranked_metrics(ranked: Sequence[ArrayLike], ideal: Sequence[ArrayLike],
+                   cutoffs: dict[str, tuple[int, ...]] = IR_CUTOFFS,
+                   names: Sequence[str] | None = None) -> dict[str, float]:
+    """The means over queries of the metrics CUTOFFS names ({"ndcg": (10,), ...}; keys "<metric>@<k>").
+    ranked[q]: query q's candidates' gains in rank order, best first (the top max(k) suffice); ideal[q]: the gains of
+    all of q's relevant candidates (one per relevant document for binary relevance)."""
+    _same_length(ranked, ideal, "ranked", "ideal")
+    if not ranked:
+        raise ValueError("ranked is empty: no query to rank")
+    totals = {f"{m}@{k}": 0.0 for m, ks in cutoffs.items() for k in ks}
+    for q, (r, g) in enumerate(zip(ranked, ideal)):
+        name = names[q] if names is not None else f"query {q}"
+        g = np.asarray(g, dtype=np.float64)
+        if not (g > 0).any():
+            raise ValueError(f"{name}: no relevant document; every evaluation query needs one (a positive, or a "
+                             "label above the low end of score_range)")
+        _query_metrics(np.asarray(r, dtype=np.float64), g[g > 0], cutoffs, totals)
+    return {name: value / len(ranked) for name, value in totals.items()}
 
 
 def ranking_metrics(scores: Sequence[ArrayLike], gains: Sequence[ArrayLike],
-                    names: Sequence[str] | None = None) -> dict[str, float]:
-    """Mean MRR@10, NDCG@10, Recall@1, Recall@10 over queries; scores[q] and gains[q] are (N_q,) for query q.
-    names[q] (default "query q") names a query in errors."""
+                    names: Sequence[str] | None = None,
+                    cutoffs: dict[str, tuple[int, ...]] = CUTOFFS) -> dict[str, float]:
+    """Each query ranks all its candidates by score (ties keep their order), then ranked_metrics: by default MRR@10,
+    NDCG@10, Recall@1, Recall@10. scores[q] and gains[q] are (N_q,) for query q; names[q] (default "query q") names a
+    query in errors."""
     _same_length(scores, gains, "scores", "gains")
     if not scores:
         raise ValueError("scores is empty: no query to rank")
-    totals = {f"{m}@{k}": 0.0 for m, ks in CUTOFFS.items() for k in ks}
+    ranked, ideal = [], []
     for q, (s, g) in enumerate(zip(scores, gains)):
         name = names[q] if names is not None else f"query {q}"
         s, g = _array(s, f"scores of {name}").astype(np.float64), _array(g, f"gains of {name}").astype(np.float64)
         if s.shape != g.shape or s.ndim != 1:
             raise ValueError(f"{name}: scores {s.shape} and gains {g.shape} must be the same (N,) shape")
-        relevant = g > 0
-        if not relevant.any():
+        if not (g > 0).any():
             raise ValueError(f"{name}: no relevant document among its {len(g)} candidates; every evaluation query "
                              "needs one (a positive, or a label above the low end of score_range)")
-        order = np.argsort(-s, kind="stable")  # (N,) best first
-        ranked = g[order]
-        hits = relevant[order]
-        first = int(np.argmax(hits))  # 0-based rank of the first relevant candidate
-        for k in CUTOFFS["mrr"]:
-            totals[f"mrr@{k}"] += 1.0 / (first + 1) if first < k else 0.0
-        discounts = 1.0 / np.log2(np.arange(2, len(g) + 2))  # (N,)
-        for k in CUTOFFS["ndcg"]:
-            dcg = float((ranked[:k] * discounts[:k]).sum())
-            ideal = np.sort(g)[::-1][:k]
-            totals[f"ndcg@{k}"] += dcg / float((ideal * discounts[:len(ideal)]).sum())
-        for k in CUTOFFS["recall"]:
-            totals[f"recall@{k}"] += float(hits[:k].sum()) / float(relevant.sum())
-    return {name: value / len(scores) for name, value in totals.items()}
+        ranked.append(g[np.argsort(-s, kind="stable")])  # (N,) best first
+        ideal.append(g[g > 0])
+    return ranked_metrics(ranked, ideal, cutoffs, names)
 
 
 def retrieval_metrics(query_embeddings: ArrayLike, corpus_embeddings: ArrayLike, relevant: Sequence[Sequence[int]],

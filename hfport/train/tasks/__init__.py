@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from ...tasks import get as task_record
@@ -67,6 +68,51 @@ class TrainTask:
 
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
         raise NotImplementedError
+
+    # --- what the loop runs besides the steps (distillation's wrapper, hfport/train/distill.py, fills these) ---
+
+    # trainable modules the loss uses beside the model (distillation's projection): optimised, clipped, synchronised
+    # across processes and checkpointed with the model, never saved in best/ or final/
+    companion: torch.nn.Module | None = None
+
+    def before_training(self, data: EncodedData, device: torch.device) -> None:
+        """Work done once before the first step, in every process (a teacher's outputs); none by default."""
+
+    # --- distillation: what a teacher's outputs teach this task (hfport/train/distill.py runs the teacher) ---
+
+    distillable: bool = False  # the hooks below are this task's own
+    # the config fields of the columns a row may lack when a teacher teaches it (it then learns from the teacher alone)
+    teacher_stands_in_for: tuple[str, ...] = ()
+
+    def teacher_data(self, data: EncodedData, teacher: Path) -> EncodedData:
+        """The data as the teacher's pass reads it: the teacher's own settings where the task has any (pooling)."""
+        return data
+
+    def teacher_targets(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                        data: EncodedData) -> list[np.ndarray]:
+        """What the teacher's outputs for a collated batch teach: one flat float32 array per example, in order
+        (stored once before training; collated back as one flat `teacher` tensor, the examples' in turn)."""
+        raise NotImplementedError
+
+    def distill_terms(self, outputs: Any, batch: dict[str, torch.Tensor], teacher: torch.Tensor, data: EncodedData,
+                      temperature: float, companion: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the distillation loss of each unit the task distils (n,): an example, a token, a pair; the example each
+        unit belongs to (n,)). `teacher`: the batch's stored targets, flat; `companion`: distill_companion's module."""
+        raise NotImplementedError
+
+    def labelled(self, batch: dict[str, torch.Tensor], data: EncodedData) -> torch.Tensor | None:
+        """Which examples of a batch have a target of their own (B,) (a row without one learns from a teacher
+        alone); None: all of them, always (the default)."""
+        return None
+
+    def distill_units(self, batch: dict[str, torch.Tensor], data: EncodedData) -> Any:
+        """How many units distill_terms returns for this batch (loss_count's count under distillation)."""
+        return batch["input_ids"].shape[0]
+
+    def distill_companion(self, data: EncodedData, teacher_width: int, seed: int) -> torch.nn.Module | None:
+        """A module the distillation loss trains beside the model (sentence embeddings of another width: a
+        projection to the teacher's); none by default."""
+        return None
 
 
 def get_task(name: str) -> TrainTask:

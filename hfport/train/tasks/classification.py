@@ -11,9 +11,12 @@ import torch.nn.functional as F
 from ..data import (ENCODE_ROWS, DataError, EncodedData, Features, Record, Source, compact, data_sources,
                     encode_label, field_of, infer_label_space, iter_records, pad_ids, retarget, split_off, where,
                     without_tokens)
+from ..distill import SOFT_TARGETS, teacher_label_space
 from ..metrics import classification as metrics
 from ..stored import collect
 from . import TrainTask
+
+UNLABELLED = -100  # a single-label row's target without a label (with a teacher); regression and multi-label: NaN
 
 
 class RawLabels:
@@ -32,6 +35,7 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> Iterator[list[Feat
     """A source's rows checked and tokenized a chunk at a time (yielded as they are encoded); each target is the label
     as written (one object per distinct value) until encode_label replaces it."""
     columns = [config.text_column, config.label_column] + ([config.text_pair_column] if config.text_pair_column else [])
+    optional = bool(getattr(config, "teacher", None))  # with a teacher a row may have no label
     seen: dict[Any, Any] = {}
     name = str(path)
 
@@ -42,7 +46,8 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> Iterator[list[Feat
         types = enc.get("token_type_ids")
         features = []
         for i, r in enumerate(chunk):
-            label = r.values[config.label_column]
+            label = r.values.get(config.label_column)
+            label = None if optional and label in (None, "") else label  # a row the teacher alone teaches
             if isinstance(label, (str, int, float)):  # keyed with its type: True == 1 and 1.0 == 1 stay apart
                 label = seen.setdefault((type(label), label), label)
             features.append(Features(compact(enc["input_ids"][i]),
@@ -52,6 +57,8 @@ def encode_rows(path: Source, config: Any, tokenizer: Any) -> Iterator[list[Feat
     chunk: list[Record] = []
     for r in iter_records(path):
         for c in columns:
+            if c == config.label_column and optional and r.values.get(c) in (None, ""):
+                continue
             value = field_of(r, c, path)
             if c != config.label_column and (not isinstance(value, str) or not value.strip()):
                 raise DataError(f"{where(path, r.line, c)}: expected non-empty text, got {value!r}")
@@ -67,6 +74,8 @@ def encoded(path: Source, config: Any, tokenizer: Any) -> Sequence[Features]:
     """A source's examples: in a list, or on disk for a large source (hfport/train/stored.py)."""
     settings = {"text": config.text_column, "pair": config.text_pair_column, "label": config.label_column,
                 "max_length": config.max_length}
+    if getattr(config, "teacher", None):
+        settings["labels"] = "optional"
     return collect(encode_rows(path, config, tokenizer), path, tokenizer, SequenceClassification.name, settings)
 
 
@@ -84,14 +93,14 @@ class SequenceClassification(TrainTask):
         train = encoded(train_path, config, tokenizer)
         evaluation = encoded(eval_path, config, tokenizer) if eval_path else []
         class_names = train_path.class_names(config.label_column)
-        space = infer_label_space(RawLabels(train), train_path, config.label_column, config.problem_type,
-                                  model_id2label, class_names)
+        space = teacher_label_space(config) or infer_label_space(
+            RawLabels(train), train_path, config.label_column, config.problem_type, model_id2label, class_names)
         for path, features in ((train_path, train), (eval_path, evaluation)):
             # a source's ClassLabel ids are its own classes: the eval source's are found in the training labels by
             # name (its classes may be listed in another order, or be a subset)
             names = path.class_names(config.label_column) if path is not None else None
-            retarget(features, lambda x, path=path, names=names: encode_label(x.target, space, path, x.source[1],
-                                                                              config.label_column, names))
+            retarget(features, lambda x, path=path, names=names: no_label(space) if x.target is None else
+                     encode_label(x.target, space, path, x.source[1], config.label_column, names))
         if eval_path is None:
             train, evaluation = split_off(train, config.eval_fraction, config.seed)
         return EncodedData(train, evaluation, space, tokenizer.pad_token_id)
@@ -118,6 +127,28 @@ class SequenceClassification(TrainTask):
             return batch["labels"].shape[0]
         return class_weights.to(batch["labels"].device)[batch["labels"]].sum()  # ()
 
+    # distillation (hfport/train/distill.py): the teacher's logits, per row
+
+    distillable = True
+    teacher_stands_in_for = ("label_column",)
+
+    def teacher_targets(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                        data: EncodedData) -> list[np.ndarray]:
+        logits = outputs.logits.float().cpu().numpy()  # (B, L)
+        return list(logits)
+
+    def distill_terms(self, outputs: Any, batch: dict[str, torch.Tensor], teacher: torch.Tensor, data: EncodedData,
+                      temperature: float, companion: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = outputs.logits.float()  # (B, L)
+        per_row = SOFT_TARGETS[data.space.problem_type](logits, teacher.view_as(logits), temperature)  # (B,)
+        return per_row, torch.arange(len(per_row), device=per_row.device)
+
+    def labelled(self, batch: dict[str, torch.Tensor], data: EncodedData) -> torch.Tensor | None:
+        labels = batch["labels"]  # (B,) | (B, L)
+        if labels.is_floating_point():
+            return ~labels.view(labels.shape[0], -1).isnan().any(-1)  # (B,)
+        return labels != UNLABELLED  # (B,)
+
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:
         logits = outputs.logits.float().cpu().numpy()
@@ -132,3 +163,12 @@ class SequenceClassification(TrainTask):
         return self.compute_metrics(data.space.problem_type, predictions=predictions, labels=labels,
                                num_labels=len(names), label_names=names)
 
+
+def no_label(space: Any) -> Any:
+    """The target of a row without a label (distillation: the teacher alone teaches it; the task's own loss skips
+    it)."""
+    if space.problem_type == "regression":
+        return float("nan")
+    if space.problem_type == "multi_label_classification":
+        return [float("nan")] * len(space.id2label)
+    return UNLABELLED

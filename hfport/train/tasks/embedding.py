@@ -3,6 +3,8 @@
 Data (JSONL/CSV; the column names are config fields):
   (anchor, positive)              pairs; loss mnrl: in-batch negatives (MultipleNegativesRankingLoss)
   (anchor, positive, negative)    triplets; the negative (a text or a list of texts) is a hard negative for mnrl
+  (anchor, positive, negative_1, ..., negative_n)  n-tuples, as sentence-transformers' mine_hard_negatives (and
+                                  `hfport mine`) write them: the numbered columns are the hard negatives
   (sentence1, sentence2, score)   scored pairs; loss cosent (CoSENTLoss), scores within score_range
 The format is the first row's: a file whose first row has the negative column must have it in every row.
 
@@ -23,6 +25,7 @@ process with the global batch.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -39,6 +42,7 @@ from ...formats.sentence_transformers import has_embedding_layout, read_st_pooli
 from ...heads import pool
 from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, field_of, in_chunks,
                     iter_records, number_in_range, pad_ids, split_off, text_id, where)
+from ..distill import margin_mse, squared_error
 
 from ..metrics import retrieval as metrics
 from ..stored import collect
@@ -69,20 +73,24 @@ def mnrl_loss(embeddings: torch.Tensor, index: torch.Tensor, scale: float, own: 
     Duplicates: a text that appears twice is one candidate, so an example's positive repeated as another's is not a
     negative of itself; and where two examples share an anchor, each one's positive is masked out of the other's
     negatives (both are relevant to that anchor).
+
+    Every text is a column, those that are no candidate (anchors only) at -inf, so no shape depends on the data:
+    the GPU never has to report how many candidates there are (the same softmax over the same candidates, in the
+    same order, as over the distinct candidates alone).
     """
+    u = embeddings.shape[0]
     anchors, positives = index[:, 0], index[:, 1]  # (B,), (B,)
-    slots = index[:, 1:]  # (B, K-1)
-    candidates = torch.unique(slots[slots >= 0])  # (M,) sorted rows of the distinct candidate texts
-    column = torch.full((embeddings.shape[0],), -1, dtype=torch.long, device=index.device)  # (U,)
-    column[candidates] = torch.arange(len(candidates), device=index.device)
-    scores = (similarity or cosine_matrix)(embeddings[anchors[own]], embeddings[candidates]) * scale  # (b, M)
-    target = column[positives]  # (B,)
+    slots = index[:, 1:]  # (B, K-1); -1: no such negative
+    named = torch.zeros(u + 1, dtype=torch.bool, device=index.device)  # (U + 1,): the last row takes the -1s
+    named[torch.where(slots >= 0, slots, u).flatten()] = True
+    scores = (similarity or cosine_matrix)(embeddings[anchors[own]], embeddings) * scale  # (b, U)
     same_anchor = anchors[own, None] == anchors[None, :]  # (b, B)
-    other = same_anchor & (target[None, :] != target[own, None])  # (b, B): j's positive is also relevant to i
-    mask = torch.zeros_like(scores, dtype=torch.bool)  # (b, M)
-    rows, cols = other.nonzero(as_tuple=True)
-    mask[rows, target[cols]] = True
-    return F.cross_entropy(scores.masked_fill(mask, float("-inf")), target[own])
+    other = same_anchor & (positives[None, :] != positives[own, None])  # (b, B): j's positive is also relevant to i
+    # (b, U): texts that are no candidate, and positives relevant to i through another example of its anchor
+    relevant = torch.zeros(scores.shape, dtype=torch.long, device=index.device).scatter_reduce_(
+        1, positives[None, :].expand_as(other), other.long(), "amax")
+    mask = relevant.bool() | ~named[None, :u]
+    return F.cross_entropy(scores.masked_fill(mask, float("-inf")), positives[own])
 
 
 def shrink(embeddings: torch.Tensor, dim: int) -> torch.Tensor:
@@ -216,7 +224,10 @@ def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
         raise DataError(f"{where(path, head.line)}: neither an anchor column ({config.anchor_column!r}, for "
                         f"pairs and triplets) nor a sentence1 column ({config.sentence1_column!r}, for scored pairs); "
                         f"the row has {sorted(first)}")
-    triplets = not scored and config.negative_column in first
+    # n-tuples: negative_1, negative_2, ... (the columns with that name and the following numbers)
+    numbered = [] if config.negative_column in first else list(itertools.takewhile(
+        first.__contains__, (f"{config.negative_column}_{i}" for i in itertools.count(1))))
+    triplets = not scored and (config.negative_column in first or bool(numbered))
 
     def rows() -> Iterator[Row]:
         for r in itertools.chain([head], records):
@@ -226,7 +237,8 @@ def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
                 continue
             texts = [_text(r, config.anchor_column, path), _text(r, config.positive_column, path)]
             if triplets:  # a triplet file: every row has its negative (field_of names a missing one)
-                texts += _negatives(r, config.negative_column, path)
+                texts += ([_text(r, column, path) for column in numbered] if numbered
+                          else _negatives(r, config.negative_column, path))
             yield texts, None, r.line
 
     return ("scored-pairs" if scored else "pairs"), triplets, rows()
@@ -306,6 +318,7 @@ class SentenceEmbedding(TrainTask):
             eval_features = encoded(eval_path, evaluation)
         extra = {"loss": loss, "scale": config.scale or self.default_scale, "pooling": pooling, "normalize": normalize,
                  "mini_batch_size": config.mini_batch_size, "gather": config.gather_across_devices,
+                 "triplets": hard_negatives,
                  "hidden_size": raw.get("hidden_size"), "matryoshka_dims": dims,
                  "matryoshka_weights": list(config.matryoshka_weights or [1.0] * len(dims)),
                  "max_length": min(config.max_length, int(raw.get("max_position_embeddings", config.max_length)))}
@@ -382,6 +395,59 @@ class SentenceEmbedding(TrainTask):
 
     def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
         return batch["labels"].shape[0]  # the examples (anchors), not the distinct texts encoded
+
+    # distillation (hfport/train/distill.py): the teacher's embeddings of every text (MSE), or for rows with hard
+    # negatives its dot-product scores of the positive and the negatives (MarginMSE)
+
+    distillable = True
+
+    def teacher_data(self, data: EncodedData, teacher: Path) -> EncodedData:
+        """The teacher embeds as its own sentence-transformers config says (else mean pooling, not normalized), in
+        one pass per batch."""
+        pooling, normalize = read_st_pooling(teacher) if has_embedding_layout(teacher) else ("mean", False)
+        return dataclasses.replace(data, extra={**data.extra, "pooling": pooling, "normalize": normalize,
+                                                "mini_batch_size": None})
+
+    def teacher_targets(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                        data: EncodedData) -> list[np.ndarray]:
+        """Per example: the dot products of its anchor with its positive and negatives (k,) (triplets), else the
+        embeddings of its texts (k, C)."""
+        embeddings, index = outputs.float(), batch["labels"]  # (U, C), (B, K)
+        out = []
+        for b, x in enumerate(items):
+            texts = embeddings[index[b, :len(x.meta["ids"])]]  # (k, C)
+            out.append((texts[1:] @ texts[0] if data.extra["triplets"] else texts).cpu().numpy())
+        return out
+
+    def distill_terms(self, outputs: Any, batch: dict[str, torch.Tensor], teacher: torch.Tensor, data: EncodedData,
+                      temperature: float, companion: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        embeddings, index = outputs.float(), batch["labels"]  # (U, C), (B, K)
+        valid = index >= 0  # (B, K): a row with fewer texts is padded with -1
+        texts = embeddings[index.clamp(min=0)]  # (B, K, C)
+        rows = torch.arange(len(index), device=index.device)  # (B,)
+        if data.extra["triplets"]:  # MarginMSELoss, its default similarity (the dot product)
+            scores = (texts[:, 1:] @ texts[:, 0, :, None]).squeeze(-1)  # (B, K-1)
+            target = scores.new_zeros(scores.shape).masked_scatter(valid[:, 1:], teacher)  # (B, K-1)
+            return margin_mse(scores, target, valid[:, 1:]), rows
+        if companion is not None:  # to the teacher's width (sentence-transformers' MSELoss projection_dim)
+            texts = companion(texts).float()  # (B, K, C_teacher)
+        target = texts.new_zeros(texts.shape).masked_scatter(valid[..., None], teacher)  # (B, K, C_teacher)
+        per_text = squared_error(texts, target)  # (B, K)
+        return (per_text * valid).sum(-1) / valid.sum(-1), rows  # (B,): the mean over the row's texts
+
+    def distill_units(self, batch: dict[str, torch.Tensor], data: EncodedData) -> Any:
+        return batch["labels"].shape[0]  # the examples
+
+    def distill_companion(self, data: EncodedData, teacher_width: int, seed: int) -> torch.nn.Module | None:
+        """A student narrower or wider than the teacher learns its embeddings through nn.Linear(student, teacher)
+        (initialised as torch does, from SEED, the global generator untouched), as sentence-transformers' MSELoss
+        with projection_dim; margins are scores, of any width."""
+        width = data.extra["hidden_size"]
+        if data.extra["triplets"] or width == teacher_width:
+            return None
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return torch.nn.Linear(width, teacher_width)
 
     def unused_modules(self, model: Any) -> list[str]:
         """The encoder's pooler: the embedding pools last_hidden_state itself. Frozen, it keeps the source's weights,

@@ -26,6 +26,7 @@ from ...formats.sentence_transformers import mark_cross_encoder
 from ..data import (DataError, EncodedData, Features, LabelSpace, Record, Source, compact, data_sources, encoded_splits,
                     field_of, in_chunks, iter_records, number_in_range, pad_ids, source, text_id, where,
                     without_tokens)
+from ..distill import squared_error
 from ..grouped import gathered
 from ..metrics import retrieval as metrics
 from ..stored import collect, is_large
@@ -156,12 +157,19 @@ class Reranking(TrainTask):
                            {"loss": loss})
 
     def collate(self, items: list[Features], data: EncodedData, seed: int) -> dict[str, torch.Tensor]:
-        """Every candidate pair of the batch's queries, padded (N, T); labels (N,) in [0, 1]; groups (N,)."""
+        """Every candidate pair of the batch's queries, padded (N, T); labels (N,) in [0, 1]; groups (N,): each
+        pair's query; positions (N,): its place among the query's candidates; slots (G, W) bool: the candidates'
+        places per query, laid out on the host so the loss learns its (G, W) shape without reading the GPU."""
         pairs = [Features(ids, x.meta["types"][i] if x.meta["types"] is not None else None, None)
                  for x in items for i, ids in enumerate(x.meta["tokens"])]
         batch = pad_ids(pairs, data.pad_token_id)
         batch["labels"] = torch.tensor([g for x in items for g in x.target], dtype=torch.float)  # (N,)
         batch["groups"] = torch.tensor([b for b, x in enumerate(items) for _ in x.target], dtype=torch.long)  # (N,)
+        batch["positions"] = torch.tensor([i for x in items for i in range(len(x.target))], dtype=torch.long)  # (N,)
+        slots = torch.zeros(len(items), max(len(x.target) for x in items), dtype=torch.bool)  # (G, W)
+        for b, x in enumerate(items):
+            slots[b, :len(x.target)] = True
+        batch["slots"] = slots
         return batch
 
     def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
@@ -170,26 +178,42 @@ class Reranking(TrainTask):
         labels = batch["labels"]  # (N,)
         if data.extra["loss"] == "bce":
             return F.binary_cross_entropy_with_logits(logits, labels)
-        groups = batch["groups"]  # (N,)
-        n_groups = int(groups.max()) + 1
-        position = torch.arange(len(groups), device=groups.device) - torch.searchsorted(groups, groups)  # (N,)
-        width = int(position.max()) + 1
-        scores = logits.new_full((n_groups, width), float("-inf"))  # (G, W): padding never wins the softmax
-        target = logits.new_zeros((n_groups, width))  # (G, W)
+        groups, position = batch["groups"], batch["positions"]  # (N,), (N,)
+        shape = batch["slots"].shape  # (G, W): a shape, no read from the GPU
+        scores = logits.new_full(shape, float("-inf"))  # (G, W): padding never wins the softmax
+        target = logits.new_zeros(shape)  # (G, W)
         scores[groups, position] = logits
         target[groups, position] = labels
-        keep = target.sum(-1) > 0  # (G,): a group with nothing relevant has no target distribution
-        target = target[keep] / target[keep].sum(-1, keepdim=True)
-        log_p = F.log_softmax(scores[keep], dim=-1).masked_fill(target == 0, 0.0)  # 0 * -inf padding -> 0
-        return -(target * log_p).sum(-1).mean() if keep.any() else logits.sum() * 0.0
+        relevant = target.sum(-1, keepdim=True)  # (G, 1): a group with nothing relevant has no target distribution
+        keep = relevant[:, 0] > 0  # (G,)
+        target = target / relevant.clamp(min=torch.finfo(target.dtype).tiny)  # (G, W): 0 where nothing is relevant
+        log_p = F.log_softmax(scores, dim=-1).masked_fill(target == 0, 0.0)  # 0 * -inf padding -> 0
+        # the mean over the groups with a target (none: 0, with no gradient), as a sum over all of them: the rows
+        # without one add exact zeros, and no boolean index makes the GPU report how many there are
+        return -(target * log_p).sum(-1).sum() / keep.sum().clamp(min=1)
 
     def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
         """bce: the pairs; listwise: the queries with a relevant candidate (the groups its mean is over)."""
         labels, groups = batch["labels"], batch["groups"]  # (N,), (N,)
         if data.extra["loss"] == "bce":
             return labels.shape[0]
-        relevant = labels.new_zeros(int(groups.max()) + 1).index_add_(0, groups, labels)  # (G,)
+        relevant = labels.new_zeros(batch["slots"].shape[0]).index_add_(0, groups, labels)  # (G,)
         return (relevant > 0).sum()  # ()
+
+    # distillation (hfport/train/distill.py): a reranker teacher's logit for every pair (MSE, CrossEncoder's MSELoss)
+
+    distillable = True
+
+    def teacher_targets(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                        data: EncodedData) -> list[np.ndarray]:
+        logits = outputs.logits.float().squeeze(-1).cpu().numpy()  # (N,)
+        groups = batch["groups"].cpu().numpy()  # (N,)
+        return [logits[groups == b] for b in range(len(items))]
+
+    def distill_terms(self, outputs: Any, batch: dict[str, torch.Tensor], teacher: torch.Tensor, data: EncodedData,
+                      temperature: float, companion: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = outputs.logits.float()  # (N, 1)
+        return squared_error(logits, teacher.view_as(logits)), batch["groups"]  # (N,), (N,)
 
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:

@@ -80,6 +80,7 @@ def densify(parts: list[tuple[np.ndarray, np.ndarray, int]]) -> np.ndarray:
 class SparseEmbedding(SentenceEmbedding):
     name = "sparse-embedding"
     default_scale = SPARSE_SCALE
+    distillable = False  # sentence-embedding's teacher hooks are for dense vectors
 
     def read(self, config: Any, tokenizer: Any, model_id2label: dict[int, str] | None) -> EncodedData:
         given = {name: getattr(config, name) for name in ("pooling", "normalize", "matryoshka_dims")

@@ -20,6 +20,7 @@ from ...errors import ConfigError
 from ...formats.tables import decoded_lines
 from ..data import (DataError, EncodedData, Features, LabelSpace, Source, compact, data_sources, encoded_splits,
                     field_of, in_chunks, iter_records, pad_ids, where)
+from ..distill import kl_divergence, teacher_label_space
 from ..metrics import tokens as metrics
 from ..stored import collect
 from . import TrainTask
@@ -36,7 +37,7 @@ CONLL_SUFFIXES = (".conll", ".txt")
 class Sentence:
     """One example: words, their tags, and where each tag was read (for errors that point at it)."""
 
-    def __init__(self, tokens: list[str], tags: list[str], line: int, tag_lines: list[int], tag_field: str):
+    def __init__(self, tokens: list[str], tags: list[str] | None, line: int, tag_lines: list[int], tag_field: str):
         self.tokens, self.tags, self.line = tokens, tags, line
         self.tag_lines = tag_lines  # the line each tag came from (CoNLL: one per token; JSONL: the record's)
         self.tag_field = tag_field
@@ -73,19 +74,23 @@ def iter_conll(path: Path) -> Iterator[Sentence]:
         raise DataError(f"{path}: the file has no examples")
 
 
-def read_jsonl(path: Path, tokens_column: str, tags_column: str) -> Iterator[Sentence]:
+def read_jsonl(path: Path, tokens_column: str, tags_column: str, optional_tags: bool = False) -> Iterator[Sentence]:
+    """OPTIONAL_TAGS (with a teacher): a row without tags (or null) is a sentence without tags (tags None)."""
     for r in iter_records(path):
         tokens = field_of(r, tokens_column, path, list)
-        tags = field_of(r, tags_column, path, list)
         if not tokens:
             raise DataError(f"{where(path, r.line, tokens_column)}: the token list is empty")
-        if len(tokens) != len(tags):
-            raise DataError(f"{where(path, r.line, tags_column)}: {len(tags)} tags for {len(tokens)} tokens")
         for k, token in enumerate(tokens):
             # a blank word would get no sub-token, and its tag nowhere to go
             if not isinstance(token, str) or not token.strip():
                 raise DataError(f"{where(path, r.line, tokens_column)}: token {k} must be a non-empty string, "
                                 f"got {token!r}")
+        if optional_tags and r.values.get(tags_column) is None:
+            yield Sentence(tokens, None, r.line, [], tags_column)
+            continue
+        tags = field_of(r, tags_column, path, list)
+        if len(tokens) != len(tags):
+            raise DataError(f"{where(path, r.line, tags_column)}: {len(tags)} tags for {len(tokens)} tokens")
         for k, tag in enumerate(tags):
             if isinstance(tag, bool) or not isinstance(tag, (str, int)) or (isinstance(tag, str) and not tag.strip()):
                 raise DataError(f"{where(path, r.line, tags_column)}: tag {k} must be a name or an id, got {tag!r}")
@@ -98,7 +103,8 @@ def read_sentences(path: Path, config: Any) -> Iterator[Sentence]:
         if not path.is_file():
             raise DataError(f"{path}: no such file")
         return iter_conll(path)
-    return read_jsonl(path, config.tokens_column, config.tags_column)
+    optional = bool(getattr(config, "teacher", None))  # with a teacher a sentence may have no tags
+    return read_jsonl(path, config.tokens_column, config.tags_column, optional_tags=optional)
 
 
 def tag_space(tags: Iterable[str], model_id2label: dict[int, str] | None,
@@ -169,9 +175,9 @@ def encode_sentences(path: Path, config: Any, tokenizer: Any, label2id: dict[str
     cut = total = 0
     for chunk in in_chunks(read_sentences(path, config)):
         for s in chunk:
-            if class_names is not None:
+            if class_names is not None and s.tags is not None:
                 _class_tags(s, class_names, path)
-            for tag, line in zip(s.tags, s.tag_lines):
+            for tag, line in zip(s.tags or (), s.tag_lines):
                 if tag not in label2id:
                     raise DataError(f"{where(path, line, s.tag_field)}: unknown tag {tag!r}; the training tags are "
                                     f"{sorted(label2id)}")
@@ -181,8 +187,8 @@ def encode_sentences(path: Path, config: Any, tokenizer: Any, label2id: dict[str
         out = []
         for i, s in enumerate(chunk):
             cut += len(s.tokens) - 1 not in enc.word_ids(i)
-            labels, first = align_labels(enc.word_ids(i), [label2id[t] for t in s.tags], config.label_all_subtokens,
-                                         b_to_i)
+            word_labels = [IGNORE] * len(s.tokens) if s.tags is None else [label2id[t] for t in s.tags]
+            labels, first = align_labels(enc.word_ids(i), word_labels, config.label_all_subtokens, b_to_i)
             out.append(Features(compact(enc["input_ids"][i]), compact(types[i], "b") if types is not None else None,
                                 labels, (str(path), s.line), {"first": first}))
         total += len(chunk)
@@ -206,8 +212,10 @@ class TokenClassification(TrainTask):
                               "pass one weight per tag, in id2label order")
         train_path, eval_path = data_sources(config)
         # the tag set needs every training sentence: a first pass keeps only the distinct tags (and checks every row)
-        tags = {t for s in read_sentences(train_path, config) for t in s.tags}
-        space, label2id = tag_space(tags, model_id2label, train_path.class_names(config.tags_column))
+        tags = {t for s in read_sentences(train_path, config) for t in s.tags or ()}
+        teacher = teacher_label_space(config)  # with a teacher, its tags in its order
+        space, label2id = (LabelSpace(None, teacher.id2label), teacher.label2id) if teacher else tag_space(
+            tags, model_id2label, train_path.class_names(config.tags_column))
         settings = {"tokens": config.tokens_column, "tags": config.tags_column, "max_length": config.max_length,
                     "label_all_subtokens": config.label_all_subtokens, "label2id": label2id}
 
@@ -228,6 +236,9 @@ class TokenClassification(TrainTask):
         for i, x in enumerate(items):
             labels[i, :len(x.target)] = torch.tensor(x.target)
         batch["labels"] = labels
+        # (n, 2): (row, position) of every word's first sub-token, the positions evaluation (and distillation) read
+        batch["word_starts"] = torch.tensor([[i, p] for i, x in enumerate(items) for p in x.meta["first"]],
+                                            dtype=torch.long).reshape(-1, 2)
         return batch
 
     def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
@@ -243,7 +254,31 @@ class TokenClassification(TrainTask):
         labels = batch["labels"]  # (B, T)
         if class_weights is None:
             return (labels != IGNORE).sum()  # ()
-        return class_weights.to(labels.device)[labels[labels != IGNORE]].sum()  # ()
+        labelled = labels != IGNORE  # (B, T); weights gathered at every position, 0 where unlabelled (no
+        # boolean index: its size would be read from the GPU)
+        return (class_weights.to(labels.device)[labels.clamp(min=0)] * labelled).sum()  # ()
+
+    # distillation (hfport/train/distill.py): the teacher's logits at each word's first sub-token
+
+    distillable = True
+    teacher_stands_in_for = ("tags_column",)
+
+    def teacher_targets(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
+                        data: EncodedData) -> list[np.ndarray]:
+        logits = outputs.logits.float().cpu().numpy()  # (B, T, L)
+        return [logits[i, x.meta["first"]] for i, x in enumerate(items)]  # (W_i, L) each
+
+    def distill_terms(self, outputs: Any, batch: dict[str, torch.Tensor], teacher: torch.Tensor, data: EncodedData,
+                      temperature: float, companion: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, positions = batch["word_starts"].unbind(-1)  # (n,) each
+        logits = outputs.logits.float()[rows, positions]  # (n, L)
+        return kl_divergence(logits, teacher.view_as(logits), temperature), rows
+
+    def labelled(self, batch: dict[str, torch.Tensor], data: EncodedData) -> torch.Tensor | None:
+        return (batch["labels"] != IGNORE).any(-1)  # (B,): a sentence without tags has none
+
+    def distill_units(self, batch: dict[str, torch.Tensor], data: EncodedData) -> Any:
+        return batch["word_starts"].shape[0]
 
     def eval_rows(self, outputs: Any, batch: dict[str, torch.Tensor], items: list[Features],
                   data: EncodedData) -> list[Any]:

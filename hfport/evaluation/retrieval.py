@@ -1,0 +1,100 @@
+"""sentence-embedding evaluation as sentence-transformers' InformationRetrievalEvaluator computes it.
+
+The data's (query, positive) rows make the benchmark: the distinct queries are the queries, every distinct positive
+joins the corpus (with a corpus file's texts as distractors), and each query's relevant documents are its positives
+over all its rows. Queries and corpus are embedded as the evaluator embeds them (encode_query / encode_document's
+prompts: hfport/retrieval/encode.py; cached on disk by model and text), each query's top 100 found by exact search
+(hfport/retrieval/search.py) under the model's similarity function (cosine or dot), ties ranked by corpus order, and
+the metrics computed with fine-tuning's ranked_metrics at the evaluator's cutoffs, named as it names them:
+<similarity>_accuracy@k, _precision@k, _recall@k (k = 1, 3, 5, 10), _ndcg@10, _mrr@10, _map@100.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..errors import ConfigError
+from ..retrieval import Encoder, read_corpus, read_pairs, top_k
+from ..train.metrics import IR_CUTOFFS, ranked_metrics
+from .result import EvalResult
+from .supervised import CURVE_KS, curves
+
+SIMILARITIES = ("cosine", "dot")
+OPTIONS = ("anchor_column", "positive_column", "corpus_column", "query_prompt_name", "query_prompt",
+           "corpus_prompt_name", "corpus_prompt", "use_faiss")
+
+
+def retrieval_benchmark(queries: Sequence[str], positives: Sequence[str],
+                        distractors: Sequence[str] = ()) -> tuple[list[str], list[str], list[list[int]]]:
+    """(distinct queries, corpus, each query's relevant corpus rows) from (query, positive) rows and distractors."""
+    corpus = list(dict.fromkeys([*positives, *distractors]))
+    row = {text: i for i, text in enumerate(corpus)}
+    distinct = list(dict.fromkeys(queries))
+    number = {q: i for i, q in enumerate(distinct)}
+    relevant: list[dict[int, None]] = [{} for _ in distinct]
+    for q, p in zip(queries, positives):
+        relevant[number[q]][row[p]] = None
+    return distinct, corpus, [list(r) for r in relevant]
+
+
+def ranked_hits(query_emb: torch.Tensor, corpus_emb: torch.Tensor, relevant: list[list[int]], similarity: str,
+                k: int, use_faiss: bool | None, progress: bool, device: Any = "cpu") -> list[np.ndarray]:
+    """Each query's top k as 0/1 gains in rank order: best score first, ties by corpus row (the evaluator's order)."""
+    if similarity == "cosine":
+        query_emb, corpus_emb = F.normalize(query_emb, p=2, dim=-1), F.normalize(corpus_emb, p=2, dim=-1)
+    bar = tqdm(total=len(query_emb), desc="searching", unit="query", disable=not progress, dynamic_ncols=True)
+    try:
+        scores, indices = top_k(query_emb.to(device), corpus_emb.to(device), min(k, len(corpus_emb)),
+                                use_faiss=use_faiss, progress=bar.update)  # (Q, k) each, where the model runs
+    finally:
+        bar.close()
+    scores_np, indices_np = scores.cpu().numpy(), indices.cpu().numpy()
+    out = []
+    for q, rel in enumerate(relevant):
+        order = np.lexsort((indices_np[q], -scores_np[q]))  # by score, then by corpus row
+        hits = set(rel)
+        out.append(np.array([1.0 if i in hits else 0.0 for i in indices_np[q][order]]))
+    return out
+
+
+def evaluate_retrieval(model: str | os.PathLike[str] | Encoder, data: str, task: str, *, corpus: str | None = None,
+                       dtype: str | None = None, device: Any = None, batch_size: int | None = None,
+                       cache: bool | str | os.PathLike[str] = True, progress: bool = True,
+                       **options: Any) -> EvalResult:
+    """MODEL's retrieval metrics on DATA's (query, positive) rows (+ CORPUS's distractors). MODEL: a folder or repo id,
+    or an Encoder already loaded. OPTIONS: OPTIONS' names
+    (the anchor/positive columns as fine-tuning names them, the corpus file's text column, the prompts, use_faiss)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"sentence-embedding evaluation: unknown option(s) {unknown}; valid: {list(OPTIONS)}")
+    queries, positives, _, _ = read_pairs(data, options.get("anchor_column"), options.get("positive_column"))
+    distractors = read_corpus(corpus, options.get("corpus_column", "text")) if corpus is not None else []
+    queries, corpus_texts, relevant = retrieval_benchmark(queries, positives, distractors)
+    encoder = model if isinstance(model, Encoder) else Encoder(model, device=device, dtype=dtype,
+                                                              batch_size=batch_size, cache=cache, progress=progress)
+    model = encoder.folder if isinstance(model, Encoder) else model
+    similarity = encoder.similarity_fn_name
+    if similarity not in SIMILARITIES:
+        raise ConfigError(f"the model compares embeddings by {similarity!r}; evaluation ranks by "
+                          f"{' or '.join(SIMILARITIES)} similarity")
+    query_prompt = encoder.prompt("query", options.get("query_prompt_name"), options.get("query_prompt"))
+    corpus_prompt = encoder.prompt("document", options.get("corpus_prompt_name"), options.get("corpus_prompt"))
+    corpus_emb = torch.from_numpy(encoder.encode(corpus_texts, corpus_prompt, "embedding the corpus"))
+    query_emb = torch.from_numpy(encoder.encode(queries, query_prompt, "embedding the queries"))
+    k = max(max(ks) for ks in (*IR_CUTOFFS.values(), CURVE_KS))
+    ranked = ranked_hits(query_emb, corpus_emb, relevant, similarity, k, options.get("use_faiss"), progress,
+                         encoder.device)
+    ideal = [np.ones(len(r)) for r in relevant]
+    names = [f"query {q!r}" for q in queries]
+    metrics = {f"{similarity}_{name}": value for name, value in ranked_metrics(ranked, ideal, IR_CUTOFFS,
+                                                                               names).items()}
+    facts = {"dtype": str(encoder.pipe.model.dtype), "similarity": similarity, "queries": len(queries),
+             "corpus": len(corpus_texts), "distractors": len(corpus_texts) - len(set(positives)),
+             "query_prompt": query_prompt, "corpus_prompt": corpus_prompt}
+    return EvalResult(str(model), task, len(queries), metrics, {"curves": curves(ranked, ideal, names)}, facts)

@@ -1,0 +1,288 @@
+"""Hard-negative mining (`hfport mine`, hfport.retrieval) against sentence-transformers' mine_hard_negatives on the same
+model, data and options: the same rows for every query (exact score ties aside), the random draw included; the
+blocked and faiss searches against a full top-k; the embedding cache; the rows `hfport finetune` reads back."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hfport
+from hfport.errors import HfportError
+from hfport.formats.tables import DataError
+from hfport.retrieval import Encoder, mine_hard_negatives, top_k
+from hfport.retrieval.encode import ROLE_PROMPTS
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = [json.loads(line) for line in (REPO / "examples" / "data" / "embed_train.jsonl").read_text().splitlines()]
+ANCHORS = [r["anchor"] for r in ROWS[:40]]
+POSITIVES = [r["positive"] for r in ROWS[:40]]
+CORPUS = [r["negative"] for r in ROWS] + [r["positive"] for r in ROWS[40:]]  # distractors: ~200 texts in all
+TIE = 1e-5  # hfport's and sentence-transformers' embeddings differ by ~1e-7 (other kernels): nearer scores are ties
+
+
+@pytest.fixture(scope="module")
+def st_model(minilm_path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_path), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def encoder(minilm_path, tmp_path_factory):
+    """hfport's MiniLM encoder with a cache of its own: each text is embedded once for the module."""
+    return Encoder(minilm_path, cache=tmp_path_factory.mktemp("embeddings"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def st_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("st-cache"))
+
+
+def theirs(st_model, st_cache, seed=None, cross_encoder=None, **options):
+    from datasets import Dataset
+    from sentence_transformers.util import mine_hard_negatives as st_mine
+
+    if seed is not None:
+        random.seed(seed)  # sentence-transformers draws from the global random module
+    dataset = Dataset.from_dict({"anchor": ANCHORS, "positive": POSITIVES})
+    return st_mine(dataset, st_model, corpus=CORPUS, cross_encoder=cross_encoder, verbose=False, output_scores=True,
+                   cache_folder=st_cache, batch_size=64, **options).to_list()
+
+
+def score_list(row: dict) -> list[float]:
+    return row.get("scores") or [row["score"]]
+
+
+def assert_same_rows(mine: list[dict], ref: list[dict]) -> None:
+    """Row for row: the anchors and positives equal, every score within TIE. A negative may differ only where the two
+    candidates score the same (an exact tie: either may come first), which the equal scores at its place show."""
+    assert len(mine) == len(ref), (len(mine), len(ref))
+    ties = 0
+    for i, (a, b) in enumerate(zip(mine, ref)):
+        assert list(a) == list(b), f"row {i}: columns {list(a)} != {list(b)}"
+        assert a["anchor"] == b["anchor"], f"row {i}"
+        np.testing.assert_allclose(score_list(a), score_list(b), atol=TIE, err_msg=f"row {i}")
+        ties += any(a[k] != b[k] for k in a if k not in ("anchor", "scores", "score", "label", "labels"))
+    assert ties <= len(ref) // 20, f"{ties} rows differ: more than ties explain"
+
+
+CASES = {
+    "triplet (default)": {},
+    "n-tuple": {"output_format": "n-tuple"},
+    "range": {"output_format": "n-tuple", "range_min": 2, "range_max": 20, "num_negatives": 5},
+    "absolute margin": {"absolute_margin": 0.05},
+    "relative margin, labeled pairs": {"relative_margin": 0.1, "output_format": "labeled-pair"},
+    "max and min score, labeled lists": {"max_score": 0.6, "min_score": 0.45, "output_format": "labeled-list"},
+    "include positives": {"include_positives": True},
+    "random draw": {"sampling_strategy": "random", "range_max": 30, "num_negatives": 4, "output_format": "n-tuple",
+                    "seed": 7},
+    "random draw past the filters": {"sampling_strategy": "random", "max_score": 0.5, "num_negatives": 3,
+                                     "seed": 3},
+    "prompts": {"query_prompt": "query: ", "corpus_prompt": "passage: ", "output_format": "n-tuple"},
+}
+
+
+@pytest.mark.parametrize("options", CASES.values(), ids=CASES.keys())
+def test_mining_equals_sentence_transformers(options, encoder, st_model, st_cache):
+    """Every option with sentence-transformers' meaning; the random draw too: seed=s draws what sentence-transformers
+    draws after random.seed(s) (the same random.sample calls, in the same order)."""
+    ours = mine_hard_negatives(ANCHORS, POSITIVES, encoder, corpus=CORPUS, output_scores=True, progress=False,
+                               **options)
+    assert_same_rows(ours.rows, theirs(st_model, st_cache, **options))
+    assert ours.rows, "the case mines something"
+
+
+def test_faiss_search_mines_what_sentence_transformers_faiss_mines(encoder, st_model, st_cache):
+    pytest.importorskip("faiss")  # the `faiss` extra (in dev)
+    options = {"output_format": "n-tuple", "num_negatives": 4, "relative_margin": 0.05}
+    ours = mine_hard_negatives(ANCHORS, POSITIVES, encoder, corpus=CORPUS, output_scores=True, use_faiss=True,
+                               progress=False, **options)
+    assert_same_rows(ours.rows, theirs(st_model, st_cache, use_faiss=True, **options))
+
+
+def test_random_draws_differ_by_seed_and_keep_score_order(encoder):
+    """The draw is the seed's: another seed picks other negatives, from the same candidates, still best first."""
+    options = {"sampling_strategy": "random", "range_max": 30, "num_negatives": 4, "output_format": "n-tuple",
+               "output_scores": True, "progress": False}
+    a = mine_hard_negatives(ANCHORS, POSITIVES, encoder, corpus=CORPUS, seed=1, **options).rows
+    b = mine_hard_negatives(ANCHORS, POSITIVES, encoder, corpus=CORPUS, seed=2, **options).rows
+    assert a == mine_hard_negatives(ANCHORS, POSITIVES, encoder, corpus=CORPUS, seed=1, **options).rows
+    assert a != b
+    for row in a + b:
+        assert row["scores"][1:] == sorted(row["scores"][1:], reverse=True)
+
+
+def test_reranker_rescores_as_sentence_transformers_cross_encoder(encoder, st_model, st_cache, minilm_path,
+                                                                  tmp_path):
+    from sentence_transformers import CrossEncoder
+
+    from tests.tiny import save_with_tokenizer
+
+    folder = tmp_path / "reranker"
+    save_with_tokenizer("bert", "sequence-classification", folder, minilm_path, vocab_size=30522, num_labels=1,
+                        max_position_embeddings=512)
+    options = {"min_score": 0.3, "num_negatives": 2, "output_format": "n-tuple"}
+    ours = mine_hard_negatives(ANCHORS, POSITIVES, encoder, corpus=CORPUS, reranker=folder, output_scores=True,
+                               progress=False, **options)
+    ref = theirs(st_model, st_cache, cross_encoder=CrossEncoder(str(folder), device="cpu"), **options)
+    assert_same_rows(ours.rows, ref)
+    with pytest.raises(ValueError, match="a reranker rescores the candidates for the score filters"):
+        mine_hard_negatives(ANCHORS, POSITIVES, encoder, corpus=CORPUS, reranker=folder, progress=False)
+
+
+def test_blocked_search_equals_a_full_top_k():
+    g = torch.Generator().manual_seed(0)
+    queries, corpus = torch.randn(37, 8, generator=g), torch.randn(301, 8, generator=g)
+    full_scores, full_idx = torch.topk(queries @ corpus.T, k=12, dim=1)
+    # blocks of 5 queries x 16 corpus rows: 8 query blocks, 19 corpus blocks merged into the running top 12
+    scores, idx = top_k(queries, corpus, 12, query_block=5, block_bytes=5 * 16 * 4, use_faiss=False)
+    torch.testing.assert_close(scores, full_scores)
+    assert torch.equal(idx, full_idx)
+    # a corpus smaller than k: padded with -inf and -1, as sentence-transformers pads
+    scores, idx = top_k(queries, corpus[:4], 6, use_faiss=False)
+    assert torch.isinf(scores[:, 4:]).all() and (idx[:, 4:] == -1).all()
+    assert set(idx[0, :4].tolist()) == {0, 1, 2, 3}
+
+
+def test_faiss_search_equals_the_exact_one():
+    pytest.importorskip("faiss")
+    g = torch.Generator().manual_seed(1)
+    queries, corpus = torch.randn(20, 16, generator=g), torch.randn(100, 16, generator=g)
+    exact = top_k(queries, corpus, 10, use_faiss=False)
+    approx = top_k(queries, corpus, 10, use_faiss=True)
+    torch.testing.assert_close(approx[0], exact[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(approx[1], exact[1])
+    padded = top_k(queries, corpus[:3], 5, use_faiss=True)
+    assert (padded[1][:, 3:] == -1).all() and torch.isinf(padded[0][:, 3:]).all()
+
+
+def test_a_second_run_with_other_options_reads_the_cache(tiny_bert, tmp_path, monkeypatch):
+    """The corpus and queries are embedded once per model, dtype and prompt; other mining options reuse them, a
+    changed text or prompt embeds only what is new; the files are numpy arrays, never pickles."""
+    calls: list[int] = []
+    real = Encoder._embed
+
+    def counting(self, texts, prompt):
+        calls.append(len(texts))
+        return real(self, texts, prompt)
+
+    monkeypatch.setattr(Encoder, "_embed", counting)
+    cache = tmp_path / "cache"
+    kw = {"corpus": CORPUS[:60], "cache": cache, "progress": False}
+    first = mine_hard_negatives(ANCHORS[:10], POSITIVES[:10], tiny_bert, num_negatives=2, **kw)
+    embedded = sum(calls)
+    assert embedded == len(set(CORPUS[:60] + POSITIVES[:10])) + 10
+    calls.clear()
+    again = mine_hard_negatives(ANCHORS[:10], POSITIVES[:10], tiny_bert, num_negatives=3, range_min=1,
+                                output_format="n-tuple", **kw)
+    assert calls == [] and again.rows and first.rows
+    mine_hard_negatives(ANCHORS[:11], POSITIVES[:11], tiny_bert, **kw)  # one more pair: only its new texts
+    seen = set(CORPUS[:60]) | set(POSITIVES[:10]) | set(ANCHORS[:10])  # one prompt (none): one cache for both
+    assert sum(calls) == len({ANCHORS[10], POSITIVES[10]} - seen) >= 1
+    calls.clear()
+    mine_hard_negatives(ANCHORS[:10], POSITIVES[:10], tiny_bert, query_prompt="query: ", **kw)
+    assert calls == [10]  # another prompt is another key: the queries again, the corpus from the cache
+    folders = list((cache).iterdir())
+    assert len(folders) == 2 and all((f / "model.json").is_file() for f in folders)
+    for f in folders:
+        for array in f.glob("*.npy"):
+            np.load(array, allow_pickle=False)  # would raise on a pickled object array
+    # the key follows the weights: a changed weights file is another model
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for p in Path(tiny_bert).rglob("*"):
+        if p.is_file():
+            target = copy / p.relative_to(tiny_bert)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(p.read_bytes())
+    assert Encoder(copy, cache=cache, progress=False).cache_for("").folder == \
+        Encoder(tiny_bert, cache=cache, progress=False).cache_for("").folder
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of the last weight
+    weights.write_bytes(bytes(data))
+    assert Encoder(copy, cache=cache, progress=False).cache_for("").folder != \
+        Encoder(tiny_bert, cache=cache, progress=False).cache_for("").folder
+
+
+def test_prompts_default_as_encode_query_and_encode_document(encoder):
+    assert ROLE_PROMPTS == {"query": ("query",), "document": ("document", "passage", "corpus")}
+    layout = encoder.layout
+    saved = dict(layout.prompts), layout.default_prompt_name
+    try:
+        layout.prompts.update({"query": "q: ", "passage": "p: ", "other": "o: "})
+        assert encoder.prompt("query") == "q: " and encoder.prompt("document") == "p: "
+        assert encoder.prompt("query", prompt_name="other") == "o: "
+        assert encoder.prompt("query", prompt_name="other", prompt="x: ") == "x: "  # a text wins, as in encode
+        with pytest.raises(ValueError, match="prompt name 'nope'"):
+            encoder.prompt("query", prompt_name="nope")
+    finally:
+        layout.prompts.clear()
+        layout.prompts.update(saved[0])
+
+
+def test_cli_writes_rows_that_finetune_reads(tiny_bert, tmp_path):
+    """`hfport mine` writes n-tuples (negative_1..n) a sentence-embedding fine-tune reads as hard negatives, triplets
+    it reads as before, and labeled pairs a text-ranking fine-tune reads; Parquet as well as JSONL."""
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+    from hfport.train.config import FinetuneConfig
+    from hfport.train.tasks.embedding import read_examples
+    from hfport.train.tasks.ranking import read_groups
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in zip(ANCHORS, POSITIVES)))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS) + "\n\n")  # a blank line is no text
+    runner = CliRunner()
+    common = ["--model", str(tiny_bert), "--data", str(pairs), "--corpus", str(corpus), "--cache-dir",
+              str(tmp_path / "cache"), "-q"]
+    out = tmp_path / "mined.parquet"
+    result = runner.invoke(app, ["mine", *common, "--out", str(out), "--output-format", "n-tuple",
+                                 "--num-negatives", "2"])
+    assert result.exit_code == 0, result.output
+    config = FinetuneConfig(model=str(tiny_bert), task="sentence-embedding", train=str(out))
+    kind, hard, rows = read_examples(out, config)
+    rows = list(rows)
+    assert kind == "pairs" and hard and len(rows) == 40 and all(len(texts) == 4 for texts, _, _ in rows)
+    expected = mine_hard_negatives(ANCHORS, POSITIVES, tiny_bert, corpus=CORPUS, output_format="n-tuple",
+                                   num_negatives=2, cache=tmp_path / "cache", progress=False).rows
+    assert [texts for texts, _, _ in rows] == [[r["anchor"], r["positive"], r["negative_1"], r["negative_2"]]
+                                              for r in expected]
+    labeled = tmp_path / "labeled.jsonl"
+    result = runner.invoke(app, ["mine", *common, "--out", str(labeled), "--output-format", "labeled-pair"])
+    assert result.exit_code == 0, result.output
+    groups = list(read_groups(labeled, FinetuneConfig(model=str(tiny_bert), task="text-ranking",
+                                                      train=str(labeled), query_column="anchor",
+                                                      text_column="positive")))
+    assert len(groups) == 40 and all(g.labels[0] == 1 and set(g.labels[1:]) == {0} for g in groups)
+
+
+def test_bad_input_is_named(minilm_path, encoder, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"anchor": "a", "positive": "b"}) + "\n" + json.dumps({"anchor": "a", "positive": ""})
+                   + "\n")
+    with pytest.raises(DataError, match=r"bad.jsonl, line 2, field 'positive': expected non-empty text"):
+        hfport.mine(encoder, bad)
+    with pytest.raises(DataError, match=r"line 1, field 'query': missing"):
+        hfport.mine(encoder, bad, anchor_column="query")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"body": "x"}) + "\n")
+    with pytest.raises(DataError, match=r"corpus.jsonl, line 1, field 'text': missing"):
+        hfport.mine(encoder, [("a", "b")], corpus=corpus)
+    for options, message in (({"num_negatives": 0}, "num_negatives must be at least 1"),
+                             ({"range_min": 5, "range_max": 5}, "range_min must be smaller than range_max"),
+                             ({"num_negatives": 4, "range_max": 3}, "cannot mine 4 negatives per query"),
+                             ({"sampling_strategy": "best"}, r"sampling_strategy 'best': use one of \['top', "),
+                             ({"output_format": "pairs"}, r"output_format 'pairs': use one of \['triplet'")):
+        with pytest.raises(ValueError, match=message):
+            mine_hard_negatives(ANCHORS, POSITIVES, encoder, progress=False, **options)
+    with pytest.raises((DataError, HfportError), match=r"hfport writes \.jsonl"):
+        mine_hard_negatives(ANCHORS[:3], POSITIVES[:3], encoder, progress=False).write(tmp_path / "out.csv")
