@@ -30,8 +30,8 @@ def close(a, b) -> None:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    from tests.test_pipelines import make_folder
     from tests.tiny import save_hf
+    from tests.tiny_tokenizers import make_folder
 
     root = tmp_path_factory.mktemp("auto-truncate")
     emb = make_folder(root, "bert", "base")

@@ -32,8 +32,8 @@ from hfport.nn import layout as layout_module
 from hfport.nn import varlen as varlen_module
 from hfport.train import loop
 from hfport.train.config import FinetuneConfig
-from tests import synthetic
-from tests.parity import AUTO_CLASSES, compare_models, labels_for, real
+from tests import rotary, synthetic
+from tests.parity import AUTO_CLASSES, DEBERTA_PARITY, compare_models, labels_for, real
 from tests.tiny import ALL_FAMILIES, HEADS, ROTARY_CONFIGS, ROTARY_EXTRA_HEADS, ROTARY_HEADS, batch, save_hf
 
 pytestmark = [pytest.mark.cuda,
@@ -223,27 +223,25 @@ def _grid() -> list[tuple[str, str]]:
     import transformers
 
     families = [f for f in ALL_FAMILIES if hasattr(transformers, ALL_FAMILIES[f][0])]
-    rotary = [f for f in ROTARY_CONFIGS if hasattr(transformers, ROTARY_CONFIGS[f][0])]
+    rotating = [f for f in ROTARY_CONFIGS if hasattr(transformers, ROTARY_CONFIGS[f][0])]
     return ([(f, t) for f in families for t in HEADS]
-            + [(f, t) for f in rotary for t in (*ROTARY_HEADS, *ROTARY_EXTRA_HEADS.get(f, ()))])
+            + [(f, t) for f in rotating for t in (*ROTARY_HEADS, *ROTARY_EXTRA_HEADS.get(f, ()))])
 
 
 @pytest.mark.parametrize("family, task", _grid() if torch.cuda.is_available() else [("bert", "base")])
 def test_parity_fp32(family, task, tmp_path):
     import transformers
 
-    from tests import test_deberta_parity, test_rotary_families
-
     ref = save_hf(family, task, tmp_path).to(CUDA)
     options = {}
     if family in ROTARY_CONFIGS:
-        inputs = test_rotary_families.inputs_for(family, type_vocab_size=getattr(ref.config, "type_vocab_size", 0))
-        options["pieces"] = lambda hf: test_rotary_families.in_memory(family, hf)
+        inputs = rotary.inputs_for(family, type_vocab_size=getattr(ref.config, "type_vocab_size", 0))
+        options["pieces"] = lambda hf: rotary.in_memory(family, hf)
         ref = getattr(transformers, HEADS[task]).from_pretrained(tmp_path).eval().to(CUDA)
     else:
         inputs = batch(family, pairs=getattr(ref.config, "type_vocab_size", 2) > 1)
     if family == "deberta-v2":
-        options.update(test_deberta_parity.PARITY)
+        options.update(DEBERTA_PARITY)
     options.setdefault("base_loss", projection_loss)
     ours = getattr(hfport, AUTO_CLASSES[task]).from_pretrained(tmp_path, device="cuda")  # loaded onto the GPU
     assert not ours.load_report.initialized and not ours.load_report.unexpected, ours.load_report.summary()

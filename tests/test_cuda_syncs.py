@@ -24,7 +24,9 @@ from torch.overrides import TorchFunctionMode
 
 from hfport.train import amp, loop
 from hfport.train.config import FinetuneConfig
-from tests.test_finetune import base_config, workdir  # noqa: F401 - workdir: fixture
+from tests.data import DATA
+from tests.finetuning import base_config, embedding_config
+from tests.tiny import save_with_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH = str(Path(torch.__file__).parent)
@@ -108,7 +110,7 @@ def _logging(config: FinetuneConfig, steps: int) -> list[bool]:
 
 
 @pytest.mark.parametrize("precision, grad_accum", [("fp32", 1), ("bf16", 2)])
-def test_classification_steps_read_nothing_between_logging_steps(workdir, tmp_path, counted, precision,  # noqa: F811
+def test_classification_steps_read_nothing_between_logging_steps(workdir, tmp_path, counted, precision,
                                                                   grad_accum):
     config = base_config(workdir, tmp_path / "run", max_steps=6, logging_steps=3, eval_strategy="no", eval=None,
                          eval_fraction=0.0, save_strategy="no", precision=precision, grad_accum=grad_accum,
@@ -124,9 +126,6 @@ def test_classification_steps_read_nothing_between_logging_steps(workdir, tmp_pa
 
 
 def test_listwise_ranking_loss_reads_nothing(tmp_path, counted, minilm_path):
-    from tests.test_reranker_training import DATA
-    from tests.tiny import save_with_tokenizer
-
     save_with_tokenizer("bert", "base", tmp_path / "model", minilm_path, vocab_size=30522)
     config = FinetuneConfig(model=str(tmp_path / "model"), task="text-ranking", train=str(DATA / "rerank_train.jsonl"),
                             eval=None, eval_fraction=0.0, output_dir=str(tmp_path / "run"), batch_size=4, lr=1e-3,
@@ -139,9 +138,7 @@ def test_listwise_ranking_loss_reads_nothing(tmp_path, counted, minilm_path):
 def test_embedding_mnrl_loss_reads_nothing(tmp_path, counted, tiny_bert):
     """MultipleNegativesRankingLoss scores every text of the batch (non-candidates at -inf): no unique(), no
     nonzero(), no boolean index whose size the GPU would report."""
-    from tests.test_embedding_training import cfg
-
-    config = cfg(tiny_bert, tmp_path, eval=None, eval_fraction=0.0, max_steps=3, logging_steps=100,
-                 save_strategy="no", eval_strategy="no")
+    config = embedding_config(tiny_bert, tmp_path, eval=None, eval_fraction=0.0, max_steps=3, logging_steps=100,
+                              save_strategy="no", eval_strategy="no")
     loop.finetune(config, progress=False)
     assert [[r for r in reads if r != "layout"] for reads in counted] == [["loop.py:read"], [], []]

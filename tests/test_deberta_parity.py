@@ -15,10 +15,10 @@ from safetensors.torch import load_file, save_file
 import hfport
 from hfport.models.deberta_v2 import DEBERTA_V2
 from tests import grid
-from tests.parity import compare_models, load_ours, outputs_of
+from tests.parity import DEBERTA_PARITY, compare_models, load_ours, outputs_of
 from tests.tiny import HEADS
 
-TOL = dict(atol=1e-5, rtol=1e-5)
+TOL = dict(atol=1e-5, rtol=DEBERTA_PARITY["rtol"])
 VOCAB = 99
 LENGTHS = (70, 41, 9)
 BASE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -94,11 +94,6 @@ def make_batch(task: str, with_types: bool, seed: int = 1) -> tuple[dict[str, to
 
 
 LABELS = ("labels", "start_positions", "end_positions")
-# DeBERTa's comparison (tests/parity.py) differs from the grid's in three ways: rtol 1e-5; the base model's loss
-# is a mean of squares (a mean, like the task losses: a sum puts gradients near 20, where fp32 noise is ~1e-5); and
-# every parameter must get a gradient (each relative-position term reaches the loss).
-PARITY = dict(rtol=TOL["rtol"], base_loss=lambda out, mask: out.last_hidden_state[mask.bool()].square().mean(),
-              every_grad=True)
 
 
 def split_labels(inputs: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -113,7 +108,7 @@ def test_parity(variant: str, task: str, tmp_path: Path) -> None:
     theirs.save_pretrained(tmp_path / "hf")
     ours = load_ours(task, tmp_path / "hf")
     inputs, labels = split_labels(make_batch(task, with_types=overrides.get("type_vocab_size", 0) > 0)[0])
-    worst = compare_models(theirs, ours, inputs, task, labels=labels, name=f"{variant}/{task}", **PARITY)
+    worst = compare_models(theirs, ours, inputs, task, labels=labels, name=f"{variant}/{task}", **DEBERTA_PARITY)
     grid.record(f"deberta:{variant}", task, worst)
 
     # hfport's save_pretrained output reloads in transformers with nothing missing or left over, same outputs
@@ -144,7 +139,7 @@ def test_padding_layouts(layout: str, task: str, tmp_path: Path) -> None:
         if "labels" in inputs:
             inputs["labels"][0, 10:15] = -100
     inputs, labels = split_labels(inputs)
-    compare_models(theirs, ours, inputs, task, labels=labels, name=f"{layout}/{task}", **PARITY)
+    compare_models(theirs, ours, inputs, task, labels=labels, name=f"{layout}/{task}", **DEBERTA_PARITY)
 
 
 def test_relative_positions_cached_per_length() -> None:

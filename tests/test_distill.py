@@ -364,7 +364,7 @@ def test_the_service_confines_the_teacher_as_it_confines_the_model(root, tmp_pat
 
     from server.app import create_app
     from server.settings import Settings
-    from tests.test_server import assert_error
+    from tests.serving import assert_error
 
     allowed = tmp_path / "allowed"
     allowed.mkdir()

@@ -19,8 +19,7 @@ import torch
 
 import hfport
 from hfport.errors import ConfigError
-from tests.test_multiple_choice import choice_batch
-from tests.test_multiple_choice import compare as compare_choices
+from tests.parity import choice_batch, compare_choices
 from tests.tiny import build_hf, save_hf
 
 torch.set_num_threads(1)

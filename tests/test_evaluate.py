@@ -17,7 +17,7 @@ from hfport.errors import HfportError
 from hfport.evaluation.supervised import evaluate_supervised
 from hfport.formats.tables import DataError
 from hfport.rundir import RunDir
-from tests.test_finetune_tasks import ner_rows, qa_rows, write_jsonl
+from tests.data import ner_rows, qa_rows, write_jsonl
 from tests.tiny import save_with_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

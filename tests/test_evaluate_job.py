@@ -57,7 +57,7 @@ def test_http_evaluate_job(tmp_path, tiny_bert, minilm_path):
     queued."""
     import httpx
 
-    from tests.test_server import Server, assert_error, wait_job
+    from tests.serving import Server, assert_error, wait_job
 
     root = tmp_path / "allowed"
     (root / "data").mkdir(parents=True)

@@ -25,7 +25,7 @@ import torch
 import hfport
 from hfport.errors import ConfigError
 from tests.parity import ATOL, RTOL
-from tests.test_rotary_families import check, inputs_for
+from tests.rotary import check, inputs_for
 from tests.tiny import HEADS, ROTARY_EXTRA_HEADS, ROTARY_HEADS, save_hf, save_with_tokenizer
 
 torch.set_num_threads(1)  # tiny models on shared cores

@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 import hfport
 from server.app import create_app
 from server.settings import Settings
-from tests.test_finetune import write_sentiment
-from tests.test_pipelines import make_folder
+from tests.data import write_sentiment
 from tests.tiny import save_random_adapter
+from tests.tiny_tokenizers import make_folder
 
 
 @pytest.fixture(scope="module")

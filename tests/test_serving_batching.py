@@ -33,7 +33,7 @@ def close(a, b) -> None:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    from tests.test_pipelines import make_folder
+    from tests.tiny_tokenizers import make_folder
 
     return make_folder(tmp_path_factory.mktemp("batching"), "bert", "base")
 

@@ -21,15 +21,12 @@ import hfport
 from hfport.formats.sentence_transformers import (SentenceTransformersError, has_embedding_layout, has_sparse_layout,
                                                   read_layout, read_sparse_layout, write_sparse_layout)
 from hfport.tasks.sparse_embedding import sparse_vectors, splade_pool
-from tests.tiny import TOKENIZER_FILES, build_hf, mlm_folder
+from tests.tiny import SPARSE_TEXTS, TOKENIZER_FILES, build_hf, mlm_folder
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "data"
-TEXTS = ["Paris is the capital of France.", "The cat sat on the mat, and then it slept for a very long while.",
-         "How do I reset my password?", "sparse",
-         # a long row (~110 tokens, past 64: the padded batch's longest)
-         " ".join(["Shops in Vietnam take the dong, the national currency, and the market opens early."] * 7)]
+TEXTS = SPARSE_TEXTS
 
 
 @pytest.fixture(scope="module")

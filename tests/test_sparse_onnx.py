@@ -24,7 +24,8 @@ from hfport.formats.onnx import ONNX_FILE  # noqa: E402
 from hfport.formats.sentence_transformers import write_sparse_layout  # noqa: E402
 from hfport.pipelines.onnx_backend import OnnxModel  # noqa: E402
 from hfport.tasks.sparse_embedding import logits_vectors  # noqa: E402
-from tests.test_sparse import TEXTS, mlm_folder  # noqa: E402
+from tests.tiny import SPARSE_TEXTS as TEXTS  # noqa: E402
+from tests.tiny import mlm_folder  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on shared cores
 

@@ -170,6 +170,13 @@ def make_adapter(base: Path, out: Path, task: str, r: int, targets: list[str], s
     return out
 
 
+# what the SPLADE tests (tests/test_sparse.py, test_sparse_onnx.py) encode with mlm_folder's model
+SPARSE_TEXTS = ["Paris is the capital of France.", "The cat sat on the mat, and then it slept for a very long while.",
+                "How do I reset my password?", "sparse",
+                # a long row (~110 tokens, past 64: the padded batch's longest)
+                " ".join(["Shops in Vietnam take the dong, the national currency, and the market opens early."] * 7)]
+
+
 def mlm_folder(root: Path, minilm: Path, seed: int = 0) -> Path:
     """A tiny BERT masked-LM whose logits are mostly negative (decoder bias - 0.3, about 3 standard deviations of its
     logits): sparse SPLADE vectors."""
