@@ -14,7 +14,7 @@ import pytest
 import hfport
 from server.store import SCHEMA_VERSION, open_store
 from server.store import migrations
-from tests.pgserver import fresh_db_name, pg_server  # noqa: F401 - the session fixture
+from tests.pgserver import fresh_db_name
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "data"
