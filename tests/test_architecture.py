@@ -193,6 +193,19 @@ def test_the_library_never_imports_the_server():
     assert done.returncode == 0, done.stderr
 
 
+def test_start_up_imports_no_compiler():
+    """Importing hfport, its CLI and the service loads no torch._dynamo (about a second of CPU in every server, CLI
+    call and job process; torch.nn.attention.varlen, which imports it, loads on the first packed attention on CUDA).
+    The varlen kernel is still there when asked for."""
+    code = ("import sys, hfport, hfport.cli, server.app; assert 'torch._dynamo' not in sys.modules; "
+            "from hfport.nn import varlen; import torch; "
+            "new = tuple(map(int, torch.__version__.split('.')[:2])) >= (2, 10); "
+            "assert (varlen.VARLEN_ATTN is not None) == new, torch.__version__; "
+            "assert 'torch._dynamo' in sys.modules and varlen.varlen_kernel() is varlen.VARLEN_ATTN")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 def _public_names(module: str) -> set[str]:
     import importlib
 
@@ -287,6 +300,8 @@ FUNCTION_IMPORTS_ALLOWED = {
     ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs (and "
                                  "when its --help lists the server's settings)",
     ("hfport/hub.py", "huggingface_hub"): "only for a repo id (not a folder); importing it costs every start-up",
+    ("hfport/nn/varlen.py", "torch.nn.attention.varlen"): "only for packed attention on CUDA; it imports "
+                                                          "torch._dynamo, a second of CPU at every start-up",
 }
 
 

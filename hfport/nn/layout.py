@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from .band import BandPlan, Kernel, attend_local, banded, window_band
 from .groups import CUDA_CALL_COST, CUDA_SCATTER_COST, Groups, plan_groups
-from .varlen import VARLEN_ATTN, BoundKernel, cu_seqlens, cuda_route, fallback_reason, say_once, window_size
+from .varlen import BoundKernel, cu_seqlens, cuda_route, fallback_reason, say_once, varlen_kernel, window_size
 
 # bias(q, k) -> the additive score bias (G|1, H|1, L, L) of G sequences of length L given their (G, H, L, D) queries
 # and keys (DeBERTa's relative terms), or None. The one injection point for score terms, on every layout. It returns
@@ -332,7 +332,7 @@ class Packed(_PerBatch):
         """q, k, v (N, C) -> (N, C) on a GPU: cuda_route picks one varlen_attn call (attend_varlen) or padded SDPA
         over length groups (attend_groups). `varlen`: the kernel (default VARLEN_ATTN); tests pass
         varlen_reference to run this branch's arithmetic on the CPU."""
-        varlen = VARLEN_ATTN if varlen is None else varlen
+        varlen = varlen_kernel() if varlen is None else varlen
         d = q.shape[1] // heads
         route = cuda_route(q.dtype, d, dropout_p=kernel.dropout_p, bias=bias is not None,
                            rows_in_order=window is None or self.rows_in_order, varlen=varlen is not None)

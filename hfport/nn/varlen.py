@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import Tensor
-
-try:
-    from torch.nn.attention.varlen import varlen_attn as _torch_varlen_attn
-except ImportError:  # torch < 2.9
-    _torch_varlen_attn = None
 
 log = logging.getLogger("hfport.nn")
 
@@ -44,8 +40,31 @@ def _common_form(fn: Callable[..., Tensor] | None) -> Callable[..., Tensor] | No
     return fn if {"scale", "window_size"} <= set(params) else None
 
 
-# varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=, window_size=) -> (N, H, D), or None
-VARLEN_ATTN: Callable[..., Tensor] | None = _common_form(_torch_varlen_attn)
+def _load_varlen_attn() -> Callable[..., Tensor] | None:
+    """torch's varlen_attn in the common form, or None. Imported on first use, not with hfport:
+    torch.nn.attention.varlen imports torch._dynamo, about a second of CPU at every start-up (a server, a CLI call, an
+    export or evaluate job) that never runs packed attention on CUDA."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.9
+        return None
+    return _common_form(varlen_attn)
+
+
+def __getattr__(name: str) -> object:
+    """VARLEN_ATTN, varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=, window_size=) -> (N, H, D) or
+    None, resolved on its first read (PEP 562) and kept as a module attribute from then on (tests set it)."""
+    if name == "VARLEN_ATTN":
+        globals()[name] = kernel = _load_varlen_attn()
+        return kernel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def varlen_kernel() -> Callable[..., Tensor] | None:
+    """VARLEN_ATTN as the module holds it now (read through the module: a plain global read would not load it)."""
+    return sys.modules[__name__].VARLEN_ATTN
+
+
 VARLEN_DTYPES = (torch.float16, torch.bfloat16)  # flash attention's
 VARLEN_HEAD_DIMS = range(8, 257, 8)  # flash attention's head sizes
 
@@ -96,13 +115,13 @@ def say_once(reason: str) -> None:
     """Why packed attention on CUDA took the padded path, logged the first time each reason comes up."""
     if reason not in _said:
         _said.add(reason)
-        level = logging.WARNING if VARLEN_ATTN is None else logging.INFO
+        level = logging.WARNING if varlen_kernel() is None else logging.INFO
         log.log(level, "packed attention on CUDA: padded SDPA over length groups (fused kernels), %s", reason)
 
 
 def fallback_reason(dtype: torch.dtype, head_dim: int, *, dropout_p: float, bias: bool) -> str:
     """The words say_once logs for a "groups" route."""
-    if VARLEN_ATTN is None:
+    if varlen_kernel() is None:
         return (f"since torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn with scale= and "
                 "window_size= (torch >= 2.10)")
     if bias:
