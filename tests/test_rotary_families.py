@@ -190,15 +190,17 @@ def test_save_pretrained_loads_in_transformers(family: str, task: str, tmp_path)
 
 # --- end to end: a sentence-transformers folder served through /embed --------------------------------------
 
-def test_nomic_sentence_transformers_folder_served_through_embed(minilm_path, serve_models, tmp_path) -> None:
+def test_nomic_sentence_transformers_folder_served_through_embed(minilm_path, tmp_path) -> None:
     """A tiny NomicBERT with BERT's tokenizer (MiniLM's WordPiece), mean pooling, normalized, and nomic-embed's
     prompts, saved by sentence-transformers itself: hfport's sentence-embedding pipeline and a served /embed (TEI)
     both equal SentenceTransformer.encode(prompt_name=...) on it. The texts stay under the tiny model's 32
     max_position_embeddings: sentence-transformers 6 caps max_seq_length there when the folder does not name one, which
     hfport's layout reader does not (yet) do; the dynamic scaling past 32 is covered by the grid above."""
-    import httpx
-
+    from fastapi.testclient import TestClient
     from sentence_transformers import SentenceTransformer, models
+
+    from server.app import create_app
+    from server.settings import Settings
 
     plain = tmp_path / "plain"
     save_with_tokenizer("nomic_bert", "base", plain, minilm_path, vocab_size=30522)
@@ -215,15 +217,13 @@ def test_nomic_sentence_transformers_folder_served_through_embed(minilm_path, se
         want = theirs.encode(texts, prompt_name=prompt, convert_to_numpy=True)  # (N, C)
         torch.testing.assert_close(torch.tensor(pipe(texts, prompt_name=prompt)), torch.tensor(want), atol=1e-5,
                                    rtol=0)
-    srv = serve_models({"nomic": folder})
-    try:
-        with httpx.Client(base_url=srv.url, timeout=120) as client:
-            r = client.post("/embed", json={"inputs": texts, "prompt_name": "query"})
-            assert r.status_code == 200, r.text
-            want = theirs.encode(texts, prompt_name="query", convert_to_numpy=True)
-            torch.testing.assert_close(torch.tensor(r.json()), torch.tensor(want), atol=1e-5, rtol=0)
-    finally:
-        srv.stop()
+    # the service in this process (`serve --model nomic=FOLDER`'s settings), fp32 as the comparison
+    settings = Settings(data_dir=tmp_path / "data", models=[f"nomic={folder}"], predict_dtype="float32")
+    with TestClient(create_app(settings, run_worker=False)) as client:
+        r = client.post("/embed", json={"inputs": texts, "prompt_name": "query"})
+        assert r.status_code == 200, r.text
+        want = theirs.encode(texts, prompt_name="query", convert_to_numpy=True)
+        torch.testing.assert_close(torch.tensor(r.json()), torch.tensor(want), atol=1e-5, rtol=0)
 
 
 # --- fine-tuning into the folders sentence-transformers loads -------------------------------------------------
