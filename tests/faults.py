@@ -87,6 +87,16 @@ def finetune_with_fault(config: Any, point: str, step: int, action: str = "kill"
     finetune(config, progress=False)
 
 
+def finetune_noting_imports(config: Any, note: Path) -> None:
+    """A fork-server child's target: train, then write the modules the run had to import (those the fork server
+    had not preloaded) to `note`, one a line (tests/finetuning.py's check_resume_after_sigkill reads them)."""
+    before = set(sys.modules)
+    from hfport.train.loop import finetune
+
+    finetune(config, progress=False)
+    note.write_text("".join(f"{m}\n" for m in sorted(set(sys.modules) - before)))
+
+
 if __name__ == "__main__":  # python -m tests.faults finetune ... : the CLI with the fault named by $HFPORT_TESTS_FAULT
     point, step, *rest = os.environ[ENV].split(":")
     install(point, int(step), *rest)

@@ -5,11 +5,13 @@ retrieval files, metrics.jsonl without its machine-dependent lines, and the SIGK
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -19,6 +21,7 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.loop import finetune
 from hfport.train.monitor import is_perf
 from tests.data import DATA, write_sentiment
+from tests.faults import finetune_noting_imports
 from tests.tiny import save_with_tokenizer
 
 
@@ -64,19 +67,21 @@ def embedding_config(model: Path, tmp_path: Path, **kw) -> FinetuneConfig:
 
 
 _FORKSERVER = None
+# what the fork server imports once for all its children. torch._dynamo (with sympy under it: ~800 modules, about a
+# second of CPU) is what a child's first optimizer imports (torch.optim's constructor is wrapped in
+# torch._disable_dynamo); preloaded, a child imports almost nothing. tests.faults: test_checkpoint_faults' targets.
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "accelerate", "hfport.train.loop", "hfport.tokenizer", "tests.faults"]
 
 
-def _train_in_child(config: FinetuneConfig):
-    """A child process runs the fine-tune so it can be SIGKILLed. Children come from a fork server that has
-    imported torch and hfport but never run an op: a fast start, without the OpenMP-after-fork hang that
-    forking this (already computing) test process would risk."""
+def start_child(target: Callable[..., Any], *args: Any, **kwargs: Any) -> multiprocessing.process.BaseProcess:
+    """target(*args, **kwargs) in a child process, started (a test SIGKILLs it or joins it). Children come from one
+    fork server for the session that has imported FORKSERVER_PRELOAD but never run an op: a fast start, without the
+    OpenMP-after-fork hang that forking this (already computing) test process would risk."""
     global _FORKSERVER
-    import multiprocessing
-
     if _FORKSERVER is None:
         _FORKSERVER = multiprocessing.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["torch", "accelerate", "hfport.train.loop", "hfport.tokenizer"])
-    child = _FORKSERVER.Process(target=finetune, args=(config,), kwargs={"progress": False})
+        _FORKSERVER.set_forkserver_preload(FORKSERVER_PRELOAD)
+    child = _FORKSERVER.Process(target=target, args=args, kwargs=kwargs)
     child.start()
     return child
 
@@ -86,15 +91,19 @@ def check_resume_after_sigkill(config: Callable[..., FinetuneConfig], tmp_path: 
     """`config(out, **extra)` trained to its end, then once per step in `kill_steps` a run SIGKILLed as soon as its
     log shows that step (sometimes mid-checkpoint) and resumed: the same metrics and the same final/`weights` file,
     bit for bit. Returns the killed-and-resumed runs' folders."""
-    ref = _train_in_child(config(tmp_path / "ref"))
+    ref = start_child(finetune_noting_imports, config(tmp_path / "ref"), tmp_path / "ref-imports.txt")
     ref.join(300)
     assert ref.exitcode == 0
+    imported = (tmp_path / "ref-imports.txt").read_text().split()
+    # each child would import these again (the fork server's preload is what keeps a child's start cheap)
+    heavy = [m for m in imported if m.split(".")[0] in ("sympy", "transformers") or m.startswith("torch._dynamo")]
+    assert not heavy, f"a fork-server child imported {len(heavy)} modules of {sorted({m.split('.')[0] for m in heavy})}"
     ref_metrics = model_lines((tmp_path / "ref" / "metrics.jsonl").read_text())
     ref_weights = load_file(str(tmp_path / "ref" / "final" / weights))
     outs = []
     for trial, kill_at in enumerate(kill_steps):
         out = tmp_path / f"trial{trial}"
-        child = _train_in_child(config(out))
+        child = start_child(finetune, config(out), progress=False)
         deadline = time.time() + 300
         while time.time() < deadline and child.is_alive():
             log = out / "metrics.jsonl"
@@ -107,7 +116,7 @@ def check_resume_after_sigkill(config: Callable[..., FinetuneConfig], tmp_path: 
         # checkpoints are written in the background: a kill soon after step 2 can come before the first one
         # landed; then there is nothing to resume and the run starts over (as the server's job runner does)
         again = {"resume": "latest"} if hfport.RunDir(out).latest_checkpoint() else {"overwrite": True}
-        resumed = _train_in_child(config(out, **again))
+        resumed = start_child(finetune, config(out, **again), progress=False)
         resumed.join(300)
         assert resumed.exitcode == 0
         assert model_lines((out / "metrics.jsonl").read_text()) == ref_metrics, f"trial {trial} (killed at step {kill_at})"

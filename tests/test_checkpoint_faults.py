@@ -13,22 +13,12 @@ import torch
 from safetensors.torch import load_file
 
 from hfport.rundir import TRAINER_STATE, RunDir
-from tests.finetuning import base_config, model_lines
+from tests.finetuning import base_config, model_lines, start_child
 
 CHECKPOINT_FILES = {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "rng.pt", TRAINER_STATE}
-_SERVER = None
-
-
-def _child(target, *args):
-    """A fork-server child (torch and hfport imported once, no op run before the fork; see tests/finetuning.py)."""
-    global _SERVER
-    import multiprocessing
-
-    if _SERVER is None:
-        _SERVER = multiprocessing.get_context("forkserver")
-        _SERVER.set_forkserver_preload(["torch", "accelerate", "hfport.train.loop", "hfport.tokenizer", "tests.faults"])
-    child = _SERVER.Process(target=target, args=args)
-    child.start()
+def _child(target, *args) -> int | None:
+    """target(*args) in a fork-server child (tests/finetuning.py's start_child); its exit code."""
+    child = start_child(target, *args)
     child.join(300)
     return child.exitcode
 
