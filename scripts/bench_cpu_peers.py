@@ -2,7 +2,8 @@
 and OpenVINO, fastembed), each contestant in a fresh process of its own environment.
 
   python scripts/bench_cpu_peers.py [--texts 1000] [--rounds 3] [--batch-size 32] [--models minilm,bert-base]
-                                    [--venv ../PEERS/.venv] [--venv-ort ../PEERS/.venv-ort] [--venv-ov ../PEERS/.venv-ov]
+                                    [--venv ../PEERS/.venv] [--venv-ort ../PEERS/.venv-ort]
+                                    [--venv-ov ../PEERS/.venv-ov]
                                     [--only NAME,...] [--json out.json]
 
 The peers cannot share one environment with transformers 5 (optimum-onnx needs transformers < 4.58, optimum-intel
@@ -90,7 +91,7 @@ CONTESTANTS = [
     Contestant("ST ONNX (ORT) qint8 dynamic", "ort", "st_onnx_qint8", ORT_DIR),
     Contestant("ST OpenVINO bf16", "ov", "st_openvino_bf16", OV_DIR),
     Contestant("ST OpenVINO int8 static (NNCF)", "ov", "st_openvino_int8", OV_DIR),
-    Contestant("fastembed (ORT, ST's ONNX graph)", "main", "fastembed", ORT_DIR),
+    Contestant("fastembed (ORT; ST's ONNX graph)", "main", "fastembed", ORT_DIR),
     Contestant("hfport fp32", "main", "hfport_fp32", ""),
     Contestant("hfport auto", "main", "hfport_auto", ""),
     Contestant("hfport int8", "main", "hfport_int8", ""),
@@ -221,7 +222,7 @@ def prepare_ov(work: Path, args: argparse.Namespace) -> None:
                                                dataset_split="train", column_name="text")
 
 
-# ---- contestants' loaders (children): folder -> encode(texts) -> (N, D) float32 ----------------------------------------
+# ---- contestants' loaders (children): folder -> encode(texts) -> (N, D) float32 ------------------------------------
 
 Encode = Callable[[list[str]], np.ndarray]
 
@@ -353,7 +354,7 @@ def child(args: argparse.Namespace) -> None:
                                           "load_s": load_s, "dim": int(np.asarray(embeddings).shape[1])}))
 
 
-# ---- the parent: environments, preparation, rounds, table ---------------------------------------------------------------
+# ---- the parent: environments, preparation, rounds, table -----------------------------------------------------------
 
 def _python(venv: Path) -> Path:
     return venv / "bin" / "python"
@@ -392,14 +393,14 @@ def prepare(args: argparse.Namespace, work: Path, venvs: dict[str, Path]) -> dic
     return failed
 
 
-def why_skipped(c: Contestant, venvs: dict[str, Path], failed: dict[str, str], peers: str) -> str | None:
+def why_skipped(c: Contestant, work: Path, venvs: dict[str, Path], failed: dict[str, str], peers: str) -> str | None:
     venv = venvs[c.env]
     if not _python(venv).exists():
         return f"no environment at {venv}; set it up with `{SETUP.format(peers=peers, env=c.env)}`"
     needs_env = {ORT_DIR: "ort", OV_DIR: "ov", HFPORT_ONNX_DIR: "main", "": "main"}[c.needs]
     if needs_env in failed or c.env in failed:
         return failed.get(needs_env) or failed[c.env]
-    if not _python(venvs[needs_env]).exists():
+    if not (work / f"prepared-{needs_env}").exists():
         return (f"reads the {needs_env} environment's export; set it up with "
                 f"`{SETUP.format(peers=peers, env=needs_env)}`")
     return None
@@ -456,7 +457,8 @@ def main() -> None:
         return globals()[STAGES[args.prepare]](Path(args.work), args)
 
     key = json.dumps([args.texts, args.seed, args.bert_layers, args.models, args.ort_qconfig])
-    work = (args.work or Path(tempfile.gettempdir()) / f"hfport-cpu-peers-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
+    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+    work = args.work or Path(tempfile.gettempdir()) / f"hfport-cpu-peers-{digest}"
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     venvs = {"main": args.venv.resolve(), "ort": args.venv_ort.resolve(), "ov": args.venv_ov.resolve()}
@@ -470,7 +472,7 @@ def main() -> None:
     chosen = [c for c in CONTESTANTS if c.name == REFERENCE or args.only is None or c.name in args.only]
     if args.only and len(chosen) - 1 < len(set(args.only) - {REFERENCE}):
         raise SystemExit(f"--only: choose from {[c.name for c in CONTESTANTS]}")
-    skipped = {c.name: why for c in chosen if (why := why_skipped(c, venvs, failed, peers))}
+    skipped = {c.name: why for c in chosen if (why := why_skipped(c, work, venvs, failed, peers))}
     running = [c for c in chosen if c.name not in skipped]
     results: dict[str, dict[str, dict[str, list[float]]]] = {
         m: {c.name: {"texts_per_s": [], "p50_ms": [], "cosine": []} for c in running} for m in args.models}
