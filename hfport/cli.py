@@ -602,7 +602,8 @@ def evaluate(
                                                                    "corpus (.txt, one text a line, or a file with a "
                                                                    "`text` column).")] = None,
     compare: Annotated[Optional[str], typer.Option("--compare", help="Another model evaluated the same way, side by "
-                                                                     "side (e.g. the base of a fine-tune).")] = None,
+                                                                     "side (e.g. the base of a fine-tune); the "
+                                                                     "difference column is MODEL minus it.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the figures here as JSON.")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write a self-contained report.html with the "
                                                                     "charts here.")] = None,
