@@ -190,8 +190,9 @@ def serve_and_query(chain: Chain, folder: Path, passages: dict[str, str]) -> dic
         server.terminate()
         server.wait(timeout=60)
         log.close()
-    # what the server returned against the same folder loaded here (hfport's pipeline over the same ONNX graph)
-    local = hfport.pipeline("sentence-embedding", model=str(folder))([QUERY, *passages.values()])
+    # what the server returned against the same folder loaded here (hfport's pipeline over the same ONNX graph),
+    # normalized as /v1/embeddings normalizes, as OpenAI's are (a no-op for this model: it normalizes itself)
+    local = hfport.pipeline("sentence-embedding", model=str(folder))([QUERY, *passages.values()], normalize=True)
     served_vs_local = max(abs(a - b) for v, w in zip(vectors, local) for a, b in zip(v, w))
     query, rest = vectors[0], vectors[1:]
     scores = [sum(a * b for a, b in zip(query, v)) / math.sqrt(sum(a * a for a in query) * sum(b * b for b in v))
