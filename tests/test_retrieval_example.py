@@ -86,3 +86,6 @@ def test_the_example_runs_every_command(tiny, tmp_path, capsys):
     assert served["dimensions"] == student["hidden_size"] and len(served["ranked"]) == 3
     assert served["max_abs_diff_vs_local"] < 1e-5  # the server runs the same ONNX graph in fp32
     assert (out / "report-finetuned.html").is_file() and (out / "report-student.html").is_file()
+    svgs = sorted(p.name for p in (out / "charts").iterdir())
+    assert svgs == sorted(f"{run}-{chart}.svg" for run in ("finetuned", "student")
+                          for chart in ("metrics", "recall-at-k", "accuracy-at-k"))
