@@ -5,7 +5,8 @@ The public API is the names below, plus these submodules: hfport.errors (excepti
 options and results), hfport.rundir (RunDir, RunSummary), hfport.lora (LoRA adapters in PEFT's format: apply, save,
 load, merge), hfport.pipelines, hfport.tasks (the task records: names, aliases, model classes), hfport.embeddings
 (sentence-transformers folders: pooling, prompts, batch budgets), hfport.verbosity (HFPORT_VERBOSITY, log
-set-up), hfport.retrieval (embedding search with an on-disk embedding cache, hard-negative mining: `mine`) and
+set-up), hfport.settings (the library's settings, its HFPORT_* variables; the base class of the server's),
+hfport.retrieval (embedding search with an on-disk embedding cache, hard-negative mining: `mine`) and
 hfport.evaluation (`evaluate`: a task's metrics on labelled data, JSON and report.html); `resolve_model` finds a local
 folder or a repo id in the local HF cache. The CLI and the server use nothing
 else; the server takes every name it needs from the top-level namespace.
@@ -18,10 +19,11 @@ from .errors import CheckpointError, ConfigError, HfportError, ItemError, ModelN
 from .evaluation import EvalResult, Evaluation, evaluate
 from .export import ExportError, ExportOptions, ExportResult, VerifyReport, export, verify
 from .hub import resolve as resolve_model
+from .inference import for_inference, inference_steps
 from .modeling import LoadReport, PreTrainedEncoder
 from .nn.packed import packed_bytes
-from .nn.shards import set_num_threads_here
 from .pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, phase_times, pipeline
+from .pipelines.shards import set_num_threads_here
 from .registry import supported
 from .retrieval import MineResult, mine, mine_hard_negatives
 from .rundir import RunDir, RunSummary
@@ -47,6 +49,8 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice", "A
            "ItemError",
            # serving: time a call's phases (tokenize, forward, ...), pick a pipeline's token budget by measurement
            "phase_times", "tune_batch_tokens",
+           # the inference step pipelines apply to their model (hfport/inference.py), and what it did to a model
+           "for_inference", "inference_steps",
            # a weight's packed inference copy (nn/packed.py), which a memory budget counts beside the weight
            "packed_bytes",
            # a thread's own intra-op thread count, the process's left alone (a server's predict threads)

@@ -2,9 +2,11 @@
 the fp32 answers, judged by what each head means. Used by export (export/onnx_verify.py) and by loading with
 dtype="int8", so it sits below both.
 
-Each task record names its kind (`Task.agreement`); a kind is a Gate: `extract` takes one chunk of the judged
-texts (int8 outputs, fp32 outputs, the batch, the context) to the items it judges, the chunks' items are joined,
-and `judge` turns them into a Verdict held to its threshold:
+Each task record names its kind (`Task.agreement`); a kind is a Gate: `items` takes one side's outputs on one chunk
+of the judged texts (int8's, or fp32's with what only the reference decides) to the items it judges, small next to
+the outputs (fill-mask: the top-k ids at the masked positions, not (rows, T, vocab) logits), so a gate keeps fp32's
+items of every chunk and not its outputs; the chunks' items are joined, and `judge` turns them into a Verdict held
+to its threshold:
     labels   the decided label per text (argmax, or each label's logit > 0 where labels are independent); a
              one-label head (num_labels 1: a regression, a reranker's relevance score) is judged as `scores`
     scores   Spearman rank correlation of the scores >= min_agreement, with fp32 near ties (SCORE_TIE) not counted
@@ -67,7 +69,8 @@ class Verdict:
     error: float | None = None  # scores: the relative L2 error, held to MAX_SCORE_ERROR
 
 
-Extract = Callable[[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor], GateContext], tuple[Tensor, Tensor]]
+# (one side's outputs, the batch, the context, whether it is the reference (fp32) side) -> that side's items
+Items = Callable[[dict[str, Tensor], dict[str, Tensor], GateContext, bool], Tensor]
 Judge = Callable[[Tensor, Tensor, GateContext], Verdict]
 
 
@@ -75,7 +78,7 @@ Judge = Callable[[Tensor, Tensor, GateContext], Verdict]
 class Gate:
     name: str  # the statistic's name in the report
     threshold: str  # which bound applies: "agreement" (min_agreement) or "cosine" (min_cosine)
-    extract: Extract
+    items: Items
     judge: Judge
 
 
@@ -99,8 +102,8 @@ def one_label(config: Any) -> bool:
     return config.num_labels == 1 and config.problem_type != "multi_label_classification"
 
 
-def _logits(q, f, enc, ctx) -> tuple[Tensor, Tensor]:
-    return q["logits"], f["logits"]  # (B, L) each
+def _logits(out, enc, ctx, reference) -> Tensor:
+    return out["logits"]  # (B, L)
 
 
 def _judge_labels(a: Tensor, b: Tensor, ctx: GateContext) -> Verdict:
@@ -113,8 +116,8 @@ def _judge_labels(a: Tensor, b: Tensor, ctx: GateContext) -> Verdict:
     return agreement(a.argmax(-1) == b.argmax(-1), fp32_decides(b))
 
 
-def _scores(q, f, enc, ctx) -> tuple[Tensor, Tensor]:
-    return q["logits"][:, 0], f["logits"][:, 0]  # (B,) each
+def _scores(out, enc, ctx, reference) -> Tensor:
+    return out["logits"][:, 0]  # (B,)
 
 
 def ranks(x: Tensor) -> Tensor:
@@ -146,25 +149,23 @@ def _judge_scores(a: Tensor, b: Tensor, ctx: GateContext) -> Verdict:
     return Verdict(rho, len(b), tied, error)
 
 
-def _tags(q, f, enc, ctx) -> tuple[Tensor, Tensor]:
-    real = enc["attention_mask"].bool()  # (B, T)
-    return q["logits"][real], f["logits"][real]  # (N, L): the real tokens
+def _tags(out, enc, ctx, reference) -> Tensor:
+    return out["logits"][enc["attention_mask"].bool()]  # (N, L): the real tokens
 
 
 def _judge_tags(a: Tensor, b: Tensor, ctx: GateContext) -> Verdict:
     return agreement(a.argmax(-1) == b.argmax(-1), fp32_decides(b))
 
 
-def _spans(q, f, enc, ctx) -> tuple[Tensor, Tensor]:
-    """int8's (start, end) argmax over real tokens, (B, 2); fp32's with a third column: 1 where fp32 decides both
+def _spans(out, enc, ctx, reference) -> Tensor:
+    """The (start, end) argmax over real tokens, (B, 2); fp32's with a third column: 1 where fp32 decides both
     (NEAR_TIE between its two most probable starts, and ends), (B, 3)."""
     real = enc["attention_mask"].bool()  # (B, T)
-    logits = {k: (q[k].masked_fill(~real, float("-inf")), f[k].masked_fill(~real, float("-inf")))
-              for k in ("start_logits", "end_logits")}  # each (B, T)
-    a = torch.stack([x.argmax(-1) for x, _ in logits.values()], dim=1)  # (B, 2)
-    decided = fp32_decides(logits["start_logits"][1]) & fp32_decides(logits["end_logits"][1])  # (B,)
-    b = torch.stack([y.argmax(-1) for _, y in logits.values()] + [decided.long()], dim=1)  # (B, 3)
-    return a, b
+    logits = [out[k].masked_fill(~real, float("-inf")) for k in ("start_logits", "end_logits")]  # each (B, T)
+    spans = [x.argmax(-1) for x in logits]  # (B,) each
+    if reference:
+        spans.append((fp32_decides(logits[0]) & fp32_decides(logits[1])).long())
+    return torch.stack(spans, dim=1)  # (B, 2) | (B, 3)
 
 
 def _judge_spans(a: Tensor, b: Tensor, ctx: GateContext) -> Verdict:
@@ -172,10 +173,9 @@ def _judge_spans(a: Tensor, b: Tensor, ctx: GateContext) -> Verdict:
     return agreement((a == b[:, :2]).all(dim=1), b[:, 2].bool())
 
 
-def _top_k(q, f, enc, ctx) -> tuple[Tensor, Tensor]:
-    masked = enc["masked"]  # (B, T)
-    k = min(TOP_K, q["logits"].shape[-1])
-    return q["logits"][masked].topk(k).indices, f["logits"][masked].topk(k).indices  # (M, k) each
+def _top_k(out, enc, ctx, reference) -> Tensor:
+    logits = out["logits"][enc["masked"]]  # (M, V): the masked positions
+    return logits.topk(min(TOP_K, logits.shape[-1])).indices  # (M, k)
 
 
 def _judge_overlap(a: Tensor, b: Tensor, ctx: GateContext) -> Verdict:
@@ -183,9 +183,8 @@ def _judge_overlap(a: Tensor, b: Tensor, ctx: GateContext) -> Verdict:
     return Verdict(sum(overlap) / len(overlap), len(overlap))
 
 
-def _pooled(q, f, enc, ctx) -> tuple[Tensor, Tensor]:
-    mask = enc["attention_mask"]  # (B, T)
-    return pool(q["last_hidden_state"], mask, ctx.pooling), pool(f["last_hidden_state"], mask, ctx.pooling)  # (B, C)
+def _pooled(out, enc, ctx, reference) -> Tensor:
+    return pool(out["last_hidden_state"], enc["attention_mask"], ctx.pooling)  # (B, C)
 
 
 def _judge_cosine(a: Tensor, b: Tensor, ctx: GateContext) -> Verdict:
@@ -209,11 +208,22 @@ def gate_for(kind: str, config: Any) -> Gate:
     return GATES["scores" if kind == "labels" and one_label(config) else kind]
 
 
+def items(gate: Gate, outputs: dict[str, Tensor], enc: dict[str, Tensor], ctx: GateContext,
+          reference: bool = False) -> Tensor:
+    """What GATE judges of one side's OUTPUTS on the batch ENC (REFERENCE: the fp32 side)."""
+    return gate.items(outputs, enc, ctx, reference)
+
+
+def verdict(gate: Gate, chunks: list[tuple[Tensor, Tensor]], ctx: GateContext) -> Verdict:
+    """GATE's verdict over the chunks' (int8 items, fp32 items), joined first."""
+    return gate.judge(torch.cat([a for a, _ in chunks]), torch.cat([b for _, b in chunks]), ctx)
+
+
 def measure(gate: Gate, chunks: list[tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]],
             ctx: GateContext) -> Verdict:
-    """GATE's verdict over the chunks (int8 outputs, fp32 outputs, batch), their items joined first."""
-    items = [gate.extract(q, f, enc, ctx) for q, f, enc in chunks]
-    return gate.judge(torch.cat([a for a, _ in items]), torch.cat([b for _, b in items]), ctx)
+    """GATE's verdict over the chunks (int8 outputs, fp32 outputs, batch)."""
+    return verdict(gate, [(items(gate, q, enc, ctx), items(gate, f, enc, ctx, reference=True))
+                          for q, f, enc in chunks], ctx)
 
 
 def passes(gate: Gate, verdict: Verdict, min_agreement: float, min_cosine: float) -> tuple[bool, str]:

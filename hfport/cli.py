@@ -8,17 +8,20 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
+from . import settings as library_settings
 from . import tasks, verbosity
 from .convert import convert as convert_folder
-from .errors import HfportError, ItemError
+from .errors import HfportError, ItemError, SettingsError
 from .evaluation import evaluate as run_evaluate
 from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFailed, VerifyReport, formats_help, \
     get_format
 from .export import export as export_to
 from .export import verify as verify_folder
 from .hardware import cpu_capabilities, describe, device_name
-from .pipelines import InvalidInput, pipeline
+from .inference import for_inference, inference_steps
+from .pipelines import InvalidInput, pipeline, shards
 from .retrieval import OUTPUT_FORMATS, SAMPLING_STRATEGIES
 from .retrieval import mine as run_mine
 from .tasks import load_any
@@ -66,8 +69,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
          dtype: Annotated[Optional[str], typer.Option(help="The dtype to load MODEL in: float32, bfloat16, float16 "
                                                      "or auto (default: the checkpoint's as stored, float32).")] = None,
          verbose: Verbose = 0, quiet: Quiet = False) -> None:
-    """Family, head, parameter count, device, dtype and the load report of MODEL; --hardware: what this CPU computes
-    fast."""
+    """Family, head, parameter count, device, dtype, the inference steps a pipeline applies to it and the load report
+    of MODEL; --hardware: what this CPU computes fast."""
     setup_logging(verbose, quiet)
     if model is None and not hardware:
         fail("give a MODEL, or --hardware for this machine's measured capabilities")
@@ -82,6 +85,7 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
         fail(str(e))
         return
     report = m.load_report
+    steps = inference_steps(for_inference(m))  # what a pipeline over this model runs (hfport/inference.py)
     facts = {
         "path": str(model), "family": m.family.model_type, "head": m.task,
         "architecture": m.family.architectures[m.task], "parameters": m.num_parameters(),
@@ -89,6 +93,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
         "hidden_size": m.config.hidden_size, "layers": m.config.num_hidden_layers,
         "heads": m.config.num_attention_heads, "vocab_size": m.config.vocab_size,
         "labels": m.config.id2label if tasks.get(m.task).labels else None,
+        "inference": {**{step: f"{n} layers" for step, n in steps.items()},
+                      "row_shards": shards.describe("auto", m.dtype)},
         "load_report": {"loaded": len(report.loaded), "initialized": report.initialized,
                         "unexpected": report.unexpected,
                         "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite,
@@ -103,6 +109,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
             continue
         if key == "parameters":
             value = f"{value:,}"
+        if key == "inference":
+            value = "; ".join(f"{step} {what}" for step, what in value.items())
         if value is not None:
             typer.echo(f"{key:<{width}}  {value}")
     typer.echo(f"{'load':<{width}}  " + report.summary().replace("\n", "\n" + " " * (width + 2)))
@@ -637,7 +645,26 @@ def evaluate(
             typer.echo(f"{what} written to {path}", err=True)
 
 
-@app.command()
+class ServeCommand(TyperCommand):
+    """`serve --help` ends with every setting's environment variable, by group, read from the settings classes when
+    the help is shown: the library never imports the server at import time."""
+
+    @property
+    def epilog(self) -> str:
+        from server.settings import Settings as ServerSettings
+
+        paragraphs = ["Flags win over these environment variables; docs/settings.md says what each setting means.",
+                      *library_settings.help_text(ServerSettings, "Server"),
+                      *library_settings.help_text(library_settings.Settings, "Library")]
+        # typer's rich help keeps a paragraph's line breaks; click's plain help keeps them after a \b line
+        return "\n\n".join(paragraphs if self.rich_markup_mode else ["\b\n" + p for p in paragraphs])
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:  # click's __init__ sets it; the property above answers instead
+        pass
+
+
+@app.command(cls=ServeCommand)
 def serve(
     host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1, or HFPORT_HOST).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port (default 8000, or HFPORT_PORT).")] = None,
@@ -655,8 +682,6 @@ def serve(
     setup_logging(verbose, quiet, default="verbose")
     # the service is an application over the library, like this CLI: the library never imports it, so it is
     # imported here, when the command runs (`python -m server` is the same entry point)
-    from pydantic import ValidationError
-
     try:
         from server.__main__ import serve as run
     except ImportError as e:
@@ -668,7 +693,7 @@ def serve(
     try:
         run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, models=model or None,
             quiet=quiet)
-    except ValidationError as e:  # a bad setting, from a flag or an HFPORT_* variable
+    except SettingsError as e:  # a bad setting, from a flag or an HFPORT_* variable: named with its value
         fail(f"invalid settings: {e}")
     except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback
         fail(str(e))

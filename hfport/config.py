@@ -40,6 +40,10 @@ class EncoderConfig:
     num_hidden_groups: int = 1  # ALBERT layer sharing
     inner_group_num: int = 1
     tie_word_embeddings: bool = True
+    # the width of one attention head; None: hidden_size // num_attention_heads. Only the families whose transformers
+    # attention reads config.head_dim set it (GTE, NomicBERT, EuroBERT, jina-embeddings-v3): their heads may be
+    # wider or narrower than that, q/k/v projecting to num_attention_heads * head_dim and o back to hidden_size
+    head_dim: int | None = None
     # head metadata, as transformers keeps it
     num_labels: int = 2
     id2label: dict[int, str] = field(default_factory=dict)
@@ -63,10 +67,14 @@ class EncoderConfig:
                 raise self.error(name, f"must be a positive integer, got {value!r}")
         if isinstance(self.type_vocab_size, bool) or not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
             raise self.error("type_vocab_size", f"must be an integer >= 0, got {self.type_vocab_size!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise self.error("num_attention_heads",
-                             f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
-                             f"{self.num_attention_heads}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise self.error("num_attention_heads",
+                                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                                 f"{self.num_attention_heads}")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        elif isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim <= 0:
+            raise self.error("head_dim", f"must be a positive integer, got {self.head_dim!r}")
         if self.hidden_act not in ACTIVATIONS:
             raise self.error("hidden_act", f"{self.hidden_act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
@@ -111,8 +119,9 @@ class EncoderConfig:
             self.problem_type = problem_type
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def attention_size(self) -> int:
+        """The width q, k and v project to (all heads side by side): hidden_size unless head_dim says otherwise."""
+        return self.num_attention_heads * self.head_dim
 
     def error(self, field_name: str, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: field '{field_name}': {message}")
@@ -123,7 +132,7 @@ class EncoderConfig:
         unique_layers = self.num_hidden_groups * self.inner_group_num if self.num_hidden_groups > 1 or \
             self.inner_group_num > 1 else self.num_hidden_layers
         embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * e + e * h
-        layer = 4 * h * h + 2 * h * i
+        layer = 4 * h * self.attention_size + 2 * h * i
         return embeddings + unique_layers * layer + 2 * h * h + self.vocab_size
 
     def check_size(self, bytes_per_param: int = 4) -> None:

@@ -14,6 +14,11 @@ class ConfigError(HfportError, ValueError):
     """A config.json that is missing a field, has a bad value, or asks for an unsupported variant."""
 
 
+class SettingsError(ConfigError):
+    """An HFPORT_* variable (or a settings argument) with a value it does not accept, or one that is no longer a
+    setting: names the variable, the value and what is accepted (hfport/settings.py)."""
+
+
 class CheckpointError(HfportError, ValueError):
     """A weights file that is corrupt, truncated, unsafe, or does not fit the model."""
 

@@ -4,9 +4,9 @@ A CPU flag list says what instructions exist, not whether torch's kernels use th
 hypervisor may hide flags; oneDNN may or may not have a bf16 path for the build). So the answer comes from a timed
 square matmul per dtype, the operation that dominates an encoder: bf16 counts as native when its matmul runs at
 least NATIVE_MARGIN times as fast as fp32's. The probe takes well under a second, once per machine: its result is
-kept in `hardware.json` under the user cache dir ($HFPORT_CACHE_DIR, else $XDG_CACHE_HOME/hfport, else
-~/.cache/hfport), keyed by CPU model, core count and torch version; a file for another key, or one that does not
-parse, is measured again and replaced.
+kept in `hardware.json` under hfport's cache dir (the setting cache_dir: $HFPORT_CACHE_DIR, else
+$XDG_CACHE_HOME/hfport, else ~/.cache/hfport), keyed by CPU model, core count and torch version; a file for another
+key, or one that does not parse, is measured again and replaced.
 
 Decisions that read it: fine-tuning's `precision: auto` (bf16 autocast where native) and `dtype="auto"` when
 loading a model for the CPU (an fp32 checkpoint runs in bf16 where native; see `auto_dtype`).
@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
+from .settings import settings
+
 log = logging.getLogger("hfport.hardware")
 
-CACHE_ENV = "HFPORT_CACHE_DIR"
 CACHE_FILE = "hardware.json"
 FORMAT = 3  # bumped when the probe changes, so older files are measured again (2: one thread, CPU time; 3: int8 on
 # oneDNN's uint8 Linear)
@@ -93,13 +94,9 @@ def machine_key() -> dict[str, Any]:
 
 
 def cache_root() -> Path:
-    """hfport's user cache dir: $HFPORT_CACHE_DIR, else $XDG_CACHE_HOME/hfport, else ~/.cache/hfport (this file's
-    hardware.json; hfport/retrieval/cache.py's embeddings)."""
-    if os.environ.get(CACHE_ENV):
-        root = Path(os.environ[CACHE_ENV])
-    else:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfport"
-    return root.expanduser()
+    """hfport's user cache dir, the setting cache_dir (this file's hardware.json; hfport/retrieval/cache.py's
+    embeddings; the encoded-examples stores)."""
+    return settings().cache_dir
 
 
 def cache_path() -> Path:

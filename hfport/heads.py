@@ -79,26 +79,30 @@ class SequenceClassificationHead(nn.Module):
 
     BERT/ALBERT feed the pooler output straight to dropout -> out; RoBERTa, DistilBERT and DeBERTa put their
     own dense layer on the first token (`dense_act` names its activation); ModernBERT its prediction head
-    (`transform`) on the first token or the mean of the real tokens (`pooling`)."""
+    (`transform`) on the first token or the mean of the real tokens (`pooling`). `project=False` keeps
+    pre-dropout -> act without the dense layer (ELECTRA's sequence summary with summary_use_proj false)."""
 
     def __init__(self, hidden_size: int, num_labels: int, dropout: float, *, dense_act: str | None = None,
                  pre_dropout: float = 0.0, dense_size: int | None = None, transform: dict | None = None,
-                 pooling: str = "first"):
+                 pooling: str = "first", project: bool = True):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling {pooling!r} is not one of {list(POOLINGS)}")
         dense_size = dense_size or hidden_size
         self.pooling = pooling
         self.pre_dropout = Dropout(pre_dropout)
-        self.dense = nn.Linear(hidden_size, dense_size) if dense_act else None
+        self.dense = nn.Linear(hidden_size, dense_size) if dense_act and project else None
         self.act = Activation(dense_act) if dense_act else None
         self.transform = _transform(hidden_size, transform)
         self.dropout = Dropout(dropout)
-        self.out = nn.Linear(dense_size if dense_act else hidden_size, num_labels)
+        self.out = nn.Linear(dense_size if self.dense is not None else hidden_size, num_labels)
 
     def forward(self, features: Tensor) -> Tensor:  # (B, C) -> (B, L)
-        if self.dense is not None:
-            features = self.act(self.dense(self.pre_dropout(features)))
+        if self.act is not None:
+            features = self.pre_dropout(features)
+            if self.dense is not None:
+                features = self.dense(features)  # (B, C) -> (B, dense_size)
+            features = self.act(features)
         if self.transform is not None:
             features = self.transform(features)
         return self.out(self.dropout(features))

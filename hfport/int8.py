@@ -6,8 +6,9 @@
      layer) stay fp32 beside the int8 product;
   2. every nn.Linear under the body's encoder becomes an Int8Linear (nn/int8.py: weights per output channel,
      activations per tensor through oneDNN's fused int8 Linear, the fast one, or per token through torch._int_mm),
-     keeping its float weight for calls of fewer than HFPORT_INT8_MIN_ROWS rows (default 128), where int8's fixed
-     costs make it slower than the float layer (nn/int8.py's docstring has the numbers; 0: int8 always).
+     keeping its float weight for calls of fewer than `min_rows` rows (default 128, nn/int8.py: FLOAT_BELOW_ROWS),
+     where int8's fixed costs make it slower than the float layer (nn/int8.py's docstring has the numbers; 0: int8
+     always).
      Embeddings, norms, attention's softmax and products, the pooler and the task heads stay float: bf16 where the
      CPU's bf16 is native (what dtype="auto" picks: hfport/hardware.py), else fp32 (`float_dtype`). The int8 kernel
      writes its output in that dtype (the cast fused), so a bf16 body passes bf16 from layer to layer; outputs
@@ -17,10 +18,13 @@
      sentences 0.9960 with fp32 float parts, 0.9966 with bf16 ones (over the gate's 64 judged texts 0.9918 and
      0.9902; bf16 alone 0.9999);
   3. the gate (hfport/agreement.py, the ONNX export's rules and thresholds): int8 against fp32 on the built-in
-     judged texts and pairs (never the calibration ones) and on the user's `gate_data`, by the task's agreement
-     kind. Each activation granularity this torch has is tried in turn, fastest first (`granularities`); the first
-     that passes is kept. None passing: an Int8GateError saying by how much, or with "auto-int8" the float layers
-     back and the model in bf16 (logged, and noted in the load report).
+     judged texts and pairs (never the calibration ones), short and long ones up to the model's max length (at most
+     GATE_MAX_LENGTH tokens; hfport/probes.py says why), and on the user's `gate_data` cut only at the model's max
+     length, each set by itself, by the task's agreement kind, int8 at every call size (quantized with no float
+     weight kept; the float weights for calls of few rows are kept once int8 passed). Each activation granularity
+     this torch has is tried in turn, fastest first (`granularities`); the first that passes is kept. None passing:
+     an Int8GateError saying by how much, or with "auto-int8" the float layers back and the model in bf16 (logged,
+     and noted in the load report).
 The gate's verdicts are kept on the model as `model.int8_gate` (a list of GateResult).
 """
 
@@ -36,13 +40,13 @@ import torch
 from torch import Tensor
 
 from . import modeling
-from .agreement import MIN_AGREEMENT, MIN_COSINE, GateContext, gate_for, measure, passes
+from .agreement import MIN_AGREEMENT, MIN_COSINE, Gate, GateContext, gate_for, items, passes, verdict
 from .errors import ConfigError, ExportError
 from .formats.sentence_transformers import has_embedding_layout, read_layout
 from .hardware import auto_dtype
 from .modeling import PreTrainedEncoder
-from .nn.int8 import ACTIVATIONS, InputPeaks, body_linears, int8_everywhere, onednn_int8_available, quantize_linears, \
-    swap_linears
+from .nn.int8 import ACTIVATIONS, FLOAT_BELOW_ROWS, InputPeaks, Int8Linear, body_linears, onednn_int8_available, \
+    quantize_linears, swap_linears
 from .probes import CALIBRATION_PAIRS, CALIBRATION_TEXTS, PROBE_MAX_LENGTH, GateData, encode, gate_batches, \
     read_gate_data
 from .tasks import TASKS
@@ -59,19 +63,21 @@ class Int8GateError(ExportError):
 @dataclass(frozen=True)
 class GateResult:
     data: str  # where the judged texts came from
-    kind: str  # "texts" or "pairs"
+    kind: str  # "texts", "pairs", "long texts" or "long pairs"
     statistic: str  # the gate's tolerance, e.g. "min cosine >= 0.98"
     value: float
     items: int
     bound: float  # the threshold the statistic is held to
     passed: bool
+    tokens: tuple[int, int] = (0, 0)  # the shortest and longest judged row, in tokens
 
     def line(self) -> str:
-        return (f"{self.statistic}: {self.value:.4f} over {self.items} {self.kind} ({self.data})"
-                f"{'' if self.passed else ' FAILED'}")
+        return (f"{self.statistic}: {self.value:.4f} over {self.items} {self.kind} of {self.tokens[0]}-"
+                f"{self.tokens[1]} tokens ({self.data}){'' if self.passed else ' FAILED'}")
 
 
 def _max_length(config: Any) -> int:
+    """The calibration batches' cut (their texts are short)."""
     return min(PROBE_MAX_LENGTH, config.max_position_embeddings - 2)  # room for RoBERTa's position offset
 
 
@@ -98,28 +104,42 @@ def _pooling(folder: Path) -> str:
 
 
 Batches = dict[str, list[dict[str, Tensor]]]  # "<origin>/<kind>" -> the judged batches
+Reference = dict[str, list[Tensor]]  # the same keys -> fp32's judged items per batch
 
 
 def _batches(model: PreTrainedEncoder, folder: Path, datasets: list[GateData]) -> Batches:
     """Every data set as the gate's batches (hfport/probes.py: gate_batches), tokenized once."""
     return {f"{data.origin}/{kind}": encs for data in datasets
-            for kind, encs in gate_batches(folder, model.task, model.config, data, _max_length(model.config)).items()}
+            for kind, encs in gate_batches(folder, model.task, model.config, data).items()}
 
 
-def _judge(model: PreTrainedEncoder, folder: Path, batches: Batches,
-           reference: dict[str, list[dict[str, Tensor]]]) -> list[GateResult]:
+def _gate(model: PreTrainedEncoder, folder: Path) -> tuple[Gate, GateContext]:
+    return gate_for(TASKS[model.task].agreement, model.config), GateContext(model.config, _pooling(folder))
+
+
+def _reference(model: PreTrainedEncoder, folder: Path, batches: Batches) -> Reference:
+    """fp32's judged items on every batch: only the items are kept (fill-mask's logits are (rows, T, vocab))."""
+    gate, ctx = _gate(model, folder)
+    return {key: [items(gate, _outputs(model, enc, model.task), enc, ctx, reference=True) for enc in encs]
+            for key, encs in batches.items()}
+
+
+def _tokens(encs: list[dict[str, Tensor]]) -> tuple[int, int]:
+    lengths = torch.cat([enc["attention_mask"].sum(1) for enc in encs])  # (rows,)
+    return int(lengths.min()), int(lengths.max())
+
+
+def _judge(model: PreTrainedEncoder, folder: Path, batches: Batches, reference: Reference) -> list[GateResult]:
     """The gate's verdict per data set and kind: MODEL's outputs (int8) against REFERENCE (fp32, same keys)."""
-    gate = gate_for(TASKS[model.task].agreement, model.config)
-    ctx = GateContext(model.config, _pooling(folder))
+    gate, ctx = _gate(model, folder)
     bound = MIN_COSINE if gate.threshold == "cosine" else MIN_AGREEMENT
     results = []
     for key, encs in batches.items():
-        with int8_everywhere():  # judged in int8 at every batch size: small calls would take the float weight
-            chunks = [(_outputs(model, enc, model.task), f, enc) for enc, f in zip(encs, reference[key])]
-        verdict = measure(gate, chunks, ctx)
-        ok, tolerance = passes(gate, verdict, MIN_AGREEMENT, MIN_COSINE)
+        chunks = [(items(gate, _outputs(model, enc, model.task), enc, ctx), f) for enc, f in zip(encs, reference[key])]
+        judged = verdict(gate, chunks, ctx)
+        ok, tolerance = passes(gate, judged, MIN_AGREEMENT, MIN_COSINE)
         origin, _, kind = key.rpartition("/")
-        results.append(GateResult(origin, kind, tolerance, verdict.value, verdict.items, bound, ok))
+        results.append(GateResult(origin, kind, tolerance, judged.value, judged.items, bound, ok, _tokens(encs)))
     return results
 
 
@@ -146,22 +166,35 @@ def float_dtype(model: PreTrainedEncoder) -> torch.dtype:
 
 
 def quantize(model: PreTrainedEncoder, folder: str | os.PathLike[str], activations: str | None = None,
-             peaks: dict[str, Tensor] | None = None, dtype: torch.dtype | None = None) -> dict[int, Any]:
+             peaks: dict[str, Tensor] | None = None, dtype: torch.dtype | None = None,
+             min_rows: int = FLOAT_BELOW_ROWS) -> dict[int, Any]:
     """Steps 1-2 of the module docstring without the gate: MODEL's encoder Linear layers in int8 with ACTIVATIONS'
     granularity (default: the fastest here), calibrated on the calibration texts through FOLDER's tokenizer (or
-    PEAKS, a calibration already made), then its float parts cast to DTYPE (default `float_dtype`). -> {id(
-    Int8Linear): the nn.Linear it replaced, untouched fp32}. What dtype="int8" does before judging; for benchmarks
-    (scripts/bench.py) and experiments, not for serving."""
+    PEAKS, a calibration already made), each keeping its float weight for calls of fewer than MIN_ROWS rows (0:
+    none), then its float parts cast to DTYPE (default `float_dtype`). -> {id(Int8Linear): the nn.Linear it
+    replaced, untouched fp32}. For benchmarks (scripts/bench.py) and experiments, not for serving."""
     peaks = peaks if peaks is not None else _calibrate(model, Path(folder))
-    originals = quantize_linears(model.body.encoder, peaks, activations or granularities()[0], keep_float=True)
+    originals = quantize_linears(model.body.encoder, peaks, activations or granularities()[0], min_rows)
     model.to(dtype or float_dtype(model))  # the Int8Linears keep their int8 weights and fp32 scales
     return originals
 
 
+def keep_float(model: PreTrainedEncoder, originals: dict[int, Any], min_rows: int) -> None:
+    """Each Int8Linear of MODEL runs calls of fewer than MIN_ROWS rows on the weight of the float layer it replaced
+    (ORIGINALS, from `quantize`), in the model's float dtype (nn/int8.py: Int8Linear.keep_float)."""
+    for module in model.body.encoder.modules():
+        if isinstance(module, Int8Linear):
+            module.keep_float(originals[id(module)].weight, min_rows)
+
+
 def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *, fallback: bool = False,
-                    gate_data: str | os.PathLike[str] | None = None) -> PreTrainedEncoder:
+                    gate_data: str | os.PathLike[str] | None = None,
+                    min_rows: int = FLOAT_BELOW_ROWS) -> PreTrainedEncoder:
     """MODEL (fp32, just loaded from FOLDER) with its encoder's Linear layers in int8, if the gate passes; else an
-    Int8GateError, or with FALLBACK the model in bf16. The module docstring has the steps."""
+    Int8GateError, or with FALLBACK the model in bf16. Calls of fewer than MIN_ROWS rows run the float weights (0:
+    int8 always). The module docstring has the steps."""
+    if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 0:
+        raise ValueError(f"int8 min_rows: expected a row count >= 0 (0: int8 for every call), got {min_rows!r}")
     folder = Path(folder)
     try:
         _check_loadable(model, folder)
@@ -171,15 +204,16 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
         return _fallback(model, folder, f"int8 cannot load here: {e}")
     datasets = [GateData.builtin()] + ([read_gate_data(gate_data)] if gate_data is not None else [])
     batches = _batches(model, folder, datasets)
-    reference = {key: [_outputs(model, enc, model.task) for enc in encs] for key, encs in batches.items()}  # fp32
+    reference = _reference(model, folder, batches)  # fp32
     peaks = _calibrate(model, folder)
     refused = []
     for activations in granularities():
-        originals = quantize(model, folder, activations, peaks)
+        originals = quantize(model, folder, activations, peaks, min_rows=0)  # judged int8 at every call size
         results = _judge(model, folder, batches, reference)
         model.int8_gate = results
         report = "; ".join(r.line() for r in results)
         if all(r.passed for r in results):
+            keep_float(model, originals, min_rows)  # from here on, calls of few rows run the float weights
             log.info("%s: int8 (%d Linear layers, activations per %s) passed its gate: %s", folder, len(originals),
                      activations, report)
             model.load_report.notes.append(f"int8: {len(originals)} encoder Linear layers, activations per "

@@ -19,7 +19,8 @@ hfport computes.
     merged           a plain model with B A folded into W (new tensors: a shared base is never written)
     AdapterSet       many adapters over one loaded base, run together: each adapter's model shares the base's body
                      (its layers made MixedLinear, hfport/nn/lora.py) and keeps its own head; a mixed batch runs the
-                     body once with a slot per row and each head on its rows. Adding or removing an adapter swaps
+                     body once with a slot per row (`run_body`, a Route passed to the body) and each head on its rows
+                     (the body's output passed to the model as `encoder_outputs`). Adding or removing an adapter swaps
                      an immutable table: the base is never reloaded and a forward pass in flight is not disturbed
 
 Targets are named in hfport names (`attn.q`, `q`, `ffn.up`, `body.encoder.layers.0.attn.q`) or HF names (`query`,
@@ -33,7 +34,6 @@ import logging
 import os
 import re
 import threading
-from types import MethodType
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,8 @@ from .formats.adapter import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, IN_MEMORY_NAMES, 
                               weights_path)
 from .heads import MaskedLMHead
 from .modeling import BASE_TASK, LoadReport, PreTrainedEncoder, on_meta
-from .nn.lora import (AdapterInfo, AdapterTable, LoraError, LoraLinear, LoraWeights, MixingError, has_lora,
-                      install_mixed, lora_modules, merged, replay_of, replaying, routing, wrap)
+from .nn.lora import (AdapterInfo, AdapterTable, LoraError, LoraLinear, LoraWeights, MixingError, Route, has_lora,
+                      install_mixed, lora_modules, merged, wrap)
 from .registry import get_family
 from .staging import staged
 from .tasks import PEFT_TASK_TYPES, TASKS_OF_PEFT, EncoderModel, adapter_task, read_adapter_config
@@ -391,19 +391,6 @@ modeling.ADAPTER_LOADER = load_adapter  # every <Task>.from_pretrained(adapter f
 
 # --- many adapters over one base, in one forward pass ------------------------------------------------------------
 
-def _routed_body(model: PreTrainedEncoder, input_ids: Tensor, attention_mask: Tensor | None,
-                 token_type_ids: Tensor | None, position_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """An AdapterSet model's body call: the replayed mixed-batch output, else the shared body with every row
-    routed to this model's adapter (so the model computes its adapter wherever it is called)."""
-    replayed = replay_of(input_ids)
-    if replayed is not None:
-        return replayed
-    slot = model.adapter_slot
-    slots = torch.full(input_ids.shape[:1], slot, dtype=torch.long, device=input_ids.device) if slot else None  # (B,)
-    with routing(model.adapter_set.table, slots):
-        return type(model)._body(model, input_ids, attention_mask, token_type_ids, position_ids)
-
-
 def check_targets(name: str, folder: str | os.PathLike[str], model: PreTrainedEncoder) -> None:
     """Every name in the adapter's target_modules list selects a layer of the base (PEFT skips an unmatched one
     silently; serving refuses it, since an adapter trained on other modules would be computed wrong)."""
@@ -438,11 +425,11 @@ class AdapterSet:
         self.adopt(base, 0)
 
     def adopt(self, model: PreTrainedEncoder, slot: int) -> PreTrainedEncoder:
-        """Make `model` run on the shared body as `slot` (its own head stays)."""
+        """Make `model` run on the shared body as `slot` (its own head stays): every call of the model then routes its
+        rows to its adapter (PreTrainedEncoder.adapter_route)."""
         if model.body is not self.body:
             model.body = self.body
         model.adapter_set, model.adapter_slot = self, slot
-        model._body = MethodType(_routed_body, model)  # shadows the class's method on this instance only
         return model
 
     def load(self, name: str, folder: str | os.PathLike[str], cls: type[PreTrainedEncoder]) -> PreTrainedEncoder:
@@ -471,10 +458,11 @@ class AdapterSet:
                  token_type_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """The shared body once over a mixed batch, row i with adapter slots[i] (0: the base): (hidden (B, T, C),
         pooled (B, C) or None). A body that cannot mix (MixingError, remembered) runs one pass per adapter."""
+        table = self.table  # this pass's snapshot (an adapter added meanwhile swaps in a new table)
         if self.mixable:
             try:
-                with routing(self.table, slots):
-                    return self.body(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+                return self.body(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                 adapters=Route(table, slots))
             except MixingError as e:
                 log.info("%s: one forward pass per adapter from now on", e)
                 self.mixable = False
@@ -483,8 +471,8 @@ class AdapterSet:
             rows = (slots == slot).nonzero().squeeze(1)  # (B_s,)
             part = [t.index_select(0, rows) if t is not None else None
                     for t in (input_ids, attention_mask, token_type_ids)]
-            with routing(self.table, slots.index_select(0, rows) if slot else None):
-                h, p = self.body(part[0], attention_mask=part[1], token_type_ids=part[2])  # (B_s, T, C), (B_s, C)
+            route = Route(table, slots.index_select(0, rows)) if slot else None
+            h, p = self.body(part[0], attention_mask=part[1], token_type_ids=part[2], adapters=route)  # (B_s, T, C)
             hidden = h.new_zeros(slots.shape[0], *h.shape[1:]) if hidden is None else hidden  # (B, T, C)
             hidden.index_copy_(0, rows, h)
             if p is not None:
@@ -497,4 +485,4 @@ __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PEFT_PREFIX", "PEFT_TASK_TYPES"
            "AdapterInfo", "AdapterSet", "LoraError", "LoraLinear", "MixingError", "adapter_state_dict", "adapter_task",
            "adapter_tokenizer", "apply_lora", "check_adapter_base", "check_targets", "has_lora", "is_adapter_folder",
            "load_adapter", "lora_modules", "merged", "modules_to_save", "peft_config", "peft_target_names",
-           "read_adapter_config", "replaying", "resolve_targets", "save_adapter"]
+           "read_adapter_config", "resolve_targets", "save_adapter"]

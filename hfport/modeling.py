@@ -26,9 +26,8 @@ from .hardware import auto_dtype, resolve_device
 from .heads import MaskedLMHead
 from .keymap import KeyMap
 from .nn.int8 import Int8Linear
-from .nn import shards
 from .nn.layers import EncoderLayer
-from .nn.packed import install as install_packed
+from .nn.lora import Route
 from .registry import Family, get_family
 from .staging import staged
 
@@ -169,16 +168,10 @@ class PreTrainedEncoder(nn.Module):
         self.head = self.head_factory(config, **self.family.options_for(config, self.task))
         self.load_report: LoadReport | None = None
         self.adapter: Any = None  # hfport.lora.AdapterInfo when LoRA layers are applied (hfport/lora.py)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """nn.Module's call, except that an inference call (eval mode, autograd off, no labels) on a batch of several
-        rows may run as row shards, one worker thread each (nn/shards.py: when, why, HFPORT_ROW_SHARDS). Every
-        family and head passes here. Module hooks on this model then see each shard's call."""
-        if not (self.training or torch.is_grad_enabled()):
-            planned = shards.plan(type(self).forward, self, args, kwargs)
-            if planned is not None:
-                return shards.run(super().__call__, *planned)
-        return super().__call__(*args, **kwargs)
+        # serving many adapters over one body (hfport.lora.AdapterSet.adopt): the set whose body this model shares,
+        # and the slot of this model's adapter in its table (0: the base)
+        self.adapter_set: Any = None
+        self.adapter_slot = 0
 
     # --- construction -------------------------------------------------------------------------------------
 
@@ -227,7 +220,6 @@ class PreTrainedEncoder(nn.Module):
             adapted = ADAPTER_LOADER(cls, folder, base_model=base_model, dtype=dtype, device=device,
                                      num_labels=num_labels, id2label=id2label, label2id=label2id,
                                      problem_type=problem_type)
-            install_packed(adapted)  # its head and untargeted layers are new modules (the base's got it at load)
             return adapted
         if base_model is not None:
             raise ConfigError(f"{folder}: base_model= applies to adapter folders (with adapter_config.json) only")
@@ -243,7 +235,6 @@ class PreTrainedEncoder(nn.Module):
             model = cls(config, family)
         model = model.to(torch_dtype).to_empty(device=device or "cpu")
         model.load_report = model._load(checkpoint, ignore_mismatched_sizes)
-        install_packed(model)  # plain Linear layers use prepacked weights at inference only (nn/packed.py)
         return model.eval()
 
     def _plan(self, checkpoint: hub.Checkpoint) -> tuple[dict[str, str], list[str]]:
@@ -438,9 +429,22 @@ class PreTrainedEncoder(nn.Module):
         return self.body.word_embeddings
 
     def _body(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
-              position_ids: Tensor | None) -> tuple[Tensor, Tensor | None]:
+              position_ids: Tensor | None, encoder_outputs: tuple[Tensor, Tensor | None] | None = None
+              ) -> tuple[Tensor, Tensor | None]:
+        """(hidden (B, T, C), pooled (B, C) or None): the body's, or `encoder_outputs` when the caller computed
+        them already (a mixed-adapter batch's body, run once for every adapter's rows: Pipeline.forward_batch)."""
+        if encoder_outputs is not None:
+            return encoder_outputs
         return self.body(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                         position_ids=position_ids)
+                         position_ids=position_ids, adapters=self.adapter_route(input_ids))
+
+    def adapter_route(self, input_ids: Tensor) -> Route | None:
+        """Every row to this model's adapter in the AdapterSet it was adopted by (None: no adapter set, or the base),
+        so the model computes its adapter wherever it is called."""
+        if self.adapter_set is None or not self.adapter_slot:
+            return None
+        slots = torch.full(input_ids.shape[:1], self.adapter_slot, dtype=torch.long, device=input_ids.device)  # (B,)
+        return Route(self.adapter_set.table, slots)
 
 
 def legacy_name(key: str) -> str:

@@ -1,17 +1,29 @@
 """The texts the exports (and int8 loading, hfport/int8.py) are traced, calibrated and judged on, kept apart.
 
     CALIBRATION_TEXTS / CALIBRATION_PAIRS   the trace batch, and the probe texts the int8 rules read (the outlier
-                                            split and keep-fp32 rule, export/onnx.py) and the fp32 rows compare on;
-    judged_texts() / judged_pairs()         the int8 gate's texts (hfport/agreement.py): JUDGED_SIZE texts and
-                                            pairs generated deterministically from a word list, none of them a
-                                            calibration text, so the gate never judges what the quantizer was fitted
-                                            to; or the user's own (`--gate-data FILE`, read_gate_data).
-A gate statistic over a handful of items means little (a rank correlation over 5 pairs falls to 0.90 on one near
-tie), so the gate judges at least MIN_JUDGED items, the user's file included.
+                                            split and keep-fp32 rule, export/onnx.py) and the fp32 rows compare on,
+                                            cut at PROBE_MAX_LENGTH tokens;
+    judged_texts() / judged_pairs()         the int8 gate's short texts (hfport/agreement.py): JUDGED_SIZE texts and
+                                            pairs of a few to ~50 tokens generated deterministically from a word
+                                            list, none of them a calibration text, so the gate never judges what the
+                                            quantizer was fitted to;
+    long_texts() / long_pairs()             and its long ones: JUDGED_SIZE texts and (question, passage) pairs
+                                            built from the same word list through the model's tokenizer, their
+                                            lengths spread evenly from LONG_FROM tokens up to the model's max length
+                                            (`judged_length`: config and tokenizer limits, capped at GATE_MAX_LENGTH),
+                                            so int8 error that grows with the length (a 96-token cut passed a
+                                            MiniLM reranker at Spearman 0.9988 that scores real 170-230-token pairs at
+                                            0.984) is judged where it shows;
+    the user's own (`--gate-data FILE`, read_gate_data), judged whole: cut only at the model's own max length.
+The gate judges each set by itself (texts, pairs, long texts, long pairs): a statistic pooled over short and long
+rows would let the many short ones carry the long. A gate statistic over a handful of items means little (a rank
+correlation over 5 pairs falls to 0.90 on one near tie), so each set has at least MIN_JUDGED items, the user's file
+included.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -45,10 +57,20 @@ CALIBRATION_PAIRS = [
     ("What colour is the sky?", "On a clear day the sky is blue."),
     ("How many legs does a spider have?", "Spiders have eight legs, while insects have six."),
 ]
-PROBE_MAX_LENGTH = 96
+PROBE_MAX_LENGTH = 96  # the calibration and fp32 probe batches' cut (their texts are shorter); never the gate's
 MIN_JUDGED = 64  # the least items a gate statistic is computed over (the module docstring says why)
 JUDGED_SIZE = 64
-GATE_CHUNK = 16  # rows per forward pass of the gate: bounds memory (fill-mask logits are (rows, T, vocab))
+# rows per forward pass of the gate, and tokens (rows x their padded length): bound memory, fill-mask's logits being
+# (rows, T, vocab); the token budget is what GATE_CHUNK rows of PROBE_MAX_LENGTH tokens took before the long rows
+GATE_CHUNK = 16
+GATE_TOKENS = GATE_CHUNK * PROBE_MAX_LENGTH
+# the long texts' lengths start past the short judged texts' longest (52 tokens with BERT's WordPiece) ...
+LONG_FROM = 64
+# ... and reach the model's max length, but at most this: the gate runs at every int8 load on the CPU, and 64 texts
+# and 64 pairs spread up to 8192 tokens (ModernBERT, GTE, jina-v3, EuroBERT) would take minutes a pass where up to 512
+# (BERT's and most rerankers' and embedders' max length, and past where most passages end) takes seconds. A model
+# served on longer inputs is judged there with its own `gate_data`, which is cut only at the model's max length.
+GATE_MAX_LENGTH = 512
 SEED = 35
 
 # the word list the judged texts are drawn from: people, places, things, and how they are described
@@ -109,17 +131,81 @@ def judged_pairs(n: int = JUDGED_SIZE) -> list[tuple[str, str]]:
     return pairs
 
 
+def _sentence(rng: random.Random) -> str:
+    """One sentence of the word list (what judged_texts' middle kinds draw)."""
+    if rng.random() < 0.5:
+        return f"{rng.choice(_WHO)} {rng.choice(_DOES)} {rng.choice(_WHAT)} {rng.choice(_WHERE)} {rng.choice(_WHEN)}."
+    return f"{rng.choice(_WHO)} {rng.choice(_DOES)} {rng.choice(_WHAT)} {rng.choice(_WHERE)}. {rng.choice(_FEEL)}"
+
+
+def spread(shortest: int, longest: int, n: int = JUDGED_SIZE) -> list[int]:
+    """N token lengths spread evenly over (SHORTEST, LONGEST], ascending; the last is LONGEST."""
+    return [shortest + (longest - shortest) * (i + 1) // n for i in range(n)]
+
+
+def _fill(tokenizer: Any, rng: random.Random, budget: int) -> list[str]:
+    """Sentences drawn from the word list until they hold at least BUDGET tokens (counted alone, without special
+    tokens: a joined text's count differs from the sum by a token or two at most)."""
+    out: list[str] = []
+    while budget > 0:
+        sentences = [_sentence(rng) for _ in range(max(1, budget // 12))]  # ~12 tokens a sentence
+        for sentence, ids in zip(sentences, tokenizer(sentences, add_special_tokens=False)["input_ids"]):
+            if budget > 0:
+                out.append(sentence)
+                budget -= max(1, len(ids))
+    return out
+
+
+def _specials(tokenizer: Any, pair: bool) -> int:
+    """The special tokens the tokenizer adds to a text (or a pair)."""
+    args = ("a", "a") if pair else ("a",)
+    return len(tokenizer(*args)["input_ids"]) - len(args) * len(tokenizer("a", add_special_tokens=False)["input_ids"])
+
+
+def long_texts(tokenizer: Any, lengths: list[int]) -> list[str]:
+    """One text per token length in LENGTHS (at least that many tokens through TOKENIZER, special tokens included;
+    the gate cuts it at its max length): sentences of the word list, the same on every run (seeded)."""
+    rng = random.Random(SEED + 2)
+    specials = _specials(tokenizer, pair=False)
+    return [" ".join(_fill(tokenizer, rng, n - specials)) for n in lengths]
+
+
+def long_pairs(tokenizer: Any, lengths: list[int]) -> list[tuple[str, str]]:
+    """One (question, passage) pair per token length in LENGTHS, the passage filled with sentences of the word list;
+    in every other pair the passage answers the question, its answer somewhere within it (not only near the start,
+    so a question-answering head answers at long positions too), in the others it does not."""
+    rng = random.Random(SEED + 3)
+    specials = _specials(tokenizer, pair=True)
+    pairs = []
+    for i, n in enumerate(lengths):
+        who, does, what, where = rng.choice(_WHO), rng.choice(_DOES), rng.choice(_WHAT), rng.choice(_WHERE)
+        question = [f"What did {who.lower()} do {where}?", f"Where was {what} {does}?", f"Who {does} {what}?"][i % 3]
+        asked = len(tokenizer(question, add_special_tokens=False)["input_ids"])
+        passage = _fill(tokenizer, rng, n - specials - asked)
+        if i % 2 == 0:  # answered: the answer replaces a sentence, never the last (the gate's cut may shorten it)
+            at = (i // 2) % max(1, len(passage) - 1)
+            passage[at] = f"{who} {does} {what} {where} {rng.choice(_WHEN)}."
+        pairs.append((question, " ".join(passage)))
+    return pairs
+
+
 @dataclass
 class GateData:
-    """What the int8 gate judges: texts and/or pairs, and where they came from (the report names it)."""
+    """What the int8 gate judges: texts and/or pairs, and where they came from (the report names it).
+
+    max_length: the most tokens a row is judged at (None: the model's own max length, `judged_length`); long: add
+    the long texts and pairs (long_texts, long_pairs), their lengths spread up to that cut."""
 
     texts: list[str] = field(default_factory=list)
     pairs: list[tuple[str, str]] = field(default_factory=list)
     origin: str = f"{JUDGED_SIZE} built-in judged texts and pairs (not the calibration texts)"
+    max_length: int | None = None
+    long: bool = False
 
     @classmethod
     def builtin(cls) -> GateData:
-        return cls(judged_texts(), judged_pairs())
+        return cls(judged_texts(), judged_pairs(), origin="built-in judged set (not the calibration texts)",
+                   max_length=GATE_MAX_LENGTH, long=True)
 
 
 def read_gate_data(path: str | os.PathLike[str]) -> GateData:
@@ -197,18 +283,59 @@ def encode(tokenizer: Any, task: str, config: Any, texts: list[str] | None, pair
     return out
 
 
-def gate_batches(folder: Path, task: str, config: Any, data: GateData,
-                 max_length: int) -> dict[str, list[dict[str, Tensor]]]:
-    """DATA as the gate's batches: {"texts": [enc, ...], "pairs": [...]}, GATE_CHUNK rows each, each padded to its
-    own longest row. Pairs are judged for every head (a reranker or a two-segment classifier reads them); texts
-    for every head but a task on pairs."""
+def model_max_length(config: Any, tokenizer: Any) -> int:
+    """The longest input the model takes: config.max_position_embeddings less 2 (room for RoBERTa's position offset,
+    whose positions start at pad_token_id + 1), or the tokenizer's model_max_length where that is smaller."""
+    return max(1, min(config.max_position_embeddings - 2, tokenizer.model_max_length))
+
+
+def judged_length(config: Any, tokenizer: Any, cap: int | None = None) -> int:
+    """The most tokens a judged row has: the model's max length, at most CAP."""
+    longest = model_max_length(config, tokenizer)
+    return longest if cap is None else min(longest, cap)
+
+
+def _chunks(tokenizer: Any, texts: list[str], pairs: list[tuple[str, str]],
+            max_length: int) -> list[tuple[list[str], list[tuple[str, str]]]]:
+    """TEXTS and PAIRS cut into the gate's forward passes, in order: at most GATE_CHUNK rows and GATE_TOKENS tokens
+    (rows x the longest row's length) each, texts and pairs chunked alike where a chunk holds both."""
+    def lengths(*args: Any) -> list[int]:
+        if not args[0]:
+            return []
+        ids = tokenizer(*args, truncation=True, max_length=max_length)["input_ids"]
+        return [len(x) for x in ids]
+
+    sizes = [max(a, b) for a, b in itertools.zip_longest(
+        lengths(texts), lengths([q for q, _ in pairs], [c for _, c in pairs]), fillvalue=0)]
+    out, start = [], 0
+    while start < len(sizes):
+        end, longest = start, 0
+        while end < len(sizes) and end - start < GATE_CHUNK and \
+                max(longest, sizes[end]) * (end - start + 1) <= max(GATE_TOKENS, sizes[end]):
+            longest = max(longest, sizes[end])
+            end += 1
+        out.append((texts[start:end], pairs[start:end]))
+        start = end
+    return out
+
+
+def gate_batches(folder: Path, task: str, config: Any, data: GateData) -> dict[str, list[dict[str, Tensor]]]:
+    """DATA as the gate's batches: {"texts": [enc, ...], "pairs": [...], "long texts": [...], "long pairs": [...]},
+    each set cut into forward passes (_chunks), each pass padded to its own longest row. Rows are cut at
+    `judged_length` (DATA's max_length: the built-in set's GATE_MAX_LENGTH, the user's none). Pairs are judged for
+    every head (a reranker or a two-segment classifier reads them); texts for every head but a task on pairs."""
     if TASKS[task].pair_input and not data.pairs:
         raise ExportError(f"gate data {data.origin}: a {task} model is judged on pairs; give JSONL rows with "
                           "'text' and 'text_pair'")
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    limit = judged_length(config, tokenizer, data.max_length)
+    sets = [("", data.texts, data.pairs)]
+    if data.long and limit > LONG_FROM:  # a shorter model: the short texts already reach its max length
+        lengths = spread(LONG_FROM, limit)
+        sets.append(("long ", long_texts(tokenizer, lengths), long_pairs(tokenizer, lengths)))
     out: dict[str, list[dict[str, Tensor]]] = {}
-    for start in range(0, max(len(data.texts), len(data.pairs)), GATE_CHUNK):
-        texts, pairs = data.texts[start:start + GATE_CHUNK], data.pairs[start:start + GATE_CHUNK]
-        for name, enc in encode(tokenizer, task, config, texts, pairs, max_length).items():
-            out.setdefault(name, []).append(enc)
+    for prefix, texts, pairs in sets:
+        for chunk_texts, chunk_pairs in _chunks(tokenizer, texts, pairs, limit):
+            for name, enc in encode(tokenizer, task, config, chunk_texts, chunk_pairs, limit).items():
+                out.setdefault(prefix + name, []).append(enc)
     return out

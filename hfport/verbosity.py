@@ -1,5 +1,6 @@
-"""How much every hfport process says: HFPORT_VERBOSITY=quiet|normal|verbose|debug|trace, read by the CLI, the
-server, job processes and every rank under `accelerate launch` (the environment reaches them all). A command's
+"""How much every hfport process says: HFPORT_VERBOSITY=quiet|normal|verbose|debug|trace (the library setting
+`verbosity`, hfport/settings.py), read by the CLI, the server, job processes and every rank under `accelerate
+launch` (the environment reaches them all). A command's
 -q / -v flags win over the variable. With more than one process, each log record is prefixed `[rank N]`.
 
     quiet    errors only, no progress bar
@@ -14,21 +15,17 @@ from __future__ import annotations
 import logging
 import os
 
-from .errors import ConfigError
+from .settings import VERBOSITY, settings
 
-ENV = "HFPORT_VERBOSITY"
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
-LEVELS = {"quiet": logging.ERROR, "normal": logging.WARNING, "verbose": logging.INFO, "debug": logging.DEBUG,
-          "trace": TRACE}
+LEVELS = dict(zip(VERBOSITY, (logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG, TRACE)))
 
 
 def from_env(default: str = "normal") -> str:
-    """The verbosity HFPORT_VERBOSITY names (default when unset); an unknown value is an error listing the valid."""
-    value = os.environ.get(ENV, "").strip().lower() or default
-    if value not in LEVELS:
-        raise ConfigError(f"{ENV}={value!r}: expected one of {list(LEVELS)}")
-    return value
+    """The verbosity the settings name (HFPORT_VERBOSITY), else `default`; an unknown value is a SettingsError
+    listing the valid ones."""
+    return settings().verbosity or default
 
 
 def resolve(verbose: int = 0, quiet: bool = False, default: str = "normal") -> str:
@@ -76,9 +73,9 @@ def apply_env() -> str | None:
     after configure() (an entry point with flags) it only returns that level."""
     if _configured is not None:  # the CLI's -q / -v already decided (flags win over the variable)
         return _configured
-    if not os.environ.get(ENV):
+    level = settings().verbosity
+    if level is None:
         return None
-    level = from_env()
     logger = logging.getLogger("hfport")
     logger.setLevel(LEVELS[level])
     if not logging.getLogger().handlers and not logger.handlers:

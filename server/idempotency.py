@@ -4,7 +4,7 @@ covers each uploaded file's name and SHA-256) and /jobs/export.
 A client that timed out cannot know whether its job was created; it retries with the same key and the same body and
 gets the same job back (202, the same id), never a second one. The same key with another body is a 409 naming the
 key: a client bug, answered rather than guessed at. Keys live in the store (table idempotency_keys, both backends),
-one per route, for HFPORT_IDEMPOTENCY_TTL_S (default 24 h, by the database clock); after that the key is free.
+one per route, for TTL_S (24 h, as Stripe's keys, by the database clock); after that the key is free.
 
 Two submissions with one key racing each other (two API processes, a retry while the first is in flight) create
 one job: the key row is inserted in the same transaction as the job, and the primary key (route, key) refuses the
@@ -24,13 +24,13 @@ from pydantic import BaseModel
 
 from .errors import ApiError
 from .schemas import JobInfo
-from .settings import Settings
 from .store import BaseStore, IdempotencyKey, IdempotencyKeyUsed
 
 HEADER = "Idempotency-Key"
+TTL_S = 24 * 3600.0  # how long a key names its job: a client's retries come within minutes, a day is plenty
 IdempotencyKeyHeader = Annotated[str | None, Header(
     alias=HEADER, description="a client-chosen key (1-255 printable ASCII characters): a retry with the same key and "
-                              "body returns the same job instead of creating another, for HFPORT_IDEMPOTENCY_TTL_S")]
+                              "body returns the same job instead of creating another, for 24 hours")]
 _VALID = re.compile(r"^[\x21-\x7e]{1,255}$")
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ def _replay(store: BaseStore, key: str, digest: str, job_id: str, held: str) -> 
     return JobInfo(**job)
 
 
-def idempotent(store: BaseStore, settings: Settings, route: str, key: str | None,
+def idempotent(store: BaseStore, route: str, key: str | None,
                body: BaseModel | dict[str, Any], submit: Callable[[BaseStore], T]) -> T | JobInfo:
     """Run `submit(store)` (which validates and calls store.create_job once) unless `key` already names a job on
     `route`: then that job, or 409 if it was submitted with another body."""
@@ -75,10 +75,10 @@ def idempotent(store: BaseStore, settings: Settings, route: str, key: str | None
         raise ApiError(422, f"{HEADER}: {key[:40]!r} must be 1-255 printable ASCII characters without spaces",
                        "ValidationError")
     digest = body_hash(route, body)
-    held = store.idempotent_job(route, key, settings.idempotency_ttl_s)
+    held = store.idempotent_job(route, key, TTL_S)
     if held is not None:  # a retry: no validation, no new job
         return _replay(store, key, digest, *held)
     try:
-        return submit(_KeyedStore(store, IdempotencyKey(route, key, digest, settings.idempotency_ttl_s)))
+        return submit(_KeyedStore(store, IdempotencyKey(route, key, digest, TTL_S)))
     except IdempotencyKeyUsed as e:  # a concurrent submission with this key won
         return _replay(store, key, digest, e.job_id, e.body_hash)

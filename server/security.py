@@ -85,7 +85,7 @@ def confine_files(folder: str | os.PathLike[str], settings: Settings, what: str 
 
 class BodyLimit:
     """Refuses request bodies over a limit with 413 before the app parses them: by Content-Length when given,
-    else while streaming. Upload routes get settings.max_upload_bytes, every other route max_request_bytes."""
+    else while streaming. Upload routes get settings.max_data_bytes, every other route max_request_bytes."""
 
     def __init__(self, app: ASGIApp, settings: Settings, upload_paths: tuple[str, ...]):
         self.app, self.settings, self.upload_paths = app, settings, upload_paths
@@ -95,9 +95,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         upload = scope["path"].rstrip("/") in self.upload_paths
-        limit = self.settings.max_upload_bytes if upload else self.settings.max_request_bytes
-        what = "upload" if upload else "request body"
-        message = f"{what} larger than the server's limit of {limit} bytes"
+        limit = self.settings.max_data_bytes if upload else self.settings.max_request_bytes
+        what, setting = ("upload", "HFPORT_MAX_DATA_BYTES") if upload else ("request body", "HFPORT_MAX_REQUEST_BYTES")
+        message = f"{what} larger than the server's limit of {limit} bytes ({setting})"
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             await error_response(413, message, "PayloadTooLarge")(scope, receive, send)

@@ -1,6 +1,10 @@
 """Service settings: pydantic-settings with the env prefix HFPORT_ (e.g. HFPORT_PORT=9000, HFPORT_API_TOKEN=...,
-HFPORT_ALLOWED_DIRS='["/data/models", "/data/sets"]'). Handlers get them through `SettingsDep`, so tests build an
-app with their own Settings instead of patching the environment."""
+HFPORT_ALLOWED_DIRS='["/data/models", "/data/sets"]'), grouped common / advanced (docs/settings.md, generated from
+this class, and `hfport serve --help` list them). Handlers get them through `SettingsDep`, so tests build an app with
+their own Settings instead of patching the environment.
+
+The lease's internals are not settings: they follow the one lease length, job_lease_s (30 s by default), by the
+ratios below, so that shortening the lease (a test, a fast failover) shortens them with it and they always fit."""
 
 from __future__ import annotations
 
@@ -9,110 +13,125 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from fastapi import Depends, Request
-from pydantic import AliasChoices, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from hfport.pipelines import check_device, check_dtype
+from hfport.settings import ADVANCED, COMMON, EnvSettings
+
+# fractions of job_lease_s
+HEARTBEAT_PER_LEASE = 1 / 15  # job processes renew, workers heartbeat: 2 s of a 30 s lease, ~15 tries before it ends
+MARGIN_PER_LEASE = 1 / 5  # self-fencing margin: covers clock-rate drift and the kill's latency (server/fence.py)
+START_GRACE_PER_LEASE = 1.0  # a claimed job's first lease runs this much longer: the job process's start, until it
+# renews the lease itself
+CONNECT_PER_LEASE = 1.0  # start-up retries an unreachable database this long (a worker cut off longer than a lease
+# would have lost its jobs' leases anyway)
+BATCH_REQUESTS = 2  # a merged pipeline call holds up to this many full requests (predict_max_inputs each)
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="HFPORT_", extra="forbid", populate_by_name=True)
-
-    host: str = Field("127.0.0.1", description="bind address; loopback by default")
-    port: int = Field(8000, ge=0, le=65535)
-    data_dir: Path = Field(Path("./hfport-data"), description="job store, registry, uploads and job runs")
-    allowed_dirs: list[Path] = Field(default_factory=list,
-                                     description="folders server-side paths may point into; data_dir always is one")
-    api_token: str | None = Field(None, description="when set, every route but GET /health needs it as a Bearer token")
-    max_concurrent_jobs: int = Field(1, ge=1, description="jobs running at once (one subprocess each)")
-    max_upload_bytes: int = Field(100 * 2**20, ge=1, description="largest accepted upload (multipart body)")
-    upload_grace_s: float = Field(600.0, ge=0, description="an upload no queued or running job refers to is "
-                                  "deleted once it is this old (the grace covers a submission still in flight)")
-    upload_sweep_s: float = Field(60.0, gt=0, description="how often a worker sweeps uploads no job needs")
-    max_request_bytes: int = Field(8 * 2**20, ge=1, description="largest accepted JSON body")
-    predict_max_inputs: int = Field(256, ge=1, description="inputs per /predict request")
-    predict_max_chars: int = Field(20_000, ge=1, description="characters per input (all its text fields)")
-    predict_timeout_s: float = Field(30.0, gt=0, description="per-request deadline for /predict")
-    predict_threads: int = Field(2, ge=1, description="threads running model forward passes")
-    predict_intra_op_threads: int = Field(0, ge=0, description=(
-        "torch intra-op threads of each predict thread: 0 = auto (the process's intra-op threads shared among the "
-        "predict threads, at least 1 each, so that busy predict threads never ask for more threads than cores); "
-        "N: N each"))
-    predict_max_pending: int = Field(64, ge=1, description="requests waiting for a model before 429")
-    batch_max_wait_ms: float = Field(5.0, ge=0, description="how long a request waits for others to batch with")
-    batch_max_inputs: int = Field(512, ge=1, description="inputs merged into one pipeline call at most")
-    strict_dimensions: bool = Field(False, description=(
-        "/embed and /v1/embeddings refuse a `dimensions` the model was not trained for (its Matryoshka dimensions, "
-        "recorded in config_sentence_transformers.json, or its full size); off: any prefix is served"))
-    auto_truncate: bool = Field(True, description=(
+class Settings(EnvSettings):
+    # --- common -----------------------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", json_schema_extra=COMMON, description="bind address; loopback by default (any "
+                      "other address needs api_token)")
+    port: int = Field(8000, ge=0, le=65535, json_schema_extra=COMMON, description="the HTTP port")
+    data_dir: Path = Field(Path("./hfport-data"), json_schema_extra={**COMMON, "shown_default": "./hfport-data"},
+                           description="job store, registry, uploads and job runs")
+    allowed_dirs: list[Path] = Field(default_factory=list, json_schema_extra=COMMON, description=(
+        "folders server-side paths may point into (a JSON list); data_dir always is one"))
+    api_token: str | None = Field(None, json_schema_extra=COMMON, description=(
+        "when set, every route but GET /health needs it as a Bearer token"))
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, json_schema_extra=COMMON, description=(
+            "models registered and loaded at start (`serve --model`): folders or cached repo ids, `name=path` to name "
+            "one; the first is the default of the TEI/OpenAI routes. A JSON list or comma-separated"))
+    device: str = Field("auto", json_schema_extra=COMMON, description=(
+        "where served models run, adapters included: auto (the first CUDA device when there is one, else the CPU), "
+        "cpu, cuda or cuda:N; predict_dtype auto serves an fp32 checkpoint in bf16 on a CUDA GPU with bf16"))
+    predict_dtype: str = Field("auto", json_schema_extra=COMMON, description=(
+        "dtype models are served in: auto (the checkpoint's, but bf16 for an fp32 checkpoint on a CPU with native "
+        "bf16), float32, bfloat16, float16, int8 (the encoder's Linear layers in int8, refused where the int8 gate "
+        "fails) or auto-int8 (int8, else bf16 where the gate fails)"))
+    auto_truncate: bool = Field(True, json_schema_extra=COMMON, description=(
         "as TEI's --auto-truncate (on by default since TEI 1.9): inputs longer than the model takes are cut to its "
         "maximum length on /embed, /embed_all, /embed_sparse, /similarity, /rerank, TEI's /predict and "
         "/v1/embeddings, unless a TEI request says truncate=false (then 413); off: refused unless a TEI request says "
         "truncate=true (OpenAI's /v1/embeddings has no such field)"))
-    predict_dtype: str = Field("auto", description="dtype models are served in: auto (the checkpoint's, but bf16 "
-                               "for an fp32 checkpoint on a CPU with native bf16), float32, bfloat16, float16, int8 "
-                               "(the encoder's Linear layers in int8, refused where the int8 gate fails) or "
-                               "auto-int8 (int8, else bf16 where the gate fails)")
-    device: str = Field("auto", description="where served models run, adapters included: auto (the first CUDA "
-                        "device when there is one, else the CPU), cpu, cuda or cuda:N; predict_dtype auto serves an "
-                        "fp32 checkpoint in bf16 on a CUDA GPU with bf16")
-    model_cache_size: int = Field(4, ge=1, description="loaded models kept in memory, a base and "
-                                  "the adapters over it counting as one (least recently used go)")
-    model_cache_mb: float = Field(4096, gt=0,
-                                  description="weight memory of the kept pipelines (the newest always stays)")
-    job_heartbeat_s: float = Field(2.0, gt=0, description="how often a job process proves it is alive")
-    job_lease_s: float = Field(30.0, gt=0, description="a running job (or a worker) silent this long is presumed "
-                                                       "dead, by the database's clock (HFPORT_LEASE_S)",
-                               validation_alias=AliasChoices("HFPORT_LEASE_S", "HFPORT_JOB_LEASE_S"))
-    job_lease_margin_s: float | None = Field(None, ge=0, description="a job process that has not renewed its lease "
-                                             "for job_lease_s minus this (its own monotonic clock, from when it "
-                                             "sent the last renewal that succeeded) kills itself, so it is dead "
-                                             "before another worker may take the job; default 20% of the lease")
-    job_start_grace_s: float = Field(30.0, ge=0, description="a claimed job's first lease runs this much longer, to "
-                                                              "cover the start of its process until it renews the "
-                                                              "lease itself")
-    job_stall_s: float = Field(1800.0, gt=0, description="a fine-tune with no step progress this long stops renewing "
-                                                         "its lease and is killed and requeued (liveness is "
-                                                         "progress, not pulse)")
-    idempotency_ttl_s: float = Field(24 * 3600.0, gt=0, description="how long an Idempotency-Key on POST /jobs/* "
-                                                                    "names its job (a retry within it gets the "
-                                                                    "same job)")
-    cancel_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling")
-    job_processes: int | Literal["auto"] = Field("auto", description="processes a fine-tune job runs: auto (one per "
-                                                 "visible GPU, else 1) or an integer >= 1; more than one run under "
-                                                 "`accelerate launch` (DDP: nccl on GPUs, gloo on the CPU)")
-    dataset_check_max_bytes: int = Field(100 * 2**20, ge=1, description="largest data file (train or eval, given by "
-                                         "path or uploaded) POST /jobs/finetune* reads and checks before queueing; "
-                                         "a larger one is refused with 413 naming the file and this limit")
+    max_concurrent_jobs: int = Field(1, ge=1, json_schema_extra=COMMON,
+                                     description="jobs running at once (one subprocess each; `serve --workers`)")
     # scale-out: a shared job store, and which parts of the service this process runs
-    database_url: str | None = Field(None, description="postgresql://user:password@host:port/db selects a shared "
-                                                       "PostgreSQL job store; unset: SQLite under the data dir")
-    database_connect_timeout_s: float = Field(30.0, ge=0, description="how long start-up retries an unreachable "
-                                                                      "database (with backoff) before giving up")
-    role: Literal["api", "worker", "all"] = Field("all", description="api: HTTP only (jobs are enqueued); worker: "
-                                                                     "runs jobs, no HTTP; all: both (one box)")
-    worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
-                           description="this worker's name in the store, unique among live workers "
-                                       "(default hostname-pid)")
-    models: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="models registered and loaded at start (`serve --model`): folders or "
-                                          "cached repo ids, `name=path` to name one; the first is the default of "
-                                          "the TEI/OpenAI routes. A JSON list or comma-separated")
-    batch_autotune: bool = Field(True, description="at model load, time forward passes at each of "
-                                                   "batch_token_budgets and keep the smallest near the best rate")
-    batch_token_budgets: list[int] = Field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384], min_length=1,
-                                           description="padded-token budgets batch_autotune tries")
+    role: Literal["api", "worker", "all"] = Field("all", json_schema_extra=COMMON, description=(
+        "api: HTTP only (jobs are enqueued); worker: runs jobs, no HTTP; all: both (one box)"))
+    database_url: str | None = Field(None, json_schema_extra=COMMON, description=(
+        "postgresql://user:password@host:port/db selects a shared PostgreSQL job store; unset: SQLite under "
+        "data_dir. Start-up retries an unreachable database for one job_lease_s"))
 
-    @model_validator(mode="after")
-    def _lease_margin_fits(self) -> Settings:
-        if self.lease_margin_s >= self.job_lease_s:
-            raise ValueError(f"job_lease_margin_s ({self.lease_margin_s:g} s) must be below the job lease "
-                             f"HFPORT_LEASE_S ({self.job_lease_s:g} s): a job process dies when no renewal succeeded "
-                             f"for the lease minus the margin")
-        return self
+    # --- advanced: request limits and batching ----------------------------------------------------------------
+    max_request_bytes: int = Field(8 * 2**20, ge=1, json_schema_extra=ADVANCED,
+                                   description="largest accepted JSON body")
+    max_data_bytes: int = Field(100 * 2**20, ge=1, json_schema_extra=ADVANCED, description=(
+        "largest data file a fine-tune takes: an upload (its whole multipart body) or a file a submission names "
+        "(POST /jobs/finetune* reads and checks it before queueing); larger is a 413 naming the file and this limit"))
+    predict_max_inputs: int = Field(256, ge=1, json_schema_extra=ADVANCED, description=(
+        "inputs per request; the micro-batcher merges requests into pipeline calls of up to twice this many"))
+    predict_max_chars: int = Field(20_000, ge=1, json_schema_extra=ADVANCED,
+                                   description="characters per input (all its text fields)")
+    predict_timeout_s: float = Field(30.0, gt=0, json_schema_extra=ADVANCED,
+                                     description="per-request deadline of a prediction")
+    predict_threads: int = Field(2, ge=1, json_schema_extra=ADVANCED, description=(
+        "threads running model forward passes, each on its share of torch's intra-op threads (at least 1), so "
+        "that busy predict threads never ask for more threads than cores"))
+    predict_max_pending: int = Field(64, ge=1, json_schema_extra=ADVANCED,
+                                     description="requests waiting for a model before 429")
+    batch_max_wait_ms: float = Field(5.0, ge=0, json_schema_extra=ADVANCED,
+                                     description="how long a request waits for others to batch with")
+    batch_token_budgets: list[PositiveInt] = Field(
+        default_factory=lambda: [1024, 2048, 4096, 8192, 16384], json_schema_extra=ADVANCED, description=(
+            "padded-token budgets timed at each model load: the smallest near the best rate becomes the model's "
+            "max_batch_tokens; one budget: that one; []: no timing, the model's own max_batch_tokens"))
+    strict_dimensions: bool = Field(False, json_schema_extra=ADVANCED, description=(
+        "/embed and /v1/embeddings refuse a `dimensions` the model was not trained for (its Matryoshka dimensions, "
+        "recorded in config_sentence_transformers.json, or its full size); off: any prefix is served"))
+    model_cache_mb: float = Field(4096, gt=0, json_schema_extra=ADVANCED, description=(
+        "weight memory of the loaded models kept (least recently used go first, a base and the adapters over it "
+        "as one; the newest always stays)"))
+
+    # --- advanced: jobs ---------------------------------------------------------------------------------------
+    job_lease_s: float = Field(30.0, gt=0, json_schema_extra=ADVANCED, description=(
+        "a running job (or a worker) silent this long, by the database's clock, is presumed dead and requeued. "
+        "Derived from it: heartbeats every 1/15 of it, a job process kills itself 1/5 of it before its lease "
+        "runs out, a claimed job's first lease is one lease longer, start-up retries the database for one lease"))
+    job_stall_s: float = Field(1800.0, gt=0, json_schema_extra=ADVANCED, description=(
+        "a fine-tune with no step progress this long stops renewing its lease and is killed and requeued (liveness "
+        "is progress, not pulse)"))
+    job_processes: int | Literal["auto"] = Field("auto", json_schema_extra=ADVANCED, description=(
+        "processes a fine-tune job runs: auto (one per visible GPU, else 1) or an integer >= 1; more than one run "
+        "under `accelerate launch` (DDP: nccl on GPUs, gloo on the CPU)"))
+    worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+                           json_schema_extra={**ADVANCED, "shown_default": "hostname-pid"},
+                           description="this worker's name in the store, unique among live workers")
+
+    retired: ClassVar[dict[str, str]] = {
+        "HFPORT_LEASE_S": "HFPORT_JOB_LEASE_S (one name for the lease)",
+        "HFPORT_JOB_HEARTBEAT_S": "derived: HFPORT_JOB_LEASE_S / 15",
+        "HFPORT_JOB_LEASE_MARGIN_S": "derived: HFPORT_JOB_LEASE_S / 5",
+        "HFPORT_JOB_START_GRACE_S": "derived: one HFPORT_JOB_LEASE_S",
+        "HFPORT_DATABASE_CONNECT_TIMEOUT_S": "derived: one HFPORT_JOB_LEASE_S",
+        "HFPORT_CANCEL_GRACE_S": "fixed: SIGKILL 5 s after SIGTERM (server/worker.py CANCEL_GRACE_S)",
+        "HFPORT_UPLOAD_GRACE_S": "fixed: an upload no job needs is deleted after 10 minutes (server/uploads.py "
+                                 "GRACE_S)",
+        "HFPORT_UPLOAD_SWEEP_S": "fixed: a worker sweeps uploads every minute (server/uploads.py SWEEP_S)",
+        "HFPORT_IDEMPOTENCY_TTL_S": "fixed: an Idempotency-Key names its job for 24 h (server/idempotency.py TTL_S)",
+        "HFPORT_MAX_UPLOAD_BYTES": "HFPORT_MAX_DATA_BYTES",
+        "HFPORT_DATASET_CHECK_MAX_BYTES": "HFPORT_MAX_DATA_BYTES",
+        "HFPORT_PREDICT_INTRA_OP_THREADS": "derived: torch's intra-op threads (OMP_NUM_THREADS) divided among "
+                                           "HFPORT_PREDICT_THREADS",
+        "HFPORT_BATCH_AUTOTUNE": "HFPORT_BATCH_TOKEN_BUDGETS='[]' loads without timing",
+        "HFPORT_BATCH_MAX_INPUTS": "derived: twice HFPORT_PREDICT_MAX_INPUTS",
+        "HFPORT_MODEL_CACHE_SIZE": "HFPORT_MODEL_CACHE_MB (the model cache is bounded by weight memory alone)",
+    }
 
     @field_validator("job_processes", mode="before")
     @classmethod
@@ -126,8 +145,7 @@ class Settings(BaseSettings):
         except ValueError:
             n = 0
         if n < 1:  # int() already refused 'two', '1.5', True (as 'true')
-            raise ValueError(f"HFPORT_JOB_PROCESSES: {v!r} is neither 'auto' (one process per visible GPU, else 1) "
-                             "nor a whole number >= 1")
+            raise ValueError("neither 'auto' (one process per visible GPU, else 1) nor a whole number >= 1")
         return n
 
     @field_validator("models", mode="before")
@@ -173,9 +191,29 @@ class Settings(BaseSettings):
         return [self.data_dir, *[p for p in self.allowed_dirs if p != self.data_dir]]
 
     @property
+    def job_heartbeat_s(self) -> float:
+        """How often a job process renews its lease and a worker heartbeats."""
+        return self.job_lease_s * HEARTBEAT_PER_LEASE
+
+    @property
     def lease_margin_s(self) -> float:
-        """The self-fencing margin (job_lease_margin_s, default a fifth of the lease)."""
-        return self.job_lease_margin_s if self.job_lease_margin_s is not None else 0.2 * self.job_lease_s
+        """The self-fencing margin: a job process kills itself when no renewal succeeded for the lease minus this."""
+        return self.job_lease_s * MARGIN_PER_LEASE
+
+    @property
+    def job_start_grace_s(self) -> float:
+        """How much longer a claimed job's first lease runs."""
+        return self.job_lease_s * START_GRACE_PER_LEASE
+
+    @property
+    def database_connect_timeout_s(self) -> float:
+        """How long start-up retries an unreachable database (with backoff) before giving up."""
+        return self.job_lease_s * CONNECT_PER_LEASE
+
+    @property
+    def batch_max_inputs(self) -> int:
+        """Inputs merged into one pipeline call at most."""
+        return self.predict_max_inputs * BATCH_REQUESTS
 
     @property
     def db_path(self) -> Path:

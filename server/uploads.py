@@ -20,6 +20,10 @@ from typing import Any
 log = logging.getLogger("hfport.server.uploads")
 
 LIVE = ("queued", "running")
+# Fixed, not settings: an upload's job is submitted within seconds of the upload, so ten minutes of grace cover any
+# submission still in flight; a sweep a minute keeps the folder's listing off the worker's every tick.
+GRACE_S = 600.0
+SWEEP_S = 60.0
 
 
 def _strings(value: Any) -> list[str]:

@@ -15,7 +15,7 @@ share one PostgreSQL store.
 - liveness is progress: a fine-tune with no step progress within job_stall_s stops itself (exit STALLED) and is
   requeued with the reason; one that lost or could not renew its lease (exit FENCED) is requeued too.
 - cancel: the worker holding a job polls its cancel_requested flag, so a cancel sent to any API process reaches a
-  job on any host: SIGTERM to the process group, SIGKILL after cancel_grace_s; the job ends `cancelled`.
+  job on any host: SIGTERM to the process group, SIGKILL after CANCEL_GRACE_S; the job ends `cancelled`.
 - a process that exits without writing a final status (killed, crashed) fails the job with its exit code.
 - on start: jobs held by this worker id, by nobody, or by a dead worker process of this host (a server killed and
   restarted) go back to the queue at once; a job process left over from it is killed first, so one job never
@@ -46,6 +46,8 @@ from .store import BaseStore, StoreUnavailable, duplicate_worker_error
 log = logging.getLogger("hfport.server.worker")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+CANCEL_GRACE_S = 5.0  # SIGTERM to SIGKILL when cancelling: a job process exits at once on SIGTERM (server/jobrun.py),
+# so this only covers one that is stuck
 
 
 def job_processes(job_id: str) -> list[int]:
@@ -229,10 +231,10 @@ class Worker:
 
     def _sweep_uploads(self) -> None:
         now = time.monotonic()
-        if now - self._last_sweep < self.settings.upload_sweep_s:
+        if now - self._last_sweep < uploads.SWEEP_S:
             return
         self._last_sweep = now
-        uploads.sweep(self.store, self.settings.uploads_dir, self.settings.upload_grace_s)
+        uploads.sweep(self.store, self.settings.uploads_dir, uploads.GRACE_S)
 
     def _spawn(self, job: dict[str, Any]) -> None:
         log_dir = self.settings.runs_dir / job["id"]
@@ -347,7 +349,7 @@ class Worker:
             if sent is None:
                 self._signal(proc, signal.SIGTERM)
                 self.terminating[job_id] = now
-            elif now - sent > self.settings.cancel_grace_s:
+            elif now - sent > CANCEL_GRACE_S:
                 self._signal(proc, signal.SIGKILL)
 
     def _check_leases(self) -> None:

@@ -103,6 +103,17 @@ def _deterministic():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _library_settings():
+    """Each test starts from the library settings its environment names and leaves none behind: what a test set with
+    hfport.settings.use() (or read after monkeypatching an HFPORT_* variable) goes with it."""
+    import hfport.settings
+
+    hfport.settings.reset()
+    yield
+    hfport.settings.reset()
+
+
 def pytest_terminal_summary(terminalreporter):
     from tests import grid
 

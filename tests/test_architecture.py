@@ -9,11 +9,13 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 import hfport
 from hfport import ItemError, RunDir, RunSummary
+from hfport.pipelines import DEFAULT_MAX_BATCH_TOKENS, Feature, Pipeline, PipelineInputError
 from hfport.rundir import RUN_FILES, RunDirError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 # docstring lists them as public)
 PUBLIC_MODULES = ("hfport", "hfport.errors", "hfport.train", "hfport.export", "hfport.rundir", "hfport.pipelines",
                   "hfport.tasks", "hfport.embeddings", "hfport.verbosity", "hfport.lora", "hfport.retrieval",
-                  "hfport.evaluation")
+                  "hfport.evaluation", "hfport.settings")
 
 
 # --- RunDir ---------------------------------------------------------------------------------------------------
@@ -98,15 +100,28 @@ def test_run_summary_round_trip(tmp_path):
 # --- ItemError: a value in Python, {"error", "error_type", "index"} in the CLI and over HTTP ----------------------
 
 
-class FakePipe:
-    """Answers every item but "bad", which gets an ItemError; records each call's items."""
+class FakePipe(Pipeline):
+    """Answers every item but "bad", which gets an ItemError; records the items of each forward pass (a library
+    call's, or the server's across requests)."""
 
-    def __init__(self) -> None:
+    task = "text-classification"
+    defaults: ClassVar[dict[str, object]] = {}
+
+    def __init__(self) -> None:  # no model: forward_batch below stands in for it
         self.calls: list[list[str]] = []
+        self.options, self.adapters, self.batch_size = {}, {}, None
+        self.max_batch_tokens, self.max_positions = DEFAULT_MAX_BATCH_TOKENS, None
 
-    def predict(self, items: list[str], **options: object) -> list[object]:
-        self.calls.append(list(items))
-        return [ItemError("not a good item", "PipelineInputError") if x == "bad" else {"label": x} for x in items]
+    def preprocess(self, item: str, opts: dict) -> list[Feature]:
+        return [Feature(item=-1, input_ids=[0], attention_mask=[1], token_type_ids=None, data={"text": item})]
+
+    def forward_batch(self, batch: list[Feature]) -> None:
+        self.calls.append([f.data["text"] for f in batch])
+
+    def postprocess(self, item: str, features: list[Feature], opts: dict) -> object:
+        if item == "bad":
+            raise PipelineInputError("not a good item")
+        return {"label": item}
 
 
 def test_item_error_renders_with_its_position():
@@ -155,7 +170,7 @@ def test_http_predict_gives_each_request_its_own_indices(tmp_path):
             t.start()
         for t in threads:
             t.join()
-        assert [len(c) for c in pipe.calls] == [4], pipe.calls  # one merged call of both requests
+        assert [len(c) for c in pipe.calls] == [4], pipe.calls  # one forward pass of both requests' rows
         assert answers["a"]["outputs"] == [
             {"label": "good-a"}, {"error": "input 1: not a good item", "error_type": "PipelineInputError", "index": 1}]
         assert answers["b"]["outputs"] == [
@@ -250,11 +265,11 @@ def test_routes_import_no_route_and_the_server_shares_no_private_names():
 # imports) exists. The longest matching prefix names a module's floor.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("hfport.errors", "hfport.version", "hfport.keymap", "hfport.hardware", "hfport.verbosity",
-              "hfport.outputs")),
+              "hfport.outputs", "hfport.settings")),  # settings: the library's HFPORT_* settings, read by any floor
     ("core", ("hfport.config", "hfport.hub", "hfport.nn", "hfport.staging")),  # nn/: the blocks and the LoRA layer
     ("formats", ("hfport.formats", "hfport.rundir")),  # the on-disk formats (adapter, sentence-transformers, ONNX, run)
     ("families", ("hfport.registry", "hfport.models", "hfport.heads", "hfport.tokenizer")),
-    ("modeling", ("hfport.modeling",)),
+    ("modeling", ("hfport.modeling", "hfport.inference")),
     ("tasks", ("hfport.tasks", "hfport.lora", "hfport.convert")),
     ("pipelines", ("hfport.pipelines", "hfport.embeddings", "hfport.agreement", "hfport.probes",
                    "hfport.int8", "hfport.retrieval")),  # retrieval: embedding search, hard-negative mining
@@ -267,8 +282,8 @@ OPTIONAL_EXTRAS = {"onnxruntime", "onnx", "peft", "psycopg", "transformers", "se
                    "pyarrow",  # pyarrow: the `data` extra, read only for Parquet/Arrow/datasets-folder training data
                    "faiss"}  # faiss: the `faiss` extra, an optional index for searching very large corpora
 FUNCTION_IMPORTS_ALLOWED = {
-    ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs",
-    ("hfport/cli.py", "pydantic"): "serve's settings errors, imported with the server",
+    ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs (and "
+                                 "when its --help lists the server's settings)",
     ("hfport/hub.py", "huggingface_hub"): "only for a repo id (not a folder); importing it costs every start-up",
 }
 

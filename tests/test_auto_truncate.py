@@ -49,7 +49,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 def app_client(tmp_path: Path, folders: dict[str, Path], **settings) -> TestClient:
     models = [f"{name}={folder}" for name, folder in folders.items()]  # emb first: the default model
     app = create_app(Settings(data_dir=tmp_path / "data", models=models, predict_dtype="float32",
-                              batch_autotune=False, **settings), run_worker=False)
+                              batch_token_budgets=[], **settings), run_worker=False)
     return TestClient(app)
 
 

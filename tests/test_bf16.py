@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import hfport
+import hfport.settings
 from hfport.train.monitor import is_perf
 from hfport import hardware
 from hfport.cli import app
@@ -39,7 +40,7 @@ EMULATED = {"float32": 100.0, "bfloat16": 40.0}
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
     """An empty cache dir of the test's own, and no capabilities remembered from earlier in the process."""
-    monkeypatch.setenv(hardware.CACHE_ENV, str(tmp_path / "cache"))
+    hfport.settings.use(cache_dir=tmp_path / "cache")  # conftest resets the settings after the test
     hardware._memo.clear()
     yield tmp_path / "cache" / hardware.CACHE_FILE
     hardware._memo.clear()
@@ -120,7 +121,7 @@ def test_cache_with_bad_peaks_is_remeasured(fake_measure, cache):
 def test_unwritable_cache_dir_still_answers(fake_measure, tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache dir should be")
-    monkeypatch.setenv(hardware.CACHE_ENV, str(blocker / "sub"))
+    hfport.settings.use(cache_dir=blocker / "sub")
     with caplog.at_level(logging.WARNING, "hfport.hardware"):
         assert hardware.cpu_capabilities().bf16_native
     assert "could not write" in caplog.text

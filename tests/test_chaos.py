@@ -59,7 +59,7 @@ class Cluster:
 
     def __init__(self, data: Path, url: str):
         self.data, self.url = data, url
-        self.env = {"HFPORT_DATABASE_URL": url, "HFPORT_LEASE_S": str(LEASE_S), "HFPORT_JOB_HEARTBEAT_S": "0.5",
+        self.env = {"HFPORT_DATABASE_URL": url, "HFPORT_JOB_LEASE_S": str(LEASE_S),
                     "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
         self.apis: list[ServerProcess] = []
         self.workers: dict[str, subprocess.Popen] = {}

@@ -1,7 +1,8 @@
 """What users feed a fine-tune (issue 44, item 5): the data columns are config fields with a CLI flag each
-(--text-column, ..., one per column a task record names), the README's table of each task's columns is the records'
-own (hfport/train/columns.py), a file whose first row lacks a column fails before anything loads, naming the flag
-and the tasks whose columns the row has, and a mistyped task name gets "did you mean"."""
+(--text-column, ..., one per column a task record names), the table of each task's columns (README.md and
+docs/fine-tuning.md) is the records' own (hfport/train/columns.py), a file whose first row lacks a column fails
+before anything loads, naming the flag and the tasks whose columns the row has, and a mistyped task name gets "did
+you mean"."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from hfport.train.columns import check_columns, column_fields, columns_table, fl
 from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+COLUMN_TABLES = [ROOT / "README.md", ROOT / "docs" / "fine-tuning.md"]  # where users start, and the data formats page
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -41,10 +43,11 @@ def refused(train: Path, **options) -> str:
 # --- the README's table and the flags read the records -----------------------------------------------------------
 
 
-def test_readme_table_is_the_records_table():
-    text = README.read_text(encoding="utf-8")
+@pytest.mark.parametrize("page", COLUMN_TABLES, ids=lambda p: p.name)
+def test_readme_table_is_the_records_table(page):
+    text = page.read_text(encoding="utf-8")
     block = re.search(r"<!-- columns: [^\n]*-->\n(.*?)\n<!-- end columns -->", text, re.S)
-    assert block, "README.md has no columns table between its markers"
+    assert block, f"{page.name} has no columns table between its markers"
     assert block.group(1) == columns_table()  # regenerate: python -c "...columns import columns_table; print(...)"
     for record in tasks.TASKS.values():  # every fine-tuning task has its row, every column field its flag there
         if record.train is not None:

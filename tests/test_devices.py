@@ -98,15 +98,14 @@ def test_cli_device_and_info(tiny_bert):
 
 
 def test_server_device_setting_is_checked(tmp_path, monkeypatch):
-    from pydantic import ValidationError
-
+    from hfport.errors import SettingsError
     from server.settings import Settings
 
     _fake_cuda(monkeypatch, 0)
     assert Settings(data_dir=tmp_path).device == "auto"  # a GPU box serves on its GPU without being told
     monkeypatch.setenv("HFPORT_DEVICE", "cpu")
     assert Settings(data_dir=tmp_path).device == "cpu"
-    with pytest.raises(ValidationError, match="no CUDA device"):
+    with pytest.raises(SettingsError, match="device='cuda:1': .*no CUDA device"):
         Settings(data_dir=tmp_path, device="cuda:1")
 
 

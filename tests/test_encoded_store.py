@@ -1,5 +1,5 @@
 """Encoded examples on disk (hfport/formats/encoded.py, hfport/train/stored.py): every task's encoded fields
-round-trip through the store; a store cut short is never reused; a large source (here: any, HFPORT_STREAM_BYTES=0)
+round-trip through the store; a store cut short is never reused; a large source (here: any, stored.STREAM_BYTES = 0)
 encodes into a store with the same checks and errors, and fine-tunes to the same weights and metrics as the
 in-memory path (fp32, same seed), with exact resume."""
 
@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import hfport.settings
 from hfport import AutoTokenizer
 from hfport.formats.encoded import Store, StoreError, open_store, write_store
 from hfport.formats.tables import Source
@@ -30,6 +31,7 @@ from hfport.train.data import DataError
 from hfport.train.loop import finetune
 from hfport.train.preflight import preflight
 from hfport.train import grouped
+from hfport.train import stored as store_module
 from hfport.train.stored import StoredExamples, collect
 from hfport.train.tasks import get_task
 from hfport.train.tasks.ranking import read_groups
@@ -42,8 +44,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "data"
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("HFPORT_CACHE_DIR", str(tmp_path / "cache"))
+def cache(tmp_path) -> Path:
+    hfport.settings.use(cache_dir=tmp_path / "cache")  # conftest resets the settings after the test
     return tmp_path / "cache"
 
 
@@ -128,7 +130,7 @@ def test_every_tasks_encoded_fields_round_trip(root, task, monkeypatch):
     cfg = config(root, train, task=task, eval_fraction=0.0, **options)
     tokenizer = AutoTokenizer.from_pretrained(root / "model")
     want = list(get_task(task).read(cfg, tokenizer, None).train)
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    monkeypatch.setattr(store_module, "STREAM_BYTES", 0)
     source = Source(cfg.train)
     got = collect([want[:3], want[3:]], source, tokenizer, task, {"case": 1})
     assert isinstance(got, StoredExamples) and len(got) == len(want)
@@ -174,7 +176,7 @@ def test_a_failed_encode_leaves_no_store(tmp_path):
 
 
 def test_errors_still_name_file_row_and_column(root, tmp_path, monkeypatch, cache):
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    monkeypatch.setattr(store_module, "STREAM_BYTES", 0)
     rows = sentiment_rows(30, seed=5)
     rows[17]["text"] = "  "
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet", row_group_size=8)
@@ -200,7 +202,7 @@ def test_store_trains_like_the_list(root, tmp_path, monkeypatch, cache):
     small = preflight(config(root, "train.parquet", eval=str(root / "eval.parquet"), text_pair_column="pair"))
     assert isinstance(small.data.train, list) and not (cache / "encoded").exists()
     listed = run(root, tmp_path / "list", max_steps=8)
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    monkeypatch.setattr(store_module, "STREAM_BYTES", 0)
     pre = preflight(config(root, "train.parquet", eval=str(root / "eval.parquet"), text_pair_column="pair"))
     assert isinstance(pre.data.train, StoredExamples) and isinstance(pre.data.eval, StoredExamples)
     stores = lambda: [p for p in (cache / "encoded").iterdir() if p.is_dir()]  # noqa: E731 (beside: lock files)
@@ -216,7 +218,7 @@ def test_store_trains_like_the_list(root, tmp_path, monkeypatch, cache):
 
 def test_store_resume_is_exact(root, tmp_path, monkeypatch):
     """Stopped at a checkpoint and resumed, a run over the store ends with the weights and eval of an unbroken one."""
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    monkeypatch.setattr(store_module, "STREAM_BYTES", 0)
     common = dict(scheduler="constant", save_steps=3)
     whole = run(root, tmp_path / "whole", max_steps=6, **common)
     run(root, tmp_path / "cut", max_steps=3, **common)
@@ -238,7 +240,7 @@ def glob_of(folder: Path, *parts: list[dict]) -> str:
 def test_a_reused_store_still_names_a_globs_file_and_row(root, tmp_path, monkeypatch):
     """Label errors come after encoding, on every run: from a reused store too they name the glob's file and its own
     row."""
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    monkeypatch.setattr(store_module, "STREAM_BYTES", 0)
     rows = sentiment_rows(30, seed=6)
     for r in rows[12:]:  # the second file's labels are numbers (a Parquet column has one type)
         r["label"] = 1.5
@@ -271,7 +273,7 @@ STREAMED = {
 
 @pytest.mark.parametrize("case", STREAMED)
 def test_each_task_trains_from_the_store_like_the_list(root, tmp_path, monkeypatch, cache, case):
-    """Each task's reader yields chunks into collect(): forced onto the store (HFPORT_STREAM_BYTES=0), the same
+    """Each task's reader yields chunks into collect(): forced onto the store (STREAM_BYTES = 0), the same
     fine-tune (fp32, same seed, length grouping) ends with identical weights and eval metrics."""
     task, train, evaluation, options = STREAMED[case]
     values = dict(task=task, eval=str(root / evaluation) if evaluation else None, lr=1e-3, max_steps=4,
@@ -282,7 +284,7 @@ def test_each_task_trains_from_the_store_like_the_list(root, tmp_path, monkeypat
 
     listed = fine_tune(tmp_path / "list")
     assert not (cache / "encoded").exists()
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    monkeypatch.setattr(store_module, "STREAM_BYTES", 0)
     pre = preflight(config(root, train, output_dir=str(tmp_path / "pre"), **values))
     assert isinstance(pre.data.train, StoredExamples) and len(pre.data.train) > 0
     stored = fine_tune(tmp_path / "store")
@@ -327,7 +329,7 @@ def test_gathered_groups_rows_by_key_in_first_row_order(cache, spill, layout, mo
 def test_ranking_rows_are_gathered_with_bounded_memory(root, tmp_path, cache, monkeypatch):
     """(query, text, label) rows of a large source, a query's rows spread over the file: reading its groups holds
     one group and a chunk of rows, not the file's text (the whole read held every row before its first group)."""
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    monkeypatch.setattr(store_module, "STREAM_BYTES", 0)
     monkeypatch.setattr(grouped, "SPILL_ROWS", 64)
     rng = random.Random(7)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
@@ -355,7 +357,7 @@ def test_ranking_rows_are_gathered_with_bounded_memory(root, tmp_path, cache, mo
 def test_a_globs_errors_name_the_file_and_row_from_the_store_path(root, tmp_path, monkeypatch, task, rows, bad,
                                                                    fragment):
     """QA and ranking rows forced onto the store path still name the glob's file and its own row."""
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    monkeypatch.setattr(store_module, "STREAM_BYTES", 0)
     rows[8][bad[0]] = bad[1]  # the second file's row 2
     parts = glob_of(tmp_path / "parts", rows[:6], rows[6:])
     with pytest.raises(DataError, match=fragment):

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from server.fence import FENCED
+from server.fence import FENCED, Fence
 from server.settings import Settings
-from server.store import open_store
+from server.store import Lease, open_store
 from server.worker import REPO_ROOT, Worker
 from tests.pgserver import fresh_db_name, pg_server  # noqa: F401 - the session fixture
 from tests.test_chaos import build_inputs, job_config
@@ -66,7 +66,7 @@ def hanging_config(inputs: tuple[Path, Path], folder: Path) -> dict:
 
 
 def test_a_hung_finetune_is_killed_and_requeued_saying_why(inputs, hanging, tmp_path):
-    settings = Settings(data_dir=tmp_path / "data", job_stall_s=2.0, job_lease_s=30.0, job_heartbeat_s=0.5)
+    settings = Settings(data_dir=tmp_path / "data", job_stall_s=2.0, job_lease_s=30.0)
     store = open_store(settings.db_path)
     worker = Worker(settings, store)
     job = store.create_job("finetune", hanging_config(inputs, tmp_path))
@@ -183,10 +183,14 @@ def test_a_job_cut_off_from_the_database_dies_before_its_lease_runs_out(pg_serve
 
 
 def test_fencing_settings(tmp_path):
-    """Defaults: a generous stall limit (30 min) and a margin of a fifth of the lease; a margin that leaves no lease
-    is refused at start, naming both settings."""
+    """Defaults: a generous stall limit (30 min), a 30 s lease and, derived from it, 2 s heartbeats, a margin of a
+    fifth of the lease, a start grace of one lease; a shorter lease shortens them all, so the margin always leaves
+    a lease (the fence's check never trips)."""
     settings = Settings(data_dir=tmp_path)
-    assert settings.job_stall_s == 1800 and settings.lease_margin_s == 0.2 * settings.job_lease_s
-    assert settings.idempotency_ttl_s == 24 * 3600
-    with pytest.raises(ValueError, match=r"job_lease_margin_s \(5 s\) must be below the job lease HFPORT_LEASE_S"):
-        Settings(data_dir=tmp_path, job_lease_s=4, job_lease_margin_s=5)
+    assert settings.job_stall_s == 1800 and settings.job_lease_s == 30
+    assert (settings.job_heartbeat_s, settings.lease_margin_s, settings.job_start_grace_s) == pytest.approx((2, 6, 30))
+    short = Settings(data_dir=tmp_path, job_lease_s=3)
+    assert (short.job_heartbeat_s, short.lease_margin_s, short.job_start_grace_s) == pytest.approx((0.2, 0.6, 3))
+    watch = Fence(None, Lease("j", 1, short.job_lease_s), heartbeat_s=short.job_heartbeat_s,
+                  margin_s=short.lease_margin_s)  # refuses a margin that leaves no lease
+    assert watch.budget_s == pytest.approx(2.4) and watch.every_s == pytest.approx(0.2)

@@ -53,9 +53,9 @@ def live(tmp_path_factory, minilm_path):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(minilm_path / name, model / name)
     srv = Server(base / "data", allowed, workers=1, HFPORT_API_TOKEN=TOKEN, HFPORT_MAX_REQUEST_BYTES=str(64 * 1024),
-                 HFPORT_MAX_UPLOAD_BYTES=str(64 * 1024), HFPORT_PREDICT_MAX_INPUTS="8",
+                 HFPORT_MAX_DATA_BYTES=str(64 * 1024), HFPORT_PREDICT_MAX_INPUTS="8",
                  HFPORT_PREDICT_MAX_CHARS="2000", HFPORT_PREDICT_TIMEOUT_S="10",
-                 HFPORT_MODELS=f"{TINY_MODEL}={model}", HFPORT_BATCH_AUTOTUNE="false").start()
+                 HFPORT_MODELS=f"{TINY_MODEL}={model}", HFPORT_BATCH_TOKEN_BUDGETS="[]").start()
     yield srv
     srv.stop()
 

@@ -1,7 +1,7 @@
 """Idempotent submission (server/idempotency.py) through the HTTP routes, on the embedded store (the store-level
 race on both backends is tests/test_store_backends.py): a retry with the same key and body returns the same job,
 another body is a 409 naming the key, concurrent submissions with one key create one job, keys expire after
-HFPORT_IDEMPOTENCY_TTL_S, and a request without a key behaves as before."""
+idempotency.TTL_S (24 h), and a request without a key behaves as before."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from server import idempotency
 from server.app import create_app
 from server.settings import Settings
 from tests.test_chaos import build_inputs, job_config
@@ -21,7 +22,7 @@ from tests.test_chaos import build_inputs, job_config
 def app(tmp_path, minilm_path):
     data = tmp_path / "data"
     model, train = build_inputs(data / "inputs", minilm_path)
-    settings = Settings(data_dir=data, idempotency_ttl_s=3600.0)
+    settings = Settings(data_dir=data)
     with TestClient(create_app(settings, run_worker=False)) as client:
         client.model, client.train, client.settings = model, train, settings
         yield client
@@ -79,7 +80,7 @@ def test_keys_expire_after_the_ttl(app):
     first = export(app, "old").json()["id"]
     store = app.app.state.store
     with store.connect() as db:
-        db.execute(f"UPDATE idempotency_keys SET created_at = {store.NOW} - ?", (app.settings.idempotency_ttl_s + 1,))
+        db.execute(f"UPDATE idempotency_keys SET created_at = {store.NOW} - ?", (idempotency.TTL_S + 1,))
     shutil.rmtree(app.settings.data_dir / "exports", ignore_errors=True)
     second = export(app, "old")
     assert second.status_code == 202 and second.json()["id"] != first

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import hfport
-from hfport import hardware
-from hfport.int8 import Int8GateError, float_dtype, granularities, quantize
+from hfport import hardware, probes
+from hfport.int8 import Int8GateError, float_dtype, granularities, quantize, quantize_loaded
 from hfport.nn import int8 as int8_nn
 from hfport.nn.int8 import ACTIVATIONS, InputPeaks, Int8Linear, body_linears, quantize_linears, reference_forward
 from hfport.probes import judged_texts
@@ -53,29 +54,69 @@ def test_int8_linear_matches_its_reference(bias, n_outliers, activations):
 
 
 @pytest.mark.parametrize("activations", ACTIVATIONS)
-def test_calls_of_few_rows_run_the_kept_float_weight(monkeypatch, activations):
-    """keep_float: fewer than HFPORT_INT8_MIN_ROWS rows -> the float layer exactly (bf16 here, as an int8 model's
-    float parts), more -> int8; int8_everywhere() -> int8 at any size; 0 keeps no float weight; nothing is saved."""
-    monkeypatch.setenv(int8_nn.MIN_ROWS_ENV, "16")
+def test_calls_of_few_rows_run_the_kept_float_weight(activations):
+    """float_below_rows=16: fewer rows -> the float layer exactly (bf16 here, as an int8 model's float parts), more ->
+    int8, as a layer keeping no float weight (float_below_rows=0) computes at any size; nothing is saved; a bad row
+    count is an error naming the setting."""
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
-    layer = int8_nn.Int8Linear.from_linear(linear, torch.tensor([3]), activations, keep_float=True).bfloat16()
-    assert "float_weight" not in layer.state_dict()
+    layer = int8_nn.Int8Linear.from_linear(linear, torch.tensor([3]), activations, float_below_rows=16).bfloat16()
+    always = int8_nn.Int8Linear.from_linear(linear, torch.tensor([3]), activations).bfloat16()
+    assert "float_weight" not in layer.state_dict() and always.float_weight is None
+    assert "float_below_rows=16" in repr(layer)
     w, b = linear.weight.detach().bfloat16(), linear.bias.detach().bfloat16()
     with torch.inference_mode():
         small, big = torch.randn(15, 64).bfloat16(), torch.randn(16, 64).bfloat16()
         assert torch.equal(layer(small), nn.functional.linear(small, w, b))  # float, bit for bit
-        with int8_nn.int8_everywhere():
-            forced = layer(small)
-            big_int8 = layer(big)
+        forced = always(small)
         assert not torch.equal(forced, nn.functional.linear(small, w, b))  # int8 rounding shows
         torch.testing.assert_close(forced.double(), reference_forward(layer, small), atol=2e-2, rtol=2e-2)
-        assert torch.equal(layer(big), big_int8)  # 16 rows: int8 without being told
-    monkeypatch.setenv(int8_nn.MIN_ROWS_ENV, "0")
-    assert int8_nn.Int8Linear.from_linear(linear, None, activations, keep_float=True).float_weight is None
-    monkeypatch.setenv(int8_nn.MIN_ROWS_ENV, "few")
-    with pytest.raises(hfport.ConfigError, match=int8_nn.MIN_ROWS_ENV):
-        int8_nn.Int8Linear.from_linear(linear, None, activations, keep_float=True)
+        assert torch.equal(layer(big), always(big))  # 16 rows: int8 without being told
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="min_rows"):
+            int8_nn.Int8Linear.from_linear(linear, None, activations, float_below_rows=bad)
+
+
+def test_one_outlier_rule_for_the_engine_and_the_onnx_quantizer(tmp_path):
+    """The ONNX int8 quantizer (export/onnx_fusion.split_outliers) splits exactly the channels the engine's rule
+    (nn/int8.py: outlier_channels) picks on the same peaks: channels between 4x and 6x the median, more candidates
+    than the limit, and an even channel count (the median of the two middle channels)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hfport.export.onnx_fusion import split_outliers
+
+    k, n = 24, 5
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-0.5, 0.5, size=(2, 7, k)).astype(np.float32)  # (B, T, K)
+    x[0, 0, :] = -1.0  # every channel's peak 1, but the candidates': the median is 1
+    for channel, factor in ((2, 5.0), (5, 4.5), (7, 30.0), (11, 8.0), (13, 12.0), (15, 9.0), (17, 25.0), (19, 7.0),
+                            (23, 4.2)):  # nine candidates above 4x (one more than the limit), three below 6x
+        x[1, 3, channel] = factor
+    mask = np.ones((2, 7), dtype=np.int64)
+    mask[1, 5:] = 0  # padding: not a real token
+    x[1, 6, 0] = 1000.0  # at a padded position: not counted
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, k]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [None, None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, n])],
+        [numpy_helper.from_array(rng.normal(size=(k, n)).astype(np.float32), "w")])
+    src = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    _, split = split_outliers(src, tmp_path / "split.onnx", [{"x": x, "attention_mask": mask}])
+    peaks = torch.from_numpy(np.abs(x[mask.astype(bool)]).max(0))  # (K,) over the real tokens
+    want = int8_nn.outlier_channels(peaks)
+    assert split == {"x": want.tolist()}
+    assert want.tolist() == [2, 5, 7, 11, 13, 15, 17, 19]  # the largest 8; 4.5x and 5x the median are outliers
+
+
+def test_outlier_rule_median_and_limit():
+    peaks = torch.tensor([1.0, 1.0, 1.0, 3.0, 7.0, 100.0])  # median 2 (the mean of 1 and 3): threshold 8
+    assert int8_nn.outlier_channels(peaks).tolist() == [5]  # 7 is 3.5x the median (7x the lower middle value)
+    peaks[4] = 9.0
+    assert int8_nn.outlier_channels(peaks).tolist() == [4, 5]
+    assert int8_nn.outlier_channels(peaks, limit=1).tolist() == [5]  # the largest first
 
 
 def test_u8_quantization_runs_in_fp32_by_blocks(monkeypatch):
@@ -255,7 +296,14 @@ def test_minilm_embeddings_int8(minilm_int8, tmp_path):
 
 
 @pytest.fixture
-def damaged(monkeypatch):
+def short_long_rows(monkeypatch):
+    """The gate's long rows up to 128 tokens, not MiniLM's 512: for the tests of refusal and fallback, which any
+    set shows, the long band at a fraction of its cost (test_gate_lengths.py tests the lengths themselves)."""
+    monkeypatch.setattr(probes, "GATE_MAX_LENGTH", 128)
+
+
+@pytest.fixture
+def damaged(monkeypatch, short_long_rows):
     """int8 that keeps 3 levels a side (a broken quantizer): the gate must see it."""
     monkeypatch.setattr(int8_nn, "QMAX", 3)
 
@@ -268,14 +316,24 @@ def test_gate_refuses_damaged_int8(minilm_path, damaged):
         hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
 
 
-@pytest.mark.parametrize("shards", ["off", "2"])
-def test_gate_judges_int8_even_where_calls_would_run_float(minilm_path, damaged, monkeypatch, shards):
-    """Every call below HFPORT_INT8_MIN_ROWS rows runs the kept float weight; the gate must still judge int8, also
-    when its passes run as row shards on worker threads."""
-    monkeypatch.setenv(int8_nn.MIN_ROWS_ENV, str(10 ** 9))
-    monkeypatch.setenv("HFPORT_ROW_SHARDS", shards)
+def test_gate_judges_int8_even_where_calls_would_run_float(minilm_path, damaged):
+    """Every call below min_rows rows runs the kept float weight; the gate must still judge int8."""
+    fp32 = hfport.AutoModel.from_pretrained(minilm_path)
     with pytest.raises(Int8GateError, match="int8 refused by its gate"):
-        hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
+        quantize_loaded(fp32, minilm_path, min_rows=10 ** 9)
+
+
+def test_min_rows_is_an_argument_of_the_int8_step(minilm_path):
+    """The float weights kept for calls of few rows follow the step's min_rows (no environment variable): 0 keeps
+    none; a bad value is an error naming it."""
+    model = quantize_loaded(hfport.AutoModel.from_pretrained(minilm_path), minilm_path, min_rows=0)
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert layers and all(m.float_weight is None and m.float_below_rows == 0 for m in layers)
+    model = quantize_loaded(hfport.AutoModel.from_pretrained(minilm_path), minilm_path, min_rows=64)
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert all(m.float_below_rows == 64 and m.float_weight.dtype == model.dtype for m in layers)
+    with pytest.raises(ValueError, match="min_rows"):
+        quantize_loaded(hfport.AutoModel.from_pretrained(minilm_path), minilm_path, min_rows=-1)
 
 
 def test_auto_int8_falls_back_to_bf16(minilm_path, damaged, caplog):
@@ -286,7 +344,7 @@ def test_auto_int8_falls_back_to_bf16(minilm_path, damaged, caplog):
     assert "auto-int8 chose bf16" in caplog.text
 
 
-def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch, caplog):
+def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch, caplog, short_long_rows):
     """"tensor" refused by the gate (its quantizer crushed to 3 levels here), "token" passing: int8 kept, per token."""
     real = int8_nn.quantize_tensor_u8
 

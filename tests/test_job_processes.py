@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 import hfport
 from hfport import RunDir
+from hfport.errors import SettingsError
 from hfport.train.config import FinetuneConfig
 from server.settings import Settings
 from server.store import Store, open_store
@@ -130,14 +131,17 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5", ""])
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
 def test_job_processes_setting_refuses_what_it_cannot_run(monkeypatch, value):
     monkeypatch.setenv("HFPORT_JOB_PROCESSES", value)
-    with pytest.raises(ValueError, match=r"HFPORT_JOB_PROCESSES: .* neither 'auto' .* nor a whole number >= 1"):
+    with pytest.raises(SettingsError, match=rf"HFPORT_JOB_PROCESSES='{value}': neither 'auto' .* nor a whole number "
+                                            ">= 1"):
         Settings()
 
 
-@pytest.mark.parametrize(("value", "expected"), [("auto", "auto"), ("AUTO", "auto"), ("3", 3), (" 1 ", 1)])
+# an empty variable is unset, as for every setting (docs/settings.md)
+@pytest.mark.parametrize(("value", "expected"), [("auto", "auto"), ("AUTO", "auto"), ("3", 3), (" 1 ", 1),
+                                               ("", "auto")])
 def test_job_processes_setting_reads(monkeypatch, value, expected):
     monkeypatch.setenv("HFPORT_JOB_PROCESSES", value)
     assert Settings().job_processes == expected

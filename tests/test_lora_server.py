@@ -82,7 +82,7 @@ def test_adapters_over_one_base_share_its_tensors(root, tmp_path):  # noqa: F811
     base = root / "models" / "ft-base"
     one, two = _adapter(base, tmp_path / "one", seed=3), _adapter(base, tmp_path / "two", seed=4)
     service = ModelService(Settings(data_dir=tmp_path / "data", allowed_dirs=[root, tmp_path],  # what it may read
-                                    batch_autotune=False, predict_dtype="float32"))
+                                    batch_token_budgets=[], predict_dtype="float32"))
     try:
         a = service.load(ModelRecord("one", str(one), "text-classification", base=str(base)))
         b = service.load(ModelRecord("two", str(two), "text-classification", base=str(base)))
@@ -119,7 +119,7 @@ def test_an_adapter_with_an_explicit_base_embeds_the_same_on_every_route(root, t
 
     def fresh(data: str) -> TestClient:  # a fresh service: nothing loaded yet
         return TestClient(create_app(Settings(data_dir=tmp_path / data, allowed_dirs=[root, tmp_path],
-                                              batch_autotune=False, predict_dtype="float32"), run_worker=False))
+                                              batch_token_budgets=[], predict_dtype="float32"), run_worker=False))
 
     def register(c: TestClient) -> None:
         r = c.post("/models", json={"name": "emb-lora", "path": str(folder), "base": str(base)})

@@ -255,13 +255,55 @@ def test_a_mixed_call_sorts_rows_by_adapter_within_each_length(tiny):
     pipe = hfport.pipeline("text-classification", model=tiny["base"], adapters={n: tiny[n] for n in "abc"})
     seen: list[tuple[list[int], list[int]]] = []
     pipe.model.body.encoder.register_forward_pre_hook(
-        lambda module, args: seen.append((nn_lora._state.route.slots.tolist(), module_lengths(args[1]))))
+        lambda module, args: seen.append((args[1].adapters.slots.tolist(), module_lengths(args[1]))))
     texts = ["one two", "one two", "three", "one two", "three", "one two"]
     names = ["c", "a", "b", "a", None, "c"]
     pipe(texts, adapter=names, top_k=None)
     (slots, lengths), = seen  # one forward pass
     keys = list(zip([-n for n in lengths], slots))
     assert keys == sorted(keys) and len(set(slots)) == 4 and len(set(lengths)) == 2, (slots, lengths)
+
+
+def test_the_route_is_an_argument_not_thread_state(tiny):
+    """A mixed batch's routing is passed to the body (EncoderBody.forward's `adapters`) and carried by the layout:
+    the body run on another thread with the Route given computes each row's adapter, as run_body does here, and a
+    call without it on this thread meanwhile is the plain base."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cls = hfport.AutoModelForSequenceClassification
+    base = cls.from_pretrained(tiny["base"])
+    shared = lora.AdapterSet(base)
+    for name in "abc":
+        shared.load(name, tiny[name], cls)
+    b = batch("bert", lengths=(70, 41, 9, 30))
+    slots = torch.tensor([shared.slots["a"], 0, shared.slots["c"], shared.slots["b"]])  # (B,)
+    mask = b["attention_mask"].bool()
+    with torch.no_grad():
+        want, want_pooled = shared.run_body(slots, b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        with ThreadPoolExecutor(1) as worker:
+            got, got_pooled = worker.submit(lambda: shared.body(**b, adapters=nn_lora.Route(shared.table, slots))
+                                            ).result(timeout=120)
+        plain, _ = shared.body(**b)
+        alone, _ = base.body(**b)  # the base model's own call: slot 0, no route
+    torch.testing.assert_close(got[mask], want[mask], atol=0, rtol=0)
+    torch.testing.assert_close(got_pooled, want_pooled, atol=0, rtol=0)
+    torch.testing.assert_close(plain[mask], alone[mask], atol=0, rtol=0)
+    assert (want[0][mask[0]] - plain[0][mask[0]]).abs().max() > 1e-4  # row 0's adapter did change it
+
+
+def test_a_head_takes_the_body_outputs_as_an_argument(tiny):
+    """What a mixed batch hands each adapter's head: `encoder_outputs`, used instead of running the body (which is
+    not called), giving the model's own outputs."""
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(tiny["a"])
+    b = batch("bert", lengths=(41, 9))
+    calls = count_body_calls(model.body)
+    with torch.no_grad():
+        want = model(**b).logits
+        outputs = model.body(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        assert len(calls) == 2
+        got = model(**b, encoder_outputs=outputs).logits
+    assert len(calls) == 2  # the body did not run again
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 def module_lengths(layout) -> list[int]:
@@ -471,11 +513,12 @@ def test_unknown_target_module_is_a_tei_error(minilm, tmp_path):
 
 
 def test_model_cache_counts_a_base_and_its_adapters_as_one_model(tiny, tmp_path, monkeypatch):
-    """More adapters than model_cache_size over one base stay loaded (each loaded once: a cache that evicted them one
-    by one reloaded an adapter on nearly every request of a round-robin load); another model evicts the whole group."""
+    """Adapters over one base stay loaded while the group fits model_cache_mb (each loaded once: a cache that evicted
+    them one by one reloaded an adapter on nearly every request of a round-robin load); another model of the base's
+    size evicts the whole group."""
     import asyncio
 
-    from server.serving import ModelRecord, ModelService
+    from server.serving import ModelRecord, ModelService, weight_bytes
     from server.settings import Settings
 
     loads: list[str] = []
@@ -496,8 +539,9 @@ def test_model_cache_counts_a_base_and_its_adapters_as_one_model(tiny, tmp_path,
         assert [r.name for r in service.cache.records()] == ["other"]  # the group went together
 
     # the models' folders are allowed dirs: the cache reads only files inside them
+    one = weight_bytes(hfport.pipeline(task, model=base, dtype=Settings().predict_dtype))  # as the service loads it
     service = ModelService(Settings(data_dir=tmp_path / "d", allowed_dirs=[tiny["base"].parent, tmp_path],
-                                    model_cache_size=1, batch_token_budgets=[512]))
+                                    model_cache_mb=1.5 * one / 2**20, batch_token_budgets=[512]))
     try:
         asyncio.run(serve(service))
     finally:

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import hfport.settings
 from hfport import verbosity
+from hfport.errors import SettingsError
 from hfport.rundir import RunDir, RunSummary
 from hfport.train.checkpoint import CheckpointWriter, _cpu_copy
 from hfport.train.monitor import (Pace, ResourceSampler, evals_left, fmt_resources, gpu_stats,
@@ -245,13 +247,15 @@ def test_sigkill_during_a_background_write_never_becomes_latest(tiny_run, tmp_pa
 
 
 def test_verbosity_env_flags_win_and_rank_prefix(monkeypatch, capsys):
-    monkeypatch.setenv("HFPORT_VERBOSITY", "debug")
+    monkeypatch.setenv("HFPORT_VERBOSITY", "debug")  # the settings are read once a process: reset() reads again
     assert verbosity.resolve() == "debug"
     assert verbosity.resolve(quiet=True) == "quiet" and verbosity.resolve(verbose=1) == "verbose"
     monkeypatch.setenv("HFPORT_VERBOSITY", "loud")
-    with pytest.raises(ValueError, match="quiet"):
+    hfport.settings.reset()
+    with pytest.raises(SettingsError, match="HFPORT_VERBOSITY='loud': input should be 'quiet', 'normal'"):
         verbosity.resolve()
     monkeypatch.setenv("HFPORT_VERBOSITY", "trace")
+    hfport.settings.reset()
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     try:

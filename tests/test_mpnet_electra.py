@@ -183,9 +183,8 @@ def test_electra_sequence_summary(overrides, tmp_path):
 
 @pytest.mark.parametrize("family,changes,fragment", [
     ("electra", {"summary_type": "attn"}, "field 'summary_type': 'attn' is not supported"),
-    ("electra", {"summary_proj_to_labels": True}, "field 'summary_proj_to_labels': true is not supported"),
+    ("electra", {"summary_proj_to_labels": True}, "field 'summary_proj_to_labels': true projects to num_labels (2)"),
     ("electra", {"summary_activation": "swishy"}, "field 'summary_activation': 'swishy' is not supported"),
-    ("electra", {"summary_use_proj": False}, "field 'summary_use_proj': false with summary_activation 'gelu'"),
     ("electra", {"is_decoder": True}, "field 'is_decoder': true is not supported"),
     ("electra", {"add_cross_attention": True}, "field 'add_cross_attention': true is not supported"),
     ("mpnet", {"relative_attention_num_buckets": "32"}, "field 'relative_attention_num_buckets'"),
@@ -332,7 +331,7 @@ def service(tmp_path: Path, models: dict[str, Path]):
     from server.settings import Settings
 
     client = TestClient(create_app(Settings(data_dir=tmp_path / "data", allowed_dirs=[tmp_path],
-                                            batch_autotune=False, predict_dtype="float32"), run_worker=False))
+                                            batch_token_budgets=[], predict_dtype="float32"), run_worker=False))
     client.__enter__()
     for name, path in models.items():
         r = client.post("/models", json={"name": name, "path": str(path)})

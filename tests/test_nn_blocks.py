@@ -363,9 +363,9 @@ def test_dropout_keeps_torchs_distribution_scale_and_gradient(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_bitwise_torchs_mask_and_scale_kernel(dtype):
-    """The output and the gradient are bit for bit torch's native_dropout_backward (x * mask * scale, the kernel
-    hfport's dropout used before it kept the mask in x's dtype) on the mask the same seed draws (rand >= p), signed
-    zeros included: negative inputs and gradients, attention-probability and residual shapes."""
+    """The output and the gradient are bit for bit torch's native_dropout_backward (x * mask * scale) on the mask
+    the same seed draws (rand >= p), signed zeros included: negative inputs and gradients, attention-probability and
+    residual shapes."""
     from hfport.nn import dropout
 
     p = 0.1
@@ -386,8 +386,8 @@ def test_dropout_bitwise_torchs_mask_and_scale_kernel(dtype):
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 1 / 3, 0.5, 0.7, 0.55, 2 ** -25, 1e-7, 0.9999999])
 def test_dropout_decides_as_torch_rand_against_p(p):
-    """The mask is drawn as 24-bit integers against a threshold (nn/dropout.py, _keep_threshold): exactly the
-    decisions torch.rand(shape) >= p makes from the same seed, and the generator is left in the same state."""
+    """The mask makes exactly the decisions torch.rand(shape) >= p makes from the same seed, and the generator is
+    left in the same state."""
     from hfport.nn import dropout
 
     x = torch.ones(64, 1000)

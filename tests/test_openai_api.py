@@ -21,7 +21,7 @@ def close(a, b) -> None:
 
 @pytest.fixture(scope="module")
 def server(minilm_path, serve_models):
-    return serve_models({"minilm": minilm_path}, HFPORT_BATCH_AUTOTUNE="false")
+    return serve_models({"minilm": minilm_path}, HFPORT_BATCH_TOKEN_BUDGETS="[]")
 
 
 @pytest.fixture(scope="module")

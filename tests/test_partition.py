@@ -248,7 +248,7 @@ def run_partition(root: Path, minilm: Path, part: Partition, pg: PgServer, n_sho
     local_url = pg.create_database(name)
     ns_url = f"{pg.url(name, host=part.root_ip)}?{TCP_OPTS}"
     store = open_store(local_url)
-    workers = Workers(data, store, {"HFPORT_LEASE_S": str(LEASE_S), "HFPORT_JOB_HEARTBEAT_S": "0.5",
+    workers = Workers(data, store, {"HFPORT_JOB_LEASE_S": str(LEASE_S),
                                     "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     figures: dict[str, Any] = {}
     try:

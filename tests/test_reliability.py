@@ -589,7 +589,8 @@ def test_uploads_no_live_job_needs_are_swept(tmp_path):
 def test_dataset_checks_run_off_the_event_loop_within_a_size_limit(base_model, tmp_path, monkeypatch):
     """POST /jobs/finetune (data by path) and /jobs/finetune/upload read and encode the data before queueing: while
     that check runs (held here until released), the event loop still answers other requests; a data file over
-    HFPORT_DATASET_CHECK_MAX_BYTES is refused with 413 naming the field, the file and the limit, unread."""
+    HFPORT_MAX_DATA_BYTES is refused with 413 naming the field, the file and the limit, unread (an upload: before
+    its body is read)."""
     import threading
 
     from fastapi.testclient import TestClient
@@ -604,7 +605,7 @@ def test_dataset_checks_run_off_the_event_loop_within_a_size_limit(base_model, t
     (sets / "big.jsonl").write_text(GOOD * 40)
     limit = len(GOOD.encode()) * 20
     settings = Settings(data_dir=tmp_path / "data", allowed_dirs=[sets, base_model.parent],
-                        dataset_check_max_bytes=limit)
+                        max_data_bytes=limit)
     entered, release, real = threading.Event(), threading.Event(), job_routes.preflight
 
     def held_preflight(config, **kw):
@@ -639,7 +640,9 @@ def test_dataset_checks_run_off_the_event_loop_within_a_size_limit(base_model, t
 
             entered.clear()
             body = assert_error(submit("big.jsonl"), 413, "PayloadTooLarge")
-            for fragment in ("config.train", "'big.jsonl'", f"{(sets / 'big.jsonl').stat().st_size:,} bytes",
-                             f"{limit:,} bytes", "HFPORT_DATASET_CHECK_MAX_BYTES"):
+            fragments = {"path": ("config.train", "'big.jsonl'", f"{(sets / 'big.jsonl').stat().st_size:,} bytes",
+                                  f"{limit:,} bytes", "HFPORT_MAX_DATA_BYTES"),
+                         "upload": (f"upload larger than the server's limit of {limit} bytes (HFPORT_MAX_DATA_BYTES)",)}
+            for fragment in fragments[how]:
                 assert fragment in body["error"], (how, fragment, body)
             assert not entered.is_set(), f"{how}: the over-limit file was read"

@@ -35,7 +35,7 @@ def root(tmp_path_factory) -> Path:
 
 def make_app(tmp_path: Path, root: Path, **settings) -> TestClient:
     return TestClient(create_app(Settings(data_dir=tmp_path / "data", allowed_dirs=[root], predict_dtype="float32",
-                                          batch_autotune=False, **settings), run_worker=False))
+                                          batch_token_budgets=[], **settings), run_worker=False))
 
 
 def adapter(base: Path, out: Path) -> Path:
@@ -202,11 +202,11 @@ def test_the_data_check_limit_counts_folders_and_globs(tmp_path, root):
     for i in range(3):
         pq.write_table(pa.table(rows), shards / f"part-{i}.parquet")
     one = (shards / "part-0.parquet").stat().st_size
-    with make_app(tmp_path, root, dataset_check_max_bytes=2 * one) as client:  # each file fits, together they do not
+    with make_app(tmp_path, root, max_data_bytes=2 * one) as client:  # each file fits, together they do not
         for train in (str(shards / "*.parquet"), str(shards)):
             config = {"model": str(root / "models" / "cls"), "train": train}
             message = error(client.post("/jobs/finetune", json={"config": config}), 413, "PayloadTooLarge")
-            assert f"{3 * one:,} bytes" in message and "HFPORT_DATASET_CHECK_MAX_BYTES" in message, message
+            assert f"{3 * one:,} bytes" in message and "HFPORT_MAX_DATA_BYTES" in message, message
 
 
 # --- 13: Idempotency-Key on the upload route ---------------------------------------------------------------------

@@ -287,7 +287,7 @@ def test_duplicate_worker_id_is_refused_while_the_other_lives(store, target, tmp
 def test_cancel_from_another_process_reaches_the_worker(store, target, tmp_path):
     """The worker holding a job polls its cancel flag: a cancel written through another store connection (another
     API process, on any host) stops the job's process and ends it `cancelled`."""
-    worker = Worker(settings_for(tmp_path, target, cancel_grace_s=5.0), store)
+    worker = Worker(settings_for(tmp_path, target), store)
     job = store.create_job("export", CFG)
     claimed = store.claim_next(worker.id)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
@@ -489,7 +489,7 @@ def test_unreachable_database_through_the_cli(tmp_path):
     out = subprocess.run([sys.executable, "-m", "hfport", "serve", "--data-dir", str(tmp_path), "--role", "api"],
                          env={**os.environ,
                               "HFPORT_DATABASE_URL": f"postgresql://hfport@127.0.0.1:{_closed_port()}/x",
-                              "HFPORT_DATABASE_CONNECT_TIMEOUT_S": "1"},
+                              "HFPORT_JOB_LEASE_S": "1"},  # start-up retries the database for one lease
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "error: cannot reach the PostgreSQL database postgresql://hfport@127.0.0.1" in out.stderr

@@ -1,12 +1,12 @@
 """The encoded-examples cache shared by processes (hfport/formats/encoded.py's locks, hfport/train/stored.py's
 collect): two processes that read the same large source at once (the ranks of `accelerate launch`) write one store
 and read identical examples; a writer killed with SIGKILL mid-write leaves no store that is read as complete, and its
-staging folder is swept; once the stores hold more than HFPORT_STORE_MAX_BYTES the least recently used are evicted,
+staging folder is swept; once the stores hold more than the setting store_max_bytes the least recently used are evicted,
 never one that is open nor the one just written; a process stuck writing makes the others fail with an error naming
 it.
 
 The processes are plain subprocesses running this file (`python tests/test_store_cache.py ...`): the store does not
-depend on a process group, so no gloo is needed. HFPORT_STREAM_BYTES=0 forces every source onto the store.
+depend on a process group, so no gloo is needed. stored.STREAM_BYTES = 0 forces every source onto the store.
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ from typing import Any, Iterator
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import hfport.settings  # noqa: E402
 from hfport import AutoTokenizer  # noqa: E402
+from hfport.errors import SettingsError  # noqa: E402
 from hfport.formats.encoded import (LEFTOVER, StoreBusy, build_lock, folder_bytes, open_store,  # noqa: E402
                                     use_lock)
 from hfport.formats.tables import Source  # noqa: E402
+from hfport.train import stored as stored_module  # noqa: E402
 from hfport.train.stored import StoredExamples, collect, store_folder, store_key  # noqa: E402
 from hfport.train.tasks.classification import encode_rows  # noqa: E402
 
@@ -64,6 +67,7 @@ def drive(mode: str, tokenizer_dir: str, data: str, out: str) -> None:
     `wait`: waits for OUT's folder's `go` file before the rest of its chunks, and writes the examples it got to OUT;
     `die`: sleeps after its first chunk (the test kills it with SIGKILL)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    stored_module.STREAM_BYTES = 0  # every source onto the store (this process's own copy of the module)
     tokenizer, data_path, out_path = AutoTokenizer.from_pretrained(tokenizer_dir), Path(data), Path(out)
 
     def feed() -> Iterator[list]:
@@ -82,7 +86,7 @@ def drive(mode: str, tokenizer_dir: str, data: str, out: str) -> None:
 
 
 def launch(mode: str, tokenizer_dir: Path, data: Path, out: Path, cache: Path) -> subprocess.Popen:
-    env = {**os.environ, "HFPORT_CACHE_DIR": str(cache), "HFPORT_STREAM_BYTES": "0", "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, "HFPORT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1",
            "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     log = open(f"{out}.log", "w")
     return subprocess.Popen([sys.executable, __file__, mode, str(tokenizer_dir), str(data), str(out)], env=env,
@@ -114,8 +118,8 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("HFPORT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")
+    hfport.settings.use(cache_dir=tmp_path / "cache")  # conftest resets the settings after the test
+    monkeypatch.setattr(stored_module, "STREAM_BYTES", 0)
     return tmp_path / "cache"
 
 
@@ -188,7 +192,7 @@ def test_least_recently_used_stores_are_evicted(tmp_path, cache, tokenizer, monk
     for age, n in enumerate("CBA"):  # last used: A three hours ago, B two, C one
         os.utime(use_lock(folders[n]).path, (time.time() - 3600 * (age + 1),) * 2)
     size = folder_bytes(folders["A"])
-    monkeypatch.setenv("HFPORT_STORE_MAX_BYTES", str(int(size * 1.5)))
+    hfport.settings.use(store_max_bytes=int(size * 1.5))
     with caplog.at_level(logging.INFO, logger="hfport"):
         d = stored(sources["D"], tokenizer)
     assert sorted(p for p in cache_entries(cache) if not p.startswith(".") and not p.endswith(".lock")) == \
@@ -199,18 +203,18 @@ def test_least_recently_used_stores_are_evicted(tmp_path, cache, tokenizer, monk
     assert [plain(x) for x in opened["B"]] == [plain(x) for c in chunks(sources["B"], tokenizer) for x in c]
     opened["B"].store.close()
     d.store.close()
-    monkeypatch.setenv("HFPORT_STORE_MAX_BYTES", "0")
+    hfport.settings.use(store_max_bytes=0)
     stored(sources["E"], tokenizer)
     assert folders["B"].exists()  # no cap: nothing evicted
-    monkeypatch.setenv("HFPORT_STORE_MAX_BYTES", str(int(size * 1.5)))
+    hfport.settings.use(store_max_bytes=int(size * 1.5))
     f = stored(sources["F"], tokenizer)
     assert sorted(p for p in cache_entries(cache) if not p.startswith(".") and not p.endswith(".lock")) == \
         [f.store.folder.name]  # B, D and E closed: all older than F, over the cap
 
 
 def test_a_stuck_writer_makes_the_others_fail_naming_it(tmp_path, cache, tokenizer, monkeypatch):
-    """The build lock held (as a writer holds it) past HFPORT_STORE_WAIT_S: the error names the source, the store,
-    the holder's pid and the variable; the waiting reader never encoded anything, and the lock files stay the
+    """The build lock held (as a writer holds it) past STORE_WAIT_S: the error names the source, the store and the
+    holder's pid; the waiting reader never encoded anything, and the lock files stay the
     writer's."""
     data = write_rows(tmp_path / "train.jsonl", 12, 2)
     folder = store_folder(store_key(Source(data), tokenizer, TASK, SETTINGS))
@@ -218,7 +222,7 @@ def test_a_stuck_writer_makes_the_others_fail_naming_it(tmp_path, cache, tokeniz
     user, writer = use_lock(folder), build_lock(folder)  # what a writer holds: the use lock shared, the build lock
     assert user.acquire(exclusive=False) and writer.acquire(exclusive=True)
     writer.note_holder()
-    monkeypatch.setenv("HFPORT_STORE_WAIT_S", "0.3")
+    monkeypatch.setattr(stored_module, "STORE_WAIT_S", 0.3)
     consumed = []
 
     def feed():
@@ -227,7 +231,7 @@ def test_a_stuck_writer_makes_the_others_fail_naming_it(tmp_path, cache, tokeniz
 
     try:
         with pytest.raises(StoreBusy, match=rf"train.jsonl: .*{folder.name}: process {os.getpid()} has been "
-                                            r"writing this store for more than 0 s.*HFPORT_STORE_WAIT_S=SECONDS"):
+                                            r"writing this store for more than 0 s \(a stuck writer"):
             stored(data, tokenizer, feed())
     finally:
         assert user.path.exists() and writer.path.exists()  # the failed waiter left the writer's lock files
@@ -239,6 +243,9 @@ def test_a_stuck_writer_makes_the_others_fail_naming_it(tmp_path, cache, tokeniz
 
 
 def test_a_bad_cap_names_the_variable(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setenv("HFPORT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("HFPORT_STORE_MAX_BYTES", "20G")
-    with pytest.raises(ValueError, match=r"HFPORT_STORE_MAX_BYTES='20G': expected a number of bytes"):
+    hfport.settings.reset()  # read the environment again (the fixture set the settings in code)
+    with pytest.raises(SettingsError, match=r"HFPORT_STORE_MAX_BYTES='20G': input should be a valid integer.*"
+                                            r"\(accepted: int >= 0\)"):
         stored(write_rows(tmp_path / "train.jsonl", 8, 3), tokenizer)

@@ -23,10 +23,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import hfport.settings
 from hfport.formats.tables import DIGEST_BLOCK, DIGEST_BLOCKS, Source, content_digest
 from hfport.train.config import read_config_file
 from hfport.train.data import DataError
 from hfport.train.preflight import preflight
+from hfport.train import stored as store_module
 from hfport.train.stored import StoredExamples
 
 TEXTS = ["the film was great", "an awful plot", "a lovely ending", "a dreadful cast", "what a wonderful score",
@@ -295,8 +297,8 @@ def test_utf16_is_refused_saying_so(tiny_bert, tmp_path):
 
 
 def test_a_file_rewritten_in_place_with_the_same_size_and_time_is_encoded_again(tiny_bert, tmp_path, monkeypatch):
-    monkeypatch.setenv("HFPORT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("HFPORT_STREAM_BYTES", "0")  # every source goes to the store
+    hfport.settings.use(cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(store_module, "STREAM_BYTES", 0)  # every source goes to the store
     path = tmp_path / "train.csv"
     labels = sentiment_names()
     write_csv(path, ["text", "label"], [[t, n] for t, n in zip(TEXTS, labels)])

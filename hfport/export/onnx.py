@@ -68,6 +68,7 @@ from torch import Tensor, nn
 
 from .. import hub
 from ..modeling import PreTrainedEncoder
+from ..nn.int8 import MAX_OUTLIERS, OUTLIER_RATIO
 from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE, read_manifest
 from ..formats.sentence_transformers import copy_layout
 from ..pipelines.onnx_backend import DYNAMIC_AXES, graph_inputs
@@ -92,9 +93,8 @@ QUANTIZE = ("int8",)
 KEEP_FP32_ERROR = 0.065
 # before that: an input channel of a weight MatMul whose largest |value| on the probe texts exceeds OUTLIER_RATIO
 # times the median channel's (at most MAX_OUTLIERS per input, the largest) goes through a small fp32 MatMul beside
-# the int8 one (onnx_fusion.split_outliers; the module docstring has the measurements)
-OUTLIER_RATIO = 4.0
-MAX_OUTLIERS = 8
+# the int8 one (onnx_fusion.split_outliers; the module docstring has the measurements): nn/int8.py's rule, the one
+# the engine's int8 layers use too
 
 
 class OnnxOptions(FormatOptions):
@@ -335,7 +335,7 @@ def _quantize(src: Path, dst: Path, per_channel: bool,
 
     split = dst.parent / f".split-{src.name}"  # the int8 graph's fp32 source: never written to OUT
     try:
-        side, outliers = split_outliers(src, split, probes, OUTLIER_RATIO, MAX_OUTLIERS)
+        side, outliers = split_outliers(src, split, probes)
         keep = {name: round(err, 4) for name, err in activation_errors(split, probes).items()
                 if err > KEEP_FP32_ERROR and name not in side}
         quiet = logging.getLogger()  # the quantizer logs advice through the root logger

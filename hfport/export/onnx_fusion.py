@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.attention import ATTENTION_BACKENDS, SelfAttention, sdpa_attention
+from ..nn.int8 import MAX_OUTLIERS, OUTLIER_RATIO, outlier_channels
 
 OPTIMIZED_FILE = "model_optimized.onnx"  # as optimum's ORTOptimizer names it
 FUSED_BACKEND = "onnxruntime"  # the kernel name registered while tracing
@@ -174,13 +175,14 @@ def activation_errors(path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[st
     return {n.name: (noise[n.input[0]] / signal[n.input[0]]) ** 0.5 if signal[n.input[0]] else 0.0 for n in matmuls}
 
 
-def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], ratio: float,
-                   max_channels: int) -> tuple[list[str], dict[str, list[int]]]:
+def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], ratio: float = OUTLIER_RATIO,
+                   max_channels: int = MAX_OUTLIERS) -> tuple[list[str], dict[str, list[int]]]:
     """LLM.int8()-style outlier decomposition (Dettmers et al. 2022) for dynamic quantization, written to `dst`.
 
     For each input X of MatMuls with constant weights (Q/K/V share theirs): the input channels whose largest |value|
     over the real tokens of `feeds` exceeds `ratio` times the median channel's (at most `max_channels`, the largest
-    first) leave the int8 path. Each such MatMul X.W becomes
+    first) leave the int8 path: hfport's one outlier rule, nn/int8.py's `outlier_channels`, which the engine's int8
+    layers use too. Each such MatMul X.W becomes
         (X * inlier_mask) . W_inliers   (the int8 candidate: W's outlier rows zeroed, so neither the per-tensor
                                          activation scale nor the weight's per-channel scale sees the outliers)
       + Gather(X, outliers) . W[outliers]   (a fp32 MatMul of width <= max_channels)
@@ -203,8 +205,7 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], rat
         peak = peaks.get(x)
         if peak is None or any(weights[n.input[1]].dims[0] != len(peak) for n in group):
             continue
-        order = np.argsort(peak)[::-1][:max_channels]
-        out = sorted(int(j) for j in order if peak[j] > ratio * np.median(peak))
+        out = outlier_channels(torch.from_numpy(peak), ratio, max_channels).tolist()
         if not out:
             continue
         split[x] = out

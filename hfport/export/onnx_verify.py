@@ -8,9 +8,10 @@ The calibration texts (export/probes.py, through DIR's tokenizer, padded batches
                atol = rtol = 1e-4 by default: onnxruntime fuses LayerNorm/GELU/MatMul+Add and sums in its own order
                (max abs diff on all-MiniLM-L6-v2: ~3e-6);
     int8       model_quantized.onnx against model.onnx by what the head means (export/onnx_agreement.py), on the
-               judged texts: the built-in set of 64 texts and 64 pairs (never the calibration texts the quantizer
-               read) or the user's (`gate_data`, --gate-data FILE), at least `min_agreement` (default 0.99) or
-               `min_cosine` (0.98, the least cosine over the texts).
+               judged texts (export/probes.py): the built-in set, 64 short texts and pairs and 64 long ones up to the
+               model's max length (never the calibration texts the quantizer read), or the user's (`gate_data`,
+               --gate-data FILE, cut only at the model's max length), at least `min_agreement` (default 0.99) or
+               `min_cosine` (0.98, the least cosine over the texts), each set by itself.
 Probes feed only the inputs the model takes: a config with one token type (RoBERTa, XLM-R) gets no token type ids,
 whatever its tokenizer returns. SOURCE defaults to the one hfport_onnx.json records. When no source is given and the
 recorded one cannot be reached (the folder was copied to another machine), the fp32 rows compare hfport's own load
@@ -36,7 +37,8 @@ from ..tasks import TASKS, load_any
 from ..tokenizer import AutoTokenizer
 from .checks import quiet_transformers
 from .common import TRANSFORMERS_AUTO, ExportError, resolve_source
-from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, GateContext, check_thresholds, gate_for, measure, passes
+from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, GateContext, check_thresholds, gate_for, items, passes
+from .onnx_agreement import verdict as judge
 from .onnx_fusion import OPTIMIZED_FILE
 from .probes import (CALIBRATION_PAIRS, CALIBRATION_TEXTS, PROBE_MAX_LENGTH, GateData, encode, gate_batches,
                      read_gate_data)
@@ -261,20 +263,24 @@ def _pooling(folder: Path, source: str) -> str:
 def _int8_rows(report: VerifyReport, int8: OnnxModel, fp32: OnnxModel, ctx: GateContext, task: str,
                bounds: tuple[float, float], data: GateData) -> None:
     """The int8 gate (export/onnx_agreement.py) on the judged texts (never the calibration ones), one row a kind
-    of input (texts, pairs)."""
+    of input (texts, pairs, long texts, long pairs)."""
     gate = gate_for(TASKS[task].agreement, ctx.config)
-    chunks = gate_batches(int8.path.parent, task, ctx.config, data, max_length(ctx.config.max_position_embeddings))
+    chunks = gate_batches(int8.path.parent, task, ctx.config, data)
     for name, encs in chunks.items():
         with check_row(report, "int8 vs fp32", f"{name}/{gate.name}"):
-            verdict = measure(gate, [(run(int8, enc, task), run(fp32, enc, task), enc) for enc in encs], ctx)
+            # each chunk's items at once: the outputs of every chunk together (fill-mask's (rows, T, vocab)) are large
+            verdict = judge(gate, [(items(gate, run(int8, enc, task), enc, ctx),
+                                    items(gate, run(fp32, enc, task), enc, ctx, reference=True)) for enc in encs], ctx)
             ok, tolerance = passes(gate, verdict, *bounds)
-            items = f"{verdict.items} items" + (f" ({verdict.ties} fp32 near ties)" if verdict.ties else "")
+            lengths = torch.cat([enc["attention_mask"].sum(1) for enc in encs])  # (rows,) tokens
+            counted = f"{verdict.items} items of {int(lengths.min())}-{int(lengths.max())} tokens" + \
+                (f" ({verdict.ties} fp32 near ties)" if verdict.ties else "")
             error = f", relative error {verdict.error:.4f}" if verdict.error is not None else ""
             pooled = f", {ctx.pooling} pooling" if gate.threshold == "cosine" else ""
-            report.add("int8 vs fp32", f"{name}/{gate.name} {verdict.value:.4f}", ok, shape=items,
+            report.add("int8 vs fp32", f"{name}/{gate.name} {verdict.value:.4f}", ok, shape=counted,
                        diff=verdict.error if verdict.error is not None else 1.0 - verdict.value,
                        tolerance=tolerance,
-                       detail=f"{gate.name} {verdict.value:.4f}{error} over {items} of {data.origin}{pooled}" +
+                       detail=f"{gate.name} {verdict.value:.4f}{error} over {counted} of {data.origin}{pooled}" +
                               ("" if ok else f" fails {tolerance}: the int8 graph changes the model's answers"))
 
 

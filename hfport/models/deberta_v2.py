@@ -16,6 +16,7 @@ from ..nn import Activation, EncoderBody, Layout, RepresentativePadding, SelfAtt
 from ..nn.activations import ACTIVATIONS
 from ..nn.dropout import Dropout
 from ..nn.layout import Rows
+from ..nn.lora import Route, routed
 from ..nn.relative import RelativeIndex, RelativeIndexCache, disentangled_bias, gathered_bias, relative_rows
 from .bert import bert_layer, number
 from .family import Family, HeadOptions
@@ -143,14 +144,14 @@ class DebertaEmbeddings(nn.Module):
         return torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None) -> Tensor:
+                position_ids: Tensor | None = None, adapters: Route | None = None) -> Tensor:
         x = self.word(input_ids)  # (B, T, E)
         if self.position is not None:
             x = x + self.position(self.position_ids(input_ids) if position_ids is None else position_ids)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids))
         if self.project is not None:
-            x = self.project(x)  # (B, T, C)
+            x = routed(self.project, x, adapters)  # (B, T, C)
         return self.dropout(self.norm(x))  # (B, T, C)
 
 
@@ -178,17 +179,19 @@ class DisentangledAttention(SelfAttention):
 
     def forward(self, x: Tensor, layout: Layout, rel: Relative | None = None) -> Tensor:
         """x: the layout's rows; rel: the relative-embedding window, its index and the per-length index lookup."""
-        return super().forward(x, layout, bias=self.relative_bias(rel))
+        return super().forward(x, layout, bias=self.relative_bias(rel, layout.adapters))
 
-    def relative_bias(self, rel: Relative | None) -> SequenceBias | None:
+    def relative_bias(self, rel: Relative | None, adapters: Route | None = None) -> SequenceBias | None:
         """The c2p / p2c bias of a sequence of length L, from the table window projected once per layer (each
-        length's rows lie inside the longest length's window)."""
+        length's rows lie inside the longest length's window); adapters: the layout's (the table's rows are no
+        sequence's: a mixed batch cannot route them, nn/lora.py's MixingError)."""
         if rel is None or not (self.c2p or self.p2c):
             return None
         table, index, lengths_index = rel
         table = self.pos_dropout(table)  # (W, C): one dropout draw per layer, as transformers
-        key_table = (self.k if self.share_att_key else self.pos_k)(table) if self.c2p else None  # (W, C)
-        query_table = (self.q if self.share_att_key else self.pos_q)(table) if self.p2c else None  # (W, C)
+        # (W, C) each, or None
+        key_table = routed(self.k if self.share_att_key else self.pos_k, table, adapters) if self.c2p else None
+        query_table = routed(self.q if self.share_att_key else self.pos_q, table, adapters) if self.p2c else None
         if index is None:  # traceable: the whole table, rows from the runtime length
             return self._traced_bias(key_table, query_table)
 

@@ -24,27 +24,31 @@ DEFAULTS = {"vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 12, "n
 SUMMARY_POOLING = {"first": "first", "last": "lasttoken", "cls_index": "lasttoken", "mean": "mean"}
 
 
+def _dropout(raw: dict[str, Any], key: str, default: float, source: str) -> float:
+    """A summary dropout as ElectraSequenceSummary reads it: applied only when > 0; above 1 nn.Dropout refuses."""
+    p = bert.number(raw, key, default, source) or 0.0
+    if p > 1.0:
+        raise ConfigError(f"{source}: field '{key}': {p} is not a probability (0 to 1); transformers' nn.Dropout "
+                          "refuses it")
+    return max(float(p), 0.0)
+
+
 def _summary(raw: dict[str, Any], source: str) -> dict[str, Any]:
-    """The multiple-choice head's SequenceSummary fields, checked (transformers reads them with hasattr)."""
+    """The multiple-choice head's ElectraSequenceSummary fields (transformers reads them with hasattr/getattr):
+    first dropout -> [projection] -> [activation] -> last dropout, each part present or not on its own."""
     kind = raw.get("summary_type", "first")
     if kind not in SUMMARY_POOLING:
         raise ConfigError(f"{source}: field 'summary_type': {kind!r} is not supported; supported: "
-                          f"{sorted(SUMMARY_POOLING)} (transformers raises NotImplementedError for 'attn')")
-    use_proj = bool(raw.get("summary_use_proj", True))
+                          f"{sorted(SUMMARY_POOLING)} (transformers raises NotImplementedError for 'attn' and fails "
+                          "on any other name)")
     act = raw.get("summary_activation", "gelu") or None  # None or "": no activation
     if act is not None and act not in ACTIVATIONS:
         raise ConfigError(f"{source}: field 'summary_activation': {act!r} is not supported; "
                           f"supported: {sorted(ACTIVATIONS)}")
-    first = bert.number(raw, "summary_first_dropout", 0.0, source) or 0.0
-    if raw.get("summary_proj_to_labels") and use_proj:
-        raise ConfigError(f"{source}: field 'summary_proj_to_labels': true is not supported; the projection would "
-                          "give num_labels features to ElectraForMultipleChoice's classifier, which reads hidden_size")
-    if not use_proj and (act is not None or first > 0):
-        raise ConfigError(f"{source}: field 'summary_use_proj': false with summary_activation {act!r} or "
-                          f"summary_first_dropout {first} is not supported (only the projection's absence alone)")
-    return {"summary_pooling": SUMMARY_POOLING[kind], "summary_use_proj": use_proj, "summary_activation": act,
-            "summary_first_dropout": first,
-            "summary_last_dropout": bert.number(raw, "summary_last_dropout", 0.1, source) or 0.0}
+    return {"summary_pooling": SUMMARY_POOLING[kind], "summary_use_proj": bool(raw.get("summary_use_proj", True)),
+            "summary_proj_to_labels": bool(raw.get("summary_proj_to_labels", False)), "summary_activation": act,
+            "summary_first_dropout": _dropout(raw, "summary_first_dropout", 0.0, source),
+            "summary_last_dropout": _dropout(raw, "summary_last_dropout", 0.1, source)}
 
 
 def electra_config(raw: dict[str, Any], source: str) -> EncoderConfig:
@@ -52,9 +56,17 @@ def electra_config(raw: dict[str, Any], source: str) -> EncoderConfig:
         if raw.get(key):
             raise ConfigError(f"{source}: field '{key}': true is not supported; hfport runs ELECTRA as an encoder "
                               "(bidirectional attention, no cross-attention)")
-    return bert.bert_config(raw, source, defaults=DEFAULTS,
-                            embedding_size=require(raw, "embedding_size", source) if "embedding_size" in raw else 128,
-                            extra=_summary(raw, source))
+    config = bert.bert_config(raw, source, defaults=DEFAULTS,
+                              embedding_size=require(raw, "embedding_size", source) if "embedding_size" in raw
+                              else 128, extra=_summary(raw, source))
+    x = config.extra
+    if x["summary_use_proj"] and x["summary_proj_to_labels"] and config.num_labels != config.hidden_size:
+        # the projection then gives num_labels features to ElectraForMultipleChoice's classifier, a Linear over
+        # hidden_size: transformers fails unless the two are equal (then it is the usual projection)
+        raise ConfigError(f"{source}: field 'summary_proj_to_labels': true projects to num_labels "
+                          f"({config.num_labels}) features, which ElectraForMultipleChoice's classifier (over "
+                          f"hidden_size {config.hidden_size}) cannot read; transformers fails on it")
+    return config
 
 
 def build_body(c: EncoderConfig, pooler: bool) -> EncoderBody:
@@ -66,12 +78,13 @@ def build_body(c: EncoderConfig, pooler: bool) -> EncoderBody:
 
 
 def summary_head(c: EncoderConfig) -> dict[str, Any]:
-    """SequenceSummary (first dropout -> projection -> activation -> last dropout) -> classifier, as the head's
-    pre_dropout -> dense -> act -> dropout -> out; a projection without activation is a linear one."""
+    """SequenceSummary (first dropout -> [projection] -> [activation] -> last dropout) -> classifier, as the head's
+    pre_dropout -> [dense] -> act -> dropout -> out; no activation is the identity ("linear"). summary_proj_to_labels
+    projects to num_labels = hidden_size features (electra_config refuses other counts): the same layer."""
     x = c.extra
-    proj = {"dense_act": x["summary_activation"] or "linear", "pre_dropout": x["summary_first_dropout"]} \
-        if x["summary_use_proj"] else {}
-    return {**proj, "dropout": x["summary_last_dropout"], "pooling": x["summary_pooling"]}
+    return {"dense_act": x["summary_activation"] or "linear", "project": x["summary_use_proj"],
+            "pre_dropout": x["summary_first_dropout"], "dropout": x["summary_last_dropout"],
+            "pooling": x["summary_pooling"]}
 
 
 HEAD_OPTIONS: HeadOptions = {

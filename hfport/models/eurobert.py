@@ -17,7 +17,7 @@ from ..nn import (Embeddings, Encoder, EncoderBody, EncoderLayer, RMSNorm, Rotar
                   SplitGatedFeedForward)
 from ..nn.activations import ACTIVATIONS
 from .family import Family, HeadOptions
-from .gte import _NONE, _NUMBER, TASKS, check_shapes, rope, typed
+from .gte import _NONE, _NUMBER, TASKS, check_shapes, head_width, rope, typed
 
 # EuroBertConfig's typed fields and defaults (use_cache and pretraining_tp change nothing an encoder computes)
 FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
@@ -41,8 +41,11 @@ def eurobert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
     if v["classifier_pooling"] not in POOLING:
         raise ConfigError(f"{source}: field 'classifier_pooling' expected one of {list(POOLING)}, got "
                           f"{v['classifier_pooling']!r}")
-    head_dim = v["head_dim"] or (hidden // heads if heads > 0 else 0)
-    check_shapes(v, source, head_dim)
+    if heads > 0 and hidden % heads:  # EuroBertConfig.validate_architecture, whatever head_dim says
+        raise ConfigError(f"{source}: field 'num_attention_heads': hidden_size {hidden} is not a multiple of "
+                          f"num_attention_heads {heads}, which transformers' EuroBertConfig refuses")
+    head_dim = head_width(raw, v, source, "EuroBertConfig")
+    check_shapes(v, source)
     kv_heads = v["num_key_value_heads"] or heads
     if kv_heads <= 0 or heads % kv_heads:
         raise ConfigError(f"{source}: field 'num_key_value_heads': {kv_heads} must divide num_attention_heads "
@@ -57,7 +60,7 @@ def eurobert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
         intermediate_size=v["intermediate_size"], hidden_act=v["hidden_act"],
         max_position_embeddings=v["max_position_embeddings"], type_vocab_size=0, layer_norm_eps=v["rms_norm_eps"],
         pad_token_id=v["pad_token_id"], initializer_range=v["initializer_range"], hidden_dropout=0.0,
-        attention_dropout=v["attention_dropout"], classifier_dropout=0.0,
+        attention_dropout=v["attention_dropout"], classifier_dropout=0.0, head_dim=head_dim,
         tie_word_embeddings=v["tie_word_embeddings"], extra=extra, **head_fields(raw), raw=raw, source=source)
 
 
@@ -68,7 +71,8 @@ def eurobert_layer(c: EncoderConfig) -> EncoderLayer:
     """Pre-norm: x = x + attn(rms(x)); x = x + ffn(rms(x)); no residual dropout."""
     x = c.extra
     attn = SelfAttention(c.hidden_size, c.num_attention_heads, c.attention_dropout, bias=x["attention_bias"],
-                         rotary=Rotary(c.head_dim, x["rope_theta"], x["rope_scaling"]), kv_heads=x["kv_heads"])
+                         rotary=Rotary(c.head_dim, x["rope_theta"], x["rope_scaling"]), kv_heads=x["kv_heads"],
+                         head_dim=c.head_dim)
     ffn = SplitGatedFeedForward(c.hidden_size, c.intermediate_size, c.hidden_act, gate_bias=x["mlp_bias"],
                                 down_bias=x["mlp_bias"])
     return EncoderLayer(attn, ffn, RMSNorm(c.hidden_size, c.layer_norm_eps), RMSNorm(c.hidden_size, c.layer_norm_eps),

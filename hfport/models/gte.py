@@ -78,17 +78,37 @@ def rope(raw: dict[str, Any], source: str, default_theta: float, head_dim: int,
     return float(theta), RopeScaling(rope_type, float(factor), max_positions)
 
 
-def check_shapes(v: dict[str, Any], source: str, head_dim: int) -> None:
-    """What every rotary family here refuses alike: heads of another width than hidden_size // heads, and a
-    pad_token_id outside the vocabulary (the token embedding's padding row must exist)."""
-    hidden, heads = v["hidden_size"], v["num_attention_heads"]
-    if heads > 0 and hidden % heads == 0 and head_dim != hidden // heads:
-        raise ConfigError(f"{source}: field 'head_dim': {head_dim!r} differs from hidden_size // "
-                          f"num_attention_heads ({hidden // heads}); hfport's heads are hidden_size // heads wide")
+def check_shapes(v: dict[str, Any], source: str) -> None:
+    """What every rotary family here refuses alike: a pad_token_id outside the vocabulary (the token embedding's
+    padding row must exist)."""
     pad = v["pad_token_id"]
     if pad is not None and not -v["vocab_size"] <= pad < v["vocab_size"]:
         raise ConfigError(f"{source}: field 'pad_token_id': {pad} is outside the vocabulary (vocab_size "
                           f"{v['vocab_size']}); the token embedding's padding row must exist")
+
+
+def head_width(raw: dict[str, Any], v: dict[str, Any], source: str, config_class: str) -> int | None:
+    """Each attention head's width as these families' transformers attention reads it: config.json's head_dim,
+    else hidden_size // num_attention_heads, floored (q, k and v project to heads x head_dim and o back to
+    hidden_size, so the two need not divide). None where num_attention_heads is not positive (EncoderConfig names
+    it). Refused, naming the field, where transformers fails: a head_dim that is not a positive even integer
+    (rotary embeddings turn a head's channels in pairs; transformers' rope validation refuses an odd width), and
+    an explicit null where the config class does not declare head_dim (GteConfig, JinaEmbeddingsV3Config: their
+    attention reads getattr(config, "head_dim") as the width and fails on None)."""
+    hidden, heads = v["hidden_size"], v["num_attention_heads"]
+    if "head_dim" in raw and raw["head_dim"] is None and "head_dim" not in v:
+        raise ConfigError(f"{source}: field 'head_dim': null is not a width; transformers' {config_class} model "
+                          "reads it as one and fails. Leave it out for hidden_size // num_attention_heads")
+    given = raw.get("head_dim")
+    if given is None:
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads <= 0:
+            return None
+        given = hidden // heads
+    if isinstance(given, bool) or not isinstance(given, int) or given <= 0 or given % 2:
+        where = "" if "head_dim" in raw else f" (hidden_size {hidden} // num_attention_heads {heads})"
+        raise ConfigError(f"{source}: field 'head_dim': {given!r}{where} is not a positive even integer; rotary "
+                          f"embeddings turn a head's channels in pairs, and transformers' {config_class} refuses it")
+    return given
 
 
 def rotary_config(raw: dict[str, Any], source: str, *, fields: dict[str, tuple[tuple[type, ...], Any]],
@@ -99,8 +119,8 @@ def rotary_config(raw: dict[str, Any], source: str, *, fields: dict[str, tuple[t
     if v["hidden_act"] not in ACTIVATIONS:
         raise ConfigError(f"{source}: field 'hidden_act': {v['hidden_act']!r} is not supported; supported: "
                           f"{sorted(ACTIVATIONS)}")
-    head_dim = raw.get("head_dim") or (hidden // heads if heads > 0 else 0)
-    check_shapes(v, source, head_dim)
+    head_dim = head_width(raw, v, source, config_class)
+    check_shapes(v, source)
     if v["type_vocab_size"] < min_type_vocab:
         raise ConfigError(f"{source}: field 'type_vocab_size': {v['type_vocab_size']} is below {min_type_vocab}; "
                           f"transformers' {config_class} model looks up token type 0")
@@ -112,7 +132,7 @@ def rotary_config(raw: dict[str, Any], source: str, *, fields: dict[str, tuple[t
         max_position_embeddings=v["max_position_embeddings"], type_vocab_size=v["type_vocab_size"],
         layer_norm_eps=v["layer_norm_eps"], pad_token_id=v["pad_token_id"], initializer_range=v["initializer_range"],
         hidden_dropout=v["hidden_dropout_prob"], attention_dropout=v["attention_probs_dropout_prob"],
-        classifier_dropout=v["classifier_dropout"], tie_word_embeddings=v["tie_word_embeddings"],
+        classifier_dropout=v["classifier_dropout"], tie_word_embeddings=v["tie_word_embeddings"], head_dim=head_dim,
         extra={"rope_theta": theta, "rope_scaling": scaling}, **head_fields(raw), raw=raw, source=source)
 
 
@@ -126,9 +146,9 @@ def gte_config(raw: dict[str, Any], source: str) -> EncoderConfig:
 
 def rotary_attention(c: EncoderConfig, bias: bool) -> SelfAttention:
     """Attention with one fused q/k/v projection (the checkpoints' qkv_proj / Wqkv, q first) and rotary positions."""
-    return SelfAttention(c.hidden_size, c.num_attention_heads, c.attention_dropout, bias=bias,
+    return SelfAttention(c.hidden_size, c.num_attention_heads, c.attention_dropout, bias=bias, head_dim=c.head_dim,
                          rotary=Rotary(c.head_dim, c.extra["rope_theta"], c.extra["rope_scaling"]),
-                         qkv=FusedQKV(c.hidden_size, bias=bias))
+                         qkv=FusedQKV(c.hidden_size, bias=bias, attention_size=c.attention_size))
 
 
 def post_ln_layer(c: EncoderConfig, attn: nn.Module, ffn: nn.Module) -> EncoderLayer:

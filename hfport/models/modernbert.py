@@ -120,8 +120,9 @@ def modernbert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
         raise ConfigError(f"{source}: field 'classifier_activation': {v['classifier_activation']!r} is not "
                           f"supported; supported: {sorted(ACTIVATIONS)}")
     hidden, heads = v["hidden_size"], v["num_attention_heads"]
-    if "head_dim" in raw and heads > 0 and hidden % heads == 0 and raw["head_dim"] != hidden // heads:
-        # transformers sizes the rotary tables by head_dim but the heads by hidden_size // heads: it fails
+    if raw.get("head_dim") and heads > 0 and hidden % heads == 0 and raw["head_dim"] != hidden // heads:
+        # transformers sizes the rotary tables by head_dim (null or 0: hidden_size // heads) but the heads by
+        # hidden_size // heads: any other width fails there
         raise ConfigError(f"{source}: field 'head_dim': {raw['head_dim']!r} differs from hidden_size // "
                           f"num_attention_heads ({hidden // heads}); ModernBERT's heads are hidden_size // heads wide")
     pad = v["pad_token_id"]

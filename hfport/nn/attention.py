@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from .dropout import dropout
 from .layout import Layout, SequenceBias
+from .lora import Route, routed
 from .positions import Rotary
 from .varlen import BoundKernel
 
@@ -91,14 +92,15 @@ ATTENTION_BACKENDS: dict[str, Callable[..., Tensor]] = {"sdpa": sdpa_attention, 
 
 
 class FusedQKV(nn.Module):
-    """One projection to q, k and v side by side (ModernBERT's Wqkv): x (.., C) -> three (.., C) views."""
+    """One projection to q, k and v side by side (ModernBERT's Wqkv): x (.., C) -> three (.., A) views, A the
+    attention width (heads x head_dim; default C)."""
 
-    def __init__(self, hidden_size: int, bias: bool = True):
+    def __init__(self, hidden_size: int, bias: bool = True, attention_size: int | None = None):
         super().__init__()
-        self.proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
+        self.proj = nn.Linear(hidden_size, 3 * (attention_size or hidden_size), bias=bias)
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.proj(x).chunk(3, dim=-1)  # (.., C) each, q first
+    def forward(self, x: Tensor, adapters: Route | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        return routed(self.proj, x, adapters).chunk(3, dim=-1)  # (.., A) each, q first
 
 
 class SelfAttention(nn.Module):
@@ -107,14 +109,18 @@ class SelfAttention(nn.Module):
     window: local attention, tokens attend to |i - j| <= window // 2 (None: global). rotary: a Rotary applied to q
     and k at the layout's positions. qkv: a module x -> (q, k, v) replacing the separate q, k, v projections.
     kv_heads: grouped-query attention (EuroBERT's num_key_value_heads): k and v projected to kv_heads heads, each
-    shared by num_heads // kv_heads query heads (repeated before the kernel, as transformers' repeat_kv)."""
+    shared by num_heads // kv_heads query heads (repeated before the kernel, as transformers' repeat_kv).
+    head_dim: each head's width (default hidden_size // num_heads); q, k and v are A = num_heads * head_dim wide
+    and o maps A back to C (the families whose config sets head_dim: NomicBERT, EuroBERT, GTE, jina-v3)."""
 
     def __init__(self, hidden_size: int, num_heads: int, dropout: float, backend: str = "sdpa", *, bias: bool = True,
                  window: int | None = None, rotary: Rotary | None = None, qkv: nn.Module | None = None,
-                 scale: float | None = None, scale_query: bool = False, kv_heads: int | None = None):
+                 scale: float | None = None, scale_query: bool = False, kv_heads: int | None = None,
+                 head_dim: int | None = None):
         super().__init__()
         self.num_heads = num_heads
-        self.head_dim = hidden_size // num_heads
+        self.head_dim = head_dim or hidden_size // num_heads
+        attention_size = num_heads * self.head_dim  # A
         self.scale = self.head_dim ** -0.5 if scale is None else scale
         self.scale_query = scale_query
         self.dropout = dropout
@@ -127,18 +133,18 @@ class SelfAttention(nn.Module):
             raise ValueError(f"{num_heads} query heads cannot share {self.kv_heads} key/value heads evenly")
         if qkv is None:
             kv_size = self.kv_heads * self.head_dim
-            self.q = nn.Linear(hidden_size, hidden_size, bias=bias)
+            self.q = nn.Linear(hidden_size, attention_size, bias=bias)
             self.k = nn.Linear(hidden_size, kv_size, bias=bias)
             self.v = nn.Linear(hidden_size, kv_size, bias=bias)
-        self.o = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.o = nn.Linear(attention_size, hidden_size, bias=bias)
 
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """rows (.., C) -> q, k, v (.., C) each (k and v repeated up from kv_heads heads)."""
+    def project(self, x: Tensor, adapters: Route | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """rows (.., C) -> q, k, v (.., A) each (k and v repeated up from kv_heads heads); adapters: the layout's."""
         if self.qkv is not None:
-            return self.qkv(x)
-        q, k, v = self.q(x), self.k(x), self.v(x)  # (.., C), (.., Ckv), (.., Ckv)
+            return self.qkv(x, adapters)
+        q, k, v = (routed(layer, x, adapters) for layer in (self.q, self.k, self.v))  # (.., A), (.., Akv) x 2
         if self.kv_heads != self.num_heads:
-            k, v = self.repeat_kv(k), self.repeat_kv(v)  # (.., C) each
+            k, v = self.repeat_kv(k), self.repeat_kv(v)  # (.., A) each
         return q, k, v
 
     def repeat_kv(self, x: Tensor) -> Tensor:
@@ -150,14 +156,15 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, layout: Layout, bias: SequenceBias | None = None) -> Tensor:
         """x: the layout's rows (.., C) -> (.., C); bias: score terms per sequence (see SequenceBias)."""
-        q, k, v = self.project(x)  # (.., C) each
+        q, k, v = self.project(x, layout.adapters)  # (.., A) each
         if self.scale_query:  # once, up front: the bias callback then sees the scaled queries
             q = q * self.scale
         if self.rotary is not None:
-            q, k = self.rotary(q, k, layout, self.num_heads)  # (.., C) each
+            q, k = self.rotary(q, k, layout, self.num_heads)  # (.., A) each
         kernel = BoundKernel(ATTENTION_BACKENDS[self.backend], dropout_p=self.dropout if self.training else 0.0,
                              scale=1.0 if self.scale_query else self.scale)
-        return self.o(layout.attend(q, k, v, self.num_heads, kernel, bias, self.window))  # (.., C)
+        out = layout.attend(q, k, v, self.num_heads, kernel, bias, self.window)  # (.., A)
+        return routed(self.o, out, layout.adapters)  # (.., C)
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, backend={self.backend}, window={self.window}"

@@ -19,11 +19,11 @@ quantization passes. On two threads _int_mm did not always split its work (a 768
 thread's CPU time per call 2.2 ms on one thread, 2.0 on two; fp32 9.9 -> 5.2), oneDNN's op did (M=2048, 768 ->
 3072: 24 -> 12 ms): why "tensor" comes first.
 
-Outlier channels (LLM.int8(), as export/onnx.py does for the ONNX graph): a few input channels whose values dwarf
-the others (MiniLM: the LayerNorm outputs' dim 99 up to ~28 beside typical peaks ~1.5) would set the scale and
-crush the rest to a handful of levels. Such channels, named at quantization (`outliers`, found on calibration
-activations by `outlier_channels`), are taken out of the int8 product and go through a small float matmul beside
-it; their int8 weight rows are zero.
+Outlier channels (LLM.int8()): a few input channels whose values dwarf the others (MiniLM: the LayerNorm outputs'
+dim 99 up to ~28 beside typical peaks ~1.5) would set the scale and crush the rest to a handful of levels. Such
+channels, named at quantization (`outliers`, found on calibration activations by `outlier_channels`: hfport's one
+outlier rule, which the ONNX int8 quantizer calls too, export/onnx_fusion.py), are taken out of the int8 product and
+go through a small float matmul beside it; their int8 weight rows are zero.
 
 torch.ao.quantization's dynamic Linear is deprecated in this torch (its removal announced), hence these two ops.
 
@@ -33,33 +33,29 @@ Small calls in float: an int8 call costs the input's quantization passes and ~10
   two threads: 384->384 M=1 226/88, M=64 214/86, M=128 241/132, M=512 435/435; 384->1536 M=64 393/221, M=128
                389/433; 1536->384 M=64 414/272, M=128 567/436, M=512 1177/1412
   one thread:  384->1536 M=16 217/135, M=64 372/391, M=128 571/744; 1536->384 M=64 395/398, M=128 642/730
-So a layer made by `from_linear(..., keep_float=True)` (what dtype="int8" loads) also keeps its float weight (a
-non-persistent buffer in the body's float dtype: saved nowhere, cast with the model) and runs calls of fewer than
-`float_below_rows()` rows (HFPORT_INT8_MIN_ROWS, default 128; 0: int8 always, no float weight kept) as a plain float
-Linear (prepacked like any other: nn/packed.py), closer to fp32 than int8 is. MiniLM classification, two threads,
-9 interleaved rounds (median ms a call, int8 always / with the float path / the bf16 model): one short text 9.10 /
-6.40 / 6.05; 4 texts 14.4 / 12.8 / 13.2; 16 texts (~290 tokens: int8) and bench.py's batches unchanged. The gate
-judges int8 itself: `int8_everywhere()` turns the float path off while it measures.
+So a layer given `float_below_rows` > 0 (`keep_float`; dtype="int8" loads with hfport/int8.py's min_rows, default
+FLOAT_BELOW_ROWS) also keeps its float weight (a non-persistent buffer in the body's float dtype: saved nowhere, cast
+with the model) and runs calls of fewer rows than that as a plain float Linear (prepacked where the inference step
+set `prepacked`: nn/packed.py), closer to fp32 than int8 is. MiniLM classification, two threads, 9 interleaved
+rounds (median ms a call, int8 always / with the float path / the bf16 model): one short text 9.10 / 6.40 / 6.05; 4
+texts 14.4 / 12.8 / 13.2; 16 texts (~290 tokens: int8) and bench.py's batches unchanged. The gate judges int8
+itself: it quantizes with no float weight kept, and keeps them once int8 passed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
-from collections.abc import Iterator
-
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import ConfigError
 from . import packed
 
 QMAX = 127  # symmetric int8: -127..127 (no -128, so a negated value keeps its magnitude)
 EPS = 1e-12  # a zero row or token gets a tiny scale instead of a division by zero (its values stay 0)
 # an input channel is an outlier when its calibration |max| exceeds OUTLIER_RATIO x the median channel's; at most
-# MAX_OUTLIERS per layer (export/onnx.py's rule and numbers: MiniLM's outliers are 10-20x the median)
-OUTLIER_RATIO = 6.0
+# MAX_OUTLIERS per layer: the ONNX int8 graph's rule, with its measurements (export/onnx.py's docstring; MiniLM's
+# outliers are 10-20x the median), for the engine and the ONNX quantizer alike (`outlier_channels`)
+OUTLIER_RATIO = 4.0
 MAX_OUTLIERS = 8
 U8_MARGIN = 1e-5  # relative widening of the per-tensor uint8 range (quantize_tensor_u8)
 # elements per block of quantize_tensor_u8's fp32 arithmetic (1 MiB of fp32: Zen 4's L2 per core). Measured on a
@@ -67,39 +63,8 @@ U8_MARGIN = 1e-5  # relative widening of the per-tensor uint8 range (quantize_te
 # 1.92 / 0.45 ms, 2**18 1.60 / 0.41, 2**19 1.59 / 0.37 (each block costs four ops: fewer blocks, less overhead)
 QUANT_BLOCK = 1 << 18
 ACTIVATIONS = ("tensor", "token")  # activation quantization granularities, fastest first (module docstring)
-MIN_ROWS_ENV = "HFPORT_INT8_MIN_ROWS"
-
-
-def float_below_rows() -> int:
-    """Calls of fewer rows than this run a kept float weight (module docstring); 0: never."""
-    value = os.environ.get(MIN_ROWS_ENV, "128").strip() or "128"
-    try:
-        rows = int(value)
-    except ValueError:
-        rows = -1
-    if rows < 0:
-        raise ConfigError(f"{MIN_ROWS_ENV}={value!r}: expected a row count >= 0 (0: int8 for every call)")
-    return rows
-
-
-class _Everywhere:
-    """How many `int8_everywhere` blocks are open in the process. The process's, not a thread's: a gate's forward pass
-    may run on row-shard worker threads (nn/shards.py), which a thread-local flag would not reach; another model's
-    small calls running int8 meanwhile are only slower."""
-
-    lock, depth = threading.Lock(), 0
-
-
-@contextlib.contextmanager
-def int8_everywhere() -> Iterator[None]:
-    """Inside, every Int8Linear call runs int8, whatever its row count: what the gate judges."""
-    with _Everywhere.lock:
-        _Everywhere.depth += 1
-    try:
-        yield
-    finally:
-        with _Everywhere.lock:
-            _Everywhere.depth -= 1
+# calls of fewer rows than this run an int8 layer's kept float weight (module docstring): what dtype="int8" loads with
+FLOAT_BELOW_ROWS = 128
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -111,9 +76,10 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def outlier_channels(amax: Tensor, ratio: float = OUTLIER_RATIO, limit: int = MAX_OUTLIERS) -> Tensor:
-    """Input channels whose calibration |max| (K,) exceeds RATIO x the median channel's, the largest LIMIT -> (k,)
-    int64 indices, sorted."""
-    threshold = ratio * amax.median().clamp_min(EPS)
+    """hfport's int8 outlier rule, for Int8Linear and the ONNX int8 graph alike: the input channels whose
+    calibration |max| (K,) exceeds RATIO x the median channel's (the mean of the two middle ones for even K, as
+    numpy's), the largest LIMIT -> (k,) int64 indices, sorted."""
+    threshold = ratio * torch.quantile(amax.double(), 0.5).clamp_min(EPS)
     above = (amax > threshold).nonzero().flatten()  # (k',)
     if len(above) > limit:
         above = above[amax[above].topk(limit).indices]
@@ -203,6 +169,7 @@ class Int8Linear(nn.Module):
         # (N, K) the float layer's weight for calls of few rows (keep_float; module docstring), else None
         self.register_buffer("float_weight", None, persistent=False)
         self.float_below_rows = 0
+        self.prepacked = False  # calls of few rows on the packed float weight (nn/packed.py: set by pack_linears)
         self.shared: SharedInput | None = None
         # "tensor": oneDNN's packed copy of weight_t (an opaque tensor, not a buffer: it cannot be saved or copied),
         # made on first use and again whenever weight_t changes (load_state_dict, .to): keyed by its storage/version
@@ -226,9 +193,9 @@ class Int8Linear(nn.Module):
     @classmethod
     @torch.no_grad()
     def from_linear(cls, linear: nn.Linear, outliers: Tensor | None = None, activations: str = "token",
-                    keep_float: bool = False) -> Int8Linear:
-        """LINEAR's weights quantized per output channel; the OUTLIERS input channels (k,) kept fp32 beside. KEEP_FLOAT:
-        also LINEAR's weight itself, for calls of fewer than `float_below_rows()` rows (module docstring)."""
+                    float_below_rows: int = 0) -> Int8Linear:
+        """LINEAR's weights quantized per output channel; the OUTLIERS input channels (k,) kept fp32 beside.
+        FLOAT_BELOW_ROWS > 0: also LINEAR's weight itself, for calls of fewer rows (`keep_float`)."""
         w = linear.weight.detach().float()  # (N, K)
         idx = (outliers if outliers is not None else torch.zeros(0, dtype=torch.long)).to(w.device, torch.long)
         out = cls(linear.in_features, linear.out_features, linear.bias is not None, len(idx), activations)
@@ -241,10 +208,18 @@ class Int8Linear(nn.Module):
         out.weight_scale.copy_(scale.flatten())
         if linear.bias is not None:
             out.bias.copy_(linear.bias.detach().float())
-        if keep_float and (rows := float_below_rows()) > 0:
-            out.float_weight = linear.weight.detach().float().clone()  # (N, K), cast with the model's float parts
-            out.float_below_rows = rows
+        out.keep_float(linear.weight, float_below_rows)
         return out
+
+    @torch.no_grad()
+    def keep_float(self, weight: Tensor, rows: int) -> None:
+        """Calls of fewer than ROWS rows run WEIGHT (N, K), the float layer's, kept as a non-persistent buffer in the
+        dtype of this layer's float parts (module docstring); ROWS 0: int8 for every call, no float weight kept."""
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ValueError(f"int8 min_rows (float_below_rows): expected a row count >= 0 (0: int8 for every "
+                             f"call), got {rows!r}")
+        self.float_weight = weight.detach().to(self.outlier_weight_t.dtype).clone() if rows else None  # (N, K)
+        self.float_below_rows = rows
 
     def packed(self) -> tuple[Tensor, Tensor]:
         """(oneDNN's packed weight, its zero points (N,) int64 zeros), made once per weight_t."""
@@ -278,11 +253,10 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape  # (..., K)
-        if (self.float_weight is not None and x.numel() < self.float_below_rows * self.in_features
-                and not _Everywhere.depth):
+        if self.float_weight is not None and x.numel() < self.float_below_rows * self.in_features:
             # few rows: the float layer (module docstring); the bias follows the float parts' dtype like the weight
-            return packed.linear_weights(x, self.float_weight.to(x.dtype),
-                                         None if self.bias is None else self.bias.to(x.dtype))
+            weight, bias = self.float_weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
+            return packed.linear_weights(x, weight, bias) if self.prepacked else F.linear(x, weight, bias)
         q, scale, zp, kept = self.quantize_input(x)
         if self.activations == "tensor":
             weight, weight_zp = self.packed()
@@ -311,7 +285,9 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"outliers={len(self.outliers)}, activations={self.activations}")
+                f"outliers={len(self.outliers)}, activations={self.activations}"
+                + (f", float_below_rows={self.float_below_rows}" if self.float_weight is not None else "")
+                + (", prepacked=True" if self.prepacked else ""))
 
 
 def reference_forward(layer: Int8Linear, x: Tensor) -> Tensor:
@@ -339,7 +315,8 @@ def body_linears(root: nn.Module) -> dict[str, nn.Linear]:
     seen: set[int] = set()
     out = {}
     for name, module in root.named_modules():
-        if type(module) is nn.Linear and id(module) not in seen:  # exactly nn.Linear: a LoRA layer is not swapped
+        # exactly nn.Linear (or its packed form): a LoRA layer is not swapped
+        if type(module) in (nn.Linear, packed.PackedLinear) and id(module) not in seen:
             seen.add(id(module))
             out[name] = module
     return out
@@ -353,15 +330,11 @@ class InputPeaks:
         self.linears = linears
         self.peaks: dict[str, Tensor] = {}
         self.handles: list = []
-        # a sharded inference call (nn/shards.py) runs the hooks on several worker threads at once: the running max's
-        # read-and-replace under a lock, so no thread's peak is lost (the max is then the unsharded one exactly)
-        self._lock = threading.Lock()
 
     def _hook(self, name: str):
         def record(module: nn.Module, args: tuple[Tensor, ...]) -> None:
             x = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(0).float()  # (K,)
-            with self._lock:
-                self.peaks[name] = torch.maximum(self.peaks[name], x) if name in self.peaks else x
+            self.peaks[name] = torch.maximum(self.peaks[name], x) if name in self.peaks else x
         return record
 
     def __enter__(self) -> InputPeaks:
@@ -383,17 +356,17 @@ def swap_linears(root: nn.Module, replace: dict[int, nn.Module]) -> None:
 
 
 def quantize_linears(root: nn.Module, peaks: dict[str, Tensor] | None = None,
-                     activations: str = "token", keep_float: bool = False) -> dict[int, nn.Linear]:
+                     activations: str = "token", float_below_rows: int = 0) -> dict[int, nn.Linear]:
     """Every nn.Linear under ROOT swapped for an Int8Linear with ACTIVATIONS' granularity, once (the outlier channels
     from PEAKS, the calibration |max| per input channel by name; none without). -> {id(Int8Linear): the nn.Linear it
-    replaced}, for `swap_linears` to put the float layers back. KEEP_FLOAT: each keeps its float weight too, for calls
-    of few rows (module docstring)."""
+    replaced}, for `swap_linears` to put the float layers back. FLOAT_BELOW_ROWS > 0: each keeps its float weight
+    too, for calls of fewer rows (module docstring)."""
     linears = body_linears(root)
     replace, originals = {}, {}
     groups: dict[tuple, list[Int8Linear]] = {}  # (parent, calibration peaks) -> the layers that read one input
     for name, linear in linears.items():
         idx = outlier_channels(peaks[name]) if peaks and name in peaks else None
-        q = Int8Linear.from_linear(linear, idx, activations, keep_float)
+        q = Int8Linear.from_linear(linear, idx, activations, float_below_rows)
         if peaks and name in peaks:
             groups.setdefault((name.rpartition(".")[0], tuple(peaks[name].tolist())), []).append(q)
         replace[id(linear)], originals[id(q)] = q, linear

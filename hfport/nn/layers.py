@@ -4,13 +4,15 @@ parts injected), encoders, pooler, and the body that runs them in a layout (nn/l
 from __future__ import annotations
 
 import torch
+from dataclasses import replace
+
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .activations import Activation
-from .buckets import row_buckets
 from .dropout import Dropout
 from .layout import Layout, Packed, Padded
+from .lora import Route, routed
 from .positions import positions_from_padding
 
 
@@ -65,7 +67,7 @@ class Embeddings(nn.Module):
         return torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None) -> Tensor:
+                position_ids: Tensor | None = None, adapters: Route | None = None) -> Tensor:
         if position_ids is None:
             position_ids = self.position_ids(input_ids)
         x = self.word(input_ids)  # (B, T, E)
@@ -77,7 +79,7 @@ class Embeddings(nn.Module):
             else:
                 x = x + self.token_type(token_type_ids)
         x = self.dropout(self.norm(x))
-        return self.project(x) if self.project is not None else x  # (B, T, C)
+        return routed(self.project, x, adapters) if self.project is not None else x  # (B, T, C)
 
 
 class FeedForward(nn.Module):
@@ -89,8 +91,8 @@ class FeedForward(nn.Module):
         self.act = Activation(act)
         self.down = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.act(self.up(x)))  # (.., C)
+    def forward(self, x: Tensor, adapters: Route | None = None) -> Tensor:
+        return routed(self.down, self.act(routed(self.up, x, adapters)), adapters)  # (.., C)
 
 
 class GatedFeedForward(nn.Module):
@@ -109,10 +111,10 @@ class GatedFeedForward(nn.Module):
         self.down = nn.Linear(intermediate_size, hidden_size, bias=bias if down_bias is None else down_bias)
         self.activated = activated
 
-    def forward(self, x: Tensor) -> Tensor:
-        halves = self.up(x).chunk(2, dim=-1)  # (.., I) each
+    def forward(self, x: Tensor, adapters: Route | None = None) -> Tensor:
+        halves = routed(self.up, x, adapters).chunk(2, dim=-1)  # (.., I) each
         gated = self.act(halves[self.activated]) * halves[1 - self.activated]  # (.., I)
-        return self.down(self.dropout(gated))  # (.., C)
+        return routed(self.down, self.dropout(gated), adapters)  # (.., C)
 
 
 class SplitGatedFeedForward(nn.Module):
@@ -129,8 +131,9 @@ class SplitGatedFeedForward(nn.Module):
         self.dropout = Dropout(dropout)
         self.down = nn.Linear(intermediate_size, hidden_size, bias=down_bias)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.dropout(self.act(self.gate(x)) * self.up(x)))  # (.., I) -> (.., C)
+    def forward(self, x: Tensor, adapters: Route | None = None) -> Tensor:
+        gated = self.act(routed(self.gate, x, adapters)) * routed(self.up, x, adapters)  # (.., I)
+        return routed(self.down, self.dropout(gated), adapters)  # (.., C)
 
 
 class EncoderLayer(nn.Module):
@@ -157,22 +160,16 @@ class EncoderLayer(nn.Module):
         if self.checkpointed and self.training and torch.is_grad_enabled():
             # non-reentrant: works with the layout object and keyword arguments; the RNG state is preserved by
             # default, so the recomputation draws the same dropout masks
-            return checkpoint(self._recomputable, x, layout, use_reentrant=False, **attn_kwargs)
+            return checkpoint(self._forward, x, layout, use_reentrant=False, **attn_kwargs)
         return self._forward(x, layout, **attn_kwargs)
-
-    def _recomputable(self, x: Tensor, layout: Layout, **attn_kwargs) -> Tensor:
-        """_forward with the body's row buckets, also when the backward recomputes it (outside the body's forward):
-        the recomputed linears must save the same (bucketed) shapes."""
-        with row_buckets():
-            return self._forward(x, layout, **attn_kwargs)
 
     def _forward(self, x: Tensor, layout: Layout, **attn_kwargs) -> Tensor:
         """x: the layout's rows, (B, T, C) or (N, C); every step but attention is per token."""
         if self.norm_first:
             x = x + self.attn_dropout(self.attn(self.attn_norm(x), layout, **attn_kwargs))  # (.., C)
-            return x + self.ffn_dropout(self.ffn(self.ffn_norm(x)))  # (.., C)
+            return x + self.ffn_dropout(self.ffn(self.ffn_norm(x), layout.adapters))  # (.., C)
         x = self.attn_norm(x + self.attn_dropout(self.attn(x, layout, **attn_kwargs)))  # (.., C)
-        return self.ffn_norm(x + self.ffn_dropout(self.ffn(x)))  # (.., C)
+        return self.ffn_norm(x + self.ffn_dropout(self.ffn(x, layout.adapters)))  # (.., C)
 
 
 class Encoder(nn.Module):
@@ -225,8 +222,8 @@ class Pooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(hidden_size, hidden_size)
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))  # (B, C)
+    def forward(self, hidden: Tensor, adapters: Route | None = None) -> Tensor:
+        return torch.tanh(routed(self.dense, hidden[:, 0], adapters))  # (B, C)
 
 
 class EncoderBody(nn.Module):
@@ -259,12 +256,15 @@ class EncoderBody(nn.Module):
         return self.encoder.padded_layout.from_mask(attention_mask, position_ids)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                position_ids: Tensor | None = None, adapters: Route | None = None) -> tuple[Tensor, Tensor | None]:
+        """adapters: a mixed-adapter batch's routing (nn/lora.py's Route: row i takes adapter adapters.slots[i]),
+        which the layout carries to every layer; None: the plain layers."""
         layout = self.plan(input_ids, attention_mask, position_ids)
-        with row_buckets():  # a bounded set of matmul shapes over varied token counts (nn/buckets.py)
-            x = layout.embed(self.embeddings, input_ids, token_type_ids)  # the layout's rows (.., C)
-            x = layout.unpack(self.encoder(x, layout))  # (B, T, C)
-            return x, self.pooler(x) if self.pooler is not None else None
+        if adapters is not None:
+            layout = replace(layout, adapters=adapters.on(layout))  # the routing bound to the layout's rows
+        x = layout.embed(self.embeddings, input_ids, token_type_ids)  # the layout's rows (.., C)
+        x = layout.unpack(self.encoder(x, layout))  # (B, T, C)
+        return x, self.pooler(x, layout.adapters) if self.pooler is not None else None
 
     @property
     def word_embeddings(self) -> nn.Embedding:

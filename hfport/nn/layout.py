@@ -42,6 +42,9 @@ SequenceBias = Callable[[Tensor, Tensor], "Tensor | None"]
 class Layout(Protocol):
     keep: Tensor | None  # (B, T) bool real tokens; None when nothing is padded
     positions: Tensor  # the position id of every row, shaped like the rows without C: (B|1, T) or (N,)
+    # a mixed-adapter batch's routing bound to this layout (nn/lora.py's Route: which adapter each row takes), which
+    # every linear call of the blocks passes on (nn/lora.py's `routed`); None: every row the plain layers
+    adapters: Any
 
     @property
     def max_length(self) -> int: ...  # the longest sequence attention sees (relative tables are built for it)
@@ -95,6 +98,7 @@ class Padded(_PerBatch):
 
     keep: Tensor | None  # (B, T) bool, or None when nothing is padded
     positions: Tensor  # (B|1, T) long
+    adapters: Any = None  # Layout.adapters
 
     @staticmethod
     def from_mask(attention_mask: Tensor | None, positions: Tensor) -> Padded:
@@ -110,7 +114,7 @@ class Padded(_PerBatch):
         return None if self.keep is None else self.keep[:, None, None, :]  # (B, 1, 1, T)
 
     def embed(self, embeddings: nn.Module, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
-        return embeddings(input_ids, token_type_ids, self.positions)  # (B, T, C)
+        return embeddings(input_ids, token_type_ids, self.positions, adapters=self.adapters)  # (B, T, C)
 
     def pack(self, x: Tensor) -> Tensor:
         return x
@@ -150,6 +154,7 @@ class Packed(_PerBatch):
     contiguous: bool  # every sequence's real tokens form one run (left or right padding, no holes)
     positions: Tensor  # (N,) long: each row's position id
     host_positions: Tensor  # (N,) long on the host: `positions` where attention is planned (the same tensor on CPU)
+    adapters: Any = None  # Layout.adapters
 
     @staticmethod
     def from_mask(attention_mask: Tensor, positions: Tensor | None = None) -> Packed | None:
@@ -243,7 +248,8 @@ class Packed(_PerBatch):
     def embed(self, embeddings: nn.Module, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         """The embeddings of the real tokens only: ids, token types and positions packed first."""
         token_type_ids = self.pack(token_type_ids)[None] if token_type_ids is not None else None  # (1, N)
-        return embeddings(self.pack(input_ids)[None], token_type_ids, self.positions[None])[0]  # (N, C)
+        return embeddings(self.pack(input_ids)[None], token_type_ids, self.positions[None],
+                          adapters=self.adapters)[0]  # (N, C)
 
     def pack(self, x: Tensor) -> Tensor:
         """(B, T, ...) -> (N, ...). Integer tensors (ids) are gathered directly; float ones keep a fast gradient."""
@@ -420,6 +426,7 @@ class RepresentativePadding(_PerBatch):
     padded_keys: Tensor  # (B, 1, 1, T) bool
     rows: Tensor  # (N',) long: flat (B * T) position of each packed row
     scatter: Tensor  # (B * T,) long: packed row of each flat position
+    adapters: Any = None  # Layout.adapters
 
     @staticmethod
     def from_mask(attention_mask: Tensor | None, positions: Tensor) -> RepresentativePadding | Padded:
@@ -448,7 +455,7 @@ class RepresentativePadding(_PerBatch):
     def embed(self, embeddings: nn.Module, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         """Embeddings of the padded batch with padding zeroed (the precondition of sharing one representative;
         transformers' DeBERTa zeroes them too), then packed."""
-        x = embeddings(input_ids, token_type_ids, self.padded_positions)  # (B, T, C)
+        x = embeddings(input_ids, token_type_ids, self.padded_positions, adapters=self.adapters)  # (B, T, C)
         return self.pack(x * self.keep[..., None])  # (N', C)
 
     def pack(self, x: Tensor) -> Tensor:  # (B, T, F) -> (N', F)

@@ -15,14 +15,15 @@ hfport/formats/adapter.py's; applying, saving and loading adapters on task model
 
 Mixed-adapter batches (serving many adapters over one base in one forward pass; inference only):
     MixedLinear  a base linear layer that adds, to each row of its input, the LoRA update of that row's adapter
-                 (or none: the base); the adapters' A/B live in an AdapterTable, never in the layer
+                 (or none: the base) under the Route it is given; the adapters' A/B live in an AdapterTable, never
+                 in the layer
     AdapterTable slot -> {layer path -> (A, B, scaling)}, and per layer every adapter side by side (A stacked, B
                  scaled and concatenated): an immutable snapshot, rebuilt (never edited) when an adapter is added or
                  removed, so a forward pass in flight keeps the table it started with
-    replaying    the body's output of a mixed batch, handed to each adapter's head on its rows (no second pass)
-    routing      while a body runs: which slot each row of the batch takes. Set per thread (a server runs several
-                 batches at once); the encoder's pre-hook turns the per-row slots into per-token ones through the
-                 batch's layout (a packed batch is its real tokens: a row is a segment of the token axis)
+    Route        one forward pass's routing: which slot each row of the batch takes. An argument: the body takes it
+                 (EncoderBody.forward's `adapters`), binds it to the batch's layout (`Route.on`: a packed batch is
+                 its real tokens, a row a segment of the token axis) and the layout carries it to every layer, whose
+                 linear calls go through `routed(layer, x, adapters)`. Nothing is kept per thread.
 Per layer the update takes one of two forms, chosen per forward pass and layer by a cost rule (Route._segmented):
 - segments: a mixed batch comes sorted by adapter within each length (Pipeline.forward_batch), so the rows of one
   adapter are a few contiguous runs of the layer input (tokens in the packed layout); per run,
@@ -42,9 +43,6 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -54,7 +52,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from .dropout import Dropout
-from .packed import linear
+from .packed import PackedLinear, linear
 
 
 class LoraError(ConfigError):
@@ -77,6 +75,7 @@ class LoraLinear(nn.Linear):
         self.lora_B = nn.Linear(r, self.out_features, bias=False, **kw)  # (out, r)
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r
+        self.prepacked = False  # the base product on the packed weight (nn/packed.py: set by pack_linears)
         self.reset_lora_parameters()
 
     @torch.no_grad()
@@ -86,16 +85,19 @@ class LoraLinear(nn.Linear):
         nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # as peft (and nn.Linear's default)
         nn.init.zeros_(self.lora_B.weight)  # the update starts at zero: the model starts as the base
 
+    def base(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out): x W^T + b
+        return linear(self, x) if self.prepacked else F.linear(x, self.weight, self.bias)
+
     def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = linear(self, x)  # the packed weight at inference (nn/packed.py)
-        return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+        return self.base(x) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
 
     def delta_weight(self) -> Tensor:
         """scaling * B A, (out, in), computed in float32."""
         return (self.lora_B.weight.float() @ self.lora_A.weight.float()) * self.scaling
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, alpha={self.alpha}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, alpha={self.alpha}"
+                + (", prepacked=True" if self.prepacked else ""))
 
 
 class ChunkLoraLinear(LoraLinear):
@@ -129,8 +131,7 @@ class ChunkLoraLinear(LoraLinear):
         return self.lora_B.weight * self.block_mask
 
     def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = linear(self, x)  # the packed weight at inference (nn/packed.py)
-        return out + F.linear(self.lora_A(self.lora_dropout(x)), self.masked_B()) * self.scaling
+        return self.base(x) + F.linear(self.lora_A(self.lora_dropout(x)), self.masked_B()) * self.scaling
 
     def delta_weight(self) -> Tensor:
         return (self.masked_B().float() @ self.lora_A.weight.float()) * self.scaling
@@ -258,27 +259,38 @@ class AdapterTable:
 
 
 class MixedLinear(nn.Linear):
-    """A base linear layer (its own weight and bias Parameters, shared) that adds each row's adapter update while a
-    routing is active on this thread; without one it is the plain layer. `path` is its name in the body."""
+    """A base linear layer (its own weight and bias Parameters, shared) that adds each row's adapter update under the
+    Route it is given; without one it is the plain layer. `path` is its name in the body."""
 
     def __init__(self, base: nn.Linear, path: str):
         nn.Module.__init__(self)
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias  # the same Parameters: nothing copied
         self.path = path
+        self.prepacked = isinstance(base, PackedLinear)  # the base product as the layer it replaces computed it
 
-    def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
-        out = linear(self, x)  # the packed weight at inference (nn/packed.py)
-        route = _state.route
-        layer = route.table.layers.get(self.path) if route is not None else None
+    def forward(self, x: Tensor, adapters: Route | None = None) -> Tensor:  # (.., in) -> (.., out)
+        out = linear(self, x) if self.prepacked else F.linear(x, self.weight, self.bias)
+        layer = adapters.table.layers.get(self.path) if adapters is not None else None
         if layer is None:  # no routing, or no adapter wraps this layer
             return out
         flat_x = x.reshape(-1, self.in_features)  # (M, in): M rows of this layer's input (tokens or sequences)
-        plan = route.plan(layer, flat_x.shape[0])
+        plan = adapters.plan(layer, flat_x.shape[0])
         if plan is None:  # no row takes an adapter of this layer
             return out
         update(plan, layer, flat_x, out.view(-1, self.out_features))  # the updates land in `out`
         return out
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", path={self.path!r}" + (", prepacked=True" if self.prepacked else "")
+
+
+def routed(layer: nn.Module, x: Tensor, adapters: Route | None) -> Tensor:
+    """layer(x), (.., in) -> (.., out); a MixedLinear under a mixed batch's Route also adds each row's update. Every
+    linear call of the encoder's blocks goes through here with its layout's `adapters`."""
+    if adapters is not None and isinstance(layer, MixedLinear):
+        return layer(x, adapters)
+    return layer(x)
 
 
 def update(plan: Plan | Segments, layer: LayerAdapters, x: Tensor, out: Tensor) -> None:
@@ -339,16 +351,26 @@ class Segments(NamedTuple):
 
 
 class Route:
-    """One forward pass's routing: each batch row's slot, the per-token slots once the layout is known, their runs
-    of equal slots, and per layout of columns and layer width a Plan or Segments (built once per forward pass, not
-    per layer: the layers share owner tensors)."""
+    """One forward pass's routing: each batch row's slot, the per-token slots once bound to the batch's layout (`on`),
+    their runs of equal slots, and per layout of columns and layer width a Plan or Segments (built once per forward
+    pass, not per layer: the layers share owner tensors)."""
 
-    def __init__(self, table: AdapterTable, slots: Tensor):
+    def __init__(self, table: AdapterTable, slots: Tensor, tokens: Tensor | None = None):
         self.table, self.slots = table, slots  # slots: (B,) long, 0 = the base
-        self.tokens: Tensor | None = None  # (N,) or (B, T): the slot of each row of the layout
+        self.tokens = tokens  # (N,) or (B, T): the slot of each row of the layout (None: not bound to one)
         self.present = sorted(set(slots.tolist()) - {0})
         self._plans: dict[tuple[int, int, int], Plan | Segments | None] = {}
         self._runs: dict[int, list[tuple[int, int, int]]] = {}
+
+    def on(self, layout: Any) -> Route:
+        """This routing bound to a batch's layout (nn/layout.py): the batch rows' slots as the slots of its rows."""
+        b = self.slots.shape[0]
+        keep = getattr(layout, "keep", None)
+        width = layout.positions.shape[-1] if keep is None else keep.shape[1]
+        batch = b if keep is None else keep.shape[0]
+        slots = self.slots.repeat_interleave(batch // b) if batch != b else self.slots  # multiple choice: B x C rows
+        tokens = layout.pack(slots[:, None, None].expand(batch, width, 1)).squeeze(-1)  # (N,) or (B, T)
+        return Route(self.table, self.slots, tokens)
 
     def row_slots(self, count: int) -> Tensor:
         """(count,) the slot of each row of a layer input with `count` rows: the tokens of the layout, or the
@@ -419,74 +441,15 @@ class Route:
         return segments <= stacked
 
 
-class _State(threading.local):
-    route: Route | None = None
-
-
-_state = _State()
-
-
-@contextmanager
-def routing(table: AdapterTable, slots: Tensor | None) -> Iterator[Route | None]:
-    """Run the body under `table` with batch row i taking adapter slots[i] (0: the base) on this thread; None: every
-    row the base (the plain layers, no routing)."""
-    outer = _state.route
-    _state.route = Route(table, slots) if slots is not None else None
-    try:
-        yield _state.route
-    finally:
-        _state.route = outer
-
-
-def route_tokens(module: nn.Module, args: tuple[Any, ...]) -> None:
-    """The encoder's forward pre-hook: the layout in args[1] turns the batch rows' slots into its rows' slots."""
-    route = _state.route
-    if route is None:
-        return
-    layout = args[1]
-    b = route.slots.shape[0]
-    keep = getattr(layout, "keep", None)
-    width = layout.positions.shape[-1] if keep is None else keep.shape[1]
-    batch = b if keep is None else keep.shape[0]
-    slots = route.slots.repeat_interleave(batch // b) if batch != b else route.slots  # multiple choice: B x C rows
-    route.tokens = layout.pack(slots[:, None, None].expand(batch, width, 1)).squeeze(-1)  # (N,) or (B, T)
-    route._plans.clear()
-    route._runs.clear()
-
-
 def install_mixed(body: nn.Module, paths: list[str]) -> None:
     """Make the named linear layers of `body` MixedLinear (in place; the same Parameters, so the base computes as
-    before), and hook its encoder once so routes learn the layout."""
+    before)."""
     for path in paths:
         parent, _, child = path.rpartition(".")
         owner = body.get_submodule(parent)
         layer = getattr(owner, child)
         if isinstance(layer, MixedLinear):
             continue
-        if isinstance(layer, LoraLinear) or type(layer) is not nn.Linear:
+        if type(layer) not in (nn.Linear, PackedLinear):
             raise LoraError(f"mixed adapters: {path} is a {type(layer).__name__}, not a plain linear layer")
         setattr(owner, child, MixedLinear(layer, path))
-    if not getattr(body.encoder, "_routes_tokens", False):
-        body.encoder.register_forward_pre_hook(route_tokens)
-        body.encoder._routes_tokens = True
-
-
-_replay = threading.local()  # .value: (input_ids, (hidden, pooled)) a mixed batch computed on this thread
-
-
-@contextmanager
-def replaying(input_ids: Tensor, outputs: tuple[Tensor, Tensor | None]) -> Iterator[None]:
-    """While inside: a model of an AdapterSet asked for the body's output on exactly `input_ids` (the same tensor
-    object) gets `outputs` instead of running the body again (a mixed batch's heads, split after one body pass)."""
-    outer = getattr(_replay, "value", None)
-    _replay.value = (input_ids, outputs)
-    try:
-        yield
-    finally:
-        _replay.value = outer
-
-
-def replay_of(input_ids: Tensor) -> tuple[Tensor, Tensor | None] | None:
-    """The outputs `replaying` holds for exactly this tensor, else None."""
-    replay = getattr(_replay, "value", None)
-    return replay[1] if replay is not None and replay[0] is input_ids else None

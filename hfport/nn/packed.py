@@ -8,19 +8,15 @@ its CPU time, a loaded 2-core AVX512-BF16 EPYC): bf16 1.2-1.45x faster at 14 row
 ~1.1x at 64, 1.01-1.16x at 256 and 1024; fp32 1.2-1.65x at every row count (768 -> 3072 at 256 rows: 15.5 -> 11.8
 ms). A bf16 MiniLM forward pass of one short text spends 77% of its time in these products.
 
-How it hooks in: `install(model)` sets, on each plain nn.Linear under the model, an instance-level `forward`
-(functools.partial(packed_forward, layer), as accelerate's hooks do) instead of swapping or subclassing modules:
-the layer keeps its type (`type(layer) is nn.Linear` checks in nn/lora.py and nn/int8.py still find it), its
-Parameters, state_dict and `.weight` (LoRA wrapping, merging, int8 quantization, exports and save_pretrained read
-the plain weight as before), and a deepcopy or pickle of the model copies the partial bound to the copy. A call in
-the shared blocks instead would have to reach every Linear call site (attention and feed-forward variants, pooler,
-every head) and stay reached as families are added; the override covers each plain Linear a model has, at once.
-LoraLinear and MixedLinear compute their base product through `linear(self, x)`, so adapters keep the gain (a LoRA
-layer's own small A and B stay plain: `install`).
-from_pretrained installs it on every model it loads (modeling.py); HFPORT_PACKED_LINEAR=off installs nothing and
-makes `linear` plain F.linear.
+How it is applied: `pack_linears(model)` puts a PackedLinear in place of each plain nn.Linear under a model bound
+for inference (hfport/inference.py's `for_inference`, which pipelines apply; never from_pretrained, never a training
+model). A PackedLinear is an nn.Linear subclass holding the very same weight and bias Parameters under the same names,
+so state_dict, save_pretrained, exports, LoRA wrapping and int8 quantization read the plain weight as before, and
+`repr(model)` shows which layers are packed. Layers that compute a float product of their own (LoraLinear,
+MixedLinear, Int8Linear's calls of few rows) declare `prepacked` (False by default); pack_linears sets it, and they
+then run that product through `linear` (a LoRA layer's own small A and B stay plain: `pack_linears`).
 
-When the packed weight is used (else F.linear, unchanged): the switch is not off, the layer is in eval mode, autograd
+When a packed layer uses its packed weight (else F.linear, unchanged): the layer is in eval mode, autograd
 is off (torch.no_grad / inference_mode), no CPU autocast, not traced / compiled / ONNX-exported, weight and input on
 the CPU in the same dtype, fp32 or bf16, and oneDNN present (torch.backends.mkldnn.is_available(); a first call that
 raises turns packing off for the process, logged once). The packed weight is built at the first such call and kept
@@ -31,18 +27,16 @@ first forward pass in train mode or with grad on, so fine-tuning holds no packed
 
 Memory: the packed copy sits beside the plain weight (which LoRA, int8, exports and saving still read), so the
 Linear weights are held twice once inference has run (a MiniLM pipeline's RSS after its first call: fp32 +44 MiB,
-bf16 +22 MiB over HFPORT_PACKED_LINEAR=off; BERT-base fp32 would be ~+340 MB). And oneDNN
+bf16 +22 MiB over the unpacked model; BERT-base fp32 would be ~+340 MB). And oneDNN
 caches one primitive per (row count, weight shape) (~1 MB each measured for 384 -> 1536): fp32's F.linear (BLAS)
-caches nothing, so packed fp32 calls pad their rows to nn/buckets.py's bucket sizes (at most 12.5% extra rows above
-128, 15 below) to keep that set bounded; bf16 calls follow HFPORT_ROW_BUCKETS as F.linear's bf16 calls do (oneDNN
-cached per row count there already).
+caches nothing, so packed fp32 calls pad their rows up to `padded_rows` (at most 12.5% extra rows above 128, 15
+below) to keep that set bounded; bf16 calls do not (F.linear's bf16 calls go through oneDNN and cache per row count
+already).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import sys
 from typing import NamedTuple
 
@@ -50,22 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import ConfigError
-from . import buckets
 
 log = logging.getLogger("hfport")
 
-MODES = ("auto", "off")
-ENV = "HFPORT_PACKED_LINEAR"
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-def mode() -> str:
-    """HFPORT_PACKED_LINEAR: "auto" (default: pack where the module docstring says) or "off"; else a ConfigError."""
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ConfigError(f"{ENV}={os.environ[ENV]!r}: expected one of {', '.join(MODES)}")
-    return value
 
 
 class _State:
@@ -128,7 +110,7 @@ def _packable(layer: nn.Linear, x: Tensor) -> bool:
     if onnx is not None and onnx.is_in_onnx_export():
         return False
     # a shape error is F.linear's to raise (it names the shapes), not a reason to turn packing off
-    return x.dim() >= 1 and x.shape[-1] == w.shape[1] > 0 and x.numel() > 0 and _onednn() and mode() == "auto"
+    return x.dim() >= 1 and x.shape[-1] == w.shape[1] > 0 and x.numel() > 0 and _onednn()
 
 
 def _packed_weight(weight: Tensor) -> Tensor:
@@ -142,9 +124,16 @@ def _packed_weight(weight: Tensor) -> Tensor:
     return cache.tensor
 
 
-def _pad_rows(x: Tensor) -> bool:
-    """Whether a packed call pads its rows to a bucket: fp32 always (module docstring), bf16 as F.linear would."""
-    return x.dtype == torch.float32 or buckets.ROW_BUCKETS != "off"
+FINE_STEP, FINE_MAX = 16, 128  # padded row counts: multiples of FINE_STEP up to FINE_MAX, then 8 steps per doubling
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a packed fp32 call pads ROWS up to: 16, 32, .., 128, then 144, 160, .., 256, 288, 320, .., 512,
+    576, .. (a bounded set of oneDNN primitives over varied token counts; module docstring)."""
+    if rows <= FINE_MAX:
+        return max(FINE_STEP, -(-rows // FINE_STEP) * FINE_STEP)
+    step = 1 << ((rows - 1).bit_length() - 4)  # 1/8 of the power of two below rows
+    return -(-rows // step) * step
 
 
 def _compute(layer: nn.Linear, x: Tensor) -> Tensor:
@@ -152,7 +141,7 @@ def _compute(layer: nn.Linear, x: Tensor) -> Tensor:
     k = layer.weight.shape[1]
     rows = x.reshape(-1, k)  # (M, in)
     m = rows.shape[0]
-    target = buckets.bucket(m) if m and _pad_rows(x) else m
+    target = padded_rows(m) if m and x.dtype == torch.float32 else m
     if target != m:
         rows = torch.cat([rows, rows.new_zeros(target - m, k)])  # (M', in): the zero rows are sliced off below
     packed = _packed_weight(layer.weight)
@@ -197,30 +186,41 @@ def linear_weights(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return linear(_Weights(weight, bias), x)
 
 
-def packed_forward(layer: nn.Linear, x: Tensor) -> Tensor:
-    """The forward `install` gives a plain nn.Linear: x (.., in) -> (.., out)."""
-    return linear(layer, x)
+class PackedLinear(nn.Linear):
+    """An nn.Linear whose inference product runs on its weight prepacked for oneDNN (module docstring): the same
+    weight and bias Parameters as the layer it replaces (shared, never copied), under the same names."""
+
+    def __init__(self, base: nn.Linear):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight, self.bias = base.weight, base.bias
+        self.train(base.training)
+
+    def forward(self, x: Tensor) -> Tensor:  # (.., in) -> (.., out)
+        return linear(self, x)
 
 
-def installed(layer: nn.Module) -> bool:
-    forward = layer.__dict__.get("forward")
-    return isinstance(forward, functools.partial) and forward.func is packed_forward
-
-
-def install(model: nn.Module) -> int:
-    """Give each plain nn.Linear under MODEL the packed forward (unless HFPORT_PACKED_LINEAR=off) -> how many."""
-    if mode() == "off":
-        return 0
-    # a LoRA layer's own A and B stay plain: apply_lora adds them after loading, so they run unpacked in the model
-    # that saves an adapter; packing them where an adapter folder is loaded would make the reloaded model differ
+def pack_linears(model: nn.Module) -> int:
+    """Put a PackedLinear in place of each plain nn.Linear under MODEL (a module held in several places, ALBERT's
+    shared layers, is replaced everywhere by one PackedLinear) and set `prepacked` on the layers that declare it ->
+    how many layers now compute packed. A LoRA layer's own A and B stay plain: the model that trained and saved an
+    adapter ran them unpacked, and the model that loads it should compute the same."""
     inner = {id(sub) for m in model.modules() if isinstance(m, nn.Linear) and type(m) is not nn.Linear
              for sub in m.modules() if sub is not m}
-    count = 0
+    replace: dict[int, PackedLinear] = {}
     for module in model.modules():
-        if type(module) is nn.Linear and id(module) not in inner and not installed(module):
-            module.forward = functools.partial(packed_forward, module)
-            count += 1
-    return count
+        if type(module) is nn.Linear and id(module) not in inner and id(module) not in replace:
+            replace[id(module)] = PackedLinear(module)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if id(child) in replace:
+                setattr(parent, name, replace[id(child)])
+    flagged = 0
+    for module in model.modules():
+        if getattr(module, "prepacked", None) is False:
+            module.prepacked = True
+            flagged += 1
+    return len(replace) + flagged
 
 
 def _held(weight: Tensor) -> Tensor | None:

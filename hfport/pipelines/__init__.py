@@ -58,7 +58,7 @@ from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
 from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InputTooLongError, InvalidInput, Pipeline, PipelineInputError,
-                   adapters_per_pass, phase_times)
+                   Prepared, adapters_per_pass, pack_rows, phase_times)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -93,7 +93,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              dtype: Any = None, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
              backend: str | None = None, base_model: Any = None,
              adapters: Mapping[str, str | os.PathLike[str]] | None = None,
-             gate_data: str | os.PathLike[str] | None = None, file: str | None = None, **options: Any) -> Pipeline:
+             gate_data: str | os.PathLike[str] | None = None, file: str | None = None, packed_linear: bool = True,
+             row_shards: str | int = "auto", **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs; device
@@ -107,7 +108,10 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     adapters: {name: adapter folder} served over `model` (its body shared, not reloaded); pick one per call with
     `adapter=`.
     dtype="int8" / "auto-int8" (a folder only): the encoder's Linear layers in int8, held to the int8 gate on built-in
-    texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses."""
+    texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses.
+    packed_linear: the pipeline's model computes its Linear layers on prepacked weights (hfport/inference.py; applied
+    in place, also to a model given loaded). row_shards: "auto", "off" or a count: a batch's rows split over worker
+    threads (pipelines/shards.py; "auto" shards fp32 models only, where it was measured to pay)."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
     auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
@@ -152,7 +156,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
                         f"{type(model).__name__}")
     if not isinstance(tokenizer, PreTrainedTokenizer):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-    pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens, **options)
+    pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
+               packed_linear=packed_linear, row_shards=row_shards, **options)
     if adapters:
         if isinstance(model, OnnxModel):
             raise ValueError("adapters: the onnx backend runs a fixed graph; serve adapters on the torch backend")
@@ -205,12 +210,14 @@ __all__ = [
     "OnnxModel",
     "Pipeline",
     "PipelineInputError",
+    "Prepared",
     "SentenceEmbeddingPipeline",
     "SparseEmbeddingPipeline",
     "QuestionAnsweringPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
     "model_task",
+    "pack_rows",
     "phase_times",
     "pipeline",
 ]

@@ -5,9 +5,13 @@ A call runs in four steps, each task filling in the parts marked (task):
   2. preprocess: each item becomes one or more Features, the token rows the model sees (task). A bad item (empty
      text, no mask token, too long for the model, ...) becomes an error for that item only.
   3. forward: every Feature of the call is sorted by length and packed into batches of at most `batch_size` rows
-     and `max_batch_tokens` padded tokens; each batch runs through the model once (task: which outputs) and the
-     outputs are cut back to each row's own length, so a result never depends on its batch-mates.
+     and `max_batch_tokens` padded tokens (`pack_rows`); each batch runs through the model once (task: which outputs), or as row
+     shards on worker threads (`row_shards`, shards.py), and the outputs are cut back to each row's own length, so
+     a result never depends on its batch-mates.
   4. postprocess: each item's outputs become its result, in input order (task).
+A caller that forms its own batches (the server packs the rows of concurrent requests into one forward pass) runs the
+steps itself: `prepare` (1-2 for a list), `forward_rows` (3, one pass over exactly the rows it is given), `finish`
+(4); `predict` is the three with `batches` between them.
 Items that failed come back as an `ItemError` (message, error_type) in their place when the call gave a list; a
 single input raises its error instead. The CLI and the HTTP API render an ItemError with its position in the list
 as `{"error": "input i: ...", "error_type": ..., "index": i}` (ItemError.to_dict).
@@ -31,12 +35,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..errors import HfportError, ItemError
-from ..lora import AdapterSet, replaying
+from ..inference import for_inference
+from ..lora import AdapterSet
 from ..modeling import PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, TokenizerError, has_tokenizer_files
+from . import shards
+from .shards import check_row_shards
 
 log = logging.getLogger("hfport")
 
@@ -111,6 +118,18 @@ class Feature:
     data: dict[str, Any] = field(default_factory=dict)  # what postprocess needs: offsets, encodings, masks
     outputs: dict[str, Tensor] = field(default_factory=dict)  # filled by the forward step, CPU float32
     pipe: Any = field(default=None, repr=False, compare=False)  # the pipeline of the row's adapter (None: the call's)
+    error: Exception | None = field(default=None, repr=False, compare=False)  # set by the forward step if it failed
+
+
+@dataclass
+class Prepared:
+    """A list of items made into rows for the model (Pipeline.prepare). Whoever batches runs `rows` in forward passes
+    of its choosing (Pipeline.forward_rows) and then reads the results (Pipeline.finish)."""
+
+    items: list[Any]
+    members: list[tuple[Pipeline, dict[str, Any]]]  # each item's pipeline (its adapter's, else the call's), options
+    rows: list[Feature]  # the rows of the items that did not fail, in item order
+    failed: dict[int, Exception]  # item index -> why it failed before the model saw it
 
 
 def check_text(text: Any, what: str = "text") -> str:
@@ -135,16 +154,21 @@ class Pipeline:
     token_outputs: ClassVar[tuple[str, ...]] = ()  # forward outputs with a token axis, cut to each row's length
 
     def __init__(self, model: PreTrainedEncoder, tokenizer: PreTrainedTokenizer, *, batch_size: int | None = None,
-                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, **options: Any):
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, packed_linear: bool = True,
+                 row_shards: str | int = "auto", **options: Any):
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) or max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be a positive integer, got {max_batch_tokens!r}")
-        self.model = model.eval()
+        # the model serves inference from here on: eval mode and the inference step (hfport/inference.py)
+        self.packed_linear = bool(packed_linear)
+        self.model = for_inference(model, packed_linear=self.packed_linear) if isinstance(model, nn.Module) \
+            else model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.row_shards = check_row_shards(row_shards)  # a batch's rows split over worker threads (shards.py)
         self.options = self.check_options(options)  # pipeline-level defaults for every call
         self.max_positions = model_max_positions(model)
         self.adapters: dict[str, Pipeline] = {}  # adapter name -> its pipeline over this pipeline's body
@@ -153,7 +177,8 @@ class Pipeline:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(task={self.task!r}, model={self.model.family.model_type}, "
-                f"device={self.model.device}, dtype={self.model.dtype}, batch_size={self.batch_size})")
+                f"device={self.model.device}, dtype={self.model.dtype}, batch_size={self.batch_size}, "
+                f"packed_linear={self.packed_linear}, row_shards={self.row_shards!r})")
 
     # --- options ------------------------------------------------------------------------------------------
 
@@ -202,7 +227,10 @@ class Pipeline:
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         raise NotImplementedError
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
+        """The task's outputs on a batch; encoder_outputs: the body's (hidden, pooled) on these rows when already
+        computed (a mixed-adapter batch), handed to the model instead of running its body again."""
         raise NotImplementedError
 
     def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:
@@ -223,7 +251,7 @@ class Pipeline:
 
     def predict(self, items: list[Any], *, adapter: Any = None, **options: Any) -> list[Any]:
         """One result per item, in order, with list semantics for every task (no single-input unwrapping): a
-        failed item is an ItemError. What the CLI and a server call."""
+        failed item is an ItemError. What the CLI calls (the server runs the steps: prepare, forward_rows, finish)."""
         if not isinstance(items, (list, tuple)):
             raise TypeError(f"predict takes a list of inputs, got {type(items).__name__}")
         opts = self.resolve_options(options)
@@ -247,7 +275,7 @@ class Pipeline:
         if not isinstance(tokenizer, PreTrainedTokenizer):
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         member = type(self)(model, tokenizer, batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens,
-                            **self.options)
+                            packed_linear=self.packed_linear, row_shards=self.row_shards, **self.options)
         member.leader, member.adapter_name = self, name
         self.adapters = {**self.adapters, name: member}  # replaced, not edited: a call in flight keeps its view
         return member
@@ -276,16 +304,35 @@ class Pipeline:
 
     # --- the run ------------------------------------------------------------------------------------------
 
+    def prepare(self, items: list[Any], *, adapter: Any = None, **options: Any) -> Prepared:
+        """Steps 1-2 for a list of items, as predict runs them: options resolved (a bad option raises), each item made
+        into its rows (a bad item fails alone)."""
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"prepare takes a list of inputs, got {type(items).__name__}")
+        opts = self.resolve_options(options)
+        return self.rows_of(list(items), self.members(adapter, len(items), options) or [(self, opts)] * len(items))
+
+    def finish(self, prepared: Prepared) -> list[Any]:
+        """Step 4, once every row of `prepared` went through forward_rows: one result per item, in order, a failed
+        item an ItemError."""
+        return [r.item if isinstance(r, _Failed) else r for r in self.outcomes(prepared)]
+
     def run(self, items: list[Any], opts: dict[str, Any],
             members: list[tuple[Pipeline, dict]] | None = None) -> list[Any]:
-        """Results (or _Failed) in input order; `members`: each item's pipeline and options (None: this one's).
-        Any error while preparing or reading one item fails that item only: expected ones (PipelineInputError,
-        TokenizerError) quietly, anything else with its traceback logged."""
+        """Results (or _Failed) in input order; `members`: each item's pipeline and options (None: this one's)."""
+        prepared = self.rows_of(items, members or [(self, opts)] * len(items))
+        for batch in self.batches(prepared.rows):
+            self.forward_rows(batch)
+        return self.outcomes(prepared)
+
+    def rows_of(self, items: list[Any], members: list[tuple[Pipeline, dict]]) -> Prepared:
+        """Each item's rows, by its own pipeline and options. Any error while preparing one item fails that item
+        only: expected ones (PipelineInputError, TokenizerError) quietly, anything else with its traceback logged."""
         failed: dict[int, Exception] = {}
         features: list[Feature] = []
         started = time.perf_counter()
         for i, item in enumerate(items):
-            pipe, popts = members[i] if members is not None else (self, opts)
+            pipe, popts = members[i]
             try:
                 if isinstance(item, InvalidInput):  # rejected before it got here (e.g. an unreadable line)
                     raise PipelineInputError(item.reason)
@@ -296,18 +343,20 @@ class Pipeline:
                 features.extend(rows)
             except Exception as e:  # noqa: BLE001 - one bad item must not sink the batch
                 failed[i] = self._item_error(i, e)
-        features = [f for f in features if f.item not in failed]
         _add_time("tokenization", started)
-        started = time.perf_counter()
-        for f, error in self.forward_all(features):
-            failed.setdefault(f.item, error)
-        _add_time("inference", started)
+        return Prepared(items, members, [f for f in features if f.item not in failed], failed)
+
+    def outcomes(self, prepared: Prepared) -> list[Any]:
+        """Each item's result (or _Failed: its preprocess, a row's forward pass or its postprocess failed)."""
+        failed = dict(prepared.failed)
         by_item: dict[int, list[Feature]] = {}
-        for f in features:
+        for f in prepared.rows:
             by_item.setdefault(f.item, []).append(f)
+            if f.error is not None:
+                failed.setdefault(f.item, f.error)
         results: list[Any] = []
-        for i, item in enumerate(items):
-            pipe, popts = members[i] if members is not None else (self, opts)
+        for i, item in enumerate(prepared.items):
+            pipe, popts = prepared.members[i]
             if i not in failed:
                 try:
                     results.append(pipe.postprocess(item, by_item.get(i, []), popts))
@@ -334,51 +383,44 @@ class Pipeline:
     # --- batching -----------------------------------------------------------------------------------------
 
     def batches(self, features: list[Feature]) -> list[list[Feature]]:
-        """Longest rows first; a batch stops at batch_size rows or max_batch_tokens padded tokens."""
-        order = sorted(features, key=lambda f: len(f.input_ids), reverse=True)
-        out: list[list[Feature]] = []
-        for f in order:
-            if out:
-                batch = out[-1]
-                rows = len(batch) + 1
-                padded = rows * len(batch[0].input_ids)  # the first row is the batch's longest
-                if (self.batch_size is None or rows <= self.batch_size) and padded <= self.max_batch_tokens:
-                    batch.append(f)
-                    continue
-            out.append([f])
-        return out
+        """A call's rows as its forward passes: pack_rows under this pipeline's batch_size and max_batch_tokens."""
+        return pack_rows(features, self.max_batch_tokens, self.batch_size)
 
-    def forward_all(self, features: list[Feature]) -> list[tuple[Feature, Exception]]:
-        """Run every row; fill f.outputs. A batch that fails is retried row by row, so one bad row fails alone."""
-        errors: list[tuple[Feature, Exception]] = []
-        for batch in self.batches(features):
-            try:
-                self.forward_batch(batch)
-                continue
-            except (RuntimeError, IndexError, ValueError) as e:
-                if len(batch) > 1:
-                    log.warning("%s: a batch of %d rows failed (%s); retrying row by row", self.task, len(batch), e)
-                else:
-                    errors.append((batch[0], PipelineInputError(f"the model failed on this input: {e}")))
-                    continue
-            for f in batch:
-                try:
-                    self.forward_batch([f])
-                except (RuntimeError, IndexError, ValueError) as e:
-                    errors.append((f, PipelineInputError(f"the model failed on this input: {e}")))
-        return errors
+    def forward_rows(self, rows: list[Feature]) -> None:
+        """Run `rows` as one forward pass, as given (the caller formed the batch: `batches` for a call, the server's
+        batcher across requests); fills each row's outputs. A pass that fails is retried row by row, so one bad row
+        fails alone (its `error`)."""
+        started = time.perf_counter()
+        try:
+            self.forward_batch(rows)
+        except (RuntimeError, IndexError, ValueError) as e:
+            if len(rows) == 1:
+                rows[0].error = PipelineInputError(f"the model failed on this input: {e}")
+            else:
+                log.warning("%s: a batch of %d rows failed (%s); retrying row by row", self.task, len(rows), e)
+                for f in rows:
+                    try:
+                        self.forward_batch([f])
+                    except (RuntimeError, IndexError, ValueError) as e:
+                        f.error = PipelineInputError(f"the model failed on this input: {e}")
+        _add_time("inference", started)
 
     @torch.no_grad()
     def forward_batch(self, batch: list[Feature]) -> None:
         """One forward pass over `batch`; rows of several adapters run the shared body once and each adapter's
-        head on its own rows (the body's output replayed to it)."""
+        head on its own rows (the body's output on them handed to its model as `encoder_outputs`)."""
         pipes = {id(f.pipe or self): f.pipe or self for f in batch}
         passes = getattr(_clock, "passes", None)
         if passes is not None:
             passes.append(len(pipes))
         if len(pipes) == 1:
             (pipe,) = pipes.values()
-            self.scatter(batch, pipe.forward(*self.batch_tensors(batch)), pipe)
+            parts = self.shard_parts(batch)
+            if len(parts) == 1:
+                self.scatter(batch, pipe.forward(*self.batch_tensors(batch)), pipe)
+            else:  # each part a batch of its own on a worker thread (shards.py); its rows get its outputs
+                shards.run([lambda part=part: self.scatter(part, pipe.forward(*self.batch_tensors(part)), pipe)
+                            for part in parts])
             return
         # rows of one length sorted by adapter: each adapter's rows of a length, and so their tokens in the packed
         # layout, are one run, which an adapted layer computes with that adapter's rank only (nn/lora.py's
@@ -393,8 +435,19 @@ class Pipeline:
             sub = (ids.index_select(0, index), mask.index_select(0, index),
                    types.index_select(0, index) if types is not None else None)
             outputs = (hidden.index_select(0, index), pooled.index_select(0, index) if pooled is not None else None)
-            with replaying(sub[0], outputs):
-                self.scatter([batch[r] for r in rows], pipe.forward(*sub), pipe)
+            self.scatter([batch[r] for r in rows], pipe.forward(*sub, encoder_outputs=outputs), pipe)
+
+    def shard_parts(self, batch: list[Feature]) -> list[list[Feature]]:
+        """The batch as the row shards `row_shards` asks for (shards.py): contiguous parts balanced by real tokens,
+        or the whole batch in one part."""
+        if (len(batch) < 2 or not isinstance(self.model, nn.Module) or self.model.device.type != "cpu"
+                or shards.busy_thread()):  # CUDA runs a batch whole; ONNX graphs thread in onnxruntime
+            return [batch]
+        weights = [sum(f.attention_mask) for f in batch]  # real tokens per row
+        parts = shards.shard_count(self.row_shards, len(batch), sum(weights), self.model.dtype)
+        if parts < 2:
+            return [batch]
+        return [batch[a:b] for a, b in shards.split_rows(weights, parts)]
 
     def scatter(self, batch: list[Feature], outputs: dict[str, Tensor], pipe: Pipeline) -> None:
         """Each row's outputs, cut back to its own length where they have a token axis. Each output comes to the
@@ -444,6 +497,23 @@ class Pipeline:
                                token_type_ids=enc["token_type_ids"][r] if "token_type_ids" in enc else None,
                                data=data))
         return out
+
+
+def pack_rows(rows: list[Feature], max_tokens: int, max_rows: int | None = None) -> list[list[Feature]]:
+    """Rows packed into forward passes: longest first; a pass stops at `max_rows` rows (None: no limit) or
+    `max_tokens` padded tokens (rows x its longest row)."""
+    order = sorted(rows, key=lambda f: len(f.input_ids), reverse=True)
+    out: list[list[Feature]] = []
+    for f in order:
+        if out:
+            batch = out[-1]
+            count = len(batch) + 1
+            padded = count * len(batch[0].input_ids)  # the first row is the batch's longest
+            if (max_rows is None or count <= max_rows) and padded <= max_tokens:
+                batch.append(f)
+                continue
+        out.append([f])
+    return out
 
 
 @dataclass

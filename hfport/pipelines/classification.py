@@ -45,9 +45,10 @@ class TextClassificationPipeline(Pipeline):
             raise PipelineInputError("a text pair must be given as {'text': ..., 'text_pair': ...}, not a list")
         return self.encode(check_text(item), **kwargs)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
-        return {"logits": self.model(input_ids, attention_mask=attention_mask,
-                                     token_type_ids=token_type_ids).logits}  # (B, L)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
+        return {"logits": self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                     encoder_outputs=encoder_outputs).logits}  # (B, L)
 
     def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:
         config = self.model.config

@@ -47,8 +47,10 @@ class FeatureExtractionPipeline(Pipeline):
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         return self.encode(check_text(item), **opts["_tokenize"])[:1]
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
-        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                         encoder_outputs=encoder_outputs)
         return {"last_hidden_state": out.last_hidden_state}  # (B, T, C)
 
     def postprocess(self, item: str, features: list[Feature], opts: dict[str, Any]) -> Any:

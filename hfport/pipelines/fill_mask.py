@@ -60,9 +60,10 @@ class FillMaskPipeline(Pipeline):
     def too_long_hint(self) -> str:
         return "shorten the text around the mask"
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
-        return {"logits": self.model(input_ids, attention_mask=attention_mask,
-                                     token_type_ids=token_type_ids).logits}  # (B, T, V)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
+        return {"logits": self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                     encoder_outputs=encoder_outputs).logits}  # (B, T, V)
 
     def postprocess(self, item: str, features: list[Feature], opts: dict[str, Any]) -> Any:
         tok = self.tokenizer

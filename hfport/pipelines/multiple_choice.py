@@ -51,12 +51,14 @@ class MultipleChoicePipeline(Pipeline):
             rows.append(self.encode(stem, check_text(choice, f"choices[{i}]"), **kwargs)[0])
         return rows
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
         # The batch's rows are choices of any inputs, in any order: they run as the choices of one question,
         # (1, B, T). A choice's logit depends on its own row only (the softmax over an input's choices comes in
         # postprocess), so how the rows of several inputs share a batch changes nothing.
         types = None if token_type_ids is None else token_type_ids[None]
-        logits = self.model(input_ids[None], attention_mask=attention_mask[None], token_type_ids=types).logits
+        logits = self.model(input_ids[None], attention_mask=attention_mask[None], token_type_ids=types,
+                            encoder_outputs=encoder_outputs).logits
         return {"logits": logits[0]}  # (1, B) -> (B,): one logit per row
 
     def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:

@@ -172,9 +172,11 @@ class OnnxModel:
         yield torch.empty(self.path.stat().st_size, dtype=torch.uint8, device="meta")
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                 position_ids: Tensor | None = None) -> Any:
+                 position_ids: Tensor | None = None, encoder_outputs: Any = None) -> Any:
         if position_ids is not None:
             raise ValueError("the ONNX graph computes its own position ids; position_ids cannot be given")
+        if encoder_outputs is not None:  # what a mixed-adapter batch hands a head; the onnx backend serves no adapters
+            raise ValueError("the ONNX graph runs whole; encoder_outputs cannot be given")
         ids = np.ascontiguousarray(input_ids.detach().cpu().numpy(), dtype=np.int64)  # (B, T)
         feeds = {"input_ids": ids,
                  "attention_mask": np.ones_like(ids) if attention_mask is None else

@@ -152,8 +152,10 @@ class QuestionAnsweringPipeline(Pipeline):
     def too_long_hint(self) -> str:
         return "lower max_seq_len (windows are at most max_seq_len tokens)"
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
-        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                         encoder_outputs=encoder_outputs)
         return {"start_logits": out.start_logits, "end_logits": out.end_logits}  # (B, T) each
 
     def postprocess(self, item: dict[str, str], features: list[Feature], opts: dict[str, Any]) -> Any:

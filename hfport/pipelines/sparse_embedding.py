@@ -54,9 +54,11 @@ class SparseEmbeddingPipeline(TextEmbeddingPipeline):
             raise ValueError(f"output={opts['output']!r}: use one of {list(OUTPUTS)}")
         return self.validate_inputs(opts)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
         vectors = sparse_vectors(self.model, input_ids, attention_mask, token_type_ids,
-                                 self.sentence.pooling_strategy, self.sentence.activation)  # (B, V)
+                                 self.sentence.pooling_strategy, self.sentence.activation,
+                                 encoder_outputs=encoder_outputs)  # (B, V)
         return {"sparse": vectors}
 
     def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:

@@ -56,9 +56,10 @@ class TokenClassificationPipeline(Pipeline):
         return (f"the tokenizer's model_max_length ({self.tokenizer.model_max_length}) does not cut it to the model's "
                 "size: set model_max_length in tokenizer_config.json (then stride=... splits long texts)")
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> dict[str, Tensor]:
-        return {"logits": self.model(input_ids, attention_mask=attention_mask,
-                                     token_type_ids=token_type_ids).logits}  # (B, T, L)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
+        return {"logits": self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                     encoder_outputs=encoder_outputs).logits}  # (B, T, L)
 
     def postprocess(self, item: str, features: list[Feature], opts: dict[str, Any]) -> list[dict[str, Any]]:
         strategy, ignore = opts["aggregation_strategy"], opts["ignore_labels"]

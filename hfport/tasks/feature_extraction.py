@@ -18,8 +18,8 @@ class EncoderModel(PreTrainedEncoder):
         return None
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None) -> BaseModelOutput:
-        hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids)
+                position_ids: Tensor | None = None, encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> BaseModelOutput:
+        hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids, encoder_outputs)
         return BaseModelOutput(last_hidden_state=hidden, pooler_output=pooled)
 
 

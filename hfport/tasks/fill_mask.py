@@ -25,8 +25,9 @@ class EncoderForMaskedLM(PreTrainedEncoder):
     head_factory = staticmethod(mlm_head)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None, labels: Tensor | None = None) -> MaskedLMOutput:
-        hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids)
+                position_ids: Tensor | None = None, labels: Tensor | None = None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> MaskedLMOutput:
+        hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids, encoder_outputs)
         logits = self.head(hidden, self.body.word_embeddings.weight)  # (B, T, V)
         loss = masked_lm_loss(logits, labels) if labels is not None else None
         return MaskedLMOutput(logits=logits, loss=loss)

@@ -23,12 +23,13 @@ from .task import Columns, Task
 
 def multiple_choice_head(c: EncoderConfig, *, dropout: float | None = None, dense_act: str | None = None,
                          pre_dropout: float = 0.0, dense_size: int | None = None, transform: dict | None = None,
-                         pooling: str = "first") -> SequenceClassificationHead:
+                         pooling: str = "first", project: bool = True) -> SequenceClassificationHead:
     """BERT's head by default (dropout -> a one-output linear layer on the pooler output); a family's options add
-    the layers its classifier puts before (as text-classification's head factory)."""
+    the layers its classifier puts before (as text-classification's head factory; `project`: see
+    SequenceClassificationHead)."""
     return SequenceClassificationHead(c.hidden_size, 1, c.classifier_dropout if dropout is None else dropout,
                                       dense_act=dense_act, pre_dropout=pre_dropout, dense_size=dense_size,
-                                      transform=transform, pooling=pooling)
+                                      transform=transform, pooling=pooling, project=project)
 
 
 def _flat(x: Tensor | None) -> Tensor | None:
@@ -40,11 +41,14 @@ class EncoderForMultipleChoice(PreTrainedEncoder):
     head_factory = staticmethod(multiple_choice_head)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None, labels: Tensor | None = None) -> MultipleChoiceModelOutput:
-        """input_ids (B, C, T): C choices per question; labels (B,): the index of the right choice."""
+                position_ids: Tensor | None = None, labels: Tensor | None = None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> MultipleChoiceModelOutput:
+        """input_ids (B, C, T): C choices per question; labels (B,): the index of the right choice; encoder_outputs:
+        the body's (B * C, T, C) and (B * C, C) on the flattened choices, when already computed."""
         choices = input_ids.shape[1]
         mask = _flat(attention_mask)  # (B * C, T)
-        hidden, pooled = self._body(_flat(input_ids), mask, _flat(token_type_ids), _flat(position_ids))
+        hidden, pooled = self._body(_flat(input_ids), mask, _flat(token_type_ids), _flat(position_ids),
+                                    encoder_outputs)
         if pooled is None:  # as text-classification: a left-padded row is read at its first real token
             pooled = pool(hidden, mask, self.head.pooling, first_real=self.padding_free)  # (B * C, H)
         logits = self.head(pooled).view(-1, choices)  # (B * C, 1) -> (B, C)

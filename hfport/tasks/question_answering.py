@@ -23,8 +23,9 @@ class EncoderForQuestionAnswering(PreTrainedEncoder):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, start_positions: Tensor | None = None,
-                end_positions: Tensor | None = None) -> QuestionAnsweringOutput:
-        hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids)
+                end_positions: Tensor | None = None, encoder_outputs: tuple[Tensor, Tensor | None] | None = None
+                ) -> QuestionAnsweringOutput:
+        hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids, encoder_outputs)
         start, end = self.head(hidden)  # (B, T) each
         # Padding-free (the default), an answer never starts or ends on padding: those logits go to the dtype's
         # minimum. padding_free=False computes padding positions as transformers does and leaves their logits

@@ -30,7 +30,7 @@ CALL_LOGITS = 1 << 24
 @torch.no_grad()  # inference: training pools the whole logits with gradients (splade_pool)
 def sparse_vectors(model: EncoderForMaskedLM | Any, input_ids: Tensor, attention_mask: Tensor,
                    token_type_ids: Tensor | None = None, strategy: str = "max", activation: str = "relu",
-                   block: int = BLOCK) -> Tensor:
+                   block: int = BLOCK, encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> Tensor:
     """(B, T) inputs -> (B, V) fp32 SPLADE vectors, SpladePooling's values computed with less work (inference).
 
     `model` is hfport's masked-LM module, pooled by its decoder as below, or any other masked-LM model (an ONNX
@@ -45,12 +45,13 @@ def sparse_vectors(model: EncoderForMaskedLM | Any, input_ids: Tensor, attention
     logit near zero (where the support is decided) is rounded near zero, not at the size of the bias; adding the
     bias after a bf16 max rounds at |x| ~ |b|: support Jaccard against fp32 0.949 instead of 0.973 (SparseEncoder's
     own bf16: 0.974), measured by scripts/bench_sparse.py --tiny on 48 texts.
-    In bf16 the max is bf16 and the activation fp32. Sum pooling needs each token's activation, per block."""
+    In bf16 the max is bf16 and the activation fp32. Sum pooling needs each token's activation, per block.
+    encoder_outputs: the body's outputs when already computed (a mixed-adapter batch's)."""
     if strategy not in ("max", "sum"):
         raise ValueError(f"pooling_strategy={strategy!r}: use 'max' or 'sum'")
     if not isinstance(model, EncoderForMaskedLM):  # a graph keeps its body and head inside: its logits are all it gives
         return logits_vectors(model, input_ids, attention_mask, token_type_ids, strategy, activation)
-    hidden, _ = model._body(input_ids, attention_mask, token_type_ids, None)  # (B, T, C)
+    hidden, _ = model._body(input_ids, attention_mask, token_type_ids, None, encoder_outputs)  # (B, T, C)
     keep = attention_mask.bool()  # (B, T)
     x = model.head.decoder_input(hidden[keep])  # (N, E): the real tokens, sequence by sequence
     weight, bias = model.head.output_layer(model.body.word_embeddings.weight)  # (V, E), (V,) | None

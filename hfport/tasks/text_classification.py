@@ -26,8 +26,9 @@ class EncoderForSequenceClassification(PreTrainedEncoder):
     head_factory = staticmethod(classification_head)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None, labels: Tensor | None = None) -> SequenceClassifierOutput:
-        hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids)
+                position_ids: Tensor | None = None, labels: Tensor | None = None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> SequenceClassifierOutput:
+        hidden, pooled = self._body(input_ids, attention_mask, token_type_ids, position_ids, encoder_outputs)
         if self.head.pooling == "late":  # EuroBERT: the head on every token, its logits averaged over real tokens
             logits = pool(self.head(hidden), attention_mask, "mean")  # (B, T, L) -> (B, L)
         else:

@@ -23,8 +23,9 @@ class EncoderForTokenClassification(PreTrainedEncoder):
     head_factory = staticmethod(token_head)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None, labels: Tensor | None = None) -> TokenClassifierOutput:
-        hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids)
+                position_ids: Tensor | None = None, labels: Tensor | None = None,
+                encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> TokenClassifierOutput:
+        hidden, _ = self._body(input_ids, attention_mask, token_type_ids, position_ids, encoder_outputs)
         logits = self.head(hidden)  # (B, T, L)
         loss = token_classification_loss(logits, labels) if labels is not None else None
         return TokenClassifierOutput(logits=logits, loss=loss)

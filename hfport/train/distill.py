@@ -45,14 +45,14 @@ from ..formats.encoded import Store, StoreBusy, evict, open_or_write, write_stor
 from ..formats.tables import where
 from ..hardware import cache_path
 from ..modeling import PreTrainedEncoder, on_meta, task_of
-from ..nn.packed import install as install_packed
 from ..registry import get_family
+from ..settings import settings as library_settings
 from ..tasks import get as task_record
 from ..tokenizer import AutoTokenizer
 from .amp import float32_outputs
 from .data import (ENCODE_ROWS, DataError, EncodedData, Features, LabelSpace, eval_batches, example_lengths,
                    in_chunks, without_tokens)
-from .stored import STORE_WAIT_ENV, store_max_bytes, store_wait, tokenizer_digest
+from .stored import STORE_WAIT_S, tokenizer_digest
 from .tasks import MODEL_INPUTS, TrainTask
 
 log = logging.getLogger("hfport.train")
@@ -157,7 +157,6 @@ def keep_layers(model: PreTrainedEncoder, spec: list[int] | str) -> PreTrainedEn
     if missing or unexpected:  # a family whose layers differ by position (ModernBERT's first has no attention norm)
         raise ConfigError(f"{config.source}: layers {kept} do not make a {len(kept)}-layer {config.model_type} stack "
                           f"(tensors its layers lack: {unexpected[:4]}; need: {missing[:4]}); keep layer 0 first")
-    install_packed(student)  # as from_pretrained leaves every model
     student.load_report = model.load_report
     log.info("student: layers %s of %s's %d", kept, config.source, config.num_hidden_layers)
     return student.train(model.training)
@@ -279,11 +278,11 @@ def teacher_store(base: TrainTask, folder: Path, config: Any, data: EncodedData,
                            lambda: {"teacher": str(folder), "examples": len(data.train)})
 
     try:
-        store, wrote = open_or_write(target, key, write, store_wait())
+        store, wrote = open_or_write(target, key, write, STORE_WAIT_S)
     except StoreBusy as e:
-        raise StoreBusy(f"teacher {folder}: {e}; or wait longer: {STORE_WAIT_ENV}=SECONDS") from e
+        raise StoreBusy(f"teacher {folder}: {e}") from e
     if wrote:
-        evict(target.parent, store_max_bytes(), keep=target)
+        evict(target.parent, library_settings().store_max_bytes, keep=target)
     else:
         log.info("teacher %s: its outputs read from %s", folder, target)
     return store

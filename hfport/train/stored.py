@@ -2,15 +2,15 @@
 (hfport/formats/encoded.py) as they are encoded, and read back one example at a time while training.
 
 A task's reader yields its Features a chunk at a time; `collect` keeps them in a list when the source is small and
-writes them to a store when its files hold STREAM_BYTES or more ($HFPORT_STREAM_BYTES; 0: always), so memory does not
-grow with the file: what stays per example is its length (int32) and, once the label space is known, its target.
-The store lives in the user cache dir (`$HFPORT_CACHE_DIR/encoded/`, as hardware.json) under a hash of what the
-encoding depends on: the source files' paths, sizes, modification times and a sampled hash of their content
-(Source.fingerprint), the tokenizer, the task and its settings. A later run on the same data reuses it; a change to
-any of those encodes again. Processes that read the same source at once (the ranks of `accelerate launch`) share one
-store: the first writes it, the others wait for it and open it (hfport/formats/encoded.py's locks). After a store is
-written, the least recently used others are evicted while the stores hold more than $HFPORT_STORE_MAX_BYTES, never one
-a running process has open.
+writes them to a store when its files hold STREAM_BYTES or more, so memory does not grow with the file: what stays per
+example is its length (int32) and, once the label space is known, its target.
+The store lives in hfport's cache dir (the setting cache_dir: `$HFPORT_CACHE_DIR/encoded/`, as hardware.json) under
+a hash of what the encoding depends on: the source files' paths, sizes, modification times and a sampled hash of
+their content (Source.fingerprint), the tokenizer, the task and its settings. A later run on the same data reuses
+it; a change to any of those encodes again. Processes that read the same source at once (the ranks of `accelerate
+launch`) share one store: the first writes it, the others wait for it and open it (hfport/formats/encoded.py's
+locks). After a store is written, the least recently used others are evicted while the stores hold more than the
+setting store_max_bytes ($HFPORT_STORE_MAX_BYTES), never one a running process has open.
 
 `StoredExamples` is a map-style sequence of Features like the list it replaces: the loop indexes it, `len()` counts
 it, iteration streams it in order, `lengths` gives every example's token count without reading the tokens, and
@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 from array import array
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -32,41 +31,18 @@ import numpy as np
 from ..formats.encoded import JSON, Store, StoreBusy, evict, open_or_write, write_store
 from ..formats.tables import Source
 from ..hardware import cache_path
+from ..settings import settings as library_settings
 from .data import Features
 
-STREAM_BYTES = 256 * 2**20  # a source this large (its files' bytes) is encoded into a store
-STREAM_ENV = "HFPORT_STREAM_BYTES"
-# The stores' cap. Fixed rather than a fraction of free disk, so what stays cached does not depend on what else fills
-# the disk: 20 GiB holds the stores of ~40 GB of text (uint16 ids are ~half a text's bytes at ~4 characters a
-# token), several large data sets, yet a laptop's cache does not grow unnoticed. 0: never evict.
-STORE_MAX_BYTES = 20 * 2**30
-STORE_MAX_ENV = "HFPORT_STORE_MAX_BYTES"
+# A source this large (its files' bytes) is encoded into a store: below it, the examples fit in memory as a list
+# (~800 B each at typical lengths). A module constant, not a setting: scripts/bench_data_rss.py compares both paths
+# on one file by setting it (--stream-bytes), and the tests force the store path with 0.
+STREAM_BYTES = 256 * 2**20
 # How long a process waits for another that is writing the same store (a rank of a multi-process launch): long enough
 # to encode tens of GB of text at a few MB/s on one core, short enough that a stuck writer fails the job the same day
 STORE_WAIT_S = 2 * 3600
-STORE_WAIT_ENV = "HFPORT_STORE_WAIT_S"
 _ARRAYS = {"int32": "i", "uint16": "H", "int8": "b"}  # store dtype -> array typecode (what compact() makes)
 _EMPTY = np.zeros(0, np.int32)
-
-
-def _setting(name: str, default: float, kind: type = int) -> Any:
-    text = os.environ.get(name)
-    try:
-        return kind(text) if text else default
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: expected a number{' of bytes' if kind is int else ''}") from None
-
-
-def stream_threshold() -> int:
-    return _setting(STREAM_ENV, STREAM_BYTES)
-
-
-def store_max_bytes() -> int:
-    return _setting(STORE_MAX_ENV, STORE_MAX_BYTES)
-
-
-def store_wait() -> float:
-    return _setting(STORE_WAIT_ENV, STORE_WAIT_S, float)
 
 
 def source_bytes(source: Source) -> int:
@@ -75,7 +51,7 @@ def source_bytes(source: Source) -> int:
 
 def is_large(source: Source) -> bool:
     """Whether SOURCE's examples go to a store (and what a reader gathers on the way waits on disk too)."""
-    return source_bytes(source) >= stream_threshold()
+    return source_bytes(source) >= STREAM_BYTES
 
 
 def store_key(source: Source, tokenizer: Any, task: str, settings: dict[str, Any]) -> str:
@@ -203,11 +179,11 @@ def collect(chunks: Iterable[list[Features]], source: Source, tokenizer: Any, ta
                            lambda: {"source": str(source), "starts": source.starts})
 
     try:
-        store, wrote = open_or_write(folder, key, write, store_wait())
+        store, wrote = open_or_write(folder, key, write, STORE_WAIT_S)
     except StoreBusy as e:
-        raise StoreBusy(f"{source}: {e}; or wait longer: {STORE_WAIT_ENV}=SECONDS") from e
+        raise StoreBusy(f"{source}: {e}") from e
     if wrote:
-        evict(folder.parent, store_max_bytes(), keep=folder)
+        evict(folder.parent, library_settings().store_max_bytes, keep=folder)
     else:
         source.starts = store.extra["starts"]  # a glob's errors name the file and its row, as when it was read
     return StoredExamples(store)

@@ -129,15 +129,15 @@ def check_data(config: Any, settings: Settings) -> None:
     """The engine's own preflight (hfport.train.preflight: model, tokenizer, data files read and encoded) before
     the job is queued, so a bad file is a 422 naming file, line and field instead of a job that fails later; for
     the processes the job will run (a batch per process). Callers run it off the event loop; a file over
-    HFPORT_DATASET_CHECK_MAX_BYTES is refused before any of it is read: a file, a datasets folder (its files
+    HFPORT_MAX_DATA_BYTES is refused before any of it is read: a file, a datasets folder (its files
     together) or a glob of Parquet/Arrow files (its matches together)."""
     for field in ("train", "eval"):
         path = getattr(config, field)
         size = data_bytes(path) if path is not None else 0
-        if size > settings.dataset_check_max_bytes:
+        if size > settings.max_data_bytes:
             raise ApiError(413, f"config.{field}: {Path(path).name!r} is {size:,} bytes, more than the "
-                                f"{settings.dataset_check_max_bytes:,} bytes a submission's data check reads "
-                                "(HFPORT_DATASET_CHECK_MAX_BYTES)", "PayloadTooLarge")
+                                f"{settings.max_data_bytes:,} bytes a submission's data check reads "
+                                "(HFPORT_MAX_DATA_BYTES)", "PayloadTooLarge")
     try:
         preflight(config, world=job_process_count(settings, "finetune"))
     except (HfportError, ValueError) as e:  # DataError names file, line and field
@@ -213,7 +213,7 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
 def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep,
                     idempotency_key: IdempotencyKeyHeader = None) -> JobInfo:
     # a plain def on purpose: FastAPI runs it in its thread pool, so the data check never blocks the event loop
-    return idempotent(store, settings, "finetune", idempotency_key, body,
+    return idempotent(store, "finetune", idempotency_key, body,
                       lambda s: _submit_finetune(body.config, body.register_as, s, settings))
 
 
@@ -235,9 +235,9 @@ async def _save_upload(upload: UploadFile, settings: Settings, folder: Path) -> 
     try:
         while chunk := await upload.read(CHUNK):
             size += len(chunk)
-            if size > settings.max_upload_bytes:
+            if size > settings.max_data_bytes:
                 raise ApiError(413, f"{upload.filename!r}: larger than the upload limit of "
-                                    f"{settings.max_upload_bytes} bytes", "PayloadTooLarge")
+                                    f"{settings.max_data_bytes} bytes (HFPORT_MAX_DATA_BYTES)", "PayloadTooLarge")
             digest.update(chunk)
             await asyncio.to_thread(f.write, chunk)
     finally:
@@ -283,8 +283,7 @@ async def submit_finetune_upload(
             created.append(job.id)
             return job
 
-        job = await asyncio.to_thread(idempotent, store, settings, "finetune-upload", idempotency_key, request,
-                                      submit)
+        job = await asyncio.to_thread(idempotent, store, "finetune-upload", idempotency_key, request, submit)
     except ApiError:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -297,7 +296,7 @@ async def submit_finetune_upload(
              summary="Queue an export in one of the export formats (+ verification)")
 def submit_export(body: ExportJobRequest, store: StoreDep, settings: SettingsDep,
                   idempotency_key: IdempotencyKeyHeader = None) -> JobInfo:
-    return idempotent(store, settings, "export", idempotency_key, body, lambda s: _submit_export(body, s, settings))
+    return idempotent(store, "export", idempotency_key, body, lambda s: _submit_export(body, s, settings))
 
 
 def _submit_export(body: ExportJobRequest, store: Store, settings: Settings) -> JobInfo:
@@ -320,7 +319,7 @@ def _submit_export(body: ExportJobRequest, store: Store, settings: Settings) -> 
              summary="Queue an evaluation: a task's metrics on labelled data (+ eval.json, report.html)")
 def submit_evaluate(body: EvaluateJobRequest, store: StoreDep, settings: SettingsDep,
                     idempotency_key: IdempotencyKeyHeader = None) -> JobInfo:
-    return idempotent(store, settings, "evaluate", idempotency_key, body,
+    return idempotent(store, "evaluate", idempotency_key, body,
                       lambda s: _submit_evaluate(body, s, settings))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import struct
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
@@ -23,38 +23,88 @@ from hfport.pipelines import InputTooLongError
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, ShapedErrorRoute, validation_message
-from ..serving import Served, infer, served
+from ..serving import Answer, Answers, Served, infer, served, set_timing
 from ..settings import SettingsDep
-from ..tei_api import TEI_ANSWERS, check_dimensions, set_timing
 
-# hfport's error types -> OpenAI's (type, code)
-OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_exceeded",
-                503: "server_error", 504: "server_error", 424: "invalid_request_error"}
-CODES = {"ModelNotFound": "model_not_found", "Overloaded": "rate_limit_exceeded", "Validation": "invalid_value",
-         "Empty": "invalid_value", "Backend": "model_not_supported"}
+INVALID = "invalid_request_error"  # OpenAI's type for every request it refuses as invalid
 
 
-def openai_error(status: int, message: str, code: str | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> JSONResponse:
-    kind = OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                        status_code=status, headers=headers)
+class OpenAIError(ApiError):
+    """An error in OpenAI's terms, worded where it is raised: OpenAI's error object, {"error": {"message", "type",
+    "param", "code"}} (`error_type` holds its type)."""
+
+    def __init__(self, status: int, message: str, type: str = INVALID, code: str | None = None,
+                 param: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(status, message, type, headers)
+        self.code, self.param = code, param
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.error_type, "param": self.param,
+                                       "code": self.code}}, status_code=self.status, headers=self.headers)
+
+
+@dataclass(frozen=True)
+class OpenAIAnswer(Answer):
+    """A refusal of the serving core as OpenAI words it: its type (error_type), code and param (the request's field
+    at fault; a template over the same facts as the message)."""
+
+    code: str | None = None
+    param: str | None = None
+
+    def error(self, headers: dict[str, str] | None = None, **facts: Any) -> OpenAIError:
+        return OpenAIError(self.status, self.message.format(**facts), self.error_type.format(**facts), self.code,
+                           self.param.format(**facts) if self.param else None, headers)
+
+
+# the statuses are the ones this route always answered (OpenAI's clients raise by status: 400 BadRequestError, 404
+# NotFoundError, 429 RateLimitError, ...)
+OPENAI_ANSWERS = Answers(
+    empty=OpenAIAnswer(400, INVALID, "{field}: no inputs; send a text, a list of texts or token ids",
+                       "invalid_value", "{field}"),
+    too_many=OpenAIAnswer(413, INVALID, "{field}: {count} inputs, this server takes at most {limit} in one request "
+                                        "(HFPORT_PREDICT_MAX_INPUTS)", "invalid_value", "{field}"),
+    too_long=OpenAIAnswer(413, INVALID, "{field}[{index}]: {chars} characters, the limit is {limit} "
+                                        "(HFPORT_PREDICT_MAX_CHARS)", "invalid_value", "{field}"),
+    blank=OpenAIAnswer(400, INVALID, "{field}[{index}]: an empty text", "invalid_value", "{field}"),
+    overloaded=OpenAIAnswer(429, "requests", "{pending} requests are waiting; retry shortly", "rate_limit_exceeded"),
+    timeout=OpenAIAnswer(504, "server_error", "no answer within {seconds} s; send fewer or shorter inputs",
+                         "timeout"),
+    backend=OpenAIAnswer(424, INVALID, "model {model!r}: {error}", "model_not_supported", "model"),
+    options=OpenAIAnswer(400, INVALID, "{error}", "invalid_value"),
+    # failed_item None: a failed input comes back in its place and the route words it (_refusal)
+    no_model=OpenAIAnswer(400, INVALID, "no model: name one in `model`, or start the server with --model",
+                          "invalid_value", "model"),
+    unknown_model=OpenAIAnswer(404, INVALID, "the model {model!r} does not exist; registered: {known}",
+                               "model_not_found", "model"),
+    unservable=OpenAIAnswer(424, INVALID, "model {model!r} {reason}", "model_not_supported", "model"),
+    dimensions=OpenAIAnswer(400, INVALID, "dimensions={dimensions}: model {model!r} was trained for dimensions "
+                                          "{allowed} (this server refuses others: HFPORT_STRICT_DIMENSIONS)",
+                            "invalid_value", "dimensions"))
 
 
 class OpenAIRoute(ShapedErrorRoute):
-    """Every error of these routes leaves in OpenAI's shape (validation: 400 invalid_request_error, as OpenAI)."""
+    """Every error of these routes leaves in OpenAI's shape: an OpenAIError as it was raised; FastAPI's refusal of
+    a malformed body as OpenAI refuses one (400 invalid_request_error, the field as param); an error raised outside
+    this protocol (the server's bearer-token check) keeps its status, its hfport error type as the code."""
 
     shaped = (RequestValidationError, ApiError, StarletteHTTPException)  # the last: a body that is not JSON
 
     def shape(self, exc: Exception) -> Response:
-        if isinstance(exc, StarletteHTTPException):
-            return openai_error(exc.status_code, str(exc.detail), None, None, getattr(exc, "headers", None))
+        if isinstance(exc, OpenAIError):
+            return exc.response()
         if isinstance(exc, ApiError):
-            status = 400 if exc.status == 422 else exc.status  # OpenAI answers every invalid request 400
-            return openai_error(status, exc.message, CODES.get(exc.error_type, exc.error_type), None, exc.headers)
+            return OpenAIError(exc.status, exc.message, _type(exc.status), exc.error_type, None, exc.headers).response()
+        if isinstance(exc, StarletteHTTPException):
+            return OpenAIError(exc.status_code, str(exc.detail), _type(exc.status_code),
+                               headers=getattr(exc, "headers", None)).response()
         first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
         param = next((str(x) for x in first if x != "body"), None)
-        return openai_error(400, validation_message(exc), "invalid_value", param)
+        return OpenAIError(400, validation_message(exc), INVALID, "invalid_value", param).response()
+
+
+def _type(status: int) -> str:
+    """OpenAI's error type for a status, for an error not raised in OpenAI's terms."""
+    return {401: "authentication_error", 429: "requests"}.get(status, INVALID if status < 500 else "server_error")
 
 
 class OpenAIErrorDetail(BaseModel):
@@ -64,12 +114,13 @@ class OpenAIErrorDetail(BaseModel):
     code: str | None
 
 
-class OpenAIError(BaseModel):
+class OpenAIErrorBody(BaseModel):
     error: OpenAIErrorDetail
 
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute,
-                   responses={code: {"model": OpenAIError} for code in (400, 401, 403, 404, 413, 424, 429, 503, 504)})
+                   responses={code: {"model": OpenAIErrorBody}
+                              for code in (400, 401, 403, 404, 413, 424, 429, 503, 504)})
 
 
 class EmbeddingsRequest(BaseModel):
@@ -99,19 +150,15 @@ class EmbeddingsResponse(BaseModel):
     usage: Usage
 
 
-# TEI's words for the checks before the model (empty, too many, too long, overloaded); a failed input comes back in
-# its place and _refusal words it in OpenAI's terms
-OPENAI_ANSWERS = replace(TEI_ANSWERS, failed_item=None)
-
-
-def _refusal(index: int, error: ItemError, model: Served) -> ApiError:
+def _refusal(index: int, error: ItemError, model: Served) -> OpenAIError:
     """A failed input as OpenAI refuses one (400): an input longer than the model takes names the model's context
     length and the one switch that would cut it, HFPORT_AUTO_TRUNCATE (OpenAI's body has no truncate field)."""
     if error.error_type == InputTooLongError.__name__:
-        return ApiError(400, f"input[{index}]: longer than this model's maximum context length of "
-                             f"{model.pipe.max_input_length} tokens; shorten it (this server cuts long inputs only "
-                             "when started with HFPORT_AUTO_TRUNCATE=true, and it is off)", "context_length_exceeded")
-    return ApiError(400, f"input[{index}]: {error.message}", "Validation")
+        return OpenAIError(400, f"input[{index}]: longer than this model's maximum context length of "
+                                f"{model.pipe.max_input_length} tokens; shorten it (this server cuts long inputs only "
+                                "when started with HFPORT_AUTO_TRUNCATE=true, and it is off)",
+                           code="context_length_exceeded", param="input")
+    return OpenAIError(400, f"input[{index}]: {error.message}", code="invalid_value", param="input")
 
 
 def _b64(vector: list[float]) -> str:
@@ -122,9 +169,9 @@ def _b64(vector: list[float]) -> str:
 async def embeddings(body: EmbeddingsRequest, request: Request, response: Response, store: StoreDep,
                      service: ModelServiceDep, settings: SettingsDep) -> EmbeddingsResponse:
     started = time.perf_counter()
-    model = await served(request, store, service, body.model)
+    model = await served(request, store, service, OPENAI_ANSWERS, body.model)
     model.need("embedding", route="/v1/embeddings")
-    check_dimensions(model, body.dimensions, settings.strict_dimensions)
+    model.check_dimensions(body.dimensions, settings.strict_dimensions)
     single = isinstance(body.input, str) or (bool(body.input) and isinstance(body.input[0], int))
     items: list[Any] = [body.input] if single else list(body.input)
     # OpenAI's body has no truncate field: the server's HFPORT_AUTO_TRUNCATE decides (TEI's /v1/embeddings too)

@@ -1,6 +1,7 @@
-"""Admission: what a request must pass before it reaches a model (input count, input size, a bound on waiting
-requests), and how each protocol words a refusal. The checks are one; the words are each protocol's own: a table of
-Answers that the native, TEI and OpenAI routes pass to infer."""
+"""Admission: what a request must pass before it reaches a model (a model it names that can serve it, input count,
+input size, a bound on waiting requests), and how each protocol words a refusal. The checks are one; the words are
+each protocol's own, given where the refusal is raised: a table of Answers that the native, TEI and OpenAI routes pass
+to `served` and `infer` (an Answer subclass may raise the protocol's own error class: routes/openai.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from ..settings import Settings
 @dataclass(frozen=True)
 class Answer:
     """One refusal as a protocol answers it. `error_type` and `message` are str.format templates over the facts
-    the core passes: field, index, count, chars, limit, pending, seconds, model, error, error_kind."""
+    the core passes: field, index, count, chars, limit, pending, seconds, model, known, reason, dimensions, allowed,
+    error, error_kind."""
 
     status: int
     error_type: str
@@ -22,6 +24,14 @@ class Answer:
 
     def error(self, headers: dict[str, str] | None = None, **facts: Any) -> ApiError:
         return ApiError(self.status, self.message.format(**facts), self.error_type.format(**facts), headers)
+
+
+# the refusals about the model a request names, in hfport's words (which TEI's routes share)
+NO_MODEL = Answer(400, "Validation", "no model: name one with the x-model header, or start the server with --model")
+UNKNOWN_MODEL = Answer(404, "ModelNotFound", "no model named {model!r}; registered: {known}")
+UNSERVABLE = Answer(424, "Backend", "model {model!r} {reason}")
+UNTRAINED_DIMENSIONS = Answer(422, "Validation", "dimensions={dimensions}: model {model!r} was trained for dimensions "
+                                                 "{allowed} (the server refuses others: HFPORT_STRICT_DIMENSIONS)")
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,10 @@ class Answers:
     # items come back in place for the protocol to render
     failed_item: dict[str, tuple[int, str]] | None = None
     failed_item_default: tuple[int, str] = (422, "Validation")
+    no_model: Answer = NO_MODEL  # the request names no model and the server has no default
+    unknown_model: Answer = UNKNOWN_MODEL  # no model registered under the name
+    unservable: Answer = UNSERVABLE  # the model cannot load, or cannot serve the route (its kind)
+    dimensions: Answer = UNTRAINED_DIMENSIONS  # HFPORT_STRICT_DIMENSIONS: not one the model was trained for
 
 
 def characters(item: Any) -> int:

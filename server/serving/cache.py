@@ -100,14 +100,13 @@ class ModelCache:
             return pipe
 
     def _evict_over_budget(self) -> None:  # holding the lock
-        """Evict least recently used models until the rest fit model_cache_size and model_cache_mb. The unit is a
-        leader with the adapters over it (one loaded model: evicting an adapter alone frees almost nothing and its
-        next request would load it again, so 8 adapters over one base thrashed a cache of 4 pipelines)."""
+        """Evict least recently used models until the rest fit model_cache_mb. The unit is a leader with the adapters
+        over it (one loaded model: evicting an adapter alone frees almost nothing and its next request would load it
+        again, so 8 adapters over one base thrashed a cache of 4 pipelines)."""
         budget = self.settings.model_cache_mb * 2**20
         while True:
             groups = list(dict.fromkeys(_group(r) for r in reversed(self._pipes)))[::-1]  # by last use, oldest first
-            if len(groups) <= 1 or (len(groups) <= self.settings.model_cache_size
-                                    and total_weight_bytes(self._pipes.values()) <= budget):
+            if len(groups) <= 1 or total_weight_bytes(self._pipes.values()) <= budget:
                 return
             for old in [r for r in self._pipes if _group(r) == groups[0]]:
                 del self._pipes[old]
@@ -158,10 +157,10 @@ class ModelCache:
             confine_files(folder, self.settings, "model folder")
 
     def _warm_up(self, folder: str, task: str, pipe: Any) -> Any:
-        """A first forward pass before the model takes requests; with batch_autotune, forward passes at each
-        budget of batch_token_budgets pick the pipeline's max_batch_tokens (hfport.embeddings.tune_batch_tokens)."""
-        settings = self.settings
-        budgets = tuple(settings.batch_token_budgets) if settings.batch_autotune else (pipe.max_batch_tokens,)
+        """A first forward pass before the model takes requests; forward passes at each budget of
+        batch_token_budgets pick the pipeline's max_batch_tokens (hfport.embeddings.tune_batch_tokens); none: the
+        pipeline's own, after one warm-up pass."""
+        budgets = tuple(self.settings.batch_token_budgets) or (pipe.max_batch_tokens,)
         tuning = tune_batch_tokens(pipe, budgets)
         log.info("%s (%s): max_batch_tokens=%d; padded tokens/s by budget: %s%s", folder, task,
                  tuning.chosen, {b: round(t) for b, t in tuning.throughput.items()},

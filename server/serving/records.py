@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ApiError
 from ..store import BaseStore
+from .admission import UNKNOWN_MODEL, Answer
 
 # the task a bare encoder runs as on the embedding protocols (TEI, OpenAI): pooled sentence embeddings, as the
 # folder's sentence-transformers files say; every other task is served as itself
@@ -30,10 +30,9 @@ class ModelRecord:
         return cls(name=entry["name"], path=entry["path"], task=task, base=entry.get("base"))
 
 
-def lookup(store: BaseStore, name: str) -> dict[str, Any]:
-    """The registry entry named `name`; 404 listing the registered names."""
+def lookup(store: BaseStore, name: str, refusal: Answer = UNKNOWN_MODEL) -> dict[str, Any]:
+    """The registry entry named `name`; else `refusal` (404 listing the registered names)."""
     entry = store.get_model(name)
     if entry is None:
-        known = [m["name"] for m in store.list_models()]
-        raise ApiError(404, f"no model named {name!r}; registered: {known}", "ModelNotFound")
+        raise refusal.error(model=name, known=[m["name"] for m in store.list_models()])
     return entry

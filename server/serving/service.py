@@ -1,11 +1,10 @@
-"""The model service every protocol runs through: the model cache, a micro-batcher per (model, options), the
+"""The model service every protocol runs through: the model cache, a micro-batcher per leader pipeline, the
 thread pool that runs forward passes, and `infer` (admission, the pending count, the deadline, the model's errors
 worded by the calling protocol)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,14 +26,12 @@ class ModelService:
         """`trusted(folder)`: whether a model folder is read as a whole, its files unchecked (ModelCache)."""
         self.settings = settings
         self.metrics = metrics  # server.metrics.Metrics, or None
-        # each predict thread on its share of the cores (settings.predict_intra_op_threads; 0: the process's
-        # intra-op threads divided among them): two busy predict threads with the process's 2 threads each would put
-        # 4 OpenMP threads on 2 cores
+        # each predict thread on its share of the cores (the process's intra-op threads divided among them): two
+        # busy predict threads with the process's 2 threads each would put 4 OpenMP threads on 2 cores
         self.pool = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="hfport-predict",
-                                       initializer=set_num_threads_here,
-                                       initargs=(settings.predict_intra_op_threads or None, settings.predict_threads))
+                                       initializer=set_num_threads_here, initargs=(None, settings.predict_threads))
         self.cache = ModelCache(settings, metrics, trusted)
-        self._batchers: dict[tuple[ModelRecord, str], Batcher] = {}
+        self._batchers: dict[tuple[str, str], Batcher] = {}  # (model folder, task): a leader's one batcher
         self.pending = 0  # requests admitted and not answered yet (waiting for a model or in a call)
 
     @property
@@ -61,17 +58,17 @@ class ModelService:
     async def predict_timed(self, record: ModelRecord, items: list[Any],
                             parameters: dict[str, Any]) -> tuple[list, Timing]:
         """The items' results through the micro-batcher of the record's leader (its own pipeline, or for an
-        adapter its base's: requests for the base and any of its adapters share batches), and where the request's
-        time went."""
+        adapter its base's: requests for the base and any of its adapters, with any options, share forward
+        passes), and where the request's time went."""
         pipe = await self.get(record)
         leader = getattr(pipe, "leader", None) or pipe
-        key = (record.base or record.path, record.task, json.dumps(parameters, sort_keys=True, default=str))
+        key = (record.base or record.path, record.task)
         batcher = self._batchers.get(key)
         if batcher is None or batcher.pipe is not leader:  # first use, or the leader was evicted and reloaded
-            batcher = self._batchers[key] = Batcher(leader, parameters, self.pool, self.settings,
+            batcher = self._batchers[key] = Batcher(leader, self.pool, self.settings,
                                                     record.name if leader is pipe else Path(key[0]).name,
                                                     self.metrics)
-        return await batcher.submit(items, getattr(pipe, "adapter_name", None))
+        return await batcher.submit(items, parameters, getattr(pipe, "adapter_name", None))
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,166 @@
+"""One settings surface (issue 45 item 2): the library's settings in hfport.settings, the server's in
+server/settings.py, each field in a group, at most 30 in all; docs/settings.md generated from them (stale: this
+fails); `hfport serve --help` lists every variable; a bad value or a retired variable is one SettingsError naming the
+variable, the value and what is accepted (or what replaced it); the library reads the environment once, and
+use()/reset() change and forget what it read; every HFPORT_* name the code and the docs mention is a setting."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import hfport.settings
+from hfport import verbosity
+from hfport.cli import app
+from hfport.errors import SettingsError
+from hfport.hardware import cache_root
+from hfport.settings import GROUPS
+from hfport.settings import Settings as LibrarySettings
+from server.settings import Settings as ServerSettings
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = (LibrarySettings, ServerSettings)
+TEST_VARIABLES = {"HFPORT_CHAOS_JOBS"}  # read by tests/test_chaos.py only (docs/benchmarks.md says how to run it)
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_settings_doc", REPO / "scripts" / "gen_settings_doc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the surface --------------------------------------------------------------------------------------------------
+
+
+def test_docs_settings_md_is_the_generators_output():
+    gen = _generator()
+    assert gen.PAGE.read_text() == gen.render(), f"docs/settings.md is stale: run `{gen.COMMAND}`"
+
+
+def test_at_most_30_settings_each_in_a_group_with_a_meaning():
+    names = [(cls.__module__, n) for cls in CLASSES for n in cls.model_fields]
+    assert len(names) <= 30, names
+    for cls in CLASSES:
+        for name, field in cls.model_fields.items():
+            assert hfport.settings.group(field) in GROUPS, f"{cls.__module__}.{name}: no group"
+            assert field.description, f"{cls.__module__}.{name}: no description"
+    env = [cls.env_name(n) for cls in CLASSES for n in cls.model_fields]
+    assert len(env) == len(set(env)), "one variable, two settings"
+    retired = {name for cls in CLASSES for name in cls.retired}
+    assert not retired & set(env), "a retired variable is a setting again"
+
+
+def test_serve_help_lists_every_variable():
+    result = CliRunner().invoke(app, ["serve", "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    for cls in CLASSES:
+        for name, field in cls.model_fields.items():
+            line = f"{cls.env_name(name)}: {hfport.settings.type_text(field)}, default"
+            assert line in result.output, (line, result.output[-3000:])
+    assert "Server settings, common:" in result.output and "Server settings, advanced:" in result.output
+    assert "docs/settings.md" in result.output
+
+
+def test_every_hfport_variable_mentioned_is_a_setting():
+    """The code, the scripts, the README and docs/ name only settings (or the retired ones, in their tables).
+    docs/benchmarks.md is left out: a record of past runs, each with the settings of its commit."""
+    known = {cls.env_name(n) for cls in CLASSES for n in cls.model_fields} | TEST_VARIABLES
+    retired = {name for cls in CLASSES for name in cls.retired}
+    files = [*REPO.glob("hfport/**/*.py"), *REPO.glob("server/**/*.py"), *REPO.glob("scripts/*.py"),
+             REPO / "README.md", *[p for p in REPO.glob("docs/*.md") if p.name != "benchmarks.md"],
+             REPO / "Dockerfile"]
+    stray = set()
+    for path in files:
+        text = path.read_text()
+        for name in set(re.findall(r"HFPORT_[A-Z0-9_]*[A-Z0-9]", text)) - known:
+            if name in retired and path.name in ("settings.py", "settings.md"):
+                continue  # the tables that say what replaced them
+            stray.add(f"{path.relative_to(REPO)}: {name}")
+    assert not stray, "\n".join(sorted(stray))
+
+
+# --- the library: read once, changed and forgotten cleanly --------------------------------------------------------
+
+
+def test_library_settings_are_read_once_then_changed_and_forgotten(tmp_path, monkeypatch):
+    monkeypatch.setenv("HFPORT_CACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.setenv("HFPORT_VERBOSITY", "Debug ")
+    assert cache_root() == tmp_path / "a" and verbosity.from_env() == "debug"
+    monkeypatch.setenv("HFPORT_CACHE_DIR", str(tmp_path / "b"))
+    assert cache_root() == tmp_path / "a"  # read once: a change of the environment is not seen ...
+    hfport.settings.reset()
+    assert cache_root() == tmp_path / "b"  # ... until reset()
+    changed = hfport.settings.use(store_max_bytes=5, cache_dir="~/elsewhere")
+    assert hfport.settings.settings() is changed and changed.verbosity == "debug"  # the rest as read
+    assert changed.cache_dir == Path("~/elsewhere").expanduser() and changed.store_max_bytes == 5
+    with pytest.raises(SettingsError, match=r"store_max_bytes=-1: input should be greater than or equal to 0 "
+                                            r"\(accepted: int >= 0\)"):
+        hfport.settings.use(store_max_bytes=-1)
+    assert hfport.settings.settings() is changed  # a refused change leaves the settings as they were
+    monkeypatch.delenv("HFPORT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HFPORT_VERBOSITY", "")  # empty: unset
+    hfport.settings.reset()
+    assert cache_root() == tmp_path / "xdg" / "hfport" and verbosity.from_env("normal") == "normal"
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("HFPORT_VERBOSITY", "loud", r"HFPORT_VERBOSITY='loud': input should be 'quiet', 'normal', 'verbose', 'debug' "
+                                 r"or 'trace' \(accepted: quiet \| normal \| verbose \| debug \| trace \| unset\)"),
+    ("HFPORT_STORE_MAX_BYTES", "20G", r"HFPORT_STORE_MAX_BYTES='20G': input should be a valid integer.*"
+                                      r"\(accepted: int >= 0\)"),
+    ("HFPORT_STREAM_BYTES", "0", r"HFPORT_STREAM_BYTES is no longer a setting: fixed: a source of 256 MiB or more "
+                                 r"is encoded to disk .*unset it"),
+    ("HFPORT_STORE_WAIT_S", "10", r"HFPORT_STORE_WAIT_S is no longer a setting: .* STORE_WAIT_S\)"),
+])
+def test_a_bad_library_variable_is_one_error_naming_it(monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError, match=message):
+        hfport.settings.settings()
+
+
+# --- the server's ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("HFPORT_PORT", "http", r"HFPORT_PORT='http': input should be a valid integer.*\(accepted: int >= 0, <= 65535\)"),
+    ("HFPORT_ROLE", "boss", r"HFPORT_ROLE='boss': input should be 'api', 'worker' or 'all' \(accepted: api \| "
+                            r"worker \| all\)"),
+    ("HFPORT_BATCH_TOKEN_BUDGETS", "[0]", r"HFPORT_BATCH_TOKEN_BUDGETS='\[0\]': input should be greater than 0"),
+    ("HFPORT_LEASE_S", "10", r"HFPORT_LEASE_S is no longer a setting: HFPORT_JOB_LEASE_S \(one name for the lease\)"),
+    ("HFPORT_JOB_HEARTBEAT_S", "1", r"HFPORT_JOB_HEARTBEAT_S is no longer a setting: derived: HFPORT_JOB_LEASE_S / 15"),
+    ("HFPORT_MODEL_CACHE_SIZE", "4", r"HFPORT_MODEL_CACHE_SIZE is no longer a setting: HFPORT_MODEL_CACHE_MB"),
+])
+def test_a_bad_server_variable_is_one_error_naming_it(tmp_path, monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError, match=message):
+        ServerSettings(data_dir=tmp_path)
+
+
+def test_a_retired_argument_names_its_replacement(tmp_path):
+    with pytest.raises(SettingsError, match=r"job_lease_margin_s: no longer a setting: derived: "
+                                            r"HFPORT_JOB_LEASE_S / 5"):
+        ServerSettings(data_dir=tmp_path, job_lease_margin_s=5)
+    with pytest.raises(SettingsError, match=r"lease_s: no longer a setting: HFPORT_JOB_LEASE_S"):
+        ServerSettings(data_dir=tmp_path, lease_s=5)
+    with pytest.raises(SettingsError, match=r"lease_seconds: not a setting; the settings: host, port, "):
+        ServerSettings(data_dir=tmp_path, lease_seconds=5)
+
+
+def test_the_derived_settings_follow_their_source(tmp_path):
+    s = ServerSettings(data_dir=tmp_path, job_lease_s=60, predict_max_inputs=10)
+    assert s.job_heartbeat_s == 4 and s.lease_margin_s == 12 and s.job_start_grace_s == 60
+    assert s.database_connect_timeout_s == 60 and s.batch_max_inputs == 20
+
+
+def test_serve_refuses_a_bad_variable_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HFPORT_PORT", "http")
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "error: invalid settings: HFPORT_PORT='http': input should be a valid integer" in result.output, \
+        result.output
