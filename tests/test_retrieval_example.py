@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -78,10 +79,21 @@ def test_the_example_runs_every_command(tiny, tmp_path, capsys):
     assert [r["model"] for r in figures["student_vs_teacher"]] == [str(out / "student" / "best"),
                                                                    str(out / "finetuned" / "best")]
     assert figures["finetune_eval"]["before"]["step"] == 0 and figures["finetune_eval"]["after"]["step"] == 1
+    # every ranking figure each evaluation wrote is a real score: present, finite, within [0, 1]
+    rows = [figures["base"], *figures["finetuned_vs_base"], *figures["student_vs_teacher"]]
+    scores = [v for row in rows for k, v in row.items() if k.startswith("cosine_")]
+    assert len(scores) == 5 * 7 and all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in scores)
+    for run in ("finetune_eval", "student_eval"):
+        for when in ("before", "after"):
+            line = figures[run][when]
+            assert math.isfinite(line["eval_loss"]) and 0.0 <= line["eval_ndcg@10"] <= 1.0, (run, when, line)
     teacher_layers = json.loads((out / "finetuned" / "best" / "config.json").read_text())["num_hidden_layers"]
     student = json.loads((RunDir(out / "student").best / "config.json").read_text())
     assert student["num_hidden_layers"] == (teacher_layers + 1) // 2
     assert all(v["passed"] and v["checks"] > 0 and v["failures"] == 0 for v in figures["verify"].values())
+    timed = figures["speed"]  # a figure only: never asserted beyond being measured
+    assert timed["texts"] == 20 and set(timed["texts_per_s"]) == {"student", "teacher"}
+    assert all(math.isfinite(v) and v > 0 for v in [*timed["texts_per_s"].values(), timed["student_speed_over_teacher"]])
     served = figures["served"]
     assert served["dimensions"] == student["hidden_size"] and len(served["ranked"]) == 3
     assert served["max_abs_diff_vs_local"] < 1e-5  # the server runs the same ONNX graph in fp32
