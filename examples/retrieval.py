@@ -12,7 +12,7 @@ description the passage to find. Base model: the real all-MiniLM-L6-v2 (the PyPI
    and time the student's embedding speed against the teacher's (in this process)
 7. serve the ONNX export and query /v1/embeddings     hfport serve, then the openai client (or plain HTTP)
 
-    python examples/retrieval.py [--out retrieval-out] [--model FOLDER] [--quick]
+    python examples/retrieval.py [--out retrieval-out] [--model FOLDER] [--quick] [--resume]
 
 Everything lands in --out: the mined rows, the runs, the evaluations (JSON, report.html), the exports, and
 figures.json with every figure docs/retrieval-example.md quotes. --quick runs the same chain on a slice of the data
@@ -56,8 +56,8 @@ QUERY = "command line tool for transferring data with URL syntax"  # curl's shor
 class Chain:
     """The steps' shared settings: where things go, which data, how long to train; `hfport` runs one command."""
 
-    def __init__(self, out: Path, model: Path, quick: bool) -> None:
-        self.out, self.model, self.quick = out, model, quick
+    def __init__(self, out: Path, model: Path, quick: bool, resume: bool = False) -> None:
+        self.out, self.model, self.quick, self.resume = out, model, quick, resume
         self.train = DATA / "debian_train.jsonl"
         self.eval = DATA / "debian_eval.jsonl"
         self.corpus = DATA / "debian_corpus.jsonl"
@@ -66,7 +66,7 @@ class Chain:
         # one epoch of the 255 triplets (8 steps): the sizes that fit ~15-30 minutes on a shared 2-core CPU
         self.training = one_step if quick else ["--epochs", "1", "--batch-size", "32", "--lr", "5e-5"]
         # the student starts from half the layers and has more to learn: longer, at a higher rate
-        self.student_training = one_step if quick else ["--epochs", "2", "--batch-size", "32", "--lr", "1e-4"]
+        self.student_training = one_step if quick else ["--epochs", "1", "--batch-size", "32", "--lr", "1e-4"]
         # a random model (the test's) scores every text alike: the margin would leave it no negative
         self.margin = [] if quick else ["--relative-margin", "0.05"]
 
@@ -88,9 +88,13 @@ class Chain:
     def command_line(self, argv: list[str]) -> str:
         return " ".join(a if a == "$MINILM" else shlex.quote(a) for a in map(self.shown, argv))
 
-    def hfport(self, *args: str | Path) -> None:
+    def hfport(self, *args: str | Path, makes: Path) -> None:
+        """Run `hfport ARGS`, which writes MAKES; with --resume, a command whose MAKES is there is skipped."""
         argv = [str(a) for a in args]
         print("\n$ hfport " + self.command_line(argv), flush=True)
+        if self.resume and makes.exists():
+            print(f"# --resume: skipped, {self.shown(str(makes))} is there", flush=True)
+            return
         code = app(args=argv, prog_name="hfport", standalone_mode=False)
         if code:  # a failed command printed its error; the chain stops there, as `set -e` would
             raise SystemExit(f"hfport {argv[0]} exited with {code}")
@@ -270,8 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=Path("retrieval-out"), help="where everything goes")
     parser.add_argument("--model", type=Path, default=MINILM, help="the base model (default: all-MiniLM-L6-v2)")
     parser.add_argument("--quick", action="store_true", help="a slice of the data, one step per run (the test)")
+    parser.add_argument("--resume", action="store_true", help="skip each command whose output --out already holds "
+                        "(a run stopped midway goes on from there; the timing and serving steps always run)")
     args = parser.parse_args(argv)
-    chain = Chain(args.out.resolve(), args.model, args.quick)
+    chain = Chain(args.out.resolve(), args.model, args.quick, args.resume)
     chain.out.mkdir(parents=True, exist_ok=True)
     if chain.quick:
         chain.slice_data()
@@ -283,39 +289,39 @@ def main(argv: list[str] | None = None) -> dict:
     # 1. hard negatives: each train query's best-scoring passages that are not its own, keeping only those the base
     #    model scores at least 5% below the query's positive (sentence-transformers' advice against false negatives)
     chain.hfport("mine", "--model", base, "--data", chain.train, "--corpus", chain.corpus, "--out",
-                 out / "mined.jsonl", "--num-negatives", "1", *chain.margin, "-q")
+                 out / "mined.jsonl", "--num-negatives", "1", *chain.margin, "-q", makes=out / "mined.jsonl")
     # 2. the base model on the held-out queries, ranking the whole corpus
-    chain.hfport("evaluate", base, *ir, "--json", out / "eval-base.json", "-q")
+    chain.hfport("evaluate", base, *ir, "--json", out / "eval-base.json", "-q", makes=out / "eval-base.json")
     # 3. fine-tune on (query, positive, hard negative) triplets; --eval-before records the base model's figures on the
     #    eval file as step 0
     chain.hfport("finetune", "--model", base, "--task", "sentence-embedding", "--train", out / "mined.jsonl",
                  "--eval", chain.eval, "--output-dir", out / "finetuned", "--eval-before", *chain.training,
-                 "--seed", "42", "--save-strategy", "no", "--overwrite", "-q")
+                 "--seed", "42", "--save-strategy", "no", "--overwrite", "-q", makes=out / "finetuned" / "summary.json")
     # 4. after against before, side by side; report.html draws the recall@k curves
     chain.hfport("evaluate", out / "finetuned", "--compare", base, *ir, "--json", out / "eval-finetuned.json",
-                 "--report", out / "report-finetuned.html", "-q")
+                 "--report", out / "report-finetuned.html", "-q", makes=out / "eval-finetuned.json")
     # 5. a student of every other layer of the fine-tuned model (6 -> 3), taught by it
     chain.hfport("finetune", "--model", out / "finetuned", "--teacher", out / "finetuned", "--student-layers",
                  "every_other", "--task", "sentence-embedding", "--train", out / "mined.jsonl", "--eval", chain.eval,
                  "--output-dir", out / "student", "--eval-before", *chain.student_training, "--seed", "42",
-                 "--save-strategy", "no", "--overwrite", "-q")
+                 "--save-strategy", "no", "--overwrite", "-q", makes=out / "student" / "summary.json")
     chain.hfport("evaluate", out / "student", "--compare", out / "finetuned", *ir, "--json", out / "eval-student.json",
-                 "--report", out / "report-student.html", "-q")
+                 "--report", out / "report-student.html", "-q", makes=out / "eval-student.json")
     # 6. the student as a sentence-transformers folder and as ONNX, each proven against it before it appears
     for fmt in ("sentence-transformers", "onnx"):
         chain.hfport("export", out / "student", "--out", out / "export" / fmt, "--format", fmt, "--verify", "--force",
-                     "--json", out / f"verify-{fmt}.json")
+                     "--json", out / f"verify-{fmt}.json", makes=out / f"verify-{fmt}.json")
     # the student's point: how much faster it embeds the corpus than its teacher (a timing: see speed())
     corpus_texts = [json.loads(line)["text"] for line in chain.corpus.read_text(encoding="utf-8").splitlines()]
     timed = speed({"student": RunDir(out / "student").best, "teacher": RunDir(out / "finetuned").best}, corpus_texts,
-                  repeats=1 if chain.quick else 5)
+                  repeats=1 if chain.quick else 3)
     print(f"\nembedding the {len(corpus_texts)} corpus passages, fastest of {timed['repeats']}: "
           + ", ".join(f"{k} {v:.1f} texts/s" for k, v in timed["texts_per_s"].items())
           + f"; the student is {timed['student_speed_over_teacher']:.2f}x the teacher's speed", flush=True)
     # 7. the ONNX export behind the OpenAI-compatible API
     served = serve_and_query(chain, out / "export" / "onnx", passages_for(chain))
 
-    figures = {"quick": chain.quick, "base_model": str(base),
+    figures = {"quick": chain.quick, "resumed": chain.resume, "base_model": str(base),
                "data": {k: str(getattr(chain, k)) for k in ("train", "eval", "corpus")},
                "mined_rows": sum(1 for _ in (out / "mined.jsonl").open()),
                "base": headline(read_json(out / "eval-base.json"))[0],
