@@ -101,3 +101,17 @@ def test_the_example_runs_every_command(tiny, tmp_path, capsys):
     svgs = sorted(p.name for p in (out / "charts").iterdir())
     assert svgs == sorted(f"{run}-{chart}.svg" for run in ("finetuned", "student")
                           for chart in ("metrics", "recall-at-k", "accuracy-at-k"))
+
+
+def test_resume_skips_a_command_whose_output_is_there(tmp_path, capsys):
+    """--resume: a command whose output exists is printed and skipped (a stopped full run goes on from there); one
+    whose output is missing runs (here a bad one, so running it fails)."""
+    example = _example()
+    chain = example.Chain(tmp_path, tmp_path / "no-model", quick=True, resume=True)
+    done = tmp_path / "mined.jsonl"
+    done.write_text("{}\n")
+    chain.hfport("mine", "--model", tmp_path / "no-model", "--data", tmp_path / "none.jsonl", "--out", done, makes=done)
+    assert "# --resume: skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="hfport mine exited"):
+        chain.hfport("mine", "--model", tmp_path / "no-model", "--data", tmp_path / "none.jsonl", "--out",
+                     tmp_path / "other.jsonl", makes=tmp_path / "other.jsonl")
