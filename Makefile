@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo retrieval-example test bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,6 +17,9 @@ setup: $(STAMP)
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) examples/demo.py
+
+retrieval-example: setup  # docs/retrieval-example.md: mine, fine-tune, evaluate, distil, export, serve (real data)
+	HF_HUB_OFFLINE=1 $(PY) examples/retrieval.py
 
 test: setup
 	@# the dashboard test drives Debian's chromium (never a downloaded browser); without root/apt it skips, saying why

@@ -127,7 +127,8 @@ def _column(field: str) -> typer.models.OptionInfo:
 def finetune(
     ctx: typer.Context,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="YAML or JSON file of options.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model folder or repo id in the local HF cache.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model folder, repo id in the local HF cache, or a fine-tune "
+                                                      "run folder (its best/).")] = None,
     task: Annotated[Optional[str], typer.Option(help=tasks.names_help(trainable_only=True) + ". Default "
                                                      "text-classification.")] = None,
     train: Annotated[Optional[str], typer.Option(help="Training data: CSV/TSV, JSONL, Parquet or Arrow file, a glob "
@@ -185,7 +186,8 @@ def finetune(
     resume: Annotated[Optional[str], typer.Option(help="Continue a run: 'latest' (the default when no value "
                                                        "follows) or a checkpoint folder.")] = None,
     teacher: Annotated[Optional[str], typer.Option(help="Distil: learn this model's outputs (a checkpoint of the "
-                                                       "task's model with the same tokenizer), computed once.")] = None,
+                                                       "task's model with the same tokenizer, or a run folder: its "
+                                                       "best/), computed once.")] = None,
     distill_alpha: Annotated[Optional[float], typer.Option(help="Weight of the teacher's term against the "
                                                                 "task's own loss (default 0.5; 1: the teacher "
                                                                 "alone).")] = None,
@@ -523,8 +525,8 @@ def _options(pairs: Optional[list[str]]) -> dict[str, object]:
 
 @app.command()
 def mine(
-    model: Annotated[str, typer.Option("--model", help="A sentence-embedding model: a folder or a repo id in the "
-                                                      "local HF cache.")],
+    model: Annotated[str, typer.Option("--model", help="A sentence-embedding model: a folder, a repo id in the "
+                                                      "local HF cache, or a fine-tune run folder (its best/).")],
     data: Annotated[str, typer.Option("--data", help="(anchor, positive) rows: CSV/TSV, JSONL, Parquet, Arrow or a "
                                                     "datasets folder; the anchor/positive columns, else the first "
                                                     "two.")],
@@ -610,7 +612,8 @@ def evaluate(
                                                                    "corpus (.txt, one text a line, or a file with a "
                                                                    "`text` column).")] = None,
     compare: Annotated[Optional[str], typer.Option("--compare", help="Another model evaluated the same way, side by "
-                                                                     "side (e.g. the base of a fine-tune).")] = None,
+                                                                     "side (e.g. the base of a fine-tune); the "
+                                                                     "difference column is MODEL minus it.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the figures here as JSON.")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write a self-contained report.html with the "
                                                                     "charts here.")] = None,

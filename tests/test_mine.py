@@ -265,6 +265,21 @@ def test_cli_writes_rows_that_finetune_reads(tiny_bert, tmp_path):
     assert len(groups) == 40 and all(g.labels[0] == 1 and set(g.labels[1:]) == {0} for g in groups)
 
 
+def test_a_run_folder_mines_with_its_best_model(tiny_bert, tmp_path):
+    """`hfport mine --model RUN`, as `evaluate` and `export` take a run: its best/ model embeds (mining again with the
+    model a fine-tune made)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_bert, run / "best")
+    (run / "summary.json").write_text("{}")
+    encoder = Encoder(run, cache=False, progress=False)
+    assert encoder.folder == run / "best"
+    mined = mine_hard_negatives(ANCHORS[:8], POSITIVES[:8], run, corpus=CORPUS, cache=False, progress=False)
+    assert mined.rows == mine_hard_negatives(ANCHORS[:8], POSITIVES[:8], tiny_bert, corpus=CORPUS, cache=False,
+                                             progress=False).rows
+
+
 def test_bad_input_is_named(minilm_path, encoder, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"anchor": "a", "positive": "b"}) + "\n" + json.dumps({"anchor": "a", "positive": ""})

@@ -68,10 +68,7 @@ def check_options(task: str, options: dict[str, Any]) -> None:
 
 def model_folder(model: str | os.PathLike[str]) -> str:
     """MODEL as a folder to load: a fine-tune's run folder is its best/ (as `hfport export` takes it)."""
-    path = Path(model)
-    if path.is_dir() and not (path / "config.json").is_file() and "best" in RunDir(path).models():
-        return str(RunDir(path).best)
-    return str(model)
+    return str(RunDir.model_folder(model))
 
 
 def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, task: str,

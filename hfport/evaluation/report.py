@@ -181,8 +181,8 @@ def _metrics_table(evaluation: Evaluation, labels: list[str]) -> str:
     for name in names:
         values = [r.metrics.get(name) for r in evaluation.results]
         tds = "".join(f"<td>{'' if v is None else f'{v:.4f}'}</td>" for v in values)
-        if len(values) == 2 and None not in values:
-            diff = values[1] - values[0]
+        diff = evaluation.difference(name)
+        if diff is not None:
             tds += f'<td class="{"up" if diff > 0 else "down" if diff < 0 else ""}">{diff:+.4f}</td>'
         body.append(f"<tr><td>{_e(name)}</td>{tds}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"

@@ -30,7 +30,8 @@ class EvalResult:
 
 @dataclass
 class Evaluation:
-    """The result of `evaluate`: one model, or two with `--compare` (the first is MODEL, the second the other)."""
+    """The result of `evaluate`: one model, or two with `--compare` (the first is MODEL, the second the other: the
+    baseline MODEL is compared with, its difference MODEL's figure minus the other's)."""
 
     task: str
     data: str
@@ -54,8 +55,16 @@ class Evaluation:
         os.replace(staging, path)
         return path
 
+    def difference(self, name: str) -> float | None:
+        """With --compare: MODEL's figure minus the other's (a fine-tune compared with its base: the gain); None when
+        either lacks it or there is one model."""
+        if len(self.results) != 2:
+            return None
+        mine, other = (r.metrics.get(name) for r in self.results)
+        return None if mine is None or other is None else mine - other
+
     def table(self) -> str:
-        """The metrics as a text table, a column per model (and the difference with --compare)."""
+        """The metrics as a text table, a column per model (and, with --compare, MODEL's difference from the other)."""
         names = list(dict.fromkeys(k for r in self.results for k in r.metrics))
         heads = ["metric", *short_names([r.model for r in self.results])]
         if len(self.results) == 2:
@@ -65,7 +74,7 @@ class Evaluation:
             values = [r.metrics.get(name) for r in self.results]
             row = [name, *(_fmt(v) for v in values)]
             if len(values) == 2:
-                row.append(_fmt(values[1] - values[0], signed=True) if None not in values else "")
+                row.append(_fmt(self.difference(name), signed=True))
             rows.append(row)
         widths = [max(len(str(x)) for x in col) for col in zip(heads, *rows)]
         return "\n".join("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in
@@ -73,9 +82,10 @@ class Evaluation:
 
 
 def short_names(models: list[str]) -> list[str]:
-    """Each model's shortest distinct name: its folder's name, with as many parent folders as tell them apart."""
+    """Each model's shortest distinct name: its folder's name and its parent's (a run's "best" alone, or a package's
+    "model", says nothing; a repo id is both), with as many more parent folders as tell them apart."""
     parts = [Path(m).parts or (m,) for m in models]
-    for n in range(1, max(len(p) for p in parts) + 1):
+    for n in range(2, max(len(p) for p in parts) + 1):
         names = ["/".join(p[-n:]) for p in parts]
         if len(set(names)) == len(names):
             return names

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..errors import ItemError
 from ..pipelines import SentenceEmbeddingPipeline, check_dtype, pipeline
+from ..rundir import RunDir
 from .cache import EmbeddingCache
 
 log = logging.getLogger("hfport.retrieval")
@@ -30,9 +31,9 @@ CHUNK = 2048  # texts per pipeline call: how often the bar moves and the cache g
 
 
 class Encoder:
-    """Embeds texts with a sentence-embedding model (a folder or a repo id in the local HF cache, or a loaded
-    SentenceEmbeddingPipeline). dtype as `hfport predict --dtype` takes it; cache: True (hfport's cache dir), a
-    folder, or False (embed every time)."""
+    """Embeds texts with a sentence-embedding model (a folder, a fine-tune's run folder (its best/), a repo id in the
+    local HF cache, or a loaded SentenceEmbeddingPipeline). dtype as `hfport predict --dtype` takes it; cache: True
+    (hfport's cache dir), a folder, or False (embed every time)."""
 
     def __init__(self, model: str | os.PathLike[str] | SentenceEmbeddingPipeline, *, device: Any = None,
                  dtype: str | None = None, batch_size: int | None = None, cache: bool | str | os.PathLike[str] = True,
@@ -40,7 +41,7 @@ class Encoder:
         if isinstance(model, SentenceEmbeddingPipeline):
             self.pipe = model
         else:
-            self.pipe = pipeline("sentence-embedding", model=model, device=device,
+            self.pipe = pipeline("sentence-embedding", model=RunDir.model_folder(model), device=device,
                                  dtype=check_dtype(dtype) if dtype is not None else None, batch_size=batch_size)
         # the folder the weights came from: what the cache's key hashes. An ONNX graph (the onnx backend) has no
         # load report, and its folder's safetensors may not be what runs: it is embedded every time, never cached

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .. import tasks
 from ..errors import ConfigError
+from ..rundir import RunDir
 from .aliases import did_you_mean, translate
 from .data import MEGA_BUCKET_STEPS
 from .trackers import report_to_list
@@ -53,7 +54,7 @@ class FinetuneConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # what and where
-    model: str = Field(description="model folder or repo id in the local HF cache")
+    model: str = Field(description="model folder, repo id in the local HF cache, or fine-tune run folder (its best/)")
     task: str = Field("text-classification", description=(
         f"the task, by transformers' pipeline tag or an alias: {tasks.names_help(trainable_only=True)}; "
         "aliases are stored as the canonical name"))
@@ -137,12 +138,13 @@ class FinetuneConfig(BaseModel):
         "sparse-embedding: weight of the FLOPS regularizer on the documents (positives and negatives)"))
     # distillation (hfport/train/distill.py)
     teacher: str | None = Field(None, description=(
-        "distil from this model (a folder or repo id in the local HF cache, a checkpoint of the task's model, with "
-        "the student's tokenizer): its outputs for the training rows are computed once before training (cached like "
-        "encoded data) and the student learns them: text- and token-classification its temperature-scaled logits "
-        "(KL), rows without a label from the teacher alone; sentence-embedding its embeddings (MSE; through a "
-        "learned projection, used in training only, when the widths differ) or, for (anchor, positive, negative) "
-        "rows, its dot-product score margins (MarginMSE); text-ranking its scores (MSE on the logits)"))
+        "distil from this model (a folder, repo id in the local HF cache or run folder (its best/): a checkpoint of "
+        "the task's model with the student's tokenizer): its outputs for the training rows are computed once before "
+        "training (cached like encoded data) and the student learns them: text- and token-classification its "
+        "temperature-scaled logits (KL), rows without a label from the teacher alone; sentence-embedding its "
+        "embeddings (MSE; through a learned projection, used in training only, when the widths differ) or, for "
+        "(anchor, positive, negative) rows, its dot-product score margins (MarginMSE); text-ranking its scores (MSE "
+        "on the logits)"))
     distill_alpha: float = Field(0.5, ge=0, le=1, description=(
         "with a teacher: alpha * the distillation loss + (1 - alpha) * the task's own loss, on rows that have their "
         "own target (1: the teacher alone, as sentence-transformers' MSELoss and MarginMSELoss; 0: the task's loss "
@@ -272,6 +274,13 @@ class FinetuneConfig(BaseModel):
         if data.get("save_strategy") == "steps" and data.get("save_steps") is None:
             data["save_steps"] = TRANSFORMERS_SAVE_STEPS
         return data
+
+    @field_validator("model", "teacher")
+    @classmethod
+    def _run_folder(cls, v: str | None) -> str | None:
+        # a fine-tune's output folder stands for its best/ model (as export and evaluate take it): `--model run
+        # --teacher run --student-layers every_other` distils the model that run made; the config records best/
+        return None if v is None else str(RunDir.model_folder(v))
 
     @field_validator("max_steps", mode="before")
     @classmethod
