@@ -24,6 +24,7 @@ machine; nothing is asserted. bf16 where the CPU computes it natively; where it 
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_engine_ab.py --rounds 9 --train     # the A/B table
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_engine_ab.py --models minilm --dtypes fp32 --mechanisms row_shards
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_engine_ab.py --short --train --models minilm --rounds 5   # short texts
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_engine_ab.py --quick --train        # checks that it runs
 """
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import importlib
 import statistics
 import sys
@@ -209,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train", action="store_true", help="also training steps (fp32, and bf16 autocast)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="short batches, 2 rounds: checks that it runs")
+    p.add_argument("--short", action="store_true", help="batches of 64 rows of 8..30 tokens (an embedding "
+                   "fine-tune's texts: many short runs, the case nn/groups.py's cost rule is for) instead of "
+                   "bench.py's 16 rows of 8..256")
     args = p.parse_args(argv)
     mechanisms = args.mechanisms.split(",")
     unknown = set(mechanisms) - set(INFERENCE + TRAINING)
@@ -218,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     bench.quiet_libraries()
     work = bench.QUICK if args.quick else bench.FULL
+    if args.short:
+        work = dataclasses.replace(work, batch_size=64, min_len=8, max_len=30)
     rounds = 2 if args.quick else args.rounds
     print(f"{describe(machine())}; torch threads {torch.get_num_threads()}")
     with tempfile.TemporaryDirectory(prefix="hfport-engine-ab-") as tmp:
