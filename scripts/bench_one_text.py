@@ -81,6 +81,7 @@ def ort_caller(folder: str, text: str, threads: int) -> Callable[[], Any]:
     session = onnxruntime.InferenceSession(str(Path(folder) / default_file(Path(folder))), options,
                                            providers=["CPUExecutionProvider"])
     tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+    tokenizer.no_padding()  # MiniLM's tokenizer.json pads every text to 128 tokens; one text needs no padding
     names = {i.name for i in session.get_inputs()}
 
     def call() -> Any:
