@@ -229,7 +229,7 @@ def test_shared_parameters_share_one_packed_copy():
 def test_a_failing_first_call_turns_packing_off(monkeypatch):
     layer = _layer(torch.float32)
     monkeypatch.setattr(packed._State, "usable", None)  # restored after the test
-    monkeypatch.setattr(packed, "_compute", lambda layer, x: (_ for _ in ()).throw(RuntimeError("no such op")))
+    monkeypatch.setattr(packed, "_compute", lambda *args: (_ for _ in ()).throw(RuntimeError("no such op")))
     x = torch.randn(3, 64)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
@@ -314,3 +314,31 @@ def test_cli_info_names_the_inference_steps(folder):
                                                       "row_shards": shards.describe("auto", torch.float32)}
     text = CliRunner().invoke(app, ["info", str(folder)]).output
     assert f"inference     packed_linear {linears} layers; row_shards auto: batches of" in text, text
+
+
+def _ops(layer: nn.Module, x: torch.Tensor) -> list[str]:
+    """The operators one inference call of LAYER dispatches itself (not those an operator runs inside), the packed copy
+    built before."""
+    with torch.inference_mode():
+        layer(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            layer(x)
+    return [e.name for e in prof.events() if e.cpu_parent is None]
+
+
+def test_a_bf16_call_is_one_onednn_op():
+    # one short text calls ~40 linears a forward pass: a bf16 call hands its (.., in) input to oneDNN as it is, with
+    # no reshape to (M, in) and back and no slice (the op keeps the leading axes), so its cost is the product alone
+    layer = _layer(torch.bfloat16)
+    assert _ops(layer, torch.randn(1, 11, 64).to(torch.bfloat16)) == ["mkldnn::_linear_pointwise"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_contiguous_inputs_equal_f_linear(dtype):
+    layer = _layer(dtype)
+    for x in (torch.randn(3, 64, 5).to(dtype).transpose(1, 2), torch.randn(2, 3, 4, 64).to(dtype)[:, :, ::2],
+              torch.randn(7, 64).to(dtype)[::2]):
+        with torch.inference_mode():
+            out = layer(x)
+        assert packed.cached(layer) is not None and out.shape == (*x.shape[:-1], 48)
+        torch.testing.assert_close(out, F.linear(x, layer.weight.detach(), layer.bias.detach()), **TOL[dtype])

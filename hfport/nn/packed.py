@@ -95,22 +95,21 @@ class Packed:
 ATTR = "_hfport_packed"
 
 
-def _packable(layer: nn.Linear, x: Tensor) -> bool:
-    """The conditions of the module docstring, cheapest first (grad and training decide most calls in training)."""
-    w = layer.weight
-    if layer.training or torch.is_grad_enabled():
+def _packable(weight: Tensor, bias: Tensor | None, x: Tensor) -> bool:
+    """The conditions of the module docstring but train mode and grad (`linear` reads those first), cheapest first.
+    One short text calls this ~40 times a forward pass, so every check is a plain attribute or a C call: the
+    tensors' `is_cpu`, not `.device.type` (builds a device object); the tracer's state straight from torch._C."""
+    if not (x.is_cpu and weight.is_cpu) or x.dtype != weight.dtype or weight.dtype not in DTYPES:
         return False
-    if x.device.type != "cpu" or w.device.type != "cpu" or x.dtype != w.dtype or w.dtype not in DTYPES:
+    if bias is not None and bias.dtype != weight.dtype:
         return False
-    if layer.bias is not None and layer.bias.dtype != w.dtype:
-        return False
-    if torch.is_autocast_enabled("cpu") or torch.jit.is_tracing() or torch.compiler.is_compiling():
+    if torch.is_autocast_enabled("cpu") or torch._C._get_tracing_state() is not None:
         return False
     onnx = sys.modules.get("torch.onnx")  # loaded by an export; not imported here for nothing
     if onnx is not None and onnx.is_in_onnx_export():
         return False
     # a shape error is F.linear's to raise (it names the shapes), not a reason to turn packing off
-    return x.dim() >= 1 and x.shape[-1] == w.shape[1] > 0 and x.numel() > 0 and _onednn()
+    return x.dim() >= 1 and x.shape[-1] == weight.shape[1] > 0 and x.numel() > 0 and _onednn()
 
 
 def _packed_weight(weight: Tensor) -> Tensor:
@@ -136,16 +135,20 @@ def padded_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
-def _compute(layer: nn.Linear, x: Tensor) -> Tensor:
-    """x (.., in) -> (.., out) through the packed weight."""
-    k = layer.weight.shape[1]
+def _compute(weight: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
+    """x (.., in) -> (.., out) through the packed weight. oneDNN's op takes x with any leading axes and keeps them,
+    so a bf16 call with 2+ axes goes in as it is (no reshape, no slice: one op); fp32 calls pad their rows
+    (`padded_rows`) and 1-D inputs get a row axis, so those run on (M, in)."""
+    packed = _packed_weight(weight)
+    if x.dtype != torch.float32 and x.dim() >= 2:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # (.., out)
+    k = weight.shape[1]
     rows = x.reshape(-1, k)  # (M, in)
     m = rows.shape[0]
-    target = padded_rows(m) if m and x.dtype == torch.float32 else m
+    target = padded_rows(m) if x.dtype == torch.float32 else m
     if target != m:
         rows = torch.cat([rows, rows.new_zeros(target - m, k)])  # (M', in): the zero rows are sliced off below
-    packed = _packed_weight(layer.weight)
-    out = torch.ops.mkldnn._linear_pointwise(rows, packed, layer.bias, "none", [], "")  # (M', out)
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")  # (M', out)
     return out[:m].reshape(*x.shape[:-1], out.shape[-1])  # (.., out)
 
 
@@ -157,20 +160,24 @@ def drop(layer: nn.Module) -> None:
 
 
 def linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    """F.linear(x, layer.weight, layer.bias), through the packed weight where the module docstring says."""
+    """F.linear(x, layer.weight, layer.bias), through the packed weight where the module docstring says. The weight
+    and bias are read off the layer once (each read of an nn.Module attribute goes through its __getattr__)."""
+    weight, bias = layer.weight, layer.bias
     if torch.compiler.is_compiling():  # first: dynamo cannot trace the cache on the weight's __dict__ (nor needs it)
-        return F.linear(x, layer.weight, layer.bias)
-    if not _packable(layer, x):
-        if layer.training or torch.is_grad_enabled():
-            drop(layer)
-        return F.linear(x, layer.weight, layer.bias)
+        return F.linear(x, weight, bias)
+    if layer.training or torch.is_grad_enabled():
+        if weight.__dict__.get(ATTR) is not None:
+            weight.__dict__[ATTR] = None  # a fine-tune holds no packed copies
+        return F.linear(x, weight, bias)
+    if not _packable(weight, bias, x):
+        return F.linear(x, weight, bias)
     try:
-        return _compute(layer, x)
+        return _compute(weight, bias, x)
     except RuntimeError as e:  # an op this torch build lacks or refuses: packing off for the process, said once
         _State.usable = False
         drop(layer)
         log.warning("packed Linear layers off (%s): %s", type(e).__name__, e)
-        return F.linear(x, layer.weight, layer.bias)
+        return F.linear(x, weight, bias)
 
 
 class _Weights(NamedTuple):
