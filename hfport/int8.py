@@ -5,7 +5,9 @@
      per-input-channel |max|; channels that dwarf the median (nn/int8.py: OUTLIER_RATIO, at most MAX_OUTLIERS a
      layer) stay fp32 beside the int8 product;
   2. every nn.Linear under the body's encoder becomes an Int8Linear (nn/int8.py: weights per output channel,
-     activations per tensor through oneDNN's fused int8 Linear, the fast one, or per token through torch._int_mm),
+     activations per tensor through oneDNN's fused int8 Linear, at the uint8 scale calibrated in step 1 ("static",
+     where the layer's range is stable over the calibration batches; else each call's own range) or each call's
+     own ("tensor"), or per token through torch._int_mm),
      keeping its float weight for calls of fewer than `min_rows` rows (default 128, nn/int8.py: FLOAT_BELOW_ROWS),
      where int8's fixed costs make it slower than the float layer (nn/int8.py's docstring has the numbers; 0: int8
      always).
@@ -88,15 +90,16 @@ def _outputs(model: PreTrainedEncoder, enc: dict[str, Tensor], task: str) -> dic
     return {name: out[name].float() for name in TASKS[task].graph_outputs}
 
 
-def _calibrate(model: PreTrainedEncoder, folder: Path) -> dict[str, Tensor]:
-    """Each encoder Linear's per-input-channel |max| over the calibration texts and pairs, by name."""
+def _calibrate(model: PreTrainedEncoder, folder: Path) -> InputPeaks:
+    """Each encoder Linear's per-input-channel |max| over the calibration texts and pairs, and each batch's
+    per-channel range, by name (nn/int8.py: InputPeaks)."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     batches = encode(tokenizer, model.task, model.config, CALIBRATION_TEXTS, CALIBRATION_PAIRS,
                      _max_length(model.config))
     with InputPeaks(body_linears(model.body.encoder)) as peaks:
         for enc in batches.values():
             _outputs(model, enc, model.task)
-    return peaks.peaks
+    return peaks
 
 
 def _pooling(folder: Path) -> str:
@@ -156,7 +159,7 @@ def _check_loadable(model: PreTrainedEncoder, folder: Path) -> None:
 
 def granularities() -> tuple[str, ...]:
     """The activation granularities int8 can run here, fastest first (nn/int8.py: ACTIVATIONS)."""
-    return tuple(a for a in ACTIVATIONS if a != "tensor" or onednn_int8_available())
+    return tuple(a for a in ACTIVATIONS if a == "token" or onednn_int8_available())
 
 
 def float_dtype(model: PreTrainedEncoder) -> torch.dtype:
@@ -166,15 +169,18 @@ def float_dtype(model: PreTrainedEncoder) -> torch.dtype:
 
 
 def quantize(model: PreTrainedEncoder, folder: str | os.PathLike[str], activations: str | None = None,
-             peaks: dict[str, Tensor] | None = None, dtype: torch.dtype | None = None,
+             peaks: dict[str, Tensor] | InputPeaks | None = None, dtype: torch.dtype | None = None,
              min_rows: int = FLOAT_BELOW_ROWS) -> dict[int, Any]:
     """Steps 1-2 of the module docstring without the gate: MODEL's encoder Linear layers in int8 with ACTIVATIONS'
     granularity (default: the fastest here), calibrated on the calibration texts through FOLDER's tokenizer (or
-    PEAKS, a calibration already made), each keeping its float weight for calls of fewer than MIN_ROWS rows (0:
+    PEAKS, a calibration already made: an InputPeaks, or its peaks alone, with which "static" layers run "tensor"
+    for want of ranges), each keeping its float weight for calls of fewer than MIN_ROWS rows (0:
     none), then its float parts cast to DTYPE (default `float_dtype`). -> {id(Int8Linear): the nn.Linear it
     replaced, untouched fp32}. For benchmarks (scripts/bench.py) and experiments, not for serving."""
     peaks = peaks if peaks is not None else _calibrate(model, Path(folder))
-    originals = quantize_linears(model.body.encoder, peaks, activations or granularities()[0], min_rows)
+    ranges = peaks.ranges if isinstance(peaks, InputPeaks) else None
+    peaks = peaks.peaks if isinstance(peaks, InputPeaks) else peaks
+    originals = quantize_linears(model.body.encoder, peaks, activations or granularities()[0], min_rows, ranges)
     model.to(dtype or float_dtype(model))  # the Int8Linears keep their int8 weights and fp32 scales
     return originals
 
@@ -214,14 +220,13 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
         report = "; ".join(r.line() for r in results)
         if all(r.passed for r in results):
             keep_float(model, originals, min_rows)  # from here on, calls of few rows run the float weights
-            log.info("%s: int8 (%d Linear layers, activations per %s) passed its gate: %s", folder, len(originals),
-                     activations, report)
-            model.load_report.notes.append(f"int8: {len(originals)} encoder Linear layers, activations per "
-                                           f"{activations}, float parts in {str(model.dtype).removeprefix('torch.')}"
+            how = _activations_line(model, activations)
+            log.info("%s: int8 (%d Linear layers, %s) passed its gate: %s", folder, len(originals), how, report)
+            model.load_report.notes.append(f"int8: {len(originals)} encoder Linear layers, {how}, float parts in {str(model.dtype).removeprefix('torch.')}"
                                            f"; gate passed: {report}")
             return model
         swap_linears(model.body.encoder, originals)  # the float layers back, for the next try or the fallback
-        refused.append(f"activations per {activations}: " + "; ".join(
+        refused.append(f"{_activations_line(None, activations)}: " + "; ".join(
             f"{r.line()} ({r.value - r.bound:+.4f} against the bound {r.bound:g})" for r in results if not r.passed))
         log.info("%s: int8 with %s", folder, refused[-1])
     failed = " | ".join(refused)
@@ -229,6 +234,17 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
         raise Int8GateError(f"{folder}: int8 refused by its gate: {failed}. Load with dtype='auto-int8' to fall "
                             "back to bf16, or 'bfloat16' / 'float32'")
     return _fallback(model, folder, f"the int8 gate refused: {failed}")
+
+
+def _activations_line(model: PreTrainedEncoder | None, activations: str) -> str:
+    """How ACTIVATIONS quantizes, for logs and notes: "static" names how many of MODEL's layers got a calibrated
+    scale (the others, unstable, run "tensor")."""
+    if activations != "static":
+        return f"activations per {activations}"
+    if model is None:
+        return "activations at static scales"
+    kinds = [m.activations for m in model.body.encoder.modules() if isinstance(m, Int8Linear)]
+    return f"activations at static scales ({kinds.count('static')} of {len(kinds)} layers; the rest per tensor)"
 
 
 def _fallback(model: PreTrainedEncoder, folder: Path, why: str) -> PreTrainedEncoder:

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import hfport
+import hfport.int8
 from hfport import probes
 from hfport.int8 import Int8GateError
 from hfport.nn.int8 import Int8Linear
@@ -73,6 +74,15 @@ def save_spiked(folder: Path, task: str, minilm: Path, spike: float = 5000.0, at
     return folder
 
 
+@pytest.fixture(autouse=True)
+def per_call_scales(monkeypatch):
+    """The per-call granularities only: a static scale, calibrated on the short calibration texts, saturates the
+    spiked unit, whose down weight is zero, so static int8 passes this model (the unit multiplies nothing); and a
+    unit that counts in fp32 makes the per-call scales pass instead. What these tests show is the gate's judging of
+    long rows, which is the same for every granularity."""
+    monkeypatch.setattr(hfport.int8, "ACTIVATIONS", ("tensor", "token"))
+
+
 @pytest.fixture(scope="module")
 def spiked(tmp_path_factory, minilm_path):
     """task -> the spiked model's folder (built on first use)."""
@@ -119,11 +129,11 @@ def test_int8_error_past_the_old_cut_is_refused(statistic, spiked):
         getattr(hfport, AUTO[task]).from_pretrained(spiked(task, **overrides, **SPIKED[statistic]), dtype="int8")
     print(f"{statistic}: {info.value}")
     tries = str(info.value).split(" | ")
-    assert [t.split("activations per ")[1].split(":")[0] for t in tries] == ["tensor", "token"]
+    assert [t.split("activations ")[1].split(":")[0] for t in tries] == ["per tensor", "per token"]
     for i, refused in enumerate(tries):
         failed = [part for part in refused.split("; ") if "FAILED" in part]
         long = [f for f in failed if " long texts of " in f or " long pairs of " in f]
-        assert len(long) == 2 and (long == failed or i == 0), failed
+        assert len(long) == 2 and (long == failed or i < len(tries) - 1), failed
 
 
 @pytest.mark.parametrize("statistic", list(HEAD_KINDS))

@@ -27,6 +27,14 @@ from tests.parity import MINILM_MIN_COSINE
 # --- 1. Int8Linear against the same quantization in float64 -------------------------------------------------------
 
 
+def _quantized(linear, outliers, activations, x, **kw):
+    """LINEAR as an Int8Linear; "static" calibrated on X (its range without the OUTLIERS channels)."""
+    span = None
+    if activations == "static":
+        span = int8_nn.static_range([torch.aminmax(x.reshape(-1, x.shape[-1]).float(), dim=0)], outliers)
+    return Int8Linear.from_linear(linear, outliers, activations, input_range=span, **kw)
+
+
 @pytest.mark.parametrize("activations", ACTIVATIONS)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("n_outliers", [0, 3])
@@ -36,7 +44,7 @@ def test_int8_linear_matches_its_reference(bias, n_outliers, activations):
     x = torch.randn(2, 7, 48)  # (B, T, K): a batch of rows, flattened to tokens inside
     outliers = torch.tensor([5, 17, 30][:n_outliers], dtype=torch.long)
     x[..., outliers] *= 25.0  # channels that dwarf the rest, as MiniLM's LayerNorm outputs have
-    layer = Int8Linear.from_linear(linear, outliers, activations)
+    layer = _quantized(linear, outliers, activations, x)
     assert layer.weight_t.dtype == torch.int8 and layer.weight_t.shape == (48, 40) and layer.weight_t.is_contiguous()
     before = x.clone()
     got, want = layer(x), reference_forward(layer, x)
@@ -60,8 +68,9 @@ def test_calls_of_few_rows_run_the_kept_float_weight(activations):
     count is an error naming the setting."""
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
-    layer = int8_nn.Int8Linear.from_linear(linear, torch.tensor([3]), activations, float_below_rows=16).bfloat16()
-    always = int8_nn.Int8Linear.from_linear(linear, torch.tensor([3]), activations).bfloat16()
+    calibration = torch.randn(32, 64)
+    layer = _quantized(linear, torch.tensor([3]), activations, calibration, float_below_rows=16).bfloat16()
+    always = _quantized(linear, torch.tensor([3]), activations, calibration).bfloat16()
     assert "float_weight" not in layer.state_dict() and always.float_weight is None
     assert "float_below_rows=16" in repr(layer)
     w, b = linear.weight.detach().bfloat16(), linear.bias.detach().bfloat16()
@@ -74,7 +83,7 @@ def test_calls_of_few_rows_run_the_kept_float_weight(activations):
         assert torch.equal(layer(big), always(big))  # 16 rows: int8 without being told
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="min_rows"):
-            int8_nn.Int8Linear.from_linear(linear, None, activations, float_below_rows=bad)
+            _quantized(linear, None, activations, calibration, float_below_rows=bad)
 
 
 def test_one_outlier_rule_for_the_engine_and_the_onnx_quantizer(tmp_path):
@@ -194,7 +203,7 @@ def test_every_family_runs_int8(family, activations):
                 fp32 = model(**batch)
             floats = {n: m for n, m in model.named_modules() if type(m) is nn.Linear and
                       not n.startswith("body.encoder.")}
-            originals = quantize_linears(model.body.encoder, peaks.peaks, activations)
+            originals = quantize_linears(model.body.encoder, peaks.peaks, activations, ranges=peaks.ranges)
             q = model(**batch)
         assert originals and not body_linears(model.body.encoder), f"{family}/{head}: a Linear left in the encoder"
         assert {n: m for n, m in model.named_modules() if type(m) is nn.Linear} == floats  # heads, pooler: float
@@ -209,6 +218,76 @@ def test_every_family_runs_int8(family, activations):
             assert cos.min() > 0.99, f"{family}/{head}: least cosine {cos.min():.4f}"
 
 
+def test_static_activations_compute_no_range_and_saturate(monkeypatch):
+    """"static" quantizes at the calibrated scale: no range pass over the call's input (torch.aminmax, what "tensor"
+    runs each call), the same values as "tensor" on the calibration input itself, and values beyond the calibrated
+    range saturate (the reference clamps them too) instead of widening the scale."""
+    torch.manual_seed(0)
+    linear, outliers = nn.Linear(48, 40), torch.tensor([5])
+    x = torch.randn(64, 48)
+    x[:, 5] *= 25.0
+    static, dynamic = _quantized(linear, outliers, "static", x), _quantized(linear, outliers, "tensor", x)
+    scale, zp = static.static_params()
+    assert scale > 0 and 0 <= zp <= 255 and static.input_scale.dtype == torch.float32
+    assert torch.equal(static(x), dynamic(x))  # its own calibration input: the same range, the same values
+    calls = []
+    real = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda *a, **k: calls.append(1) or real(*a, **k))
+    wide = x * 3.0  # beyond the calibrated range
+    got = static(wide)
+    assert calls == []  # nothing computed from the call's input but its quantization
+    dynamic(wide)
+    assert calls  # "tensor" takes the call's own range
+    want = reference_forward(static, wide)
+    assert (got.double() - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    q, _, _ = int8_nn.quantize_tensor_u8(wide.index_fill(1, outliers, 0.0), params=(scale, zp))
+    assert q.min() == 0 and q.max() == 255  # saturated at both ends
+
+
+def test_unstable_calibrated_range_stays_dynamic():
+    """A layer whose calibration batches' ranges differ more than STABLE_RATIO runs each call's own range ("tensor");
+    the stable ones run at their calibrated scale; repr says which, with the scale."""
+    torch.manual_seed(0)
+    model = hfport.AutoModel.from_config(tiny.hf_config("bert").to_dict()).eval()
+    batch = tiny.batch("bert")
+    with torch.inference_mode():
+        with InputPeaks(body_linears(model.body.encoder)) as peaks:
+            model(**batch)
+            model(**batch)  # two calibration passes with the same range: stable
+        name = "layers.1.attn.o"
+        lo, hi = peaks.ranges[name][1]
+        peaks.ranges[name][1] = (lo * 5, hi * 5)  # one pass's range 5x the other's: unstable
+        assert int8_nn.static_range(peaks.ranges[name], None) is None
+        assert int8_nn.static_range(peaks.ranges["layers.1.attn.q"], None) is not None
+        quantize_linears(model.body.encoder, peaks.peaks, "static", ranges=peaks.ranges)
+        kinds = {n: m.activations for n, m in model.body.encoder.named_modules() if isinstance(m, Int8Linear)}
+        assert kinds[name] == "tensor" and kinds["layers.1.attn.q"] == "static"
+        assert set(kinds.values()) == {"static", "tensor"} and list(kinds.values()).count("tensor") == 1
+        unstable = model.body.encoder.get_submodule(name)
+        assert "activations=tensor" in repr(unstable) and "input_scale" not in repr(unstable)
+        assert "activations=static, input_scale=" in repr(model.body.encoder.get_submodule("layers.1.attn.q"))
+        assert torch.isfinite(model(**batch)["last_hidden_state"]).all()
+    with pytest.raises(ValueError, match="input_range"):
+        Int8Linear.from_linear(nn.Linear(8, 8), None, "static")  # static without a calibrated range
+
+
+def test_static_scales_survive_state_dict_and_casts():
+    """The calibrated scale and zero point are buffers: a state_dict round trip keeps them (and the outputs), and a
+    bf16 cast of the float parts leaves the scale fp32 (the kernels' own type; bf16 would move it)."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 48)
+    layer = _quantized(nn.Linear(48, 40), torch.tensor([2]), "static", x)
+    assert {"input_scale", "input_zero_point"} <= set(layer.state_dict())
+    other = Int8Linear(48, 40, n_outliers=1, activations="static")
+    other.load_state_dict(layer.state_dict())
+    assert other.static_params() == layer.static_params()
+    assert torch.equal(other(x), layer(x))
+    scale = float(layer.input_scale)
+    cast = layer.bfloat16()
+    assert cast.input_scale.dtype == torch.float32 and float(cast.input_scale) == scale
+    assert cast.input_zero_point.dtype == torch.long
+
+
 @pytest.mark.parametrize("activations", ACTIVATIONS)
 def test_shared_input_is_quantized_once_and_dropped(activations):
     """q, k and v read one input: quantized once (SharedInput), the same values as three times, nothing kept after."""
@@ -218,8 +297,9 @@ def test_shared_input_is_quantized_once_and_dropped(activations):
     with torch.inference_mode():
         with InputPeaks(body_linears(model.body.encoder)) as peaks:
             model(**batch)
-        quantize_linears(model.body.encoder, peaks.peaks, activations)
+        quantize_linears(model.body.encoder, peaks.peaks, activations, ranges=peaks.ranges)
         layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+        assert {m.activations for m in layers} == {activations}
         shared = {id(m.shared): m.shared for m in layers if m.shared is not None}
         assert len(shared) == 2 and all(s.readers == 3 for s in shared.values())  # q, k, v of each of 2 layers
         once = model(**batch)["last_hidden_state"]
@@ -249,7 +329,7 @@ def test_float_parts_follow_the_hardware_decision(monkeypatch, native, want):
         with InputPeaks(body_linears(model.body.encoder)) as peaks:
             fp32 = model(**batch)["logits"]
         peaks.peaks["layers.0.ffn.up"][3] = 1e3  # one outlier channel: its float product
-        quantize(model, "unused: the peaks are given", granularities()[0], peaks.peaks)
+        quantize(model, "unused: the peaks are given", granularities()[0], peaks)
         assert float_dtype(model) == model.dtype == want
         layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
         assert sum(len(m.outliers) for m in layers) >= 1
@@ -290,9 +370,13 @@ def test_minilm_embeddings_int8(minilm_int8, tmp_path):
     print(f"MiniLM int8 embeddings (mean pooling), least cosine vs fp32: {values}")
     assert min(values.values()) >= MINILM_MIN_COSINE, values
     assert "int8" in model.load_report.summary()
-    # the fastest granularity here passed, so it is the one kept
-    assert {m.activations for m in model.modules() if isinstance(m, Int8Linear)} == {granularities()[0]}
-    assert any(f"activations per {granularities()[0]}" in n for n in model.load_report.notes)
+    # the fastest granularity here passed, so it is the one kept: static scales, calibrated, on every layer of
+    # MiniLM (each layer's range is stable over the calibration batches); they skip each call's range pass
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert granularities()[0] == "static"
+    assert {m.activations for m in layers} == {"static"} and all(m.input_scale > 0 for m in layers)
+    assert "activations=static, input_scale=" in repr(model)
+    assert any("activations at static scales (36 of 36 layers" in n for n in model.load_report.notes)
 
 
 @pytest.fixture
@@ -310,8 +394,9 @@ def damaged(monkeypatch, short_long_rows):
 
 def test_gate_refuses_damaged_int8(minilm_path, damaged):
     # every granularity is tried and refused, each named with its numbers
-    with pytest.raises(Int8GateError, match=r"int8 refused by its gate: activations per tensor: min cosine >= 0.98: "
-                                            r"0\.\d+ .* against the bound 0.98.* \| activations per token: min cosine "
+    with pytest.raises(Int8GateError, match=r"int8 refused by its gate: activations at static scales: min cosine >= "
+                                            r"0.98: 0\.\d+ .* against the bound 0.98.* \| activations per tensor: "
+                                            r"min cosine >= 0.98: 0\.\d+ .* \| activations per token: min cosine "
                                             r">= 0.98: 0\.\d+ .*auto-int8"):
         hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
 
@@ -345,17 +430,19 @@ def test_auto_int8_falls_back_to_bf16(minilm_path, damaged, caplog):
 
 
 def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch, caplog, short_long_rows):
-    """"tensor" refused by the gate (its quantizer crushed to 3 levels here), "token" passing: int8 kept, per token."""
+    """"static" and "tensor" refused by the gate (their quantizer crushed to 3 levels here), "token" passing: int8
+    kept, per token."""
     real = int8_nn.quantize_tensor_u8
 
-    def crushed(x, outliers=None):
-        q, scale, zp = real(x, outliers)
+    def crushed(x, outliers=None, params=None):
+        q, scale, zp = real(x, outliers, params)
         return ((q.float() - zp) / 85).round_().mul_(85).add_(zp).clamp_(0, 255).to(torch.uint8), scale, zp
     monkeypatch.setattr(int8_nn, "quantize_tensor_u8", crushed)
     caplog.set_level("INFO", logger="hfport")
     model = hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
     assert {m.activations for m in model.modules() if isinstance(m, Int8Linear)} == {"token"}
     assert all(r.passed for r in model.int8_gate)
+    assert "int8 with activations at static scales: min cosine" in caplog.text
     assert "int8 with activations per tensor: min cosine" in caplog.text
 
 

@@ -1,5 +1,13 @@
 """Int8Linear: an nn.Linear run on the CPU's int8 instructions, weights int8 symmetric per output channel (scale = the
-row's |max| / 127), activations quantized at run time in one of two granularities (`activations`):
+row's |max| / 127), activations quantized in one of three ways (`activations`):
+
+  "static": as "tensor", at a uint8 scale and zero point calibrated once (`static_range`: the range of the layer's
+      calibration inputs, its outlier channels left out) and kept as buffers (`input_scale`, `input_zero_point`):
+      a call computes no range of its input, only the quantization pass, clamped (values beyond the calibrated
+      range saturate). Only for layers whose range is stable over the calibration batches (STABLE_RATIO); the
+      others stay "tensor" (`quantize_linears`). What it saves per call is the range pass (torch.aminmax over the
+      input, and two host reads of its result); the quantization pass itself remains (eager torch has no kernel
+      that fuses it into the LayerNorm or attention before: scripts/bench_int8_static.py --ops measures each).
 
   "tensor" (the fast one): one asymmetric uint8 scale and zero point for the whole packed token matrix (its min and
       max), through oneDNN's int8 Linear (torch.ops.onednn.qlinear_pointwise, the kernel torch's x86 inductor
@@ -58,11 +66,16 @@ EPS = 1e-12  # a zero row or token gets a tiny scale instead of a division by ze
 OUTLIER_RATIO = 4.0
 MAX_OUTLIERS = 8
 U8_MARGIN = 1e-5  # relative widening of the per-tensor uint8 range (quantize_tensor_u8)
+# "static" activations: a layer's calibrated range is stable when every calibration batch's own range (its width,
+# outlier channels left out) is at least 1 / STABLE_RATIO of the range over all of them; a layer whose range moves
+# more between batches quantizes each call's input at its own range ("tensor")
+STABLE_RATIO = 2.0
 # elements per block of quantize_tensor_u8's fp32 arithmetic (1 MiB of fp32: Zen 4's L2 per core). Measured on a
 # bf16 2120 x 1536 / 2120 x 384 input (one thread, CPU time, medians of 9 interleaved rounds): blocks of 2**16
 # 1.92 / 0.45 ms, 2**18 1.60 / 0.41, 2**19 1.59 / 0.37 (each block costs four ops: fewer blocks, less overhead)
 QUANT_BLOCK = 1 << 18
-ACTIVATIONS = ("tensor", "token")  # activation quantization granularities, fastest first (module docstring)
+# activation quantization granularities, fastest first (module docstring); "static" falls back to "tensor" per layer
+ACTIVATIONS = ("static", "tensor", "token")
 # calls of fewer rows than this run an int8 layer's kept float weight (module docstring): what dtype="int8" loads with
 FLOAT_BELOW_ROWS = 128
 
@@ -107,10 +120,18 @@ def onednn_int8_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
-def quantize_tensor_u8(x: Tensor, outliers: Tensor | None = None) -> tuple[Tensor, float, int]:
+def u8_params(lo: float, hi: float) -> tuple[float, int]:
+    """The uint8 scale and zero point of the range [LO, HI] (LO <= 0 <= HI): 255 levels widened by U8_MARGIN."""
+    scale = max(hi - lo, EPS) / 255 * (1 + U8_MARGIN)
+    return scale, min(255, max(0, round(-lo / scale)))
+
+
+def quantize_tensor_u8(x: Tensor, outliers: Tensor | None = None,
+                       params: tuple[float, int] | None = None) -> tuple[Tensor, float, int]:
     """Asymmetric per-tensor uint8: x (M, K) float -> (x_u8 (M, K), scale, zero point), x ~= (x_u8 - zp) * scale.
     The range always holds 0, so zero stays exact. OUTLIERS (k,) input channels are left out of the range; their
-    columns of x_u8 saturate at 0 or 255 (Int8Linear multiplies them by zero weight rows).
+    columns of x_u8 saturate at 0 or 255 (Int8Linear multiplies them by zero weight rows). PARAMS: a static (scale,
+    zero point) instead of x's own range (no range pass; values beyond it saturate).
 
     The arithmetic runs in fp32 whatever x's dtype (bf16 cannot hold v / scale + zp to a half: 8 bits), a block of
     rows at a time (QUANT_BLOCK elements) in one reused fp32 buffer: it stays in cache and in the allocator's memory.
@@ -118,17 +139,20 @@ def quantize_tensor_u8(x: Tensor, outliers: Tensor | None = None) -> tuple[Tenso
     a call (fresh pages from the allocator every call), against ~2 ms in blocks (one thread, CPU time)."""
     m, k = x.shape
     rows = max(1, QUANT_BLOCK // max(k, 1))
-    lo, hi = 0.0, 0.0
-    # the range without the outlier channels: over the column spans between them (strided views, no copy)
-    cuts = [-1, *sorted(outliers.tolist()), k] if outliers is not None else [-1, k]
-    for a, b in zip(cuts, cuts[1:]):
-        if b > a + 1:
-            s_lo, s_hi = torch.aminmax(x[:, a + 1:b])  # (M, b - a - 1) view
-            lo, hi = min(lo, float(s_lo)), max(hi, float(s_hi))
-    # 255 levels widened by U8_MARGIN: v / scale + zp then lies strictly inside (-0.5, 255.5), so adding 0.5 and
-    # truncating (the uint8 cast) rounds half up and never leaves 0..255: no clamp pass (but for outlier columns)
-    scale = max(hi - lo, EPS) / 255 * (1 + U8_MARGIN)
-    zp = min(255, max(0, round(-lo / scale)))
+    if params is None:
+        lo, hi = 0.0, 0.0
+        # the range without the outlier channels: over the column spans between them (strided views, no copy)
+        cuts = [-1, *sorted(outliers.tolist()), k] if outliers is not None else [-1, k]
+        for a, b in zip(cuts, cuts[1:]):
+            if b > a + 1:
+                s_lo, s_hi = torch.aminmax(x[:, a + 1:b])  # (M, b - a - 1) view
+                lo, hi = min(lo, float(s_lo)), max(hi, float(s_hi))
+        # 255 levels widened by U8_MARGIN: v / scale + zp then lies strictly inside (-0.5, 255.5), so adding 0.5 and
+        # truncating (the uint8 cast) rounds half up and never leaves 0..255: no clamp pass (but for outlier columns)
+        scale, zp = u8_params(lo, hi)
+    else:
+        scale, zp = params
+    clamp = params is not None or (outliers is not None and len(outliers) > 0)
     q = torch.empty(m, k, dtype=torch.uint8, device=x.device)  # (M, K)
     half = torch.tensor(zp + 0.5)
     # one fp32 buffer for every block: a fresh 1 MiB temporary per block risks what freshly mapped pages cost (glibc
@@ -141,8 +165,8 @@ def quantize_tensor_u8(x: Tensor, outliers: Tensor | None = None) -> tuple[Tenso
         if x.dtype != torch.float32:
             block = out.copy_(block)  # the arithmetic in fp32
         block = torch.add(half, block, alpha=1.0 / scale, out=out)  # x itself is never written
-        if outliers is not None and len(outliers):
-            block.clamp_(0.0, 255.0)  # the outlier columns lie outside the range
+        if clamp:
+            block.clamp_(0.0, 255.0)  # the outlier columns (and, static, any value) may lie outside the range
         # the cast truncates: zp + 0.5 + v / scale rounded half up. fp32 -> int32 in the block's own memory, then
         # int32 -> uint8: 1.8 ms for a 2373 x 1536 input against 3.2 ms through torch's fp32 -> uint8 copy
         q[start:start + rows].copy_(block.view(torch.int32).copy_(block))
@@ -166,6 +190,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)  # (N,) fp32
         self.register_buffer("outliers", torch.zeros(n_outliers, dtype=torch.long))  # (k,) input channels
         self.register_buffer("outlier_weight_t", torch.zeros(n_outliers, out_features))  # (k, N) fp32
+        # "static": the calibrated uint8 scale and zero point of the input (0 and 0 otherwise: computed per call)
+        self.register_buffer("input_scale", torch.zeros(()))  # () fp32
+        self.register_buffer("input_zero_point", torch.zeros((), dtype=torch.long))  # () int64
         # (N, K) the float layer's weight for calls of few rows (keep_float; module docstring), else None
         self.register_buffer("float_weight", None, persistent=False)
         self.float_below_rows = 0
@@ -180,9 +207,10 @@ class Int8Linear(nn.Module):
         a bf16 body, so the outlier product runs in bf16 with no per-call cast), but the channel scales stay fp32:
         they are oneDNN's fp32 dequantization factors, and bf16's 8 bits would move each output channel by up to
         0.4%. Only their device follows."""
-        scale = self.weight_scale
+        scale, input_scale = self.weight_scale, self.input_scale
         super()._apply(fn, recurse)
         self.weight_scale = scale.to(self.weight_scale.device)
+        self.input_scale = input_scale.to(self.input_scale.device)  # a static input scale stays fp32 too
         return self
 
     def __getstate__(self) -> dict:
@@ -193,9 +221,13 @@ class Int8Linear(nn.Module):
     @classmethod
     @torch.no_grad()
     def from_linear(cls, linear: nn.Linear, outliers: Tensor | None = None, activations: str = "token",
-                    float_below_rows: int = 0) -> Int8Linear:
+                    float_below_rows: int = 0, input_range: tuple[float, float] | None = None) -> Int8Linear:
         """LINEAR's weights quantized per output channel; the OUTLIERS input channels (k,) kept fp32 beside.
-        FLOAT_BELOW_ROWS > 0: also LINEAR's weight itself, for calls of fewer rows (`keep_float`)."""
+        FLOAT_BELOW_ROWS > 0: also LINEAR's weight itself, for calls of fewer rows (`keep_float`). "static"
+        ACTIVATIONS take INPUT_RANGE (lo, hi), the calibrated range of the input without its outlier channels."""
+        if (activations == "static") != (input_range is not None):
+            raise ValueError(f"Int8Linear: activations 'static' needs the calibrated input_range and only it takes "
+                             f"one; got activations={activations!r}, input_range={input_range!r}")
         w = linear.weight.detach().float()  # (N, K)
         idx = (outliers if outliers is not None else torch.zeros(0, dtype=torch.long)).to(w.device, torch.long)
         out = cls(linear.in_features, linear.out_features, linear.bias is not None, len(idx), activations)
@@ -208,6 +240,10 @@ class Int8Linear(nn.Module):
         out.weight_scale.copy_(scale.flatten())
         if linear.bias is not None:
             out.bias.copy_(linear.bias.detach().float())
+        if input_range is not None:
+            scale, zp = u8_params(min(0.0, input_range[0]), max(0.0, input_range[1]))
+            out.input_scale.fill_(scale)
+            out.input_zero_point.fill_(zp)
         out.keep_float(linear.weight, float_below_rows)
         return out
 
@@ -241,7 +277,9 @@ class Int8Linear(nn.Module):
             return entry[1], entry[2][0], entry[2][1], entry[3]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         kept = x2[:, self.outliers] if len(self.outliers) else None  # (M, k): the outlier channels
-        if self.activations == "tensor":  # the outlier channels left out of the range inside (no copy of x)
+        if self.activations == "static":  # no range pass: the calibrated one
+            q, scale, zp = quantize_tensor_u8(x2, self.outliers, self.static_params())
+        elif self.activations == "tensor":  # the outlier channels left out of the range inside (no copy of x)
             q, scale, zp = quantize_tensor_u8(x2, self.outliers)
         else:
             if kept is not None:
@@ -251,6 +289,10 @@ class Int8Linear(nn.Module):
             self.shared.last = (x, q, (scale, zp), kept, [self.shared.readers - 1])
         return q, scale, zp, kept
 
+    def static_params(self) -> tuple[float, int]:
+        """The calibrated (scale, zero point) of "static" activations, as the kernels take them."""
+        return float(self.input_scale), int(self.input_zero_point)
+
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape  # (..., K)
         if self.float_weight is not None and x.numel() < self.float_below_rows * self.in_features:
@@ -258,7 +300,7 @@ class Int8Linear(nn.Module):
             weight, bias = self.float_weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
             return packed.linear_weights(x, weight, bias) if self.prepacked else F.linear(x, weight, bias)
         q, scale, zp, kept = self.quantize_input(x)
-        if self.activations == "tensor":
+        if self.activations != "token":
             weight, weight_zp = self.packed()
             # (M, N) in x's dtype: (q - zp) * scale @ (W_q * channel scale)^T + bias, all inside the kernel
             y = torch.ops.onednn.qlinear_pointwise(q, scale, zp, weight, self.weight_scale, weight_zp, self.bias,
@@ -286,6 +328,8 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"outliers={len(self.outliers)}, activations={self.activations}"
+                + (", input_scale={:.4g}, input_zero_point={}".format(*self.static_params())
+                   if self.activations == "static" else "")
                 + (f", float_below_rows={self.float_below_rows}" if self.float_weight is not None else "")
                 + (", prepacked=True" if self.prepacked else ""))
 
@@ -296,8 +340,8 @@ def reference_forward(layer: Int8Linear, x: Tensor) -> Tensor:
     x2 = x.reshape(-1, layer.in_features)  # (M, K)
     kept = x2[:, layer.outliers].double()  # (M, k)
     x2 = x2.index_fill(1, layer.outliers, 0.0)
-    if layer.activations == "tensor":
-        q, scale, zp = quantize_tensor_u8(x2)
+    if layer.activations != "token":
+        q, scale, zp = quantize_tensor_u8(x2, params=layer.static_params() if layer.activations == "static" else None)
         xq = (q.double() - zp) * scale  # (M, K)
     else:
         q, scale = quantize_rows(x2.float())
@@ -324,17 +368,21 @@ def body_linears(root: nn.Module) -> dict[str, nn.Linear]:
 
 class InputPeaks:
     """Per-input-channel |max| of each Linear's inputs over the forward passes run inside `with InputPeaks(...)`:
-    the calibration that `outlier_channels` reads. {name: (K,) fp32}."""
+    the calibration that `outlier_channels` reads, {name: (K,) fp32}; and each pass's per-channel minimum and
+    maximum, {name: [(lo (K,), hi (K,)) per pass]}, that `static_range` reads."""
 
     def __init__(self, linears: dict[str, nn.Linear]):
         self.linears = linears
         self.peaks: dict[str, Tensor] = {}
+        self.ranges: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self.handles: list = []
 
     def _hook(self, name: str):
         def record(module: nn.Module, args: tuple[Tensor, ...]) -> None:
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(0).float()  # (K,)
+            lo, hi = torch.aminmax(args[0].detach().reshape(-1, args[0].shape[-1]).float(), dim=0)  # (K,) each
+            x = torch.maximum(lo.abs(), hi)  # (K,)
             self.peaks[name] = torch.maximum(self.peaks[name], x) if name in self.peaks else x
+            self.ranges.setdefault(name, []).append((lo, hi))
         return record
 
     def __enter__(self) -> InputPeaks:
@@ -344,6 +392,23 @@ class InputPeaks:
     def __exit__(self, *exc: object) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+def static_range(ranges: list[tuple[Tensor, Tensor]], outliers: Tensor | None,
+                 stable: float = STABLE_RATIO) -> tuple[float, float] | None:
+    """The calibrated input range (lo <= 0 <= hi) of a layer over its calibration passes' per-channel RANGES
+    [(lo (K,), hi (K,))], the OUTLIERS channels left out; None where it is unstable: some pass's own range is
+    narrower than 1 / STABLE of the whole (that layer's inputs then get their own range each call)."""
+    if not ranges:
+        return None
+    keep = torch.ones_like(ranges[0][0], dtype=torch.bool)  # (K,)
+    if outliers is not None:
+        keep[outliers] = False
+    spans = [(min(0.0, float(lo[keep].min())), max(0.0, float(hi[keep].max()))) for lo, hi in ranges]
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    if min(b - a for a, b in spans) * stable < hi - lo:
+        return None
+    return lo, hi
 
 
 def swap_linears(root: nn.Module, replace: dict[int, nn.Module]) -> None:
@@ -356,17 +421,26 @@ def swap_linears(root: nn.Module, replace: dict[int, nn.Module]) -> None:
 
 
 def quantize_linears(root: nn.Module, peaks: dict[str, Tensor] | None = None,
-                     activations: str = "token", float_below_rows: int = 0) -> dict[int, nn.Linear]:
+                     activations: str = "token", float_below_rows: int = 0,
+                     ranges: dict[str, list[tuple[Tensor, Tensor]]] | None = None) -> dict[int, nn.Linear]:
     """Every nn.Linear under ROOT swapped for an Int8Linear with ACTIVATIONS' granularity, once (the outlier channels
-    from PEAKS, the calibration |max| per input channel by name; none without). -> {id(Int8Linear): the nn.Linear it
-    replaced}, for `swap_linears` to put the float layers back. FLOAT_BELOW_ROWS > 0: each keeps its float weight
-    too, for calls of fewer rows (module docstring)."""
+    from PEAKS, the calibration |max| per input channel by name; none without). "static": each layer whose
+    calibration RANGES (InputPeaks.ranges) give a stable range (`static_range`) quantizes its input at that range,
+    the others per "tensor". -> {id(Int8Linear): the nn.Linear it replaced}, for `swap_linears` to put the float
+    layers back. FLOAT_BELOW_ROWS > 0: each keeps its float weight too, for calls of fewer rows (module
+    docstring)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"int8 activations must be one of {ACTIVATIONS}, got {activations!r}")
     linears = body_linears(root)
     replace, originals = {}, {}
     groups: dict[tuple, list[Int8Linear]] = {}  # (parent, calibration peaks) -> the layers that read one input
     for name, linear in linears.items():
         idx = outlier_channels(peaks[name]) if peaks and name in peaks else None
-        q = Int8Linear.from_linear(linear, idx, activations, float_below_rows)
+        kind, span = activations, None
+        if activations == "static":
+            span = static_range((ranges or {}).get(name, []), idx)
+            kind = "static" if span is not None else "tensor"
+        q = Int8Linear.from_linear(linear, idx, kind, float_below_rows, span)
         if peaks and name in peaks:
             groups.setdefault((name.rpartition(".")[0], tuple(peaks[name].tolist())), []).append(q)
         replace[id(linear)], originals[id(q)] = q, linear
