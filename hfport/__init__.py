@@ -22,7 +22,7 @@ from .hub import resolve as resolve_model
 from .inference import for_inference, inference_steps
 from .modeling import LoadReport, PreTrainedEncoder
 from .nn.packed import packed_bytes
-from .pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, phase_times, pipeline
+from .pipelines import SentenceEmbeddingPipeline, TextClassificationPipeline, model_task, pipeline
 from .pipelines.shards import set_num_threads_here
 from .registry import supported
 from .retrieval import MineResult, mine, mine_hard_negatives
@@ -47,8 +47,8 @@ __all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice", "A
            # tokenizers and pipelines
            "AutoTokenizer", "BatchEncoding", "PreTrainedTokenizer", "TokenizerError", "pipeline", "model_task",
            "ItemError",
-           # serving: time a call's phases (tokenize, forward, ...), pick a pipeline's token budget by measurement
-           "phase_times", "tune_batch_tokens",
+           # serving: pick a pipeline's token budget by measurement
+           "tune_batch_tokens",
            # the inference step pipelines apply to their model (hfport/inference.py), and what it did to a model
            "for_inference", "inference_steps",
            # a weight's packed inference copy (nn/packed.py), which a memory budget counts beside the weight

@@ -58,7 +58,7 @@ from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
 from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InputTooLongError, InvalidInput, Pipeline, PipelineInputError,
-                   Prepared, adapters_per_pass, pack_rows, phase_times)
+                   Prepared, pack_rows)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -197,7 +197,6 @@ def model_task(model: str | os.PathLike[str]) -> str:
 
 __all__ = [
     "PIPELINES",
-    "adapters_per_pass",
     "check_device",
     "check_dtype",
     "device_name",
@@ -218,6 +217,5 @@ __all__ = [
     "TokenClassificationPipeline",
     "model_task",
     "pack_rows",
-    "phase_times",
     "pipeline",
 ]

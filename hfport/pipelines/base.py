@@ -26,10 +26,6 @@ batch of rows with different adapters runs the shared body once, each row with i
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -48,39 +44,6 @@ from .shards import check_row_shards
 log = logging.getLogger("hfport")
 
 DEFAULT_MAX_BATCH_TOKENS = 16384  # padded tokens per forward pass: bounds activation memory, not row count
-
-_clock = threading.local()  # per thread: several threads may run the same pipeline at once
-
-
-@contextmanager
-def phase_times() -> Iterator[dict[str, float]]:
-    """Seconds this thread spends preparing inputs (tokenizing) and in forward passes inside the pipeline calls
-    made in the block: `{"tokenization": s, "inference": s}` (what a server reports per request)."""
-    outer = getattr(_clock, "times", None)
-    _clock.times = times = {"tokenization": 0.0, "inference": 0.0}
-    try:
-        yield times
-    finally:
-        _clock.times = outer
-
-
-@contextmanager
-def adapters_per_pass() -> Iterator[list[int]]:
-    """The distinct adapters (the base counts as one) of each forward pass this thread runs inside the block, in
-    order: how much mixing a server's batches get (its hfport_batch_adapters histogram)."""
-    outer = getattr(_clock, "passes", None)
-    _clock.passes = passes = []
-    try:
-        yield passes
-    finally:
-        _clock.passes = outer
-
-
-def _add_time(phase: str, since: float) -> None:
-    times = getattr(_clock, "times", None)
-    if times is not None:
-        times[phase] += time.perf_counter() - since
-
 
 class PipelineInputError(HfportError, ValueError):
     """One input the pipeline cannot answer; the message says which and why."""
@@ -330,7 +293,6 @@ class Pipeline:
         only: expected ones (PipelineInputError, TokenizerError) quietly, anything else with its traceback logged."""
         failed: dict[int, Exception] = {}
         features: list[Feature] = []
-        started = time.perf_counter()
         for i, item in enumerate(items):
             pipe, popts = members[i]
             try:
@@ -343,7 +305,6 @@ class Pipeline:
                 features.extend(rows)
             except Exception as e:  # noqa: BLE001 - one bad item must not sink the batch
                 failed[i] = self._item_error(i, e)
-        _add_time("tokenization", started)
         return Prepared(items, members, [f for f in features if f.item not in failed], failed)
 
     def outcomes(self, prepared: Prepared) -> list[Any]:
@@ -390,7 +351,6 @@ class Pipeline:
         """Run `rows` as one forward pass, as given (the caller formed the batch: `batches` for a call, the server's
         batcher across requests); fills each row's outputs. A pass that fails is retried row by row, so one bad row
         fails alone (its `error`)."""
-        started = time.perf_counter()
         try:
             self.forward_batch(rows)
         except (RuntimeError, IndexError, ValueError) as e:
@@ -403,16 +363,12 @@ class Pipeline:
                         self.forward_batch([f])
                     except (RuntimeError, IndexError, ValueError) as e:
                         f.error = PipelineInputError(f"the model failed on this input: {e}")
-        _add_time("inference", started)
 
     @torch.no_grad()
     def forward_batch(self, batch: list[Feature]) -> None:
         """One forward pass over `batch`; rows of several adapters run the shared body once and each adapter's
         head on its own rows (the body's output on them handed to its model as `encoder_outputs`)."""
         pipes = {id(f.pipe or self): f.pipe or self for f in batch}
-        passes = getattr(_clock, "passes", None)
-        if passes is not None:
-            passes.append(len(pipes))
         if len(pipes) == 1:
             (pipe,) = pipes.values()
             parts = self.shard_parts(batch)
