@@ -72,7 +72,7 @@ SETUP = "scripts/setup_cpu_peers.sh {peers} {env}"
 MAX_SEQ_LENGTH = 256  # both folders' sentence_bert_config.json (MiniLM's own value); the texts stay under it
 MIN_WORDS, MAX_WORDS = 8, 120
 CALIBRATION_TEXTS = 300
-ORT_DIR, OV_DIR, HFPORT_ONNX_DIR = "st-onnx", "st-openvino", "hfport-onnx-int8"
+ORT_DIR, OV_DIR, ONNX_INT8_DIR = "st-onnx", "st-openvino", "hfport-onnx-int8"
 OV_INT8_FILE = "openvino/openvino_model_qint8_quantized.xml"
 
 
@@ -81,7 +81,7 @@ class Contestant:
     name: str
     env: str  # "main", "ort" or "ov": the environment its child runs in
     load: str  # the name of its loader in LOADERS (run in the child)
-    needs: str  # the prepared folder it reads: "" (the model folder), ORT_DIR, OV_DIR or HFPORT_ONNX_DIR
+    needs: str  # the prepared folder it reads: "" (the model folder), ORT_DIR, OV_DIR or ONNX_INT8_DIR
 
 
 CONTESTANTS = [
@@ -95,7 +95,7 @@ CONTESTANTS = [
     Contestant("hfport fp32", "main", "hfport_fp32", ""),
     Contestant("hfport auto", "main", "hfport_auto", ""),
     Contestant("hfport int8", "main", "hfport_int8", ""),
-    Contestant("hfport ONNX int8 folder", "main", "hfport_onnx_int8", HFPORT_ONNX_DIR),
+    Contestant("hfport ONNX int8 folder", "main", "hfport_onnx_int8", ONNX_INT8_DIR),
 ]
 REFERENCE = CONTESTANTS[0].name
 STAGES = {"main": "prepare_main", "ort": "prepare_ort", "ov": "prepare_ov"}  # each environment's preparation
@@ -193,7 +193,7 @@ def prepare_main(work: Path, args: argparse.Namespace) -> None:
         # The random BERT-base's int8 embeddings are not what the gate judges (a trained model's); the table's
         # cosine column measures them instead. MiniLM keeps the gate's defaults.
         low = {} if name == "minilm" else {"min_agreement": 0.01, "min_cosine": 0.01}
-        export_onnx(work / name, beside(work / name, HFPORT_ONNX_DIR), quantize="int8", force=True, **low)
+        export_onnx(work / name, beside(work / name, ONNX_INT8_DIR), quantize="int8", force=True, **low)
 
 
 def prepare_ort(work: Path, args: argparse.Namespace) -> None:
@@ -318,7 +318,7 @@ def hfport_int8_loader(folder: Path, batch_size: int) -> Encode:
 
 
 def hfport_onnx_int8_loader(folder: Path, batch_size: int) -> Encode:
-    return _hfport(beside(folder, HFPORT_ONNX_DIR), batch_size)  # the folder's manifest names its int8 graph
+    return _hfport(beside(folder, ONNX_INT8_DIR), batch_size)  # the folder's manifest names its int8 graph
 
 
 LOADERS = {name.removesuffix("_loader"): fn for name, fn in list(globals().items()) if name.endswith("_loader")}
@@ -397,7 +397,7 @@ def why_skipped(c: Contestant, work: Path, venvs: dict[str, Path], failed: dict[
     venv = venvs[c.env]
     if not _python(venv).exists():
         return f"no environment at {venv}; set it up with `{SETUP.format(peers=peers, env=c.env)}`"
-    needs_env = {ORT_DIR: "ort", OV_DIR: "ov", HFPORT_ONNX_DIR: "main", "": "main"}[c.needs]
+    needs_env = {ORT_DIR: "ort", OV_DIR: "ov", ONNX_INT8_DIR: "main", "": "main"}[c.needs]
     if needs_env in failed or c.env in failed:
         return failed.get(needs_env) or failed[c.env]
     if not (work / f"prepared-{needs_env}").exists():

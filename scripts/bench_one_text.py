@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "how do I reset my router password quickly"  # 11 tokens with [CLS] and [SEP] for MiniLM's WordPiece
-HFPORT_DTYPES = {"fp32": "float32", "auto": "auto", "int8": "int8"}
-CONTESTANTS = (*HFPORT_DTYPES, "onnx", "ort")
+NATIVE_DTYPES = {"fp32": "float32", "auto": "auto", "int8": "int8"}
+CONTESTANTS = (*NATIVE_DTYPES, "onnx", "ort")
 
 
 def default_model() -> str:
@@ -108,8 +108,8 @@ def worker(args: argparse.Namespace) -> None:
 
     calls: dict[str, Callable[[], Any]] = {}
     for name in args.contestants:
-        if name in HFPORT_DTYPES:
-            pipe = hfport.pipeline("sentence-embedding", args.model, dtype=HFPORT_DTYPES[name])
+        if name in NATIVE_DTYPES:
+            pipe = hfport.pipeline("sentence-embedding", args.model, dtype=NATIVE_DTYPES[name])
             calls[name] = lambda pipe=pipe: pipe(args.text)
         elif name == "onnx":
             pipe = hfport.pipeline("sentence-embedding", args.onnx)
