@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from annotated_types import Ge, Gt, Le, Lt, MinLen
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -59,6 +59,24 @@ class EnvSettings(BaseSettings):
     @classmethod
     def env_name(cls, name: str) -> str:
         return f"{PREFIX}{name.upper()}"
+
+    @classmethod
+    def env_value(cls, name: str) -> Any:
+        """The setting NAME as the environment gives it, validated as its field (unset or empty: its default), without
+        reading the other settings or the checks across them: for a process that runs before they are complete
+        (server/entrypoint.py makes the token a non-loopback host needs) or needs one value only (a job process's
+        store). A value the field does not accept is a SettingsError naming the variable."""
+        field = cls.model_fields[name]
+        env = cls.env_name(name)
+        raw = os.environ.get(env) or None
+        if raw is None:
+            return field.get_default(call_default_factory=True)
+        try:
+            kind = typing.Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+            return TypeAdapter(kind).validate_python(raw)
+        except ValidationError as e:
+            reason = e.errors()[0]["msg"].removeprefix("Value error, ")
+            raise SettingsError(f"{env}={raw!r}: {reason} (accepted: {type_text(field)})") from None
 
 
 def explain(cls: type[EnvSettings], error: ValidationError, given: dict[str, Any]) -> str:

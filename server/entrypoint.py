@@ -12,13 +12,16 @@ import secrets
 import sys
 from pathlib import Path
 
+from .settings import Settings
+
 TOKEN_FILE = "api_token"
 
 
-def ensure_token(data_dir: Path, env: dict[str, str]) -> tuple[str, bool]:
-    """(the token to serve with, whether it was generated now)."""
-    if env.get("HFPORT_API_TOKEN"):
-        return env["HFPORT_API_TOKEN"], False
+def ensure_token(data_dir: Path, given: str | None) -> tuple[str, bool]:
+    """(the token to serve with: GIVEN (the api_token setting) when set, else the data dir's; whether it was generated
+    now)."""
+    if given:
+        return given, False
     path = data_dir / TOKEN_FILE
     if path.is_file():
         return path.read_text().strip(), False
@@ -31,8 +34,9 @@ def ensure_token(data_dir: Path, env: dict[str, str]) -> tuple[str, bool]:
 
 
 def main() -> None:
-    data_dir = Path(os.environ.get("HFPORT_DATA_DIR", "/data"))
-    token, new = ensure_token(data_dir, dict(os.environ))
+    # two settings read alone: the others may not pass their checks yet (a non-loopback host needs the token made here)
+    data_dir = Settings.env_value("data_dir")  # the image sets HFPORT_DATA_DIR=/data
+    token, new = ensure_token(data_dir, Settings.env_value("api_token"))
     if new:
         print(f"hfport: no HFPORT_API_TOKEN was set; generated one (kept in {data_dir / TOKEN_FILE}):\n"
               f"  {token}\nSend it as 'Authorization: Bearer <token>'. Set HFPORT_API_TOKEN to choose your own.",

@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .settings import Settings
 from .store import BaseStore, Lease, LeaseLost, StoreUnavailable, open_store
 
 log = logging.getLogger("hfport.server.fence")
@@ -290,7 +291,7 @@ def start(argv: list[str]) -> tuple[Fence | None, int | None]:
     if os.environ.get("RANK", "0") != "0":
         return None, None
     # the worker passes a PostgreSQL URL in the environment (never argv); otherwise the data dir's SQLite file
-    store = open_store(os.environ.get("HFPORT_DATABASE_URL") or os.path.join(args.data_dir, "hfport.db"))
+    store = open_store(Settings.env_value("database_url") or os.path.join(args.data_dir, "hfport.db"))
     job = store.get_job(args.job_id)
     if job is None:
         print(f"no job {args.job_id} in {store.describe()}", file=sys.stderr)

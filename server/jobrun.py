@@ -27,6 +27,7 @@ from hfport.export import DEFAULT_FORMAT
 
 from . import fence as fencing
 from .fence import Fence, FencedStore
+from .settings import Settings
 from .store import BaseStore, open_store
 
 log = logging.getLogger("hfport.server.jobrun")
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None, fence: Fence | None = None) -> int:
         store, job = FencedStore(fence.store, fence), fence.store.get_job(args.job_id)
         fence.begin()
     else:  # a rank other than 0: reads only
-        store = open_store(os.environ.get("HFPORT_DATABASE_URL") or args.data_dir / "hfport.db")
+        store = open_store(Settings.env_value("database_url") or args.data_dir / "hfport.db")
         job = store.get_job(args.job_id)
     try:
         result = RUNNERS[job["kind"]](store, job)

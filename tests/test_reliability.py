@@ -530,13 +530,38 @@ def test_docker_entrypoint_generates_a_token_once(tmp_path):
 
     from server.entrypoint import TOKEN_FILE, ensure_token
 
-    assert ensure_token(tmp_path, {"HFPORT_API_TOKEN": "mine"}) == ("mine", False)  # the user's wins
+    assert ensure_token(tmp_path, "mine") == ("mine", False)  # the user's wins
     assert not (tmp_path / TOKEN_FILE).exists()
-    token, new = ensure_token(tmp_path / "data", {})
+    token, new = ensure_token(tmp_path / "data", None)
     assert new and len(token) >= 40
     path = tmp_path / "data" / TOKEN_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # readable by its owner only
-    assert ensure_token(tmp_path / "data", {}) == (token, False)  # a restart keeps it, and does not print it again
+    assert ensure_token(tmp_path / "data", None) == (token, False)  # a restart keeps it, and does not print it again
+
+
+def test_docker_entrypoint_reads_its_two_settings_alone(tmp_path, monkeypatch):
+    """The entry point runs before the token exists, so the settings as a whole would refuse the image's 0.0.0.0 host:
+    it reads data_dir and api_token alone (Settings.env_value), validated as the settings validate them."""
+    from hfport.errors import SettingsError
+    from server import entrypoint
+    from server.settings import Settings
+
+    calls = []
+    monkeypatch.setattr(entrypoint.os, "execvp", lambda *a: calls.append(a))
+    monkeypatch.setenv("HFPORT_HOST", "0.0.0.0")
+    monkeypatch.delenv("HFPORT_API_TOKEN", raising=False)
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path / "volume"))
+    with pytest.raises(SettingsError):
+        Settings()  # what a full read would say before the token is made
+    entrypoint.main()
+    token = (tmp_path / "volume" / entrypoint.TOKEN_FILE).read_text().strip()
+    assert calls and entrypoint.os.environ["HFPORT_API_TOKEN"] == token
+    Settings()  # complete now
+    monkeypatch.setenv("HFPORT_PORT", "70000")
+    with pytest.raises(SettingsError, match="HFPORT_PORT='70000'"):
+        Settings.env_value("port")
+    monkeypatch.setenv("HFPORT_DATA_DIR", "")
+    assert Settings.env_value("data_dir") == Settings.model_fields["data_dir"].default  # empty counts as unset
 
 
 def test_uploads_no_live_job_needs_are_swept(tmp_path):
