@@ -237,14 +237,14 @@ def head_matmuls(ir: Any) -> list[str]:
             if op.get_type_name() == "MatMul" and op.get_friendly_name().startswith(HEAD_SCOPE)]
 
 
-def calibration_samples(model: PreTrainedEncoder, tok_folder: Path) -> list[dict[str, Any]]:
-    """The calibration texts and pairs (hfport/probes.py) as NNCF samples: each row its own unpadded (1, T) feed
-    (a padded batch would put padding positions into the activation ranges)."""
-    inputs = graph_inputs(model.config)
+def calibration_samples(batches: dict[str, dict[str, Any]], inputs: list[str]) -> list[dict[str, Any]]:
+    """The calibration batches (export/onnx_verify.py's probe_batches: the calibration texts and pairs) as NNCF
+    samples: each row its own (1, T) feed of its real tokens only (a padded batch would put padding positions into
+    the activation ranges)."""
     samples = []
-    for enc in probe_batches(tok_folder, model.task, model.config).values():
-        for row, length in enumerate(enc["attention_mask"].sum(1).tolist()):
-            samples.append(feeds({k: v[row:row + 1, :length] for k, v in enc.items()}, inputs))
+    for enc in batches.values():
+        for row, real in enumerate(enc["attention_mask"].bool()):  # real: (T,)
+            samples.append(feeds({k: v[row:row + 1, real] for k, v in enc.items()}, inputs))
     return samples
 
 
@@ -255,9 +255,10 @@ def quantize_ir(ov: Any, nncf: Any, traced: Path, dst: Path, model: PreTrainedEn
     Returns the manifest's quantization entry."""
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
 
-    samples = calibration_samples(model, tok_folder)
-    probes = [feeds(enc, graph_inputs(model.config))
-              for enc in probe_batches(tok_folder, model.task, model.config).values()]
+    inputs = graph_inputs(model.config)
+    batches = probe_batches(tok_folder, model.task, model.config)
+    samples = calibration_samples(batches, inputs)
+    probes = [feeds(enc, inputs) for enc in batches.values()]  # the outlier rule reads the padded batches' real tokens
     split = dst.parent / f".split-{traced.name}"  # the int8 IR's fp32 source: never written to OUT
     try:
         side, outliers = split_outliers(traced, split, probes)
