@@ -145,6 +145,15 @@ def test_every_head_exports_verifies_and_matches_torch_in_the_runtime(task, expo
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_task_without_a_graph_is_refused(minilm_path, tmp_path):
+    """Multiple choice ((B, C, T) inputs) has no graph: refused before anything is written."""
+    choice = tmp_path / "choice"
+    save_with_tokenizer("bert", "multiple-choice", choice, minilm_path, vocab_size=30522)
+    with pytest.raises(ExportError, match="no graph for multiple-choice"):
+        export_openvino(choice, tmp_path / "mc", quantize="int8")
+    no_leftovers(tmp_path / "mc")
+
+
 def test_card_names_the_int8_ir_and_the_gate(exported):
     out, report = exported("text-classification")
     card = (out / "README.md").read_text()
@@ -240,7 +249,7 @@ def test_backend_choice_and_detection(exported, source, tmp_path):
     with pytest.raises(OpenVinoModelError, match="must name an .xml file"):
         hfport.pipeline("text-classification", model=out, file="../model.onnx")
     pipe = hfport.pipeline("text-classification", model=out / IR_FILE, backend="openvino")  # one IR file
-    assert "model=bert" in repr(pipe) and pipe.model.path == out / IR_FILE
+    assert "model=bert" in repr(pipe) and pipe.model.path == out / IR_FILE and repr(pipe.model).endswith("f32)")
     size = sum((out / f).stat().st_size for f in (QUANTIZED_IR_FILE, "openvino_model_qint8_quantized.bin"))
     assert sum(t.numel() for t in hfport.pipeline("text-classification", model=out).model.buffers()) == size
     bad = pipe.predict(["fine", "", "great"])  # a bad item fails alone, as with the PyTorch backend
@@ -312,6 +321,11 @@ def test_changed_weights_fail_verify(exported, source, tmp_path):
     assert ("files", "openvino_model.bin") in failed  # the recorded sha256
     assert ("files", IR_FILE) not in failed
     assert any(check == "fp32 vs hfport" for check, _ in failed)  # and the values
+    bare = tmp_path / "bare"
+    shutil.copytree(out, bare)
+    (bare / MANIFEST).unlink()  # nothing then says the IRs are the ones exported
+    report = verify(bare, source("text-classification"))
+    assert ("files", MANIFEST) in {(r.check, r.output) for r in report.failures}
 
 
 def test_folder_whose_source_is_gone_verifies_against_the_runtime(exported, tmp_path):

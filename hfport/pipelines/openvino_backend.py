@@ -120,6 +120,9 @@ class OpenVinoModel(GraphModel):
         check_signature(model, config, task, xml)
         return cls(xml, compile_ir(model, xml, precision, threads), config, family, task, precision)
 
+    def __repr__(self) -> str:
+        return f"OpenVinoModel({self.path}, {self.family.model_type}, {self.task}, {self.precision})"
+
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         try:
             request = self._idle.get_nowait()
