@@ -291,5 +291,5 @@ def quantize_ir(ov: Any, nncf: Any, traced: Path, dst: Path, model: PreTrainedEn
             "outlier_channels": outliers,
             "outlier_rule": f"input channels with calibration |max| > {OUTLIER_RATIO:g} x the median channel's (at "
                             f"most {MAX_OUTLIERS} per input) in a fp32 MatMul",
-            "kept_fp32": keep, "keep_rule": "attention's activation x activation MatMuls, the task head's MatMuls and the "
-                                            "outlier MatMuls"}
+            "kept_fp32": keep,
+            "keep_rule": "attention's activation x activation MatMuls, the task head's MatMuls and the outlier MatMuls"}
