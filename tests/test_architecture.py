@@ -295,7 +295,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 OPTIONAL_EXTRAS = {"onnxruntime", "onnx", "peft", "psycopg", "transformers", "sentence_transformers",
                    "mlflow",  # mlflow: report_to mlflow (hfport[trackers]) points its tracking URI at the run
                    "pyarrow",  # pyarrow: the `data` extra, read only for Parquet/Arrow/datasets-folder training data
-                   "faiss"}  # faiss: the `faiss` extra, an optional index for searching very large corpora
+                   "faiss",  # faiss: the `faiss` extra, an optional index for searching very large corpora
+                   "openvino", "nncf"}  # the `openvino` extra: the OpenVINO export and pipeline backend
 FUNCTION_IMPORTS_ALLOWED = {
     ("hfport/cli.py", "server"): "the service is an application over the library: imported when `serve` runs (and "
                                  "when its --help lists the server's settings)",

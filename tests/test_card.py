@@ -136,6 +136,8 @@ EXPECTED = {
     "hf": ("run", "transformers", "text-classification", {"hfport", "bert"}),
     "onnx": ("run", "transformers", "text-classification", {"onnx"}),
     "onnx-int8": ("run", "transformers", "text-classification", {"onnx"}),
+    "openvino": ("run", "transformers", "text-classification", {"openvino"}),
+    "openvino-int8": ("run", "transformers", "text-classification", {"openvino"}),
     "peft": ("lora_run", "peft", "text-classification", {"lora"}),
     "merged": ("lora_run", "transformers", "text-classification", set()),
     "sentence-transformers": ("plain", "sentence-transformers", "sentence-similarity", {"sentence-transformers"}),

@@ -405,7 +405,8 @@ def test_export_job_every_format(client, registered, root):
     if not adapter.exists():
         model = hfport.AutoModelForSequenceClassification.from_pretrained(models / "base", id2label={0: "a", 1: "b"})
         save_random_adapter(model, adapter, base=models / "base", seed=3, r=4, alpha=8, targets=["q", "v"])
-    sources = {"hf": "cls", "onnx": "cls", "onnx-int8": "cls", "sentence-transformers": "feat",
+    sources = {"hf": "cls", "onnx": "cls", "onnx-int8": "cls", "openvino": "cls", "openvino-int8": "cls",
+               "sentence-transformers": "feat",
                "cross-encoder": str(scorer), "peft": str(adapter), "merged": str(adapter), "sparse-encoder": "mlm"}
     assert set(sources) == set(FORMATS)
     jobs = {}
@@ -413,6 +414,7 @@ def test_export_job_every_format(client, registered, root):
         r = client.post("/jobs/export", json={"model": model_ref, "format": name})
         assert r.status_code == 202, r.text
         jobs[name] = r.json()["id"]
+    outputs = {}
     for name, job_id in jobs.items():
         done = wait_job(client, job_id, lambda j: j["status"] in TERMINAL, timeout=240)
         assert done["status"] == "succeeded", (name, done)
@@ -420,6 +422,15 @@ def test_export_job_every_format(client, registered, root):
         assert result["format"] == name and result["verify"]["passed"] is True, (name, result)
         found = detect_format(result["output_dir"])
         assert found is not None and found.name == ("hf" if name == "merged" else name), (name, found)
+        outputs[name] = result["output_dir"]
+    # the server serves a graph folder as hfport.pipeline does: OpenVINO's int8 IR (the folder's default_file)
+    assert client.post("/models", json={"name": "cls-ov", "path": outputs["openvino-int8"]}).status_code == 201
+    texts = ["a text", "another text"]
+    r = client.post("/predict", json={"model": "cls-ov", "inputs": texts, "parameters": {"top_k": None}})
+    assert r.status_code == 200, r.text
+    want = hfport.pipeline("text-classification", model=outputs["openvino-int8"], top_k=None)(texts)
+    assert [[x["label"] for x in o] for o in r.json()["outputs"]] == [[x["label"] for x in o] for o in want]
+    assert max(abs(x["score"] - y["score"]) for o, w in zip(r.json()["outputs"], want) for x, y in zip(o, w)) < 1e-5
     body = assert_error(client.post("/jobs/export", json={"model": "cls", "format": "tarball"}), 422)
     assert "onnx-int8" in body["error"] and "sentence-transformers" in body["error"], body
     body = assert_error(client.post("/jobs/export", json={"model": "cls", "format": "hf", "options": {"opset": 17}}),

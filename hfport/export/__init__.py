@@ -12,6 +12,7 @@ through it. The floors, bottom up (each imports only from below):
   sparse_format.py  format sparse-encoder: the SparseEncoder (SPLADE) layout step and its verify
   probes.py     the calibration texts, the int8 gate's judged texts (built in, or --gate-data) apart from them
   onnx_agreement.py, onnx_fusion.py, onnx_verify.py, onnx.py   formats onnx and onnx-int8
+  openvino.py, openvino_verify.py   formats openvino and openvino-int8 (from onnx.py's graph; onnx_verify's checks)
   registry.py   FORMATS (one record a format), detect_format, export, verify
 
 A new format is a module with its writer and its verify, and one record in registry.py.
@@ -22,12 +23,13 @@ from .common import (DTYPE_NAMES, EXPORT_DTYPES, OUTPUTS, PIPELINE_TAGS, TRANSFO
                      ExportResult, FormatOptions, Source, resolve_source)
 from .folder import ExportOptions, SentenceTransformersOptions
 from .onnx import OnnxOptions
+from .openvino import OpenVinoOptions
 from .registry import DEFAULT_FORMAT, FORMATS, ExportFormat, detect_format, export, formats_help, get_format, verify
 from .report import TOLERANCES, Row, VerifyFailed, VerifyReport
 from ..formats.sentence_transformers import read_st_pooling, write_embedding_layout
 
 __all__ = ["DEFAULT_FORMAT", "DTYPE_NAMES", "EXPORT_DTYPES", "FORMATS", "OUTPUTS", "PIPELINE_TAGS", "TOLERANCES",
            "TRANSFORMERS_AUTO", "WHICH", "ExportError", "ExportFormat", "ExportOptions", "ExportResult",
-           "FormatOptions", "OnnxOptions", "Row", "SentenceTransformersOptions", "Source", "VerifyFailed",
-           "VerifyReport", "detect_format", "export", "formats_help", "get_format", "model_card", "read_st_pooling",
-           "resolve_source", "verify", "write_embedding_layout"]
+           "FormatOptions", "OnnxOptions", "OpenVinoOptions", "Row", "SentenceTransformersOptions", "Source",
+           "VerifyFailed", "VerifyReport", "detect_format", "export", "formats_help", "get_format", "model_card",
+           "read_st_pooling", "resolve_source", "verify", "write_embedding_layout"]

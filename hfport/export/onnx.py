@@ -255,12 +255,12 @@ def _write_graphs(model: PreTrainedEncoder, tok_folder: Path, staging: Path, opt
                   quantize: str | None) -> tuple[list[str], dict[str, Any]]:
     """model.onnx, and model_optimized.onnx / model_quantized.onnx as asked; returns the graphs written and the
     manifest's optimized/quantization entries."""
-    _trace(model, tok_folder, staging / ONNX_FILE, options.opset)
+    trace(model, tok_folder, staging / ONNX_FILE, options.opset)
     graphs = [ONNX_FILE]
     fused: dict[str, int] = {}
     if options.optimize or quantize is not None:  # the int8 graph is made from the fused one (onnx_fusion.py)
         traced = staging / f".traced-{OPTIMIZED_FILE}"
-        _trace(model, tok_folder, traced, options.opset, fused=True)
+        trace(model, tok_folder, traced, options.opset, fused=True)
         fused = optimize_graph(traced, staging / OPTIMIZED_FILE, model.config.num_attention_heads,
                                model.config.hidden_size)
         traced.unlink()
@@ -280,7 +280,7 @@ def _write_graphs(model: PreTrainedEncoder, tok_folder: Path, staging: Path, opt
                     "quantization": quantization}
 
 @torch.no_grad()
-def _trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int, fused: bool = False) -> None:
+def trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int, fused: bool = False) -> None:
     """Trace the padded path on a padded two-row batch of real text into `path`; fused: attention as onnxruntime's
     MultiHeadAttention where it can be (onnx_fusion.py)."""
     tokenizer = AutoTokenizer.from_pretrained(tok_folder)

@@ -24,14 +24,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..formats.sentence_transformers import has_embedding_layout, read_layout
 from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE, OnnxModelError
+from ..pipelines.graph import GraphModel
 from ..pipelines.onnx_backend import INSTALL_HINT, OnnxModel, check_signature, open_session, read_folder_config
 from ..tasks import TASKS, load_any
 from ..tokenizer import AutoTokenizer
@@ -141,11 +143,12 @@ def _verify(folder: Path, source_arg: Any, which: str, bounds: tuple[float, floa
     if not ctx:
         return
     config, task = ctx["config"], ctx["task"]
-    manifest = _manifest(folder, report)
+    manifest = read_recorded_manifest(folder, report)
     graphs = _graphs(folder, config, task, manifest, report)
     if ONNX_FILE not in graphs:
         return
-    references = _references(folder, source_arg, manifest, which, task, report)
+    against = references(folder, source_arg, manifest, which, task, report,
+                         Direct(folder / ONNX_FILE, "onnxruntime", "ONNX", lambda: RawGraph(folder / ONNX_FILE, task)))
     batches: dict[str, dict[str, Tensor]] = {}
     with check_row(report, "tokenizer", "probes"):
         batches = probe_batches(folder, task, config)
@@ -158,30 +161,39 @@ def _verify(folder: Path, source_arg: Any, which: str, bounds: tuple[float, floa
     outs = {"fp32": fp32} | ({"fp32 optimized": {name: run(graphs[OPTIMIZED_FILE], enc, task)
                                                  for name, enc in batches.items()}}
                              if OPTIMIZED_FILE in graphs else {})
-    for against, load in references.items():
-        with check_row(report, f"fp32 vs {against}", "load"):
-            reference = load()
-            refs = {name: run(reference, enc, task) for name, enc in batches.items()}
-            for label, got in outs.items():
-                _compare_all(report, f"{label} vs {against}", got, refs, batches, task)
+    compare_references(report, outs, against, batches, task)
     if QUANTIZED_FILE in graphs:
         with check_row(report, "int8 vs fp32", "gate"):
-            gate_ctx = GateContext(config, _pooling(folder, report.source))
-            _int8_rows(report, graphs[QUANTIZED_FILE], graphs[ONNX_FILE], gate_ctx, task, bounds, data)
+            gate_ctx = GateContext(config, pooling_of(folder, report.source))
+            int8_rows(report, graphs[QUANTIZED_FILE], graphs[ONNX_FILE], gate_ctx, task, bounds, data)
 
 
-def _manifest(folder: Path, report: VerifyReport) -> dict[str, Any] | None:
-    if not (folder / MANIFEST).is_file():  # without it nothing says the graphs are the ones exported: a FAIL
-        report.add("files", MANIFEST, False, tolerance="present",
-                   detail=f"{folder / MANIFEST} is missing: the graphs' recorded sha256 and source cannot be "
-                          "checked; export the folder again with hfport export --format onnx")
+def read_recorded_manifest(folder: Path, report: VerifyReport, name: str = MANIFEST,
+                           export_format: str = "onnx") -> dict[str, Any] | None:
+    """The folder's manifest NAME as recorded at export; missing or unreadable: a FAIL row (nothing then says the
+    graphs are the ones exported)."""
+    if not (folder / name).is_file():
+        report.add("files", name, False, tolerance="present",
+                   detail=f"{folder / name} is missing: the graphs' recorded sha256 and source cannot be "
+                          f"checked; export the folder again with hfport export --format {export_format}")
         return None
-    with check_row(report, "files", MANIFEST):
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    with check_row(report, "files", name):
+        manifest = json.loads((folder / name).read_text(encoding="utf-8"))
         if not isinstance(manifest, dict):
-            raise ExportError(f"{folder / MANIFEST}: the top level must be a JSON object")
+            raise ExportError(f"{folder / name}: the top level must be a JSON object")
         return manifest
     return None
+
+
+def check_recorded(report: VerifyReport, folder: Path, manifest: dict[str, Any], names: list[str]) -> None:
+    """A FAIL row for each of the files NAMES whose sha256 is not the one the manifest recorded at export."""
+    for name in names:
+        with check_row(report, "files", name):
+            want = (manifest.get("sha256") or {}).get(name)
+            have = sha256(folder / name)
+            report.add("files", name, have == want, tolerance="sha256 as recorded at export",
+                       detail="" if have == want else f"sha256 {have[:16]}... differs from the recorded "
+                                                      f"{str(want)[:16]}...: the file changed after export")
 
 
 def _graphs(folder: Path, config: Any, task: str, manifest: dict[str, Any] | None,
@@ -194,36 +206,52 @@ def _graphs(folder: Path, config: Any, task: str, manifest: dict[str, Any] | Non
         with check_row(report, "graph", name):
             graphs[name] = check_graph(report, folder / name, config, task)
         if manifest is not None:
-            with check_row(report, "files", name):
-                want = (manifest.get("sha256") or {}).get(name)
-                have = sha256(folder / name)
-                report.add("files", name, have == want, tolerance="sha256 as recorded at export",
-                           detail="" if have == want else f"sha256 {have[:16]}... differs from the recorded "
-                                                          f"{str(want)[:16]}...: the graph changed after export")
+            check_recorded(report, folder, manifest, [name])
     return graphs
 
 
-def _references(folder: Path, source_arg: Any, manifest: dict[str, Any] | None, which: str, task: str,
-                report: VerifyReport) -> dict[str, Any]:
-    """What the fp32 graphs (run by hfport's ONNX backend) are compared with, each a loader: hfport's model from
-    SOURCE and transformers', or, with no source given and the recorded one out of reach, onnxruntime running
-    model.onnx directly."""
+class Direct(NamedTuple):
+    """A folder's fp32 graph run by its runtime directly: the reference for hfport's backend when no PyTorch source
+    can be reached."""
+
+    path: Path  # the graph
+    runtime: str  # "onnxruntime", "OpenVINO"
+    backend: str  # hfport's backend in the report: "ONNX", "OpenVINO"
+    load: Callable[[], Any]
+
+
+def references(folder: Path, source_arg: Any, manifest: dict[str, Any] | None, which: str, task: str,
+               report: VerifyReport, direct: Direct, manifest_name: str = MANIFEST) -> dict[str, Any]:
+    """What the fp32 graphs (run by hfport's graph backend) are compared with, each a loader: hfport's model from
+    SOURCE and transformers', or, with no source given and the recorded one out of reach, the runtime running the
+    fp32 graph directly (DIRECT)."""
     recorded = (manifest or {}).get("source")
     if source_arg is None and not (recorded and Path(recorded).exists()):
-        why = f"the recorded source {recorded} is gone" if recorded else f"no source in {MANIFEST}"
-        report.source = f"{folder / ONNX_FILE} run by onnxruntime directly ({why}; no PyTorch model compared)"
-        report.add("source", f"none reachable ({why}): hfport's ONNX backend vs onnxruntime", True,
+        why = f"the recorded source {recorded} is gone" if recorded else f"no source in {manifest_name}"
+        report.source = f"{direct.path} run by {direct.runtime} directly ({why}; no PyTorch model compared)"
+        report.add("source", f"none reachable ({why}): hfport's {direct.backend} backend vs {direct.runtime}", True,
                    detail=report.source)
-        return {"onnxruntime": lambda: RawGraph(folder / ONNX_FILE, task)}
-    references: dict[str, Any] = {}
+        return {direct.runtime: direct.load}
+    loaders: dict[str, Any] = {}
     with check_row(report, "source", str(source_arg or recorded)):
         src = resolve_source(source_arg if source_arg is not None else recorded, which)
         ours = load_any(src.model, dtype=torch.float32)
         if ours.task != task:
             raise ExportError(f"{src.model} holds a {ours.task} model; {folder} holds a {task} graph")
         report.source = str(src.model)
-        references = {"hfport": lambda: ours, "transformers": lambda: _load_transformers(src.model, task)}
-    return references
+        loaders = {"hfport": lambda: ours, "transformers": lambda: _load_transformers(src.model, task)}
+    return loaders
+
+
+def compare_references(report: VerifyReport, outs: dict[str, dict[str, dict[str, Tensor]]],
+                       against: dict[str, Any], batches: dict[str, dict[str, Tensor]], task: str) -> None:
+    """Each graph's outputs OUTS ({label: {batch: outputs}}) against each reference's (references())."""
+    for name, load in against.items():
+        with check_row(report, f"fp32 vs {name}", "load"):
+            reference = load()
+            refs = {batch: run(reference, enc, task) for batch, enc in batches.items()}
+            for label, got in outs.items():
+                compare_all(report, f"{label} vs {name}", got, refs, batches, task)
 
 
 def check_graph(report: VerifyReport, path: Path, config: Any, task: str) -> OnnxModel:
@@ -241,7 +269,7 @@ def check_graph(report: VerifyReport, path: Path, config: Any, task: str) -> Onn
     return OnnxModel(path, session, cfg, family, task)
 
 
-def _compare_all(report: VerifyReport, check: str, got: dict[str, dict[str, Tensor]],
+def compare_all(report: VerifyReport, check: str, got: dict[str, dict[str, Tensor]],
                  refs: dict[str, dict[str, Tensor]], batches: dict[str, dict[str, Tensor]], task: str) -> None:
     for batch, outputs in got.items():
         for name, (rank, _) in TASKS[task].graph_outputs.items():
@@ -252,7 +280,7 @@ def _compare_all(report: VerifyReport, check: str, got: dict[str, dict[str, Tens
                         what=f"the graph's {name}")
 
 
-def _pooling(folder: Path, source: str) -> str:
+def pooling_of(folder: Path, source: str) -> str:
     """How an embedding model pools: its sentence-transformers layout (in DIR, else in its source), else mean."""
     for where in (folder, Path(source)):
         if where.is_dir() and has_embedding_layout(where):
@@ -260,7 +288,7 @@ def _pooling(folder: Path, source: str) -> str:
     return "mean"
 
 
-def _int8_rows(report: VerifyReport, int8: OnnxModel, fp32: OnnxModel, ctx: GateContext, task: str,
+def int8_rows(report: VerifyReport, int8: GraphModel, fp32: GraphModel, ctx: GateContext, task: str,
                bounds: tuple[float, float], data: GateData) -> None:
     """The int8 gate (export/onnx_agreement.py) on the judged texts (never the calibration ones), one row a kind
     of input (texts, pairs, long texts, long pairs)."""

@@ -28,10 +28,13 @@ from .common import ExportError, ExportResult, FormatOptions, check_out, resolve
 from .folder import ExportOptions, SentenceTransformersOptions, verify_folder, write_folder
 from .onnx import ONNX_CARD, OnnxOptions, write_onnx
 from .onnx_verify import verify_onnx
+from .openvino import OPENVINO_CARD, OpenVinoOptions, write_openvino
+from .openvino_verify import verify_openvino
 from .peft import ADAPTER_CARD, MERGED_CARD, verify_adapter, verify_merged, write_adapter, write_merged
 from .report import VerifyReport
 from .sentence_formats import embedding_layout, reranker_marker
 from .sparse_format import sparse_layout, verify_sparse
+from ..formats.openvino import QUANTIZED_IR_FILE, is_openvino_model
 from ..formats.sentence_transformers import has_embedding_layout, has_sparse_layout, is_cross_encoder
 
 # (source, out, options, *, verify, json_path) -> ExportResult
@@ -70,6 +73,10 @@ def _is_onnx(folder: Path) -> bool:
     return folder.is_dir() and is_onnx_model(folder)
 
 
+def _is_openvino(folder: Path) -> bool:
+    return folder.is_dir() and is_openvino_model(folder)
+
+
 FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
     ExportFormat("onnx-int8", "model.onnx (fp32) + model_quantized.onnx (int8, dynamic quantization), config.json, "
                  "tokenizer, hfport_onnx.json", OnnxOptions, partial(write_onnx, quantize="int8"), verify_onnx,
@@ -80,6 +87,16 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
                  OnnxOptions, write_onnx, verify_onnx, detect=_is_onnx,
                  verify_options=("atol", "rtol", "min_agreement", "min_cosine", "gate_data"), always_verified=True,
                  quantized={"int8": "onnx-int8"}, card=ONNX_CARD),
+    ExportFormat("openvino-int8", "openvino_model.xml/.bin (fp32 IR) + openvino_model_qint8_quantized.xml/.bin (int8, "
+                 "NNCF static quantization), config.json, tokenizer, hfport_openvino.json", OpenVinoOptions,
+                 partial(write_openvino, quantize="int8"), verify_openvino,
+                 detect=lambda p: _is_openvino(p) and (p / QUANTIZED_IR_FILE).is_file(),
+                 verify_options=("atol", "rtol", "min_agreement", "min_cosine", "gate_data"), always_verified=True,
+                 card=OPENVINO_CARD),
+    ExportFormat("openvino", "openvino_model.xml/.bin (the fp32 OpenVINO IR, made from hfport's ONNX graph), "
+                 "config.json, tokenizer, hfport_openvino.json", OpenVinoOptions, write_openvino, verify_openvino,
+                 detect=_is_openvino, verify_options=("atol", "rtol", "min_agreement", "min_cosine", "gate_data"),
+                 always_verified=True, quantized={"int8": "openvino-int8"}, card=OPENVINO_CARD),
     ExportFormat("peft", "a LoRA adapter in PEFT's format (adapter_config.json, adapter_model.safetensors), "
                  "config.json, tokenizer", ExportOptions, write_adapter, verify_adapter,
                  detect=lora.is_adapter_folder, card=ADAPTER_CARD),
@@ -129,8 +146,9 @@ def export(src: str | os.PathLike[str], out: str | os.PathLike[str], *, format: 
            force: bool = False, verify: bool = False, json_path: str | os.PathLike[str] | None = None,
            merge: bool = False, base_model: str | os.PathLike[str] | None = None, **options: Any) -> ExportResult:
     """Write SRC at OUT in FORMAT (FORMATS), with the format's OPTIONS (ExportOptions for the weight folders:
-    which, dtype, max_shard_size, atol, rtol; OnnxOptions for ONNX); with verify=True, prove it against SRC before
-    OUT appears (the ONNX formats always do). An existing OUT is only replaced with force.
+    which, dtype, max_shard_size, atol, rtol; OnnxOptions for ONNX, OpenVinoOptions for OpenVINO); with verify=True,
+    prove it against SRC before OUT appears (the ONNX and OpenVINO formats always do). An existing OUT is only
+    replaced with force.
 
     A LoRA adapter source exported as "hf" stays an adapter ("peft"); merge=True is format "merged". base_model: an
     adapter source's base folder (default: the one its adapter_config.json names), loaded by the export and its
@@ -181,7 +199,7 @@ def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = 
     report = VerifyReport(label or str(folder), str(source if source is not None else folder))
     what = "no such folder" if not folder.is_dir() else "not a folder in any format hfport verifies"
     report.add("format", str(folder), False, detail=f"{folder}: {what} ({', '.join(FORMATS)}: a config.json, an "
-                                                   "adapter_config.json or a model.onnx)")
+                                                   "adapter_config.json, a model.onnx or an openvino_model.xml)")
     if json_path is not None:
         report.write_json(json_path)
     return report

@@ -6,6 +6,7 @@ safetensors, so modeling, tasks, pipelines, train and export all read them from 
     sentence_transformers a sentence-transformers folder (modules.json, Pooling, Normalize, prompts) and the
                           CrossEncoder marker
     onnx                  an ONNX folder (model.onnx, model_quantized.onnx, hfport_onnx.json)
+    openvino              an OpenVINO folder (openvino_model.xml/.bin, the int8 IR beside it, hfport_openvino.json)
     tables                training data: CSV/TSV, JSONL, Parquet, Arrow IPC, datasets' save_to_disk folders, read
                           as streams of rows (pyarrow, the `data` extra, for the last three)
     jsonstream            a large JSON document walked a member or an element at a time, json's own errors at

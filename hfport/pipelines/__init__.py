@@ -20,10 +20,12 @@ hfport/tasks/ holds the names and which pipeline class each task uses.
                         (alias "splade")
   text-ranking          a cross-encoder: text-classification's pipeline over (query, text) pairs
 
-Backends: "torch" (hfport's models) or "onnx" (an exported ONNX folder or .onnx file run by onnxruntime on the CPU,
-pipelines/onnx_backend.py). The default picks "onnx" for a .onnx file or a folder with model.onnx and no safetensors.
-An ONNX folder runs the graph its manifest names (an int8 export: model_quantized.onnx), or `file=` another of its
-graphs (file="model.onnx": the fp32 one).
+Backends: "torch" (hfport's models) or a graph backend (pipelines/backends.py): "onnx" (an exported ONNX folder or
+.onnx file run by onnxruntime on the CPU, pipelines/onnx_backend.py) and "openvino" (an exported OpenVINO folder or
+IR .xml file run by OpenVINO on the CPU, pipelines/openvino_backend.py). The default picks the graph backend whose
+folder it is (model.onnx, or openvino_model.xml, and no safetensors), else "torch". A graph folder runs the graph its
+manifest names (an int8 export: its int8 graph), or `file=` another of its graphs (file="model.onnx" or
+"openvino_model.xml": the fp32 one).
 
 Adapters: `adapters={"name": folder, ...}` loads LoRA adapters (PEFT's folders) over the model, sharing its body; a
 call's `adapter="name"` (or a list with a name or None per input) picks each input's adapter, and inputs of
@@ -51,25 +53,24 @@ import torch
 from .. import hub, tasks
 from ..errors import ItemError
 from ..formats.adapter import is_adapter_folder
-from ..formats.onnx import is_onnx_model
 from ..formats.sentence_transformers import has_sparse_layout
 from ..hardware import device_name, resolve_device
 from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
+from .backends import BACKENDS, graph_backend
 from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InputTooLongError, InvalidInput, Pipeline, PipelineInputError,
                    Prepared, pack_rows)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
+from .graph import GraphModel
 from .onnx_backend import OnnxModel
+from .openvino_backend import OpenVinoModel
 from .qa import QuestionAnsweringPipeline
 from .sentence_embedding import SentenceEmbeddingPipeline
 from .sparse_embedding import SparseEmbeddingPipeline
 from .tokens import TokenClassificationPipeline
-
-BACKENDS = ("torch", "onnx")
-
 
 class _Pipelines(Mapping[str, type[Pipeline]]):
     """Task name -> its pipeline class, read off the task records when asked (a record names its pipeline as
@@ -102,9 +103,12 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     None: the CPU for a folder, where it is for a loaded model).
     batch_size: rows per forward pass (None: only max_batch_tokens limits a batch). Further keyword arguments are
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple").
-    backend: "torch" or "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it); None picks
-    "onnx" for a .onnx file or a folder with model.onnx and no safetensors.
-    file: the graph of an ONNX folder to run (default: the one its manifest names; an int8 export's int8 graph).
+    backend: "torch", "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it) or "openvino"
+    (an OpenVINO folder, or one IR .xml file in it); None picks the graph backend whose folder or file it is, else
+    "torch". A graph runs on the CPU; dtype None/"auto"/float32 computes float32 (the OpenVINO backend also runs
+    dtype="bfloat16": OpenVINO's bf16 inference precision, not proved by the export's verify).
+    file: the graph of an ONNX or OpenVINO folder to run (default: the one its manifest names; an int8 export's int8
+    graph).
     adapters: {name: adapter folder} served over `model` (its body shared, not reloaded); pick one per call with
     `adapter=`.
     dtype="int8" / "auto-int8" (a folder only): the encoder's Linear layers in int8, held to the int8 gate on built-in
@@ -116,24 +120,27 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     name, cls = record.name, PIPELINES[record.name]
     auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
     device = resolve_device(device) if device is not None else None
-    if backend is not None and backend not in BACKENDS:
+    graph = graph_backend(model, backend) if isinstance(model, (str, os.PathLike)) else None
+    if backend is not None and backend not in BACKENDS:  # a loaded model with an unknown backend name
         raise ValueError(f"backend {backend!r}: use one of {list(BACKENDS)}")
-    if isinstance(model, (str, os.PathLike)) and (backend == "onnx" or (backend is None and is_onnx_model(model))):
+    if graph is not None:
+        if device is not None and device.type != "cpu" and not auto:
+            raise ValueError(f"the {graph.name} backend runs graphs on the CPU; got device={device!r}")
         model_path = Path(model).expanduser()
-        model = OnnxModel.from_pretrained(model_path, file=file)
+        model = graph.load(model_path, file=file, dtype=dtype)
         tokenizer = (model_path.parent if model_path.is_file() else model_path) if tokenizer is None else tokenizer
     elif file is not None:
-        raise ValueError(f"file={file!r} picks a graph of an ONNX folder; {model!r} is not one on the onnx backend")
-    if isinstance(model, OnnxModel):
+        raise ValueError(f"file={file!r} picks a graph of an ONNX folder (or an OpenVINO folder's IR); {model!r} is "
+                         "not one on a graph backend")
+    if isinstance(model, GraphModel):
         if model.task != record.checkpoint_task:
             raise ValueError(f"{name} needs a {record.checkpoint_task} model; {model.path} is a {model.task} graph")
         if tokenizer is None:
             raise ValueError(f"{name}: a loaded model needs tokenizer= (a folder or an hfport tokenizer)")
-        float32 = dtype is None or dtype == "auto" or (
-            dtype not in INT8_DTYPES and resolve_dtype(dtype) == torch.float32)
-        if (device is not None and device.type != "cpu" and not auto) or not float32:
-            raise ValueError(f"the onnx backend runs float32 graphs on the CPU; got device={device!r}, "
-                             f"dtype={dtype!r}")
+        if graph is None and ((device is not None and device.type != "cpu" and not auto) or
+                              dtype not in (None, "auto", "float32", torch.float32)):
+            raise ValueError(f"a loaded {type(model).__name__} runs as it was opened, on the CPU; got "
+                             f"device={device!r}, dtype={dtype!r} (give its folder to choose the precision)")
     elif isinstance(model, PreTrainedEncoder):
         if model.task != record.checkpoint_task:
             raise ValueError(f"{name} needs a {record.model_class.__name__}, got a "
@@ -152,15 +159,17 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
                 adapter.base, (str, os.PathLike)) else adapter.base
         model = loaded
     else:
-        raise TypeError(f"model must be a folder, a repo id, an hfport model or an OnnxModel, got "
+        raise TypeError(f"model must be a folder, a repo id, an hfport model or a graph model (OnnxModel, "
+                        f"OpenVinoModel), got "
                         f"{type(model).__name__}")
     if not isinstance(tokenizer, PreTrainedTokenizer):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
                packed_linear=packed_linear, row_shards=row_shards, **options)
     if adapters:
-        if isinstance(model, OnnxModel):
-            raise ValueError("adapters: the onnx backend runs a fixed graph; serve adapters on the torch backend")
+        if isinstance(model, GraphModel):
+            raise ValueError(f"adapters: the {model.runtime} backend runs a fixed graph; serve adapters on the torch "
+                             "backend")
         for adapter_name, folder in adapters.items():
             pipe.add_adapter(adapter_name, folder)
     return pipe
@@ -207,6 +216,7 @@ __all__ = [
     "InvalidInput",
     "ItemError",
     "OnnxModel",
+    "OpenVinoModel",
     "Pipeline",
     "PipelineInputError",
     "Prepared",

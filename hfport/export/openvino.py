@@ -1,0 +1,295 @@
+"""The OpenVINO formats (fp32, and int8 beside it): the writer of an OpenVINO folder (formats/openvino.py), made from
+hfport's own ONNX graph.
+
+`export_openvino(src, out)` writes OUT with
+    openvino_model.xml/.bin   the fp32 IR: hfport's ONNX graph (export/onnx.py's `trace`: the padded path, standard
+                              ONNX ops, opset 17, dynamic batch and sequence axes) converted by openvino.convert_model
+                              and saved with compress_to_fp16=False (fp16 weights would be another model);
+    openvino_model_qint8_quantized.xml/.bin   with quantize="int8": NNCF's static post-training quantization
+                              (nncf.quantize, model_type TRANSFORMER: int8 weights per output channel, int8
+                              activations at ranges fixed on the calibration texts, fast bias correction) of that
+                              graph, calibrated on the calibration texts and pairs (hfport/probes.py), each its own
+                              unpadded sample, never the texts the gate judges. Three rules on top of NNCF's defaults,
+                              measured on all-MiniLM-L6-v2 (the gate's least cosine over its short texts / pairs /
+                              long texts / long pairs, f32 inference):
+                                NNCF's defaults (SmoothQuant alpha 0.95, the attention MatMuls quantized too)
+                                  0.893 / 0.989 / 0.939 / 0.948: below the gate's 0.98;
+                                the attention's two activation x activation MatMuls kept fp32 (their long rows'
+                                  softmax weights fall below one uint8 step) 0.894 / 0.989 / 0.971 / 0.987;
+                                  with SmoothQuant alphas 0.5-0.9 instead 0.918-0.984 on the texts, not monotone;
+                                and hfport's outlier split instead of SmoothQuant (export/onnx_fusion.py's
+                                  split_outliers, nn/int8.py's rule: each weight MatMul's outlier input channels
+                                  through a small fp32 MatMul beside the int8 one, exact in fp32; read off the same
+                                  calibration texts) 0.9945 / 0.9977 / 0.9976 / 0.9964: what is written.
+                              The task head's MatMuls stay fp32 too (a small share of the work but for a masked-LM
+                              decoder): its static int8 input error lands on the logits unaveraged; on the tiny
+                              random QA model of tests/test_openvino.py an int8 head flipped 1 of the 41 long pairs'
+                              spans fp32 decides (span agreement 0.9756 < 0.99), an fp32 head none;
+    config.json, the tokenizer files, the source's sentence-transformers files (pooling, normalize: what the embedding
+    pipelines read), README.md, and hfport_openvino.json (the manifest: inputs, outputs, the source, what the IRs
+    were made from and how, each IR file's sha256, `default_file`: the IR the folder serves, an int8 export's int8
+    IR, and `inference_precision`: f32, what verify proved and the backend serves by default).
+Written into a hidden sibling folder, verified there (export/openvino_verify.py: the fp32 IR against hfport and
+transformers, the int8 IR through the int8 gate), and renamed into place only if every check passed.
+
+Needs the `openvino` extra (openvino, nncf, and onnx for the graph it converts); not optimum-intel, whose
+transformers pin hfport cannot take.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from .. import hub
+from ..formats.openvino import INFERENCE_PRECISION, IR_FILE, MANIFEST, QUANTIZED_IR_FILE, read_manifest, weights_file
+from ..formats.sentence_transformers import copy_layout
+from ..modeling import PreTrainedEncoder
+from ..nn.int8 import MAX_OUTLIERS, OUTLIER_RATIO
+from ..pipelines.graph import graph_inputs
+from ..pipelines.openvino_backend import INSTALL_HINT
+from ..tasks import TASKS
+from ..tokenizer import TOKENIZER_FILES
+from .card import CardFacts, CardStyle, write_card
+from .common import (ExportError, ExportResult, FormatOptions, Source, check_out, export_config, no_tokenizer_message,
+                     resolve_source, staged, tokenizer_folder)
+from .folder import load_exportable, raise_unless_passed
+from .onnx import DEFAULT_OPSET, trace
+from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, check_thresholds
+from .onnx_fusion import split_outliers
+from .onnx_verify import feeds, probe_batches, sha256
+from .openvino_verify import GATE_CHECK, verify_openvino
+from .probes import GateData, read_gate_data
+
+log = logging.getLogger("hfport")
+
+QUANTIZE = ("int8",)
+HEAD_SCOPE = "/model/head/"  # the traced head's node names (head_matmuls)
+
+
+def require_openvino_export(quantize: str | None) -> tuple[Any, Any]:
+    """(openvino, nncf or None), or an ExportError saying how to install them; the graph is traced to ONNX first,
+    so the onnx package too."""
+    try:
+        import onnx  # noqa: F401 - only: is it installed? (the trace and the outlier split write ONNX)
+        import openvino
+        nncf = None
+        if quantize is not None:
+            import nncf
+    except ImportError as e:
+        raise ExportError(f"OpenVINO export needs the openvino, nncf and onnx packages ({e}); {INSTALL_HINT}") from e
+    return openvino, nncf
+
+
+class OpenVinoOptions(FormatOptions):
+    """How to export an OpenVINO folder (formats openvino and openvino-int8). The IRs are always verified."""
+
+    min_agreement: float = Field(MIN_AGREEMENT, description="int8: the least task-level agreement with fp32")
+    min_cosine: float = Field(MIN_COSINE, description="int8: the least cosine with fp32 over the judged texts "
+                                                      "(embeddings, pooled as the model pools)")
+    gate_data: str | None = Field(None, description="int8: the texts the gate judges, a file with one text a line "
+                                                    "or JSONL with text / text_pair (at least 64; default: the "
+                                                    "built-in judged set)")
+
+
+IR_ROLES = {IR_FILE: "fp32", QUANTIZED_IR_FILE: "int8 (NNCF static quantization): the CPU serving IR"}
+
+
+def openvino_section(facts: CardFacts) -> list[str]:
+    """The IRs (which one is int8), how the int8 IR was made, and what its gate measured against the fp32 IR."""
+    manifest = read_manifest(facts.folder) or {}
+    sums = manifest.get("sha256") or {}
+    lines = ["## OpenVINO IRs", "", f"Converted from {manifest.get('converted_from')} by OpenVINO "
+             f"{manifest.get('openvino_version')}; padded batches (inputs "
+             + ", ".join(f"`{i}`" for i in manifest.get("inputs", [])) + "; outputs "
+             + ", ".join(f"`{o}`" for o in manifest.get("outputs", [])) + "); verified and served with "
+             f"INFERENCE_PRECISION_HINT={manifest.get('inference_precision')}.", "",
+             "| file | IR | sha256 |", "|---|---|---|"]
+    lines += [f"| `{name}` | {IR_ROLES.get(str(Path(name).with_suffix('.xml')), '')} | `{digest[:16]}...` |"
+              for name, digest in sums.items()]
+    quantization = manifest.get("quantization")
+    if quantization:
+        outliers = sum(map(len, (quantization.get("outlier_channels") or {}).values()))
+        lines += ["", f"`{QUANTIZED_IR_FILE}` is the int8 IR: {quantization.get('method')}; {outliers} outlier input "
+                  f"channels in fp32 ({quantization.get('outlier_rule')}); "
+                  f"{len(quantization.get('kept_fp32') or [])} MatMuls kept fp32 ({quantization.get('keep_rule')})."]
+    gate = [r for r in facts.report.rows if r.check == GATE_CHECK] if facts.report is not None else []
+    if gate:
+        lines += ["", "The int8 gate (int8 against fp32 on judged texts apart from the calibration ones):", "",
+                  "| measured | over | bound | result |", "|---|---|---|---|"]
+        lines += [f"| {r.output} | {r.shape} | {r.tolerance} | {'pass' if r.passed else 'FAIL'} |" for r in gate]
+    return lines + [""]
+
+
+def openvino_use(facts: CardFacts) -> list[str]:
+    """OpenVINO's runtime directly, and hfport's openvino backend."""
+    default = QUANTIZED_IR_FILE if (facts.folder / QUANTIZED_IR_FILE).is_file() else IR_FILE
+    return ["## Use", "", "```python", "import openvino as ov", "",
+            f'compiled = ov.Core().compile_model("{facts.name}/{default}", "CPU",',
+            f'                                   {{"INFERENCE_PRECISION_HINT": "{INFERENCE_PRECISION}"}})',
+            "```", "", f'With hfport: `hfport.pipeline("{facts.task}", model="{facts.name}")` (the openvino backend'
+            + (f", the int8 IR; `file=\"{IR_FILE}\"` for fp32)." if default != IR_FILE else ")."), ""]
+
+
+OPENVINO_CARD = CardStyle(library="transformers", tags=("openvino",), use=openvino_use, section=openvino_section)
+
+
+@dataclass
+class OpenVinoExportResult(ExportResult):
+    @property
+    def irs(self) -> list[str]:
+        """openvino_model.xml (+ openvino_model_qint8_quantized.xml)."""
+        return [w for w in self.weights if w.endswith(".xml")]
+
+
+def export_openvino(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: str = "best",
+                    quantize: str | None = None, force: bool = False, min_agreement: float = MIN_AGREEMENT,
+                    min_cosine: float = MIN_COSINE, json_path: str | os.PathLike[str] | None = None,
+                    gate_data: str | os.PathLike[str] | None = None) -> OpenVinoExportResult:
+    """Write SRC as an OpenVINO folder at OUT, verified against SRC before OUT appears (VerifyFailed if not).
+    (`hfport.export(src, out, format="openvino" | "openvino-int8", ...)` is the same through the format registry.)"""
+    options = OpenVinoOptions.of(which=which, min_agreement=min_agreement, min_cosine=min_cosine,
+                                 gate_data=None if gate_data is None else str(gate_data))
+    source = resolve_source(src, options.which)
+    out = Path(out).expanduser()
+    check_out(source, out, force)
+    return write_openvino(source, out, options, quantize=quantize, json_path=json_path)
+
+
+def write_openvino(source: Source, out: Path, options: OpenVinoOptions, *, quantize: str | None = None,
+                   verify: bool = True, json_path: str | os.PathLike[str] | None = None,
+                   card: CardStyle = OPENVINO_CARD) -> OpenVinoExportResult:
+    """SOURCE's model as an OpenVINO folder at OUT (+ the int8 IR with quantize="int8"), always verified: an IR is a
+    new computation, never a copy of the weights, so `verify` cannot turn the proof off."""
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ExportError(f"quantize {quantize!r}: expected one of {list(QUANTIZE)} or None")
+    ov, nncf = require_openvino_export(quantize)
+    check_thresholds(options.min_agreement, options.min_cosine)
+    gate_data = read_gate_data(options.gate_data) if options.gate_data is not None else GateData.builtin()
+    model = load_exportable(source)
+    if not TASKS[model.task].graph_outputs:
+        raise ExportError(f"{source.model}: hfport has no graph for {model.task} models")
+    tok_folder = tokenizer_folder(source)
+    if tok_folder is None:
+        raise ExportError(no_tokenizer_message(source) + "; the OpenVINO folder needs them to be verified and served")
+    fmt = "openvino-int8" if quantize else "openvino"
+    with staged(out) as staging:
+        traced = staging / ".traced-model.onnx"  # hfport's ONNX graph, the IRs' source; never left in OUT
+        try:
+            trace(model, tok_folder, traced, DEFAULT_OPSET)
+            irs = [IR_FILE]
+            ov.save_model(ov.convert_model(str(traced)), str(staging / IR_FILE), compress_to_fp16=False)
+            quantization = None
+            if quantize is not None:
+                quantization = quantize_ir(ov, nncf, traced, staging / QUANTIZED_IR_FILE, model, tok_folder)
+                irs.append(QUANTIZED_IR_FILE)
+        finally:
+            traced.unlink(missing_ok=True)
+        config = export_config(model, model.family.architectures[model.task], torch.float32)
+        hub.write_json_atomic(staging / "config.json", config)
+        for name in TOKENIZER_FILES:
+            if (tok_folder / name).is_file():
+                shutil.copyfile(tok_folder / name, staging / name)
+        copy_layout(source.model, staging)  # an embedding model pools and normalizes as its source did
+        files = [f for ir in irs for f in (ir, weights_file(ir))]
+        hub.write_json_atomic(staging / MANIFEST, {
+            "format": fmt, "default_file": irs[-1], "inference_precision": INFERENCE_PRECISION,
+            "hfport_version": config["hfport_version"], "openvino_version": ov.__version__,
+            "converted_from": f"hfport's ONNX graph (torch.onnx TorchScript exporter, torch {torch.__version__}, "
+                              f"opset {DEFAULT_OPSET})", "padded": True,
+            "inputs": graph_inputs(model.config), "outputs": list(TASKS[model.task].graph_outputs),
+            "source": str(source.model.resolve()), "quantization": quantization,
+            "sha256": {name: sha256(staging / name) for name in files}})
+        result = OpenVinoExportResult(out, source.model, model.family.model_type, model.task, "float32", [], files,
+                                      tok_folder, format=fmt)
+        del model
+        result.report = verify_openvino(staging, source.model, min_agreement=options.min_agreement,
+                                        min_cosine=options.min_cosine, json_path=json_path, label=str(out),
+                                        gate_data=gate_data)
+        raise_unless_passed(result.report, out, source.model, "OpenVINO export")
+        write_card(staging, source, result, card)  # after verify: the card states its outcome and the gate's
+        result.files = sorted(p.name for p in staging.iterdir())
+    return result
+
+
+def activation_matmuls(ir: Any) -> list[str]:
+    """The MatMuls of IR whose inputs are both activations (attention's scores and weighted sum): no constant
+    weight to quantize per channel, and softmax weights below one uint8 step on long rows (the module docstring)."""
+    return [op.get_friendly_name() for op in ir.get_ops() if op.get_type_name() == "MatMul"
+            and all(op.input_value(i).get_node().get_type_name() != "Constant" for i in range(2))]
+
+
+def head_matmuls(ir: Any) -> list[str]:
+    """The task head's MatMuls (the module docstring says why they stay fp32), found by the trace's node names,
+    which follow module paths: export/onnx.py's traced wrapper holds the task model as `model`, whose head is
+    `head` in every task."""
+    return [op.get_friendly_name() for op in ir.get_ops()
+            if op.get_type_name() == "MatMul" and op.get_friendly_name().startswith(HEAD_SCOPE)]
+
+
+def calibration_samples(batches: dict[str, dict[str, Any]], inputs: list[str]) -> list[dict[str, Any]]:
+    """The calibration batches (export/onnx_verify.py's probe_batches: the calibration texts and pairs) as NNCF
+    samples: each row its own (1, T) feed of its real tokens only (a padded batch would put padding positions into
+    the activation ranges)."""
+    samples = []
+    for enc in batches.values():
+        for row, real in enumerate(enc["attention_mask"].bool()):  # real: (T,)
+            samples.append(feeds({k: v[row:row + 1, real] for k, v in enc.items()}, inputs))
+    return samples
+
+
+def quantize_ir(ov: Any, nncf: Any, traced: Path, dst: Path, model: PreTrainedEncoder,
+                tok_folder: Path) -> dict[str, Any]:
+    """The int8 IR at DST from the ONNX graph TRACED: the outlier split (fp32 side MatMuls), then NNCF's static
+    quantization with the side and attention MatMuls kept fp32 and SmoothQuant off (the module docstring says why).
+    Returns the manifest's quantization entry."""
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
+
+    inputs = graph_inputs(model.config)
+    batches = probe_batches(tok_folder, model.task, model.config)
+    samples = calibration_samples(batches, inputs)
+    probes = [feeds(enc, inputs) for enc in batches.values()]  # the outlier rule reads the padded batches' real tokens
+    split = dst.parent / f".split-{traced.name}"  # the int8 IR's fp32 source: never written to OUT
+    try:
+        side, outliers = split_outliers(traced, split, probes)
+        ir = ov.convert_model(str(split))
+    finally:
+        split.unlink(missing_ok=True)
+    names = {op.get_friendly_name() for op in ir.get_ops()}
+    keep = activation_matmuls(ir) + head_matmuls(ir) + [n for n in side if n in names]
+    nncf_log = logging.getLogger("nncf")
+    level = nncf_log.level
+    nncf_log.setLevel(logging.ERROR)
+    try:
+        # NNCF draws progress bars on stdout: the CLI's stdout is the export's own
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            quantized = nncf.quantize(
+                ir, nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(samples),
+                ignored_scope=nncf.IgnoredScope(names=keep),
+                advanced_parameters=AdvancedQuantizationParameters(
+                    smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1)))
+    except Exception as e:  # noqa: BLE001 - NNCF raises its own and the runtime's errors; each is an export failure
+        raise ExportError(f"nncf could not quantize the {model.family.model_type} {model.task} model: "
+                          f"{type(e).__name__}: {str(e)[:400]}") from e
+    finally:
+        nncf_log.setLevel(level)
+    ov.save_model(quantized, str(dst), compress_to_fp16=False)
+    return {"type": "int8", "method": f"nncf {nncf.__version__} static post-training quantization (model_type "
+                                      "transformer, SmoothQuant off, fast bias correction)",
+            "calibration": f"{len(samples)} calibration texts and pairs (hfport/probes.py), one unpadded row a sample",
+            "outlier_channels": outliers,
+            "outlier_rule": f"input channels with calibration |max| > {OUTLIER_RATIO:g} x the median channel's (at "
+                            f"most {MAX_OUTLIERS} per input) in a fp32 MatMul",
+            "kept_fp32": keep,
+            "keep_rule": "attention's activation x activation MatMuls, the task head's MatMuls and the outlier MatMuls"}
