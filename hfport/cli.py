@@ -565,8 +565,9 @@ def mine(
     query_prompt: Annotated[Optional[str], typer.Option(help="A prompt text for the anchors.")] = None,
     corpus_prompt_name: Annotated[Optional[str], typer.Option(help="A prompt of the model for the corpus.")] = None,
     corpus_prompt: Annotated[Optional[str], typer.Option(help="A prompt text for the corpus.")] = None,
-    reranker: Annotated[Optional[str], typer.Option(help="A text-ranking model that rescores the candidates for "
-                                                         "the score filters.")] = None,
+    reranker: Annotated[Optional[str], typer.Option(help="A text-ranking model (or a fine-tune run folder: its "
+                                                         "best/) that rescores the candidates for the score "
+                                                         "filters.")] = None,
     anchor_column: Annotated[Optional[str], typer.Option(help="The anchor column (default: anchor, else the "
                                                               "first).")] = None,
     positive_column: Annotated[Optional[str], typer.Option(help="The positive column (default: positive, else the "

@@ -1,21 +1,31 @@
 """The documentation cannot rot (issue 45, item 3): the site under docs/ builds with `mkdocs build --strict` (a broken
 link, a missing anchor or a page left out of mkdocs.yml's nav fails it), offline (the built pages load nothing from
 another host), the README stays a short guide (at most 300 lines, the two-command quick start) whose links and
-anchors resolve, and every repository path the pages name in backticks exists.
+anchors resolve, every repository path the pages name in backticks exists, and every `hfport` command line the pages
+show (in bash blocks and in `hfport ...` code spans) names a subcommand the CLI has, only flags that subcommand takes,
+and, for finetune, `--set` keys that are FinetuneConfig fields or transformers' names for them (nothing is run).
 
 mkdocs and mkdocs-material are in the dev extra. Without them the build test skips, saying so; under CI=true that is a
 failure, as a missing package would otherwise hide a broken site."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer.main
+
+from hfport.cli import app
+from hfport.train.aliases import ALIASES
+from hfport.train.config import FinetuneConfig
 
 try:  # markdown comes with mkdocs (the dev extra); the tests that need it say so when it is missing
     from markdown.extensions.toc import slugify
@@ -105,3 +115,108 @@ def test_paths_the_pages_name_exist():
             if not (ROOT / path.split("::")[0]).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {path}")
     assert not missing, "paths named in the docs that do not exist: " + ", ".join(missing)
+
+
+# shell words that end a command: what follows them is another command
+SHELL_SEPARATORS = {"|", "||", "&", "&&", ";", ">", ">>", "<", "(", ")"}
+
+
+def hfport_invocations(line: str) -> list[list[str]]:
+    """The argument lists of every `hfport` command in a shell command line: `hfport X ...`, `python -m hfport X`,
+    `accelerate launch ... -m hfport X`, `VAR=value hfport X`, and inside a quoted `bash -c '...'`. Comments are
+    dropped; a [bracketed] optional part counts as written."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    tokens = list(lexer)
+    found = []
+    for i, token in enumerate(tokens):
+        if token != "hfport" and re.search(r"(^|\s)hfport\s", token):  # bash -c '... hfport finetune ...'
+            found += hfport_invocations(token)
+        starts = i == 0 or tokens[i - 1] in SHELL_SEPARATORS or tokens[i - 1] == "-m" or "=" in tokens[i - 1]
+        if token == "hfport" and starts:
+            args = []
+            for t in tokens[i + 1:]:
+                if t in SHELL_SEPARATORS:
+                    break
+                args.append(t.strip("[]"))
+            found.append(args)
+    return found
+
+
+def documented_commands(text: str) -> list[list[str]]:
+    """hfport argument lists in a page's bash blocks (a line continued with a backslash, or a quoted JSON body that
+    runs on over lines, is one command) and in its `hfport ...` code spans."""
+    found = []
+    for block in re.findall(r"```(?:bash|sh|shell|console)\n(.*?)```", text, re.S):
+        pending = ""
+        for line in re.sub(r"\\\n", " ", block).splitlines():
+            pending += ("\n" if pending else "") + line
+            try:
+                shlex.split(pending, comments=True)
+            except ValueError:  # an open quote: the command goes on over the next line
+                continue
+            found += hfport_invocations(pending)
+            pending = ""
+        assert not pending, f"a bash block ends inside a quote: {pending!r}"
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`(hfport [^`]+)`", prose):
+        found += hfport_invocations(span)
+    return found
+
+
+@functools.cache
+def cli_commands() -> dict[str, Any]:
+    """The `hfport` subcommands as click builds them from the typer app: name -> command."""
+    return typer.main.get_command(app).commands
+
+
+def command_problems(args: list[str]) -> list[str]:
+    """What in one documented `hfport` argument list the CLI does not take: an unknown subcommand, a flag the
+    subcommand has no option for, a finetune `--set` key that is no config field."""
+    commands = cli_commands()
+    if not args or args[0] not in commands:
+        return [f"no subcommand {args[0] if args else ''!r} (the CLI has {sorted(commands)})"]
+    command = commands[args[0]]
+    takes = set(command.context_settings.get("help_option_names", ["--help"]))
+    for param in command.params:
+        takes |= {*param.opts, *param.secondary_opts}
+    problems = [f"{args[0]}: no option {flag}" for a in args[1:] if a.startswith("-") and a != "-"
+                for flag in [a.split("=", 1)[0]] if flag not in takes]
+    if args[0] == "finetune":
+        keys = [v.split("=", 1)[0] for flag, v in zip(args, args[1:]) if flag == "--set"]
+        fields = set(FinetuneConfig.model_fields) | {k for k, alias in ALIASES.items() if alias.field or alias.expand}
+        problems += [f"finetune: --set {key}: no such option" for key in keys if key not in fields]
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_documented_hfport_commands_exist(page):
+    """A renamed or removed subcommand, flag or fine-tune option breaks this test instead of the page's reader."""
+    problems = [f"`hfport {' '.join(args)}`: {problem}" for args in documented_commands(page.read_text("utf-8"))
+                for problem in command_problems(args)]
+    assert not problems, f"{page.relative_to(ROOT)}: " + "; ".join(problems)
+
+
+def test_documented_commands_are_found_and_checked():
+    """The parser sees the forms the pages use, and the check catches what it is for."""
+    text = """```bash
+export MODEL=x   # a comment with hfport finetune --nope
+HFPORT_PREDICT_DTYPE=int8 hfport serve --model m
+hfport finetune --model m --train t.csv \\
+    --output-dir run [--set scheduler=cosine]
+curl -X POST localhost:8000/jobs -d '{"config":
+     {"model": "m"}}' && python -m hfport info m --json
+srun bash -c 'accelerate launch --multi_gpu -m hfport finetune --config run.yaml'
+```
+Text with `hfport predict DIR --file model.onnx` and `hfport/cli.py`."""
+    assert documented_commands(text) == [
+        ["serve", "--model", "m"], ["finetune", "--model", "m", "--train", "t.csv", "--output-dir", "run", "--set",
+                                    "scheduler=cosine"],
+        ["info", "m", "--json"], ["finetune", "--config", "run.yaml"], ["predict", "DIR", "--file", "model.onnx"]]
+    assert all(not command_problems(args) for args in documented_commands(text))
+    assert command_problems(["predict", "m", "--taks", "x"]) == ["predict: no option --taks"]
+    assert command_problems(["fine-tune"])[0].startswith("no subcommand 'fine-tune'")
+    assert command_problems(["finetune", "--set", "learning_rate=1", "--set", "lern_rate=1"]) == [
+        "finetune: --set lern_rate: no such option"]
+    assert command_problems(["predict", "-h"]) == ["predict: no option -h"]  # only finetune takes -h
+    assert command_problems(["finetune", "-h", "--no-group-by-length"]) == []

@@ -180,6 +180,30 @@ def test_eval_before_is_what_evaluate_computes_for_the_base(task, task_models, t
         assert all(abs(public[k[5:]] - before[k]) < 1e-6 for k in keys)
 
 
+@pytest.mark.parametrize("task", ["text-classification", "text-ranking"])
+def test_a_base_without_the_tasks_head_is_evaluated_as_eval_before(task, tiny_bert, tmp_path):
+    """`evaluate RUN --compare BASE` (docs/fine-tuning.md; docs/jobs.md's evaluate job) names the base model, which has
+    no head for the task: it is evaluated with a fresh head for the data's labels (one for text-ranking) drawn after
+    the run's seed, as `finetune --eval-before` evaluates it (the same figures), instead of failing on the default
+    head's two labels (text-classification: "label(s) [...] are not the model's"; text-ranking: a shape error)."""
+    train, evaluation = {"text-classification": ("topics_train.csv", "topics_eval.csv"),
+                         "text-ranking": ("rerank_train.jsonl", "rerank_eval.jsonl")}[task]
+    out = tmp_path / "run"
+    hfport.finetune(dict(model=str(tiny_bert), task=task, train=str(DATA / train), eval=str(DATA / evaluation),
+                         output_dir=str(out), max_steps=1, batch_size=8, precision="fp32", seed=5, eval_before=True),
+                    progress=False)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    before = next(x for x in lines if x["type"] == "eval" and x["step"] == 0)
+    both = hfport.evaluate(out, DATA / evaluation, task=task, compare=tiny_bert, batch_size=8, seed=5, progress=False)
+    base = both.results[1]
+    keys = [k for k in before if k.startswith("eval_")]
+    assert keys and all(k[5:] in base.metrics for k in keys)
+    np.testing.assert_allclose([base.metrics[k[5:]] for k in keys], [before[k] for k in keys], rtol=0, atol=1e-6)
+    assert base.facts["head"] == "untrained (initialised fresh)" and "head" not in both.results[0].facts
+    if task == "text-classification":
+        assert base.facts["labels"] == TOPICS
+
+
 def test_eval_before_changes_nothing_else(minilm_path, tmp_path):
     """The run with --eval-before trains exactly as the one without (the evaluation leaves the random numbers the
     training draws alone: dropout is on here), best/ is never the base, and report.html shows before and after."""

@@ -120,6 +120,8 @@ def test_random_draws_differ_by_seed_and_keep_score_order(encoder):
 
 def test_reranker_rescores_as_sentence_transformers_cross_encoder(encoder, st_model, st_cache, minilm_path,
                                                                   tmp_path):
+    import shutil
+
     from sentence_transformers import CrossEncoder
 
     from tests.tiny import save_with_tokenizer
@@ -132,6 +134,11 @@ def test_reranker_rescores_as_sentence_transformers_cross_encoder(encoder, st_mo
                                progress=False, **options)
     ref = theirs(st_model, st_cache, cross_encoder=CrossEncoder(str(folder), device="cpu"), **options)
     assert_same_rows(ours.rows, ref)
+    run = tmp_path / "rerank-run"  # a fine-tune's run folder stands for its best/, as the embedding model's does
+    shutil.copytree(folder, run / "best")
+    (run / "summary.json").write_text("{}")
+    assert mine_hard_negatives(ANCHORS, POSITIVES, encoder, corpus=CORPUS, reranker=run, output_scores=True,
+                               progress=False, **options).rows == ours.rows
     with pytest.raises(ValueError, match="a reranker rescores the candidates for the score filters"):
         mine_hard_negatives(ANCHORS, POSITIVES, encoder, corpus=CORPUS, reranker=folder, progress=False)
 

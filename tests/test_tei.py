@@ -149,6 +149,15 @@ def test_predict_both_shapes(client, pipes):
     assert len(batch) == 2
     for g, w in zip(batch, raw):
         close(sorted(p["score"] for p in g), sorted(p["score"] for p in w))
+    # a batch mixing texts and pairs, as TEI's PredictInput takes it (docs/serving.md: [str | [a, b]])
+    mixed = client.post("/predict", json={"inputs": [TEXTS[0], [TEXTS[1], TEXTS[2]], TEXTS[2]]},
+                        headers={"x-model": "cls"})
+    assert mixed.status_code == 200, mixed.text
+    want = pipes["cls"]([TEXTS[0], {"text": TEXTS[1], "text_pair": TEXTS[2]}, TEXTS[2]], top_k=None)
+    assert len(mixed.json()) == 3
+    for g, w in zip(mixed.json(), want):
+        assert [p["label"] for p in g] == [p["label"] for p in w]
+        close([p["score"] for p in g], [p["score"] for p in w])
     # hfport's native shape on the same path, unchanged
     native = client.post("/predict", json={"model": "cls", "inputs": TEXTS[0]}).json()
     assert set(native) == {"model", "task", "outputs"} and native["task"] == "text-classification"

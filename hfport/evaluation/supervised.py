@@ -4,8 +4,10 @@ evaluation rows and metrics, on a whole data file, with the model's own head and
 The data is read as a fine-tune reads its --eval file (every check, every error naming file, line and field); its
 labels are then put in the model's label space by name (or by id, for data that gives ids), so a model whose labels
 are ordered otherwise than the file's sorted names is scored on what it means. A label the model does not have is
-an error naming it and the model's labels. The numbers equal a fine-tune's evaluation lines on the same model and
-file (the loss too: the mean of each batch's loss, weighted by its examples).
+an error naming it and the model's labels. A folder without the task's head (a base model, as `--compare BASE`
+names it) gets a fresh head for the data's labels, as `finetune --eval-before` evaluates the base. The numbers equal
+a fine-tune's evaluation lines on the same model and file (the loss too: the mean of each batch's loss, weighted by
+its examples).
 
 Per task, besides the metrics (DETAILS, keyed by the task's name): classification's per-class table and confusion
 matrix (single-label; the table only for multi-label), token classification's per-type F1, the reranker's recall@k
@@ -131,10 +133,12 @@ METRICS: dict[str, Callable[[list[Any]], dict[str, float]]] = {"text-ranking": r
 # --- the run -----------------------------------------------------------------------------------------------------
 
 
-def load(record: Any, model: str | os.PathLike[str], dtype: str | None, device: Any) -> tuple[Any, Any]:
-    """(model, tokenizer) of a folder (or an adapter folder over its base), as the pipelines load them."""
+def load(record: Any, model: str | os.PathLike[str], dtype: str | None, device: Any,
+         **labels: Any) -> tuple[Any, Any]:
+    """(model, tokenizer) of a folder (or an adapter folder over its base), as the pipelines load them. LABELS
+    (id2label, problem_type): a fresh head for them, as fine-tuning builds its model."""
     loaded = record.model_class.from_pretrained(model, dtype=check_dtype(dtype) if dtype is not None else None,
-                                                device=device)
+                                                device=device, **labels)
     adapter = loaded.adapter
     source = model if adapter is None or has_tokenizer_files(model) or not isinstance(
         adapter.base, (str, os.PathLike)) else adapter.base
@@ -165,6 +169,12 @@ def evaluate_supervised(model: str | os.PathLike[str], data: str, task: str, *, 
     encoded = train_task.read(config, tokenizer, dict(loaded.config.id2label))
     if not len(encoded.eval):
         raise DataError(f"{data}: no examples to evaluate")
+    untrained = any(name.startswith("head.") for name in loaded.load_report.initialized)
+    if untrained and encoded.space is not None:
+        # a folder without the task's head (a base model, a fine-tune's --compare baseline): its head is built for the
+        # data's labels as `finetune` builds it (drawn after the run's seed), so these are the figures
+        # `finetune --eval-before` records at step 0, not an error about the default head's two labels
+        loaded = fresh_head(record, model, dtype, device, encoded.space, config.seed)
     if record.name in LABELLED:
         to_model_labels(encoded, dict(loaded.config.id2label), str(data))
     rows, loss = eval_rows(train_task, loaded, encoded, config, progress)
@@ -175,8 +185,21 @@ def evaluate_supervised(model: str | os.PathLike[str], data: str, task: str, *, 
     details = DETAILS[record.name](rows, encoded, names, metrics) if record.name in DETAILS else {}
     problem = encoded.space.problem_type if encoded.space else encoded.problem_type
     facts = {"dtype": str(loaded.dtype), "problem_type": problem,
-             "labels": names if record.labels and len(names) > 1 else None}
+             "labels": names if record.labels and len(names) > 1 else None,
+             **({"head": "untrained (initialised fresh)"} if untrained else {})}
     return EvalResult(str(model), record.name, _count(encoded), {"loss": loss, **metrics}, details, facts)
+
+
+def fresh_head(record: Any, model: str | os.PathLike[str], dtype: str | None, device: Any, space: LabelSpace,
+               seed: int) -> Any:
+    """MODEL with a fresh head for the data's label space, drawn as fine-tuning draws it (loop.build_model, after
+    set_seed(seed)); the caller's random state is left as it was."""
+    labels: dict[str, Any] = {"id2label": space.id2label, "ignore_mismatched_sizes": True}
+    if space.problem_type:
+        labels["problem_type"] = space.problem_type
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return load(record, model, dtype, device, **labels)[0]
 
 
 def _count(data: EncodedData) -> int:

@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 from ..errors import ItemError
 from ..formats.tables import DataError, Source, where, write_rows
 from ..pipelines import Pipeline, pipeline
+from ..rundir import RunDir
 from .encode import Encoder
 from .search import top_k
 
@@ -281,9 +282,9 @@ def mine_hard_negatives(anchors: Sequence[str], positives: Sequence[str], model:
                         progress: bool = True) -> MineResult:
     """Hard negatives for (anchors[i], positives[i]) pairs, as sentence-transformers' mine_hard_negatives (see the
     module docstring for the steps and formats). model: a sentence-embedding folder or repo id (or an Encoder);
-    reranker: a text-ranking folder (or its pipeline) that rescores the candidates when a score filter is set.
-    dtype: as `hfport predict --dtype`; cache: the corpus's and queries' embeddings kept on disk (True: hfport's cache
-    dir; a folder; False); use_faiss: see search.top_k; seed: random sampling's seed."""
+    reranker: a text-ranking folder, a fine-tune's run folder (its best/) or a pipeline, that rescores the candidates
+    when a score filter is set. dtype: as `hfport predict --dtype`; cache: the corpus's and queries' embeddings kept
+    on disk (True: hfport's cache dir; a folder; False); use_faiss: see search.top_k; seed: random sampling's seed."""
     if len(anchors) != len(positives):
         raise ValueError(f"{len(anchors)} anchors but {len(positives)} positives")
     if not anchors:
@@ -309,8 +310,8 @@ def mine_hard_negatives(anchors: Sequence[str], positives: Sequence[str], model:
                             encoder.prompt("query", query_prompt_name, query_prompt),
                             encoder.prompt("document", corpus_prompt_name, corpus_prompt), use_faiss, progress)
     if reranker is not None:
-        rerank(found, reranker if isinstance(reranker, Pipeline) else pipeline(
-            "text-ranking", model=reranker, device=device, batch_size=batch_size), progress)
+        rerank(found, reranker if isinstance(reranker, Pipeline) else pipeline(  # a run: its best/, as the model's
+            "text-ranking", model=RunDir.model_folder(reranker), device=device, batch_size=batch_size), progress)
     skipped = apply_filters(found, include_positives, *bounds)
     indices, negative_scores = select(found, range_min, range_max, num_negatives, sampling_strategy, seed)
     columns, rows, kept, differences, possible = _format(output_format, output_scores, anchor_column,

@@ -123,7 +123,7 @@ class SparseValue(BaseModel):
 
 
 class TeiPredictRequest(TeiBody):
-    inputs: str | list[str] | list[list[str]] = Field(
+    inputs: str | list[str | list[str]] = Field(  # TEI's PredictInput: a batch may mix texts and pairs
         description="a text, a [text, text_pair] pair, or a list of texts or pairs (as TEI: a list of exactly two "
                     "texts is one pair)")
     raw_scores: bool = False
