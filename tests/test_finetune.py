@@ -105,9 +105,10 @@ def test_two_processes_follow_one(workdir, tmp_path):
               "--eval", str(workdir / "varied_eval.jsonl"), "--set", "eval_strategy=no", "--set", "logging_steps=1",
               "--set", "scheduler=constant", "-q"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "hfport", "finetune", *common, "--batch-size", "8",
-                          "--output-dir", str(tmp_path / "one")], env=env, capture_output=True, timeout=300)
-    assert one.returncode == 0, one.stderr.decode()
+    # the one-process reference in its own process (tests/forked.py: the CLI as `python -m hfport` runs it)
+    one = run_cli("finetune", *common, "--batch-size", "8", "--output-dir", str(tmp_path / "one"), env=env,
+                  timeout=300)
+    assert one.returncode == 0, one.stderr
     two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                           "-m", "hfport", "finetune", *common, "--batch-size", "4",
