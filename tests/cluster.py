@@ -23,9 +23,10 @@ from typing import Any
 
 import httpx
 
-from server.launch import ServerProcess
 from server.store import open_store
 from tests.data import write_sentiment
+from tests.forked import popen_cli
+from tests.serving import ForkedServerProcess as ServerProcess
 from tests.tiny import save_with_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,12 +73,16 @@ class Cluster:
     def start_workers(self, worker_ids: list[str], url: str | None = None, prefix: list[str] | None = None) -> None:
         """Workers started together (their start-ups overlap on the cores), each waited for until it registered."""
         for worker_id in worker_ids:
-            log = open(self.data.parent / f"{worker_id}.log", "ab")  # noqa: SIM115 - the process keeps it
-            self.workers[worker_id] = subprocess.Popen(
-                [*(prefix or []), sys.executable, "-m", "hfport", "serve", "--role", "worker", "--data-dir",
-                 str(self.data)], env={**os.environ, **self.env, "HFPORT_WORKER_ID": worker_id,
-                                       "PYTHONPATH": str(REPO), **({"HFPORT_DATABASE_URL": url} if url else {})},
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            argv = ["serve", "--role", "worker", "--data-dir", str(self.data)]
+            env = {**os.environ, **self.env, "HFPORT_WORKER_ID": worker_id, "PYTHONPATH": str(REPO),
+                   **({"HFPORT_DATABASE_URL": url} if url else {})}
+            log = self.data.parent / f"{worker_id}.log"
+            if prefix:  # e.g. `ip netns exec NS`: a fresh interpreter under it
+                with open(log, "ab") as out:
+                    self.workers[worker_id] = subprocess.Popen([*prefix, sys.executable, "-m", "hfport", *argv],
+                                                               env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            else:  # a fork-server child (tests/forked.py)
+                self.workers[worker_id] = popen_cli(*argv, log=log, env=env, cwd=REPO)
         deadline = time.time() + 90
         waiting = list(worker_ids)
         while waiting and time.time() < deadline:

@@ -161,17 +161,18 @@ def pg_server():
 @pytest.fixture(scope="module")
 def serve_models(tmp_path_factory):
     """`serve_models({name: folder, ...}, **env)` starts `hfport serve --model name=folder ...` on a free loopback
-    port (the first model is the default) and returns the running ServerProcess; `env` adds HFPORT_* settings.
+    port (the first model is the default; a fork-server child: tests/serving.py's ForkedServerProcess) and returns
+    the running server; `env` adds HFPORT_* settings.
     fp32: the tests compare with an fp32 hfport.pipeline at 1e-5, and the service's default dtype "auto" is bf16 on
     CPUs with native bf16 (its quality: test_bf16.py). Every server started stops when the module ends."""
-    from server.launch import ServerProcess
+    from tests.serving import ForkedServerProcess
 
-    started: list[ServerProcess] = []
+    started: list[ForkedServerProcess] = []
 
-    def start(models: dict[str, Path], **env: str) -> ServerProcess:
+    def start(models: dict[str, Path], **env: str) -> ForkedServerProcess:
         base = tmp_path_factory.mktemp("serve")
         args = tuple(arg for name, folder in models.items() for arg in ("--model", f"{name}={folder}"))
-        srv = ServerProcess(base / "data", base / "server.log", cwd=REPO, ready_timeout=180, args=args,
+        srv = ForkedServerProcess(base / "data", base / "server.log", cwd=REPO, ready_timeout=180, args=args,
                             env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_PREDICT_DTYPE": "float32",
                                  **env})
         started.append(srv)

@@ -10,6 +10,9 @@ OpenMP-after-fork hang that forking this (already computing) test process would 
                                     `python -m tests.faults ARGS` runs it. Started: a test joins it or SIGKILLs it
     run_cli(*args, env=, cwd=)      start_cli to its end: a subprocess.CompletedProcess with the exit status, stdout
                                     and stderr (text), as subprocess.run(capture_output=True, text=True) gives them
+    popen_cli(*args, env=, cwd=,    start_cli with stdout and stderr appended to one log, as a ForkedPopen: poll,
+              log=)                 wait, send_signal, kill, pid and returncode as subprocess.Popen has them (the
+                                    tests' `hfport serve` processes: tests/serving.py)
 What differs from a fresh interpreter is only what the fork server imported already; a crash prints its traceback
 and exits 1 as Python does (multiprocessing's child bootstrap), a SystemExit exits with its code. atexit handlers do
 not run (a multiprocessing child ends with os._exit).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,9 +34,9 @@ _FORKSERVER = None
 # what the fork server imports once for all its children. torch._dynamo (with sympy under it: ~800 modules, about a
 # second of CPU) is what a child's first optimizer imports (torch.optim's constructor is wrapped in
 # torch._disable_dynamo); preloaded, a child imports almost nothing. tests.faults: test_checkpoint_faults' targets;
-# hfport.cli and tests.forked: run_cli's.
+# hfport.cli and tests.forked: start_cli's; server.app: `hfport serve`'s (FastAPI, uvicorn).
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "accelerate", "hfport.train.loop", "hfport.tokenizer", "hfport.cli",
-                      "tests.faults", "tests.forked"]
+                      "server.app", "tests.faults", "tests.forked"]
 
 
 def start_child(target: Callable[..., Any], *args: Any, **kwargs: Any) -> multiprocessing.process.BaseProcess:
@@ -46,8 +50,9 @@ def start_child(target: Callable[..., Any], *args: Any, **kwargs: Any) -> multip
     return child
 
 
-def _cli_main(args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
-    """start_cli's child: this environment, folder and argv, stdout and stderr into the files, then the CLI."""
+def _cli_main(args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str, append: bool = False) -> None:
+    """start_cli's child: this environment, folder and argv, stdout and stderr into the files (APPEND: after what
+    they hold), then the CLI."""
     import torch
 
     import hfport.settings
@@ -58,7 +63,7 @@ def _cli_main(args: list[str], env: dict[str, str], cwd: str, stdout: str, stder
     os.environ.clear()
     os.environ.update(env)
     for fd, path in ((1, stdout), (2, stderr)):
-        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o600)
         os.dup2(opened, fd)
         os.close(opened)
     # what a fresh interpreter would take from the environment at start: OpenMP's thread count (read when the fork
@@ -74,11 +79,50 @@ def _cli_main(args: list[str], env: dict[str, str], cwd: str, stdout: str, stder
 
 
 def start_cli(*args: str, stdout: str | os.PathLike[str], stderr: str | os.PathLike[str],
-              env: dict[str, str] | None = None,
-              cwd: str | os.PathLike[str] | None = None) -> multiprocessing.process.BaseProcess:
+              env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+              append: bool = False) -> multiprocessing.process.BaseProcess:
     """`hfport ARGS` in a fork-server child, started (the module docstring)."""
     env = dict(os.environ if env is None else env)
-    return start_child(_cli_main, [str(a) for a in args], env, str(cwd or os.getcwd()), str(stdout), str(stderr))
+    return start_child(_cli_main, [str(a) for a in args], env, str(cwd or os.getcwd()), str(stdout), str(stderr),
+                       append)
+
+
+class ForkedPopen:
+    """A fork-server child seen as subprocess.Popen sees a process: pid, returncode, poll, wait, send_signal,
+    kill."""
+
+    def __init__(self, child: multiprocessing.process.BaseProcess, args: list[str]):
+        self.child, self.args, self.pid = child, args, child.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.child.exitcode
+
+    def poll(self) -> int | None:
+        return self.child.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.child.join(timeout)
+        if self.child.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.child.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self.child.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+def popen_cli(*args: str, log: str | os.PathLike[str], env: dict[str, str] | None = None,
+              cwd: str | os.PathLike[str] | None = None) -> ForkedPopen:
+    """`hfport ARGS` started in a fork-server child, its stdout and stderr appended to LOG (the module docstring)."""
+    child = start_cli(*args, stdout=log, stderr=log, env=env, cwd=cwd, append=True)
+    return ForkedPopen(child, ["hfport", *map(str, args)])
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,

@@ -445,7 +445,7 @@ def test_restart_recovery_after_kill(root, tmp_path):
             os.kill(running["pid"], signal.SIGKILL)
         except ProcessLookupError:
             pass  # it died with its server
-        srv.log.close()
+        srv.stop()  # dead already: only what the parent held for it is closed
         srv = Server(tmp_path / "data", root, workers=1).start()
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             # the job queued when the server died is still queued (behind the resumed one: one worker); a queued
