@@ -161,20 +161,22 @@ def pg_server():
 @pytest.fixture(scope="module")
 def serve_models(tmp_path_factory):
     """`serve_models({name: folder, ...}, **env)` starts `hfport serve --model name=folder ...` on a free loopback
-    port (the first model is the default; a fork-server child: tests/serving.py's ForkedServerProcess) and returns
-    the running server; `env` adds HFPORT_* settings.
+    port (the first model is the default) and returns the running server; `env` adds HFPORT_* settings. The server
+    is a fork-server child (tests/serving.py's ForkedServerProcess); with `forked=False`, `python -m hfport serve`
+    in a fresh interpreter (server.launch's own way: test_openai_api.py's keeps it covered).
     fp32: the tests compare with an fp32 hfport.pipeline at 1e-5, and the service's default dtype "auto" is bf16 on
     CPUs with native bf16 (its quality: test_bf16.py). Every server started stops when the module ends."""
+    from server.launch import ServerProcess
     from tests.serving import ForkedServerProcess
 
-    started: list[ForkedServerProcess] = []
+    started: list[ServerProcess] = []
 
-    def start(models: dict[str, Path], **env: str) -> ForkedServerProcess:
+    def start(models: dict[str, Path], *, forked: bool = True, **env: str) -> ServerProcess:
         base = tmp_path_factory.mktemp("serve")
         args = tuple(arg for name, folder in models.items() for arg in ("--model", f"{name}={folder}"))
-        srv = ForkedServerProcess(base / "data", base / "server.log", cwd=REPO, ready_timeout=180, args=args,
-                            env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_PREDICT_DTYPE": "float32",
-                                 **env})
+        srv = (ForkedServerProcess if forked else ServerProcess)(
+            base / "data", base / "server.log", cwd=REPO, ready_timeout=180, args=args,
+            env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_PREDICT_DTYPE": "float32", **env})
         started.append(srv)
         return srv.start()
 
