@@ -39,13 +39,25 @@ FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "accelerate", "hfport.train.loop
                       "server.app", "tests.faults", "tests.forked"]
 
 
+def _call(env: dict[str, str], target: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> None:
+    """start_child's child: the caller's environment as it is now (the fork server's is the one it started with,
+    in whichever test that was), fresh library settings, then the target."""
+    import hfport.settings
+
+    os.environ.clear()
+    os.environ.update(env)
+    hfport.settings.reset()
+    target(*args, **kwargs)
+
+
 def start_child(target: Callable[..., Any], *args: Any, **kwargs: Any) -> multiprocessing.process.BaseProcess:
-    """target(*args, **kwargs) in a child process, started (a test SIGKILLs it or joins it)."""
+    """target(*args, **kwargs) in a child process with this process's environment, started (a test SIGKILLs it or
+    joins it)."""
     global _FORKSERVER
     if _FORKSERVER is None:
         _FORKSERVER = multiprocessing.get_context("forkserver")
         _FORKSERVER.set_forkserver_preload(FORKSERVER_PRELOAD)
-    child = _FORKSERVER.Process(target=target, args=args, kwargs=kwargs)
+    child = _FORKSERVER.Process(target=_call, args=(dict(os.environ), target, args, kwargs))
     child.start()
     return child
 
