@@ -4,6 +4,7 @@ the real MiniLM's quality per task, and the dtype strings through pipeline, CLI 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -363,10 +364,13 @@ def minilm_int8(minilm_path, tmp_path_factory, hfport_cache):
     judging MiniLM again (hfport/int8_verdicts.py; tests/test_int8_verdicts.py tests the reuse)."""
     cache = tmp_path_factory.mktemp("minilm-verdict")
     hfport.settings.use(cache_dir=cache)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # as conftest's all_cores (a module fixture cannot take it)
     try:
         model = hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")
     finally:
         hfport.settings.reset()
+        torch.set_num_threads(threads)
     assert not any("verdict reused" in note for note in model.load_report.notes)
     shutil.copytree(cache / "int8", hfport_cache / "int8", dirs_exist_ok=True)
     return model
@@ -401,7 +405,7 @@ def short_rows_only(monkeypatch):
 
 
 @pytest.fixture
-def damaged(monkeypatch, short_rows_only, fresh_verdicts):
+def damaged(monkeypatch, short_rows_only, fresh_verdicts, all_cores):
     """int8 that keeps 3 levels a side (a broken quantizer): the gate must see it (judging: an empty verdict
     cache)."""
     monkeypatch.setattr(int8_nn, "QMAX", 3)
@@ -444,7 +448,7 @@ def test_min_rows_is_an_argument_of_the_int8_step(minilm_path, minilm_int8):
 
 
 def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch, caplog, short_rows_only,
-                                                      fresh_verdicts):
+                                                      fresh_verdicts, all_cores):
     """"static" and "tensor" refused by the gate (their quantizer crushed to 3 levels here), "token" passing: int8
     kept, per token."""
     real = int8_nn.quantize_tensor_u8
@@ -469,7 +473,7 @@ def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch,
 # judged on every row, long ones too; the refused one on the short rows alone, where it is refused at each
 # granularity (a third of the gate's cost: the long rows take the rest).
 @pytest.mark.parametrize("task, keeps_int8", [("text-classification", True), ("token-classification", False)])
-def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8, fresh_verdicts, monkeypatch):
+def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8, fresh_verdicts, monkeypatch, all_cores):
     if not keeps_int8:
         monkeypatch.setattr(probes, "GATE_MAX_LENGTH", probes.LONG_FROM)  # no long rows (short_rows_only)
     model = hfport.tasks.get(task).model_class.from_pretrained(minilm_heads[task], dtype="auto-int8")
@@ -482,7 +486,7 @@ def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8, fresh_verdict
         assert any("auto-int8 chose bf16: the int8 gate refused" in n for n in model.load_report.notes)
 
 
-def test_gate_data_is_judged_too(minilm_path, tmp_path, short_rows_only, fresh_verdicts):
+def test_gate_data_is_judged_too(minilm_path, tmp_path, short_rows_only, fresh_verdicts, all_cores):
     data = tmp_path / "gate.txt"
     data.write_text("\n".join(t.upper() for t in judged_texts()) + "\n")
     model = hfport.AutoModel.from_pretrained(minilm_path, dtype="int8", gate_data=data)
