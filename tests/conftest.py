@@ -49,9 +49,10 @@ def fresh_verdicts(tmp_path) -> Path:
 @pytest.fixture
 def all_cores():
     """torch's intra-op threads (and so onnxruntime's, which follow them) on every core for this test, not the one
-    the suite runs on: for the few tests whose work is a real model's forward passes over hundreds of rows (the real
-    MiniLM judged by the int8 gate, or exported), where a second thread pays (MiniLM's int8 load on the quiet 2-core
-    machine: 20.3 s on one thread, 11.7 s on two), and which run nothing beside them (no server, no child)."""
+    the suite runs on: for the few tests whose work is forward passes over hundreds of long rows (the real MiniLM
+    judged by the int8 gate, or exported; the gate's length tests with MiniLM's vocabulary), where a second thread
+    pays (MiniLM's int8 load on the quiet 2-core machine: 20.3 s on one thread, 11.7 s on two), and which run
+    nothing beside them (no server, no child)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     yield
