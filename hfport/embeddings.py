@@ -78,7 +78,9 @@ def tune_batch_tokens(pipe: Pipeline, budgets: tuple[int, ...] = (1024, 2048, 40
     """Time forward passes of `pipe` at each padded-token budget on a synthetic batch of `seq_len`-token rows and
     set `pipe.max_batch_tokens` to the smallest budget within `tolerance` of the best throughput (a smaller batch
     adds less latency to each request for the same work rate). Budgets whose estimated activation memory exceeds
-    `memory_fraction` of the free memory are not tried. The first pass is a warm-up and is not timed."""
+    `memory_fraction` of the free memory are not tried. The first pass is a warm-up and is not timed; where one
+    budget is tried there is nothing to choose, and the warm-up is its only pass (its throughput that pass's, first-
+    call costs included: the real MiniLM's 16384-token pass takes seconds on one core)."""
     if not budgets:
         raise ValueError("budgets: give at least one token budget")
     seq_len = min(seq_len, pipe.max_positions or seq_len)
@@ -101,9 +103,13 @@ def tune_batch_tokens(pipe: Pipeline, budgets: tuple[int, ...] = (1024, 2048, 40
             skipped[budget] = f"needs ~{need / 2**20:.0f} MiB, {limit / 2**20:.0f} MiB allowed"
             continue
         tried.append(budget)
-    pipe.forward_batch(rows(tried[0]))  # warm-up: first-call allocations and kernel choices
+    first = rows(tried[0])
+    start = time.perf_counter()
+    pipe.forward_batch(first)  # warm-up: first-call allocations and kernel choices
     throughput: dict[int, float] = {}
-    for budget in tried:
+    if len(tried) == 1:  # nothing to choose between: the warm-up is the one pass
+        throughput[tried[0]] = len(first) * seq_len / max(time.perf_counter() - start, 1e-9)
+    for budget in tried if len(tried) > 1 else ():
         batch = rows(budget)
         best = math.inf
         for _ in range(repeats):

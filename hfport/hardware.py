@@ -89,6 +89,26 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+# the CPU flags of the int8 instructions torch's and oneDNN's int8 kernels dispatch on (x86: AVX2's vpmaddubsw,
+# AVX512BW, the VNNI dot products, AMX tiles; Arm: the dot-product and int8 matrix-multiply extensions)
+INT8_FLAGS = ("avx2", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+
+
+def int8_isa() -> str:
+    """The CPU's int8 instructions as the kernels see them: torch's CPU capability (the vector instruction set its
+    kernels dispatch to: DEFAULT, AVX2, AVX512, ...) and the INT8_FLAGS /proc/cpuinfo lists (a hypervisor may hide
+    some), e.g. "AVX512 avx2 avx512_vnni avx512bw". The int8 gate's kept verdicts are keyed by it
+    (hfport/int8_verdicts.py)."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags |= set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return " ".join([torch.backends.cpu.get_cpu_capability(), *sorted(flags & set(INT8_FLAGS))])
+
+
 def machine_key() -> dict[str, Any]:
     return {"cpu": cpu_name(), "cores": os.cpu_count() or 1, "torch": torch.__version__, "format": FORMAT}
 

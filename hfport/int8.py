@@ -27,30 +27,34 @@
      this torch has is tried in turn, fastest first (`granularities`); the first that passes is kept. None passing:
      an Int8GateError saying by how much, or with "auto-int8" the float layers back and the model in bf16 (logged,
      and noted in the load report).
-The gate's verdicts are kept on the model as `model.int8_gate` (a list of GateResult).
+The gate's verdicts are kept on the model as `model.int8_gate` (a list of GateResult), and on disk
+(hfport/int8_verdicts.py: under the setting cache_dir, keyed by the weights, the task, the judged sets, the rules,
+hfport's and torch's versions and the CPU), with the passing calibration: a later int8 load of the very same model
+skips steps 1 and 3 ("int8 gate: verdict reused from <path>" in the log and the load report), once the kept
+statistic on the spot batch (the first GATE_CHUNK built-in judged texts) is found again.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from . import modeling
+from . import int8_verdicts, modeling
 from .agreement import MIN_AGREEMENT, MIN_COSINE, Gate, GateContext, gate_for, items, passes, verdict
 from .errors import ConfigError, ExportError
 from .formats.sentence_transformers import has_embedding_layout, read_layout
 from .hardware import auto_dtype
+from .int8_verdicts import GateResult, KeptVerdict
 from .modeling import PreTrainedEncoder
-from .nn.int8 import ACTIVATIONS, FLOAT_BELOW_ROWS, InputPeaks, Int8Linear, body_linears, onednn_int8_available, \
-    quantize_linears, swap_linears
-from .probes import CALIBRATION_PAIRS, CALIBRATION_TEXTS, PROBE_MAX_LENGTH, GateData, encode, gate_batches, \
-    read_gate_data
+from .nn.int8 import ACTIVATIONS, FLOAT_BELOW_ROWS, InputPeaks, Int8Linear, LayerPlan, body_linears, \
+    onednn_int8_available, plan_layers, quantize_linears, swap_linears
+from .probes import CALIBRATION_PAIRS, CALIBRATION_TEXTS, GATE_CHUNK, PROBE_MAX_LENGTH, GateData, encode, \
+    gate_batches, judged_pairs, judged_texts, read_gate_data
 from .tasks import TASKS
 from .tokenizer import AutoTokenizer, has_tokenizer_files
 
@@ -60,22 +64,6 @@ FALLBACK_DTYPE = torch.bfloat16  # what "auto-int8" runs in when the gate refuse
 
 class Int8GateError(ExportError):
     """The int8 model moved the fp32 answers past the gate's threshold (the message says which and by how much)."""
-
-
-@dataclass(frozen=True)
-class GateResult:
-    data: str  # where the judged texts came from
-    kind: str  # "texts", "pairs", "long texts" or "long pairs"
-    statistic: str  # the gate's tolerance, e.g. "min cosine >= 0.98"
-    value: float
-    items: int
-    bound: float  # the threshold the statistic is held to
-    passed: bool
-    tokens: tuple[int, int] = (0, 0)  # the shortest and longest judged row, in tokens
-
-    def line(self) -> str:
-        return (f"{self.statistic}: {self.value:.4f} over {self.items} {self.kind} of {self.tokens[0]}-"
-                f"{self.tokens[1]} tokens ({self.data}){'' if self.passed else ' FAILED'}")
 
 
 def _max_length(config: Any) -> int:
@@ -170,17 +158,21 @@ def float_dtype(model: PreTrainedEncoder) -> torch.dtype:
 
 def quantize(model: PreTrainedEncoder, folder: str | os.PathLike[str], activations: str | None = None,
              peaks: dict[str, Tensor] | InputPeaks | None = None, dtype: torch.dtype | None = None,
-             min_rows: int = FLOAT_BELOW_ROWS) -> dict[int, Any]:
+             min_rows: int = FLOAT_BELOW_ROWS, plan: dict[str, LayerPlan] | None = None) -> dict[int, Any]:
     """Steps 1-2 of the module docstring without the gate: MODEL's encoder Linear layers in int8 with ACTIVATIONS'
     granularity (default: the fastest here), calibrated on the calibration texts through FOLDER's tokenizer (or
     PEAKS, a calibration already made: an InputPeaks, or its peaks alone, with which "static" layers run "tensor"
-    for want of ranges), each keeping its float weight for calls of fewer than MIN_ROWS rows (0:
-    none), then its float parts cast to DTYPE (default `float_dtype`). -> {id(Int8Linear): the nn.Linear it
-    replaced, untouched fp32}. For benchmarks (scripts/bench.py) and experiments, not for serving."""
-    peaks = peaks if peaks is not None else _calibrate(model, Path(folder))
-    ranges = peaks.ranges if isinstance(peaks, InputPeaks) else None
-    peaks = peaks.peaks if isinstance(peaks, InputPeaks) else peaks
-    originals = quantize_linears(model.body.encoder, peaks, activations or granularities()[0], min_rows, ranges)
+    for want of ranges; or PLAN, what a calibration decided per layer: nn/int8.py's plan_layers), each keeping its
+    float weight for calls of fewer than MIN_ROWS rows (0: none), then its float parts cast to DTYPE (default
+    `float_dtype`). -> {id(Int8Linear): the nn.Linear it replaced, untouched fp32}. For benchmarks
+    (scripts/bench.py) and experiments, not for serving."""
+    activations = activations or granularities()[0]
+    if plan is None:
+        peaks = peaks if peaks is not None else _calibrate(model, Path(folder))
+        ranges = peaks.ranges if isinstance(peaks, InputPeaks) else None
+        peaks = peaks.peaks if isinstance(peaks, InputPeaks) else peaks
+        plan = plan_layers(body_linears(model.body.encoder), peaks, activations, ranges)
+    originals = quantize_linears(model.body.encoder, activations=activations, float_below_rows=min_rows, plan=plan)
     model.to(dtype or float_dtype(model))  # the Int8Linears keep their int8 weights and fp32 scales
     return originals
 
@@ -193,12 +185,36 @@ def keep_float(model: PreTrainedEncoder, originals: dict[int, Any], min_rows: in
             module.keep_float(originals[id(module)].weight, min_rows)
 
 
+class _Spot:
+    """The gate's statistic on its spot batch, the first GATE_CHUNK built-in judged texts (pairs for a task on pairs):
+    fp32's items taken at construction, int8's by `value`. A kept verdict is used only where its spot statistic is
+    found again (hfport/int8_verdicts.py)."""
+
+    def __init__(self, model: PreTrainedEncoder, folder: Path):
+        self.task, (self.gate, self.ctx) = model.task, _gate(model, folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        batches = encode(tokenizer, model.task, model.config, judged_texts()[:GATE_CHUNK], judged_pairs()[:GATE_CHUNK],
+                         _max_length(model.config))
+        self.enc = next(iter(batches.values()))
+        self.reference = items(self.gate, _outputs(model, self.enc, self.task), self.enc, self.ctx, reference=True)
+
+    def value(self, model: PreTrainedEncoder) -> float:
+        int8 = items(self.gate, _outputs(model, self.enc, self.task), self.enc, self.ctx)
+        return verdict(self.gate, [(int8, self.reference)], self.ctx).value
+
+
+# a kept verdict's spot statistic, found again: the same int8 on the same rows (only the float parts' summation order
+# may differ, with the thread count: ~1e-6 of a cosine), where a damaged calibration moves it by far more
+SPOT_TOLERANCE = 1e-3
+
+
 def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *, fallback: bool = False,
                     gate_data: str | os.PathLike[str] | None = None,
                     min_rows: int = FLOAT_BELOW_ROWS) -> PreTrainedEncoder:
     """MODEL (fp32, just loaded from FOLDER) with its encoder's Linear layers in int8, if the gate passes; else an
     Int8GateError, or with FALLBACK the model in bf16. Calls of fewer than MIN_ROWS rows run the float weights (0:
-    int8 always). The module docstring has the steps."""
+    int8 always). The module docstring has the steps; a verdict kept for this very model and gate is reused
+    (hfport/int8_verdicts.py)."""
     if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 0:
         raise ValueError(f"int8 min_rows: expected a row count >= 0 (0: int8 for every call), got {min_rows!r}")
     folder = Path(folder)
@@ -209,31 +225,88 @@ def quantize_loaded(model: PreTrainedEncoder, folder: str | os.PathLike[str], *,
             raise
         return _fallback(model, folder, f"int8 cannot load here: {e}")
     datasets = [GateData.builtin()] + ([read_gate_data(gate_data)] if gate_data is not None else [])
+    key = int8_verdicts.key(model, folder, datasets, _pooling(folder), granularities(), float_dtype(model))
+    spot = _Spot(model, folder)
+    kept = int8_verdicts.read(key, body_linears(model.body.encoder))
+    if kept is not None and (reused := _reuse(model, folder, kept, spot, min_rows, fallback)) is not None:
+        return reused
     batches = _batches(model, folder, datasets)
     reference = _reference(model, folder, batches)  # fp32
     peaks = _calibrate(model, folder)
     refused = []
     for activations in granularities():
-        originals = quantize(model, folder, activations, peaks, min_rows=0)  # judged int8 at every call size
+        plan = plan_layers(body_linears(model.body.encoder), peaks.peaks, activations, peaks.ranges)
+        originals = quantize(model, folder, activations, plan=plan, min_rows=0)  # judged int8 at every call size
         results = _judge(model, folder, batches, reference)
         model.int8_gate = results
-        report = "; ".join(r.line() for r in results)
         if all(r.passed for r in results):
-            keep_float(model, originals, min_rows)  # from here on, calls of few rows run the float weights
-            how = _activations_line(model, activations)
-            log.info("%s: int8 (%d Linear layers, %s) passed its gate: %s", folder, len(originals), how, report)
-            model.load_report.notes.append(f"int8: {len(originals)} encoder Linear layers, {how}, float parts in {str(model.dtype).removeprefix('torch.')}"
-                                           f"; gate passed: {report}")
-            return model
+            int8_verdicts.write(key, KeptVerdict(activations, results, refused, plan, spot.value(model)))
+            return _passed(model, folder, originals, activations, min_rows, "")
         swap_linears(model.body.encoder, originals)  # the float layers back, for the next try or the fallback
         refused.append(f"{_activations_line(None, activations)}: " + "; ".join(
             f"{r.line()} ({r.value - r.bound:+.4f} against the bound {r.bound:g})" for r in results if not r.passed))
         log.info("%s: int8 with %s", folder, refused[-1])
+    int8_verdicts.write(key, KeptVerdict(None, results, refused))
+    return _refused(model, folder, refused, fallback)
+
+
+def _passed(model: PreTrainedEncoder, folder: Path, originals: dict[int, Any], activations: str, min_rows: int,
+            reused: str) -> PreTrainedEncoder:
+    """The end of a load whose int8 passed its gate (REUSED: where its kept verdict came from, else "")."""
+    keep_float(model, originals, min_rows)  # from here on, calls of few rows run the float weights
+    how, report = _activations_line(model, activations), "; ".join(r.line() for r in model.int8_gate)
+    log.info("%s: int8 (%d Linear layers, %s) passed its gate: %s%s", folder, len(originals), how, report, reused)
+    model.load_report.notes.append(f"int8: {len(originals)} encoder Linear layers, {how}, float parts in "
+                                   f"{str(model.dtype).removeprefix('torch.')}; gate passed: {report}{reused}")
+    return model
+
+
+def _refused(model: PreTrainedEncoder, folder: Path, refused: list[str], fallback: bool,
+             reused: str = "") -> PreTrainedEncoder:
+    """The end of a load whose int8 every granularity's gate refused: an Int8GateError, or with FALLBACK bf16."""
     failed = " | ".join(refused)
     if not fallback:
-        raise Int8GateError(f"{folder}: int8 refused by its gate: {failed}. Load with dtype='auto-int8' to fall "
-                            "back to bf16, or 'bfloat16' / 'float32'")
-    return _fallback(model, folder, f"the int8 gate refused: {failed}")
+        raise Int8GateError(f"{folder}: int8 refused by its gate: {failed}{reused}. Load with dtype='auto-int8' to "
+                            "fall back to bf16, or 'bfloat16' / 'float32'")
+    return _fallback(model, folder, f"the int8 gate refused: {failed}{reused}")
+
+
+def _tensors(model: PreTrainedEncoder) -> list[tuple[torch.nn.Module, str, Tensor, bool]]:
+    """Every parameter's and buffer's tensor of MODEL as it is now: a cast (model.to) replaces them, these stay."""
+    return [(m, name, t.data if is_param else t, is_param) for m in model.modules()
+            for is_param, named in ((True, m.named_parameters(recurse=False)), (False, m.named_buffers(recurse=False)))
+            for name, t in named]
+
+
+def _restore(tensors: list[tuple[torch.nn.Module, str, Tensor, bool]]) -> None:
+    for module, name, t, is_param in tensors:
+        if is_param:
+            getattr(module, name).data = t
+        else:
+            setattr(module, name, t)
+
+
+def _reuse(model: PreTrainedEncoder, folder: Path, kept: KeptVerdict, spot: _Spot, min_rows: int,
+           fallback: bool) -> PreTrainedEncoder | None:
+    """MODEL as the verdict KEPT for it says, without judging: a refusal as it is; a pass quantized with its kept
+    calibration, where its spot statistic is found again. None (the model untouched, fp32): judge it again."""
+    reused = f" (verdict reused from {kept.path})"
+    if kept.activations is None:
+        log.info("int8 gate: verdict reused from %s", kept.path)
+        model.int8_gate = kept.results
+        return _refused(model, folder, kept.refused, fallback, reused)
+    fp32 = _tensors(model)
+    originals = quantize(model, folder, kept.activations, plan=kept.plan, min_rows=0)
+    value = spot.value(model)
+    if abs(value - kept.spot) > SPOT_TOLERANCE:
+        log.warning("int8 gate: %s ignored (its %s on the spot batch is %.4f here, %.4f kept); the gate runs and "
+                    "rewrites it", kept.path, spot.gate.name, value, kept.spot)
+        swap_linears(model.body.encoder, originals)
+        _restore(fp32)
+        return None
+    log.info("int8 gate: verdict reused from %s", kept.path)
+    model.int8_gate = kept.results
+    return _passed(model, folder, originals, kept.activations, min_rows, reused)
 
 
 def _activations_line(model: PreTrainedEncoder | None, activations: str) -> str:

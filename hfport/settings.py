@@ -204,7 +204,8 @@ class Settings(EnvSettings):
     cache_dir: Path = Field(
         default_factory=_default_cache_dir, json_schema_extra={**COMMON, "shown_default":
                                                                 "$XDG_CACHE_HOME/hfport, else ~/.cache/hfport"},
-        description="hfport's cache: hardware.json (the measured CPU capabilities), embeddings/ (hfport mine, "
+        description="hfport's cache: hardware.json (the measured CPU capabilities), int8/ (the int8 gate's "
+                    "verdicts, reused by a later dtype=\"int8\" load of the same model), embeddings/ (hfport mine, "
                     "evaluate), encoded/ (large training sources, encoded) and spill/ (a ranking source's groups)")
     store_max_bytes: int = Field(
         20 * 2**30, ge=0, json_schema_extra=ADVANCED, description=(

@@ -1,6 +1,8 @@
 """What the int8 gate costs at load: from_pretrained(dtype="int8") less the fp32 load, with the gate's built-in set
 as it is (short texts and pairs, and long ones up to the model's max length, capped at GATE_MAX_LENGTH: issue 44,
-item 16) and as it was (the short ones alone, cut at PROBE_MAX_LENGTH tokens), and the gate's verdicts.
+item 16) and as it was (the short ones alone, cut at PROBE_MAX_LENGTH tokens), and the gate's verdicts; and what a
+load costs that reuses the verdict kept by the one before (hfport/int8_verdicts.py). The kept verdicts live in a
+temporary cache dir, emptied before each judged load (the user's own cache is never read nor written).
 
     python scripts/bench_int8_gate.py [--model PATH] [--task feature-extraction] [--rounds 3] [--threads 2]
 
@@ -12,13 +14,17 @@ seconds over the rounds (wall clock). Measure on a quiet machine: on a shared on
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 import hfport
+import hfport.settings
+from hfport import int8_verdicts
 from hfport.probes import PROBE_MAX_LENGTH, GateData, judged_pairs, judged_texts
 from hfport.tasks import get
 
@@ -30,12 +36,15 @@ def short_only(cls: type[GateData]) -> GateData:
     return cls(judged_texts(), judged_pairs(), origin="short only (the old set)", max_length=PROBE_MAX_LENGTH)
 
 
-VARIANTS = {"short only (before)": classmethod(short_only), "short + long (now)": BUILTIN}
+VARIANTS = {"short only (before)": classmethod(short_only), "short + long (now)": BUILTIN,
+            "verdict reused": BUILTIN}  # the last: the verdict "short + long" kept, not judged again
 
 
 def gate_seconds(model_class: type, folder: Path, variant: str) -> tuple[float, list[str]]:
     """(int8 load less fp32 load in seconds, the gate's lines) with the gate's built-in set as VARIANT."""
     GateData.builtin = VARIANTS[variant]
+    if variant != "verdict reused":
+        shutil.rmtree(hfport.settings.settings().cache_dir / int8_verdicts.FOLDER, ignore_errors=True)
     try:
         start = time.perf_counter()
         model_class.from_pretrained(folder)
@@ -65,10 +74,12 @@ def main() -> None:
     model_class = get(args.task).model_class
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     lines: dict[str, list[str]] = {}
-    for _ in range(args.rounds):
-        for variant in VARIANTS:
-            seconds, lines[variant] = gate_seconds(model_class, folder, variant)
-            times[variant].append(seconds)
+    with tempfile.TemporaryDirectory(prefix="bench-int8-gate-") as cache:
+        hfport.settings.use(cache_dir=cache)
+        for _ in range(args.rounds):
+            for variant in VARIANTS:
+                seconds, lines[variant] = gate_seconds(model_class, folder, variant)
+                times[variant].append(seconds)
     print(f"{folder} ({args.task}), {torch.get_num_threads()} threads, {args.rounds} rounds: gate seconds")
     for variant, values in times.items():
         print(f"  {variant:22s} best {min(values):6.2f}  median {statistics.median(values):6.2f}")

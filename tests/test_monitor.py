@@ -10,8 +10,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from hfport.train.monitor import (Pace, ResourceSampler, evals_left, fmt_resourc
                                   metrics_csv, read_metrics)
 from hfport.train.report import render_report
 from tests.finetuning import model_lines, sentiment_run
+from tests.forked import run_cli, start_cli
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("HFPORT_TEST_ARTIFACTS", "")) if os.environ.get("HFPORT_TEST_ARTIFACTS") else None
@@ -193,15 +192,26 @@ def tiny_run(tmp_path_factory, minilm_path) -> Path:
     return sentiment_run(tmp_path_factory.mktemp("monitor"), minilm_path, 96, 24)
 
 
-def _cli(root: Path, out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    # with a fault to inject (tests/faults.py), the same CLI runs through the fixture that installs it
-    entry = "tests.faults" if env and "HFPORT_TESTS_FAULT" in env else "hfport"
-    args = [sys.executable, "-m", entry, "finetune", "-q", "--model", str(root / "model"), "--train",
-            str(root / "train.jsonl"), "--eval", str(root / "eval.jsonl"), "--batch-size", "8", "--max-steps", "6",
-            "--save-steps", "2", "--eval-steps", "3", "--set", "eval_strategy=steps", "--set", "logging_steps=1",
-            "--lr", "3e-3", "--seed", "7", "--output-dir", str(out), *extra]
-    return subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=Path(__file__).resolve().parents[1])
+def _cli(root: Path, out: Path, *extra: str, env: dict[str, str] | None = None):
+    """`hfport finetune` on ROOT's run into OUT, started in its own process (tests/forked.py: the CLI as `python -m
+    hfport` runs it; with a fault to inject, HFPORT_TESTS_FAULT, through tests/faults.py, which installs it). Its
+    stderr goes to OUT's sibling `<name>.stderr` (`_stderr`)."""
+    args = ["finetune", "-q", "--model", str(root / "model"), "--train", str(root / "train.jsonl"), "--eval",
+            str(root / "eval.jsonl"), "--batch-size", "8", "--max-steps", "6", "--save-steps", "2", "--eval-steps",
+            "3", "--set", "eval_strategy=steps", "--set", "logging_steps=1", "--lr", "3e-3", "--seed", "7",
+            "--output-dir", str(out), *extra]
+    return start_cli(*args, env={**os.environ, **(env or {})}, cwd=Path(__file__).resolve().parents[1],
+                     stdout=os.devnull, stderr=_stderr(out))
+
+
+def _stderr(out: Path) -> Path:
+    return out.with_name(f"{out.name}.stderr")
+
+
+def _ended(child) -> int | None:
+    """CHILD's exit status once it ended (None: still running after 300 s)."""
+    child.join(300)
+    return child.exitcode
 
 
 def _model_lines(out: Path) -> list[str]:
@@ -212,24 +222,24 @@ def test_sigkill_during_a_background_write_never_becomes_latest(tiny_run, tmp_pa
     from safetensors.torch import load_file
 
     ref = _cli(tiny_run, tmp_path / "ref")
-    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()
+    assert _ended(ref) == 0, _stderr(tmp_path / "ref").read_text()
     out = tmp_path / "killed"
     # the writer stalls half-way through step 4's checkpoint (weights written, optimizer not yet)
     child = _cli(tiny_run, out, env={"HFPORT_TESTS_FAULT": "after-weights:4:stall=120"})
     deadline = time.time() + 300
-    while time.time() < deadline and child.poll() is None:
+    while time.time() < deadline and child.is_alive():
         if any((p / "model.safetensors").exists() for p in (out / "checkpoints").glob(".tmp-step-4-*")):
             break
         time.sleep(0.02)
-    assert child.poll() is None, "the run ended before the stalled checkpoint: " + child.stderr.read().decode()
+    assert child.is_alive(), "the run ended before the stalled checkpoint: " + _stderr(out).read_text()
     # training went on while the writer slept: step 5 or 6 can be logged before the kill
     os.kill(child.pid, signal.SIGKILL)
-    child.wait()
+    child.join()
     run = RunDir(out)
     assert run.latest_checkpoint() == run.checkpoint(2), "a half-written checkpoint became latest"
     assert not run.checkpoint(4).exists()
     again = _cli(tiny_run, out, "--resume", "latest")
-    assert again.wait(timeout=300) == 0, again.stderr.read().decode()
+    assert _ended(again) == 0, _stderr(out).read_text()
     assert _model_lines(out) == _model_lines(tmp_path / "ref")
     a, b = load_file(str(out / "final" / "model.safetensors")), load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -274,12 +284,10 @@ def test_verbosity_env_flags_win_and_rank_prefix(monkeypatch, capsys):
 def test_cli_reads_hfport_verbosity(tiny_run, tmp_path):
     """HFPORT_VERBOSITY=verbose reaches `hfport finetune` (no flag given): INFO records; -q still wins."""
     env = {**os.environ, "HFPORT_VERBOSITY": "verbose"}
-    args = [sys.executable, "-m", "hfport", "finetune", "--model", str(tiny_run / "model"), "--train",
-            str(tiny_run / "train.jsonl"), "--max-steps", "2", "--save-steps", "2", "--batch-size", "8"]
-    loud = subprocess.run([*args, "--output-dir", str(tmp_path / "a")], env=env, capture_output=True, text=True,
-                          timeout=300)
-    quiet = subprocess.run([*args, "--output-dir", str(tmp_path / "b"), "-q"], env=env, capture_output=True,
-                           text=True, timeout=300)
+    args = ["finetune", "--model", str(tiny_run / "model"), "--train", str(tiny_run / "train.jsonl"), "--max-steps",
+            "2", "--save-steps", "2", "--batch-size", "8"]
+    loud = run_cli(*args, "--output-dir", str(tmp_path / "a"), env=env, timeout=300)  # tests/forked.py
+    quiet = run_cli(*args, "--output-dir", str(tmp_path / "b"), "-q", env=env, timeout=300)
     assert loud.returncode == 0 and quiet.returncode == 0, loud.stderr + quiet.stderr
     assert "INFO hfport.train: checkpoint step 2" in loud.stderr, loud.stderr
     assert "INFO" not in quiet.stderr and "WARNING" not in quiet.stderr, quiet.stderr

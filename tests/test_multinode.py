@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from server.launch import free_port
 from tests.data import write_sentiment
+from tests.forked import run_cli
 from tests.tiny import save_hf
 
 STEPS = 4
@@ -41,9 +42,9 @@ def test_two_machines_follow_one_process(tmp_path, minilm_path):
               "--set", "scheduler=constant", "-q"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
-    one = subprocess.run([sys.executable, *common, "--batch-size", "8", "--output-dir", str(tmp_path / "one")],
-                         env=env, capture_output=True, timeout=300)
-    assert one.returncode == 0, one.stderr.decode()[-3000:]
+    # the one-process reference in its own process (tests/forked.py: the CLI as `python -m hfport` runs it)
+    one = run_cli(*common[2:], "--batch-size", "8", "--output-dir", str(tmp_path / "one"), env=env, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
 
     # two launchers, as two machines would run them: same command line but --machine_rank; the output folder is
     # the shared data dir every node sees (only the global main process writes it)

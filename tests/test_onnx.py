@@ -191,7 +191,7 @@ def test_feature_extraction_tokens_match_torch_at_real_positions(exported, sourc
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
 
 
-def test_real_minilm_exports_with_int8_agreement(minilm_path, tmp_path):
+def test_real_minilm_exports_with_int8_agreement(minilm_path, tmp_path, all_cores):
     result = export_onnx(minilm_path, tmp_path / "out", quantize="int8")
     assert result.report.passed, result.report.table()
     fp32 = rows(result.report, "fp32 vs hfport")

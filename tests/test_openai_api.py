@@ -21,7 +21,9 @@ def close(a, b) -> None:
 
 @pytest.fixture(scope="module")
 def server(minilm_path, serve_models):
-    return serve_models({"minilm": minilm_path}, HFPORT_BATCH_TOKEN_BUDGETS="[]")
+    # the suite's one server started as `python -m hfport serve` in a fresh interpreter (the others: fork-server
+    # children, tests/serving.py)
+    return serve_models({"minilm": minilm_path}, forked=False, HFPORT_BATCH_TOKEN_BUDGETS="[]")
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """Reliability and security under faults and bad input, seen from outside (issue 9):
 
 - NaN/inf weights: a warning naming the tensors on load, `load_report.nonfinite`, and export refuses them;
-- a corpus of bad model folders through `hfport info` as a subprocess: a non-zero exit, one clear error line
-  naming the problem, no traceback, and a pickle payload never executed;
+- a corpus of bad model folders through `hfport info` in its own process (tests/forked.py: a fork-server child,
+  the CLI as `python -m hfport` runs it): a non-zero exit, one clear error line naming the problem, no traceback,
+  and a pickle payload never executed;
 - a job left "running" by a dead process never stays running: the stale-lease rule, against the store, then in
   a real server;
 - a corpus of bad fine-tune data through `hfport finetune` and POST /jobs/finetune: an error naming file, line
@@ -34,6 +35,7 @@ from safetensors.torch import load_file, save_file
 
 import hfport
 from hfport.export import ExportError, export
+from tests import forked
 from tests.serving import Server, assert_error, walk_routes
 from tests.tiny import TOKENIZER_FILES, save_hf
 
@@ -41,10 +43,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`hfport ARGS` in its own process: a fork-server child running the CLI as `python -m hfport` does, without a
+    fresh interpreter's ~2.5 s of imports for each of this module's 16 runs (tests/forked.py)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop("HFPORT_HOST", None)
-    return subprocess.run([sys.executable, "-m", "hfport", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return forked.run_cli(*args, env=env, cwd=REPO, timeout=timeout)
 
 
 def assert_clean_failure(out: subprocess.CompletedProcess, *fragments: str) -> str:

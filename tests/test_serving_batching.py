@@ -118,3 +118,21 @@ def test_predict_is_the_steps_a_server_runs(folder):
     assert stepped[-1].error_type == called[-1].error_type == "PipelineInputError"
     with pytest.raises(ValueError, match="prompt_name='nope'"):
         pipe.prepare(TEXTS, prompt_name="nope")  # a bad option raises: the server fails that request alone
+
+
+@pytest.mark.parametrize("budgets, passes", [((64,), [64]), ((32, 64), [32, 32, 64])])
+def test_a_choice_of_budgets_is_timed_and_one_budget_only_warmed_up(folder, budgets, passes, monkeypatch):
+    """tune_batch_tokens, what the server runs at each model load: a warm-up pass at the smallest budget, then one
+    timed pass per budget where there is a choice; one budget (the server's `batch_token_budgets=[]`: the model's
+    own, "no timing") gets its warm-up pass alone, not a second one (the real MiniLM's 16384 tokens: seconds)."""
+    from hfport.embeddings import tune_batch_tokens
+
+    pipe = hfport.pipeline("sentence-embedding", model=folder)
+    tokens: list[int] = []
+    forward_batch = Pipeline.forward_batch
+    monkeypatch.setattr(Pipeline, "forward_batch",
+                        lambda self, batch: tokens.append(sum(len(f.input_ids) for f in batch)) or
+                        forward_batch(self, batch))
+    tuning = tune_batch_tokens(pipe, budgets, seq_len=16)
+    assert tokens == passes
+    assert set(tuning.throughput) == set(budgets) and pipe.max_batch_tokens == tuning.chosen in budgets

@@ -21,6 +21,7 @@ from server.settings import Settings
 from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, IdempotencyKey, IdempotencyKeyUsed, Lease,
                           LeaseLost, MissingDriver, SchemaTooNew, Store, StoreError, StoreUnavailable, open_store)
 from server.worker import Worker
+from tests.forked import run_cli
 from tests.pgserver import fresh_db_name
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -486,11 +487,10 @@ def test_unreachable_database_retries_bounded_and_quietly(caplog):
 
 
 def test_unreachable_database_through_the_cli(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hfport", "serve", "--data-dir", str(tmp_path), "--role", "api"],
-                         env={**os.environ,
-                              "HFPORT_DATABASE_URL": f"postgresql://hfport@127.0.0.1:{_closed_port()}/x",
-                              "HFPORT_JOB_LEASE_S": "1"},  # start-up retries the database for one lease
-                         capture_output=True, text=True, timeout=120)
+    out = run_cli("serve", "--data-dir", str(tmp_path), "--role", "api",  # in its own process: tests/forked.py
+                  env={**os.environ, "HFPORT_DATABASE_URL": f"postgresql://hfport@127.0.0.1:{_closed_port()}/x",
+                       "HFPORT_JOB_LEASE_S": "1"},  # start-up retries the database for one lease
+                  timeout=120)
     assert out.returncode == 1
     assert "error: cannot reach the PostgreSQL database postgresql://hfport@127.0.0.1" in out.stderr
     assert "Traceback" not in out.stderr
@@ -511,9 +511,8 @@ def test_worker_role_refuses_a_live_duplicate_id_through_the_cli(pg_server, tmp_
     url = pg_server.create_database(fresh_db_name())
     store = open_store(url)
     store.register_worker("box-7", "some-other-host", 1, 30.0)
-    out = subprocess.run([sys.executable, "-m", "hfport", "serve", "--data-dir", str(tmp_path), "--role", "worker"],
-                         env={**os.environ, "HFPORT_DATABASE_URL": url, "HFPORT_WORKER_ID": "box-7"},
-                         capture_output=True, text=True, timeout=120)
+    out = run_cli("serve", "--data-dir", str(tmp_path), "--role", "worker",  # in its own process: tests/forked.py
+                  env={**os.environ, "HFPORT_DATABASE_URL": url, "HFPORT_WORKER_ID": "box-7"}, timeout=120)
     assert out.returncode == 1, out.stderr
     assert "error: worker id 'box-7' is held by a live worker (host some-other-host, pid 1" in out.stderr
     assert [w["host"] for w in store.list_workers()] == ["some-other-host"]  # the holder's row is untouched

@@ -52,6 +52,9 @@ itself: it quantizes with no float weight kept, and keeps them once int8 passed.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -420,29 +423,62 @@ def swap_linears(root: nn.Module, replace: dict[int, nn.Module]) -> None:
                 setattr(parent, child_name, replace[id(child)])
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """What calibration decided for one Linear, all that quantizing it needs besides its weights (and all that
+    hfport/int8_verdicts.py keeps of a calibration): its OUTLIERS input channels, its calibrated INPUT_RANGE (lo, hi)
+    for "static" activations (None: each call's own range), and SHARES_INPUT_WITH, the first layer of its group
+    that reads one input (q, k and v: quantized once, SharedInput; None: a group of one)."""
+
+    outliers: tuple[int, ...] = ()
+    input_range: tuple[float, float] | None = None
+    shares_input_with: str | None = None
+
+
+def plan_layers(linears: dict[str, nn.Linear], peaks: dict[str, Tensor] | None = None, activations: str = "token",
+                ranges: dict[str, list[tuple[Tensor, Tensor]]] | None = None) -> dict[str, LayerPlan]:
+    """Each of LINEARS' LayerPlan from a calibration: the outlier channels from PEAKS (the calibration |max| per
+    input channel by name; none without), and for "static" ACTIVATIONS the stable range of its calibration RANGES
+    (InputPeaks.ranges; `static_range`). Layers under one parent with the same peaks read one input."""
+    firsts: dict[tuple, str] = {}  # (parent, calibration peaks) -> the group's first layer
+    plans = {}
+    for name in linears:
+        idx = outlier_channels(peaks[name]) if peaks and name in peaks else None
+        span = static_range((ranges or {}).get(name, []), idx) if activations == "static" else None
+        group = firsts.setdefault((name.rpartition(".")[0], tuple(peaks[name].tolist())), name) \
+            if peaks and name in peaks else None
+        plans[name] = LayerPlan(tuple(idx.tolist()) if idx is not None else (), span, group)
+    sizes = Counter(p.shares_input_with for p in plans.values())
+    return {n: p if sizes[p.shares_input_with] > 1 else dataclasses.replace(p, shares_input_with=None)
+            for n, p in plans.items()}
+
+
 def quantize_linears(root: nn.Module, peaks: dict[str, Tensor] | None = None,
                      activations: str = "token", float_below_rows: int = 0,
-                     ranges: dict[str, list[tuple[Tensor, Tensor]]] | None = None) -> dict[int, nn.Linear]:
-    """Every nn.Linear under ROOT swapped for an Int8Linear with ACTIVATIONS' granularity, once (the outlier channels
-    from PEAKS, the calibration |max| per input channel by name; none without). "static": each layer whose
-    calibration RANGES (InputPeaks.ranges) give a stable range (`static_range`) quantizes its input at that range,
-    the others per "tensor". -> {id(Int8Linear): the nn.Linear it replaced}, for `swap_linears` to put the float
-    layers back. FLOAT_BELOW_ROWS > 0: each keeps its float weight too, for calls of fewer rows (module
-    docstring)."""
+                     ranges: dict[str, list[tuple[Tensor, Tensor]]] | None = None,
+                     plan: dict[str, LayerPlan] | None = None) -> dict[int, nn.Linear]:
+    """Every nn.Linear under ROOT swapped for an Int8Linear with ACTIVATIONS' granularity, once, as PLAN says (a
+    LayerPlan by name; default: `plan_layers` on PEAKS and RANGES): its outlier channels, and for "static" its
+    calibrated range, where it has one (the others quantize per "tensor"). -> {id(Int8Linear): the nn.Linear it
+    replaced}, for `swap_linears` to put the float layers back. FLOAT_BELOW_ROWS > 0: each keeps its float weight
+    too, for calls of fewer rows (module docstring)."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"int8 activations must be one of {ACTIVATIONS}, got {activations!r}")
     linears = body_linears(root)
+    plan = plan_layers(linears, peaks, activations, ranges) if plan is None else plan
+    if plan.keys() != linears.keys():
+        raise ValueError(f"int8 plan: its layers {sorted(plan.keys() ^ linears.keys())} are not both the plan's "
+                         "and the model's")
     replace, originals = {}, {}
-    groups: dict[tuple, list[Int8Linear]] = {}  # (parent, calibration peaks) -> the layers that read one input
+    groups: dict[str, list[Int8Linear]] = {}  # the group's first layer -> the layers that read one input
     for name, linear in linears.items():
-        idx = outlier_channels(peaks[name]) if peaks and name in peaks else None
-        kind, span = activations, None
-        if activations == "static":
-            span = static_range((ranges or {}).get(name, []), idx)
-            kind = "static" if span is not None else "tensor"
+        layer = plan[name]
+        span = layer.input_range if activations == "static" else None
+        kind = "tensor" if activations == "static" and span is None else activations
+        idx = torch.tensor(layer.outliers, dtype=torch.long)
         q = Int8Linear.from_linear(linear, idx, kind, float_below_rows, span)
-        if peaks and name in peaks:
-            groups.setdefault((name.rpartition(".")[0], tuple(peaks[name].tolist())), []).append(q)
+        if layer.shares_input_with is not None:
+            groups.setdefault(layer.shares_input_with, []).append(q)
         replace[id(linear)], originals[id(q)] = q, linear
     for members in groups.values():
         if len(members) > 1:
