@@ -552,7 +552,8 @@ def test_docker_entrypoint_reads_its_two_settings_alone(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(entrypoint.os, "execvp", lambda *a: calls.append(a))
     monkeypatch.setenv("HFPORT_HOST", "0.0.0.0")
-    monkeypatch.delenv("HFPORT_API_TOKEN", raising=False)
+    # unset as the settings read it (empty), and restored at teardown: main() below sets the variable itself
+    monkeypatch.setenv("HFPORT_API_TOKEN", "")
     monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path / "volume"))
     with pytest.raises(SettingsError):
         Settings()  # what a full read would say before the token is made
