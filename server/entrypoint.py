@@ -41,8 +41,8 @@ def main() -> None:
         print(f"hfport: no HFPORT_API_TOKEN was set; generated one (kept in {data_dir / TOKEN_FILE}):\n"
               f"  {token}\nSend it as 'Authorization: Bearer <token>'. Set HFPORT_API_TOKEN to choose your own.",
               file=sys.stderr, flush=True)
-    os.environ["HFPORT_API_TOKEN"] = token
-    os.execvp("hfport", ["hfport", "serve", *sys.argv[1:]])
+    # the token reaches `hfport serve` as its api_token setting, in the new process's environment only (never argv)
+    os.execvpe("hfport", ["hfport", "serve", *sys.argv[1:]], {**os.environ, Settings.env_name("api_token"): token})
 
 
 if __name__ == "__main__":

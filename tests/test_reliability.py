@@ -550,7 +550,7 @@ def test_docker_entrypoint_reads_its_two_settings_alone(tmp_path, monkeypatch):
     from server.settings import Settings
 
     calls = []
-    monkeypatch.setattr(entrypoint.os, "execvp", lambda *a: calls.append(a))
+    monkeypatch.setattr(entrypoint.os, "execvpe", lambda *a: calls.append(a))
     monkeypatch.setenv("HFPORT_HOST", "0.0.0.0")
     # unset as the settings read it (empty), and restored at teardown: main() below sets the variable itself
     monkeypatch.setenv("HFPORT_API_TOKEN", "")
@@ -559,8 +559,9 @@ def test_docker_entrypoint_reads_its_two_settings_alone(tmp_path, monkeypatch):
         Settings()  # what a full read would say before the token is made
     entrypoint.main()
     token = (tmp_path / "volume" / entrypoint.TOKEN_FILE).read_text().strip()
-    assert calls and entrypoint.os.environ["HFPORT_API_TOKEN"] == token
-    Settings()  # complete now
+    assert calls and calls[0][2]["HFPORT_API_TOKEN"] == token  # the server's environment, not this process's
+    monkeypatch.setenv("HFPORT_API_TOKEN", token)
+    Settings()  # complete with the token
     monkeypatch.setenv("HFPORT_PORT", "70000")
     with pytest.raises(SettingsError, match="HFPORT_PORT='70000'"):
         Settings.env_value("port")
