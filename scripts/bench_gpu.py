@@ -26,6 +26,9 @@ that would start with less than its share of the budget left is skipped and says
              for a fixed time: requests/s, texts/s, latency p50/p95.
   adapters   8 LoRA adapters over one BERT-base classifier: one pipeline serving mixed-adapter batches (adapter= per
              text) against one pipeline per adapter fed its own texts: texts/s.
+  profile    where the time goes, BERT-base: torch.profiler over 3 steps of hfport's finetune() and of Trainer, and
+             over hfport's pipeline embedding 512 texts: the top operators by GPU and by CPU time, and GPU-busy time
+             against wall time (the first GPU run's fine-tunes ran at ~1-3% MFU on both sides: host-bound).
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ class Plan:
         return [int(math.exp(rng.uniform(math.log(min(16, top)), math.log(top)))) for _ in range(n)]
 
 
-SECTIONS = ("finetune", "inference", "serve", "adapters")
+SECTIONS = ("finetune", "inference", "serve", "adapters", "profile")
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -343,6 +346,9 @@ def section_inference(plan: Plan, work: Path, tokenizer: Path, ids: dict[str, in
         real = sum(min(len(x), plan.max_length) for x in tok(texts, truncation=True,
                                                              max_length=plan.max_length)["input_ids"])
         rows: dict[str, Any] = {"real_tokens": real}
+        start = time.perf_counter()
+        tok(texts, truncation=True, max_length=plan.max_length)
+        rows["tokenize_only_s"] = round(time.perf_counter() - start, 4)  # what every side pays before the model
 
         pipe = hfport.pipeline("sentence-embedding", model=folder, device=plan.device, dtype="bfloat16")
         rows["hfport_bf16"] = best_of(2, lambda: pipe(texts), plan.device)
@@ -480,11 +486,114 @@ def section_adapters(plan: Plan, work: Path, tokenizer: Path, ids: dict[str, int
             "mixed_over_per_adapter": round(apart_s / mixed_s, 3)}
 
 
+# --- profile: where the time goes ----------------------------------------------------------------------------------
+
+
+def _tables(prof: Any, cuda: bool, wall: float) -> dict[str, Any]:
+    events = prof.key_averages()
+    device_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events) if cuda else 0
+    out = {"wall_s": round(wall, 4), "gpu_busy_s": round(device_us / 1e6, 4) if cuda else None,
+           "by_cpu": events.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60).splitlines()}
+    if cuda:
+        out["by_gpu"] = events.table(sort_by="self_device_time_total", row_limit=18,
+                                     max_name_column_width=60).splitlines()
+    return out
+
+
+def section_profile(plan: Plan, work: Path, tokenizer: Path, ids: dict[str, int], peak: float | None) -> dict:
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+
+    import hfport
+    from hfport.train import loop
+    from hfport.train.config import FinetuneConfig
+
+    cuda = plan.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    shape = plan.shapes[0]
+    folder = work / f"{shape.name}-cls"
+    if not folder.exists():
+        save_model(shape, folder, tokenizer, ids, "AutoModelForSequenceClassification")
+    train = work / "train.jsonl"
+    if not train.exists():
+        synthetic.write_jsonl(train, synthetic.texts(plan.lengths(plan.train_texts, 1), seed=1))
+    first, last = 5, 7  # profile steps 5..7 of 8: after the optimizer's state and the allocator have settled
+    out: dict[str, Any] = {"model": shape.name, "steps": [first, last]}
+
+    prof = profile(activities=activities)
+    marks: dict[str, float] = {}
+    step = loop.Trainer.step
+
+    def traced(self, group):
+        if self.state.step + 1 == first:
+            sync(plan.device)
+            prof.start()
+            marks["t0"] = time.perf_counter()
+        result = step(self, group)
+        if self.state.step == last:
+            sync(plan.device)
+            marks["t1"] = time.perf_counter()
+            prof.stop()
+        return result
+
+    loop.Trainer.step = traced
+    try:
+        loop.finetune(FinetuneConfig(
+            model=str(folder), train=str(train), eval=None, eval_fraction=0.0, output_dir=str(work / "prof-hfport"),
+            batch_size=plan.batch_size, max_length=plan.max_length, precision="bf16", lr=2e-5, warmup_ratio=0.0,
+            max_steps=last + 1, logging_steps=100, save_strategy="no", eval_strategy="no", seed=3), progress=False)
+    finally:
+        loop.Trainer.step = step
+    out["hfport_finetune"] = _tables(prof, cuda, marks["t1"] - marks["t0"])
+
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    data = [{**tok(r["text"], truncation=True, max_length=plan.max_length), "labels": r["label"]} for r in rows]
+    prof2 = profile(activities=activities)
+
+    class Trace(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step + 1 == first:
+                sync(plan.device)
+                prof2.start()
+                marks["t2"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == last:
+                sync(plan.device)
+                marks["t3"] = time.perf_counter()
+                prof2.stop()
+
+    ref = transformers.AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="sdpa")
+    args = transformers.TrainingArguments(
+        output_dir=str(work / "prof-trainer"), per_device_train_batch_size=plan.batch_size, learning_rate=2e-5,
+        max_steps=last + 1, logging_steps=100, save_strategy="no", report_to=[], seed=3, bf16=cuda,
+        optim="adamw_torch_fused" if cuda else "adamw_torch", use_cpu=not cuda, disable_tqdm=True)
+    transformers.Trainer(model=ref, args=args, train_dataset=data, data_collator=transformers.DataCollatorWithPadding(tok),
+                         callbacks=[Trace()]).train()
+    out["trainer_finetune"] = _tables(prof2, cuda, marks["t3"] - marks["t2"])
+    del ref
+
+    texts = [t for t, _ in synthetic.texts(plan.lengths(min(512, plan.infer_texts), 2), seed=2)]
+    pipe = hfport.pipeline("sentence-embedding", model=base_folder(shape, work, tokenizer, ids), device=plan.device,
+                           dtype="bfloat16")
+    pipe(texts)
+    sync(plan.device)
+    with profile(activities=activities) as prof3:
+        start = time.perf_counter()
+        pipe(texts)
+        sync(plan.device)
+        wall = time.perf_counter() - start
+    out["hfport_inference_512_texts"] = _tables(prof3, cuda, wall)
+    return out
+
+
 # --- the run -------------------------------------------------------------------------------------------------------
 
 RUNNERS = {"finetune": section_finetune, "inference": section_inference, "serve": section_serve,
-           "adapters": section_adapters}
-SHARE = {"finetune": 0.4, "inference": 0.2, "serve": 0.2, "adapters": 0.2}  # of the budget, to start a section
+           "adapters": section_adapters, "profile": section_profile}
+# of the budget, to start a section (a section starts with at least half its share left)
+SHARE = {"finetune": 0.4, "inference": 0.2, "serve": 0.2, "adapters": 0.2, "profile": 0.2}
 
 
 def describe_plan(plan: Plan) -> dict[str, Any]:
@@ -502,6 +611,7 @@ SECTION_WORDS = {
     "inference": "hfport pipeline bf16 vs transformers bf16 vs sentence-transformers fp16, per shape: texts/s",
     "serve": "hfport serve + concurrent /embed clients: requests/s, texts/s, latency p50/p95",
     "adapters": "mixed-adapter batches vs one pipeline per adapter: texts/s",
+    "profile": "torch.profiler over 3 fine-tune steps (hfport, Trainer) and one embedding pass: top ops, GPU busy",
 }
 
 

@@ -10,8 +10,8 @@
 # Anywhere (CI runs it):
 #   scripts/gpu_check.sh --dry-run      # the plan: stages, limits, commands, the benchmark's shapes; no GPU, no install
 #
-# Environment: OUT (default ./gpu-out), PYTHON (python3), GPU_WHEELS (gpu-wheels), GPU_TESTS_S (180), GPU_BENCH_S
-# (200: the benchmark's budget; its stage gets 30 s more to write its report).
+# Environment: OUT (default ./gpu-out), PYTHON (python3), GPU_WHEELS (gpu-wheels), GPU_TESTS_S (110: the first run took 39 s), GPU_BENCH_S
+# (260: the benchmark's budget; its stage gets 30 s more to write its report).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dry=0
@@ -23,8 +23,8 @@ esac
 out=${OUT:-$PWD/gpu-out}
 python=${PYTHON:-python3}
 wheels=${GPU_WHEELS:-gpu-wheels}
-tests_s=${GPU_TESTS_S:-180}
-bench_s=${GPU_BENCH_S:-200}
+tests_s=${GPU_TESTS_S:-110}
+bench_s=${GPU_BENCH_S:-260}
 install_s=30
 env_s=20
 mkdir -p "$out"

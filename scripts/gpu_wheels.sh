@@ -16,6 +16,9 @@
 #   python-dotenv
 #   annotated-doc                 fastapi's; the image has one, this pins the version fastapi was tested with here
 #   opentelemetry-api             fastapi 0.165 imports it at import (fastapi/telemetry), whatever the app uses
+#   swagger-ui-bundle-v2          server/routes/docs.py (/docs served locally); its jinja2 is in the image. Missing
+#                                 from the first GPU call: `hfport serve` stopped at import (tests/test_gpu_check.py
+#                                 now checks that every core dependency is here or in the image)
 #
 # The versions are this repository's venv's (the ones the test suite ran with); pydantic-core is the one compiled
 # wheel (cp312, manylinux). Usage: scripts/gpu_wheels.sh [DEST] (default gpu-wheels); PYTHON=... picks the pip.
@@ -27,7 +30,11 @@ wheels=(
   fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 python-multipart==0.0.34
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
   pydantic-settings==2.16.3 python-dotenv==1.2.4 annotated-doc==0.0.7 opentelemetry-api==1.45.2
+  swagger-ui-bundle-v2==5.31.0
 )
+# hfport's core dependencies the image already holds (KINDS.md's package list); tests/test_gpu_check.py checks that
+# every core dependency in pyproject.toml is either here or in `wheels`
+in_image=(torch safetensors huggingface-hub tokenizers numpy typer accelerate pyyaml tqdm psutil prometheus-client)
 rm -rf "$dest"
 mkdir -p "$dest"
 # --no-deps: each need is named above (pip would otherwise resolve against this machine's Python, not 3.12's)

@@ -216,6 +216,67 @@ def test_bf16_forward_within_tolerance(family, route, tmp_path, monkeypatch):
     assert taken and set(taken) == {expected}, taken
 
 
+def _qkv(lengths, heads=4, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = sum(lengths)
+    qkv = [torch.randn(n, heads, d, generator=g).to(CUDA, torch.bfloat16).requires_grad_() for _ in range(3)]
+    cu = varlen_module.cu_seqlens(tuple(lengths)).to(CUDA)
+    return qkv, cu, max(lengths)
+
+
+def test_varlen_dropout_kernel():
+    """varlen_dropout (aten's flash forward with dropout_p; training with attention dropout): at rate 0 it is
+    torch's varlen_attn, forward and gradients; at 0.1 the same seed gives the same output and gradients (the
+    backward replays the forward's mask), and the mean of 256 draws comes back to the undropped output (inverted
+    dropout is unbiased): its error at most a quarter of one draw's (expected ~1/16)."""
+    (q, k, v), cu, longest = _qkv((70, 41, 9, 33))
+    w = torch.randn(q.shape, device=CUDA, dtype=q.dtype)
+    args = (q, k, v, cu, cu, longest, longest)
+    plain = varlen_module.varlen_kernel()(*args, scale=0.125, window_size=(-1, -1))
+    zero = varlen_module.varlen_dropout(*args, scale=0.125, window_size=(-1, -1), dropout_p=0.0)
+    # the same flash call where torch's wrapper takes flash (a cuDNN backend, where it takes one, rounds otherwise)
+    torch.testing.assert_close(zero, plain, atol=1e-2, rtol=1e-2)
+    for a, b in zip(torch.autograd.grad((zero * w).sum(), (q, k, v)), torch.autograd.grad((plain * w).sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)
+
+    def draw(seed):
+        torch.manual_seed(seed)
+        out = varlen_module.varlen_dropout(*args, scale=0.125, window_size=(-1, -1), dropout_p=0.1)
+        return out, torch.autograd.grad((out * w).sum(), (q, k, v))
+
+    (o1, g1), (o2, g2) = draw(5), draw(5)
+    assert torch.equal(o1, o2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
+    assert all(torch.isfinite(g).all() for g in g1)
+    with torch.no_grad():
+        one = (o1.float() - plain.float()).abs().mean().item()
+        total = torch.zeros_like(plain, dtype=torch.float32)
+        for seed in range(256):
+            total += varlen_module.varlen_dropout(*args, scale=0.125, window_size=(-1, -1), dropout_p=0.1).float()
+        mean_err = (total / 256 - plain.float()).abs().mean().item()
+    assert one > 1e-3 and mean_err < one / 4, (one, mean_err)
+
+
+def test_training_with_attention_dropout_takes_varlen(tmp_path, monkeypatch):
+    """BERT's default attention dropout (0.1) in training: one varlen call per layer (varlen_dropout), finite
+    gradients, and a loss that differs from eval mode's (dropout ran)."""
+    save_hf("bert", "sequence-classification", tmp_path, attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.0)
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(tmp_path, device="cuda")
+    inputs = on(CUDA, batch("bert", pairs=False))
+    labels = torch.zeros(inputs["input_ids"].shape[0], dtype=torch.long, device=CUDA)
+    taken = []
+    real_route = layout_module.cuda_route
+    monkeypatch.setattr(layout_module, "cuda_route", lambda *a, **k: taken.append(real_route(*a, **k)) or taken[-1])
+    model.train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(**inputs, labels=labels).loss
+    loss.backward()
+    assert taken and set(taken) == {"varlen" if varlen_module.VARLEN_ATTN is not None else "groups"}, taken
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        assert model(**inputs, labels=labels).loss.item() != loss.item()
+
+
 # --- 3. fp32 parity of every family's heads, TF32 off -------------------------------------------------------------
 
 

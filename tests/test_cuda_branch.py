@@ -95,13 +95,12 @@ def test_cuda_route_and_its_reasons(monkeypatch):
     assert cuda_route(bf16, 64, **args) == "varlen"
     assert cuda_route(torch.float16, 64, **args) == "varlen"
     assert cuda_route(fp32, 64, **args) == "groups"
-    assert cuda_route(bf16, 64, **{**args, "dropout_p": 0.1}) == "groups"
+    assert cuda_route(bf16, 64, **{**args, "dropout_p": 0.1}) == "varlen"  # varlen_dropout: the flash kernel's own
     assert cuda_route(bf16, 64, **{**args, "bias": True}) == "groups"
     assert cuda_route(bf16, 64, **{**args, "rows_in_order": False}) == "groups"
     assert cuda_route(bf16, 64, **{**args, "varlen": False}) == "groups"
     assert cuda_route(bf16, 12, **args) == "groups" and cuda_route(bf16, 512, **args) == "groups"
     monkeypatch.setattr(varlen_module, "VARLEN_ATTN", len)  # any callable: "this torch has it"
-    assert "dropout" in fallback_reason(bf16, 64, dropout_p=0.1, bias=False)
     assert "DeBERTa" in fallback_reason(bf16, 64, dropout_p=0.0, bias=True)
     assert "float16 and bfloat16" in fallback_reason(fp32, 64, dropout_p=0.0, bias=False)
     monkeypatch.setattr(varlen_module, "VARLEN_ATTN", None)
@@ -212,6 +211,31 @@ def test_bf16_takes_the_varlen_route_within_bf16_of_fp32():
     assert calls == [{"scale": (c // heads) ** -0.5, "window_size": (8, 8)}]
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_attention_dropout_takes_the_varlen_route_with_its_rate():
+    """In training (a kernel with dropout_p > 0) the varlen route still runs, one call, the rate passed to the
+    kernel (varlen_dropout on a GPU; the reference here, whose draws equal a direct call's under the same seed)."""
+    heads, c = 4, 32
+    packed = Packed.from_mask(mask_of(LENGTHS))
+    q, k, v = (x.detach().bfloat16() for x in rows(packed.index.shape[0], c, seed=7))
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return varlen_reference(*args, **kwargs)
+
+    scale = (c // heads) ** -0.5
+    torch.manual_seed(3)
+    got = packed.attend_cuda(q, k, v, heads, kernel(scale, dropout_p=0.25), None, None, varlen=spy)
+    assert calls == [{"scale": scale, "window_size": (-1, -1), "dropout_p": 0.25}]
+    torch.manual_seed(3)
+    n = q.shape[0]
+    cu = cu_seqlens(packed.lengths)
+    want = varlen_reference(*(x.view(n, heads, c // heads) for x in (q, k, v)), cu, cu, packed.max_length,
+                            packed.max_length, scale=scale, dropout_p=0.25).reshape(n, c)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert not torch.equal(got, packed.attend_varlen(q, k, v, heads, scale, None, varlen_reference))
 
 
 def test_varlen_reference_is_windowed_attention_per_sequence():

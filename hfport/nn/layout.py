@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from itertools import accumulate
 from typing import Any, Callable, Protocol
 
@@ -31,7 +31,8 @@ from torch import Tensor, nn
 
 from .band import BandPlan, Kernel, attend_local, banded, window_band
 from .groups import CUDA_CALL_COST, CUDA_SCATTER_COST, Groups, plan_groups
-from .varlen import BoundKernel, cu_seqlens, cuda_route, fallback_reason, say_once, varlen_kernel, window_size
+from .varlen import (BoundKernel, cu_seqlens, cuda_route, fallback_reason, say_once, varlen_dropout, varlen_kernel,
+                     window_size)
 
 # bias(q, k) -> the additive score bias (G|1, H|1, L, L) of G sequences of length L given their (G, H, L, D) queries
 # and keys (DeBERTa's relative terms), or None. The one injection point for score terms, on every layout. It returns
@@ -276,8 +277,9 @@ class Packed(_PerBatch):
         A sliding window is a band mask per run, built here on any device.
 
         On CUDA (SelfAttention's kernel, nn/varlen.py's BoundKernel): no per-run loop. One varlen_attn call over
-        every sequence (cu_seqlens and the longest length built on the host; a window as window_size), or, where
-        cuda_route says it cannot run (no such kernel in this torch, attention dropout, a score bias, fp32), padded
+        every sequence (cu_seqlens and the longest length built on the host; a window as window_size; attention
+        dropout through varlen_dropout), or, where cuda_route says it cannot run (no such kernel in this torch, a
+        score bias, fp32), padded
         SDPA over a few length groups, the bias callback called per group (see attend_cuda)."""
         if q.is_cuda and isinstance(kernel, BoundKernel):
             return self.attend_cuda(q, k, v, heads, kernel, bias, window)
@@ -330,14 +332,18 @@ class Packed(_PerBatch):
                     bias: SequenceBias | None, window: int | None, varlen: Callable[..., Tensor] | None = None
                     ) -> Tensor:
         """q, k, v (N, C) -> (N, C) on a GPU: cuda_route picks one varlen_attn call (attend_varlen) or padded SDPA
-        over length groups (attend_groups). `varlen`: the kernel (default VARLEN_ATTN); tests pass
-        varlen_reference to run this branch's arithmetic on the CPU."""
-        varlen = varlen_kernel() if varlen is None else varlen
+        over length groups (attend_groups). `varlen`: the kernel (default VARLEN_ATTN, or varlen_dropout while
+        attention dropout is on); tests pass varlen_reference to run this branch's arithmetic on the CPU."""
+        available = varlen_kernel() if varlen is None else varlen
         d = q.shape[1] // heads
         route = cuda_route(q.dtype, d, dropout_p=kernel.dropout_p, bias=bias is not None,
-                           rows_in_order=window is None or self.rows_in_order, varlen=varlen is not None)
+                           rows_in_order=window is None or self.rows_in_order, varlen=available is not None)
         if route == "varlen":
-            return self.attend_varlen(q, k, v, heads, kernel.scale, window, varlen)
+            if kernel.dropout_p > 0:
+                dropping = varlen_dropout if varlen is None else varlen
+                return self.attend_varlen(q, k, v, heads, kernel.scale, window,
+                                          partial(dropping, dropout_p=kernel.dropout_p))
+            return self.attend_varlen(q, k, v, heads, kernel.scale, window, available)
         say_once(fallback_reason(q.dtype, d, dropout_p=kernel.dropout_p, bias=bias is not None))
         return self.attend_groups(q, k, v, heads, kernel, bias, window)
 

@@ -12,10 +12,13 @@ and packed attention on CUDA then runs padded SDPA over length groups, said once
 
 What the kernel takes: q, k, v (N, H, D) in fp16 or bf16 on CUDA, D a multiple of 8 up to 256 (flash attention's
 head sizes); window_size (left, right): key j is seen by query i when i - left <= j <= i + right, rows counted
-within the sequence, -1 unbounded. It has no dropout (torch's wrapper fixes it at 0) and no additive bias, so a
-training pass with attention dropout and DeBERTa's relative bias take the padded SDPA path instead. `varlen_reference`
-is the same computation in plain torch, one sequence at a time: tests run the CUDA branch's arithmetic through it on
-the CPU.
+within the sequence, -1 unbounded. torch's wrapper fixes dropout at 0; a training pass with attention dropout
+(BERT's default 0.1) calls the flash kernel underneath it, `aten._flash_attention_forward`, with its dropout_p
+(`varlen_dropout`): its backward (derivatives.yaml's _flash_attention_backward) replays the forward's dropout mask
+from the RNG state the forward returns. Before, such a pass took padded SDPA over length groups: on an H200,
+BERT-base fine-tuning ran at 0.53x transformers' Trainer that way (scripts/bench_gpu.py). No additive bias either:
+DeBERTa's relative bias takes the padded SDPA path. `varlen_reference` is the same computation in plain torch, one
+sequence at a time: tests run the CUDA branch's arithmetic through it on the CPU.
 """
 
 from __future__ import annotations
@@ -83,6 +86,16 @@ class BoundKernel:
         return self.backend(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout_p, scale=self.scale)
 
 
+def varlen_dropout(q: Tensor, k: Tensor, v: Tensor, cu_seq_q: Tensor, cu_seq_k: Tensor, max_q: int, max_k: int,
+                   *, scale: float, window_size: tuple[int, int], dropout_p: float) -> Tensor:
+    """varlen_attn with attention dropout: (N, H, D) -> (N, H, D). The flash kernel varlen_attn wraps (torch >= 2.10:
+    the same arguments, window_size split in two), called with dropout_p; autograd differentiates it itself."""
+    out, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, dropout_p, False,
+                                                      False, scale=scale, window_size_left=window_size[0],
+                                                      window_size_right=window_size[1])
+    return out
+
+
 def cu_seqlens(lengths: tuple[int, ...]) -> Tensor:
     """(B' + 1,) int32 on the host: the packed row where each non-empty sequence starts, then N. An empty sequence
     has no rows and no entry (the kernel never sees a zero-length sequence)."""
@@ -98,11 +111,12 @@ def window_size(window: int | None) -> tuple[int, int]:
 
 def cuda_route(dtype: torch.dtype, head_dim: int, *, dropout_p: float, bias: bool, rows_in_order: bool,
                varlen: bool) -> str:
-    """How a packed batch's attention runs on CUDA: "varlen" (one varlen_attn call over every sequence) or "groups"
-    (padded SDPA over length groups, fused kernels; nn/groups.py). varlen needs the kernel (`varlen`: this torch has
-    it), fp16/bf16, a flash head size, no dropout and no additive bias, and, with a window, rows one position apart
-    within each sequence (`rows_in_order`: its window counts rows, hfport's counts position ids)."""
-    if not varlen or bias or dropout_p > 0 or dtype not in VARLEN_DTYPES or head_dim not in VARLEN_HEAD_DIMS \
+    """How a packed batch's attention runs on CUDA: "varlen" (one varlen_attn call over every sequence; with attention
+    dropout, varlen_dropout) or "groups" (padded SDPA over length groups, fused kernels; nn/groups.py). varlen needs
+    the kernel (`varlen`: this torch has it), fp16/bf16, a flash head size and no additive bias, and, with a window,
+    rows one position apart within each sequence (`rows_in_order`: its window counts rows, hfport's counts position
+    ids). dropout_p: kept in the signature for the reasons' sake; the flash kernel takes any."""
+    if not varlen or bias or dtype not in VARLEN_DTYPES or head_dim not in VARLEN_HEAD_DIMS \
             or not rows_in_order:
         return "groups"
     return "varlen"
@@ -126,8 +140,6 @@ def fallback_reason(dtype: torch.dtype, head_dim: int, *, dropout_p: float, bias
                 "window_size= (torch >= 2.10)")
     if bias:
         return "for an additive score bias (DeBERTa's relative positions), which varlen_attn does not take"
-    if dropout_p > 0:
-        return "while attention dropout is on (varlen_attn has none)"
     if dtype not in VARLEN_DTYPES:
         return f"for {dtype} (varlen_attn takes float16 and bfloat16)"
     if head_dim not in VARLEN_HEAD_DIMS:
@@ -136,10 +148,12 @@ def fallback_reason(dtype: torch.dtype, head_dim: int, *, dropout_p: float, bias
 
 
 def varlen_reference(q: Tensor, k: Tensor, v: Tensor, cu_seq_q: Tensor, cu_seq_k: Tensor, max_q: int, max_k: int,
-                     *, scale: float, window_size: tuple[int, int] = (-1, -1)) -> Tensor:
+                     *, scale: float, window_size: tuple[int, int] = (-1, -1), dropout_p: float = 0.0) -> Tensor:
     """varlen_attn's arithmetic in plain torch, one sequence at a time in fp32: q, k, v (N, H, D) -> (N, H, D).
     Sequence s owns rows cu[s]:cu[s + 1] (queries and keys alike: self-attention); query i sees key j when
-    i - left <= j <= i + right (-1: no bound), rows counted from the sequence's first. For tests on any device."""
+    i - left <= j <= i + right (-1: no bound), rows counted from the sequence's first. dropout_p: inverted dropout on
+    the probabilities (torch's generator, not the flash kernel's: the same law, other draws). For tests on any
+    device."""
     if not torch.equal(cu_seq_q, cu_seq_k):
         raise ValueError("varlen_reference computes self-attention: cu_seq_q and cu_seq_k must be equal")
     bounds = cu_seq_q.tolist()
@@ -159,5 +173,7 @@ def varlen_reference(q: Tensor, k: Tensor, v: Tensor, cu_seq_q: Tensor, cu_seq_k
         if right >= 0:
             seen &= offset <= right
         probs = scores.masked_fill(~seen, float("-inf")).softmax(dim=-1)  # (H, L, L)
+        if dropout_p > 0:
+            probs = torch.nn.functional.dropout(probs, dropout_p)
         out[a:b] = (probs @ vs).transpose(0, 1).to(q.dtype)  # (L, H, D)
     return out
