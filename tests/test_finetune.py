@@ -524,3 +524,25 @@ def test_a_step_the_loss_scaler_skips_holds_the_schedule_and_is_counted(workdir,
     assert all("skipped_steps" not in e for e in plain), "runs without a loss scaler keep their lines"
     state = json.loads((RunDir(tmp_path / "scaled").checkpoint(steps) / "trainer_state.json").read_text())
     assert state["skipped_steps"] == 1 and state["step"] == steps  # a resumed run goes on counting
+
+
+def test_resume_refuses_settings_that_make_it_another_run(workdir, tmp_path, caplog):
+    """--resume continues the checkpoint's run: a changed batch size, seed or learning rate (the checkpoint's place
+    in the data, its optimizer state) is refused naming each field, before any weight is loaded; a longer run is
+    taken with a warning that the schedule now spans the new length; where it logs and saves may change freely."""
+    import logging
+
+    def config(**kw) -> FinetuneConfig:
+        values = dict(max_steps=4, batch_size=8, save_steps=2, eval_strategy="no")
+        return base_config(workdir, tmp_path / "run", **{**values, **kw})
+
+    finetune(config(), progress=False)
+    with pytest.raises(hfport.ConfigError, match=r"batch_size: 8 -> 4; lr: 0\.003 -> 0\.01; seed: 7 -> 8\. Set them back"):
+        finetune(config(batch_size=4, lr=1e-2, seed=8, max_steps=6, resume="latest"), progress=False)
+    with caplog.at_level(logging.WARNING, logger="hfport.train"):
+        finetune(config(max_steps=6, logging_steps=2, save_total_limit=1, resume="latest"), progress=False)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume:")]
+    assert said == ["resume: max_steps: 4 -> 6; the schedule now runs over 6 steps, and the 4 steps taken followed "
+                    "the old length's"], said
+    steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 6

@@ -400,6 +400,38 @@ class FinetuneConfig(BaseModel):
         return name, self.metric_mode or mode
 
 
+# --resume continues the checkpoint's run. Fields it may change and still be that run: where it logs, saves and
+# evaluates (RESUME_FREE), and how long it runs (RESUME_LENGTH: the schedule is rebuilt over the new length, as
+# transformers' Trainer does; said in a warning). Every other field is refused: the checkpoint's place in the data
+# (global batches into an epoch's seeded order), its optimizer state and its objective would mean something else.
+RESUME_FREE = frozenset({
+    "model", "eval", "eval_split", "output_dir", "overwrite", "resume", "eval_strategy", "eval_steps", "eval_before",
+    "metric", "metric_mode", "early_stopping_patience", "early_stopping_threshold", "converged_window",
+    "converged_tolerance", "save_strategy", "save_steps", "save_total_limit", "logging_steps", "report_to",
+    "logging_dir", "run_name", "compile"})
+RESUME_LENGTH = frozenset({"epochs", "max_steps"})
+RESOLVED_PATHS = ("train",)  # compared as absolute paths: a resume may run from another directory
+
+
+def resume_record(config: FinetuneConfig) -> dict[str, Any]:
+    """What a checkpoint keeps of its run's config, to compare a resume against (resume_changes)."""
+    record = config.model_dump(mode="json")
+    for name in RESOLVED_PATHS:
+        record[name] = str(Path(record[name]).resolve())
+    return record
+
+
+def resume_changes(saved: dict[str, Any], config: FinetuneConfig) -> tuple[list[str], list[str]]:
+    """(refused, length): `field: checkpoint's -> now` for each field a resume changed, split as RESUME_FREE and
+    RESUME_LENGTH say. A field the checkpoint's hfport did not know is not compared."""
+    now = resume_record(config)
+    refused, length = [], []
+    for name in sorted(set(saved) & set(now) - RESUME_FREE):
+        if saved[name] != now[name]:
+            (length if name in RESUME_LENGTH else refused).append(f"{name}: {saved[name]!r} -> {now[name]!r}")
+    return refused, length
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:

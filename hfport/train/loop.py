@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import math
 import time
@@ -45,7 +46,7 @@ from ..tasks import get as task_record
 from .amp import LossScale, clip_grad_norm, float32_outputs, mixed_precision
 from .checkpoint import (CheckpointWriter, capture_rng, load_checkpoint, prune, restore_rng, rewind, rng_tensors,
                          snapshot, write_checkpoint)
-from .config import FinetuneConfig
+from .config import FinetuneConfig, resume_changes, resume_record
 from .data import EncodedData, epoch_batches, eval_batches, example_lengths, planned_steps
 from .distill import keep_layers
 from .metrics import EarlyStopping, MetricHistory
@@ -263,6 +264,7 @@ class Trainer:
             ckpt = self.run.latest_checkpoint() if self.config.resume == "latest" else Path(self.config.resume)
             if ckpt is None or not (ckpt / TRAINER_STATE).is_file():
                 raise ConfigError(f"resume: no checkpoint found ({self.config.resume!r} in {self.run.checkpoints})")
+            self.check_resume(ckpt)  # before loading: a changed structure would fail there less clearly
             saved = load_checkpoint(ckpt, self.unwrapped, self.optimizer, self.scheduler, self.scaler)
             if self.companion is not None:
                 weights = load_file(str(ckpt / SAFE_WEIGHTS))
@@ -282,6 +284,23 @@ class Trainer:
         if saved_rng is not None:
             restore_rng(*saved_rng)
         self.batches = self.plan.batches(self.state.epoch)
+
+    def check_resume(self, ckpt: Path) -> None:
+        """Refuse a resume whose settings would make the checkpoint mean another run (config.resume_changes); say
+        what a longer or shorter run changes. A checkpoint written before its config was kept is not checked."""
+        state = json.loads((ckpt / TRAINER_STATE).read_text())
+        saved = state.get("run_config")
+        if saved is None:
+            return
+        refused, length = resume_changes(saved, self.config)
+        if refused:
+            raise ConfigError(
+                f"resume: {ckpt} was written by a run with other settings; --resume continues that run, so these "
+                f"must match it: {'; '.join(refused)}. Set them back, or start a new run from a saved model folder "
+                "(the run's best/ or final/) with --model")
+        if length:
+            log.warning("resume: %s; the schedule now runs over %d steps, and the %d steps taken followed the "
+                        "old length's", "; ".join(length), self.total_steps, state["step"])
 
     # --- 4. the steps ---------------------------------------------------------------------------------------------
 
@@ -491,7 +510,7 @@ class Trainer:
         """Snapshot to the CPU now (the next step mutates the live tensors), write and prune on the writer."""
         if self.main:
             snap = snapshot(self.state.step, self.unwrapped, self.optimizer, self.scheduler, self.scaler,
-                            self.state.to_dict())
+                            {**self.state.to_dict(), "run_config": resume_record(self.config)})
             if self.companion is not None:  # in the checkpoint beside the model's weights, never in best/ or final/
                 snap.weights |= {COMPANION + k: v.detach().to("cpu", copy=True) for k, v in
                                  self.accelerator.unwrap_model(self.companion).state_dict().items()}
