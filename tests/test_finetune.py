@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -546,3 +547,30 @@ def test_resume_refuses_settings_that_make_it_another_run(workdir, tmp_path, cap
                     "the old length's"], said
     steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 6
+
+
+@pytest.mark.parametrize("option, value, task, rows, refused", [
+    # a float label: regression, trained with MSE
+    ("label_smoothing", 0.1, "text-classification", [{"text": "a b", "label": 0.5}, {"text": "c", "label": 1.5}],
+     "label_smoothing=0.1: the loss of text-classification with problem_type regression does not use it"),
+    ("class_weights", [1.0], "text-classification", [{"text": "a b", "label": 0.5}, {"text": "c", "label": 1.5}],
+     "class_weights=[1.0]: the loss of text-classification with problem_type regression"),
+    ("label_smoothing", 0.2, "sentence-embedding", [{"anchor": "a b", "positive": "a c"}, {"anchor": "d", "positive": "e"}],
+     "label_smoothing=0.2: the loss of sentence-embedding does not use it"),
+    ("label_smoothing", 0.1, "text-classification", [{"text": "a b", "label": "x"}, {"text": "c", "label": "y"}], None),
+])
+def test_a_loss_option_the_loss_ignores_is_refused(workdir, tmp_path, option, value, task, rows, refused):
+    """label_smoothing / class_weights where the task's loss never reads them (MSE, BCE, contrastive losses): refused
+    by the preflight, before anything is written, instead of a run that silently trains without them."""
+    from hfport.train.preflight import preflight
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
+    config = base_config(workdir, tmp_path / "run", train=str(train), eval=None, eval_fraction=0.0, task=task,
+                         batch_size=2, **{option: value})
+    if refused is None:
+        preflight(config)
+        return
+    with pytest.raises(hfport.ConfigError, match=re.escape(refused)):
+        preflight(config)
+    assert not (tmp_path / "run").exists()

@@ -398,6 +398,9 @@ class Distillation(TrainTask):
                              class_weights, label_smoothing)
         return teacher_term + (1 - self.alpha) * own * (own_rows.sum() / kd.numel())
 
+    def loss_options(self, data: EncodedData) -> frozenset[str]:
+        return self.base.loss_options(data)  # the task's own loss, mixed with the teacher's terms
+
     def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
         if "teacher" not in batch:
             return self.base.loss_count(batch, data, class_weights)

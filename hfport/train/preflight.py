@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import hub
+from ..errors import ConfigError
 from ..tokenizer import AutoTokenizer
 from .columns import check_columns
 from .config import FinetuneConfig, resolve_config
@@ -44,10 +45,22 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
     task = distilled(get_task(config.task), config, tokenizer)  # with a teacher: checked, and its wrapper
     labels = model_labels(source)
     data = task.read(config, tokenizer, labels)
+    check_loss_options(config, task, data)
     if len(data.train) < config.batch_size * world:
         raise DataError(f"{config.train}: {len(data.train)} training examples, fewer than one batch "
                         f"(batch_size {config.batch_size} x {world} process(es)); lower batch_size (--batch-size)")
     return Preflight(config, source, tokenizer, task, data, labels)
+
+
+def check_loss_options(config: FinetuneConfig, task: TrainTask, data: EncodedData) -> None:
+    """A loss option set where the task's loss ignores it is refused: the run would silently train without it."""
+    given = {"label_smoothing": config.label_smoothing != 0.0, "class_weights": config.class_weights is not None}
+    ignored = [name for name, on in given.items() if on and name not in task.loss_options(data)]
+    if ignored:
+        problem = getattr(data.space, "problem_type", None)
+        what = f"{config.task}" + (f" with problem_type {problem}" if problem else "")
+        raise ConfigError(f"{', '.join(f'{n}={getattr(config, n)!r}' for n in ignored)}: the loss of {what} does not "
+                          "use it (label_smoothing and class_weights apply to cross-entropy over labels); remove it")
 
 
 def as_config(config: FinetuneConfig | dict[str, Any]) -> FinetuneConfig:

@@ -49,6 +49,11 @@ class TrainTask:
              label_smoothing: float) -> torch.Tensor:
         raise NotImplementedError
 
+    def loss_options(self, data: EncodedData) -> frozenset[str]:
+        """Which of the config's loss options (label_smoothing, class_weights) this task's loss on `data` uses: the
+        cross-entropy losses do; preflight refuses one set where it would be ignored."""
+        return frozenset()
+
     def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
         """How many units `loss`'s mean is over in this batch (an int or a () tensor): the examples by default; a
         task whose mean is over tokens, pairs or masked positions (or weighted by class) says so. Under DDP the loop

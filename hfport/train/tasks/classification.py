@@ -121,6 +121,11 @@ class SequenceClassification(TrainTask):
         weight = class_weights.to(logits.device) if class_weights is not None else None
         return F.cross_entropy(logits, labels, weight=weight, label_smoothing=label_smoothing)
 
+    def loss_options(self, data: EncodedData) -> frozenset[str]:
+        if data.space.problem_type in ("regression", "multi_label_classification"):  # MSE, BCE
+            return frozenset()
+        return frozenset({"label_smoothing", "class_weights"})
+
     def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
         """Examples; with class weights, the sum of the targets' weights (what the weighted mean divides by)."""
         if class_weights is None or data.space.problem_type in ("regression", "multi_label_classification"):

@@ -124,6 +124,9 @@ class MaskedLM(TrainTask):
             batch["input_ids"][i, :len(x.input_ids)], batch["labels"][i, :len(x.input_ids)] = corrupted[0], labels[0]
         return batch
 
+    def loss_options(self, data: EncodedData) -> frozenset[str]:
+        return frozenset({"label_smoothing"})
+
     def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
              label_smoothing: float) -> torch.Tensor:
         logits = outputs.logits.float()  # (B, T, V)

@@ -123,6 +123,9 @@ class MultipleChoice(TrainTask):
         batch["labels"] = torch.tensor([x.target for x in items], dtype=torch.long)  # (B,)
         return batch
 
+    def loss_options(self, data: EncodedData) -> frozenset[str]:
+        return frozenset({"label_smoothing"})
+
     def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
              label_smoothing: float) -> torch.Tensor:
         return F.cross_entropy(outputs.logits.float(), batch["labels"], label_smoothing=label_smoothing)  # (B, C)

@@ -326,6 +326,9 @@ class QuestionAnswering(TrainTask):
         batch["end_positions"] = torch.tensor([x.target[1] for x in items])  # (B,)
         return batch
 
+    def loss_options(self, data: EncodedData) -> frozenset[str]:
+        return frozenset({"label_smoothing"})
+
     def loss(self, outputs: Any, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any,
              label_smoothing: float) -> torch.Tensor:
         # padding positions must not draw probability: their logits go to -inf-ish before the softmax

@@ -248,6 +248,9 @@ class TokenClassification(TrainTask):
         return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), weight=weight,  # (B*T, L), (B*T,)
                                ignore_index=IGNORE, label_smoothing=label_smoothing)
 
+    def loss_options(self, data: EncodedData) -> frozenset[str]:
+        return frozenset({"label_smoothing", "class_weights"})
+
     def loss_count(self, batch: dict[str, torch.Tensor], data: EncodedData, class_weights: Any) -> Any:
         """The labelled sub-tokens; with class weights, the sum of their weights (what the weighted mean divides
         by)."""
