@@ -403,6 +403,14 @@ class PreTrainedEncoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    @property
+    def dtype_name(self) -> str:
+        """How the model computes, as the server reports it: "int8" when its Linear layers were quantized at load
+        (dtype="int8"; their float parts in self.dtype), else the parameters' dtype name ("bfloat16", ...)."""
+        if any(isinstance(m, Int8Linear) for m in self.modules()):
+            return "int8"
+        return str(self.dtype).removeprefix("torch.")
+
     def num_parameters(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 

@@ -33,8 +33,9 @@ class Health(BaseModel):
     models_loaded: int
     device: str = Field(description="where served models run (HFPORT_DEVICE resolved), e.g. cpu or "
                         "'cuda:0 (NVIDIA H200)'")
-    dtype: str = Field(description="the dtype models are served in (HFPORT_PREDICT_DTYPE; auto: the checkpoint's, "
-                       "bf16 for an fp32 checkpoint on a CUDA GPU or a CPU with native bf16)")
+    dtype: str = Field(description="the dtype models are loaded in, as set (HFPORT_PREDICT_DTYPE; auto: the "
+                       "checkpoint's, bf16 for an fp32 checkpoint on a CUDA GPU or a CPU with native bf16). What a "
+                       "loaded model computes in, int8 included, is TEI's /info model_dtype")
     resources: dict[str, float] = Field(default_factory=dict, description="the server process and machine: "
                                         "cpu_percent, rss_gb, mem_used_gb/mem_total_gb, gpu<i>_* when CUDA is used")
     trainable_tasks: list[str] = Field(default_factory=list, description="tasks a fine-tune job accepts")

@@ -381,6 +381,7 @@ def test_minilm_embeddings_int8(minilm_int8, tmp_path):
     with pytest.raises(hfport.ConfigError, match="an int8 model .* is not saved"):
         model.save_pretrained(tmp_path / "out")
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 36  # 6 layers x (q, k, v, o, up, down)
+    assert model.dtype_name == "int8"  # TEI's /info model_dtype; its float parts are model.dtype
     assert all(r.passed for r in model.int8_gate)
     assert model.dtype == float_dtype(model)  # bf16 float parts where bf16 is native here
     values = _gate(model)
@@ -421,7 +422,7 @@ def test_gate_refuses_damaged_int8_and_auto_int8_falls_back_to_bf16(minilm_path,
                                             r">= 0.98: 0\.\d+ .*auto-int8"):
         hfport.AutoModel.from_pretrained(minilm_path, dtype="int8")
     model = hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")
-    assert model.dtype == torch.bfloat16
+    assert model.dtype == torch.bfloat16 and model.dtype_name == "bfloat16"
     assert not any(isinstance(m, Int8Linear) for m in model.modules())
     assert any("auto-int8 chose bf16: the int8 gate refused" in n for n in model.load_report.notes)
     assert "auto-int8 chose bf16" in caplog.text

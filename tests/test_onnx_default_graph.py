@@ -70,13 +70,14 @@ def test_manifest_names_the_graph_the_folder_serves(folders):
 def test_int8_folder_serves_int8_and_file_picks_fp32(folders):
     pipe = hfport.pipeline("sentence-embedding", model=folders["int8"])
     assert pipe.model.path == folders["int8"] / QUANTIZED_FILE
+    assert pipe.model.dtype_name == "int8"  # what TEI's /info reports (the graph's inputs and outputs are float32)
     # one text a call: dynamic quantization scales activations per batch, so batch-mates would change the values
     got = np.array([pipe(text) for text in TEXTS])
     np.testing.assert_allclose(got, ort_embeddings(folders["int8"] / QUANTIZED_FILE, folders["int8"]), atol=1e-6)
     want_fp32 = ort_embeddings(folders["int8"] / ONNX_FILE, folders["int8"])
     assert np.abs(got - want_fp32).max() > 1e-3  # int8 is not the fp32 graph (measured 3.7e-3)
     fp32 = hfport.pipeline("sentence-embedding", model=folders["int8"], file=ONNX_FILE)
-    assert fp32.model.path == folders["int8"] / ONNX_FILE
+    assert fp32.model.path == folders["int8"] / ONNX_FILE and fp32.model.dtype_name == "float32"
     np.testing.assert_allclose(np.array(fp32(TEXTS)), want_fp32, atol=1e-5)
     # the fp32 graph pools and normalizes as the PyTorch source does (its sentence-transformers files came along);
     # 1e-4: the ONNX graph's fp32 tolerance against hfport everywhere (tests/test_onnx.py)

@@ -38,6 +38,8 @@ class GraphModel:
 
     runtime = "the graph runtime"  # named in errors: "onnxruntime", "OpenVINO"
 
+    int8_files: tuple[str, ...] = ()  # the format's quantized graph files (a backend's subclass names them)
+
     def __init__(self, path: Path, config: EncoderConfig, family: Family, task: str, inputs: list[str],
                  files: list[Path], note: str):
         self.path = path  # the graph file served (model.onnx, openvino_model.xml, ...)
@@ -73,6 +75,11 @@ class GraphModel:
     @property
     def dtype(self) -> torch.dtype:
         return torch.float32  # inputs and outputs; an int8 graph quantizes inside
+
+    @property
+    def dtype_name(self) -> str:
+        """"int8" for a quantized graph (the int8 file of an ONNX or OpenVINO folder), else "float32"."""
+        return "int8" if self.path.name in self.int8_files else "float32"
 
     def parameters(self) -> Iterator[Tensor]:
         return iter(())

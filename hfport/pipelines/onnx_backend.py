@@ -71,6 +71,7 @@ class OnnxModel(GraphModel):
     model (CPU, float32 in and out)."""
 
     runtime = "onnxruntime"
+    int8_files = (QUANTIZED_FILE,)
 
     def __init__(self, path: Path, session: Any, config: EncoderConfig, family: Family, task: str):
         self.session = session

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from ..config import EncoderConfig
-from ..formats.openvino import (INFERENCE_PRECISION, IR_FILE, OpenVinoModelError, default_file, ir_file,
-                                is_openvino_model, weights_file)
+from ..formats.openvino import (INFERENCE_PRECISION, IR_FILE, QUANTIZED_IR_FILE, OpenVinoModelError, default_file,
+                                ir_file, is_openvino_model, weights_file)
 from ..registry import Family
 from .graph import GraphBackend, GraphModel, check_io, graph_dtype, read_folder_config
 
@@ -87,6 +87,7 @@ class OpenVinoModel(GraphModel):
     in and out; `precision`: what it computes in)."""
 
     runtime = "OpenVINO"
+    int8_files = (QUANTIZED_IR_FILE,)
 
     def __init__(self, path: Path, compiled: Any, config: EncoderConfig, family: Family, task: str, precision: str):
         self.compiled = compiled

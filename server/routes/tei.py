@@ -436,7 +436,7 @@ async def info(request: Request, store: StoreDep, service: ModelServiceDep, sett
                   "label2id": {v: k for k, v in config.id2label.items()}}
         kind = {model.kind: labels}
         max_len = model.pipe.max_positions
-    return Info(model_id=model.name, model_dtype=str(model.pipe.model.dtype).removeprefix("torch."),
+    return Info(model_id=model.name, model_dtype=model.pipe.model.dtype_name,
                 model_device=device_name(model.pipe.model.device),
                 model_type=kind, max_concurrent_requests=settings.predict_max_pending, max_input_length=max_len,
                 max_batch_tokens=model.pipe.max_batch_tokens, max_client_batch_size=settings.predict_max_inputs,
