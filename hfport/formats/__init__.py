@@ -7,6 +7,8 @@ safetensors, so modeling, tasks, pipelines, train and export all read them from 
                           CrossEncoder marker
     onnx                  an ONNX folder (model.onnx, model_quantized.onnx, hfport_onnx.json)
     openvino              an OpenVINO folder (openvino_model.xml/.bin, the int8 IR beside it, hfport_openvino.json)
+    graph_folder          what both graph folders share: the manifest, the default graph, file= (a GraphFolder
+                          record each)
     tables                training data: CSV/TSV, JSONL, Parquet, Arrow IPC, datasets' save_to_disk folders, read
                           as streams of rows (pyarrow, the `data` extra, for the last three)
     jsonstream            a large JSON document walked a member or an element at a time, json's own errors at

@@ -15,12 +15,8 @@ An IR is named by its .xml file; its weights are the .bin of the same stem besid
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-from typing import Any
-
 from ..errors import HfportError
+from .graph_folder import GraphFolder
 
 IR_FILE = "openvino_model.xml"  # the fp32 IR, as optimum-intel names it
 QUANTIZED_IR_FILE = "openvino_model_qint8_quantized.xml"  # the int8 IR, as sentence-transformers names its export
@@ -34,51 +30,22 @@ class OpenVinoModelError(HfportError, ValueError):
     """An OpenVINO folder or IR that cannot be served as it is; the message names the file and what is wrong."""
 
 
+# the folder rules every graph folder follows (formats/graph_folder.py), with the OpenVINO folder's names
+OPENVINO_FOLDER = GraphFolder("OpenVINO", IR_FILE, QUANTIZED_IR_FILE, MANIFEST, ".xml", OpenVinoModelError,
+                              a_graph="an IR", a_graph_file="an .xml file", file_noun="IR file", weights_suffix=".bin")
+# an IR's .xml file (its .bin beside it), or a folder with openvino_model.xml and no safetensors weights
+is_openvino_model = OPENVINO_FOLDER.detect
+read_manifest = OPENVINO_FOLDER.read_manifest  # hfport_openvino.json as a dict, or None (an optimum-intel export)
+# the IR a loader opens when not told which: the manifest's `default_file`; no manifest (an optimum-intel export):
+# openvino_model.xml
+default_file = OPENVINO_FOLDER.default_file
+ir_file = OPENVINO_FOLDER.check_file  # an IR's file name inside the folder: an .xml name, no path
+
+
 def weights_file(xml: str) -> str:
     """The .bin holding the weights of the IR named by XML (same stem)."""
-    return str(Path(xml).with_suffix(".bin"))
+    return OPENVINO_FOLDER.files(xml)[1]
 
 
-def is_openvino_model(path: str | os.PathLike[str]) -> bool:
-    """An IR's .xml file, or a folder with openvino_model.xml and no safetensors weights: what the openvino backend
-    serves."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return p.suffix == ".xml" and p.with_suffix(".bin").is_file()
-    return p.is_dir() and (p / IR_FILE).is_file() and not any(p.glob("*.safetensors"))
-
-
-def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """hfport_openvino.json as a dict, or None when the folder has none (an optimum-intel export, say)."""
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise OpenVinoModelError(f"{path}: cannot be read as JSON ({e})") from e
-    if not isinstance(manifest, dict):
-        raise OpenVinoModelError(f"{path}: the top level must be a JSON object")
-    return manifest
-
-
-def default_file(folder: str | os.PathLike[str]) -> str:
-    """The IR of an OpenVINO folder a loader opens when not told which: the manifest's `default_file`; no manifest
-    (an optimum-intel export): openvino_model.xml."""
-    manifest = read_manifest(folder)
-    if manifest is None or "default_file" not in manifest:
-        return IR_FILE
-    return ir_file(manifest["default_file"], Path(folder) / MANIFEST, "default_file")
-
-
-def ir_file(name: object, where: str | os.PathLike[str], what: str = "file") -> str:
-    """NAME checked as an IR's file name inside an OpenVINO folder: an .xml name, no path (a folder may only serve its
-    own IRs)."""
-    if not isinstance(name, str) or Path(name).name != name or name in (".", "..") or Path(name).suffix != ".xml":
-        raise OpenVinoModelError(f"{where}: {what} {name!r} must name an .xml file in the folder, e.g. {IR_FILE!r} or "
-                                 f"{QUANTIZED_IR_FILE!r}")
-    return name
-
-
-__all__ = ["INFERENCE_PRECISION", "IR_FILE", "MANIFEST", "OpenVinoModelError", "QUANTIZED_IR_FILE", "default_file",
-           "ir_file", "is_openvino_model", "read_manifest", "weights_file"]
+__all__ = ["INFERENCE_PRECISION", "IR_FILE", "MANIFEST", "OPENVINO_FOLDER", "OpenVinoModelError", "QUANTIZED_IR_FILE",
+           "default_file", "ir_file", "is_openvino_model", "read_manifest", "weights_file"]

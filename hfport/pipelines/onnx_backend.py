@@ -17,9 +17,8 @@ import numpy as np
 import torch
 
 from ..config import EncoderConfig
-# the ONNX folder's names (formats/onnx.py); QUANTIZED_FILE and is_onnx_model are named here for the backend's users
-from ..formats.onnx import (ONNX_FILE, QUANTIZED_FILE, OnnxModelError, default_file, graph_file,  # noqa: F401
-                            is_onnx_model)
+# the ONNX folder's names (formats/onnx.py); ONNX_FILE is named here for the backend's users
+from ..formats.onnx import ONNX_FILE, ONNX_FOLDER, QUANTIZED_FILE, OnnxModelError, is_onnx_model  # noqa: F401
 from ..registry import Family
 from ..tasks import TASKS
 # graph_inputs and read_folder_config are named here for the backend's users too
@@ -84,15 +83,7 @@ class OnnxModel(GraphModel):
         """PATH: an ONNX folder or a .onnx file whose folder holds config.json. A folder serves the graph its manifest
         names (formats/onnx.py's default_file: an int8 export's model_quantized.onnx, else model.onnx), or `file`,
         another graph in it (file="model.onnx": the fp32 graph of an int8 export)."""
-        p = Path(path).expanduser()
-        if p.is_file():
-            if file is not None:
-                raise OnnxModelError(f"{p}: file={file!r} picks a graph of an ONNX folder; {p.name} is a graph already")
-            folder, graph = p.parent, p
-        elif p.is_dir():
-            folder, graph = p, p / (default_file(p) if file is None else graph_file(file, p))
-        else:
-            raise OnnxModelError(f"{p}: no such ONNX folder or file")
+        folder, graph = ONNX_FOLDER.locate(path, file)
         _, family, config, task = read_folder_config(folder)
         session = open_session(graph, threads)
         check_signature(session, config, task, graph)

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from ..config import EncoderConfig
-from ..formats.openvino import (INFERENCE_PRECISION, IR_FILE, QUANTIZED_IR_FILE, OpenVinoModelError, default_file,
-                                ir_file, is_openvino_model, weights_file)
+from ..formats.openvino import (INFERENCE_PRECISION, IR_FILE, OPENVINO_FOLDER, QUANTIZED_IR_FILE, OpenVinoModelError,
+                                is_openvino_model, weights_file)
 from ..registry import Family
 from .graph import GraphBackend, GraphModel, check_io, graph_dtype, read_folder_config
 
@@ -95,7 +95,7 @@ class OpenVinoModel(GraphModel):
         # infer requests are not safe to share between threads: each call takes an idle one (or makes one)
         self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
         super().__init__(path, config, family, task, [i.get_any_name() for i in compiled.inputs],
-                         [path, Path(weights_file(str(path)))], f"openvino IR {path.name} ({precision})")
+                         [path.parent / f for f in OPENVINO_FOLDER.files(path.name)], f"openvino IR {path.name} ({precision})")
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], *, file: str | None = None, precision: str =
@@ -106,16 +106,7 @@ class OpenVinoModel(GraphModel):
         INFERENCE_PRECISION_HINT, "f32" (what verify proved) or "bf16"."""
         if precision not in PRECISIONS.values():
             raise OpenVinoModelError(f"precision {precision!r}: expected one of {list(PRECISIONS.values())}")
-        p = Path(path).expanduser()
-        if p.is_file():
-            if file is not None:
-                raise OpenVinoModelError(f"{p}: file={file!r} picks an IR of an OpenVINO folder; {p.name} is an IR "
-                                         "already")
-            folder, xml = p.parent, p
-        elif p.is_dir():
-            folder, xml = p, p / (default_file(p) if file is None else ir_file(file, p))
-        else:
-            raise OpenVinoModelError(f"{p}: no such OpenVINO folder or IR file")
+        folder, xml = OPENVINO_FOLDER.locate(path, file)
         _, family, config, task = read_folder_config(folder)
         model = read_ir(xml)
         check_signature(model, config, task, xml)
