@@ -30,7 +30,7 @@ from hfport.cli import app  # noqa: E402
 from hfport.export import ExportError, export  # noqa: E402
 from hfport.export.onnx import MANIFEST, export_onnx, verify_onnx  # noqa: E402
 from hfport.export.onnx_agreement import GATES, MAX_SCORE_ERROR, GateContext, measure, passes  # noqa: E402
-from hfport.export.onnx_verify import sha256  # noqa: E402
+from hfport.export.graph_verify import sha256  # noqa: E402
 from hfport.export.probes import (CALIBRATION_PAIRS, CALIBRATION_TEXTS, MIN_JUDGED, judged_pairs,  # noqa: E402
                                   judged_texts, read_gate_data)
 from hfport.pipelines.onnx_backend import ONNX_FILE, QUANTIZED_FILE  # noqa: E402

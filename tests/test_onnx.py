@@ -28,7 +28,7 @@ import hfport  # noqa: E402
 from hfport.export import onnx as onnx_export  # noqa: E402
 from hfport.cli import app  # noqa: E402
 from hfport.export import FORMATS, ExportError, VerifyFailed, detect_format, verify  # noqa: E402
-from hfport.export import onnx_agreement, onnx_verify  # noqa: E402
+from hfport.export import graph_verify, onnx_agreement  # noqa: E402
 from hfport.export.onnx import MANIFEST, PROBE_TEXTS, export_onnx, verify_onnx  # noqa: E402
 from hfport.export.onnx_fusion import OPTIMIZED_FILE, split_outliers  # noqa: E402
 from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
@@ -226,8 +226,8 @@ def test_outlier_split_is_exact_in_fp32(family, exported, tmp_path):
     change the other layers' weights); ModernBERT's rotary-angle MatMuls are left alone."""
     out, _ = exported(family, "text-classification")
     config = read_folder_config(out)[2]
-    feeds = [onnx_verify.feeds(enc, graph_inputs(config))
-             for enc in onnx_verify.probe_batches(out, "text-classification", config).values()]
+    feeds = [graph_verify.feeds(enc, graph_inputs(config))
+             for enc in graph_verify.probe_batches(out, "text-classification", config).values()]
     split = tmp_path / "split.onnx"
     side, channels = split_outliers(out / OPTIMIZED_FILE, split, feeds, ratio=1.5, max_channels=4)
     assert channels and len(side) >= len(channels) and all(len(c) <= 4 for c in channels.values())

@@ -12,7 +12,8 @@ through it. The floors, bottom up (each imports only from below):
   sparse_format.py  format sparse-encoder: the SparseEncoder (SPLADE) layout step and its verify
   probes.py     the calibration texts, the int8 gate's judged texts (built in, or --gate-data) apart from them
   onnx_agreement.py, onnx_fusion.py, onnx_verify.py, onnx.py   formats onnx and onnx-int8
-  openvino.py, openvino_verify.py   formats openvino and openvino-int8 (from onnx.py's graph; onnx_verify's checks)
+  openvino.py, openvino_verify.py   formats openvino and openvino-int8 (from onnx.py's graph)
+  graph_verify.py   the checks both graph folders run (a GraphVerify record a format)
   registry.py   FORMATS (one record a format), detect_format, export, verify
 
 A new format is a module with its writer and its verify, and one record in registry.py.

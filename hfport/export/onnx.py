@@ -55,10 +55,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,23 +66,21 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from .. import hub
 from ..modeling import PreTrainedEncoder
 from ..nn.int8 import MAX_OUTLIERS, OUTLIER_RATIO
-from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE, read_manifest
-from ..formats.sentence_transformers import copy_layout
+# MANIFEST and verify_onnx are named here for the format's users (the ONNX folder's manifest and its proof)
+from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE, read_manifest  # noqa: F401
 from ..pipelines.onnx_backend import DYNAMIC_AXES, graph_inputs
 from ..tasks import TASKS
-from ..tokenizer import TOKENIZER_FILES, AutoTokenizer
-from .card import CardFacts, CardStyle, write_card
-from .common import (TRANSFORMERS_AUTO, ExportError, ExportResult, FormatOptions, Source, check_out, export_config,
-                     no_tokenizer_message, resolve_source, staged, tokenizer_folder)
-from .folder import load_exportable, raise_unless_passed
-from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, check_thresholds
+from ..tokenizer import AutoTokenizer
+from .card import CardFacts, CardStyle
+from .common import TRANSFORMERS_AUTO, ExportError, ExportResult, Source
+from .graph_export import GateOptions, Graphs, export_graphs, gate_lines, write_graph_folder
+from .graph_verify import PROBE_TEXTS, feeds, max_length, probe_batches
+from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE
 from .onnx_fusion import (CONTRIB_DOMAIN, OPTIMIZED_FILE, activation_errors, fused_attention, optimize_graph,
                           split_outliers)
-from .onnx_verify import PROBE_TEXTS, feeds, max_length, probe_batches, require_onnx, sha256, verify_onnx
-from .probes import GateData, read_gate_data
+from .onnx_verify import ONNX_GRAPHS, require_onnx, verify_onnx  # noqa: F401
 
 log = logging.getLogger("hfport")
 
@@ -97,26 +95,19 @@ KEEP_FP32_ERROR = 0.065
 # the engine's int8 layers use too
 
 
-class OnnxOptions(FormatOptions):
+class OnnxOptions(GateOptions):
     """How to export an ONNX folder (formats onnx and onnx-int8). The graphs are always verified."""
 
     opset: int = Field(DEFAULT_OPSET, description="the ONNX opset (14 to the newest the onnx package knows)")
     optimize: bool = Field(False, description="also write model_optimized.onnx, the graph with onnxruntime's fused "
                                               "attention and norms (always with int8: it is made from it)")
     per_channel: bool = Field(True, description="int8: one weight scale per output channel")
-    min_agreement: float = Field(MIN_AGREEMENT, description="int8: the least task-level agreement with fp32")
-    min_cosine: float = Field(MIN_COSINE, description="int8: the least cosine with fp32 over the judged texts "
-                                                      "(embeddings, pooled as the model pools)")
-    gate_data: str | None = Field(None, description="int8: the texts the gate judges, a file with one text a line "
-                                                    "or JSONL with text / text_pair (at least 64; default: the "
-                                                    "built-in judged set)")
 
 
 # what each graph is, in the card (optimum's file names)
 GRAPH_ROLES = {ONNX_FILE: "fp32, portable (any ONNX runtime)",
                OPTIMIZED_FILE: "fp32 with onnxruntime's fused attention and norms (onnxruntime only)",
                QUANTIZED_FILE: "int8 (dynamic quantization): the CPU serving graph"}
-GATE_CHECK = "int8 vs fp32"  # the int8 gate's rows in the verify report (export/onnx_verify.py)
 
 
 def onnx_section(facts: CardFacts) -> list[str]:
@@ -137,12 +128,7 @@ def onnx_section(facts: CardFacts) -> list[str]:
                   f"`{quantization.get('from')}`; {outliers} outlier input channels in fp32 "
                   f"({quantization.get('outlier_rule')}), "
                   f"{len(quantization.get('kept_fp32') or {})} MatMuls kept fp32 ({quantization.get('keep_rule')})."]
-    gate = [r for r in facts.report.rows if r.check == GATE_CHECK] if facts.report is not None else []
-    if gate:
-        lines += ["", "The int8 gate (int8 against fp32 on judged texts apart from the calibration ones):", "",
-                  "| measured | over | bound | result |", "|---|---|---|---|"]
-        lines += [f"| {r.output} | {r.shape} | {r.tolerance} | {'pass' if r.passed else 'FAIL'} |" for r in gate]
-    return lines + [""]
+    return lines + gate_lines(facts) + [""]
 
 
 def onnx_use(facts: CardFacts) -> list[str]:
@@ -200,10 +186,7 @@ def export_onnx(src: str | os.PathLike[str], out: str | os.PathLike[str], *, whi
     options = OnnxOptions.of(which=which, opset=opset, optimize=optimize, per_channel=per_channel,
                              min_agreement=min_agreement, min_cosine=min_cosine,
                              gate_data=None if gate_data is None else str(gate_data))
-    source = resolve_source(src, options.which)
-    out = Path(out).expanduser()
-    check_out(source, out, force)
-    return write_onnx(source, out, options, quantize=quantize, json_path=json_path)
+    return export_graphs(write_onnx, options, src, out, force=force, quantize=quantize, json_path=json_path)
 
 
 def write_onnx(source: Source, out: Path, options: OnnxOptions, *, quantize: str | None = None,
@@ -216,45 +199,16 @@ def write_onnx(source: Source, out: Path, options: OnnxOptions, *, quantize: str
     if isinstance(opset, bool) or not isinstance(opset, int) or not 14 <= opset <= onnx.defs.onnx_opset_version():
         raise ExportError(f"opset {opset!r}: expected an integer from 14 (scaled dot-product attention) to "
                           f"{onnx.defs.onnx_opset_version()} (the newest this onnx package knows)")
-    check_thresholds(options.min_agreement, options.min_cosine)
-    gate_data = read_gate_data(options.gate_data) if options.gate_data is not None else GateData.builtin()
-    model = load_exportable(source)
-    if not TASKS[model.task].graph_outputs:
-        raise ExportError(f"{source.model}: hfport has no ONNX graph for {model.task} models")
-    tok_folder = tokenizer_folder(source)
-    if tok_folder is None:
-        raise ExportError(no_tokenizer_message(source) + "; the ONNX folder needs them to be verified and served")
-    with staged(out) as staging:
-        graphs, manifest = _write_graphs(model, tok_folder, staging, options, quantize)
-        config = export_config(model, model.family.architectures[model.task], torch.float32)
-        hub.write_json_atomic(staging / "config.json", config)
-        for name in TOKENIZER_FILES:
-            if (tok_folder / name).is_file():
-                shutil.copyfile(tok_folder / name, staging / name)
-        copy_layout(source.model, staging)  # an embedding model pools and normalizes as its source did
-        hub.write_json_atomic(staging / MANIFEST, {
-            "format": "onnx-int8" if quantize else "onnx", "default_file": QUANTIZED_FILE if quantize else ONNX_FILE,
-            "hfport_version": config["hfport_version"], "opset": opset,
-            "exporter": f"torch.onnx TorchScript exporter (torch {torch.__version__})", "padded": True,
-            "inputs": graph_inputs(model.config), "outputs": list(TASKS[model.task].graph_outputs),
-            "source": str(source.model.resolve()), **manifest,
-            "sha256": {name: sha256(staging / name) for name in graphs}})
-        result = OnnxExportResult(out, source.model, model.family.model_type, model.task, "float32", [], graphs,
-                                  tok_folder, format="onnx-int8" if quantize else "onnx", opset=opset)
-        del model
-        result.report = verify_onnx(staging, source.model, min_agreement=options.min_agreement,
-                                    min_cosine=options.min_cosine, json_path=json_path, label=str(out),
-                                    gate_data=gate_data)
-        raise_unless_passed(result.report, out, source.model, "ONNX export")
-        write_card(staging, source, result, card)  # after verify: the card states its outcome and the gate's
-        result.files = sorted(p.name for p in staging.iterdir())
-    return result
+    return write_graph_folder(ONNX_GRAPHS, source, out, options,
+                              partial(_write_graphs, options=options, quantize=quantize),
+                              quantize=quantize, json_path=json_path, card=card,
+                              result=partial(OnnxExportResult, opset=opset), no_graph="ONNX graph")
 
 
 def _write_graphs(model: PreTrainedEncoder, tok_folder: Path, staging: Path, options: OnnxOptions,
-                  quantize: str | None) -> tuple[list[str], dict[str, Any]]:
-    """model.onnx, and model_optimized.onnx / model_quantized.onnx as asked; returns the graphs written and the
-    manifest's optimized/quantization entries."""
+                  quantize: str | None) -> Graphs:
+    """model.onnx, and model_optimized.onnx / model_quantized.onnx as asked, with the manifest's entries: opset and
+    exporter, the optimized graph's and the quantization's."""
     trace(model, tok_folder, staging / ONNX_FILE, options.opset)
     graphs = [ONNX_FILE]
     fused: dict[str, int] = {}
@@ -276,8 +230,10 @@ def _write_graphs(model: PreTrainedEncoder, tok_folder: Path, staging: Path, opt
                         "outlier_rule": f"input channels with probe |max| > {OUTLIER_RATIO:g} x the median "
                                         f"channel's (at most {MAX_OUTLIERS} per input) in a fp32 MatMul",
                         "kept_fp32": kept_fp32, "keep_rule": f"input activation error > {KEEP_FP32_ERROR}"}
-    return graphs, {"optimized": {"file": OPTIMIZED_FILE, "fused": fused} if fused else None,
-                    "quantization": quantization}
+    return Graphs(graphs, made={"opset": options.opset, "exporter": "torch.onnx TorchScript exporter "
+                                                                  f"(torch {torch.__version__})"},
+                  details={"optimized": {"file": OPTIMIZED_FILE, "fused": fused} if fused else None,
+                           "quantization": quantization})
 
 @torch.no_grad()
 def trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int, fused: bool = False) -> None:

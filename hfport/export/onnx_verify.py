@@ -1,4 +1,5 @@
-"""`verify_onnx(dir, source)`: the proof of an ONNX folder (export/onnx.py writes it), failing closed.
+"""`verify_onnx(dir, source)`: the proof of an ONNX folder (export/onnx.py writes it), failing closed: the checks of
+every graph folder (export/graph_verify.py) with ONNX's graphs, runtime and tolerance.
 
 The calibration texts (export/probes.py, through DIR's tokenizer, padded batches) are compared at real positions:
     graph      each graph loads in onnxruntime, its inputs/outputs match config.json, its axes are dynamic;
@@ -21,34 +22,22 @@ that reference: the graph is then not compared with a PyTorch model. A --source 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..formats.sentence_transformers import has_embedding_layout, read_layout
-from ..formats.onnx import MANIFEST, ONNX_FILE, QUANTIZED_FILE, OnnxModelError
-from ..pipelines.graph import GraphModel
+from ..formats.onnx import ONNX_FOLDER
 from ..pipelines.onnx_backend import INSTALL_HINT, OnnxModel, check_signature, open_session, read_folder_config
-from ..tasks import TASKS, load_any
-from ..tokenizer import AutoTokenizer
-from .checks import quiet_transformers
-from .common import TRANSFORMERS_AUTO, ExportError, resolve_source
-from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, GateContext, check_thresholds, gate_for, items, passes
-from .onnx_agreement import verdict as judge
+from ..tasks import TASKS
+from .common import ExportError
+from .graph_verify import GraphVerify, feeds, verify_graphs
 from .onnx_fusion import OPTIMIZED_FILE
-from .probes import (CALIBRATION_PAIRS, CALIBRATION_TEXTS, PROBE_MAX_LENGTH, GateData, encode, gate_batches,
-                     read_gate_data)
-from .report import VerifyReport, check_row, compare, reporting
+from .report import VerifyReport
 
 FP32_TOLERANCE = (1e-4, 1e-4)  # (atol, rtol); the module docstring says why
-# the fp32 rows compare on the calibration texts (the fp32 graph is fitted to nothing); the int8 gate judges others
-PROBE_TEXTS, PROBE_PAIRS = CALIBRATION_TEXTS, CALIBRATION_PAIRS
 
 
 def require_onnx() -> tuple[Any, Any]:
@@ -59,39 +48,6 @@ def require_onnx() -> tuple[Any, Any]:
     except ImportError as e:
         raise ExportError(f"ONNX export needs the onnx and onnxruntime packages ({e}); {INSTALL_HINT}") from e
     return onnx, onnxruntime
-
-
-def max_length(max_positions: int) -> int:
-    return min(PROBE_MAX_LENGTH, max_positions - 2)  # room for RoBERTa's position offset
-
-
-def probe_batches(folder: Path, task: str, config: Any) -> dict[str, dict[str, Tensor]]:
-    """The calibration texts through DIR's tokenizer as padded batches (pairs for QA and two-segment tokenizers),
-    with only the inputs the model takes (probes.encode)."""
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    pairs = TASKS[task].pair_input or "token_type_ids" in tokenizer.model_input_names
-    return encode(tokenizer, task, config, PROBE_TEXTS, PROBE_PAIRS if pairs else None,
-                  max_length(config.max_position_embeddings))
-
-
-def feeds(enc: dict[str, Tensor], inputs: list[str]) -> dict[str, Any]:
-    """A probe batch as onnxruntime feeds for a graph with these inputs."""
-    return {name: (enc[name] if name in enc else torch.zeros_like(enc["input_ids"])).numpy() for name in inputs}
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-@torch.inference_mode()
-def run(model: Any, enc: dict[str, Tensor], task: str) -> dict[str, Tensor]:
-    """The task's graph outputs from an ONNX, hfport or transformers model on one probe batch."""
-    out = model(enc["input_ids"], attention_mask=enc["attention_mask"], token_type_ids=enc.get("token_type_ids"))
-    return {name: out[name].float() for name in TASKS[task].graph_outputs}
 
 
 class RawGraph:
@@ -111,221 +67,26 @@ class RawGraph:
         return {name: torch.from_numpy(a) for name, a in zip(self.outputs, arrays)}
 
 
-def verify_onnx(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *, which: str = "best",
-                atol: float | None = None, rtol: float | None = None, min_agreement: float = MIN_AGREEMENT,
-                min_cosine: float = MIN_COSINE, json_path: str | os.PathLike[str] | None = None,
-                label: str | None = None, gate_data: str | os.PathLike[str] | GateData | None = None) -> VerifyReport:
-    """Check the ONNX folder DIR against SOURCE (default: the source its hfport_onnx.json records). Never raises
-    for a failed check: the report says FAIL and names what failed. json_path: also write the report there.
-    gate_data: the texts the int8 gate judges (a file: one text a line, or JSONL with text / text_pair; default
-    the built-in judged set, export/probes.py)."""
-    folder = Path(dir).expanduser()
-    report = VerifyReport(label or str(folder), str(source) if source is not None else "")
-    report.set_tolerances("float32", atol, rtol, FP32_TOLERANCE)
-    with reporting(report, json_path):
-        check_thresholds(min_agreement, min_cosine)
-        require_onnx()
-        data = gate_data if isinstance(gate_data, GateData) else \
-            read_gate_data(gate_data) if gate_data is not None else GateData.builtin()
-        _verify(folder, source, which, (min_agreement, min_cosine), data, report)
-    return report
-
-
-def _verify(folder: Path, source_arg: Any, which: str, bounds: tuple[float, float], data: GateData,
-            report: VerifyReport) -> None:
-    if not folder.is_dir():
-        raise ExportError(f"{folder}: no such folder")
-    ctx: dict[str, Any] = {}
-    with check_row(report, "config", "config.json"):
-        raw, family, config, task = read_folder_config(folder)
-        ctx.update(config=config, task=task)
-        report.add("config", "config.json", True, detail=f"{family.model_type} {task}")
-    if not ctx:
-        return
-    config, task = ctx["config"], ctx["task"]
-    manifest = read_recorded_manifest(folder, report)
-    graphs = _graphs(folder, config, task, manifest, report)
-    if ONNX_FILE not in graphs:
-        return
-    against = references(folder, source_arg, manifest, which, task, report,
-                         Direct(folder / ONNX_FILE, "onnxruntime", "ONNX", lambda: RawGraph(folder / ONNX_FILE, task)))
-    batches: dict[str, dict[str, Tensor]] = {}
-    with check_row(report, "tokenizer", "probes"):
-        batches = probe_batches(folder, task, config)
-        report.add("tokenizer", "probes", True, shape=f"{len(batches)} batches",
-                   detail=", ".join(f"{k} {tuple(v['input_ids'].shape)}" for k, v in batches.items()))
-    if not batches:
-        return
-    fp32 = {name: run(graphs[ONNX_FILE], enc, task) for name, enc in batches.items()}
-    # each fp32 graph: the portable one, and the onnxruntime-fused one when there is one
-    outs = {"fp32": fp32} | ({"fp32 optimized": {name: run(graphs[OPTIMIZED_FILE], enc, task)
-                                                 for name, enc in batches.items()}}
-                             if OPTIMIZED_FILE in graphs else {})
-    compare_references(report, outs, against, batches, task)
-    if QUANTIZED_FILE in graphs:
-        with check_row(report, "int8 vs fp32", "gate"):
-            gate_ctx = GateContext(config, pooling_of(folder, report.source))
-            int8_rows(report, graphs[QUANTIZED_FILE], graphs[ONNX_FILE], gate_ctx, task, bounds, data)
-
-
-def read_recorded_manifest(folder: Path, report: VerifyReport, name: str = MANIFEST,
-                           export_format: str = "onnx") -> dict[str, Any] | None:
-    """The folder's manifest NAME as recorded at export; missing or unreadable: a FAIL row (nothing then says the
-    graphs are the ones exported)."""
-    if not (folder / name).is_file():
-        report.add("files", name, False, tolerance="present",
-                   detail=f"{folder / name} is missing: the graphs' recorded sha256 and source cannot be "
-                          f"checked; export the folder again with hfport export --format {export_format}")
-        return None
-    with check_row(report, "files", name):
-        manifest = json.loads((folder / name).read_text(encoding="utf-8"))
-        if not isinstance(manifest, dict):
-            raise ExportError(f"{folder / name}: the top level must be a JSON object")
-        return manifest
-    return None
-
-
-def check_recorded(report: VerifyReport, folder: Path, manifest: dict[str, Any], names: list[str]) -> None:
-    """A FAIL row for each of the files NAMES whose sha256 is not the one the manifest recorded at export."""
-    for name in names:
-        with check_row(report, "files", name):
-            want = (manifest.get("sha256") or {}).get(name)
-            have = sha256(folder / name)
-            report.add("files", name, have == want, tolerance="sha256 as recorded at export",
-                       detail="" if have == want else f"sha256 {have[:16]}... differs from the recorded "
-                                                      f"{str(want)[:16]}...: the file changed after export")
-
-
-def _graphs(folder: Path, config: Any, task: str, manifest: dict[str, Any] | None,
-            report: VerifyReport) -> dict[str, OnnxModel]:
-    """Each graph in DIR that loads with the signature config.json implies (+ its recorded sha256)."""
-    graphs: dict[str, OnnxModel] = {}
-    for name in (ONNX_FILE, OPTIMIZED_FILE, QUANTIZED_FILE):
-        if name != ONNX_FILE and not (folder / name).is_file():
-            continue
-        with check_row(report, "graph", name):
-            graphs[name] = check_graph(report, folder / name, config, task)
-        if manifest is not None:
-            check_recorded(report, folder, manifest, [name])
-    return graphs
-
-
-class Direct(NamedTuple):
-    """A folder's fp32 graph run by its runtime directly: the reference for hfport's backend when no PyTorch source
-    can be reached."""
-
-    path: Path  # the graph
-    runtime: str  # "onnxruntime", "OpenVINO"
-    backend: str  # hfport's backend in the report: "ONNX", "OpenVINO"
-    load: Callable[[], Any]
-
-
-def references(folder: Path, source_arg: Any, manifest: dict[str, Any] | None, which: str, task: str,
-               report: VerifyReport, direct: Direct, manifest_name: str = MANIFEST) -> dict[str, Any]:
-    """What the fp32 graphs (run by hfport's graph backend) are compared with, each a loader: hfport's model from
-    SOURCE and transformers', or, with no source given and the recorded one out of reach, the runtime running the
-    fp32 graph directly (DIRECT)."""
-    recorded = (manifest or {}).get("source")
-    if source_arg is None and not (recorded and Path(recorded).exists()):
-        why = f"the recorded source {recorded} is gone" if recorded else f"no source in {manifest_name}"
-        report.source = f"{direct.path} run by {direct.runtime} directly ({why}; no PyTorch model compared)"
-        report.add("source", f"none reachable ({why}): hfport's {direct.backend} backend vs {direct.runtime}", True,
-                   detail=report.source)
-        return {direct.runtime: direct.load}
-    loaders: dict[str, Any] = {}
-    with check_row(report, "source", str(source_arg or recorded)):
-        src = resolve_source(source_arg if source_arg is not None else recorded, which)
-        ours = load_any(src.model, dtype=torch.float32)
-        if ours.task != task:
-            raise ExportError(f"{src.model} holds a {ours.task} model; {folder} holds a {task} graph")
-        report.source = str(src.model)
-        loaders = {"hfport": lambda: ours, "transformers": lambda: _load_transformers(src.model, task)}
-    return loaders
-
-
-def compare_references(report: VerifyReport, outs: dict[str, dict[str, dict[str, Tensor]]],
-                       against: dict[str, Any], batches: dict[str, dict[str, Tensor]], task: str) -> None:
-    """Each graph's outputs OUTS ({label: {batch: outputs}}) against each reference's (references())."""
-    for name, load in against.items():
-        with check_row(report, f"fp32 vs {name}", "load"):
-            reference = load()
-            refs = {batch: run(reference, enc, task) for batch, enc in batches.items()}
-            for label, got in outs.items():
-                compare_all(report, f"{label} vs {name}", got, refs, batches, task)
-
-
-def check_graph(report: VerifyReport, path: Path, config: Any, task: str) -> OnnxModel:
-    """Loads in onnxruntime with the signature config.json implies, and dynamic batch and sequence axes."""
+def load_graph(path: Path, config: Any, task: str) -> tuple[OnnxModel, list[str]]:
+    """The graph loaded in onnxruntime with the signature config.json implies (else an OnnxModelError), and its
+    inputs whose batch or sequence axis is fixed."""
     session = open_session(path)
     check_signature(session, config, task, path)
-    static = [f"{i.name} {i.shape}" for i in session.get_inputs()
-              if len(i.shape) != 2 or any(isinstance(d, int) for d in i.shape)]
-    if static:
-        raise OnnxModelError(f"{path}: inputs with fixed axes ({'; '.join(static)}); the graph must take any batch "
-                             "size and sequence length")
-    report.add("graph", path.name, True, shape=f"{len(session.get_inputs())} inputs",
-               tolerance="loads; inputs/outputs as config.json; dynamic axes")
+    fixed = [f"{i.name} {i.shape}" for i in session.get_inputs()
+             if len(i.shape) != 2 or any(isinstance(d, int) for d in i.shape)]
     _, family, cfg, _ = read_folder_config(path.parent)
-    return OnnxModel(path, session, cfg, family, task)
+    return OnnxModel(path, session, cfg, family, task), fixed
 
 
-def compare_all(report: VerifyReport, check: str, got: dict[str, dict[str, Tensor]],
-                 refs: dict[str, dict[str, Tensor]], batches: dict[str, dict[str, Tensor]], task: str) -> None:
-    for batch, outputs in got.items():
-        for name, (rank, _) in TASKS[task].graph_outputs.items():
-            with check_row(report, check, f"{batch}/{name}"):
-                per_token = rank == 3 or TASKS[task].per_token(name)  # start/end logits are per token at rank 2
-                compare(report, check, f"{batch}/{name}", outputs[name], refs[batch].get(name),
-                        real=batches[batch]["attention_mask"] if per_token else None,
-                        what=f"the graph's {name}")
+ONNX_GRAPHS = GraphVerify(ONNX_FOLDER, export_format="onnx", row="graph", tolerance=FP32_TOLERANCE,
+                          runtime="onnxruntime", backend="ONNX", require=require_onnx, load=load_graph,
+                          loads="loads; inputs/outputs as config.json; dynamic axes", direct=RawGraph,
+                          also_fp32=((OPTIMIZED_FILE, "fp32 optimized"),))
 
 
-def pooling_of(folder: Path, source: str) -> str:
-    """How an embedding model pools: its sentence-transformers layout (in DIR, else in its source), else mean."""
-    for where in (folder, Path(source)):
-        if where.is_dir() and has_embedding_layout(where):
-            return read_layout(where).pooling
-    return "mean"
-
-
-def int8_rows(report: VerifyReport, int8: GraphModel, fp32: GraphModel, ctx: GateContext, task: str,
-               bounds: tuple[float, float], data: GateData) -> None:
-    """The int8 gate (export/onnx_agreement.py) on the judged texts (never the calibration ones), one row a kind
-    of input (texts, pairs, long texts, long pairs)."""
-    gate = gate_for(TASKS[task].agreement, ctx.config)
-    chunks = gate_batches(int8.path.parent, task, ctx.config, data)
-    for name, encs in chunks.items():
-        with check_row(report, "int8 vs fp32", f"{name}/{gate.name}"):
-            # each chunk's items at once: the outputs of every chunk together (fill-mask's (rows, T, vocab)) are large
-            verdict = judge(gate, [(items(gate, run(int8, enc, task), enc, ctx),
-                                    items(gate, run(fp32, enc, task), enc, ctx, reference=True)) for enc in encs], ctx)
-            ok, tolerance = passes(gate, verdict, *bounds)
-            lengths = torch.cat([enc["attention_mask"].sum(1) for enc in encs])  # (rows,) tokens
-            counted = f"{verdict.items} items of {int(lengths.min())}-{int(lengths.max())} tokens" + \
-                (f" ({verdict.ties} fp32 near ties)" if verdict.ties else "")
-            error = f", relative error {verdict.error:.4f}" if verdict.error is not None else ""
-            pooled = f", {ctx.pooling} pooling" if gate.threshold == "cosine" else ""
-            report.add("int8 vs fp32", f"{name}/{gate.name} {verdict.value:.4f}", ok, shape=counted,
-                       diff=verdict.error if verdict.error is not None else 1.0 - verdict.value,
-                       tolerance=tolerance,
-                       detail=f"{gate.name} {verdict.value:.4f}{error} over {counted} of {data.origin}{pooled}" +
-                              ("" if ok else f" fails {tolerance}: the int8 graph changes the model's answers"))
-
-
-def _load_transformers(folder: Path, task: str) -> Any:
-    """transformers' model from the source folder; without transformers installed, an ExportError (a FAIL row: the
-    graph would be compared with hfport only) saying what to install."""
-    try:
-        import transformers  # noqa: F401 - only: is it installed?
-    except ImportError as e:
-        raise ExportError(f"transformers is not installed ({e}): the graph cannot be compared with transformers' "
-                          "model; pip install transformers (or 'hfport[dev]') and verify again") from e
-    with quiet_transformers() as transformers:
-        auto = getattr(transformers, TRANSFORMERS_AUTO[task])
-        model, info = auto.from_pretrained(str(folder), output_loading_info=True, dtype=torch.float32,
-                                           trust_remote_code=False)
-    missing = sorted(map(str, info.get("missing_keys") or []))
-    if missing:
-        raise ExportError(f"transformers initialised weights the source lacks ({', '.join(missing[:5])}): no "
-                          "reference")
-    return model.eval()
+def verify_onnx(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = None,
+                **options: Any) -> VerifyReport:
+    """Check the ONNX folder DIR against SOURCE (default: the source its hfport_onnx.json records); OPTIONS (which,
+    atol, rtol, min_agreement, min_cosine, json_path, label, gate_data) as graph_verify.verify_graphs. Never raises
+    for a failed check: the report says FAIL and names what failed."""
+    return verify_graphs(ONNX_GRAPHS, dir, source, **options)

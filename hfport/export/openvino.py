@@ -42,34 +42,27 @@ import contextlib
 import io
 import logging
 import os
-import shutil
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
 
-from .. import hub
-from ..formats.openvino import INFERENCE_PRECISION, IR_FILE, MANIFEST, QUANTIZED_IR_FILE, read_manifest, weights_file
-from ..formats.sentence_transformers import copy_layout
+from ..formats.openvino import INFERENCE_PRECISION, IR_FILE, QUANTIZED_IR_FILE, read_manifest
 from ..modeling import PreTrainedEncoder
 from ..nn.int8 import MAX_OUTLIERS, OUTLIER_RATIO
 from ..pipelines.graph import graph_inputs
 from ..pipelines.openvino_backend import INSTALL_HINT
-from ..tasks import TASKS
-from ..tokenizer import TOKENIZER_FILES
-from .card import CardFacts, CardStyle, write_card
-from .common import (ExportError, ExportResult, FormatOptions, Source, check_out, export_config, no_tokenizer_message,
-                     resolve_source, staged, tokenizer_folder)
-from .folder import load_exportable, raise_unless_passed
+from .card import CardFacts, CardStyle
+from .common import ExportError, ExportResult, Source
+from .graph_export import GateOptions, Graphs, export_graphs, gate_lines, write_graph_folder
+from .graph_verify import feeds, probe_batches
 from .onnx import DEFAULT_OPSET, trace
-from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, check_thresholds
+from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE
 from .onnx_fusion import split_outliers
-from .onnx_verify import feeds, probe_batches, sha256
-from .openvino_verify import GATE_CHECK, verify_openvino
-from .probes import GateData, read_gate_data
+from .openvino_verify import OPENVINO_GRAPHS
 
 log = logging.getLogger("hfport")
 
@@ -91,15 +84,8 @@ def require_openvino_export(quantize: str | None) -> tuple[Any, Any]:
     return openvino, nncf
 
 
-class OpenVinoOptions(FormatOptions):
+class OpenVinoOptions(GateOptions):
     """How to export an OpenVINO folder (formats openvino and openvino-int8). The IRs are always verified."""
-
-    min_agreement: float = Field(MIN_AGREEMENT, description="int8: the least task-level agreement with fp32")
-    min_cosine: float = Field(MIN_COSINE, description="int8: the least cosine with fp32 over the judged texts "
-                                                      "(embeddings, pooled as the model pools)")
-    gate_data: str | None = Field(None, description="int8: the texts the gate judges, a file with one text a line "
-                                                    "or JSONL with text / text_pair (at least 64; default: the "
-                                                    "built-in judged set)")
 
 
 IR_ROLES = {IR_FILE: "fp32", QUANTIZED_IR_FILE: "int8 (NNCF static quantization): the CPU serving IR"}
@@ -123,12 +109,7 @@ def openvino_section(facts: CardFacts) -> list[str]:
         lines += ["", f"`{QUANTIZED_IR_FILE}` is the int8 IR: {quantization.get('method')}; {outliers} outlier input "
                   f"channels in fp32 ({quantization.get('outlier_rule')}); "
                   f"{len(quantization.get('kept_fp32') or [])} MatMuls kept fp32 ({quantization.get('keep_rule')})."]
-    gate = [r for r in facts.report.rows if r.check == GATE_CHECK] if facts.report is not None else []
-    if gate:
-        lines += ["", "The int8 gate (int8 against fp32 on judged texts apart from the calibration ones):", "",
-                  "| measured | over | bound | result |", "|---|---|---|---|"]
-        lines += [f"| {r.output} | {r.shape} | {r.tolerance} | {'pass' if r.passed else 'FAIL'} |" for r in gate]
-    return lines + [""]
+    return lines + gate_lines(facts) + [""]
 
 
 def openvino_use(facts: CardFacts) -> list[str]:
@@ -160,10 +141,7 @@ def export_openvino(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
     (`hfport.export(src, out, format="openvino" | "openvino-int8", ...)` is the same through the format registry.)"""
     options = OpenVinoOptions.of(which=which, min_agreement=min_agreement, min_cosine=min_cosine,
                                  gate_data=None if gate_data is None else str(gate_data))
-    source = resolve_source(src, options.which)
-    out = Path(out).expanduser()
-    check_out(source, out, force)
-    return write_openvino(source, out, options, quantize=quantize, json_path=json_path)
+    return export_graphs(write_openvino, options, src, out, force=force, quantize=quantize, json_path=json_path)
 
 
 def write_openvino(source: Source, out: Path, options: OpenVinoOptions, *, quantize: str | None = None,
@@ -174,52 +152,31 @@ def write_openvino(source: Source, out: Path, options: OpenVinoOptions, *, quant
     if quantize is not None and quantize not in QUANTIZE:
         raise ExportError(f"quantize {quantize!r}: expected one of {list(QUANTIZE)} or None")
     ov, nncf = require_openvino_export(quantize)
-    check_thresholds(options.min_agreement, options.min_cosine)
-    gate_data = read_gate_data(options.gate_data) if options.gate_data is not None else GateData.builtin()
-    model = load_exportable(source)
-    if not TASKS[model.task].graph_outputs:
-        raise ExportError(f"{source.model}: hfport has no graph for {model.task} models")
-    tok_folder = tokenizer_folder(source)
-    if tok_folder is None:
-        raise ExportError(no_tokenizer_message(source) + "; the OpenVINO folder needs them to be verified and served")
-    fmt = "openvino-int8" if quantize else "openvino"
-    with staged(out) as staging:
-        traced = staging / ".traced-model.onnx"  # hfport's ONNX graph, the IRs' source; never left in OUT
-        try:
-            trace(model, tok_folder, traced, DEFAULT_OPSET)
-            irs = [IR_FILE]
-            ov.save_model(ov.convert_model(str(traced)), str(staging / IR_FILE), compress_to_fp16=False)
-            quantization = None
-            if quantize is not None:
-                quantization = quantize_ir(ov, nncf, traced, staging / QUANTIZED_IR_FILE, model, tok_folder)
-                irs.append(QUANTIZED_IR_FILE)
-        finally:
-            traced.unlink(missing_ok=True)
-        config = export_config(model, model.family.architectures[model.task], torch.float32)
-        hub.write_json_atomic(staging / "config.json", config)
-        for name in TOKENIZER_FILES:
-            if (tok_folder / name).is_file():
-                shutil.copyfile(tok_folder / name, staging / name)
-        copy_layout(source.model, staging)  # an embedding model pools and normalizes as its source did
-        files = [f for ir in irs for f in (ir, weights_file(ir))]
-        hub.write_json_atomic(staging / MANIFEST, {
-            "format": fmt, "default_file": irs[-1], "inference_precision": INFERENCE_PRECISION,
-            "hfport_version": config["hfport_version"], "openvino_version": ov.__version__,
-            "converted_from": f"hfport's ONNX graph (torch.onnx TorchScript exporter, torch {torch.__version__}, "
-                              f"opset {DEFAULT_OPSET})", "padded": True,
-            "inputs": graph_inputs(model.config), "outputs": list(TASKS[model.task].graph_outputs),
-            "source": str(source.model.resolve()), "quantization": quantization,
-            "sha256": {name: sha256(staging / name) for name in files}})
-        result = OpenVinoExportResult(out, source.model, model.family.model_type, model.task, "float32", [], files,
-                                      tok_folder, format=fmt)
-        del model
-        result.report = verify_openvino(staging, source.model, min_agreement=options.min_agreement,
-                                        min_cosine=options.min_cosine, json_path=json_path, label=str(out),
-                                        gate_data=gate_data)
-        raise_unless_passed(result.report, out, source.model, "OpenVINO export")
-        write_card(staging, source, result, card)  # after verify: the card states its outcome and the gate's
-        result.files = sorted(p.name for p in staging.iterdir())
-    return result
+    return write_graph_folder(OPENVINO_GRAPHS, source, out, options,
+                              partial(_write_irs, ov, nncf, quantize=quantize), quantize=quantize,
+                              json_path=json_path, card=card, result=OpenVinoExportResult,
+                              serving={"inference_precision": INFERENCE_PRECISION})
+
+
+def _write_irs(ov: Any, nncf: Any, model: PreTrainedEncoder, tok_folder: Path, staging: Path, *,
+               quantize: str | None) -> Graphs:
+    """openvino_model.xml/.bin, and the int8 IR as asked, from hfport's ONNX graph (traced into the staged folder,
+    never left there), with the manifest's entries: the converter, and the quantization's."""
+    traced = staging / ".traced-model.onnx"  # hfport's ONNX graph, the IRs' source; never left in OUT
+    try:
+        trace(model, tok_folder, traced, DEFAULT_OPSET)
+        irs = [IR_FILE]
+        ov.save_model(ov.convert_model(str(traced)), str(staging / IR_FILE), compress_to_fp16=False)
+        quantization = None
+        if quantize is not None:
+            quantization = quantize_ir(ov, nncf, traced, staging / QUANTIZED_IR_FILE, model, tok_folder)
+            irs.append(QUANTIZED_IR_FILE)
+    finally:
+        traced.unlink(missing_ok=True)
+    return Graphs(irs, made={"openvino_version": ov.__version__,
+                             "converted_from": f"hfport's ONNX graph (torch.onnx TorchScript exporter, torch "
+                                               f"{torch.__version__}, opset {DEFAULT_OPSET})"},
+                  details={"quantization": quantization})
 
 
 def activation_matmuls(ir: Any) -> list[str]:
@@ -238,7 +195,7 @@ def head_matmuls(ir: Any) -> list[str]:
 
 
 def calibration_samples(batches: dict[str, dict[str, Any]], inputs: list[str]) -> list[dict[str, Any]]:
-    """The calibration batches (export/onnx_verify.py's probe_batches: the calibration texts and pairs) as NNCF
+    """The calibration batches (export/graph_verify.py's probe_batches: the calibration texts and pairs) as NNCF
     samples: each row its own (1, T) feed of its real tokens only (a padded batch would put padding positions into
     the activation ranges)."""
     samples = []

@@ -95,7 +95,8 @@ class OpenVinoModel(GraphModel):
         # infer requests are not safe to share between threads: each call takes an idle one (or makes one)
         self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
         super().__init__(path, config, family, task, [i.get_any_name() for i in compiled.inputs],
-                         [path.parent / f for f in OPENVINO_FOLDER.files(path.name)], f"openvino IR {path.name} ({precision})")
+                         [path.parent / f for f in OPENVINO_FOLDER.files(path.name)],
+                         f"openvino IR {path.name} ({precision})")
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], *, file: str | None = None, precision: str =
