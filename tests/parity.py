@@ -13,7 +13,8 @@ magnitude, where fp32 summation order alone moves the last digits: ~1e-7 relativ
 
 Built on these: `compare_family` (one cell of the family x head grid, recorded for conftest's table),
 `compare_choices` (multiple choice on (B, C, T) batches), and for pipelines `assert_close_results` (transformers'
-result structure, scores within SCORE_TOL).
+result structure, scores within SCORE_TOL). For the graph backends (ONNX, OpenVINO) against hfport's PyTorch
+pipelines: `GRAPH_PIPELINE_CASES` (each head's pipeline inputs) and `assert_same` (pipeline results within atol).
 """
 
 from __future__ import annotations
@@ -242,3 +243,34 @@ def assert_close_results(ours: Any, theirs: Any, where: str = "") -> float:
     diff = abs(float(ours) - float(theirs))  # numpy/python floats
     assert diff <= SCORE_TOL, f"{where}: {ours} vs {theirs} (diff {diff:.2e} > {SCORE_TOL})"
     return diff
+
+
+# --- graph backends (tests/test_onnx.py, tests/test_openvino.py) against hfport's PyTorch pipelines ----------------
+
+TEXTS = ["The film was wonderful.", "ok", "Paris is the capital of France and a large city full of museums."]
+# task -> (pipeline task, inputs, options); each test adds the feature-extraction case it serves
+GRAPH_PIPELINE_CASES = {
+    "text-classification": ("text-classification", TEXTS, {"top_k": None}),
+    "token-classification": ("token-classification", TEXTS, {}),
+    "question-answering": ("question-answering",
+                           [{"question": "Who wrote it?", "context": "Herman Melville wrote Moby-Dick in 1851."},
+                            {"question": "Where is Berlin?", "context": "Berlin lies in Germany, on the Spree."}],
+                           {"top_k": 2}),
+    "fill-mask": ("fill-mask", ["The film was [MASK].", "Paris is the [MASK] of France."], {"top_k": 3}),
+}
+
+
+def assert_same(a, b, atol: float) -> None:
+    """Equal structure and strings; floats within atol (scores, embeddings)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k], atol)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y, atol)
+    elif isinstance(a, float):
+        assert abs(a - b) <= atol, (a, b)
+    else:
+        assert a == b

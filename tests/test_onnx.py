@@ -34,6 +34,7 @@ from hfport.export.onnx_fusion import OPTIMIZED_FILE, split_outliers  # noqa: E4
 from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
                                            graph_inputs, is_onnx_model, open_session, read_folder_config)
 from hfport.tasks import canonical  # noqa: E402
+from tests.parity import GRAPH_PIPELINE_CASES, TEXTS, assert_same  # noqa: E402
 from tests.tiny import HEADS, decisive_qa, save_hf  # noqa: E402
 from tests.tiny_tokenizers import add_tokenizer, build_camembert_tokenizer, build_mpnet_tokenizer, vocab  # noqa: E402
 
@@ -154,33 +155,8 @@ def test_bert_heads_export_verify_and_serve(task, exported, source):
     assert len(int8_pipe(inputs)) == len(inputs)
 
 
-TEXTS = ["The film was wonderful.", "ok", "Paris is the capital of France and a large city full of museums."]
-PIPELINE_CASES = {
-    "feature-extraction": ("feature-extraction", TEXTS, {"pooling": "mean", "normalize": True}),
-    "text-classification": ("text-classification", TEXTS, {"top_k": None}),
-    "token-classification": ("token-classification", TEXTS, {}),
-    "question-answering": ("question-answering",
-                           [{"question": "Who wrote it?", "context": "Herman Melville wrote Moby-Dick in 1851."},
-                            {"question": "Where is Berlin?", "context": "Berlin lies in Germany, on the Spree."}],
-                           {"top_k": 2}),
-    "fill-mask": ("fill-mask", ["The film was [MASK].", "Paris is the [MASK] of France."], {"top_k": 3}),
-}
-
-
-def assert_same(a, b, atol: float) -> None:
-    """Equal structure and strings; floats within atol (scores, embeddings)."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert_same(a[k], b[k], atol)
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y, atol)
-    elif isinstance(a, float):
-        assert abs(a - b) <= atol, (a, b)
-    else:
-        assert a == b
+PIPELINE_CASES = {"feature-extraction": ("feature-extraction", TEXTS, {"pooling": "mean", "normalize": True}),
+                  **GRAPH_PIPELINE_CASES}
 
 
 def test_feature_extraction_tokens_match_torch_at_real_positions(exported, source):

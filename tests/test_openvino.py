@@ -35,6 +35,7 @@ from hfport.formats.openvino import (IR_FILE, MANIFEST, QUANTIZED_IR_FILE, OpenV
 from hfport.formats.sentence_transformers import write_embedding_layout  # noqa: E402
 from hfport.pipelines.openvino_backend import OpenVinoModel  # noqa: E402
 from hfport.tasks import canonical  # noqa: E402
+from tests.parity import GRAPH_PIPELINE_CASES, TEXTS, assert_same  # noqa: E402
 from tests.tiny import HEADS, decisive_qa, save_with_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
@@ -43,7 +44,6 @@ TASKS = [canonical(task) for task in HEADS]  # the pipeline tags
 # as tests/test_onnx.py: a random tiny MLM's logits over 30522 tokens are near-uniform, so its ranks 5 and 6 are near
 # ties that int8 noise swaps (top-1 unchanged); every other head is held to the default 0.99
 MIN_AGREEMENT = {task: 0.99 for task in TASKS} | {"fill-mask": 0.9}
-TEXTS = ["The film was wonderful.", "ok", "Paris is the capital of France and a large city full of museums."]
 
 
 @pytest.fixture(scope="module")
@@ -163,32 +163,7 @@ def test_card_names_the_int8_ir_and_the_gate(exported):
     assert 'hfport.pipeline("text-classification", model="text-classification")' in card
 
 
-PIPELINE_CASES = {
-    "feature-extraction": ("sentence-embedding", TEXTS, {}),
-    "text-classification": ("text-classification", TEXTS, {"top_k": None}),
-    "token-classification": ("token-classification", TEXTS, {}),
-    "question-answering": ("question-answering",
-                           [{"question": "Who wrote it?", "context": "Herman Melville wrote Moby-Dick in 1851."},
-                            {"question": "Where is Berlin?", "context": "Berlin lies in Germany, on the Spree."}],
-                           {"top_k": 2}),
-    "fill-mask": ("fill-mask", ["The film was [MASK].", "Paris is the [MASK] of France."], {"top_k": 3}),
-}
-
-
-def assert_same(a, b, atol: float) -> None:
-    """Equal structure and strings; floats within atol (scores, embeddings)."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert_same(a[k], b[k], atol)
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y, atol)
-    elif isinstance(a, float):
-        assert abs(a - b) <= atol, (a, b)
-    else:
-        assert a == b
+PIPELINE_CASES = {"feature-extraction": ("sentence-embedding", TEXTS, {}), **GRAPH_PIPELINE_CASES}
 
 
 @pytest.mark.parametrize("task", TASKS)
