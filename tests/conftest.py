@@ -5,6 +5,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+import builtins  # noqa: E402
 import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -57,6 +58,23 @@ def all_cores():
     torch.set_num_threads(os.cpu_count() or 1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def hide_packages(monkeypatch):
+    """hide_packages("onnx", "onnxruntime"): for the rest of the test, importing those packages (or a submodule of
+    them) raises ImportError, as where their extra is not installed."""
+    real_import = builtins.__import__
+
+    def hide(*packages: str) -> None:
+        def without(name, *args, **kwargs):
+            if name.split(".")[0] in packages:
+                raise ImportError(f"No module named '{name}'")
+            return real_import(name, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "__import__", without)
+
+    return hide
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ shorter and longer than the traced one, for each relative-attention layout.
 
 from __future__ import annotations
 
-import builtins
 import json
 import shutil
 from pathlib import Path
@@ -475,15 +474,8 @@ def test_existing_out_needs_force_and_threshold_is_checked(exported, source, tmp
 # --- the extra, the CLI, the backend ------------------------------------------------------------------------
 
 
-def test_missing_extra_says_what_to_install(source, tmp_path, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_onnx(name, *args, **kwargs):
-        if name.split(".")[0] in ("onnx", "onnxruntime"):
-            raise ImportError(f"No module named '{name}'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_onnx)
+def test_missing_extra_says_what_to_install(source, tmp_path, hide_packages):
+    hide_packages("onnx", "onnxruntime")
     with pytest.raises(ExportError, match=r"pip install 'hfport\[onnx\]'"):
         export_onnx(source("bert", "feature-extraction"), tmp_path / "out")
     run = CliRunner().invoke(app, ["export", str(source("bert", "feature-extraction")), "--out", str(tmp_path / "out"),

@@ -9,7 +9,6 @@ gate data too small to judge, a missing `openvino` extra; and the backend's choi
 
 from __future__ import annotations
 
-import builtins
 import json
 import shutil
 import subprocess
@@ -31,7 +30,7 @@ from hfport.export import FORMATS, ExportError, VerifyFailed, detect_format, ver
 from hfport.export import openvino as ov_export  # noqa: E402
 from hfport.export.openvino import export_openvino  # noqa: E402
 from hfport.formats.openvino import (IR_FILE, MANIFEST, QUANTIZED_IR_FILE, OpenVinoModelError,  # noqa: E402
-                                     is_openvino_model)
+                                     default_file, is_openvino_model, read_manifest)
 from hfport.formats.sentence_transformers import write_embedding_layout  # noqa: E402
 from hfport.pipelines.openvino_backend import OpenVinoModel  # noqa: E402
 from hfport.tasks import canonical  # noqa: E402
@@ -231,6 +230,36 @@ def test_backend_choice_and_detection(exported, source, tmp_path):
     assert isinstance(bad[1], hfport.ItemError) and bad[0]["label"] and bad[2]["label"]
 
 
+def test_folder_rules_without_a_runtime(tmp_path):
+    """formats/openvino.py's folder rules (formats/graph_folder.py's, with OpenVINO's names), word for word: an IR is
+    an .xml with its .bin; a manifest without default_file serves openvino_model.xml even when it records a
+    quantization (the pre-default_file rule is ONNX's only); file= and default_file name an .xml in the folder."""
+    folder = tmp_path / "ir"
+    folder.mkdir()
+    (folder / IR_FILE).write_text("<net/>")
+    assert not is_openvino_model(folder / IR_FILE)  # no .bin beside it
+    (folder / "openvino_model.bin").write_bytes(b"")
+    assert is_openvino_model(folder / IR_FILE) and is_openvino_model(folder)
+    assert default_file(folder) == IR_FILE  # no manifest: optimum-intel's export
+    (folder / MANIFEST).write_text(json.dumps({"quantization": {"type": "int8"}}))
+    assert default_file(folder) == IR_FILE
+    (folder / MANIFEST).write_text(json.dumps({"default_file": "../x.xml"}))
+    with pytest.raises(OpenVinoModelError) as bad:
+        default_file(folder)
+    assert str(bad.value) == (f"{folder / MANIFEST}: default_file '../x.xml' must name an .xml file in the folder, "
+                              f"e.g. '{IR_FILE}' or '{QUANTIZED_IR_FILE}'")
+    (folder / MANIFEST).write_text("[]")
+    with pytest.raises(OpenVinoModelError, match="the top level must be a JSON object"):
+        read_manifest(folder)
+    with pytest.raises(OpenVinoModelError) as bad:
+        OpenVinoModel.from_pretrained(folder / IR_FILE, file=QUANTIZED_IR_FILE)
+    assert str(bad.value) == (f"{folder / IR_FILE}: file='{QUANTIZED_IR_FILE}' picks an IR of an OpenVINO folder; "
+                              f"{IR_FILE} is an IR already")
+    with pytest.raises(OpenVinoModelError) as bad:
+        OpenVinoModel.from_pretrained(tmp_path / "nowhere")
+    assert str(bad.value) == f"{tmp_path / 'nowhere'}: no such OpenVINO folder or IR file"
+
+
 # --- verify fails closed ------------------------------------------------------------------------------------
 
 
@@ -347,16 +376,9 @@ def test_cli_export_verify_and_predict(source, tmp_path):
     assert bad.exit_code == 1 and "--opset: only with --format onnx" in bad.output
 
 
-def test_missing_extra_says_what_to_install(source, exported, tmp_path, monkeypatch):
+def test_missing_extra_says_what_to_install(source, exported, tmp_path, hide_packages):
     out, _ = exported("text-classification")
-    real_import = builtins.__import__
-
-    def no_openvino(name, *args, **kwargs):
-        if name.split(".")[0] in ("openvino", "nncf"):
-            raise ImportError(f"No module named '{name}'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_openvino)
+    hide_packages("openvino", "nncf")
     with pytest.raises(ExportError, match=r"pip install 'hfport\[openvino\]'"):
         export_openvino(source("text-classification"), tmp_path / "out")
     run = CliRunner().invoke(app, ["export", str(source("text-classification")), "--out", str(tmp_path / "out"),
