@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..formats.sentence_transformers import ST_POOLINGS, SentenceLayout, read_layout
 from ..heads import pool
-from .base import Feature, InputTooLongError, Pipeline, PipelineInputError, check_text, positive_int
+from .base import Feature, InputTooLongError, Pipeline, PipelineInputError, attempt, check_text, positive_int
 
 POOLINGS = tuple(ST_POOLINGS.values())
 DIRECTIONS = ("right", "left")
@@ -96,30 +96,43 @@ class TextEmbeddingPipeline(Pipeline):
         return self._left
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        if isinstance(item, list):  # token ids
-            vocab = len(self.tokenizer)
-            bad = [x for x in item if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < vocab]
-            if not item or bad:
-                raise PipelineInputError(f"token ids must be integers in [0, {vocab}); got {bad[:3] or 'none'}")
-            ids = list(item)
-            if opts["truncate"] and self.max_input_length is not None and len(ids) > self.max_input_length:
-                keep = self.max_input_length
-                ids = ids[-keep:] if opts["truncation_direction"] == "left" else ids[:keep]
-            types = [0] * len(ids) if "token_type_ids" in self.tokenizer.model_input_names else None
-            return [Feature(item=-1, input_ids=ids, attention_mask=[1] * len(ids), token_type_ids=types)]
-        text = opts["_prompt"] + check_text(item)
+        (rows,) = self.preprocess_many([item], opts)
+        if isinstance(rows, Exception):
+            raise rows
+        return rows
+
+    def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
+        """Token ids as given, one item at a time; the texts (each after its prompt) in one tokenizer call."""
+        out: list[Any] = [attempt(self.token_id_rows, item, opts) if isinstance(item, list) else None
+                          for item in items]
+        texts = [i for i, item in enumerate(items) if not isinstance(item, list)]
         kwargs = {}
         if opts["truncate"] and self.max_input_length is not None:
             kwargs = {"truncation": True, "max_length": self.max_input_length}
-        tokenizer = self.tokenizer_for(opts["truncation_direction"])
-        enc = tokenizer(text, return_token_type_ids="token_type_ids" in tokenizer.model_input_names,
-                        return_attention_mask=True, **kwargs)
-        if opts["_skip"] and len(enc["input_ids"]) <= opts["_skip"]:
+        encoded = self.encode_items([items[i] for i in texts], lambda item: (opts["_prompt"] + check_text(item), None),
+                                    self.tokenizer_for(opts["truncation_direction"]), **kwargs)
+        for i, rows in zip(texts, encoded):
+            out[i] = rows if isinstance(rows, Exception) else attempt(self.check_prompt_left, rows, opts)
+        return out
+
+    def token_id_rows(self, item: list[Any], opts: dict[str, Any]) -> list[Feature]:
+        vocab = len(self.tokenizer)
+        bad = [x for x in item if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < vocab]
+        if not item or bad:
+            raise PipelineInputError(f"token ids must be integers in [0, {vocab}); got {bad[:3] or 'none'}")
+        ids = list(item)
+        if opts["truncate"] and self.max_input_length is not None and len(ids) > self.max_input_length:
+            keep = self.max_input_length
+            ids = ids[-keep:] if opts["truncation_direction"] == "left" else ids[:keep]
+        types = [0] * len(ids) if "token_type_ids" in self.tokenizer.model_input_names else None
+        return [Feature(item=-1, input_ids=ids, attention_mask=[1] * len(ids), token_type_ids=types)]
+
+    def check_prompt_left(self, rows: list[Feature], opts: dict[str, Any]) -> list[Feature]:
+        if opts["_skip"] and len(rows[0].input_ids) <= opts["_skip"]:
             raise PipelineInputError(f"nothing of the text is left to pool after its {opts['_skip']}-token prompt "
                                      "(the model's pooling has include_prompt false); shorten the text's truncation "
                                      "or use another prompt")
-        return [Feature(item=-1, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                        token_type_ids=enc.get("token_type_ids"))]
+        return rows
 
     def check_length(self, row: Feature) -> None:
         n = len(row.input_ids)
