@@ -1,5 +1,6 @@
 """The host side of a pipeline call: a call's texts tokenized in one tokenizer call (Pipeline.preprocess_many,
-encode_many) with the rows, and the per-item errors, of one call per text."""
+encode_many) with the rows, and the per-item errors, of one call per text; sentence embeddings pooled on the model's
+device (SentenceEmbeddingPipeline.device_outputs) equal to pooling each row's token states on the host."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import hfport
+from hfport.heads import pool
+from hfport.pipelines.sentence_embedding import POOLINGS
 from hfport.tokenizer import PreTrainedTokenizer
 from tests.tiny import make_adapter
 from tests.tiny_tokenizers import make_folder
@@ -159,3 +163,88 @@ def test_items_of_other_adapters_or_options_are_tokenized_apart(root, tokenizer_
     alone = [classify.predict([t], adapter=a)[0] for t, a in zip(TEXTS, ["a", None] * 3)]
     for mine, theirs in zip(out, alone):
         assert mine["label"] == theirs["label"] and abs(mine["score"] - theirs["score"]) < 1e-5
+
+
+# --- B: sentence embeddings pooled on the model's device ----------------------------------------------------------
+
+def host_copies(monkeypatch) -> list[tuple[int, ...]]:
+    """The shapes of the floating tensors copied to the host (.cpu()) while the test runs."""
+    shapes: list[tuple[int, ...]] = []
+    real = torch.Tensor.cpu
+
+    def spy(self, *args, **kwargs):
+        if self.is_floating_point():
+            shapes.append(tuple(self.shape))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", spy)
+    return shapes
+
+
+def test_sentence_embedding_batches_hand_the_host_pooled_vectors(minilm_path, monkeypatch):
+    """Each forward pass sends the host its (B, C) sentence vectors in one copy, not its (B, T, C) token states;
+    output="tokens" still sends the states."""
+    pipe = hfport.pipeline("sentence-embedding", model=minilm_path, batch_size=4)
+    shapes = host_copies(monkeypatch)
+    pipe(TEXTS)
+    assert shapes == [(4, 384), (2, 384)]
+    shapes.clear()
+    pipe(TEXTS[:2], output="tokens")
+    assert len(shapes) == 1 and len(shapes[0]) == 3
+
+
+def host_pooled(tokens: list[Any], pooling: str, dimensions: int | None, normalize: bool) -> torch.Tensor:
+    """What the pipeline computed before pooling moved to the device: the row's float32 token states (T, C),
+    pooled on the host, cut to `dimensions`, normalized."""
+    vector = pool(torch.tensor(tokens)[None], None, pooling)[0]  # (C,)
+    vector = vector[:dimensions] if dimensions is not None else vector
+    return F.normalize(vector, p=2, dim=-1) if normalize else vector
+
+
+@pytest.mark.parametrize("model", ["minilm", "bert", "roberta"])
+def test_pooling_on_the_device_equals_pooling_on_the_host(model, minilm_path, root):
+    """Every pooling, normalize on and off, Matryoshka dimensions, padded batches of mixed lengths, text and
+    token-id inputs: each vector equals its row's token states pooled on the host. Tolerance 1e-6, not exact: mean
+    and mean_sqrt_len sum a padded row under its mask where the host averaged the cut row, another float32
+    summation order (cls, max and lasttoken pick or compare values, and are exact)."""
+    folder = minilm_path if model == "minilm" else make_folder(root, model, "base")
+    pipe = hfport.pipeline("sentence-embedding", model=folder, batch_size=3)
+    items = [*TEXTS, [5, 6, 7, 8, 9, 10, 11]]
+    tokens = pipe(items, output="tokens")  # each row's own (T, C) states, copied to the host as before
+    for pooling in POOLINGS:
+        for normalize in (False, True):
+            for dimensions in (None, 16):
+                got = pipe(items, pooling=pooling, normalize=normalize, dimensions=dimensions, return_tensors=True)
+                for vector, states in zip(got, tokens):
+                    want = host_pooled(states, pooling, dimensions, normalize)
+                    exact = pooling in ("cls", "max", "lasttoken")
+                    torch.testing.assert_close(vector, want, rtol=0, atol=0 if exact else 1e-6)
+
+
+def one_pass(pipe, asks: list[dict[str, Any]]) -> tuple[list[Any], list[list[Any]]]:
+    """TEXTS prepared once per options in `asks` (a server group's requests), all rows run in one forward pass."""
+    prepared = [pipe.prepare(TEXTS, **options) for options in asks]
+    pipe.forward_rows([row for p in prepared for row in p.rows])
+    return prepared, [pipe.finish(p) for p in prepared]
+
+
+def test_a_batch_of_several_calls_pools_each_row_as_its_call_asks(minilm_path):
+    """The server packs the rows of requests with other options into one pass: each row pools as its own request
+    asks (poolings mixed in one batch); a batch with a row that asks for token states sends the host the states and
+    the others pool there. Each vector equals its row's states from the same pass pooled on the host (1e-6: see
+    above)."""
+    pipe = hfport.pipeline("sentence-embedding", model=minilm_path)
+    asks = [{"pooling": "mean", "normalize": False}, {"pooling": "cls", "normalize": True},
+            {"pooling": "max", "normalize": False, "dimensions": 8}]
+    for extra in ([], [{"output": "tokens"}]):
+        _, states = one_pass(pipe, [{"output": "tokens"}] * len(asks + extra))  # the same rows: the same pass
+        prepared, got = one_pass(pipe, asks + extra)
+        if extra:
+            assert "last_hidden_state" in prepared[0].rows[0].outputs  # the states came; pooled on the host
+            assert torch.tensor(got[3][0]).shape == (len(prepared[3].rows[0].input_ids), 384)
+        else:
+            assert set(prepared[0].rows[0].outputs) == {"sentence_embedding"}
+        for options, vectors, rows in zip(asks, got, states):
+            for vector, tokens in zip(vectors, rows):
+                want = host_pooled(tokens, options["pooling"], options.get("dimensions"), options["normalize"])
+                torch.testing.assert_close(torch.tensor(vector), want, rtol=0, atol=1e-6)

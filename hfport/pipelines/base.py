@@ -3,11 +3,14 @@
 A call runs in four steps, each task filling in the parts marked (task):
   1. normalize: the call's inputs become a list of items, and whether the caller gave a single one (task).
   2. preprocess: each item becomes one or more Features, the token rows the model sees (task). A bad item (empty
-     text, no mask token, too long for the model, ...) becomes an error for that item only.
+     text, no mask token, too long for the model, ...) becomes an error for that item only. The items sharing a
+     pipeline and options go to its preprocess_many together: a task of texts tokenizes them in one tokenizer call
+     (encode_many), which gives each the rows, and each bad one the error, of a call of its own.
   3. forward: every Feature of the call is sorted by length and packed into batches of at most `batch_size` rows
      and `max_batch_tokens` padded tokens (`pack_rows`); each batch runs through the model once (task: which outputs), or as row
-     shards on worker threads (`row_shards`, shards.py), and the outputs are cut back to each row's own length, so
-     a result never depends on its batch-mates.
+     shards on worker threads (`row_shards`, shards.py); what the rows need of the outputs (device_outputs: e.g.
+     pooled sentence vectors) comes to the host in one copy each, cut back to each row's own length, so a result
+     never depends on its batch-mates.
   4. postprocess: each item's outputs become its result, in input order (task).
 A caller that forms its own batches (the server packs the rows of concurrent requests into one forward pass) runs the
 steps itself: `prepare` (1-2 for a list), `forward_rows` (3, one pass over exactly the rows it is given), `finish`
@@ -420,10 +423,16 @@ class Pipeline:
             return [batch]
         return [batch[a:b] for a, b in shards.split_rows(weights, parts)]
 
+    def device_outputs(self, batch: list[Feature], outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """What of a batch's forward outputs comes to the host: all of them here; a task whose rows need less
+        reduces them on the model's device first (sentence embeddings: pooled (B, C) instead of (B, T, C))."""
+        return outputs
+
     def scatter(self, batch: list[Feature], outputs: dict[str, Tensor], pipe: Pipeline) -> None:
-        """Each row's outputs, cut back to its own length where they have a token axis. Each output comes to the
-        host once for the batch (on a GPU, one copy and one wait per output, not one per row)."""
-        host = {k: v.float().cpu() for k, v in outputs.items()}
+        """Each row's outputs, cut back to its own length where they have a token axis. Each output (of what
+        device_outputs keeps) comes to the host once for the batch (on a GPU, one copy and one wait per output, not
+        one per row)."""
+        host = {k: v.float().cpu() for k, v in pipe.device_outputs(batch, outputs).items()}
         for row, f in enumerate(batch):
             n = len(f.input_ids)
             f.outputs = {k: v[row, :n] if k in pipe.token_outputs else v[row] for k, v in host.items()}
