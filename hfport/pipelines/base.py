@@ -3,11 +3,14 @@
 A call runs in four steps, each task filling in the parts marked (task):
   1. normalize: the call's inputs become a list of items, and whether the caller gave a single one (task).
   2. preprocess: each item becomes one or more Features, the token rows the model sees (task). A bad item (empty
-     text, no mask token, too long for the model, ...) becomes an error for that item only.
+     text, no mask token, too long for the model, ...) becomes an error for that item only. The items sharing a
+     pipeline and options go to its preprocess_many together: a task of texts tokenizes them in one tokenizer call
+     (encode_many), which gives each the rows, and each bad one the error, of a call of its own.
   3. forward: every Feature of the call is sorted by length and packed into batches of at most `batch_size` rows
      and `max_batch_tokens` padded tokens (`pack_rows`); each batch runs through the model once (task: which outputs), or as row
-     shards on worker threads (`row_shards`, shards.py), and the outputs are cut back to each row's own length, so
-     a result never depends on its batch-mates.
+     shards on worker threads (`row_shards`, shards.py); what the rows need of the outputs (device_outputs: e.g.
+     pooled sentence vectors) comes to the host in one copy each, cut back to each row's own length, so a result
+     never depends on its batch-mates.
   4. postprocess: each item's outputs become its result, in input order (task).
 A caller that forms its own batches (the server packs the rows of concurrent requests into one forward pass) runs the
 steps itself: `prepare` (1-2 for a list), `forward_rows` (3, one pass over exactly the rows it is given), `finish`
@@ -190,6 +193,12 @@ class Pipeline:
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         raise NotImplementedError
 
+    def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
+        """preprocess for items that share this pipeline and `opts`: each item's rows, or the exception that fails
+        it alone. One preprocess call per item here; a task whose items are texts tokenized alike overrides it to
+        tokenize them in one call (encode_many), which the fast tokenizer runs in parallel."""
+        return [attempt(self.preprocess, item, opts) for item in items]
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
                 encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
         """The task's outputs on a batch; encoder_outputs: the body's (hidden, pooled) on these rows when already
@@ -289,23 +298,32 @@ class Pipeline:
         return self.outcomes(prepared)
 
     def rows_of(self, items: list[Any], members: list[tuple[Pipeline, dict]]) -> Prepared:
-        """Each item's rows, by its own pipeline and options. Any error while preparing one item fails that item
-        only: expected ones (PipelineInputError, TokenizerError) quietly, anything else with its traceback logged."""
+        """Each item's rows, by its own pipeline and options: the items sharing a pipeline and options prepared in one
+        preprocess_many call. Any error while preparing one item fails that item only: expected ones
+        (PipelineInputError, TokenizerError) quietly, anything else with its traceback logged."""
         failed: dict[int, Exception] = {}
-        features: list[Feature] = []
+        groups: dict[tuple[int, int], list[int]] = {}  # (pipeline, options) -> its items, in order
         for i, item in enumerate(items):
-            pipe, popts = members[i]
-            try:
-                if isinstance(item, InvalidInput):  # rejected before it got here (e.g. an unreadable line)
-                    raise PipelineInputError(item.reason)
-                rows = pipe.preprocess(item, popts)
-                for row in rows:
-                    row.item, row.pipe = i, pipe
-                    pipe.check_length(row)
-                features.extend(rows)
-            except Exception as e:  # noqa: BLE001 - one bad item must not sink the batch
-                failed[i] = self._item_error(i, e)
-        return Prepared(items, members, [f for f in features if f.item not in failed], failed)
+            if isinstance(item, InvalidInput):  # rejected before it got here (e.g. an unreadable line)
+                failed[i] = PipelineInputError(item.reason)
+            else:
+                groups.setdefault((id(members[i][0]), id(members[i][1])), []).append(i)
+        rows_by_item: dict[int, list[Feature]] = {}
+        for indices in groups.values():
+            pipe, popts = members[indices[0]]
+            for i, rows in zip(indices, pipe.preprocess_many([items[i] for i in indices], popts)):
+                if isinstance(rows, Exception):
+                    failed[i] = self._item_error(i, rows)
+                    continue
+                try:
+                    for row in rows:
+                        row.item, row.pipe = i, pipe
+                        pipe.check_length(row)
+                    rows_by_item[i] = rows
+                except Exception as e:  # noqa: BLE001 - one bad item must not sink the batch
+                    failed[i] = self._item_error(i, e)
+        features = [f for i in sorted(rows_by_item) if i not in failed for f in rows_by_item[i]]
+        return Prepared(items, members, features, failed)
 
     def outcomes(self, prepared: Prepared) -> list[Any]:
         """Each item's result (or _Failed: its preprocess, a row's forward pass or its postprocess failed)."""
@@ -405,10 +423,16 @@ class Pipeline:
             return [batch]
         return [batch[a:b] for a, b in shards.split_rows(weights, parts)]
 
+    def device_outputs(self, batch: list[Feature], outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """What of a batch's forward outputs comes to the host: all of them here; a task whose rows need less
+        reduces them on the model's device first (sentence embeddings: pooled (B, C) instead of (B, T, C))."""
+        return outputs
+
     def scatter(self, batch: list[Feature], outputs: dict[str, Tensor], pipe: Pipeline) -> None:
-        """Each row's outputs, cut back to its own length where they have a token axis. Each output comes to the
-        host once for the batch (on a GPU, one copy and one wait per output, not one per row)."""
-        host = {k: v.float().cpu() for k, v in outputs.items()}
+        """Each row's outputs, cut back to its own length where they have a token axis. Each output (of what
+        device_outputs keeps) comes to the host once for the batch (on a GPU, one copy and one wait per output, not
+        one per row)."""
+        host = {k: v.float().cpu() for k, v in pipe.device_outputs(batch, outputs).items()}
         for row, f in enumerate(batch):
             n = len(f.input_ids)
             f.outputs = {k: v[row, :n] if k in pipe.token_outputs else v[row] for k, v in host.items()}
@@ -438,21 +462,76 @@ class Pipeline:
 
     def encode(self, *args: Any, **kwargs: Any) -> list[Feature]:
         """Tokenize one item into its rows (several when it overflows into windows)."""
-        enc = self.tokenizer(*args, return_token_type_ids="token_type_ids" in self.tokenizer.model_input_names,
-                             return_attention_mask=True, **kwargs)
-        rows = enc["input_ids"]
-        if rows and isinstance(rows[0], int):  # one row, no batch axis
+        return self.features_of(self.tokenizer_call(self.tokenizer, *args, **kwargs), 1)[0]
+
+    def encode_items(self, items: list[Any], text_of: Any, tokenizer: Any = None,
+                     **kwargs: Any) -> list[list[Feature] | Exception]:
+        """encode_many over `items`: text_of(item) gives an item's (text, pair or None), or raises for an item that
+        is not one (its exception fails it alone)."""
+        texts = [attempt(text_of, item) for item in items]
+        good = [i for i, t in enumerate(texts) if not isinstance(t, Exception)]
+        encoded = self.encode_many([texts[i][0] for i in good], [texts[i][1] for i in good], tokenizer, **kwargs)
+        out: list[Any] = texts
+        for i, rows in zip(good, encoded):
+            out[i] = rows
+        return out
+
+    def encode_many(self, texts: list[str], pairs: list[str | None] | None = None, tokenizer: Any = None,
+                    **kwargs: Any) -> list[list[Feature] | Exception]:
+        """encode for each text (with its pair, if any): the same rows, from one tokenizer call for the texts alone
+        and one for the pairs instead of one call per text. A batched call that fails is redone text by text, so
+        only the text that fails gets its error (the one encode gives). `tokenizer`: another tokenizer than the
+        pipeline's (a copy truncating on the other side)."""
+        tokenizer = tokenizer or self.tokenizer
+        pairs = pairs or [None] * len(texts)
+        done: dict[int, list[Feature] | Exception] = {}
+        # padding=True pads to a call's longest row: batched, a text would get padding it does not get alone
+        if kwargs.get("padding") not in (True, "longest"):
+            # the tokenizer takes an empty pair as none (`if text_pair`), so "" goes with the texts alone here too
+            for paired in (False, True):
+                call = [i for i, p in enumerate(pairs) if bool(p) == paired]
+                if len(call) < 2:
+                    continue
+                args = [[texts[i] for i in call]] + ([[pairs[i] for i in call]] if paired else [])
+                try:
+                    enc = self.tokenizer_call(tokenizer, *args, **kwargs)
+                except Exception:  # noqa: BLE001 - redone one by one below: the failing text gets its own error
+                    continue
+                done.update(zip(call, self.features_of(enc, len(call))))
+
+        def one(i: int) -> list[Feature]:
+            return self.features_of(self.tokenizer_call(tokenizer, texts[i], pairs[i], **kwargs), 1)[0]
+        return [done[i] if i in done else attempt(one, i) for i in range(len(texts))]
+
+    def tokenizer_call(self, tokenizer: Any, *args: Any, **kwargs: Any) -> Any:
+        return tokenizer(*args, return_token_type_ids="token_type_ids" in tokenizer.model_input_names,
+                         return_attention_mask=True, **kwargs)
+
+    @staticmethod
+    def features_of(enc: Any, count: int) -> list[list[Feature]]:
+        """The rows of each of the `count` inputs of one tokenizer call (BatchEncoding `enc`), in input order."""
+        if enc["input_ids"] and isinstance(enc["input_ids"][0], int):  # one input, one row: no batch axis
             enc = {k: [v] for k, v in enc.items()} | {"_encodings": enc.encodings}
         else:
             enc = dict(enc) | {"_encodings": enc.encodings}
-        out = []
-        for r in range(len(enc["input_ids"])):
+        # overflowing windows: each row names its input; else row r is input r
+        owners = enc.get("overflow_to_sample_mapping", range(len(enc["input_ids"])))
+        out: list[list[Feature]] = [[] for _ in range(count)]
+        for r, owner in enumerate(owners):
             data = {k: enc[k][r] for k in ("offset_mapping", "special_tokens_mask") if k in enc}
             data["encoding"] = enc["_encodings"][r]
-            out.append(Feature(item=-1, input_ids=enc["input_ids"][r], attention_mask=enc["attention_mask"][r],
-                               token_type_ids=enc["token_type_ids"][r] if "token_type_ids" in enc else None,
-                               data=data))
+            out[owner].append(Feature(item=-1, input_ids=enc["input_ids"][r], attention_mask=enc["attention_mask"][r],
+                                      token_type_ids=enc["token_type_ids"][r] if "token_type_ids" in enc else None,
+                                      data=data))
         return out
+
+
+def attempt(fn: Any, *args: Any) -> Any:
+    """fn(*args), or the exception it raised: one item's outcome, kept in its place among the others'."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - the caller fails that item alone
+        return e
 
 
 def pack_rows(rows: list[Feature], max_tokens: int, max_rows: int | None = None) -> list[list[Feature]]:

@@ -30,8 +30,8 @@ class TextClassificationPipeline(Pipeline):
     single_input = (str, dict)
     input_description = "a text, a {'text', 'text_pair'} dict, or a list of them"
 
-    def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        kwargs = {"truncation": opts["truncation"], "max_length": opts["max_length"]}
+    def text_of(self, item: Any) -> tuple[str, str | None]:
+        """An item's text and its pair (None: a text alone)."""
         if isinstance(item, dict):
             unknown = sorted(set(item) - {"text", "text_pair"})
             if "text" not in item or unknown:
@@ -40,10 +40,16 @@ class TextClassificationPipeline(Pipeline):
             pair = item.get("text_pair")
             if pair is not None:
                 check_text(pair, "text_pair")
-            return self.encode(text, pair, **kwargs)
+            return text, pair
         if isinstance(item, (list, tuple)):
             raise PipelineInputError("a text pair must be given as {'text': ..., 'text_pair': ...}, not a list")
-        return self.encode(check_text(item), **kwargs)
+        return check_text(item), None
+
+    def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
+        return self.encode(*self.text_of(item), truncation=opts["truncation"], max_length=opts["max_length"])
+
+    def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
+        return self.encode_items(items, self.text_of, truncation=opts["truncation"], max_length=opts["max_length"])
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
                 encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:

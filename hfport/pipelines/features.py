@@ -47,6 +47,10 @@ class FeatureExtractionPipeline(Pipeline):
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         return self.encode(check_text(item), **opts["_tokenize"])[:1]
 
+    def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
+        encoded = self.encode_items(items, lambda item: (check_text(item), None), **opts["_tokenize"])
+        return [rows if isinstance(rows, Exception) else rows[:1] for rows in encoded]
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
                 encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
         out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,

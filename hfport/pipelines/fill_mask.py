@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from .base import Feature, Pipeline, PipelineInputError, check_text, positive_int
+from .base import Feature, Pipeline, PipelineInputError, attempt, check_text, positive_int
 
 log = logging.getLogger("hfport")
 
@@ -51,8 +51,13 @@ class FillMaskPipeline(Pipeline):
         return ids
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        text = check_text(item)
-        rows = self.encode(text)
+        return self.with_mask(self.encode(check_text(item)))
+
+    def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
+        encoded = self.encode_items(items, lambda item: (check_text(item), None))
+        return [rows if isinstance(rows, Exception) else attempt(self.with_mask, rows) for rows in encoded]
+
+    def with_mask(self, rows: list[Feature]) -> list[Feature]:
         if self.tokenizer.mask_token_id not in rows[0].input_ids:
             raise PipelineInputError(f"no mask token ({self.tokenizer.mask_token}) in the text")
         return rows

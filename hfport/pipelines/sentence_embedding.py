@@ -4,6 +4,9 @@ computes it. A folder without modules.json pools by mean and does not normalize 
 for a bare transformers checkpoint). TEI's /embed and OpenAI's embeddings serve through this pipeline.
 
 Per-token hidden states, unpooled, are feature-extraction's (pipelines/features.py), or output="tokens" here.
+
+A batch pools on the model's device (SentenceEmbeddingPipeline.device_outputs), so the host gets (B, C) vectors, not
+(B, T, C) states; only rows that need their states (output="tokens", a prompt left out of pooling) bring them over.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ import copy
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor
 
 from ..formats.sentence_transformers import ST_POOLINGS, SentenceLayout, read_layout
 from ..heads import pool
-from .base import Feature, InputTooLongError, Pipeline, PipelineInputError, check_text, positive_int
+from .base import Feature, InputTooLongError, Pipeline, PipelineInputError, attempt, check_text, positive_int
 
 POOLINGS = tuple(ST_POOLINGS.values())
 DIRECTIONS = ("right", "left")
@@ -96,30 +100,43 @@ class TextEmbeddingPipeline(Pipeline):
         return self._left
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        if isinstance(item, list):  # token ids
-            vocab = len(self.tokenizer)
-            bad = [x for x in item if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < vocab]
-            if not item or bad:
-                raise PipelineInputError(f"token ids must be integers in [0, {vocab}); got {bad[:3] or 'none'}")
-            ids = list(item)
-            if opts["truncate"] and self.max_input_length is not None and len(ids) > self.max_input_length:
-                keep = self.max_input_length
-                ids = ids[-keep:] if opts["truncation_direction"] == "left" else ids[:keep]
-            types = [0] * len(ids) if "token_type_ids" in self.tokenizer.model_input_names else None
-            return [Feature(item=-1, input_ids=ids, attention_mask=[1] * len(ids), token_type_ids=types)]
-        text = opts["_prompt"] + check_text(item)
+        (rows,) = self.preprocess_many([item], opts)
+        if isinstance(rows, Exception):
+            raise rows
+        return rows
+
+    def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
+        """Token ids as given, one item at a time; the texts (each after its prompt) in one tokenizer call."""
+        out: list[Any] = [attempt(self.token_id_rows, item, opts) if isinstance(item, list) else None
+                          for item in items]
+        texts = [i for i, item in enumerate(items) if not isinstance(item, list)]
         kwargs = {}
         if opts["truncate"] and self.max_input_length is not None:
             kwargs = {"truncation": True, "max_length": self.max_input_length}
-        tokenizer = self.tokenizer_for(opts["truncation_direction"])
-        enc = tokenizer(text, return_token_type_ids="token_type_ids" in tokenizer.model_input_names,
-                        return_attention_mask=True, **kwargs)
-        if opts["_skip"] and len(enc["input_ids"]) <= opts["_skip"]:
+        encoded = self.encode_items([items[i] for i in texts], lambda item: (opts["_prompt"] + check_text(item), None),
+                                    self.tokenizer_for(opts["truncation_direction"]), **kwargs)
+        for i, rows in zip(texts, encoded):
+            out[i] = rows if isinstance(rows, Exception) else attempt(self.check_prompt_left, rows, opts)
+        return out
+
+    def token_id_rows(self, item: list[Any], opts: dict[str, Any]) -> list[Feature]:
+        vocab = len(self.tokenizer)
+        bad = [x for x in item if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < vocab]
+        if not item or bad:
+            raise PipelineInputError(f"token ids must be integers in [0, {vocab}); got {bad[:3] or 'none'}")
+        ids = list(item)
+        if opts["truncate"] and self.max_input_length is not None and len(ids) > self.max_input_length:
+            keep = self.max_input_length
+            ids = ids[-keep:] if opts["truncation_direction"] == "left" else ids[:keep]
+        types = [0] * len(ids) if "token_type_ids" in self.tokenizer.model_input_names else None
+        return [Feature(item=-1, input_ids=ids, attention_mask=[1] * len(ids), token_type_ids=types)]
+
+    def check_prompt_left(self, rows: list[Feature], opts: dict[str, Any]) -> list[Feature]:
+        if opts["_skip"] and len(rows[0].input_ids) <= opts["_skip"]:
             raise PipelineInputError(f"nothing of the text is left to pool after its {opts['_skip']}-token prompt "
                                      "(the model's pooling has include_prompt false); shorten the text's truncation "
                                      "or use another prompt")
-        return [Feature(item=-1, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                        token_type_ids=enc.get("token_type_ids"))]
+        return rows
 
     def check_length(self, row: Feature) -> None:
         n = len(row.input_ids)
@@ -169,25 +186,60 @@ class SentenceEmbeddingPipeline(TextEmbeddingPipeline):
             raise ValueError(f"output={opts['output']!r}: use 'sentence' or 'tokens'")
         return opts
 
+    def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
+        out = super().preprocess_many(items, opts)
+        for item, rows in zip(items, out):
+            if not isinstance(rows, Exception):
+                for f in rows:  # what device_outputs pools this row by (None: it needs its token states)
+                    f.data["pooling"] = None if opts["output"] == "tokens" or self.skips_prompt(item, opts) \
+                        else opts["pooling"]
+        return out
+
+    @staticmethod
+    def skips_prompt(item: Any, opts: dict[str, Any]) -> bool:
+        """include_prompt false: the prompt's tokens are not pooled (cls and lasttoken pick one position)."""
+        return bool(opts["_skip"]) and opts["pooling"] in UNPOSITIONED and isinstance(item, str)
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
                 encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:
         out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                          encoder_outputs=encoder_outputs)
         return {"last_hidden_state": out.last_hidden_state}  # (B, T, C)
 
+    def device_outputs(self, batch: list[Feature], outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Each row's sentence vector pooled on the model's device, so the host gets (B, C) in one copy, not the
+        (B, T, C) states. A batch with a row that needs its states on the host (output="tokens", a prompt left out
+        of pooling) sends them all instead, and postprocess pools there."""
+        modes = [f.data.get("pooling") for f in batch]
+        if None in modes:
+            return outputs
+        hidden = outputs["last_hidden_state"].float()  # (B, T, C): float32, as the host pooled its float32 copy
+        lengths = torch.tensor([len(f.input_ids) for f in batch]).to(hidden.device, non_blocking=True)  # (B,)
+        # a row's own tokens, as the host pooled them: the tokenizer's mask is all ones (it pads nothing)
+        mask = torch.arange(hidden.shape[1], device=hidden.device)[None] < lengths[:, None]  # (B, T)
+        if len(set(modes)) == 1:
+            return {"sentence_embedding": pool(hidden, mask, modes[0])}  # (B, C)
+        pooled = hidden.new_empty(hidden.shape[0], hidden.shape[2])  # (B, C): rows of calls with other poolings
+        for mode in set(modes):
+            rows = torch.tensor([r for r, m in enumerate(modes) if m == mode]).to(hidden.device, non_blocking=True)
+            pooled.index_copy_(0, rows, pool(hidden[rows], mask[rows], mode))  # (B_m, C) into its rows
+        return {"sentence_embedding": pooled}
+
     def postprocess(self, item: Any, features: list[Feature], opts: dict[str, Any]) -> Any:
         f = features[0]
-        hidden = f.outputs["last_hidden_state"]  # (T, C), this row's own tokens
         if opts["output"] == "tokens":
-            out = hidden.tolist()  # TEI's embed_all: raw states, no pooling, no normalization
+            out = f.outputs["last_hidden_state"].tolist()  # TEI's embed_all: raw states, no pooling, no normalization
         else:
-            if opts["_skip"] and opts["pooling"] in UNPOSITIONED and isinstance(item, str):
-                # include_prompt false: the prompt's tokens are not pooled (cls and lasttoken pick one position)
-                hidden = hidden[opts["_skip"]:]  # (T - prompt, C), never empty (preprocess checked)
-            vector = pool(hidden[None], None, opts["pooling"])[0]  # (C,)
+            vector = f.outputs.get("sentence_embedding")  # (C,), pooled on the device (device_outputs)
+            if vector is None:  # its batch sent the token states
+                hidden = f.outputs["last_hidden_state"]  # (T, C), this row's own tokens
+                if self.skips_prompt(item, opts):
+                    hidden = hidden[opts["_skip"]:]  # (T - prompt, C), never empty (preprocess checked)
+                vector = pool(hidden[None], None, opts["pooling"])[0]  # (C,)
             if opts["dimensions"] is not None:
                 vector = vector[: opts["dimensions"]]  # (D,): Matryoshka, cut before normalizing
             if opts["normalize"]:
                 vector = F.normalize(vector, p=2, dim=-1)
-            out = vector if opts["return_tensors"] else vector.tolist()
+            # a tensor of its own, not a view into the batch's (B, C)
+            out = vector.clone() if opts["return_tensors"] else vector.tolist()
         return {"embedding": out, "tokens": len(f.input_ids)} if opts["with_token_count"] else out

@@ -44,13 +44,18 @@ class TokenClassificationPipeline(Pipeline):
         return opts
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        text = check_text(item)
+        return self.encode(check_text(item), **self.tokenize_kwargs(opts))
+
+    def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
+        return self.encode_items(items, lambda item: (check_text(item), None), **self.tokenize_kwargs(opts))
+
+    def tokenize_kwargs(self, opts: dict[str, Any]) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         if opts["stride"] is not None:  # overflowing windows, padded to one length as transformers does
             extra = {"return_overflowing_tokens": True, "padding": True, "stride": opts["stride"]}
         # transformers truncates to model_max_length (when the tokenizer has one) unless a stride asks for windows
-        return self.encode(text, truncation=bool(self.tokenizer.model_max_length), return_special_tokens_mask=True,
-                           return_offsets_mapping=True, **extra)
+        return {"truncation": bool(self.tokenizer.model_max_length), "return_special_tokens_mask": True,
+                "return_offsets_mapping": True, **extra}
 
     def too_long_hint(self) -> str:
         return (f"the tokenizer's model_max_length ({self.tokenizer.model_max_length}) does not cut it to the model's "
