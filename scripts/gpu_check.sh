@@ -9,16 +9,29 @@
 #   run(command="bash scripts/gpu_check.sh", carry=["gpu-wheels"], timeout_s=540)
 # Anywhere (CI runs it):
 #   scripts/gpu_check.sh --dry-run      # the plan: stages, limits, commands, the benchmark's shapes; no GPU, no install
+# An A/B against an earlier commit in the same call (how a change's speed is claimed):
+#   scripts/gpu_check.sh --prepare-ab REV                         # here: REV's hfport/, scripts/, tests/ into gpu-ab/
+#   run(command="bash scripts/gpu_check.sh", carry=["gpu-wheels", "gpu-ab"], timeout_s=540)
+# With gpu-ab/ present the benchmark stage runs finetune and inference for REV, then for this tree (bench-base.json,
+# bench-head.json), instead of every section once; the tests get less time (they took 31-39 s on an H200).
 #
 # Environment: OUT (default ./gpu-out), PYTHON (python3), GPU_WHEELS (gpu-wheels), GPU_TESTS_S (110: the first run took 39 s), GPU_BENCH_S
 # (260: the benchmark's budget; its stage gets 30 s more to write its report).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dry=0
+ab=${GPU_AB:-gpu-ab}
 case "${1:-}" in
   --dry-run) dry=1 ;;
+  --prepare-ab)
+    rev=${2:?usage: scripts/gpu_check.sh --prepare-ab REV}
+    rm -rf "$ab" && mkdir -p "$ab" || exit 1
+    git archive "$rev" hfport scripts tests | tar -x -C "$ab" || exit 1
+    git rev-parse --short "$rev" > "$ab/REVISION"
+    echo "$ab: $(cat "$ab/REVISION")'s hfport/, scripts/, tests/ ($(du -sh "$ab" | cut -f1)); carry it with the call"
+    exit 0 ;;
   "") ;;
-  *) echo "usage: scripts/gpu_check.sh [--dry-run]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu_check.sh [--dry-run | --prepare-ab REV]" >&2; exit 2 ;;
 esac
 out=${OUT:-$PWD/gpu-out}
 python=${PYTHON:-python3}
@@ -36,6 +49,15 @@ tests_cmd=("$python" -m pytest -m cuda tests/test_cuda.py -q -rs -p no:cacheprov
 # the benchmark with the tokenizers' own threads on (their default, and what users get): TOKENIZERS_PARALLELISM=false
 # above is for pytest's forks; the third GPU run measured sentence-transformers 1.9x faster with the threads on
 bench_cmd=(env -u TOKENIZERS_PARALLELISM "$python" scripts/bench_gpu.py --budget "$bench_s" --out "$out/bench.json")
+base_cmd=()
+if [ -d "$ab" ]; then  # A/B: two runs of the sections a change claims speed on, REV's first
+  tests_s=${GPU_TESTS_S:-60}
+  side_s=150
+  bench_s=$((2 * side_s))
+  ab_args=(--sections finetune inference --budget "$((side_s - 20))")
+  base_cmd=(env -u TOKENIZERS_PARALLELISM "$python" "$ab/scripts/bench_gpu.py" "${ab_args[@]}" --out "$out/bench-base.json")
+  bench_cmd=(env -u TOKENIZERS_PARALLELISM "$python" scripts/bench_gpu.py "${ab_args[@]}" --out "$out/bench-head.json")
+fi
 total=$((install_s + env_s + tests_s + bench_s + 30))
 
 if [ "$dry" = 1 ]; then
@@ -44,8 +66,8 @@ gpu_check.sh plan (dry run: nothing installed, no GPU used), limits adding up to
   1. install  ${install_s}s  pip install --no-index --no-deps --target /tmp/site $wheels/*.whl ($(ls "$wheels"/*.whl 2>/dev/null | wc -l) wheels here; scripts/gpu_wheels.sh fetches them)
   2. env      ${env_s}s  nvidia-smi, torch / CUDA / transformers versions, varlen_attn or not -> $out/env.txt
   3. tests    ${tests_s}s  ${tests_cmd[*]}
-  4. bench    $((bench_s + 30))s  ${bench_cmd[*]}
-  files back: env.txt tests.log cuda-tests.xml bench.json bench.log summary.txt (under $out)
+  4. bench    $((bench_s + 30))s  ${base_cmd[*]:+A/B against $(cat "$ab/REVISION" 2>/dev/null): ${base_cmd[*]}; then }${bench_cmd[*]}
+  files back: env.txt tests.log cuda-tests.xml ${base_cmd[*]:+bench-base.json bench-head.json}${base_cmd[*]:-bench.json} bench.log summary.txt (under $out)
 EOF
   if [ "$total" -ge 480 ]; then
     echo "gpu_check.sh: the limits add up to $total s, not under 8 minutes" >&2
@@ -94,8 +116,17 @@ tail -15 "$out/tests.log" | tee -a "$out/summary.txt"
 echo "tests exit $tests_rc (124: stopped at ${tests_s}s)" | tee -a "$out/summary.txt"
 
 stage "4. benchmark"
-timeout $((bench_s + 30)) "${bench_cmd[@]}" > "$out/bench.log" 2>&1
-bench_rc=$?
+if [ "${#base_cmd[@]}" -gt 0 ]; then
+  echo "A/B: $(cat "$ab/REVISION") first, then this tree" | tee -a "$out/summary.txt"
+  timeout "$side_s" "${base_cmd[@]}" > "$out/bench.log" 2>&1
+  base_rc=$?
+  timeout "$side_s" "${bench_cmd[@]}" >> "$out/bench.log" 2>&1
+  bench_rc=$?
+  [ "$base_rc" = 0 ] || bench_rc=$base_rc
+else
+  timeout $((bench_s + 30)) "${bench_cmd[@]}" > "$out/bench.log" 2>&1
+  bench_rc=$?
+fi
 tail -5 "$out/bench.log" | tee -a "$out/summary.txt"
 echo "bench exit $bench_rc" | tee -a "$out/summary.txt"
 stage "done"

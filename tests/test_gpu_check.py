@@ -61,3 +61,23 @@ def test_the_wheels_cover_every_core_dependency():
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     needed = {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
     assert needed - names("in_image") - names("wheels") == set()
+
+
+def test_an_ab_call_is_prepared_and_fits(tmp_path):
+    """--prepare-ab REV puts REV's hfport/, scripts/ and tests/ in a folder the call carries; the dry run then plans
+    REV's benchmark before this tree's, within the same 8 minutes."""
+    ab = tmp_path / "ab"
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "GPU_AB": str(ab)}
+    made = subprocess.run(["bash", "scripts/gpu_check.sh", "--prepare-ab", "HEAD"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert (ab / "hfport" / "__init__.py").is_file() and (ab / "scripts" / "bench_gpu.py").is_file()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    assert (ab / "REVISION").read_text().strip() == head.stdout.strip()
+    plan = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    text = plan.stdout
+    assert f"A/B against {head.stdout.strip()}" in text and "bench-base.json bench-head.json" in text, text
+    assert text.index(f"{ab}/scripts/bench_gpu.py") < text.index("then ")
+    assert int(text.split("limits adding up to ")[1].split(" s")[0]) < 480
