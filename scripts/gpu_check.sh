@@ -12,8 +12,10 @@
 # An A/B against an earlier commit in the same call (how a change's speed is claimed):
 #   scripts/gpu_check.sh --prepare-ab REV                         # here: REV's hfport/, scripts/, tests/ into gpu-ab/
 #   run(command="bash scripts/gpu_check.sh", carry=["gpu-wheels", "gpu-ab"], timeout_s=540)
-# With gpu-ab/ present the benchmark stage runs finetune and inference for REV, then for this tree (bench-base.json,
-# bench-head.json), instead of every section once; the tests get less time (they took 31-39 s on an H200).
+# With gpu-ab/ present the benchmark stage runs the sections GPU_AB_SECTIONS names (default: inference, ~75 s a side
+# on an H200) for REV, then for this tree (bench-base.json, bench-head.json), each side within GPU_AB_SIDE_S (120),
+# instead of every section once; the tests get less time (they took 31-39 s on an H200). finetune adds ~70 s a side:
+# GPU_AB_SECTIONS="finetune inference" GPU_AB_SIDE_S=170 GPU_TESTS_S=45 still fits (465 s).
 #
 # Environment: OUT (default ./gpu-out), PYTHON (python3), GPU_WHEELS (gpu-wheels), GPU_TESTS_S (110: the first run took 39 s), GPU_BENCH_S
 # (260: the benchmark's budget; its stage gets 30 s more to write its report).
@@ -52,13 +54,16 @@ bench_cmd=(env -u TOKENIZERS_PARALLELISM "$python" scripts/bench_gpu.py --budget
 base_cmd=()
 if [ -d "$ab" ]; then  # A/B: two runs of the sections a change claims speed on, REV's first
   tests_s=${GPU_TESTS_S:-60}
-  side_s=150
+  side_s=${GPU_AB_SIDE_S:-120}
   bench_s=$((2 * side_s))
-  ab_args=(--sections finetune inference --budget "$((side_s - 20))")
+  read -r -a ab_sections <<< "${GPU_AB_SECTIONS:-inference}"
+  ab_args=(--sections "${ab_sections[@]}" --budget "$((side_s - 20))")
   base_cmd=(env -u TOKENIZERS_PARALLELISM "$python" "$ab/scripts/bench_gpu.py" "${ab_args[@]}" --out "$out/bench-base.json")
   bench_cmd=(env -u TOKENIZERS_PARALLELISM "$python" scripts/bench_gpu.py "${ab_args[@]}" --out "$out/bench-head.json")
 fi
 total=$((install_s + env_s + tests_s + bench_s + 30))
+reports="bench.json"
+[ "${#base_cmd[@]}" -gt 0 ] && reports="bench-base.json bench-head.json"
 
 if [ "$dry" = 1 ]; then
   cat <<EOF
@@ -67,7 +72,7 @@ gpu_check.sh plan (dry run: nothing installed, no GPU used), limits adding up to
   2. env      ${env_s}s  nvidia-smi, torch / CUDA / transformers versions, varlen_attn or not -> $out/env.txt
   3. tests    ${tests_s}s  ${tests_cmd[*]}
   4. bench    $((bench_s + 30))s  ${base_cmd[*]:+A/B against $(cat "$ab/REVISION" 2>/dev/null): ${base_cmd[*]}; then }${bench_cmd[*]}
-  files back: env.txt tests.log cuda-tests.xml ${base_cmd[*]:+bench-base.json bench-head.json}${base_cmd[*]:-bench.json} bench.log summary.txt (under $out)
+  files back: env.txt tests.log cuda-tests.xml $reports bench.log summary.txt (under $out)
 EOF
   if [ "$total" -ge 480 ]; then
     echo "gpu_check.sh: the limits add up to $total s, not under 8 minutes" >&2

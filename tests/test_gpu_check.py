@@ -78,6 +78,7 @@ def test_an_ab_call_is_prepared_and_fits(tmp_path):
                           text=True, timeout=300)
     assert plan.returncode == 0, plan.stdout + plan.stderr
     text = plan.stdout
-    assert f"A/B against {head.stdout.strip()}" in text and "bench-base.json bench-head.json" in text, text
+    assert f"A/B against {head.stdout.strip()}" in text, text
+    assert "files back: env.txt tests.log cuda-tests.xml bench-base.json bench-head.json bench.log" in text, text
     assert text.index(f"{ab}/scripts/bench_gpu.py") < text.index("then ")
     assert int(text.split("limits adding up to ")[1].split(" s")[0]) < 480
