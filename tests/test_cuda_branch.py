@@ -91,20 +91,19 @@ def test_rows_in_order():
 
 def test_cuda_route_and_its_reasons(monkeypatch):
     bf16, fp32 = torch.bfloat16, torch.float32
-    args = dict(dropout_p=0.0, bias=False, rows_in_order=True, varlen=True)
+    args = dict(bias=False, rows_in_order=True, varlen=True)
     assert cuda_route(bf16, 64, **args) == "varlen"
     assert cuda_route(torch.float16, 64, **args) == "varlen"
     assert cuda_route(fp32, 64, **args) == "groups"
-    assert cuda_route(bf16, 64, **{**args, "dropout_p": 0.1}) == "varlen"  # varlen_dropout: the flash kernel's own
     assert cuda_route(bf16, 64, **{**args, "bias": True}) == "groups"
     assert cuda_route(bf16, 64, **{**args, "rows_in_order": False}) == "groups"
     assert cuda_route(bf16, 64, **{**args, "varlen": False}) == "groups"
     assert cuda_route(bf16, 12, **args) == "groups" and cuda_route(bf16, 512, **args) == "groups"
     monkeypatch.setattr(varlen_module, "VARLEN_ATTN", len)  # any callable: "this torch has it"
-    assert "DeBERTa" in fallback_reason(bf16, 64, dropout_p=0.0, bias=True)
-    assert "float16 and bfloat16" in fallback_reason(fp32, 64, dropout_p=0.0, bias=False)
+    assert "DeBERTa" in fallback_reason(bf16, 64, bias=True)
+    assert "float16 and bfloat16" in fallback_reason(fp32, 64, bias=False)
     monkeypatch.setattr(varlen_module, "VARLEN_ATTN", None)
-    assert "torch >= 2.10" in fallback_reason(bf16, 64, dropout_p=0.0, bias=False)
+    assert "torch >= 2.10" in fallback_reason(bf16, 64, bias=False)
 
 
 def test_the_fallback_is_said_once(monkeypatch, caplog):
@@ -112,7 +111,7 @@ def test_the_fallback_is_said_once(monkeypatch, caplog):
     monkeypatch.setattr(varlen_module, "VARLEN_ATTN", None)
     with caplog.at_level(logging.INFO, logger="hfport.nn"):
         for _ in range(3):
-            varlen_module.say_once(fallback_reason(torch.bfloat16, 64, dropout_p=0.0, bias=False))
+            varlen_module.say_once(fallback_reason(torch.bfloat16, 64, bias=False))
     said = [r for r in caplog.records if "padded SDPA" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
 

@@ -334,17 +334,15 @@ class Packed(_PerBatch):
         """q, k, v (N, C) -> (N, C) on a GPU: cuda_route picks one varlen_attn call (attend_varlen) or padded SDPA
         over length groups (attend_groups). `varlen`: the kernel (default VARLEN_ATTN, or varlen_dropout while
         attention dropout is on); tests pass varlen_reference to run this branch's arithmetic on the CPU."""
-        available = varlen_kernel() if varlen is None else varlen
+        plain = varlen_kernel() if varlen is None else varlen  # None: this torch has no varlen_attn
         d = q.shape[1] // heads
-        route = cuda_route(q.dtype, d, dropout_p=kernel.dropout_p, bias=bias is not None,
-                           rows_in_order=window is None or self.rows_in_order, varlen=available is not None)
+        route = cuda_route(q.dtype, d, bias=bias is not None, rows_in_order=window is None or self.rows_in_order,
+                           varlen=plain is not None)
         if route == "varlen":
-            if kernel.dropout_p > 0:
-                dropping = varlen_dropout if varlen is None else varlen
-                return self.attend_varlen(q, k, v, heads, kernel.scale, window,
-                                          partial(dropping, dropout_p=kernel.dropout_p))
-            return self.attend_varlen(q, k, v, heads, kernel.scale, window, available)
-        say_once(fallback_reason(q.dtype, d, dropout_p=kernel.dropout_p, bias=bias is not None))
+            if kernel.dropout_p > 0:  # training: the same kernel with its dropout
+                plain = partial(varlen_dropout if varlen is None else varlen, dropout_p=kernel.dropout_p)
+            return self.attend_varlen(q, k, v, heads, kernel.scale, window, plain)
+        say_once(fallback_reason(q.dtype, d, bias=bias is not None))
         return self.attend_groups(q, k, v, heads, kernel, bias, window)
 
     def attend_varlen(self, q: Tensor, k: Tensor, v: Tensor, heads: int, scale: float, window: int | None,

@@ -109,13 +109,12 @@ def window_size(window: int | None) -> tuple[int, int]:
     return (-1, -1) if window is None else (window // 2, window // 2)
 
 
-def cuda_route(dtype: torch.dtype, head_dim: int, *, dropout_p: float, bias: bool, rows_in_order: bool,
-               varlen: bool) -> str:
+def cuda_route(dtype: torch.dtype, head_dim: int, *, bias: bool, rows_in_order: bool, varlen: bool) -> str:
     """How a packed batch's attention runs on CUDA: "varlen" (one varlen_attn call over every sequence; with attention
     dropout, varlen_dropout) or "groups" (padded SDPA over length groups, fused kernels; nn/groups.py). varlen needs
     the kernel (`varlen`: this torch has it), fp16/bf16, a flash head size and no additive bias, and, with a window,
     rows one position apart within each sequence (`rows_in_order`: its window counts rows, hfport's counts position
-    ids). dropout_p: kept in the signature for the reasons' sake; the flash kernel takes any."""
+    ids). Attention dropout does not decide: the flash kernel takes any rate."""
     if not varlen or bias or dtype not in VARLEN_DTYPES or head_dim not in VARLEN_HEAD_DIMS \
             or not rows_in_order:
         return "groups"
@@ -133,7 +132,7 @@ def say_once(reason: str) -> None:
         log.log(level, "packed attention on CUDA: padded SDPA over length groups (fused kernels), %s", reason)
 
 
-def fallback_reason(dtype: torch.dtype, head_dim: int, *, dropout_p: float, bias: bool) -> str:
+def fallback_reason(dtype: torch.dtype, head_dim: int, *, bias: bool) -> str:
     """The words say_once logs for a "groups" route."""
     if varlen_kernel() is None:
         return (f"since torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn with scale= and "
