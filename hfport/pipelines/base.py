@@ -2,10 +2,11 @@
 
 A call runs in four steps, each task filling in the parts marked (task):
   1. normalize: the call's inputs become a list of items, and whether the caller gave a single one (task).
-  2. preprocess: each item becomes one or more Features, the token rows the model sees (task). A bad item (empty
-     text, no mask token, too long for the model, ...) becomes an error for that item only. The items sharing a
-     pipeline and options go to its preprocess_many together: a task of texts tokenizes them in one tokenizer call
-     (encode_many), which gives each the rows, and each bad one the error, of a call of its own.
+  2. preprocess: each item becomes one or more Features, the token rows the model sees (task: preprocess, or
+     preprocess_many for many at once). A bad item (empty text, no mask token, too long for the model, ...)
+     becomes an error for that item only. The items sharing a pipeline and options go to its preprocess_many
+     together: a task of texts tokenizes them in one tokenizer call (encode_many), which gives each the rows, and
+     each bad one the error, of a call of its own.
   3. forward: every Feature of the call is sorted by length and packed into batches of at most `batch_size` rows
      and `max_batch_tokens` padded tokens (`pack_rows`); each batch runs through the model once (task: which outputs), or as row
      shards on worker threads (`row_shards`, shards.py); what the rows need of the outputs (device_outputs: e.g.
@@ -191,13 +192,22 @@ class Pipeline:
         raise ValueError(f"{self.task} takes {self.input_description}; got {type(inputs).__name__}")
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
+        """One item's rows (task); a task that overrides preprocess_many answers with `alone`."""
         raise NotImplementedError
 
     def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
-        """preprocess for items that share this pipeline and `opts`: each item's rows, or the exception that fails
-        it alone. One preprocess call per item here; a task whose items are texts tokenized alike overrides it to
-        tokenize them in one call (encode_many), which the fast tokenizer runs in parallel."""
+        """Each item's rows, or the exception that fails it alone, for items that share this pipeline and `opts`
+        (task). Here one preprocess call per item; a task whose items are texts tokenized alike overrides it to
+        tokenize them in one call (encode_items), which the fast tokenizer runs in parallel."""
         return [attempt(self.preprocess, item, opts) for item in items]
+
+    def alone(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
+        """preprocess_many on ITEM alone, its error raised: the preprocess of a task whose preprocess_many is its
+        own, so that one path prepares items (a text alone is tokenized by a call of its own)."""
+        (rows,) = self.preprocess_many([item], opts)
+        if isinstance(rows, Exception):
+            raise rows
+        return rows
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None,
                 encoder_outputs: tuple[Tensor, Tensor | None] | None = None) -> dict[str, Tensor]:

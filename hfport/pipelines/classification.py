@@ -46,7 +46,7 @@ class TextClassificationPipeline(Pipeline):
         return check_text(item), None
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        return self.encode(*self.text_of(item), truncation=opts["truncation"], max_length=opts["max_length"])
+        return self.alone(item, opts)
 
     def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
         return self.encode_items(items, self.text_of, truncation=opts["truncation"], max_length=opts["max_length"])

@@ -45,7 +45,7 @@ class FeatureExtractionPipeline(Pipeline):
         return opts
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        return self.encode(check_text(item), **opts["_tokenize"])[:1]
+        return self.alone(item, opts)
 
     def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
         encoded = self.encode_items(items, lambda item: (check_text(item), None), **opts["_tokenize"])

@@ -51,7 +51,7 @@ class FillMaskPipeline(Pipeline):
         return ids
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        return self.with_mask(self.encode(check_text(item)))
+        return self.alone(item, opts)
 
     def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
         encoded = self.encode_items(items, lambda item: (check_text(item), None))

@@ -100,10 +100,7 @@ class TextEmbeddingPipeline(Pipeline):
         return self._left
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        (rows,) = self.preprocess_many([item], opts)
-        if isinstance(rows, Exception):
-            raise rows
-        return rows
+        return self.alone(item, opts)
 
     def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
         """Token ids as given, one item at a time; the texts (each after its prompt) in one tokenizer call."""

@@ -44,7 +44,7 @@ class TokenClassificationPipeline(Pipeline):
         return opts
 
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
-        return self.encode(check_text(item), **self.tokenize_kwargs(opts))
+        return self.alone(item, opts)
 
     def preprocess_many(self, items: list[Any], opts: dict[str, Any]) -> list[list[Feature] | Exception]:
         return self.encode_items(items, lambda item: (check_text(item), None), **self.tokenize_kwargs(opts))
