@@ -397,3 +397,21 @@ def test_dropout_decides_as_torch_rand_against_p(p):
     torch.manual_seed(11)
     assert torch.equal(kept, torch.rand(64, 1000) >= p)
     assert torch.equal(after, torch.rand(4))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_additive_backend_equals_the_masked_forms(with_bias: bool) -> None:
+    """The additive kernel (OpenVINO's trace: the mask added to the scores) computes what sdpa and eager do at every
+    row that has a key to attend: padded keys, a window-style (T, T) mask and a score bias."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))  # (B, H, T, D)
+    keys = torch.tensor([[1] * 7, [1] * 4 + [0] * 3]).bool()[:, None, None, :]  # (B, 1, 1, T)
+    band = (torch.arange(7)[:, None] - torch.arange(7)[None, :]).abs() <= 2  # (T, T)
+    bias = torch.randn(2, 3, 7, 7) if with_bias else None
+    for mask in (keys, keys & band):
+        seen = mask.expand(2, 1, 7, 7).any(-1)[:, 0]  # (B, T): query rows with a key to attend (no key: no contract)
+        assert not seen.all() or mask is keys
+        got = ATTENTION_BACKENDS["additive"](q, k, v, mask=mask, bias=bias, dropout_p=0.0, scale=0.3)  # (B, H, T, D)
+        for other in ("eager", "sdpa"):
+            want = ATTENTION_BACKENDS[other](q, k, v, mask=mask, bias=bias, dropout_p=0.0, scale=0.3)
+            torch.testing.assert_close(got.transpose(1, 2)[seen], want.transpose(1, 2)[seen], atol=1e-6, rtol=1e-6)

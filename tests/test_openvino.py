@@ -10,6 +10,7 @@ gate data too small to judge, a missing `openvino` extra; and the backend's choi
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -125,10 +126,12 @@ def test_every_head_exports_verifies_and_matches_torch_in_the_runtime(task, expo
         ("openvino-int8", QUANTIZED_IR_FILE, "f32")
     assert set(manifest["sha256"]) == {IR_FILE, "openvino_model.bin", QUANTIZED_IR_FILE,
                                        "openvino_model_qint8_quantized.bin"}
-    # attention's two activation MatMuls a layer and the head stay fp32 (export/openvino.py says why)
+    # attention is OpenVINO's one float op a layer (no activation MatMul left to keep); the head stays fp32
+    # (export/openvino.py says why)
     kept = manifest["quantization"]["kept_fp32"]
     layers = json.loads((source(task) / "config.json").read_text())["num_hidden_layers"]
-    assert sum("/attn/MatMul" in name for name in kept) == 2 * layers
+    types = [op.get_type_name() for op in ov.Core().read_model(str(out / QUANTIZED_IR_FILE)).get_ops()]
+    assert types.count("ScaledDotProductAttention") == layers and not any("/attn/MatMul" in name for name in kept)
     assert any(name.startswith("/model/head/") for name in kept) == (task != "feature-extraction")
     # the fp32 IR in OpenVINO's own runtime with the f32 hint computes hfport's torch outputs at real positions
     model = hfport.AutoModel.from_pretrained(source(task)) if task == "feature-extraction" else \
@@ -302,6 +305,64 @@ def test_damaged_int8_ir_writes_nothing(source, tmp_path, monkeypatch):
     assert rows(info.value.report, "int8 vs fp32") and all(
         r.check == "int8 vs fp32" for r in info.value.report.failures)
     no_leftovers(out)
+
+
+def test_outlier_scopes_are_tried_until_the_gate_passes(source, tmp_path, monkeypatch, caplog):
+    """The feed-forward scope first; an int8 IR the gate refuses is written again with the next scope (the manifest
+    and the log say which)."""
+    real = ov_export.quantize_ir
+    tried = []
+
+    def first_damaged(ov_, nncf, traced, dst, model, tok_folder, scope):
+        tried.append(scope.name)
+        entry = real(ov_, nncf, traced, dst, model, tok_folder, scope)
+        if len(tried) == 1:
+            damage_scales(dst)
+        return entry
+
+    monkeypatch.setattr(ov_export, "quantize_ir", first_damaged)
+    out = tmp_path / "out"
+    with caplog.at_level(logging.INFO, logger="hfport"):
+        export_openvino(source("feature-extraction"), out, quantize="int8")
+    assert tried == [scope.name for scope in ov_export.OUTLIER_SCOPES]
+    assert read_manifest(out)["quantization"]["outlier_scope"] == ov_export.OUTLIER_SCOPES[-1].name
+    assert "fails the int8 gate" in caplog.text
+
+
+def test_a_failure_outside_the_gate_is_not_retried(source, tmp_path, monkeypatch):
+    """Only the int8 gate's refusal sends the export to the next outlier scope: a damaged fp32 IR fails once."""
+    real = ov_export.quantize_ir
+    tried = []
+
+    def fp32_damaged(ov_, nncf, traced, dst, *args):
+        tried.append(1)
+        entry = real(ov_, nncf, traced, dst, *args)
+        weights = dst.with_name(IR_FILE).with_suffix(".bin")
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2:] = bytes(len(data) - len(data) // 2)  # the later half of the fp32 weights zeroed
+        weights.write_bytes(bytes(data))
+        return entry
+
+    monkeypatch.setattr(ov_export, "quantize_ir", fp32_damaged)
+    out = tmp_path / "out"
+    with pytest.raises(VerifyFailed, match="nothing was written") as info:
+        export_openvino(source("feature-extraction"), out, quantize="int8")
+    assert tried == [1]
+    assert {r.check for r in info.value.report.failures} - {"int8 vs fp32"}  # failed beyond the gate
+    no_leftovers(out)
+
+
+def test_feed_forward_scope_and_fused_attention(exported, source):
+    """The fp32 IR holds attention as OpenVINO's one ScaledDotProductAttention op a layer (the additive trace), and
+    the feed-forward scope selects the feed-forward's MatMuls by module path, never attention's."""
+    out, _ = exported("feature-extraction")
+    layers = json.loads((out / "config.json").read_text())["num_hidden_layers"]
+    types = [op.get_type_name() for op in ov.Core().read_model(str(out / IR_FILE)).get_ops()]
+    assert types.count("ScaledDotProductAttention") == layers and "Softmax" not in types
+    scope = ov_export.OUTLIER_SCOPES[0].matmuls(hfport.AutoModel.from_pretrained(source("feature-extraction")))
+    assert scope("/model/body/encoder/layers.1/ffn/up/MatMul") and scope("/model/body/encoder/layers.0/ffn/down/MatMul")
+    assert not scope("/model/body/encoder/layers.0/attn/q/MatMul") and not scope("/model/head/dense/MatMul")
+    assert ov_export.OUTLIER_SCOPES[-1].matmuls(hfport.AutoModel.from_pretrained(source("feature-extraction"))) is None
 
 
 def test_changed_weights_fail_verify(exported, source, tmp_path):

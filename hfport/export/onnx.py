@@ -56,7 +56,6 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -78,8 +77,8 @@ from .common import TRANSFORMERS_AUTO, ExportError, ExportResult, Source
 from .graph_export import GateOptions, Graphs, export_graphs, gate_lines, write_graph_folder
 from .graph_verify import PROBE_TEXTS, feeds, max_length, probe_batches
 from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE
-from .onnx_fusion import (CONTRIB_DOMAIN, OPTIMIZED_FILE, activation_errors, fused_attention, optimize_graph,
-                          split_outliers)
+from .onnx_fusion import (CONTRIB_DOMAIN, OPTIMIZED_FILE, activation_errors, attention_backend, fused_attention,
+                          optimize_graph, split_outliers)
 from .onnx_verify import ONNX_GRAPHS, require_onnx, verify_onnx  # noqa: F401
 
 log = logging.getLogger("hfport")
@@ -236,9 +235,11 @@ def _write_graphs(model: PreTrainedEncoder, tok_folder: Path, staging: Path, opt
                            "quantization": quantization})
 
 @torch.no_grad()
-def trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int, fused: bool = False) -> None:
+def trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int, fused: bool = False,
+          backend: str | None = None) -> None:
     """Trace the padded path on a padded two-row batch of real text into `path`; fused: attention as onnxruntime's
-    MultiHeadAttention where it can be (onnx_fusion.py)."""
+    MultiHeadAttention where it can be (onnx_fusion.py); backend: else every attention traced with this kernel of
+    nn/attention.py's ATTENTION_BACKENDS (None: the model's own)."""
     tokenizer = AutoTokenizer.from_pretrained(tok_folder)
     inputs = graph_inputs(model.config)
     enc = tokenizer([PROBE_TEXTS[1], PROBE_TEXTS[0]], padding=True, truncation=True,
@@ -263,7 +264,7 @@ def trace(model: PreTrainedEncoder, tok_folder: Path, path: Path, opset: int, fu
         m.traceable = True
     graph = _Graph(model, outputs).eval()
     try:
-        with warnings.catch_warnings(), (fused_attention(model) if fused else nullcontext()):
+        with warnings.catch_warnings(), (fused_attention(model) if fused else attention_backend(model, backend)):
             # the tracer warns about every Python branch on a tensor (padding_mask's `mask.all()`, ...): the padded
             # trace batch fixes each one to the masked path, which is the one the graph must hold
             warnings.simplefilter("ignore")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -80,19 +80,29 @@ def ort_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias:
 
 
 @contextmanager
-def fused_attention(model: nn.Module) -> Iterator[None]:
-    """While tracing: every SelfAttention of `model` runs `ort_attention` (restored afterwards)."""
-    modules = [m for m in model.modules() if isinstance(m, SelfAttention)]
+def attention_backend(model: nn.Module, backend: str | None) -> Iterator[None]:
+    """While tracing: every SelfAttention of `model` runs BACKEND, a name in nn/attention.py's ATTENTION_BACKENDS
+    (restored afterwards; None: each keeps its own)."""
+    modules = [m for m in model.modules() if isinstance(m, SelfAttention)] if backend is not None else []
     before = [m.backend for m in modules]
-    had = FUSED_BACKEND in ATTENTION_BACKENDS
-    ATTENTION_BACKENDS[FUSED_BACKEND] = ort_attention
     try:
         for m in modules:
-            m.backend = FUSED_BACKEND
+            m.backend = backend
         yield
     finally:
         for m, name in zip(modules, before):
             m.backend = name
+
+
+@contextmanager
+def fused_attention(model: nn.Module) -> Iterator[None]:
+    """While tracing: every SelfAttention of `model` runs `ort_attention` (registered for the trace only)."""
+    had = FUSED_BACKEND in ATTENTION_BACKENDS
+    ATTENTION_BACKENDS[FUSED_BACKEND] = ort_attention
+    try:
+        with attention_backend(model, FUSED_BACKEND):
+            yield
+    finally:
         if not had:
             del ATTENTION_BACKENDS[FUSED_BACKEND]
 
@@ -176,7 +186,8 @@ def activation_errors(path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[st
 
 
 def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], ratio: float = OUTLIER_RATIO,
-                   max_channels: int = MAX_OUTLIERS) -> tuple[list[str], dict[str, list[int]]]:
+                   max_channels: int = MAX_OUTLIERS, scope: Callable[[str], bool] | None = None,
+                   ) -> tuple[list[str], dict[str, list[int]]]:
     """LLM.int8()-style outlier decomposition (Dettmers et al. 2022) for dynamic quantization, written to `dst`.
 
     For each input X of MatMuls with constant weights (Q/K/V share theirs): the input channels whose largest |value|
@@ -187,7 +198,8 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], rat
                                          activation scale nor the weight's per-channel scale sees the outliers)
       + Gather(X, outliers) . W[outliers]   (a fp32 MatMul of width <= max_channels)
     which is X.W exactly in fp32. Returns (the fp32 side MatMuls' names, to keep out of quantization; the split
-    channels per input). Inputs that are not token rows (ModernBERT's rotary angles) are left alone."""
+    channels per input). Inputs that are not token rows (ModernBERT's rotary angles) are left alone, and so are the
+    inputs whose MatMuls are not all in `scope` (a predicate on the MatMul node's name; None: every MatMul)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -197,6 +209,8 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], rat
     for node in model.graph.node:
         if node.op_type == "MatMul" and node.input[1] in weights and len(weights[node.input[1]].dims) == 2:
             groups.setdefault(node.input[0], []).append(node)
+    if scope is not None:
+        groups = {x: group for x, group in groups.items() if all(scope(n.name) for n in group)}
     peaks = _channel_peaks(model, list(groups), feeds)
     nodes = list(model.graph.node)
     side: list[str] = []

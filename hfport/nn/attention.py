@@ -88,7 +88,24 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bia
     return probs @ v  # (B, H, T, D)
 
 
-ATTENTION_BACKENDS: dict[str, Callable[..., Tensor]] = {"sdpa": sdpa_attention, "eager": eager_attention}
+def additive_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+                       dropout_p: float, scale: float) -> Tensor:
+    """The textbook form with the mask added to the scores (0 where attended, the dtype's min where masked) instead
+    of filled in: the same probabilities wherever a row has a key to attend. A traced graph then holds attention as
+    MatMul -> Add -> Softmax -> MatMul, the pattern OpenVINO's converter turns into its ScaledDotProductAttention
+    op; masked_fill traces to a Select, and torch.onnx's SDPA to Where and IsNaN, which it does not fuse
+    (export/openvino.py traces with this backend)."""
+    scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, T, T)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores + (~mask).to(scores.dtype) * torch.finfo(scores.dtype).min  # (B|1, 1, T|1, T) broadcast
+    probs = dropout(scores.softmax(dim=-1), dropout_p)
+    return probs @ v  # (B, H, T, D)
+
+
+ATTENTION_BACKENDS: dict[str, Callable[..., Tensor]] = {"sdpa": sdpa_attention, "eager": eager_attention,
+                                                        "additive": additive_attention}
 
 
 class FusedQKV(nn.Module):
