@@ -306,8 +306,9 @@ def predict(
     batch_size: Annotated[Optional[int], typer.Option(help="Rows per forward pass.")] = None,
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, float16, bfloat16, auto, int8 (the encoder's Linear "
-                                                 "layers in int8 behind the int8 gate) or auto-int8 (int8, or bf16 "
-                                                 "where the gate refuses).")] = None,
+                                                 "layers in int8 behind the int8 gate) or auto-int8 (the fastest "
+                                                 "int8 path installed that passes its gate: hfport's engine, or an "
+                                                 "ONNX / OpenVINO int8 export kept in the cache; else bf16).")] = None,
     gate_data: Annotated[Optional[str], typer.Option("--gate-data", help="With --dtype int8/auto-int8: a file of "
                                                      "texts the int8 gate also judges (one a line, or JSONL with "
                                                      "text / text_pair).")] = None,

@@ -147,6 +147,18 @@ def test_every_head_exports_verifies_and_matches_torch_in_the_runtime(task, expo
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["modernbert", "deberta-v2", "mpnet", "albert", "eurobert"])
+def test_other_families_fp32_ir_verifies(family, minilm_path, tmp_path):
+    """The additive attention trace (export/openvino.py's TRACED_ATTENTION) on the families whose attention differs
+    from BERT's (local windows and rotary, relative bias, shared layers, grouped keys): the fp32 IR equals hfport and
+    transformers at 1e-5 (verify's rows)."""
+    src = tmp_path / family
+    save_with_tokenizer(family, "base", src, minilm_path, vocab_size=30522)
+    report = export_openvino(src, tmp_path / "ov").report
+    assert report.passed, report.table()
+    assert {r.check for r in report.rows if r.check.startswith("fp32")} == {"fp32 vs hfport", "fp32 vs transformers"}
+
+
 def test_task_without_a_graph_is_refused(minilm_path, tmp_path):
     """Multiple choice ((B, C, T) inputs) has no graph: refused before anything is written."""
     choice = tmp_path / "choice"

@@ -15,6 +15,7 @@ through it. The floors, bottom up (each imports only from below):
   openvino.py, openvino_verify.py   formats openvino and openvino-int8 (from onnx.py's graph)
   graph_verify.py   the checks both graph folders run (a GraphVerify record a format)
   registry.py   FORMATS (one record a format), detect_format, export, verify
+  int8_choice.py  dtype="auto-int8" through pipeline(): the fastest int8 path installed that passes its gate
 
 A new format is a module with its writer and its verify, and one record in registry.py.
 """
@@ -26,6 +27,7 @@ from .folder import ExportOptions, SentenceTransformersOptions
 from .onnx import OnnxOptions
 from .openvino import OpenVinoOptions
 from .registry import DEFAULT_FORMAT, FORMATS, ExportFormat, detect_format, export, formats_help, get_format, verify
+from . import int8_choice  # noqa: F401 - hands pipeline() its auto-int8 chooser (int8_choice.py)
 from .report import TOLERANCES, Row, VerifyFailed, VerifyReport
 from ..formats.sentence_transformers import read_st_pooling, write_embedding_layout
 

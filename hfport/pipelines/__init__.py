@@ -44,7 +44,7 @@ that cuts long inputs takes both.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,13 @@ from .sentence_embedding import SentenceEmbeddingPipeline
 from .sparse_embedding import SparseEmbeddingPipeline
 from .tokens import TokenClassificationPipeline
 
+# How dtype="auto-int8" weighs the graph exports against hfport's engine (hfport/export/int8_choice.py's choose): the
+# exporters are a floor above the pipelines, so it is handed down, as modeling's INT8_LOADER is, and installed when
+# hfport.export is imported (hfport's __init__ imports it, so every pipeline() has it).
+INT8_CHOOSER: Callable[..., tuple[Any, Any]] | None = None
+MEASURE_BATCH = 32  # rows per batch of the pipelines auto-int8 times
+
+
 class _Pipelines(Mapping[str, type[Pipeline]]):
     """Task name -> its pipeline class, read off the task records when asked (a record names its pipeline as
     "module:Class", imported on first use, so building this at import would import every pipeline module from here)."""
@@ -95,7 +102,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              backend: str | None = None, base_model: Any = None,
              adapters: Mapping[str, str | os.PathLike[str]] | None = None,
              gate_data: str | os.PathLike[str] | None = None, file: str | None = None, packed_linear: bool = True,
-             row_shards: str | int = "auto", **options: Any) -> Pipeline:
+             row_shards: str | int = "auto", int8_paths: Sequence[str] | None = None, **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs; device
@@ -112,7 +119,11 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     adapters: {name: adapter folder} served over `model` (its body shared, not reloaded); pick one per call with
     `adapter=`.
     dtype="int8" / "auto-int8" (a folder only): the encoder's Linear layers in int8, held to the int8 gate on built-in
-    texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses.
+    texts and `gate_data` (a file; hfport/int8.py); "auto-int8" falls back to bf16 where the gate refuses. On a
+    folder served on the CPU without adapters, "auto-int8" also weighs the graph runtimes installed: the folder is
+    exported as onnx-int8 and openvino-int8 into the cache (each behind its own gate), every int8 path that passes is
+    timed, and the fastest serves, said in the log and the model's load notes (hfport/export/int8_choice.py; kept for
+    the next load). int8_paths: the paths it may choose from ("torch", "onnx", "openvino"; default: all installed).
     packed_linear: the pipeline's model computes its Linear layers on prepacked weights (hfport/inference.py; applied
     in place, also to a model given loaded). row_shards: "auto", "off" or a count: a batch's rows split over worker
     threads (pipelines/shards.py; "auto" shards fp32 models only, where it was measured to pay)."""
@@ -151,8 +162,14 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
             dtype = resolve_dtype(dtype, model.config, device or model.device) if dtype is not None else None
             model = model.to(device=device, dtype=dtype)
     elif isinstance(model, (str, os.PathLike)):
-        loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model,
-                                                    gate_data=gate_data)
+        loaded = None
+        if dtype == "auto-int8" and _weighs_graphs(record, model, device, base_model, adapters, int8_paths):
+            loaded = _auto_int8(record, cls, model, gate_data, int8_paths, packed_linear, row_shards)
+            if isinstance(loaded, GraphModel):
+                tokenizer = model if tokenizer is None else tokenizer
+        if loaded is None:
+            loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model,
+                                                        gate_data=gate_data)
         if tokenizer is None:  # an adapter folder without tokenizer files (as PEFT writes them): the base's
             adapter = loaded.adapter
             tokenizer = model if adapter is None or has_tokenizer_files(model) or not isinstance(
@@ -173,6 +190,48 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         for adapter_name, folder in adapters.items():
             pipe.add_adapter(adapter_name, folder)
     return pipe
+
+
+def _weighs_graphs(record: tasks.Task, model: str | os.PathLike[str], device: torch.device | None,
+                   base_model: Any, adapters: Any, paths: Sequence[str] | None) -> bool:
+    """Whether dtype="auto-int8" weighs the graph paths for this call: a model folder of this task's own head, with a
+    graph, served on the CPU without adapters, and a graph path allowed."""
+    if (device is not None and device.type != "cpu") or base_model is not None or adapters:
+        return False
+    if paths is not None and not set(paths) - {"torch"}:
+        return False
+    folder = hub.resolve(model)
+    if is_adapter_folder(folder) or not tasks.TASKS[record.checkpoint_task].graph_outputs:
+        return False
+    return tasks.get(model_task(folder)).checkpoint_task == record.checkpoint_task
+
+
+def _auto_int8(record: tasks.Task, cls: type[Pipeline], model: str | os.PathLike[str],
+               gate_data: str | os.PathLike[str] | None, paths: Sequence[str] | None, packed_linear: bool,
+               row_shards: str | int) -> Any:
+    """The model dtype="auto-int8" serves after weighing every int8 path (INT8_CHOOSER); None: none passed its gate
+    (the caller's from_pretrained then answers with bf16)."""
+    if INT8_CHOOSER is None:
+        raise RuntimeError("dtype='auto-int8' weighs the graph exports through hfport.export: import hfport")
+    tokenizer = AutoTokenizer.from_pretrained(hub.resolve(model))
+
+    def load_torch() -> PreTrainedEncoder:
+        return record.model_class.from_pretrained(model, dtype="int8", gate_data=gate_data)
+
+    def open_graph(folder: Path) -> GraphModel:
+        backend = graph_backend(folder, None)
+        assert backend is not None, folder  # an export of a graph format
+        return backend.load(folder, file=None, dtype=None)
+
+    def timed_pipeline(loaded: Any) -> Pipeline:
+        return cls(loaded, tokenizer, batch_size=MEASURE_BATCH, packed_linear=packed_linear,
+                   row_shards=row_shards)
+
+    choice, loaded = INT8_CHOOSER(model, record.checkpoint_task, load_torch=load_torch, open_graph=open_graph,
+                                        make_pipeline=timed_pipeline, gate_data=gate_data, paths=paths)
+    if loaded is not None:
+        loaded.load_report.notes.append(choice.line())
+    return loaded
 
 
 def check_dtype(dtype: str) -> str:

@@ -137,7 +137,10 @@ class ModelCache:
             self._check_files(folder)
             shared = self._sets.get(folder)
             if shared is None:
-                leader = pipeline(task, model=folder, dtype=self.settings.predict_dtype, device=self.settings.device)
+                # auto-int8 stays on hfport's engine (int8_paths): a served folder shares its body with its other
+                # tasks and serves adapters, which a graph export cannot
+                leader = pipeline(task, model=folder, dtype=self.settings.predict_dtype, device=self.settings.device,
+                                  int8_paths=("torch",))
                 if isinstance(leader.model, PreTrainedEncoder):  # an ONNX graph has no body to share
                     self._sets[folder] = AdapterSet(leader.model)
             else:  # its own head, the shared body (the copy of the body just read is dropped)

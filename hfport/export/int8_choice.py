@@ -1,0 +1,212 @@
+"""dtype="auto-int8" on a model folder, through hfport.pipeline(): the fastest int8 path that passes its gate, chosen
+by measurement among the paths installed, and said. pipeline() sits a floor below the exporters, so `choose` is handed
+down to it (hfport.pipelines' INT8_CHOOSER, installed when this module is imported: hfport.export imports it), as
+hfport.int8 hands its loader to modeling.
+
+The paths (INT8_PATHS, in this order):
+    torch      hfport's own engine, the encoder's Linear layers in int8 (hfport/int8.py, its gate)
+    onnx       an onnx-int8 export of the folder (export/onnx.py, its verify and gate), run by onnxruntime
+    openvino   an openvino-int8 export (export/openvino.py, its verify and gate), run by OpenVINO
+A graph path takes part only where its runtime and exporter import (the `onnx` / `openvino` extras) and where it can
+serve the call (pipeline() asks for it only on the CPU, for a task with a graph, without adapters); `paths` narrows
+the set (the server keeps to "torch": its models share bodies and serve adapters).
+
+Each graph path is exported into the cache (<cache_dir>/int8-paths/<key>/<format>/; the key: the folder's files as
+read, the task, the gate data, hfport's version and source digest, torch's and the runtimes' versions, the CPU's name
+and int8 instructions). An export its verify refuses (the int8 gate included) is out, with the reason kept. The
+paths that passed are timed on the same texts (MEASURED_TEXTS: the int8 gate's built-in short texts and pairs'
+second halves, batches of 32 through the pipeline each path serves, the best of MEASURE_PASSES passes after a
+warm-up), and the fastest serves. Its figures are written to choice.json beside the exports and logged; a later load
+with the same key reads that choice instead of exporting and timing again (a choice whose folder is gone is made
+again). When every path is refused, the torch path's own answer serves: bf16, as dtype="auto-int8" on the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import hardware, hub, pipelines, probes
+from ..errors import ExportError
+from ..int8_verdicts import code_digest
+from ..settings import settings
+from ..version import __version__
+from .registry import export
+
+log = logging.getLogger("hfport")
+
+FOLDER = "int8-paths"  # under the setting cache_dir
+CHOICE_FILE = "choice.json"
+FORMAT = 1  # bumped when choice.json's layout changes
+MEASURE_PASSES = 3
+
+
+@dataclass(frozen=True)
+class Int8Path:
+    """One way to serve a model in int8: its export format (None: hfport's engine) and what must import for it."""
+
+    name: str
+    format: str | None
+    requires: tuple[str, ...] = ()
+
+    def installed(self) -> bool:
+        return all(importlib.util.find_spec(module) is not None for module in self.requires)
+
+
+INT8_PATHS = (Int8Path("torch", None), Int8Path("onnx", "onnx-int8", ("onnxruntime", "onnx")),
+              Int8Path("openvino", "openvino-int8", ("openvino", "nncf", "onnx")))
+PATH_NAMES = tuple(p.name for p in INT8_PATHS)
+
+
+@dataclass
+class Int8Choice:
+    """What auto-int8 chose and why: the path serving, its folder (a graph export; None: the torch engine, or the
+    bf16 fallback when `path` is None), each timed path's texts/s and each refused path's reason."""
+
+    path: str | None
+    folder: str | None = None
+    measured: dict[str, float] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """One line for the log and the model's load notes."""
+        timed = ", ".join(f"{name} {rate:.0f}" for name, rate in sorted(self.measured.items(), key=lambda kv: -kv[1]))
+        refused = "; ".join(f"{name}: {why}" for name, why in self.refused.items())
+        head = f"auto-int8 chose {self.path}" if self.path else "auto-int8: no int8 path passed its gate"
+        return head + (f" (texts/s: {timed})" if timed else "") + (f"; refused {refused}" if refused else "")
+
+
+def measured_texts() -> list[str]:
+    """What every path is timed on: the int8 gate's built-in short texts and its pairs' passages (4-50 tokens)."""
+    return probes.judged_texts() + [passage for _, passage in probes.judged_pairs()]
+
+
+def texts_per_second(pipe: Any, texts: list[str], passes: int = MEASURE_PASSES) -> float:
+    """TEXTS through PIPE: one warm-up pass, then the best of PASSES passes, in texts/s."""
+    pipe(texts)
+    best = min(_timed(pipe, texts) for _ in range(passes))
+    return len(texts) / best
+
+
+def _timed(pipe: Any, texts: list[str]) -> float:
+    start = time.perf_counter()
+    pipe(texts)
+    return time.perf_counter() - start
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _folder_digest(folder: Path) -> str:
+    """The folder's files as read (weights, config, tokenizer, sentence-transformers files), names and bytes."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        h.update(str(path.relative_to(folder)).encode() + b"\0")
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def choice_key(folder: Path, task: str, gate_data: str | os.PathLike[str] | None, paths: Sequence[str]) -> str:
+    """The cache key of a choice (the module docstring lists what it covers)."""
+    gate = _folder_digest_file(Path(gate_data)) if gate_data is not None else "builtin"
+    runtimes = {name: _version(name) for name in ("onnxruntime", "openvino", "nncf", "onnx")}
+    return _digest(str(FORMAT), _folder_digest(folder), task, gate, ",".join(paths), __version__, code_digest(),
+                   torch.__version__, json.dumps(runtimes, sort_keys=True), hardware.cpu_name(), hardware.int8_isa())
+
+
+def _folder_digest_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else str(path)
+
+
+def _version(module: str) -> str:
+    try:
+        return importlib.metadata.version(module)
+    except importlib.metadata.PackageNotFoundError:  # not installed: part of the key as such
+        return "-"
+
+
+def read_choice(where: Path) -> Int8Choice | None:
+    """The choice kept at WHERE, or None (missing, unreadable, another layout, or its graph folder gone)."""
+    try:
+        raw = json.loads((where / CHOICE_FILE).read_text(encoding="utf-8"))
+        choice = Int8Choice(raw["path"], raw.get("folder"), dict(raw.get("measured") or {}),
+                            dict(raw.get("refused") or {}))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if choice.path not in (None, *PATH_NAMES) or (choice.folder is not None and not Path(choice.folder).is_dir()):
+        return None
+    return choice
+
+
+def choose(folder: str | os.PathLike[str], task: str, *, load_torch: Callable[[], Any],
+           open_graph: Callable[[Path], Any], make_pipeline: Callable[[Any], Any],
+           gate_data: str | os.PathLike[str] | None = None,
+           paths: Sequence[str] | None = None) -> tuple[Int8Choice, Any]:
+    """(the choice, the model it serves) for FOLDER as TASK. LOAD_TORCH: the torch path's int8 model (raises
+    Int8GateError when its gate refuses); OPEN_GRAPH: a graph folder opened for serving; MAKE_PIPELINE: a model ->
+    the pipeline it is timed through. PATHS: the paths allowed (default: every one installed)."""
+    unknown = set(paths or ()) - set(PATH_NAMES)
+    if unknown:
+        raise ValueError(f"int8_paths {sorted(unknown)}: use some of {list(PATH_NAMES)}")
+    source = hub.resolve(folder)
+    allowed = [p for p in INT8_PATHS if p.installed() and (paths is None or p.name in paths)]
+    where = Path(settings().cache_dir) / FOLDER / choice_key(source, task, gate_data, [p.name for p in allowed])[:32]
+    kept = read_choice(where)
+    if kept is not None:
+        log.info("%s: %s (kept in %s)", source, kept.line(), where)
+        return kept, _serve(kept, load_torch, open_graph)
+    choice, models = Int8Choice(None), {}
+    where.mkdir(parents=True, exist_ok=True)
+    for path in allowed:
+        try:
+            if path.format is None:
+                models[path.name] = load_torch()
+            else:
+                out = where / path.format
+                export(source, out, format=path.format, force=True,
+                       **({"gate_data": str(gate_data)} if gate_data is not None else {}))
+                models[path.name] = open_graph(out)
+        except ExportError as e:  # Int8GateError and VerifyFailed are ExportErrors: the gate or the proof refused
+            choice.refused[path.name] = str(e).strip().splitlines()[0][:300]
+    texts = measured_texts()
+    for name, model in models.items():
+        choice.measured[name] = round(texts_per_second(make_pipeline(model), texts), 1)
+    if choice.measured:
+        choice.path = max(choice.measured, key=choice.measured.__getitem__)
+        fmt = next(p.format for p in INT8_PATHS if p.name == choice.path)
+        choice.folder = str(where / fmt) if fmt is not None else None
+    hub.write_json_atomic(where / CHOICE_FILE, asdict(choice))
+    log.info("%s: %s", source, choice.line())
+    model = models.get(choice.path) if choice.path is not None else None
+    return choice, model if model is not None else _serve(choice, load_torch, open_graph)
+
+
+def _serve(choice: Int8Choice, load_torch: Callable[[], Any], open_graph: Callable[[Path], Any]) -> Any:
+    """The model CHOICE serves: its graph folder opened, else the torch path (None: the caller's bf16 fallback)."""
+    if choice.folder is not None:
+        return open_graph(Path(choice.folder))
+    return load_torch() if choice.path == "torch" else None
+
+
+pipelines.INT8_CHOOSER = choose  # every pipeline(dtype="auto-int8") on a folder weighs the paths through it
+
+__all__ = ["INT8_PATHS", "Int8Choice", "Int8Path", "PATH_NAMES", "choose", "measured_texts", "read_choice",
+           "texts_per_second"]

@@ -1,0 +1,126 @@
+"""dtype="auto-int8" through hfport.pipeline(): every int8 path installed (hfport's engine, the onnx-int8 and
+openvino-int8 exports, each behind its gate) is timed and the fastest serves, said and kept (export/int8_choice.py).
+
+The exports and gates are real (a tiny random BERT); the timing is replaced where a test needs a given winner, since
+which runtime is faster on the test machine is what the choice measures, not what a test can fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+
+import hfport  # noqa: E402
+from hfport.errors import ExportError  # noqa: E402
+from hfport.export import int8_choice  # noqa: E402
+from hfport.pipelines.onnx_backend import OnnxModel  # noqa: E402
+from hfport.pipelines.openvino_backend import OpenVinoModel  # noqa: E402
+from tests.parity import TEXTS  # noqa: E402
+from tests.tiny import save_with_tokenizer  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, minilm_path) -> Path:
+    folder = tmp_path_factory.mktemp("auto-int8") / "bert"
+    save_with_tokenizer("bert", "base", folder, minilm_path, vocab_size=30522)
+    return folder
+
+
+def rates(monkeypatch, by_type: dict[type, float], seen: list | None = None) -> None:
+    """texts_per_second answers by the pipeline's model type (the choice's input fixed; the pipelines are real)."""
+    def fixed(pipe, texts, passes=int8_choice.MEASURE_PASSES):
+        if seen is not None:
+            seen.append(type(pipe.model))
+        assert texts == int8_choice.measured_texts()  # every path on the same texts
+        return next(rate for kind, rate in by_type.items() if isinstance(pipe.model, kind))
+    monkeypatch.setattr(int8_choice, "texts_per_second", fixed)
+
+
+def test_the_fastest_gated_path_serves_and_is_kept(tiny, fresh_verdicts, monkeypatch, caplog):
+    seen: list = []
+    rates(monkeypatch, {OpenVinoModel: 300.0, OnnxModel: 200.0, torch.nn.Module: 100.0}, seen)
+    with caplog.at_level("INFO", logger="hfport"):
+        pipe = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8")
+    assert isinstance(pipe.model, OpenVinoModel)
+    assert "auto-int8 chose openvino (texts/s: openvino 300, onnx 200" in caplog.text
+    assert pipe.model.load_report.notes[-1].startswith("auto-int8 chose openvino")
+    assert {OpenVinoModel, OnnxModel} <= set(seen)  # both graphs passed their gates and were timed
+    kept = next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}"))
+    choice = json.loads(kept.read_text())
+    assert choice["path"] == "openvino" and Path(choice["folder"]).name == "openvino-int8"
+    # what it serves is the verified export: the same outputs as the folder opened directly
+    direct = hfport.pipeline("feature-extraction", model=choice["folder"])
+    torch.testing.assert_close(torch.tensor(pipe(TEXTS[:3])[0]), torch.tensor(direct(TEXTS[:3])[0]))
+
+    # a second load reads the kept choice: nothing exported, nothing timed
+    def no(*args, **kwargs):
+        raise AssertionError("the kept choice was not used")
+    monkeypatch.setattr(int8_choice, "texts_per_second", no)
+    monkeypatch.setattr(int8_choice, "export", no)
+    again = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8")
+    assert isinstance(again.model, OpenVinoModel) and again.model.path.parent == Path(choice["folder"])
+
+    # int8_paths narrows the choice: hfport's engine only, as the server asks
+    torch_only = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8", int8_paths=("torch",))
+    assert isinstance(torch_only.model, hfport.PreTrainedEncoder)
+
+
+def test_a_refused_path_is_said_and_left_out(tiny, fresh_verdicts, monkeypatch):
+    real = int8_choice.export
+
+    def onnx_refused(src, out, *, format, **options):
+        if format == "onnx-int8":
+            raise ExportError(f"{out}: int8 vs fp32 texts/min cosine 0.5 fails min cosine >= 0.98")
+        return real(src, out, format=format, **options)
+
+    monkeypatch.setattr(int8_choice, "export", onnx_refused)
+    rates(monkeypatch, {OpenVinoModel: 100.0, torch.nn.Module: 150.0})
+    pipe = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8")
+    line = pipe.model.load_report.notes[-1]
+    if isinstance(pipe.model, OpenVinoModel):  # hfport's own gate refused int8 on this random model
+        assert line.startswith("auto-int8 chose openvino") and "torch: " in line
+    else:
+        assert isinstance(pipe.model, hfport.PreTrainedEncoder) and line.startswith("auto-int8 chose torch")
+    assert "refused onnx: " in line and "min cosine 0.5" in line
+
+
+def test_when_graphs_are_not_weighed(tiny, monkeypatch):
+    """Another task's head, adapters or a base model, a GPU, or torch alone: from_pretrained's auto-int8, no export."""
+    def no(*args, **kwargs):
+        raise AssertionError("graphs weighed")
+    monkeypatch.setattr(hfport.pipelines, "INT8_CHOOSER", no)
+    text = hfport.tasks.get("text-classification")
+    feature = hfport.tasks.get("feature-extraction")
+    weighs = hfport.pipelines._weighs_graphs
+    assert not weighs(text, tiny, None, None, None, None)  # the folder's head is another task's
+    assert not weighs(feature, tiny, torch.device("cuda"), None, None, None)
+    assert not weighs(feature, tiny, None, None, {"a": "x"}, None)
+    assert not weighs(feature, tiny, None, "base", None, None)
+    assert not weighs(feature, tiny, None, None, None, ("torch",))
+    assert weighs(feature, tiny, torch.device("cpu"), None, None, ("torch", "onnx"))
+    assert weighs(feature, tiny, None, None, None, ("tensorrt",))  # choose() names the unknown path
+    with pytest.raises(ValueError, match="int8_paths \\['tensorrt'\\]"):
+        int8_choice.choose(tiny, "feature-extraction", load_torch=no, open_graph=no, make_pipeline=no,
+                           paths=("tensorrt",))
+    pipe = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8", int8_paths=["torch"])
+    assert isinstance(pipe.model, hfport.PreTrainedEncoder)
+
+
+def test_a_kept_choice_whose_folder_is_gone_is_made_again(tmp_path):
+    where = tmp_path / "key"
+    where.mkdir()
+    (where / int8_choice.CHOICE_FILE).write_text(json.dumps(
+        {"path": "openvino", "folder": str(tmp_path / "gone"), "measured": {"openvino": 1.0}, "refused": {}}))
+    assert int8_choice.read_choice(where) is None
+    (where / int8_choice.CHOICE_FILE).write_text("{not json")
+    assert int8_choice.read_choice(where) is None
+    (where / int8_choice.CHOICE_FILE).write_text(json.dumps({"path": "torch", "folder": None, "measured": {}}))
+    assert int8_choice.read_choice(where).path == "torch"
