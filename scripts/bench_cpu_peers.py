@@ -98,6 +98,7 @@ CONTESTANTS = [
     Contestant("hfport fp32", "main", "hfport_fp32", ""),
     Contestant("hfport auto", "main", "hfport_auto", ""),
     Contestant("hfport int8", "main", "hfport_int8", ""),
+    Contestant("hfport auto-int8 (fastest gated path)", "main", "hfport_auto_int8", ""),
     Contestant("hfport ONNX int8 folder", "main", "hfport_onnx_int8", ONNX_INT8_DIR),
     Contestant("hfport OpenVINO int8 folder", "main", "hfport_openvino_int8", OPENVINO_INT8_DIR),
     Contestant("hfport OpenVINO int8 folder (bf16)", "main", "hfport_openvino_int8_bf16", OPENVINO_INT8_DIR),
@@ -324,6 +325,12 @@ def hfport_auto_loader(folder: Path, batch_size: int) -> Encode:
 
 def hfport_int8_loader(folder: Path, batch_size: int) -> Encode:
     return _hfport(folder, batch_size, dtype="int8")
+
+
+def hfport_auto_int8_loader(folder: Path, batch_size: int) -> Encode:
+    """pipeline(dtype="auto-int8"): the fastest int8 path installed that passes its gate (hfport/export/int8_choice.py;
+    the first load exports and times them, later ones reuse the choice kept in hfport's cache)."""
+    return _hfport(folder, batch_size, dtype="auto-int8")
 
 
 def hfport_onnx_int8_loader(folder: Path, batch_size: int) -> Encode:
