@@ -108,12 +108,14 @@ def tensors_digest(model: nn.Module) -> str:
 
 
 def files_digest(folder: Path, names: tuple[str, ...]) -> str:
-    """The bytes of those of NAMES that FOLDER has, by name."""
+    """The bytes of those of NAMES that FOLDER has, by name (read in blocks: weight files can be large)."""
     h = hashlib.sha256()
     for name in names:
         if (folder / name).is_file():
             h.update(f"{name} {(folder / name).stat().st_size}\n".encode())
-            h.update((folder / name).read_bytes())
+            with (folder / name).open("rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    h.update(block)
     return h.hexdigest()
 
 

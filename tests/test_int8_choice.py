@@ -22,16 +22,14 @@ from hfport.export import int8_choice  # noqa: E402
 from hfport.pipelines.onnx_backend import OnnxModel  # noqa: E402
 from hfport.pipelines.openvino_backend import OpenVinoModel  # noqa: E402
 from tests.parity import TEXTS  # noqa: E402
-from tests.tiny import save_with_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, minilm_path) -> Path:
-    folder = tmp_path_factory.mktemp("auto-int8") / "bert"
-    save_with_tokenizer("bert", "base", folder, minilm_path, vocab_size=30522)
-    return folder
+@pytest.fixture
+def tiny(tiny_bert) -> Path:
+    """conftest's session tiny BERT (read only: the exports go to the cache)."""
+    return tiny_bert
 
 
 def rates(monkeypatch, by_type: dict[type, float], seen: list | None = None) -> None:

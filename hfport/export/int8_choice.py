@@ -14,7 +14,7 @@ the set (the server keeps to "torch": its models share bodies and serve adapters
 Each graph path is exported into the cache (<cache_dir>/int8-paths/<key>/<format>/; the key: the folder's files as
 read, the task, the gate data, hfport's version and source digest, torch's and the runtimes' versions, the CPU's name
 and int8 instructions). An export its verify refuses (the int8 gate included) is out, with the reason kept. The
-paths that passed are timed on the same texts (MEASURED_TEXTS: the int8 gate's built-in short texts and pairs'
+paths that passed are timed on the same texts (measured_texts(): the int8 gate's built-in short texts and pairs'
 second halves, batches of 32 through the pipeline each path serves, the best of MEASURE_PASSES passes after a
 warm-up), and the fastest serves. Its figures are written to choice.json beside the exports and logged; a later load
 with the same key reads that choice instead of exporting and timing again (a choice whose folder is gone is made
@@ -39,7 +39,7 @@ import torch
 
 from .. import hardware, hub, pipelines, probes
 from ..errors import ExportError
-from ..int8_verdicts import code_digest
+from ..int8_verdicts import code_digest, files_digest
 from ..settings import settings
 from ..version import __version__
 from .registry import export
@@ -105,35 +105,18 @@ def _timed(pipe: Any, texts: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def _digest(*parts: str) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def _folder_digest(folder: Path) -> str:
-    """The folder's files as read (weights, config, tokenizer, sentence-transformers files), names and bytes."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        h.update(str(path.relative_to(folder)).encode() + b"\0")
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
 def choice_key(folder: Path, task: str, gate_data: str | os.PathLike[str] | None, paths: Sequence[str]) -> str:
-    """The cache key of a choice (the module docstring lists what it covers)."""
-    gate = _folder_digest_file(Path(gate_data)) if gate_data is not None else "builtin"
-    runtimes = {name: _version(name) for name in ("onnxruntime", "openvino", "nncf", "onnx")}
-    return _digest(str(FORMAT), _folder_digest(folder), task, gate, ",".join(paths), __version__, code_digest(),
-                   torch.__version__, json.dumps(runtimes, sort_keys=True), hardware.cpu_name(), hardware.int8_isa())
-
-
-def _folder_digest_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else str(path)
+    """The cache key of a choice (the module docstring lists what it covers): the folder's files (weights, config,
+    tokenizer, sentence-transformers files) and the gate data's, by int8_verdicts' files_digest."""
+    files = tuple(sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                         if p.is_file() and not p.name.startswith(".")))
+    gate = Path(gate_data).expanduser() if gate_data is not None else None
+    key = {"format": FORMAT, "folder": files_digest(folder, files), "task": task, "paths": list(paths),
+           "gate_data": files_digest(gate.parent, (gate.name,)) if gate is not None else "builtin",
+           "hfport": [__version__, code_digest()], "torch": torch.__version__,
+           "runtimes": {name: _version(name) for name in ("onnxruntime", "openvino", "nncf", "onnx")},
+           "cpu": [hardware.cpu_name(), hardware.int8_isa()]}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def _version(module: str) -> str:
@@ -195,8 +178,7 @@ def choose(folder: str | os.PathLike[str], task: str, *, load_torch: Callable[[]
         choice.folder = str(where / fmt) if fmt is not None else None
     hub.write_json_atomic(where / CHOICE_FILE, asdict(choice))
     log.info("%s: %s", source, choice.line())
-    model = models.get(choice.path) if choice.path is not None else None
-    return choice, model if model is not None else _serve(choice, load_torch, open_graph)
+    return choice, models.get(choice.path) if choice.path is not None else None
 
 
 def _serve(choice: Int8Choice, load_torch: Callable[[], Any], open_graph: Callable[[Path], Any]) -> Any:

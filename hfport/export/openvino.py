@@ -257,7 +257,7 @@ def calibration_samples(batches: dict[str, dict[str, Any]], inputs: list[str]) -
 
 
 def quantize_ir(ov: Any, nncf: Any, traced: Path, dst: Path, model: PreTrainedEncoder, tok_folder: Path,
-                scope: OutlierScope = OUTLIER_SCOPES[-1]) -> dict[str, Any]:
+                scope: OutlierScope) -> dict[str, Any]:
     """The int8 IR at DST from the ONNX graph TRACED: the outlier split within SCOPE (fp32 side MatMuls), then
     NNCF's static quantization with the side and attention MatMuls kept fp32 and SmoothQuant off (the module
     docstring says why). Returns the manifest's quantization entry."""

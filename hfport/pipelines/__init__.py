@@ -164,9 +164,9 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     elif isinstance(model, (str, os.PathLike)):
         loaded = None
         if dtype == "auto-int8" and _weighs_graphs(record, model, device, base_model, adapters, int8_paths):
-            loaded = _auto_int8(record, cls, model, gate_data, int8_paths, packed_linear, row_shards)
-            if isinstance(loaded, GraphModel):
-                tokenizer = model if tokenizer is None else tokenizer
+            if not isinstance(tokenizer, PreTrainedTokenizer):  # read once: the timed pipelines and this one share it
+                tokenizer = AutoTokenizer.from_pretrained(model if tokenizer is None else tokenizer)
+            loaded = _auto_int8(record, cls, model, tokenizer, gate_data, int8_paths, packed_linear, row_shards)
         if loaded is None:
             loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model,
                                                         gate_data=gate_data)
@@ -207,13 +207,12 @@ def _weighs_graphs(record: tasks.Task, model: str | os.PathLike[str], device: to
 
 
 def _auto_int8(record: tasks.Task, cls: type[Pipeline], model: str | os.PathLike[str],
-               gate_data: str | os.PathLike[str] | None, paths: Sequence[str] | None, packed_linear: bool,
-               row_shards: str | int) -> Any:
+               tokenizer: PreTrainedTokenizer, gate_data: str | os.PathLike[str] | None, paths: Sequence[str] | None,
+               packed_linear: bool, row_shards: str | int) -> Any:
     """The model dtype="auto-int8" serves after weighing every int8 path (INT8_CHOOSER); None: none passed its gate
     (the caller's from_pretrained then answers with bf16)."""
     if INT8_CHOOSER is None:
         raise RuntimeError("dtype='auto-int8' weighs the graph exports through hfport.export: import hfport")
-    tokenizer = AutoTokenizer.from_pretrained(hub.resolve(model))
 
     def load_torch() -> PreTrainedEncoder:
         return record.model_class.from_pretrained(model, dtype="int8", gate_data=gate_data)
@@ -228,7 +227,7 @@ def _auto_int8(record: tasks.Task, cls: type[Pipeline], model: str | os.PathLike
                    row_shards=row_shards)
 
     choice, loaded = INT8_CHOOSER(model, record.checkpoint_task, load_torch=load_torch, open_graph=open_graph,
-                                        make_pipeline=timed_pipeline, gate_data=gate_data, paths=paths)
+                                  make_pipeline=timed_pipeline, gate_data=gate_data, paths=paths)
     if loaded is not None:
         loaded.load_report.notes.append(choice.line())
     return loaded
