@@ -122,3 +122,17 @@ def test_a_kept_choice_whose_folder_is_gone_is_made_again(tmp_path):
     assert int8_choice.read_choice(where) is None
     (where / int8_choice.CHOICE_FILE).write_text(json.dumps({"path": "torch", "folder": None, "measured": {}}))
     assert int8_choice.read_choice(where).path == "torch"
+
+
+def test_nothing_passing_falls_back_to_the_models_auto_int8(tiny, fresh_verdicts, monkeypatch):
+    """Every path weighed is refused: the choice says so (kept, with each reason) and from_pretrained's auto-int8
+    serves (hfport's engine: int8 where its own gate passes, else bf16)."""
+    def refused(src, out, *, format, **options):
+        raise ExportError(f"{out}: {format} refused by its gate")
+
+    monkeypatch.setattr(int8_choice, "export", refused)
+    pipe = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8", int8_paths=("onnx", "openvino"))
+    assert isinstance(pipe.model, hfport.PreTrainedEncoder)
+    kept = json.loads(next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}")).read_text())
+    assert kept["path"] is None and kept["folder"] is None and set(kept["refused"]) == {"onnx", "openvino"}
+    assert int8_choice.Int8Choice(**kept).line().startswith("auto-int8: no int8 path passed its gate; refused onnx: ")
