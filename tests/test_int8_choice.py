@@ -24,6 +24,7 @@ from hfport.export import int8_choice  # noqa: E402
 from hfport.nn.int8 import Int8Linear  # noqa: E402
 from hfport.pipelines.onnx_backend import OnnxModel  # noqa: E402
 from hfport.pipelines.openvino_backend import OpenVinoModel  # noqa: E402
+from tests.forked import start_child  # noqa: E402
 from tests.parity import TEXTS  # noqa: E402
 
 torch.set_num_threads(1)
@@ -193,3 +194,43 @@ def test_cli_predict_auto_int8(tiny, fresh_verdicts, monkeypatch):
     assert again == answers
     quiet, said = predict()  # the default verbosity: warnings only
     assert quiet == answers and said == ""
+
+
+def choose_in_child(folder: Path, fastest: str, out: Path) -> None:
+    """A process's auto-int8 load, its own timing saying FASTEST wins; its answers, its note and whether it timed the
+    paths written to OUT."""
+    torch.set_num_threads(1)
+    timed: list[str] = []
+
+    def fixed(pipe, texts, passes=int8_choice.MEASURE_PASSES):
+        timed.append(type(pipe.model).__name__)
+        return 300.0 if isinstance(pipe.model, OnnxModel) == (fastest == "onnx") else 100.0
+
+    int8_choice.texts_per_second = fixed  # this child's own module: nothing to restore
+    pipe = hfport.pipeline("feature-extraction", model=folder, dtype="auto-int8", int8_paths=("torch", "onnx"))
+    out.write_text(json.dumps({"note": pipe.model.load_report.notes[-1], "timed": timed, "answers": pipe(TEXTS[:3])}))
+
+
+def test_two_processes_making_the_same_choice_at_once(tiny, fresh_verdicts, monkeypatch, tmp_path):
+    """Two processes load the same folder with auto-int8 at once, over one cache (HFPORT_CACHE_DIR). Their
+    measurements disagree (each child's timing names another winner: under each other's load two processes' figures
+    differ, as runs on this machine showed), yet one choice is made and kept, both serve it with equal answers, and no
+    staging folder is left."""
+    hfport.hardware.cpu_capabilities()  # measured once here (into the test's cache), not by both children
+    monkeypatch.setenv("HFPORT_CACHE_DIR", str(fresh_verdicts))
+    outs = [tmp_path / "onnx.json", tmp_path / "torch.json"]
+    children = [start_child(choose_in_child, tiny, fastest, out) for fastest, out in zip(("onnx", "torch"), outs)]
+    for child in children:
+        child.join(120)
+    assert [child.exitcode for child in children] == [0, 0]
+    loads = [json.loads(out.read_text()) for out in outs]
+
+    root = fresh_verdicts / int8_choice.FOLDER
+    kept = list(root.glob(f"*/{int8_choice.CHOICE_FILE}"))
+    assert len(kept) == 1
+    choice = int8_choice.read_choice(kept[0].parent)
+    assert choice is not None and choice.path in ("onnx", "torch")
+    assert [load["note"] for load in loads] == [choice.line()] * 2
+    assert sum(bool(load["timed"]) for load in loads) == 1  # the other read the choice made
+    assert loads[0]["answers"] == loads[1]["answers"]
+    assert not [p for p in root.rglob(".*") if p.name.endswith((".tmp", ".old"))]  # no staging folder or file left
