@@ -11,16 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
 import hfport  # noqa: E402
+from hfport.cli import app  # noqa: E402
 from hfport.errors import ExportError  # noqa: E402
 from hfport.export import int8_choice  # noqa: E402
+from hfport.nn.int8 import Int8Linear  # noqa: E402
 from hfport.pipelines.onnx_backend import OnnxModel  # noqa: E402
 from hfport.pipelines.openvino_backend import OpenVinoModel  # noqa: E402
+from tests.forked import start_child  # noqa: E402
 from tests.parity import TEXTS  # noqa: E402
 
 torch.set_num_threads(1)
@@ -136,3 +140,97 @@ def test_nothing_passing_falls_back_to_the_models_auto_int8(tiny, fresh_verdicts
     kept = json.loads(next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}")).read_text())
     assert kept["path"] is None and kept["folder"] is None and set(kept["refused"]) == {"onnx", "openvino"}
     assert int8_choice.Int8Choice(**kept).line().startswith("auto-int8: no int8 path passed its gate; refused onnx: ")
+
+
+def no_second_choice(monkeypatch) -> None:
+    """From here on, nothing may export or time: a load must read the kept choice."""
+    def no(*args, **kwargs):
+        raise AssertionError("the kept choice was not used")
+    monkeypatch.setattr(int8_choice, "texts_per_second", no)
+    monkeypatch.setattr(int8_choice, "export", no)
+
+
+def test_a_kept_torch_choice_serves_hfports_int8_engine(tiny, fresh_verdicts, monkeypatch):
+    """hfport's engine wins and is kept: the next load reads the choice and loads the int8 model again (no export, no
+    timing), with the same outputs."""
+    rates(monkeypatch, {OnnxModel: 100.0, torch.nn.Module: 300.0})
+    first = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8", int8_paths=("torch", "onnx"))
+    assert first.model.load_report.notes[-1].startswith("auto-int8 chose torch (texts/s: torch 300, onnx 100")
+    kept = json.loads(next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}")).read_text())
+    assert kept["path"] == "torch" and kept["folder"] is None and set(kept["measured"]) == {"torch", "onnx"}
+
+    no_second_choice(monkeypatch)
+    again = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8", int8_paths=("torch", "onnx"))
+    assert isinstance(again.model, hfport.PreTrainedEncoder) and again.model is not first.model
+    assert sum(isinstance(m, Int8Linear) for m in again.model.modules()) == 12  # 2 layers x (q, k, v, o, up, down)
+    assert again.model.load_report.notes[-1] == first.model.load_report.notes[-1]
+    for a, b in zip(first(TEXTS[:4]), again(TEXTS[:4])):
+        torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=0, atol=0)
+
+
+def test_cli_predict_auto_int8(tiny, fresh_verdicts, monkeypatch):
+    """`hfport predict --dtype auto-int8`: the answers of the path chosen, the choice in the log (-v: info, as
+    pipeline() logs it), and a second run reads the kept choice."""
+    rates(monkeypatch, {OnnxModel: 300.0, OpenVinoModel: 200.0, torch.nn.Module: 100.0})
+
+    def predict(*args: str):
+        run = CliRunner().invoke(app, ["predict", str(tiny), *TEXTS[:2], "-t", "feature-extraction",
+                                       "--dtype", "auto-int8", *args])
+        assert run.exit_code == 0, run.output
+        return [json.loads(line) for line in run.stdout.splitlines()], run.stderr
+
+    answers, said = predict("-v")
+    assert "auto-int8 chose onnx (texts/s: onnx 300, openvino 200" in said
+    kept = json.loads(next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}")).read_text())
+    assert kept["path"] == "onnx"
+    direct = hfport.pipeline("feature-extraction", model=kept["folder"])
+    assert len(answers) == 2
+    for got, want in zip(answers, direct(TEXTS[:2])):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+    no_second_choice(monkeypatch)
+    again, said = predict("-v")
+    assert "auto-int8 chose onnx (texts/s: onnx 300, openvino 200" in said and "(kept in " in said
+    assert again == answers
+    quiet, said = predict()  # the default verbosity: warnings only
+    assert quiet == answers and said == ""
+
+
+def choose_in_child(folder: Path, fastest: str, out: Path) -> None:
+    """A process's auto-int8 load, its own timing saying FASTEST wins; its answers, its note and whether it timed the
+    paths written to OUT."""
+    torch.set_num_threads(1)
+    timed: list[str] = []
+
+    def fixed(pipe, texts, passes=int8_choice.MEASURE_PASSES):
+        timed.append(type(pipe.model).__name__)
+        return 300.0 if isinstance(pipe.model, OnnxModel) == (fastest == "onnx") else 100.0
+
+    int8_choice.texts_per_second = fixed  # this child's own module: nothing to restore
+    pipe = hfport.pipeline("feature-extraction", model=folder, dtype="auto-int8", int8_paths=("torch", "onnx"))
+    out.write_text(json.dumps({"note": pipe.model.load_report.notes[-1], "timed": timed, "answers": pipe(TEXTS[:3])}))
+
+
+def test_two_processes_making_the_same_choice_at_once(tiny, fresh_verdicts, monkeypatch, tmp_path):
+    """Two processes load the same folder with auto-int8 at once, over one cache (HFPORT_CACHE_DIR). Their
+    measurements disagree (each child's timing names another winner: under each other's load two processes' figures
+    differ, as runs on this machine showed), yet one choice is made and kept, both serve it with equal answers, and no
+    staging folder is left."""
+    hfport.hardware.cpu_capabilities()  # measured once here (into the test's cache), not by both children
+    monkeypatch.setenv("HFPORT_CACHE_DIR", str(fresh_verdicts))
+    outs = [tmp_path / "onnx.json", tmp_path / "torch.json"]
+    children = [start_child(choose_in_child, tiny, fastest, out) for fastest, out in zip(("onnx", "torch"), outs)]
+    for child in children:
+        child.join(120)
+    assert [child.exitcode for child in children] == [0, 0]
+    loads = [json.loads(out.read_text()) for out in outs]
+
+    root = fresh_verdicts / int8_choice.FOLDER
+    kept = list(root.glob(f"*/{int8_choice.CHOICE_FILE}"))
+    assert len(kept) == 1
+    choice = int8_choice.read_choice(kept[0].parent)
+    assert choice is not None and choice.path in ("onnx", "torch")
+    assert [load["note"] for load in loads] == [choice.line()] * 2
+    assert sum(bool(load["timed"]) for load in loads) == 1  # the other read the choice made
+    assert loads[0]["answers"] == loads[1]["answers"]
+    assert not [p for p in root.rglob(".*") if p.name.endswith((".tmp", ".old"))]  # no staging folder or file left

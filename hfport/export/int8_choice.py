@@ -18,7 +18,8 @@ paths that passed are timed on the same texts (measured_texts(): the int8 gate's
 second halves, batches of 32 through the pipeline each path serves, the best of MEASURE_PASSES passes after a
 warm-up), and the fastest serves. Its figures are written to choice.json beside the exports and logged; a later load
 with the same key reads that choice instead of exporting and timing again (a choice whose folder is gone is made
-again). When every path is refused, the torch path's own answer serves: bf16, as dtype="auto-int8" on the model.
+again). One process at a time makes a key's choice (_choosing: a lock file beside choice.json); another loading the
+same folder meanwhile waits, then reads it. When every path is refused, the torch path's own answer serves: bf16, as dtype="auto-int8" on the model.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ import torch
 
 from .. import hardware, hub, pipelines, probes
 from ..errors import ExportError
+from ..formats.encoded import FolderLock
 from ..int8_verdicts import code_digest, files_digest
 from ..settings import settings
 from ..version import __version__
@@ -48,6 +52,7 @@ log = logging.getLogger("hfport")
 
 FOLDER = "int8-paths"  # under the setting cache_dir
 CHOICE_FILE = "choice.json"
+LOCK_FILE = ".choosing.lock"  # beside it: held by the process making the choice (_choosing)
 FORMAT = 1  # bumped when choice.json's layout changes
 MEASURE_PASSES = 3
 
@@ -153,11 +158,38 @@ def choose(folder: str | os.PathLike[str], task: str, *, load_torch: Callable[[]
     allowed = [p for p in INT8_PATHS if p.installed() and (paths is None or p.name in paths)]
     where = Path(settings().cache_dir) / FOLDER / choice_key(source, task, gate_data, [p.name for p in allowed])[:32]
     kept = read_choice(where)
-    if kept is not None:
-        log.info("%s: %s (kept in %s)", source, kept.line(), where)
-        return kept, _serve(kept, load_torch, open_graph)
+    if kept is None:
+        where.mkdir(parents=True, exist_ok=True)
+        with _choosing(where):
+            kept = read_choice(where)  # made by the process this one waited for
+            if kept is None:
+                return _choose(source, where, allowed, load_torch, open_graph, make_pipeline, gate_data)
+    log.info("%s: %s (kept in %s)", source, kept.line(), where)
+    return kept, _serve(kept, load_torch, open_graph)
+
+
+@contextmanager
+def _choosing(where: Path) -> Iterator[None]:
+    """Held while this process makes the choice kept at WHERE (an flock, dropped by the kernel if the holder dies):
+    another process making the same one waits, then reads it, instead of exporting into the same folders, timing
+    under the other's load and serving a choice of its own."""
+    lock = FolderLock(where / LOCK_FILE)
+    if not lock.acquire(exclusive=True):
+        log.info("%s: process %s is making this auto-int8 choice; waiting for it", where, lock.holder())
+        lock.acquire(exclusive=True, wait=math.inf)
+    lock.note_holder()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _choose(source: Path, where: Path, allowed: list[Int8Path], load_torch: Callable[[], Any],
+            open_graph: Callable[[Path], Any], make_pipeline: Callable[[Any], Any],
+            gate_data: str | os.PathLike[str] | None) -> tuple[Int8Choice, Any]:
+    """choose()'s measurement, no choice being kept at WHERE: the ALLOWED paths exported, gated and timed; the
+    choice written there and logged."""
     choice, models = Int8Choice(None), {}
-    where.mkdir(parents=True, exist_ok=True)
     for path in allowed:
         try:
             if path.format is None:
