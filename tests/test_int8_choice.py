@@ -181,6 +181,7 @@ def test_cli_predict_auto_int8(tiny, fresh_verdicts, monkeypatch):
 
     answers, said = predict("-v")
     assert "auto-int8 chose onnx (texts/s: onnx 300, openvino 200" in said
+    assert "auto-int8: exporting and gating the int8 paths" in said  # the progress bar of the first, long load
     kept = json.loads(next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}")).read_text())
     assert kept["path"] == "onnx"
     direct = hfport.pipeline("feature-extraction", model=kept["folder"])
@@ -191,6 +192,7 @@ def test_cli_predict_auto_int8(tiny, fresh_verdicts, monkeypatch):
     no_second_choice(monkeypatch)
     again, said = predict("-v")
     assert "auto-int8 chose onnx (texts/s: onnx 300, openvino 200" in said and "(kept in " in said
+    assert "exporting and gating" not in said
     assert again == answers
     quiet, said = predict()  # the default verbosity: warnings only
     assert quiet == answers and said == ""

@@ -19,7 +19,9 @@ second halves, batches of 32 through the pipeline each path serves, the best of 
 warm-up), and the fastest serves. Its figures are written to choice.json beside the exports and logged; a later load
 with the same key reads that choice instead of exporting and timing again (a choice whose folder is gone is made
 again). One process at a time makes a key's choice (_choosing: a lock file beside choice.json); another loading the
-same folder meanwhile waits, then reads it. When every path is refused, the torch path's own answer serves: bf16, as dtype="auto-int8" on the model.
+same folder meanwhile waits, then reads it. When every path is refused, the torch path's own answer serves: bf16, as
+dtype="auto-int8" on the model. Making a choice that exports graphs shows a progress bar (minutes for a real model;
+none at the quiet verbosity).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from .. import hardware, hub, pipelines, probes
 from ..errors import ExportError
@@ -190,7 +193,11 @@ def _choose(source: Path, where: Path, allowed: list[Int8Path], load_torch: Call
     """choose()'s measurement, no choice being kept at WHERE: the ALLOWED paths exported, gated and timed; the
     choice written there and logged."""
     choice, models = Int8Choice(None), {}
-    for path in allowed:
+    quiet = not log.isEnabledFor(logging.WARNING)  # HFPORT_VERBOSITY=quiet / -q: no bar
+    bar = tqdm(allowed, desc="auto-int8: exporting and gating the int8 paths", unit="path",
+               disable=quiet or all(p.format is None for p in allowed))
+    for path in bar:
+        bar.set_postfix_str(path.name)
         try:
             if path.format is None:
                 models[path.name] = load_torch()
