@@ -31,7 +31,7 @@ from hfport.export import FORMATS, ExportError, VerifyFailed, detect_format, ver
 from hfport.export import openvino as ov_export  # noqa: E402
 from hfport.export.openvino import export_openvino  # noqa: E402
 from hfport.formats.openvino import (IR_FILE, MANIFEST, QUANTIZED_IR_FILE, OpenVinoModelError,  # noqa: E402
-                                     default_file, is_openvino_model, read_manifest)
+                                     default_file, is_openvino_model, read_manifest, served_precision)
 from hfport.formats.sentence_transformers import write_embedding_layout  # noqa: E402
 from hfport.pipelines.openvino_backend import OpenVinoModel  # noqa: E402
 from hfport.tasks import canonical  # noqa: E402
@@ -41,6 +41,7 @@ from tests.tiny import HEADS, decisive_qa, save_with_tokenizer  # noqa: E402
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
 
 TASKS = [canonical(task) for task in HEADS]  # the pipeline tags
+BF16_CPU = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")  # OpenVINO computes bf16 here
 # as tests/test_onnx.py: a random tiny MLM's logits over 30522 tokens are near-uniform, so its ranks 5 and 6 are near
 # ties that int8 noise swaps (top-1 unchanged); every other head is held to the default 0.99
 MIN_AGREEMENT = {task: 0.99 for task in TASKS} | {"fill-mask": 0.9}
@@ -124,6 +125,15 @@ def test_every_head_exports_verifies_and_matches_torch_in_the_runtime(task, expo
     manifest = json.loads((out / MANIFEST).read_text())
     assert (manifest["format"], manifest["default_file"], manifest["inference_precision"]) == \
         ("openvino-int8", QUANTIZED_IR_FILE, "f32")
+    # the int8 IR's own precision: bf16 where the gate passed it computed so (OpenVINO computes bf16 here), and then
+    # verify judged it so too, the f32 rows' kinds again
+    gate = [r.output.split("/")[0] for r in rows(report, "int8 vs fp32")]
+    f32_rows = [name for name in gate if "(" not in name]
+    if BF16_CPU and manifest["int8_precision"].startswith("bf16: passes"):
+        assert manifest["inference_precisions"] == {QUANTIZED_IR_FILE: "bf16"}
+        assert [name for name in gate if "(" in name] == [f"{name} (bf16)" for name in f32_rows]
+    else:
+        assert "inference_precisions" not in manifest and len(gate) == len(f32_rows), manifest["int8_precision"]
     assert set(manifest["sha256"]) == {IR_FILE, "openvino_model.bin", QUANTIZED_IR_FILE,
                                        "openvino_model_qint8_quantized.bin"}
     # attention is OpenVINO's one float op a layer (no activation MatMul left to keep); the head stays fp32
@@ -195,12 +205,15 @@ def test_pipelines_serve_the_folder(task, exported, source):
 
 
 def test_embedding_pipeline_equals_the_runtime(exported):
-    """sentence-embedding on the int8 folder is OpenVINO's runtime on the int8 IR, pooled as the source's
-    sentence-transformers files say (cls, normalized), one text a call (unpadded, as the runtime call here)."""
+    """sentence-embedding on the int8 folder is OpenVINO's runtime on the int8 IR in the precision its manifest
+    records, pooled as the source's sentence-transformers files say (cls, normalized), one text a call (unpadded, as
+    the runtime call here)."""
     out, _ = exported("feature-extraction")
     pipe = hfport.pipeline("sentence-embedding", model=out)
+    hint = served_precision(out, QUANTIZED_IR_FILE)
+    assert pipe.model.precision == hint and hint == ("bf16" if BF16_CPU else "f32")
     for text in TEXTS:
-        hidden = runtime(out / QUANTIZED_IR_FILE, encode(out, [text]), "last_hidden_state")  # (1, T, C)
+        hidden = runtime(out / QUANTIZED_IR_FILE, encode(out, [text]), "last_hidden_state", hint)  # (1, T, C)
         want = torch.nn.functional.normalize(hidden[0, 0], dim=-1)  # the first token's state
         torch.testing.assert_close(torch.tensor(pipe(text)), want, atol=1e-6, rtol=1e-6)
     fp32_hidden = runtime(out / IR_FILE, encode(out, [TEXTS[0]]), "last_hidden_state")
@@ -208,13 +221,18 @@ def test_embedding_pipeline_equals_the_runtime(exported):
 
 
 def test_precision_follows_dtype(exported, source):
-    """dtype None/auto/float32: the f32 hint verify proved (OpenVINO's default on a bf16 CPU would be bf16);
-    dtype=bfloat16: the bf16 hint; anything else is refused naming what runs."""
+    """dtype None/auto: the hint the manifest records for the IR, which verify proved (the fp32 IR's f32, where
+    OpenVINO's default on a bf16 CPU would be bf16; the int8 IR's bf16 where its gate passed it); float32: f32;
+    bfloat16: bf16; anything else is refused naming what runs."""
     out, _ = exported("feature-extraction")
     for dtype in (None, "auto", "float32"):
         model = hfport.pipeline("feature-extraction", model=out, file=IR_FILE, dtype=dtype).model
         assert model.precision == "f32" and str(model.compiled.get_property("INFERENCE_PRECISION_HINT")) == "<Type: " \
             "'float32'>"
+    for dtype in (None, "auto"):
+        int8 = hfport.pipeline("feature-extraction", model=out, dtype=dtype).model
+        assert int8.path.name == QUANTIZED_IR_FILE and int8.precision == served_precision(out, QUANTIZED_IR_FILE)
+    assert hfport.pipeline("feature-extraction", model=out, dtype="float32").model.precision == "f32"
     bf16 = hfport.pipeline("feature-extraction", model=out, file=IR_FILE, dtype="bfloat16").model
     assert bf16.precision == "bf16"
     for dtype in ("float16", "int8"):
@@ -362,6 +380,43 @@ def test_a_failure_outside_the_gate_is_not_retried(source, tmp_path, monkeypatch
     assert tried == [1]
     assert {r.check for r in info.value.report.failures} - {"int8 vs fp32"}  # failed beyond the gate
     no_leftovers(out)
+
+
+@pytest.mark.skipif(not BF16_CPU, reason="OpenVINO computes no bf16 on this CPU: the int8 IR's bf16 is not judged")
+def test_int8_ir_whose_bf16_fails_the_gate_is_served_in_f32(source, tmp_path, monkeypatch):
+    """An int8 IR whose bf16 computation moves the answers (noise added to what it returns in bf16): the export
+    passes on the f32 gate, the manifest records f32 for it and says why, verify judges no bf16 rows, and the
+    backend serves it in f32."""
+
+    class NoisyInBf16(OpenVinoModel):
+        def run(self, feeds):
+            outs = super().run(feeds)
+            if self.precision != "bf16":
+                return outs
+            rng = np.random.default_rng(0)
+            return [o + rng.normal(0, 1, o.shape).astype(o.dtype) * np.abs(o).max() for o in outs]
+
+    monkeypatch.setattr(ov_export, "OpenVinoModel", NoisyInBf16)  # what the export's bf16 judgement opens
+    out = tmp_path / "out"
+    report = export_openvino(source("feature-extraction"), out, quantize="int8").report
+    manifest = read_manifest(out)
+    assert manifest["int8_precision"].startswith("f32: bf16 fails the int8 gate") and \
+        "inference_precisions" not in manifest
+    assert rows(report, "int8 vs fp32") and not [r for r in report.rows if "(bf16)" in r.output]
+    assert hfport.pipeline("sentence-embedding", model=out).model.precision == "f32"
+
+
+def test_a_manifest_precision_that_is_no_hint_is_refused(exported, tmp_path):
+    out, _ = exported("feature-extraction")
+    folder = tmp_path / "copy"
+    shutil.copytree(out, folder)
+    manifest = read_manifest(folder)
+    manifest["inference_precisions"] = {QUANTIZED_IR_FILE: "fp16"}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(OpenVinoModelError, match=r"inference_precisions\.openvino_model_qint8_quantized\.xml 'fp16' "
+                                                 r"must be one of \['f32', 'bf16'\]"):
+        hfport.pipeline("sentence-embedding", model=folder)
+    assert hfport.pipeline("sentence-embedding", model=folder, dtype="float32").model.precision == "f32"
 
 
 def test_feed_forward_scope_and_fused_attention(exported, source):

@@ -59,6 +59,8 @@ class Graphs:
 
 # (model, tokenizer folder, staged folder) -> the graphs written there
 GraphStep = Callable[[PreTrainedEncoder, Path, Path], Graphs]
+# (staged folder, source model folder, the gate's data, (min agreement, min cosine)) -> the manifest's serving entries
+Serving = Callable[[Path, Path, GateData, tuple[float, float]], dict[str, Any]]
 
 
 def export_graphs(write: Callable[..., ExportResult], options: GateOptions, src: str | os.PathLike[str],
@@ -74,12 +76,12 @@ def export_graphs(write: Callable[..., ExportResult], options: GateOptions, src:
 
 def write_graph_folder(fmt: GraphVerify, source: Source, out: Path, options: GateOptions, write: GraphStep, *,
                        quantize: str | None, json_path: str | os.PathLike[str] | None, card: CardStyle,
-                       result: Callable[..., ExportResult], serving: dict[str, Any] | None = None,
+                       result: Callable[..., ExportResult], serving: Serving | None = None,
                        no_graph: str = "graph") -> ExportResult:
     """SOURCE's model as a FMT folder at OUT (the module docstring has the steps), verified before OUT appears
-    (VerifyFailed if not). WRITE: the format's graphs; RESULT: its ExportResult class; SERVING: manifest entries on
-    how the folder is served (OpenVINO's inference precision); NO_GRAPH: what a head without graph outputs lacks, in
-    its error."""
+    (VerifyFailed if not). WRITE: the format's graphs; RESULT: its ExportResult class; SERVING: the manifest's
+    entries on how the folder is served (OpenVINO's inference precisions), asked once the staged folder holds
+    everything but the manifest; NO_GRAPH: what a head without graph outputs lacks, in its error."""
     check_thresholds(options.min_agreement, options.min_cosine)
     gate_data = read_gate_data(options.gate_data) if options.gate_data is not None else GateData.builtin()
     model = load_exportable(source)
@@ -99,9 +101,11 @@ def write_graph_folder(fmt: GraphVerify, source: Source, out: Path, options: Gat
             if (tok_folder / tok_file).is_file():
                 shutil.copyfile(tok_folder / tok_file, staging / tok_file)
         copy_layout(source.model, staging)  # an embedding model pools and normalizes as its source did
+        served = serving(staging, source.model, gate_data, (options.min_agreement, options.min_cosine)) \
+            if serving is not None else {}
         hub.write_json_atomic(staging / fmt.folder.manifest, {
             "format": name, "default_file": fmt.folder.quantized_file if quantize else fmt.folder.graph_file,
-            **(serving or {}), "hfport_version": config["hfport_version"], **graphs.made, "padded": True,
+            **served, "hfport_version": config["hfport_version"], **graphs.made, "padded": True,
             "inputs": graph_inputs(model.config), "outputs": list(TASKS[model.task].graph_outputs),
             "source": str(source.model.resolve()), **graphs.details,
             "sha256": {f: sha256(staging / f) for f in files}})
@@ -127,4 +131,4 @@ def gate_lines(facts: CardFacts) -> list[str]:
             *(f"| {r.output} | {r.shape} | {r.tolerance} | {'pass' if r.passed else 'FAIL'} |" for r in gate)]
 
 
-__all__ = ["GateOptions", "GraphStep", "Graphs", "export_graphs", "gate_lines", "write_graph_folder"]
+__all__ = ["GateOptions", "GraphStep", "Graphs", "Serving", "export_graphs", "gate_lines", "write_graph_folder"]

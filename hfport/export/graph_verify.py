@@ -67,6 +67,9 @@ class GraphVerify:
     loads: str  # what a graph's row proves, in the report
     direct: Callable[[Path, str], Any]  # (fp32 graph, task) -> the runtime running it directly, called as a model
     also_fp32: tuple[tuple[str, str], ...] = ()  # (file, report label): other fp32 graphs, compared as the first
+    # (int8 graph as `load` made it, the manifest) -> (label, the int8 graph as the folder serves it by default) where
+    # that differs (OpenVINO: computed in the bf16 its manifest records), judged by the gate too; else None
+    served: Callable[[GraphModel, dict[str, Any] | None], tuple[str, GraphModel] | None] | None = None
 
     @property
     def fp32(self) -> dict[str, str]:
@@ -128,6 +131,10 @@ def _verify(fmt: GraphVerify, folder: Path, source_arg: Any, which: str, bounds:
         with check_row(report, GATE_CHECK, "gate"):
             gate_ctx = GateContext(config, pooling_of(folder, report.source))
             int8_rows(report, graphs[int8_file], graphs[fp32_file], gate_ctx, task, bounds, data)
+        served = fmt.served(graphs[int8_file], manifest) if fmt.served is not None else None
+        if served is not None:
+            with check_row(report, GATE_CHECK, f"gate ({served[0]})"):
+                int8_rows(report, served[1], graphs[fp32_file], gate_ctx, task, bounds, data, variant=served[0])
 
 
 def _graphs(fmt: GraphVerify, folder: Path, config: Any, task: str, manifest: dict[str, Any] | None,
@@ -265,12 +272,14 @@ def pooling_of(folder: Path, source: str) -> str:
 
 
 def int8_rows(report: VerifyReport, int8: GraphModel, fp32: GraphModel, ctx: GateContext, task: str,
-               bounds: tuple[float, float], data: GateData) -> None:
+              bounds: tuple[float, float], data: GateData, variant: str = "") -> None:
     """The int8 gate (export/onnx_agreement.py) on the judged texts (never the calibration ones), one row a kind
-    of input (texts, pairs, long texts, long pairs)."""
+    of input (texts, pairs, long texts, long pairs); VARIANT: how INT8 runs when not as loaded ("bf16"), in the rows'
+    names."""
     gate = gate_for(TASKS[task].agreement, ctx.config)
     chunks = gate_batches(int8.path.parent, task, ctx.config, data)
-    for name, encs in chunks.items():
+    for chunk, encs in chunks.items():
+        name = f"{chunk} ({variant})" if variant else chunk
         with check_row(report, GATE_CHECK, f"{name}/{gate.name}"):
             # each chunk's items at once: the outputs of every chunk together (fill-mask's (rows, T, vocab)) are large
             verdict = judge(gate, [(items(gate, run(int8, enc, task), enc, ctx),

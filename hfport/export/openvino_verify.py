@@ -16,6 +16,8 @@ batches) are compared at real positions:
     int8       openvino_model_qint8_quantized.xml against openvino_model.xml through the int8 gate
                (hfport/agreement.py), the ONNX int8 export's: by what the head means, on the judged texts (never the
                calibration ones), short and long, or the user's `gate_data`; a gate that cannot run is a FAIL row.
+               Where the manifest records another precision for the int8 IR (`inference_precisions`: bf16, what the
+               backend then serves by default), the int8 IR computed in it is judged by the gate too (rows "(bf16)").
 SOURCE defaults to the one hfport_openvino.json records; when no source is given and it cannot be reached, the fp32
 rows compare hfport's openvino backend with OpenVINO running openvino_model.xml directly, and the report says so.
 """
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..formats.openvino import OPENVINO_FOLDER
+from ..formats.openvino import OPENVINO_FOLDER, precision_of
 from ..pipelines.graph import read_folder_config
 from ..pipelines.openvino_backend import OpenVinoModel, check_signature, compile_ir, read_ir, require_openvino
 from ..tasks import TASKS
@@ -68,10 +70,22 @@ def load_ir(path: Path, config: Any, task: str) -> tuple[OpenVinoModel, list[str
     return OpenVinoModel(path, compile_ir(model, path), cfg, family, task, "f32"), fixed
 
 
+def served_int8(int8: OpenVinoModel, manifest: dict[str, Any] | None) -> tuple[str, OpenVinoModel] | None:
+    """(precision, the int8 IR compiled in it) where the manifest records for it another precision than the f32
+    verify compiles in (formats/openvino.py's precision_of); else None."""
+    if manifest is None:
+        return None
+    precision = precision_of(manifest, int8.path.name, int8.path.parent / OPENVINO_FOLDER.manifest)
+    if precision == int8.precision:
+        return None
+    return precision, OpenVinoModel(int8.path, compile_ir(read_ir(int8.path), int8.path, precision), int8.config,
+                                    int8.family, int8.task, precision)
+
+
 OPENVINO_GRAPHS = GraphVerify(OPENVINO_FOLDER, export_format="openvino", row="IR", tolerance=FP32_TOLERANCE,
                               runtime="OpenVINO", backend="OpenVINO", require=require_openvino, load=load_ir,
                               loads="reads and compiles (f32); inputs/outputs as config.json; dynamic axes",
-                              direct=RawIR)
+                              direct=RawIR, served=served_int8)
 
 
 def verify_openvino(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = None,

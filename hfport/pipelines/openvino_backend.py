@@ -6,9 +6,11 @@ models.
 manifest names (`default_file`: an openvino-int8 export's int8 IR), or the one `file=` names.
 
 Precision: OpenVINO computes an fp32 IR (and the float parts of an int8 one) in bf16 by default on a CPU with bf16
-instructions. The backend sets INFERENCE_PRECISION_HINT itself: f32 for dtype None, "auto" or float32, the
-precision the export's verify proved (formats/openvino.py's INFERENCE_PRECISION); bf16 only when the pipeline asks
-for dtype="bfloat16" (OpenVINO's own default there, not proved by verify; a CPU without bf16 computes f32).
+instructions. The backend sets INFERENCE_PRECISION_HINT itself: for dtype None or "auto", the precision the folder's
+manifest records for the IR, which the export's verify proved (formats/openvino.py's served_precision: f32 for the
+fp32 IR; bf16 for an int8 IR whose gate passed it computed in bf16; f32 without a manifest); f32 for dtype=float32;
+bf16 for dtype="bfloat16" (OpenVINO's own default there, for an fp32 IR not proved by verify; a CPU without bf16
+computes f32).
 
 openvino is imported only when a model is opened, so hfport imports without the `openvino` extra.
 """
@@ -24,13 +26,14 @@ import numpy as np
 import torch
 
 from ..config import EncoderConfig
-from ..formats.openvino import (INFERENCE_PRECISION, IR_FILE, OPENVINO_FOLDER, QUANTIZED_IR_FILE, OpenVinoModelError,
-                                is_openvino_model, weights_file)
+from ..formats.openvino import (INFERENCE_PRECISION, IR_FILE, OPENVINO_FOLDER, PRECISION_HINTS, QUANTIZED_IR_FILE,
+                                OpenVinoModelError, is_openvino_model, served_precision, weights_file)
 from ..registry import Family
 from .graph import GraphBackend, GraphModel, check_io, graph_dtype, read_folder_config
 
 INSTALL_HINT = "pip install 'hfport[openvino]'"
-# the pipeline's dtype -> OpenVINO's INFERENCE_PRECISION_HINT (the module docstring says why f32 is the default)
+# the pipeline's explicit dtype -> OpenVINO's INFERENCE_PRECISION_HINT (None and "auto": the manifest's, the module
+# docstring says why)
 PRECISIONS = {torch.float32: INFERENCE_PRECISION, torch.bfloat16: "bf16"}
 
 
@@ -99,15 +102,17 @@ class OpenVinoModel(GraphModel):
                          f"openvino IR {path.name} ({precision})")
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike[str], *, file: str | None = None, precision: str =
-                        INFERENCE_PRECISION, threads: int | None = None) -> OpenVinoModel:
+    def from_pretrained(cls, path: str | os.PathLike[str], *, file: str | None = None, precision: str | None = None,
+                        threads: int | None = None) -> OpenVinoModel:
         """PATH: an OpenVINO folder or an IR's .xml file whose folder holds config.json. A folder serves the IR its
         manifest names (formats/openvino.py's default_file: an int8 export's int8 IR, else openvino_model.xml), or
         `file`, another IR in it (file="openvino_model.xml": the fp32 IR of an int8 export). PRECISION: OpenVINO's
-        INFERENCE_PRECISION_HINT, "f32" (what verify proved) or "bf16"."""
-        if precision not in PRECISIONS.values():
-            raise OpenVinoModelError(f"precision {precision!r}: expected one of {list(PRECISIONS.values())}")
+        INFERENCE_PRECISION_HINT, "f32" or "bf16"; None: the one the manifest records for the IR (what verify
+        proved)."""
+        if precision is not None and precision not in PRECISION_HINTS:
+            raise OpenVinoModelError(f"precision {precision!r}: expected one of {list(PRECISION_HINTS)}")
         folder, xml = OPENVINO_FOLDER.locate(path, file)
+        precision = precision or served_precision(folder, xml.name)
         _, family, config, task = read_folder_config(folder)
         model = read_ir(xml)
         check_signature(model, config, task, xml)
@@ -130,9 +135,11 @@ class OpenVinoModel(GraphModel):
 
 
 def load(path: str | os.PathLike[str], *, file: str | None = None, dtype: Any = None) -> OpenVinoModel:
-    """The pipeline's loader: dtype None, "auto" or float32 computes in f32 (what verify proved), bfloat16 in bf16."""
+    """The pipeline's loader: dtype None or "auto" computes in the precision the manifest records for the IR (what
+    verify proved), float32 in f32, bfloat16 in bf16."""
+    resolved = graph_dtype(dtype, "openvino", tuple(PRECISIONS))  # refuses what OpenVINO cannot run
     return OpenVinoModel.from_pretrained(
-        path, file=file, precision=PRECISIONS[graph_dtype(dtype, "openvino", tuple(PRECISIONS))])
+        path, file=file, precision=None if dtype is None or dtype == "auto" else PRECISIONS[resolved])
 
 
 BACKEND = GraphBackend("openvino", f"an OpenVINO folder ({IR_FILE}, no safetensors) or an IR's .xml file, run by "
