@@ -185,6 +185,20 @@ def activation_errors(path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[st
     return {n.name: (noise[n.input[0]] / signal[n.input[0]]) ** 0.5 if signal[n.input[0]] else 0.0 for n in matmuls}
 
 
+def _weight_matmuls(model: Any) -> list[Any]:
+    """The MatMul nodes of `model` (an onnx.ModelProto) whose weight is a constant 2-D initializer."""
+    weights = {i.name: i for i in model.graph.initializer}
+    return [node for node in model.graph.node
+            if node.op_type == "MatMul" and node.input[1] in weights and len(weights[node.input[1]].dims) == 2]
+
+
+def weight_matmuls(path: Path) -> list[str]:
+    """The names of the MatMuls with a constant 2-D weight in the graph at `path`: what split_outliers can split."""
+    import onnx
+
+    return [node.name for node in _weight_matmuls(onnx.load(str(path)))]
+
+
 def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], ratio: float = OUTLIER_RATIO,
                    max_channels: int = MAX_OUTLIERS, scope: Callable[[str], bool] | None = None,
                    ) -> tuple[list[str], dict[str, list[int]]]:
@@ -206,9 +220,8 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], rat
     model = onnx.load(str(src))
     weights = {i.name: i for i in model.graph.initializer}
     groups: dict[str, list[Any]] = {}
-    for node in model.graph.node:
-        if node.op_type == "MatMul" and node.input[1] in weights and len(weights[node.input[1]].dims) == 2:
-            groups.setdefault(node.input[0], []).append(node)
+    for node in _weight_matmuls(model):
+        groups.setdefault(node.input[0], []).append(node)
     if scope is not None:
         groups = {x: group for x, group in groups.items() if all(scope(n.name) for n in group)}
     peaks = _channel_peaks(model, list(groups), feeds)
