@@ -169,6 +169,29 @@ def test_other_families_fp32_ir_verifies(family, minilm_path, tmp_path):
     assert {r.check for r in report.rows if r.check.startswith("fp32")} == {"fp32 vs hfport", "fp32 vs transformers"}
 
 
+@pytest.mark.parametrize("family", ["albert", "deberta-v2"])
+def test_other_families_int8_split_their_feed_forward(family, minilm_path, tmp_path, monkeypatch):
+    """The int8 export where the feed-forward sits or traces otherwise than BERT's: ALBERT's in shared layer groups
+    (traced under names without the groups), DeBERTa's linear layers traced as Gemm on its (N, C) rows. The
+    feed-forward scope selects exactly the traced graph's feed-forward MatMuls (not none, which would skip to the next
+    scope), the int8 IR written with it passes the gate, and the folder serves it. (The gated feed-forwards,
+    ModernBERT's and EuroBERT's, trace as BERT's does: not repeated here, each export costs 7-9 s.)"""
+    src = tmp_path / family
+    save_with_tokenizer(family, "base", src, minilm_path, vocab_size=30522)
+    traced: list[str] = []  # the traced graph's weight MatMuls, as quantize_ir reads them
+    real = ov_export.weight_matmuls
+    monkeypatch.setattr(ov_export, "weight_matmuls", lambda path: traced.extend(real(path)) or traced)
+    out = tmp_path / "ov"
+    report = export_openvino(src, out, quantize="int8").report
+    assert report.passed and rows(report, "int8 vs fp32"), report.table()
+    assert read_manifest(out)["quantization"]["outlier_scope"] == ov_export.OUTLIER_SCOPES[0].name
+    in_scope = ov_export.OUTLIER_SCOPES[0].matmuls(hfport.AutoModel.from_pretrained(src))
+    selected = [name for name in traced if in_scope(name)]
+    assert selected and selected == [name for name in traced if "/ffn/" in name]  # EncoderLayer.ffn's, only
+    pipe = hfport.pipeline("feature-extraction", model=out)
+    assert pipe.model.path == out / QUANTIZED_IR_FILE and len(pipe(TEXTS[:2])) == 2
+
+
 def test_task_without_a_graph_is_refused(minilm_path, tmp_path):
     """Multiple choice ((B, C, T) inputs) has no graph: refused before anything is written."""
     choice = tmp_path / "choice"

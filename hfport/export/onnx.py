@@ -173,6 +173,33 @@ class _Graph(nn.Module):
         return tuple(out[name] for name in self.outputs)
 
 
+def traced_scope(model: nn.Module, path: str) -> tuple[str, ...]:
+    """The steps that `trace` puts before the node names of MODEL's submodule at PATH (a named_modules path): "model"
+    (_Graph's), then a step for each module on the path that runs a forward of its own, named as the TorchScript
+    exporter names a module: its qualified name from the last attribute name on ("layers.0"). A container
+    (ModuleList, ALBERT's layer groups) is never called and gives no step: ALBERT's body.encoder.groups.0.layers.1.ffn
+    traces as model/body/encoder/layers.1/ffn."""
+    atoms = path.split(".")
+    steps = ["model"]
+    module = model
+    for i, atom in enumerate(atoms):
+        module = getattr(module, atom)
+        if type(module).forward is not nn.Module.forward:  # a container's is nn.Module's: never called
+            start = max(j for j in range(i + 1) if not atoms[j].isdigit())
+            steps.append(".".join(atoms[start:i + 1]))
+    return tuple(steps)
+
+
+def in_traced_scope(node: str, scope: tuple[str, ...]) -> bool:
+    """Whether the traced node named NODE ("/model/body/.../MatMul") lies under SCOPE (traced_scope's steps). A module
+    called again names its nodes with a count after a step ("ffn/up_1/MatMul", "attn_1/MatMul": ALBERT's shared
+    layers), which is under the same scope."""
+    steps = node.strip("/").split("/")[:-1]  # the last step is the node's own name
+    return len(steps) >= len(scope) and all(
+        step == want or (step.startswith(want + "_") and step[len(want) + 1:].isdigit())
+        for step, want in zip(steps, scope))
+
+
 def export_onnx(src: str | os.PathLike[str], out: str | os.PathLike[str], *, which: str = "best",
                 opset: int = DEFAULT_OPSET, quantize: str | None = None, optimize: bool = False,
                 per_channel: bool = True, force: bool = False, min_agreement: float = MIN_AGREEMENT,

@@ -139,8 +139,11 @@ def optimize_graph(src: Path, dst: Path, num_heads: int, hidden_size: int) -> di
 
 def _token_rows(model: Any, names: list[str], feeds: list[dict[str, np.ndarray]]) -> Iterator[tuple[str, Any, Any]]:
     """Runs `model` (an onnx.ModelProto, left as it is) on each of `feeds` with the tensors `names` as its outputs,
-    with as many threads as torch has: yields (name, x, real) per feed and name, `real` the (B, T) mask of real
-    tokens and `x` the tensor (B, T, C), or None where it is not token rows (ModernBERT's rotary angles)."""
+    with as many threads as torch has: yields (name, x, real) per feed and name, `x` the tensor's token rows and
+    `real` the mask of its real tokens: x (B, T, C) with the feed's (B, T) mask, or x (N, C) with an all-True (N,) mask
+    where the rows are a layout's (between the feed's real tokens and all its B * T positions: DeBERTa's real tokens
+    plus one representative row of each padded sequence, which hold transformers' values at padding positions); x is
+    None where it is not token rows (ModernBERT's rotary angles, a pooled (B, C) batch, DeBERTa's relative table)."""
     import onnx
     import onnxruntime as ort
 
@@ -157,7 +160,12 @@ def _token_rows(model: Any, names: list[str], feeds: list[dict[str, np.ndarray]]
     for feed in feeds:
         real = feed["attention_mask"].astype(bool)  # (B, T)
         for name, x in zip(names, session.run(names, feed)):
-            yield name, (x if x.ndim == 3 and x.shape[:2] == real.shape else None), real
+            if x.ndim == 3 and x.shape[:2] == real.shape:
+                yield name, x, real
+            elif x.ndim == 2 and real.sum() <= x.shape[0] <= real.size:
+                yield name, x, np.ones(x.shape[0], bool)  # (N, C) rows, every one counted
+            else:
+                yield name, None, real
 
 
 def activation_errors(path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
@@ -185,15 +193,44 @@ def activation_errors(path: Path, feeds: list[dict[str, np.ndarray]]) -> dict[st
     return {n.name: (noise[n.input[0]] / signal[n.input[0]]) ** 0.5 if signal[n.input[0]] else 0.0 for n in matmuls}
 
 
+def _weight_matmuls(model: Any) -> list[Any]:
+    """The nodes of `model` (an onnx.ModelProto) that multiply their input by a constant 2-D initializer: MatMuls,
+    and the Gemms a linear layer on (N, C) rows traces to (DeBERTa's layers, poolers and heads) with that weight as
+    their B (A not transposed, alpha 1; the bias C adds after)."""
+    weights = {i.name: i for i in model.graph.initializer}
+
+    def gemm(node: Any) -> bool:
+        attrs = {a.name: a for a in node.attribute}
+        return node.op_type == "Gemm" and ("transA" not in attrs or attrs["transA"].i == 0) and (
+            "alpha" not in attrs or attrs["alpha"].f == 1.0)
+
+    return [node for node in model.graph.node if (node.op_type == "MatMul" or gemm(node))
+            and node.input[1] in weights and len(weights[node.input[1]].dims) == 2]
+
+
+def _transposed(node: Any) -> bool:
+    """Whether the weight of `node` (one of _weight_matmuls') is stored (C_out, C_in): a Gemm's transB."""
+    return any(a.name == "transB" and a.i == 1 for a in node.attribute)
+
+
+def weight_matmuls(path: Path) -> list[str]:
+    """The names of the MatMuls (and Gemms) with a constant 2-D weight in the graph at `path`: what split_outliers
+    can split."""
+    import onnx
+
+    return [node.name for node in _weight_matmuls(onnx.load(str(path)))]
+
+
 def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], ratio: float = OUTLIER_RATIO,
                    max_channels: int = MAX_OUTLIERS, scope: Callable[[str], bool] | None = None,
                    ) -> tuple[list[str], dict[str, list[int]]]:
     """LLM.int8()-style outlier decomposition (Dettmers et al. 2022) for dynamic quantization, written to `dst`.
 
-    For each input X of MatMuls with constant weights (Q/K/V share theirs): the input channels whose largest |value|
-    over the real tokens of `feeds` exceeds `ratio` times the median channel's (at most `max_channels`, the largest
-    first) leave the int8 path: hfport's one outlier rule, nn/int8.py's `outlier_channels`, which the engine's int8
-    layers use too. Each such MatMul X.W becomes
+    For each input X of MatMuls with constant weights (Q/K/V share theirs; a Gemm counts as its weight's MatMul, its
+    bias staying with the int8 part): the input channels whose largest |value| over the real tokens of `feeds`
+    exceeds `ratio` times the median channel's (at most `max_channels`, the largest first) leave the int8 path:
+    hfport's one outlier rule, nn/int8.py's `outlier_channels`, which the engine's int8 layers use too. Each such
+    MatMul X.W becomes
         (X * inlier_mask) . W_inliers   (the int8 candidate: W's outlier rows zeroed, so neither the per-tensor
                                          activation scale nor the weight's per-channel scale sees the outliers)
       + Gather(X, outliers) . W[outliers]   (a fp32 MatMul of width <= max_channels)
@@ -206,9 +243,8 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], rat
     model = onnx.load(str(src))
     weights = {i.name: i for i in model.graph.initializer}
     groups: dict[str, list[Any]] = {}
-    for node in model.graph.node:
-        if node.op_type == "MatMul" and node.input[1] in weights and len(weights[node.input[1]].dims) == 2:
-            groups.setdefault(node.input[0], []).append(node)
+    for node in _weight_matmuls(model):
+        groups.setdefault(node.input[0], []).append(node)
     if scope is not None:
         groups = {x: group for x, group in groups.items() if all(scope(n.name) for n in group)}
     peaks = _channel_peaks(model, list(groups), feeds)
@@ -217,7 +253,7 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], rat
     split: dict[str, list[int]] = {}
     for x, group in groups.items():
         peak = peaks.get(x)
-        if peak is None or any(weights[n.input[1]].dims[0] != len(peak) for n in group):
+        if peak is None or any(weights[n.input[1]].dims[int(_transposed(n))] != len(peak) for n in group):
             continue
         out = outlier_channels(torch.from_numpy(peak), ratio, max_channels).tolist()
         if not out:
@@ -230,15 +266,17 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], rat
         first = min(nodes.index(n) for n in group)
         new = [helper.make_node("Mul", [x, f"{x}/inlier_mask"], [f"{x}/inliers"], name=f"{x}/Inliers"),
                helper.make_node("Gather", [x, f"{x}/outlier_index"], [f"{x}/outliers"], name=f"{x}/Outliers",
-                                axis=-1)]  # (B, T, k)
+                                axis=-1)]  # (B, T, k) or (N, k)
         adds = []
         for n in group:
-            w = numpy_helper.to_array(weights[n.input[1]])  # (C_in, C_out)
+            stored = numpy_helper.to_array(weights[n.input[1]])
+            w = stored.T if _transposed(n) else stored  # (C_in, C_out)
             rows = w[out]  # (k, C_out)
             w = w.copy()
             w[out] = 0.0
             # new initializers per node: a weight can be shared by MatMuls on other inputs (ALBERT's layers)
-            model.graph.initializer.extend([numpy_helper.from_array(w, f"{n.name}/inlier_weight"),
+            inliers = np.ascontiguousarray(w.T) if _transposed(n) else w  # as the node reads it
+            model.graph.initializer.extend([numpy_helper.from_array(inliers, f"{n.name}/inlier_weight"),
                                             numpy_helper.from_array(rows, f"{n.name}/outlier_weight")])
             y = n.output[0]
             n.input[0], n.input[1], n.output[0] = f"{x}/inliers", f"{n.name}/inlier_weight", f"{y}/inlier_part"

@@ -22,8 +22,9 @@ hfport's own ONNX graph.
                                   through a small fp32 MatMul beside the int8 one, exact in fp32; read off the same
                                   calibration texts) 0.9945 / 0.9977 / 0.9976 / 0.9964.
                               Where the split applies is tried in OUTLIER_SCOPES' order until the gate passes (a
-                              failed try is written again with the next scope): the feed-forward's MatMuls first,
-                              then every weight MatMul. Each side MatMul costs a pass over its output, and the
+                              failed try is written again with the next scope; a scope that selects none of the
+                              traced graph's weight MatMuls is skipped with a warning): the feed-forward's MatMuls
+                              first, then every weight MatMul. Each side MatMul costs a pass over its output, and the
                               feed-forward scope keeps the split off attention's q/k/v/o inputs, where MiniLM's gate
                               does not need it. On all-MiniLM-L6-v2 (the gate's rows as above; least cosine against
                               transformers fp32 on 1,000 real texts of 8-120 words, scripts/bench_cpu_peers.py's):
@@ -80,9 +81,9 @@ from .card import CardFacts, CardStyle
 from .common import ExportError, ExportResult, Source
 from .graph_export import GateOptions, Graphs, export_graphs, gate_lines, write_graph_folder
 from .graph_verify import GATE_CHECK, feeds, int8_rows, pooling_of, probe_batches
-from .onnx import DEFAULT_OPSET, trace
+from .onnx import DEFAULT_OPSET, in_traced_scope, trace, traced_scope
 from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, GateContext
-from .onnx_fusion import split_outliers
+from .onnx_fusion import split_outliers, weight_matmuls
 from .openvino_verify import OPENVINO_GRAPHS, load_ir
 from .probes import GateData
 from .report import VerifyFailed, VerifyReport
@@ -94,8 +95,8 @@ QUANTIZE = ("int8",)
 # (nn/attention.py's additive_attention), which NNCF leaves float and the CPU plugin runs fused
 TRACED_ATTENTION = "additive"
 BF16 = "bf16"  # OpenVINO's precision hint for bf16, the int8 IR's where its gate passes it (serving_precisions)
-TRACE_SCOPE = "/model/"  # the traced task model's node names follow its module paths (export/onnx.py's _Graph)
-HEAD_SCOPE = TRACE_SCOPE + "head/"  # the traced head's (head_matmuls)
+# the traced head's node names (head_matmuls): they follow module paths (export/onnx.py's traced_scope)
+HEAD_SCOPE = "/model/head/"
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,13 @@ class OutlierScope:
         """A predicate on the traced graph's MatMul names: inside one of MODEL's MODULES (None: every one)."""
         if self.modules is None:
             return None
-        # the trace writes a module path's steps with "/" but a ModuleList item as "layers.0": compared with "/"
-        prefixes = tuple(TRACE_SCOPE + path.replace(".", "/") + "/" for path, m in model.named_modules()
-                         if isinstance(m, self.modules))
-        return lambda node: node.replace(".", "/").startswith(prefixes)
+        scopes = [traced_scope(model, path) for path, m in model.named_modules() if isinstance(m, self.modules)]
+        return lambda node: any(in_traced_scope(node, scope) for scope in scopes)
+
+
+class EmptyScope(ExportError):
+    """An outlier scope that selects none of the traced graph's weight MatMuls: write_openvino says so and tries the
+    next one (a family whose feed-forward is a module the scope does not name, or whose trace names it otherwise)."""
 
 
 # tried in this order until the int8 gate passes (the module docstring has the measurements)
@@ -213,6 +217,10 @@ def write_openvino(source: Source, out: Path, options: OpenVinoOptions, *, quant
                                       partial(_write_irs, ov, nncf, quantize=quantize, scope=scope),
                                       quantize=quantize, json_path=json_path, card=card, result=OpenVinoExportResult,
                                       serving=partial(serving_precisions, ov))
+        except EmptyScope as e:
+            if i + 1 == len(scopes):
+                raise
+            log.warning("%s: %s; splitting outliers in %s instead", out, e, scopes[i + 1].name)
         except VerifyFailed as e:
             failed = e.report.failures
             if i + 1 == len(scopes) or not all(r.check == GATE_CHECK for r in failed):
@@ -300,16 +308,26 @@ def quantize_ir(ov: Any, nncf: Any, traced: Path, dst: Path, model: PreTrainedEn
                 scope: OutlierScope) -> dict[str, Any]:
     """The int8 IR at DST from the ONNX graph TRACED: the outlier split within SCOPE (fp32 side MatMuls), then
     NNCF's static quantization with the side and attention MatMuls kept fp32 and SmoothQuant off (the module
-    docstring says why). Returns the manifest's quantization entry."""
+    docstring says why). Returns the manifest's quantization entry; EmptyScope where SCOPE selects none of TRACED's
+    weight MatMuls."""
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
 
+    in_scope = scope.matmuls(model)
+    candidates = weight_matmuls(traced)
+    selected = [n for n in candidates if in_scope is None or in_scope(n)]
+    if in_scope is not None and not selected:
+        raise EmptyScope(f"{scope.name} select none of the {len(candidates)} weight MatMuls of the traced "
+                         f"{model.family.model_type} graph")
+    if not selected:
+        log.warning("the traced %s graph has no weight MatMul: the int8 IR has no outlier split",
+                    model.family.model_type)
     inputs = graph_inputs(model.config)
     batches = probe_batches(tok_folder, model.task, model.config)
     samples = calibration_samples(batches, inputs)
     probes = [feeds(enc, inputs) for enc in batches.values()]  # the outlier rule reads the padded batches' real tokens
     split = dst.parent / f".split-{traced.name}"  # the int8 IR's fp32 source: never written to OUT
     try:
-        side, outliers = split_outliers(traced, split, probes, scope=scope.matmuls(model))
+        side, outliers = split_outliers(traced, split, probes, scope=in_scope)
         ir = ov.convert_model(str(split))
     finally:
         split.unlink(missing_ok=True)
@@ -339,6 +357,6 @@ def quantize_ir(ov: Any, nncf: Any, traced: Path, dst: Path, model: PreTrainedEn
             "outlier_channels": outliers,
             "outlier_rule": f"input channels with calibration |max| > {OUTLIER_RATIO:g} x the median channel's (at "
                             f"most {MAX_OUTLIERS} per input) in a fp32 MatMul",
-            "outlier_scope": scope.name,
+            "outlier_scope": scope.name if selected else "no MatMul (the traced graph has no weight MatMul)",
             "kept_fp32": keep,
             "keep_rule": "attention's activation x activation MatMuls, the task head's MatMuls and the outlier MatMuls"}
