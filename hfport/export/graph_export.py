@@ -6,8 +6,9 @@ the int8 gate adds, and `write_graph_folder`, the one sequence both writers run 
     in a staged folder (common.staged: a hidden sibling of OUT, renamed into place only if every check passed)
                    the format's graphs (its `write` step), config.json, the tokenizer files, the source's
                    sentence-transformers files (pooling, normalize: what the embedding pipelines read), the manifest
-                   (format, default_file: an int8 export's int8 graph, how the graphs were made, inputs, outputs,
-                   the source, each graph file's sha256), then the proof (export/graph_verify.py) and the model card
+                   (format, default_file: an int8 export's int8 graph, how the graphs were made and are served
+                   (the format's `serving` step: OpenVINO's precision per IR), inputs, outputs, the source, each
+                   graph file's sha256), then the proof (export/graph_verify.py) and the model card
 """
 
 from __future__ import annotations
