@@ -14,9 +14,10 @@ the set (the server keeps to "torch": its models share bodies and serve adapters
 Each graph path is exported into the cache (<cache_dir>/int8-paths/<key>/<format>/; the key: the folder's files as
 read, the task, the gate data, hfport's version and source digest, torch's and the runtimes' versions, the CPU's name
 and int8 instructions). An export its verify refuses (the int8 gate included) is out, with the reason kept. The
-paths that passed are timed on the same texts (measured_texts(): the int8 gate's built-in short texts and pairs'
-second halves, batches of 32 through the pipeline each path serves, the best of MEASURE_PASSES passes after a
-warm-up), and the fastest serves. Its figures are written to choice.json beside the exports and logged; a later load
+paths that passed are timed on the same texts (measured_texts(): the user's gate data where given, their own
+workload; else the gate's built-in short texts, its pairs' passages and LONG_TIMED long texts up to the model's max
+length; batches of 32 through the pipeline each path serves, the best of MEASURE_PASSES passes after a warm-up), and
+the fastest serves. Its figures are written to choice.json beside the exports and logged; a later load
 with the same key reads that choice instead of exporting and timing again (a choice whose folder is gone is made
 again). One process at a time makes a key's choice (_choosing: a lock file beside choice.json); another loading the
 same folder meanwhile waits, then reads it. When every path is refused, the torch path's own answer serves: bf16, as
@@ -58,6 +59,7 @@ CHOICE_FILE = "choice.json"
 LOCK_FILE = ".choosing.lock"  # beside it: held by the process making the choice (_choosing)
 FORMAT = 1  # bumped when choice.json's layout changes
 MEASURE_PASSES = 3
+LONG_TIMED = 16  # long texts among the built-in ones every path is timed on (measured_texts)
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,18 @@ class Int8Choice:
         return head + (f" (texts/s: {timed})" if timed else "") + (f"; refused {refused}" if refused else "")
 
 
-def measured_texts() -> list[str]:
-    """What every path is timed on: the int8 gate's built-in short texts and its pairs' passages (4-50 tokens)."""
-    return probes.judged_texts() + [passage for _, passage in probes.judged_pairs()]
+def measured_texts(tokenizer: Any, gate_data: str | os.PathLike[str] | None = None) -> list[str]:
+    """What every path is timed on: the texts of the user's GATE_DATA and its pairs' second halves (their own
+    workload); else the int8 gate's built-in short texts and its pairs' passages (4-50 tokens) and LONG_TIMED long
+    texts (through TOKENIZER: spread from LONG_FROM tokens to GATE_MAX_LENGTH, cut by the pipeline at the model's max
+    length). Why the long ones: the paths rank differently by length (all-MiniLM-L6-v2, 2-core EPYC: hfport's engine
+    578 texts/s against OpenVINO's 522 on the short ones alone, 284 against 363 on 1,000 real texts of 8-120 words,
+    scripts/bench_cpu_peers.py), and a corpus's long rows take most of its time."""
+    if gate_data is not None:
+        data = probes.read_gate_data(gate_data)
+        return data.texts + [second for _, second in data.pairs]
+    long = probes.long_texts(tokenizer, probes.spread(probes.LONG_FROM, probes.GATE_MAX_LENGTH, LONG_TIMED))
+    return probes.judged_texts() + [passage for _, passage in probes.judged_pairs()] + long
 
 
 def texts_per_second(pipe: Any, texts: list[str], passes: int = MEASURE_PASSES) -> float:
@@ -208,9 +219,10 @@ def _choose(source: Path, where: Path, allowed: list[Int8Path], load_torch: Call
                 models[path.name] = open_graph(out)
         except ExportError as e:  # Int8GateError and VerifyFailed are ExportErrors: the gate or the proof refused
             choice.refused[path.name] = str(e).strip().splitlines()[0][:300]
-    texts = measured_texts()
-    for name, model in models.items():
-        choice.measured[name] = round(texts_per_second(make_pipeline(model), texts), 1)
+    pipes = {name: make_pipeline(model) for name, model in models.items()}
+    texts = measured_texts(next(iter(pipes.values())).tokenizer, gate_data) if pipes else []
+    for name, pipe in pipes.items():
+        choice.measured[name] = round(texts_per_second(pipe, texts), 1)
     if choice.measured:
         choice.path = max(choice.measured, key=choice.measured.__getitem__)
         fmt = next(p.format for p in INT8_PATHS if p.name == choice.path)
