@@ -43,7 +43,7 @@ def rates(monkeypatch, by_type: dict[type, float], seen: list | None = None) -> 
     def fixed(pipe, texts, passes=int8_choice.MEASURE_PASSES):
         if seen is not None:
             seen.append(type(pipe.model))
-        assert texts == int8_choice.measured_texts(pipe.tokenizer)  # every path on the same texts
+        assert texts == int8_choice.measured_texts(pipe)  # every path on the same texts
         return next(rate for kind, rate in by_type.items() if isinstance(pipe.model, kind))
     monkeypatch.setattr(int8_choice, "texts_per_second", fixed)
 
@@ -118,22 +118,23 @@ def test_when_graphs_are_not_weighed(tiny, monkeypatch):
     assert isinstance(pipe.model, hfport.PreTrainedEncoder)
 
 
-def test_the_paths_are_timed_on_the_users_texts_or_short_and_long_ones(tiny, fresh_verdicts, monkeypatch, tmp_path):
-    """The built-in timing texts hold short ones and LONG_TIMED long ones up to GATE_MAX_LENGTH tokens (the paths rank
-    differently by length); with gate data, its texts are what every path is timed on."""
-    tok = hfport.AutoTokenizer.from_pretrained(tiny)
-    lengths = [len(ids) for ids in tok(int8_choice.measured_texts(tok))["input_ids"]]
-    assert min(lengths) <= 8 and max(lengths) >= probes.GATE_MAX_LENGTH
-    assert sum(n > probes.LONG_FROM for n in lengths) == int8_choice.LONG_TIMED
+def test_the_paths_are_timed_on_the_users_texts_or_the_gates_short_ones(tiny, fresh_verdicts, monkeypatch, tmp_path):
+    """The built-in timing texts: the gate's short texts and passages; with gate data, its texts within the
+    pipeline's input limit are what every path is timed on; a text that fails is refused, never timed as nothing."""
+    pipe = hfport.pipeline("feature-extraction", model=tiny)
+    limit = pipe.max_positions
+    assert int8_choice.measured_texts(pipe) == probes.judged_texts() + [p for _, p in probes.judged_pairs()]
     gate = tmp_path / "gate.txt"
     lines = [f"a text of the user's own, number {i}" for i in range(probes.MIN_JUDGED)]
-    gate.write_text("\n".join(lines))
+    gate.write_text("\n".join(lines + ["word " * (limit + 10)]))  # the last: past the limit, left out
     timed: list[list[str]] = []
     monkeypatch.setattr(int8_choice, "texts_per_second", lambda pipe, texts, passes=3: timed.append(texts) or 100.0)
     choice, served = int8_choice.choose(tiny, "feature-extraction", load_torch=lambda: "engine", open_graph=None,
-                                        make_pipeline=lambda model: SimpleNamespace(tokenizer=tok), gate_data=gate,
-                                        paths=("torch",))
+                                        make_pipeline=lambda model: pipe, gate_data=gate, paths=("torch",))
     assert timed == [lines] and (choice.path, served) == ("torch", "engine")
+    monkeypatch.undo()
+    with pytest.raises(ExportError, match="1 of the 2 timed texts failed .* cannot be timed on them"):
+        int8_choice.texts_per_second(pipe, ["fine", "word " * (limit + 10)])
 
 
 def test_a_kept_choice_whose_folder_is_gone_is_made_again(tmp_path):

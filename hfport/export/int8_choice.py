@@ -15,11 +15,10 @@ Each graph path is exported into the cache (<cache_dir>/int8-paths/<key>/<format
 read, the task, the gate data, hfport's version and source digest, torch's and the runtimes' versions, the CPU's name
 and int8 instructions). An export its verify refuses (the int8 gate included) is out, with the reason kept. The
 paths that passed are timed on the same texts (measured_texts(): the user's gate data where given, their own
-workload; else the gate's built-in short texts, its pairs' passages and LONG_TIMED long texts up to the model's max
-length; batches of 32 through the pipeline each path serves, the best of MEASURE_PASSES passes after a warm-up), and
-the fastest serves. Its figures are written to choice.json beside the exports and logged; a later load
-with the same key reads that choice instead of exporting and timing again (a choice whose folder is gone is made
-again). One process at a time makes a key's choice (_choosing: a lock file beside choice.json); another loading the
+workload; else the gate's built-in short texts and its pairs' passages; batches of 32 through the pipeline each path
+serves, the best of MEASURE_PASSES passes after a warm-up), and the fastest serves. Its figures are written to
+choice.json beside the exports and logged; a later load with the same key reads that choice instead of exporting and
+timing again (a choice whose folder is gone is made again). One process at a time makes a key's choice (_choosing: a lock file beside choice.json); another loading the
 same folder meanwhile waits, then reads it. When every path is refused, the torch path's own answer serves: bf16, as
 dtype="auto-int8" on the model. Making a choice that exports graphs shows a progress bar (minutes for a real model;
 none at the quiet verbosity).
@@ -45,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import hardware, hub, pipelines, probes
-from ..errors import ExportError
+from ..errors import ExportError, ItemError
 from ..formats.encoded import FolderLock
 from ..int8_verdicts import code_digest, files_digest
 from ..settings import settings
@@ -59,7 +58,6 @@ CHOICE_FILE = "choice.json"
 LOCK_FILE = ".choosing.lock"  # beside it: held by the process making the choice (_choosing)
 FORMAT = 1  # bumped when choice.json's layout changes
 MEASURE_PASSES = 3
-LONG_TIMED = 16  # long texts among the built-in ones every path is timed on (measured_texts)
 
 
 @dataclass(frozen=True)
@@ -97,23 +95,28 @@ class Int8Choice:
         return head + (f" (texts/s: {timed})" if timed else "") + (f"; refused {refused}" if refused else "")
 
 
-def measured_texts(tokenizer: Any, gate_data: str | os.PathLike[str] | None = None) -> list[str]:
+def measured_texts(pipe: Any, gate_data: str | os.PathLike[str] | None = None) -> list[str]:
     """What every path is timed on: the texts of the user's GATE_DATA and its pairs' second halves (their own
-    workload); else the int8 gate's built-in short texts and its pairs' passages (4-50 tokens) and LONG_TIMED long
-    texts (through TOKENIZER: spread from LONG_FROM tokens to GATE_MAX_LENGTH, cut by the pipeline at the model's max
-    length). Why the long ones: the paths rank differently by length (all-MiniLM-L6-v2, 2-core EPYC: hfport's engine
-    578 texts/s against OpenVINO's 522 on the short ones alone, 284 against 363 on 1,000 real texts of 8-120 words,
-    scripts/bench_cpu_peers.py), and a corpus's long rows take most of its time."""
+    workload: the paths rank differently by length, since hfport's engine is padding-free and a graph pads each
+    batch to its longest row); else the int8 gate's built-in short texts and its pairs' passages (4-50 tokens: queries
+    and sentences). Only texts within PIPE's input limit (its max_input_length or position table) are kept: a longer
+    one would fail at once and time nothing."""
     if gate_data is not None:
         data = probes.read_gate_data(gate_data)
-        return data.texts + [second for _, second in data.pairs]
-    long = probes.long_texts(tokenizer, probes.spread(probes.LONG_FROM, probes.GATE_MAX_LENGTH, LONG_TIMED))
-    return probes.judged_texts() + [passage for _, passage in probes.judged_pairs()] + long
+        texts = data.texts + [second for _, second in data.pairs]
+    else:
+        texts = probes.judged_texts() + [passage for _, passage in probes.judged_pairs()]
+    limit = min((n for n in (getattr(pipe, "max_input_length", None), pipe.max_positions) if n), default=None)
+    return [text for text, ids in zip(texts, pipe.tokenizer(texts)["input_ids"]) if limit is None or len(ids) <= limit]
 
 
 def texts_per_second(pipe: Any, texts: list[str], passes: int = MEASURE_PASSES) -> float:
-    """TEXTS through PIPE: one warm-up pass, then the best of PASSES passes, in texts/s."""
-    pipe(texts)
+    """TEXTS through PIPE: one warm-up pass, then the best of PASSES passes, in texts/s. A text that fails (an
+    ItemError in place of its answer) would be timed as nothing: an ExportError."""
+    failed = [r for r in pipe(texts) if isinstance(r, ItemError)]
+    if failed:
+        raise ExportError(f"{len(failed)} of the {len(texts)} timed texts failed ({failed[0].message}): the paths "
+                          "cannot be timed on them")
     best = min(_timed(pipe, texts) for _ in range(passes))
     return len(texts) / best
 
@@ -220,7 +223,7 @@ def _choose(source: Path, where: Path, allowed: list[Int8Path], load_torch: Call
         except ExportError as e:  # Int8GateError and VerifyFailed are ExportErrors: the gate or the proof refused
             choice.refused[path.name] = str(e).strip().splitlines()[0][:300]
     pipes = {name: make_pipeline(model) for name, model in models.items()}
-    texts = measured_texts(next(iter(pipes.values())).tokenizer, gate_data) if pipes else []
+    texts = measured_texts(next(iter(pipes.values())), gate_data) if pipes else []
     for name, pipe in pipes.items():
         choice.measured[name] = round(texts_per_second(pipe, texts), 1)
     if choice.measured:
