@@ -46,8 +46,10 @@ The int8 IR's precision: where OpenVINO computes bf16 on this CPU, the int8 IR c
 attention, norms, the fp32-kept MatMuls) is judged by the int8 gate against the fp32 IR in f32, as the f32 one is;
 passing, the manifest records bf16 for it (`inference_precisions`), the backend serves it so by default and verify
 judges it so too. On all-MiniLM-L6-v2 (the gate's rows as above) bf16 0.9891 / 0.9972 / 0.9967 / 0.9969 against f32's
-0.9882 / 0.9973 / 0.9968 / 0.9964; scripts/bench_cpu_peers.py's 1,000 texts 340 against 324 texts/s, one short text
-2.6 against 4.1 ms (docs/benchmarks.md). A CPU without bf16 records f32 (bf16 not judged).
+0.9882 / 0.9973 / 0.9968 / 0.9964. Speed, the same folder served both ways in one process, 7 interleaved rounds on a
+2-core EPYC: bf16 / f32 1.077x [1.021-1.186] in texts/s over scripts/bench_cpu_peers.py's 1,000 texts (batches of
+32); one short text no faster (f32 / bf16 latency 0.94x [0.68-1.46]). A CPU without bf16 records f32 (bf16 not
+judged).
 Written into a hidden sibling folder, verified there (export/openvino_verify.py: the fp32 IR against hfport and
 transformers, the int8 IR through the int8 gate), and renamed into place only if every check passed.
 
