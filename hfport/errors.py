@@ -19,6 +19,10 @@ class SettingsError(ConfigError):
     setting: names the variable, the value and what is accepted (hfport/settings.py)."""
 
 
+class UntrainedHeadError(HfportError, ValueError):
+    """A pipeline asked of a folder whose weights lack the task's head: it would answer with random weights."""
+
+
 class CheckpointError(HfportError, ValueError):
     """A weights file that is corrupt, truncated, unsafe, or does not fit the model."""
 

@@ -71,6 +71,15 @@ def test_adapter_registers_over_a_registered_base(client, root):
     want = hfport.pipeline("text-classification", model=folder)(TEXTS)
     assert [o["label"] for o in out.json()["outputs"]] == [w["label"] for w in want]
     assert [o["score"] for o in out.json()["outputs"]] == pytest.approx([w["score"] for w in want], abs=1e-5)
+    # the base registered as a text-classification model: its weights hold no such head (its adapters bring theirs),
+    # so the leader the adapter joined loads for them but never answers for the base itself
+    r = client.post("/models", json={"name": "base-cls", "path": str(root / "models" / "ft-base"),
+                                     "task": "text-classification"})
+    assert r.status_code == 201, r.text
+    base = client.post("/predict", json={"model": "base-cls", "inputs": TEXTS})
+    assert base.status_code == 400 and base.json()["error_type"] == "UntrainedHeadError", base.text
+    assert "hold no text-classification head" in base.json()["error"]
+    assert client.post("/predict", json={"model": "two", "inputs": TEXTS}).json()["outputs"] == out.json()["outputs"]
     # bad input: a base the adapter does not fit, an adapter given as a base, a base for a plain model
     other = root / "models" / "wide-base"
     save_hf("bert", "base", other, vocab_size=30522, hidden_size=48)

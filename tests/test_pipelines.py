@@ -308,3 +308,21 @@ def test_cli_predict_prints_one_json_line_per_input(root, tmp_path):
     assert result.exit_code == 1 and "unknown option(s) ['top_n']" in result.output
     result = runner.invoke(app, ["predict", str(folder), "--task", "ner"])
     assert result.exit_code == 1 and "no inputs" in result.output
+
+
+def test_a_folder_without_the_tasks_head_is_refused(root):
+    """A base model asked for text-classification: its head would be random weights, so pipeline() (and predict and
+    the server, which build on it) refuse it, naming the missing weights and what to do, as the exporters do;
+    feature-extraction on the same folder needs no head and serves."""
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+    from hfport.errors import UntrainedHeadError
+
+    base = make_folder(root, "bert", "feature-extraction")
+    with pytest.raises(UntrainedHeadError, match=r"weights hold no text-classification head \(head\.\S+ .*missing\).*"
+                                                 r"randomly initialised weights\. Fine-tune it"):
+        hfport.pipeline("text-classification", model=base)
+    assert len(hfport.pipeline("feature-extraction", model=base)(TEXTS[:1])) == 1
+    result = CliRunner().invoke(app, ["predict", str(base), "--task", "text-classification", TEXTS[0]])
+    assert result.exit_code != 0 and "hold no text-classification head" in result.output

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from .. import hub, tasks
-from ..errors import ItemError
+from ..errors import ItemError, UntrainedHeadError
 from ..formats.adapter import is_adapter_folder
 from ..formats.sentence_transformers import has_sparse_layout
 from ..hardware import device_name, resolve_device
@@ -102,7 +102,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
              backend: str | None = None, base_model: Any = None,
              adapters: Mapping[str, str | os.PathLike[str]] | None = None,
              gate_data: str | os.PathLike[str] | None = None, file: str | None = None, packed_linear: bool = True,
-             row_shards: str | int = "auto", int8_paths: Sequence[str] | None = None, **options: Any) -> Pipeline:
+             row_shards: str | int = "auto", int8_paths: Sequence[str] | None = None,
+             allow_untrained_head: bool = False, **options: Any) -> Pipeline:
     """A pipeline for `task` on `model` (a folder, a repo id in the local HF cache, or a loaded hfport model).
 
     tokenizer: defaults to the model's folder. device/dtype: where and in what precision the model runs; device
@@ -126,7 +127,10 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     the next load). int8_paths: the paths it may choose from ("torch", "onnx", "openvino"; default: all installed).
     packed_linear: the pipeline's model computes its Linear layers on prepacked weights (hfport/inference.py; applied
     in place, also to a model given loaded). row_shards: "auto", "off" or a count: a batch's rows split over worker
-    threads (pipelines/shards.py; "auto" shards fp32 models only, where it was measured to pay)."""
+    threads (pipelines/shards.py; "auto" shards fp32 models only, where it was measured to pay).
+    A folder whose weights lack the task's head is refused (UntrainedHeadError: its answers would come from random
+    weights); allow_untrained_head=True loads it anyway, for a server's base that adapters bringing their own heads
+    join (`add_adapter`), never to answer with it."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
     auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
@@ -170,6 +174,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         if loaded is None:
             loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model,
                                                         gate_data=gate_data)
+        if not allow_untrained_head:
+            refuse_untrained_head(loaded, model, name)
         if tokenizer is None:  # an adapter folder without tokenizer files (as PEFT writes them): the base's
             adapter = loaded.adapter
             tokenizer = model if adapter is None or has_tokenizer_files(model) or not isinstance(
@@ -190,6 +196,20 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         for adapter_name, folder in adapters.items():
             pipe.add_adapter(adapter_name, folder)
     return pipe
+
+
+def refuse_untrained_head(loaded: Any, model: str | os.PathLike[str], name: str) -> None:
+    """An UntrainedHeadError where LOADED's task head was initialised fresh (absent from MODEL's weights: a base
+    model asked for a task it was never trained for), as the exporters refuse it: a pipeline would answer with random
+    weights, and transformers' pipelines only warn. An adapter's load is left alone (its head may come with it)."""
+    report = loaded.load_report
+    fresh = [n for n in (report.initialized if report is not None else []) if n.startswith("head.")]
+    if fresh and getattr(loaded, "adapter", None) is None:
+        raise UntrainedHeadError(
+            f"{model}: its weights hold no {loaded.task} head ({', '.join(fresh[:4])} missing), so a {name} pipeline "
+            f"would answer with randomly initialised weights. Fine-tune it for {loaded.task} first (hfport "
+            "finetune), give a folder that holds that head, or ask for a task that needs none (feature-extraction, "
+            "sentence-embedding)")
 
 
 def _weighs_graphs(record: tasks.Task, model: str | os.PathLike[str], device: torch.device | None,
@@ -286,4 +306,5 @@ __all__ = [
     "model_task",
     "pack_rows",
     "pipeline",
+    "refuse_untrained_head",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 
 from hfport import PreTrainedEncoder, packed_bytes, pipeline, tasks, tune_batch_tokens
 from hfport.lora import AdapterSet
+from hfport.pipelines import refuse_untrained_head
 
 from ..security import confine_files
 from ..settings import Settings
@@ -88,6 +89,8 @@ class ModelCache:
             leader = self._leader(*key)
             if record.base:
                 self._check_files(record.path)
+            if not record.base:  # a base's leader may lack the task's head (its adapters bring theirs): not to answer
+                refuse_untrained_head(leader.model, record.path, leader.task)
             # an adapter joins its base's leader (a name loaded again replaces its weights): nothing reloaded
             pipe = leader.add_adapter(record.name, record.path) if record.base else leader
             self.tuning[record] = self._leader_tuning[key]
@@ -140,7 +143,7 @@ class ModelCache:
                 # auto-int8 stays on hfport's engine (int8_paths): a served folder shares its body with its other
                 # tasks and serves adapters, which a graph export cannot
                 leader = pipeline(task, model=folder, dtype=self.settings.predict_dtype, device=self.settings.device,
-                                  int8_paths=("torch",))
+                                  int8_paths=("torch",), allow_untrained_head=True)
                 if isinstance(leader.model, PreTrainedEncoder):  # an ONNX graph has no body to share
                     self._sets[folder] = AdapterSet(leader.model)
             else:  # its own head, the shared body (the copy of the body just read is dropped)
