@@ -830,3 +830,29 @@ def test_loading_skips_the_modules_initialisers(tmp_path):
     std = model.config.initializer_range
     assert torch.isfinite(head).all() and 0.5 * std < float(head.std()) < 1.5 * std
     assert float(torch.nn.Embedding(1000, 8).weight.std()) > 0.5  # outside: torch's N(0, 1) as usual
+
+
+def test_json_written_by_many_writers_at_once_is_always_whole(tmp_path):
+    """hub.write_json_atomic from several threads at once onto one file (auto-int8's choice, a verdict, a run's state
+    written by two processes): each write lands whole, none fails, and no temporary file is left."""
+    import json
+    import threading
+
+    target = tmp_path / "state.json"
+    errors: list[BaseException] = []
+
+    def write(n: int) -> None:
+        try:
+            for i in range(150):
+                hfport.hub.write_json_atomic(target, {"writer": n, "i": i, "pad": "x" * 2000})
+                json.loads(target.read_text(encoding="utf-8"))
+        except BaseException as e:  # noqa: BLE001 - collected, asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
