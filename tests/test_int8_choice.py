@@ -132,6 +132,9 @@ def test_the_paths_are_timed_on_the_users_texts_or_the_gates_short_ones(tiny, fr
     choice, served = int8_choice.choose(tiny, "feature-extraction", load_torch=lambda: "engine", open_graph=None,
                                         make_pipeline=lambda model: pipe, gate_data=gate, paths=("torch",))
     assert timed == [lines] and (choice.path, served) == ("torch", "engine")
+    too_long = tmp_path / "long.txt"
+    too_long.write_text("\n".join(["word " * (limit + 10)] * probes.MIN_JUDGED))
+    assert int8_choice.measured_texts(pipe, too_long) == int8_choice.measured_texts(pipe)  # none fits: built-in
     monkeypatch.undo()
     with pytest.raises(ExportError, match="1 of the 2 timed texts failed .* cannot be timed on them"):
         int8_choice.texts_per_second(pipe, ["fine", "word " * (limit + 10)])

@@ -18,9 +18,9 @@ paths that passed are timed on the same texts (measured_texts(): the user's gate
 workload; else the gate's built-in short texts and its pairs' passages; batches of 32 through the pipeline each path
 serves, the best of MEASURE_PASSES passes after a warm-up), and the fastest serves. Its figures are written to
 choice.json beside the exports and logged; a later load with the same key reads that choice instead of exporting and
-timing again (a choice whose folder is gone is made again). One process at a time makes a key's choice (_choosing: a lock file beside choice.json); another loading the
-same folder meanwhile waits, then reads it. When every path is refused, the torch path's own answer serves: bf16, as
-dtype="auto-int8" on the model. Making a choice that exports graphs shows a progress bar (minutes for a real model;
+timing again (a choice whose folder is gone is made again). One process at a time makes a key's choice (_choosing: a
+lock file beside choice.json); another loading the same folder meanwhile waits, then reads it. When every path is
+refused, the torch path's own answer serves: bf16, as dtype="auto-int8" on the model. Making a choice that exports graphs shows a progress bar (minutes for a real model;
 none at the quiet verbosity).
 """
 
@@ -100,14 +100,17 @@ def measured_texts(pipe: Any, gate_data: str | os.PathLike[str] | None = None) -
     workload: the paths rank differently by length, since hfport's engine is padding-free and a graph pads each
     batch to its longest row); else the int8 gate's built-in short texts and its pairs' passages (4-50 tokens: queries
     and sentences). Only texts within PIPE's input limit (its max_input_length or position table) are kept: a longer
-    one would fail at once and time nothing."""
+    one would fail at once and time nothing (gate data with none within it: the built-in texts)."""
     if gate_data is not None:
         data = probes.read_gate_data(gate_data)
         texts = data.texts + [second for _, second in data.pairs]
     else:
         texts = probes.judged_texts() + [passage for _, passage in probes.judged_pairs()]
     limit = min((n for n in (getattr(pipe, "max_input_length", None), pipe.max_positions) if n), default=None)
-    return [text for text, ids in zip(texts, pipe.tokenizer(texts)["input_ids"]) if limit is None or len(ids) <= limit]
+    fit = [text for text, ids in zip(texts, pipe.tokenizer(texts)["input_ids"]) if limit is None or len(ids) <= limit]
+    if not fit and gate_data is not None:  # none of the user's texts fits: the built-in ones
+        return measured_texts(pipe)
+    return fit
 
 
 def texts_per_second(pipe: Any, texts: list[str], passes: int = MEASURE_PASSES) -> float:
