@@ -75,5 +75,4 @@ def weights_file(xml: str) -> str:
 
 __all__ = ["INFERENCE_PRECISION", "IR_FILE", "MANIFEST", "OPENVINO_FOLDER", "OpenVinoModelError", "PRECISION_HINTS",
            "QUANTIZED_IR_FILE", "default_file", "ir_file", "is_openvino_model", "precision_of", "read_manifest",
-           "served_precision",
-           "weights_file"]
+           "served_precision", "weights_file"]

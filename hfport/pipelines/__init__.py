@@ -113,8 +113,9 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     the task's call options, used as defaults for every call (e.g. aggregation_strategy="simple").
     backend: "torch", "onnx" (an ONNX folder, or one .onnx file such as model_quantized.onnx in it) or "openvino"
     (an OpenVINO folder, or one IR .xml file in it); None picks the graph backend whose folder or file it is, else
-    "torch". A graph runs on the CPU; dtype None/"auto"/float32 computes float32 (the OpenVINO backend also runs
-    dtype="bfloat16": OpenVINO's bf16 inference precision, not proved by the export's verify).
+    "torch". A graph runs on the CPU; dtype None/"auto" computes in the graph's own precision (float32; an OpenVINO
+    folder's int8 IR in the bf16 its manifest records where the export's gate passed it so), float32 in float32 (the
+    OpenVINO backend also runs dtype="bfloat16": OpenVINO's bf16 inference precision).
     file: the graph of an ONNX or OpenVINO folder to run (default: the one its manifest names; an int8 export's int8
     graph).
     adapters: {name: adapter folder} served over `model` (its body shared, not reloaded); pick one per call with
