@@ -228,10 +228,30 @@ def compare_choices(family: str, tmp_path: Path, padding_free: bool = True, **ov
     return worst
 
 
+def _as_tied(ours: list, theirs: list) -> list:
+    """OURS, a ranked list of candidates (dicts with a score: fill-mask's tokens, labels), reordered to THEIRS' order
+    only where two candidates' scores tie within SCORE_TOL: a tiny random model's near-uniform scores (fill-mask
+    targets a few 1e-7 apart) may rank a tie either way, on either side. Anything else is left for the comparison."""
+    if not all(isinstance(x, dict) and "score" in x for x in (*ours, *theirs)):
+        return ours
+    out = list(ours)
+    for i, want in enumerate(theirs):
+        same = {k: v for k, v in want.items() if k != "score"}
+        if {k: v for k, v in out[i].items() if k != "score"} == same:
+            continue
+        for j in range(i + 1, len(out)):
+            if {k: v for k, v in out[j].items() if k != "score"} == same and \
+                    abs(float(out[j]["score"]) - float(out[i]["score"])) <= SCORE_TOL:
+                out[i], out[j] = out[j], out[i]
+                break
+    return out
+
+
 def assert_close_results(ours: Any, theirs: Any, where: str = "") -> float:
     """Same structure, keys, labels, words and offsets; scores within SCORE_TOL. Returns the max score diff."""
     if isinstance(theirs, list):
         assert isinstance(ours, list) and len(ours) == len(theirs), f"{where}: {ours} vs {theirs}"
+        ours = _as_tied(ours, theirs)
         return max([assert_close_results(a, b, f"{where}[{i}]") for i, (a, b) in enumerate(zip(ours, theirs))],
                    default=0.0)
     if isinstance(theirs, dict):
