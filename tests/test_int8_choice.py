@@ -38,14 +38,24 @@ def tiny(tiny_bert) -> Path:
     return tiny_bert
 
 
-def rates(monkeypatch, by_type: dict[type, float], seen: list | None = None) -> None:
-    """texts_per_second answers by the pipeline's model type (the choice's input fixed; the pipelines are real)."""
+def rates(monkeypatch, by_type: dict[type, float], seen: list | None = None,
+          one_text: dict[type, float] | None = None) -> None:
+    """texts_per_second answers by the pipeline's model type, and one_text_ms by ONE_TEXT's (default: 1 ms for every
+    path, so the batches decide); the choice's input fixed, the pipelines real."""
+    def pick(table, pipe):
+        return next(value for kind, value in table.items() if isinstance(pipe.model, kind))
+
     def fixed(pipe, texts, passes=int8_choice.MEASURE_PASSES):
         if seen is not None:
             seen.append(type(pipe.model))
         assert texts == int8_choice.measured_texts(pipe)  # every path on the same texts
-        return next(rate for kind, rate in by_type.items() if isinstance(pipe.model, kind))
+        return pick(by_type, pipe)
+
+    def alone(pipe, texts, passes=int8_choice.MEASURE_PASSES, count=int8_choice.SINGLE_TEXTS):
+        assert texts == int8_choice.measured_texts(pipe)
+        return pick(one_text or {object: 1.0}, pipe)
     monkeypatch.setattr(int8_choice, "texts_per_second", fixed)
+    monkeypatch.setattr(int8_choice, "one_text_ms", alone)
 
 
 def test_the_fastest_gated_path_serves_and_is_kept(tiny, fresh_verdicts, monkeypatch, caplog):
@@ -54,7 +64,8 @@ def test_the_fastest_gated_path_serves_and_is_kept(tiny, fresh_verdicts, monkeyp
     with caplog.at_level("INFO", logger="hfport"):
         pipe = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8")
     assert isinstance(pipe.model, OpenVinoModel)
-    assert "auto-int8 chose openvino (texts/s: openvino 300, onnx 200" in caplog.text
+    assert "auto-int8 chose openvino (texts/s in batches / one text: openvino 300 / 1.0 ms, onnx 200 / 1.0 ms" \
+        in caplog.text
     assert pipe.model.load_report.notes[-1].startswith("auto-int8 chose openvino")
     assert {OpenVinoModel, OnnxModel} <= set(seen)  # both graphs passed their gates and were timed
     kept = next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}"))
@@ -68,6 +79,7 @@ def test_the_fastest_gated_path_serves_and_is_kept(tiny, fresh_verdicts, monkeyp
     def no(*args, **kwargs):
         raise AssertionError("the kept choice was not used")
     monkeypatch.setattr(int8_choice, "texts_per_second", no)
+    monkeypatch.setattr(int8_choice, "one_text_ms", no)
     monkeypatch.setattr(int8_choice, "export", no)
     again = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8")
     assert isinstance(again.model, OpenVinoModel) and again.model.path.parent == Path(choice["folder"])
@@ -129,9 +141,10 @@ def test_the_paths_are_timed_on_the_users_texts_or_the_gates_short_ones(tiny, fr
     gate.write_text("\n".join(lines + ["word " * (limit + 10)]))  # the last: past the limit, left out
     timed: list[list[str]] = []
     monkeypatch.setattr(int8_choice, "texts_per_second", lambda pipe, texts, passes=3: timed.append(texts) or 100.0)
+    monkeypatch.setattr(int8_choice, "one_text_ms", lambda pipe, texts, **kw: timed.append(texts) or 2.0)
     choice, served = int8_choice.choose(tiny, "feature-extraction", load_torch=lambda: "engine", open_graph=None,
                                         make_pipeline=lambda model: pipe, gate_data=gate, paths=("torch",))
-    assert timed == [lines] and (choice.path, served) == ("torch", "engine")
+    assert timed == [lines, lines] and (choice.path, served) == ("torch", "engine")
     too_long = tmp_path / "long.txt"
     too_long.write_text("\n".join(["word " * (limit + 10)] * probes.MIN_JUDGED))
     assert int8_choice.measured_texts(pipe, too_long) == int8_choice.measured_texts(pipe)  # none fits: built-in
@@ -171,6 +184,7 @@ def no_second_choice(monkeypatch) -> None:
     def no(*args, **kwargs):
         raise AssertionError("the kept choice was not used")
     monkeypatch.setattr(int8_choice, "texts_per_second", no)
+    monkeypatch.setattr(int8_choice, "one_text_ms", no)
     monkeypatch.setattr(int8_choice, "export", no)
 
 
@@ -179,7 +193,8 @@ def test_a_kept_torch_choice_serves_hfports_int8_engine(tiny, fresh_verdicts, mo
     timing), with the same outputs."""
     rates(monkeypatch, {OnnxModel: 100.0, torch.nn.Module: 300.0})
     first = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8", int8_paths=("torch", "onnx"))
-    assert first.model.load_report.notes[-1].startswith("auto-int8 chose torch (texts/s: torch 300, onnx 100")
+    assert first.model.load_report.notes[-1].startswith(
+        "auto-int8 chose torch (texts/s in batches / one text: torch 300 / 1.0 ms, onnx 100 / 1.0 ms")
     kept = json.loads(next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}")).read_text())
     assert kept["path"] == "torch" and kept["folder"] is None and set(kept["measured"]) == {"torch", "onnx"}
 
@@ -190,6 +205,29 @@ def test_a_kept_torch_choice_serves_hfports_int8_engine(tiny, fresh_verdicts, mo
     assert again.model.load_report.notes[-1] == first.model.load_report.notes[-1]
     for a, b in zip(first(TEXTS[:4]), again(TEXTS[:4])):
         torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=0, atol=0)
+
+
+def test_one_text_alone_counts_as_much_as_batches(tiny, fresh_verdicts, monkeypatch):
+    """The winner is the best geometric mean of the two speeds: ONNX 1.5x as fast in batches loses to hfport's engine
+    4x as fast on one text (sqrt(200 * 1000 / 1) > sqrt(300 * 1000 / 4)), and the line ranks them so."""
+    rates(monkeypatch, {OnnxModel: 300.0, torch.nn.Module: 200.0}, one_text={OnnxModel: 4.0, torch.nn.Module: 1.0})
+    pipe = hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8", int8_paths=("torch", "onnx"))
+    assert isinstance(pipe.model, hfport.PreTrainedEncoder)
+    assert pipe.model.load_report.notes[-1].startswith(
+        "auto-int8 chose torch (texts/s in batches / one text: torch 200 / 1.0 ms, onnx 300 / 4.0 ms)")
+    kept = json.loads(next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}")).read_text())
+    assert kept["one_text_ms"] == {"torch": 1.0, "onnx": 4.0} and kept["measured"] == {"torch": 200.0, "onnx": 300.0}
+    choice = int8_choice.Int8Choice("onnx", measured={"a": 300.0, "b": 200.0}, one_text_ms={"a": 1.4, "b": 1.0})
+    assert choice.score("a") > choice.score("b")  # 300 * 1000 / 1.4 > 200 * 1000 / 1.0
+
+
+def test_one_text_ms_times_each_text_alone():
+    """one_text_ms calls the pipeline with one text at a time, COUNT texts, each warmed up and then PASSES times."""
+    calls: list[list[str]] = []
+    fake = lambda texts: calls.append(list(texts)) or [[0.0] for _ in texts]  # noqa: E731
+    texts = [f"text {i}" for i in range(20)]
+    ms = int8_choice.one_text_ms(fake, texts, passes=2, count=5)
+    assert ms > 0 and calls == [[t] for t in texts[:5] for _ in range(3)]
 
 
 def test_cli_predict_auto_int8(tiny, fresh_verdicts, monkeypatch):
@@ -204,7 +242,7 @@ def test_cli_predict_auto_int8(tiny, fresh_verdicts, monkeypatch):
         return [json.loads(line) for line in run.stdout.splitlines()], run.stderr
 
     answers, said = predict("-v")
-    assert "auto-int8 chose onnx (texts/s: onnx 300, openvino 200" in said
+    assert "auto-int8 chose onnx (texts/s in batches / one text: onnx 300 / 1.0 ms, openvino 200" in said
     assert "auto-int8: exporting and gating the int8 paths" in said  # the progress bar of the first, long load
     kept = json.loads(next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}")).read_text())
     assert kept["path"] == "onnx"
@@ -215,7 +253,8 @@ def test_cli_predict_auto_int8(tiny, fresh_verdicts, monkeypatch):
 
     no_second_choice(monkeypatch)
     again, said = predict("-v")
-    assert "auto-int8 chose onnx (texts/s: onnx 300, openvino 200" in said and "(kept in " in said
+    assert "auto-int8 chose onnx (texts/s in batches / one text: onnx 300 / 1.0 ms, openvino 200" in said
+    assert "(kept in " in said
     assert "exporting and gating" not in said
     assert again == answers
     quiet, said = predict()  # the default verbosity: warnings only
@@ -233,6 +272,7 @@ def choose_in_child(folder: Path, fastest: str, out: Path) -> None:
         return 300.0 if isinstance(pipe.model, OnnxModel) == (fastest == "onnx") else 100.0
 
     int8_choice.texts_per_second = fixed  # this child's own module: nothing to restore
+    int8_choice.one_text_ms = lambda pipe, texts, **kw: 1.0
     pipe = hfport.pipeline("feature-extraction", model=folder, dtype="auto-int8", int8_paths=("torch", "onnx"))
     out.write_text(json.dumps({"note": pipe.model.load_report.notes[-1], "timed": timed, "answers": pipe(TEXTS[:3])}))
 
