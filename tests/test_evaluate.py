@@ -301,6 +301,34 @@ def test_compare_difference_is_model_minus_baseline():
     assert '<td class="up">+0.1000</td>' in render_report(evaluation)
 
 
+def test_json_written_by_many_writers_at_once(tmp_path):
+    """Evaluation.write_json from several threads into one file (two evaluations of a model finishing together):
+    each writes under a temporary name of its own, so every write succeeds and the file is one whole JSON. With one
+    shared temporary name a writer renamed another's file or found it gone."""
+    import threading
+
+    from hfport.evaluation import EvalResult, Evaluation
+
+    evaluation = Evaluation("sentence-embedding", "eval.jsonl",
+                            [EvalResult("m", "sentence-embedding", 3, {"cosine_ndcg@10": 0.9})])
+    path, errors = tmp_path / "eval.json", []
+
+    def write() -> None:
+        try:
+            for _ in range(50):
+                evaluation.write_json(path)
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert json.loads(path.read_text())["results"][0]["metrics"] == {"cosine_ndcg@10": 0.9}
+    assert [p.name for p in tmp_path.iterdir()] == ["eval.json"]  # no temporary file left
+
+
 def test_cli_evaluate(tiny_bert, tmp_path):
     from typer.testing import CliRunner
 

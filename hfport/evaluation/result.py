@@ -3,12 +3,13 @@ as JSON (`hfport evaluate --json`) and as report.html (report.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .. import hub
 
 
 @dataclass
@@ -50,9 +51,7 @@ class Evaluation:
     def write_json(self, path: str | os.PathLike[str]) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(f".{path.name}.tmp")
-        staging.write_text(json.dumps(self.to_dict(), indent=2), encoding="utf-8")
-        os.replace(staging, path)
+        hub.write_json_atomic(path, self.to_dict())  # whole or not at all, under a temporary name of its own
         return path
 
     def difference(self, name: str) -> float | None:
