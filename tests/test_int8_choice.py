@@ -48,11 +48,11 @@ def rates(monkeypatch, by_type: dict[type, float], seen: list | None = None,
     def fixed(pipe, texts, passes=int8_choice.MEASURE_PASSES):
         if seen is not None:
             seen.append(type(pipe.model))
-        assert texts == int8_choice.measured_texts(pipe)  # every path on the same texts
+        assert texts == int8_choice.measured_inputs(pipe)  # every path on the same texts
         return pick(by_type, pipe)
 
     def alone(pipe, texts, passes=int8_choice.MEASURE_PASSES, count=int8_choice.SINGLE_TEXTS):
-        assert texts == int8_choice.measured_texts(pipe)
+        assert texts == int8_choice.measured_inputs(pipe)
         return pick(one_text or {object: 1.0}, pipe)
     monkeypatch.setattr(int8_choice, "texts_per_second", fixed)
     monkeypatch.setattr(int8_choice, "one_text_ms", alone)
@@ -135,7 +135,7 @@ def test_the_paths_are_timed_on_the_users_texts_or_the_gates_short_ones(tiny, fr
     pipeline's input limit are what every path is timed on; a text that fails is refused, never timed as nothing."""
     pipe = hfport.pipeline("feature-extraction", model=tiny)
     limit = pipe.max_positions
-    assert int8_choice.measured_texts(pipe) == probes.judged_texts() + [p for _, p in probes.judged_pairs()]
+    assert int8_choice.measured_inputs(pipe) == probes.judged_texts() + [p for _, p in probes.judged_pairs()]
     gate = tmp_path / "gate.txt"
     lines = [f"a text of the user's own, number {i}" for i in range(probes.MIN_JUDGED)]
     gate.write_text("\n".join(lines + ["word " * (limit + 10)]))  # the last: past the limit, left out
@@ -147,10 +147,49 @@ def test_the_paths_are_timed_on_the_users_texts_or_the_gates_short_ones(tiny, fr
     assert timed == [lines, lines] and (choice.path, served) == ("torch", "engine")
     too_long = tmp_path / "long.txt"
     too_long.write_text("\n".join(["word " * (limit + 10)] * probes.MIN_JUDGED))
-    assert int8_choice.measured_texts(pipe, too_long) == int8_choice.measured_texts(pipe)  # none fits: built-in
+    assert int8_choice.measured_inputs(pipe, too_long) == int8_choice.measured_inputs(pipe)  # none fits: built-in
     monkeypatch.undo()
-    with pytest.raises(ExportError, match="1 of the 2 timed texts failed .* cannot be timed on them"):
+    with pytest.raises(ExportError, match="1 of the 2 timed inputs failed .* cannot be timed on them"):
         int8_choice.texts_per_second(pipe, ["fine", "word " * (limit + 10)])
+
+
+def test_each_task_is_timed_on_its_own_inputs(tiny, minilm_path, tmp_path):
+    """The timing inputs are the task's (Pipeline.sample_inputs), every one answered: question-answering's are the
+    pairs as questions and contexts, fill-mask's texts carry a mask token; plain texts would fail each of them."""
+    from tests.tiny import decisive_qa, save_with_tokenizer
+
+    for task, head in (("question-answering", "question-answering"), ("fill-mask", "masked-lm"),
+                       ("token-classification", "token-classification")):
+        folder = tmp_path / head
+        model = save_with_tokenizer("bert", head, folder, minilm_path, vocab_size=30522)
+        if head == "question-answering":
+            decisive_qa(model, folder)
+        pipe = hfport.pipeline(task, model=folder)
+        inputs = int8_choice.measured_inputs(pipe)
+        assert inputs == pipe.sample_inputs(probes.judged_texts(), probes.judged_pairs())
+        answers = pipe.predict(inputs[:8])
+        assert not [a for a in answers if isinstance(a, hfport.ItemError)], answers
+        if task == "question-answering":
+            assert inputs[0] == dict(zip(("question", "context"), probes.judged_pairs()[0]))
+        elif task == "fill-mask":
+            assert all(pipe.tokenizer.mask_token in text for text in inputs)
+        assert int8_choice.one_text_ms(pipe, inputs, passes=1, count=2) > 0
+        assert int8_choice.texts_per_second(pipe, inputs[:8], passes=1) > 0
+
+
+def test_auto_int8_on_question_answering(tiny, fresh_verdicts, minilm_path, tmp_path):
+    """auto-int8 weighs the graph paths for a question-answering folder, timed on questions with contexts (plain
+    texts failed every one: 'needs a dict with keys question and context'), and serves the one chosen."""
+    from tests.tiny import decisive_qa, save_with_tokenizer
+
+    folder = tmp_path / "qa"
+    decisive_qa(save_with_tokenizer("bert", "question-answering", folder, minilm_path, vocab_size=30522), folder)
+    pipe = hfport.pipeline("question-answering", model=folder, dtype="auto-int8", int8_paths=("torch", "onnx"))
+    assert pipe.model.load_report.notes[-1].startswith("auto-int8 chose "), pipe.model.load_report.notes
+    kept = json.loads(next((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}")).read_text())
+    assert set(kept["measured"]) | set(kept["refused"]) == {"torch", "onnx"} and kept["measured"], kept
+    answer = pipe(question="Who went home?", context="Anna went home after the long meeting.")
+    assert {"answer", "score", "start", "end"} <= set(answer)
 
 
 def test_a_kept_choice_whose_folder_is_gone_is_made_again(tmp_path):
@@ -224,7 +263,7 @@ def test_one_text_alone_counts_as_much_as_batches(tiny, fresh_verdicts, monkeypa
 def test_one_text_ms_times_each_text_alone():
     """one_text_ms calls the pipeline with one text at a time, COUNT texts, each warmed up and then PASSES times."""
     calls: list[list[str]] = []
-    fake = lambda texts: calls.append(list(texts)) or [[0.0] for _ in texts]  # noqa: E731
+    fake = SimpleNamespace(predict=lambda texts: calls.append(list(texts)) or [[0.0] for _ in texts])
     texts = [f"text {i}" for i in range(20)]
     ms = int8_choice.one_text_ms(fake, texts, passes=2, count=5)
     assert ms > 0 and calls == [[t] for t in texts[:5] for _ in range(3)]

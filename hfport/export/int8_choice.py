@@ -14,8 +14,8 @@ the set (the server keeps to "torch": its models share bodies and serve adapters
 Each graph path is exported into the cache (<cache_dir>/int8-paths/<key>/<format>/; the key: the folder's files as
 read, the task, the gate data, hfport's version and source digest, torch's and the runtimes' versions, the CPU's name
 and int8 instructions). An export its verify refuses (the int8 gate included) is out, with the reason kept. The
-paths that passed are timed on the same texts (measured_texts(): the user's gate data where given, their own
-workload; else the gate's built-in short texts and its pairs' passages) in both ways a served model is called:
+paths that passed are timed on the same inputs (measured_inputs(): the user's gate data where given, their own
+workload; else the gate's built-in short texts and pairs, as the task's inputs) in both ways a served model is called:
 in batches of 32 through the pipeline each path serves (texts/s, the best of MEASURE_PASSES passes after a warm-up),
 and one text at a time (one_text_ms: a query by itself). The path with the highest `score`, the geometric mean of
 the two speeds, serves: both count by their ratios, so a path twice as fast on one text outweighs one 1.2x as fast
@@ -113,48 +113,50 @@ class Int8Choice:
                 + (f"; refused {refused}" if refused else ""))
 
 
-def measured_texts(pipe: Any, gate_data: str | os.PathLike[str] | None = None) -> list[str]:
-    """What every path is timed on: the texts of the user's GATE_DATA and its pairs' second halves (their own
-    workload: the paths rank differently by length, since hfport's engine is padding-free and a graph pads each
-    batch to its longest row); else the int8 gate's built-in short texts and its pairs' passages (4-50 tokens: queries
-    and sentences). Only texts within PIPE's input limit (its max_input_length or position table) are kept: a longer
-    one would fail at once and time nothing (gate data with none within it: the built-in texts)."""
+def measured_inputs(pipe: Any, gate_data: str | os.PathLike[str] | None = None) -> list[Any]:
+    """What every path is timed on: PIPE's task inputs (Pipeline.sample_inputs: texts and passages, questions with
+    their contexts, masked texts) made of the user's GATE_DATA, their own workload (the paths rank differently by
+    length, since hfport's engine is padding-free and a graph pads each batch to its longest row); else of the int8
+    gate's built-in short texts and pairs (4-50 tokens: queries and sentences). Only inputs PIPE prepares are kept (a
+    text past its input limit would fail at once and time nothing; gate data with none it takes: the built-in
+    ones)."""
     if gate_data is not None:
         data = probes.read_gate_data(gate_data)
-        texts = data.texts + [second for _, second in data.pairs]
+        texts, pairs = data.texts, data.pairs
     else:
-        texts = probes.judged_texts() + [passage for _, passage in probes.judged_pairs()]
-    limit = min((n for n in (getattr(pipe, "max_input_length", None), pipe.max_positions) if n), default=None)
-    fit = [text for text, ids in zip(texts, pipe.tokenizer(texts)["input_ids"]) if limit is None or len(ids) <= limit]
-    if not fit and gate_data is not None:  # none of the user's texts fits: the built-in ones
-        return measured_texts(pipe)
+        texts, pairs = probes.judged_texts(), probes.judged_pairs()
+    inputs = pipe.sample_inputs(texts, pairs)
+    failed = pipe.prepare(inputs).failed
+    fit = [item for i, item in enumerate(inputs) if i not in failed]
+    if not fit and gate_data is not None:  # none of the user's inputs fits: the built-in ones
+        return measured_inputs(pipe)
     return fit
 
 
-def texts_per_second(pipe: Any, texts: list[str], passes: int = MEASURE_PASSES) -> float:
-    """TEXTS through PIPE: one warm-up pass, then the best of PASSES passes, in texts/s. A text that fails (an
-    ItemError in place of its answer) would be timed as nothing: an ExportError."""
-    failed = [r for r in pipe(texts) if isinstance(r, ItemError)]
+def texts_per_second(pipe: Any, texts: list[Any], passes: int = MEASURE_PASSES) -> float:
+    """TEXTS (PIPE's inputs: measured_inputs) through PIPE: one warm-up pass, then the best of PASSES passes, in
+    inputs/s. An input that fails (an ItemError in place of its answer) would be timed as nothing: an ExportError."""
+    failed = [r for r in pipe.predict(texts) if isinstance(r, ItemError)]
     if failed:
-        raise ExportError(f"{len(failed)} of the {len(texts)} timed texts failed ({failed[0].message}): the paths "
+        raise ExportError(f"{len(failed)} of the {len(texts)} timed inputs failed ({failed[0].message}): the paths "
                           "cannot be timed on them")
     best = min(_timed(pipe, texts) for _ in range(passes))
     return len(texts) / best
 
 
-def one_text_ms(pipe: Any, texts: list[str], passes: int = MEASURE_PASSES, count: int = SINGLE_TEXTS) -> float:
+def one_text_ms(pipe: Any, texts: list[Any], passes: int = MEASURE_PASSES, count: int = SINGLE_TEXTS) -> float:
     """The first COUNT of TEXTS through PIPE one at a time, a query by itself: each text's best of PASSES calls after
     a warm-up call, the median over the texts, in milliseconds."""
     best = []
     for text in texts[:count]:
-        pipe([text])  # warm-up: this length's first call
+        pipe.predict([text])  # warm-up: this length's first call
         best.append(min(_timed(pipe, [text]) for _ in range(passes)))
     return statistics.median(best) * 1000.0
 
 
 def _timed(pipe: Any, texts: list[str]) -> float:
     start = time.perf_counter()
-    pipe(texts)
+    pipe.predict(texts)
     return time.perf_counter() - start
 
 
@@ -254,7 +256,7 @@ def _choose(source: Path, where: Path, allowed: list[Int8Path], load_torch: Call
         except ExportError as e:  # Int8GateError and VerifyFailed are ExportErrors: the gate or the proof refused
             choice.refused[path.name] = str(e).strip().splitlines()[0][:300]
     pipes = {name: make_pipeline(model) for name, model in models.items()}
-    texts = measured_texts(next(iter(pipes.values())), gate_data) if pipes else []
+    texts = measured_inputs(next(iter(pipes.values())), gate_data) if pipes else []
     for name, pipe in pipes.items():
         choice.measured[name] = round(texts_per_second(pipe, texts), 1)
         choice.one_text_ms[name] = round(one_text_ms(pipe, texts), 2)
@@ -276,5 +278,5 @@ def _serve(choice: Int8Choice, load_torch: Callable[[], Any], open_graph: Callab
 
 pipelines.INT8_CHOOSER = choose  # every pipeline(dtype="auto-int8") on a folder weighs the paths through it
 
-__all__ = ["INT8_PATHS", "Int8Choice", "Int8Path", "PATH_NAMES", "choose", "measured_texts", "one_text_ms",
+__all__ = ["INT8_PATHS", "Int8Choice", "Int8Path", "PATH_NAMES", "choose", "measured_inputs", "one_text_ms",
            "read_choice", "texts_per_second"]

@@ -191,6 +191,12 @@ class Pipeline:
             return list(inputs), False
         raise ValueError(f"{self.task} takes {self.input_description}; got {type(inputs).__name__}")
 
+    def sample_inputs(self, texts: list[str], pairs: list[tuple[str, str]]) -> list[Any]:
+        """This task's inputs made of TEXTS and PAIRS (e.g. the int8 gate's judged ones, or a user's gate data): what
+        dtype="auto-int8" times each int8 path on (export/int8_choice.py). Here the texts and the pairs' second
+        halves (their passages); a task whose inputs are not plain texts makes its own."""
+        return texts + [second for _, second in pairs]
+
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         """One item's rows (task); a task that overrides preprocess_many answers with `alone`."""
         raise NotImplementedError

@@ -50,6 +50,18 @@ class FillMaskPipeline(Pipeline):
             raise ValueError(f"targets {targets!r}: none of them maps to a token")
         return ids
 
+    def sample_inputs(self, texts: list[str], pairs: list[tuple[str, str]]) -> list[Any]:
+        """The texts and passages, each with its middle word masked where it holds no mask token yet (a text
+        without one is no fill-mask input)."""
+        mask, out = self.tokenizer.mask_token, []
+        for text in super().sample_inputs(texts, pairs):
+            words = text.split()
+            if mask not in text and words:
+                words[len(words) // 2] = mask
+                text = " ".join(words)
+            out.append(text)
+        return out
+
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         return self.alone(item, opts)
 

@@ -119,6 +119,10 @@ class QuestionAnsweringPipeline(Pipeline):
                              f"{type(inputs).__name__}")
         return items, len(items) == 1  # 4.57 answers a one-example list like a single example
 
+    def sample_inputs(self, texts: list[str], pairs: list[tuple[str, str]]) -> list[Any]:
+        """Each pair as a question and its context (texts alone are no question-answering input)."""
+        return [{"question": question, "context": context} for question, context in pairs]
+
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         if not isinstance(item, dict) or not {"question", "context"} <= set(item):
             raise PipelineInputError("needs a dict with keys 'question' and 'context'")
