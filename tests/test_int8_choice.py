@@ -192,6 +192,22 @@ def test_auto_int8_on_question_answering(tiny, fresh_verdicts, minilm_path, tmp_
     assert {"answer", "score", "start", "end"} <= set(answer)
 
 
+def test_a_refused_verify_says_which_rows_failed():
+    """A graph export refused by its verify is kept with its failed rows, not only "the export does not match"."""
+    from hfport.export.report import VerifyFailed, VerifyReport
+
+    report = VerifyReport("out", "src")
+    report.add("format", "model.onnx", True)
+    for kind, value in (("texts", 0.55), ("pairs", 0.01), ("long texts", 0.04), ("long pairs", -0.09)):
+        report.add("int8 vs fp32", f"{kind}/Spearman {value}", False, tolerance="Spearman >= 0.99")
+    error = VerifyFailed("out: the ONNX export does not match src; nothing was written\n" + report.table(), report)
+    assert int8_choice.refusal(error) == (
+        "out: the ONNX export does not match src; nothing was written (failed: int8 vs fp32 texts/Spearman 0.55, "
+        "Spearman >= 0.99; int8 vs fp32 pairs/Spearman 0.01, Spearman >= 0.99; int8 vs fp32 long texts/Spearman "
+        "0.04, Spearman >= 0.99; 1 more)")
+    assert int8_choice.refusal(ExportError("x: refused by its gate\nmore")) == "x: refused by its gate"
+
+
 def test_a_kept_choice_whose_folder_is_gone_is_made_again(tmp_path):
     where = tmp_path / "key"
     where.mkdir()

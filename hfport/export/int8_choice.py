@@ -55,6 +55,7 @@ from ..int8_verdicts import code_digest, files_digest
 from ..settings import settings
 from ..version import __version__
 from .registry import export
+from .report import VerifyFailed
 
 log = logging.getLogger("hfport")
 
@@ -254,7 +255,7 @@ def _choose(source: Path, where: Path, allowed: list[Int8Path], load_torch: Call
                        **({"gate_data": str(gate_data)} if gate_data is not None else {}))
                 models[path.name] = open_graph(out)
         except ExportError as e:  # Int8GateError and VerifyFailed are ExportErrors: the gate or the proof refused
-            choice.refused[path.name] = str(e).strip().splitlines()[0][:300]
+            choice.refused[path.name] = refusal(e)
     pipes = {name: make_pipeline(model) for name, model in models.items()}
     texts = measured_inputs(next(iter(pipes.values())), gate_data) if pipes else []
     for name, pipe in pipes.items():
@@ -267,6 +268,17 @@ def _choose(source: Path, where: Path, allowed: list[Int8Path], load_torch: Call
     hub.write_json_atomic(where / CHOICE_FILE, asdict(choice))
     log.info("%s: %s", source, choice.line())
     return choice, models.get(choice.path) if choice.path is not None else None
+
+
+def refusal(error: ExportError) -> str:
+    """A refused path's reason in one line: the error's first line and, for a verify that failed (whose first line
+    only says so), its failed rows (at most three: e.g. the int8 gate's statistic against its bound)."""
+    line = str(error).strip().splitlines()[0]
+    if isinstance(error, VerifyFailed) and error.report.failures:
+        rows = error.report.failures
+        line += " (failed: " + "; ".join(f"{r.check} {r.output}, {r.tolerance or 'no tolerance'}" for r in rows[:3]) \
+            + (f"; {len(rows) - 3} more" if len(rows) > 3 else "") + ")"
+    return line[:600]
 
 
 def _serve(choice: Int8Choice, load_torch: Callable[[], Any], open_graph: Callable[[Path], Any]) -> Any:
