@@ -429,6 +429,17 @@ def test_int8_ir_whose_bf16_fails_the_gate_is_served_in_f32(source, tmp_path, mo
     assert hfport.pipeline("sentence-embedding", model=out).model.precision == "f32"
 
 
+def test_a_cpu_without_bf16_records_f32_for_the_int8_ir(tmp_path):
+    """Where OpenVINO computes no bf16 on the exporting CPU, the manifest records f32 for the int8 IR and says why,
+    judging nothing (no IR is read: the capability decides first)."""
+    from types import SimpleNamespace
+
+    (tmp_path / QUANTIZED_IR_FILE).write_text("not read")
+    core = SimpleNamespace(get_property=lambda device, key: ["FP32", "INT8", "EXPORT_IMPORT"])
+    entries = ov_export.serving_precisions(SimpleNamespace(Core=lambda: core), tmp_path, tmp_path, None, (0.99, 0.98))
+    assert entries == {"inference_precision": "f32", "int8_precision": "f32: OpenVINO computes no bf16 on this CPU"}
+
+
 def test_a_manifest_precision_that_is_no_hint_is_refused(exported, tmp_path):
     out, _ = exported("feature-extraction")
     folder = tmp_path / "copy"
