@@ -61,7 +61,11 @@ class _MultiHeadAttention(torch.autograd.Function):
         # the optional bias input cannot be left empty from a symbolic (the TorchScript exporter asserts), and
         # key_padding_mask comes after it: a zero bias, added inside the kernel
         bias = g.op("Constant", value_t=torch.zeros(3 * width))
-        return g.op(f"{CONTRIB_DOMAIN}::MultiHeadAttention", q, k, v, bias, keep, num_heads_i=heads, scale_f=scale)
+        out = g.op(f"{CONTRIB_DOMAIN}::MultiHeadAttention", q, k, v, bias, keep, num_heads_i=heads, scale_f=scale)
+        # (B, T, C) as q: ONNX shape inference knows no contrib op, and without a type the exporter warns at every
+        # attention call that the graph's shapes may be wrong
+        out.setType(q.type())
+        return out
 
 
 def ort_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
