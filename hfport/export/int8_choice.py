@@ -19,8 +19,8 @@ workload; else the gate's built-in short texts and pairs, as the task's inputs) 
 in batches of 32 through the pipeline each path serves (texts/s, the best of MEASURE_PASSES passes after a warm-up),
 and one text at a time (one_text_ms: a query by itself). The path with the highest `score`, the geometric mean of
 the two speeds, serves: both count by their ratios, so a path twice as fast on one text outweighs one 1.2x as fast
-in batches (all-MiniLM-L6-v2 on a 2-core EPYC: hfport's engine ~10% faster than the OpenVINO IR in batches of short
-texts, half as fast on one). Its figures are written to
+in batches (all-MiniLM-L6-v2 on a 2-core EPYC: hfport's engine measured up to ~10% faster than the OpenVINO IR in
+batches of short texts on some runs, and less than half as fast on one). Its figures are written to
 choice.json beside the exports and logged; a later load with the same key reads that choice instead of exporting and
 timing again (a choice whose folder is gone is made again). One process at a time makes a key's choice (_choosing: a
 lock file beside choice.json); another loading the same folder meanwhile waits, then reads it. When every path is
