@@ -307,7 +307,8 @@ def predict(
     device: Annotated[Optional[str], typer.Option(help=DEVICE_HELP)] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, float16, bfloat16, auto, int8 (the encoder's Linear "
                                                  "layers in int8 behind the int8 gate) or auto-int8 (the fastest "
-                                                 "int8 path installed that passes its gate: hfport's engine, or an "
+                                                 "int8 path installed that passes its gate, in batches and on one "
+                                                 "input together: hfport's engine, or an "
                                                  "ONNX / OpenVINO int8 export kept in the cache; else bf16).")] = None,
     gate_data: Annotated[Optional[str], typer.Option("--gate-data", help="With --dtype int8/auto-int8: a file of "
                                                      "texts the int8 gate also judges (one a line, or JSONL with "
