@@ -125,7 +125,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     folder served on the CPU without adapters, "auto-int8" also weighs the graph runtimes installed: the folder is
     exported as onnx-int8 and openvino-int8 into the cache (each behind its own gate), every int8 path that passes is
     timed in batches and one input alone, and the fastest on both together serves, said in the log and the model's
-    load notes (hfport/export/int8_choice.py; kept for the next load). int8_paths: the paths it may choose from ("torch", "onnx", "openvino"; default: all installed).
+    load notes (hfport/export/int8_choice.py; kept for the next load). int8_paths: the paths it may choose from
+    ("torch", "onnx", "openvino"; default: all installed).
     packed_linear: the pipeline's model computes its Linear layers on prepacked weights (hfport/inference.py; applied
     in place, also to a model given loaded). row_shards: "auto", "off" or a count: a batch's rows split over worker
     threads (pipelines/shards.py; "auto" shards fp32 models only, where it was measured to pay).
