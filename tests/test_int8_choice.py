@@ -208,6 +208,18 @@ def test_a_refused_verify_says_which_rows_failed():
     assert int8_choice.refusal(ExportError("x: refused by its gate\nmore")) == "x: refused by its gate"
 
 
+def test_bad_gate_data_is_named_before_anything_is_exported(tiny, fresh_verdicts, monkeypatch, tmp_path):
+    """A gate data file that cannot be read fails the load at once, naming it: no path is exported or timed and no
+    choice is kept (each path refused it before, one by one, after its export)."""
+    def no(*args, **kwargs):
+        raise AssertionError("exported or timed")
+    monkeypatch.setattr(int8_choice, "export", no)
+    monkeypatch.setattr(int8_choice, "texts_per_second", no)
+    with pytest.raises(ExportError, match="gate data .*missing.txt: cannot read it"):
+        hfport.pipeline("feature-extraction", model=tiny, dtype="auto-int8", gate_data=tmp_path / "missing.txt")
+    assert not list((fresh_verdicts / int8_choice.FOLDER).glob(f"*/{int8_choice.CHOICE_FILE}"))
+
+
 def test_a_kept_choice_whose_folder_is_gone_is_made_again(tmp_path):
     where = tmp_path / "key"
     where.mkdir()

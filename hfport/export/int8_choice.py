@@ -205,6 +205,8 @@ def choose(folder: str | os.PathLike[str], task: str, *, load_torch: Callable[[]
     unknown = set(paths or ()) - set(PATH_NAMES)
     if unknown:
         raise ValueError(f"int8_paths {sorted(unknown)}: use some of {list(PATH_NAMES)}")
+    if gate_data is not None:  # a bad file is named once, up front: not as every path's refusal after its export
+        probes.read_gate_data(gate_data)
     source = hub.resolve(folder)
     allowed = [p for p in INT8_PATHS if p.installed() and (paths is None or p.name in paths)]
     where = Path(settings().cache_dir) / FOLDER / choice_key(source, task, gate_data, [p.name for p in allowed])[:32]
