@@ -145,6 +145,11 @@ def test_the_paths_are_timed_on_the_users_texts_or_the_gates_short_ones(tiny, fr
     choice, served = int8_choice.choose(tiny, "feature-extraction", load_torch=lambda: "engine", open_graph=None,
                                         make_pipeline=lambda model: pipe, gate_data=gate, paths=("torch",))
     assert timed == [lines, lines] and (choice.path, served) == ("torch", "engine")
+    many = tmp_path / "many.txt"  # more than are timed: an even sample of them
+    many.write_text("\n".join(f"text number {i} of many" for i in range(int8_choice.MAX_MEASURED + 100)))
+    sample = int8_choice.measured_inputs(pipe, many)
+    assert len(sample) == (int8_choice.MAX_MEASURED + 100 + 1) // 2 <= int8_choice.MAX_MEASURED
+    assert sample[:2] == ["text number 0 of many", "text number 2 of many"]
     too_long = tmp_path / "long.txt"
     too_long.write_text("\n".join(["word " * (limit + 10)] * probes.MIN_JUDGED))
     assert int8_choice.measured_inputs(pipe, too_long) == int8_choice.measured_inputs(pipe)  # none fits: built-in

@@ -65,6 +65,9 @@ LOCK_FILE = ".choosing.lock"  # beside it: held by the process making the choice
 FORMAT = 2  # bumped when choice.json's layout changes (2: one_text_ms)
 MEASURE_PASSES = 3
 SINGLE_TEXTS = 16  # the texts one_text_ms times alone, each its best of MEASURE_PASSES calls
+# the most inputs timed in batches: a user's gate data may hold thousands, each timed MEASURE_PASSES + 1 times per path
+# (minutes a path for a BERT-base shape); an even sample over their order keeps their mix of lengths
+MAX_MEASURED = 512
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def measured_inputs(pipe: Any, gate_data: str | os.PathLike[str] | None = None) 
     length, since hfport's engine is padding-free and a graph pads each batch to its longest row); else of the int8
     gate's built-in short texts and pairs (4-50 tokens: queries and sentences). Only inputs PIPE prepares are kept (a
     text past its input limit would fail at once and time nothing; gate data with none it takes: the built-in
-    ones)."""
+    ones), at most MAX_MEASURED of them, every k-th."""
     if gate_data is not None:
         data = probes.read_gate_data(gate_data)
         texts, pairs = data.texts, data.pairs
@@ -131,7 +134,8 @@ def measured_inputs(pipe: Any, gate_data: str | os.PathLike[str] | None = None) 
     fit = [item for i, item in enumerate(inputs) if i not in failed]
     if not fit and gate_data is not None:  # none of the user's inputs fits: the built-in ones
         return measured_inputs(pipe)
-    return fit
+    step = max(1, math.ceil(len(fit) / MAX_MEASURED))
+    return fit[::step]  # at most MAX_MEASURED, spread over all of them
 
 
 def texts_per_second(pipe: Any, texts: list[Any], passes: int = MEASURE_PASSES) -> float:
