@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -130,19 +128,7 @@ def main() -> None:
     models.pop("int8 tensor")
     models["fused, outliers dropped (bound)"] = swapped(models["int8 static"], Bound)
     models["fused, outliers carried (cost)"] = swapped(models["int8 static"], Carried)
-    cosine = {k: F.cosine_similarity(B.embed(m, encs), ref, dim=-1).min().item() for k, m in models.items()}
-    times: dict[str, list[float]] = {k: [] for k in models}
-    keys = list(models)
-    for r in range(a.rounds):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            t0 = time.perf_counter()
-            B.embed(models[k], encs)
-            times[k].append(time.perf_counter() - t0)
-    for k in keys:
-        ratio = [b / t for b, t in zip(times["bf16"], times[k])]
-        print(f"{k:34s} {a.texts / statistics.median(times[k]):7.1f} texts/s  vs bf16 {statistics.median(ratio):.3f}x "
-              f"[{min(ratio):.3f}-{max(ratio):.3f}]  least cosine {cosine[k]:.4f}")
-
+    B.compare(models, ref, encs, a.texts, a.rounds)
 
 if __name__ == "__main__":
     main()

@@ -120,20 +120,28 @@ def bench_models(names: list[str], n_texts: int, batch_size: int, rounds: int) -
         ref = embed(models.pop("fp32"), encs)
         static = [m.activations for m in models["int8 static"].modules() if isinstance(m, Int8Linear)]
         print(f"\n{name}: int8 static: {static.count('static')} of {len(static)} layers at static scales")
-        cosine = {k: F.cosine_similarity(embed(m, encs), ref, dim=-1).min().item() for k, m in models.items()}
-        times: dict[str, list[float]] = {k: [] for k in models}
-        keys = list(models)
-        for r in range(rounds):
-            for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-                t0 = time.perf_counter()
-                embed(models[k], encs)
-                times[k].append(time.perf_counter() - t0)
-        for k in keys:
-            rate = [n_texts / t for t in times[k]]
-            ratio = [b / t for b, t in zip(times["bf16"], times[k])]
-            print(f"  {k:12s} {statistics.median(rate):7.1f} texts/s [{min(rate):.1f}-{max(rate):.1f}]  "
-                  f"vs bf16 {statistics.median(ratio):.3f}x [{min(ratio):.3f}-{max(ratio):.3f}]  "
-                  f"least cosine vs fp32 {cosine[k]:.4f}")
+        compare(models, ref, encs, n_texts, rounds)
+
+
+def compare(models: dict[str, torch.nn.Module], ref: torch.Tensor, encs: list[dict[str, torch.Tensor]], n_texts: int,
+            rounds: int) -> None:
+    """Every model of MODELS (one named "bf16") over every batch of ENCS each round, the order rotating by round;
+    printed: texts/s median [range], the ratio to bf16 per round, the least cosine of its embeddings against REF."""
+    cosine = {k: F.cosine_similarity(embed(m, encs), ref, dim=-1).min().item() for k, m in models.items()}
+    times: dict[str, list[float]] = {k: [] for k in models}
+    keys = list(models)
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            t0 = time.perf_counter()
+            embed(models[k], encs)
+            times[k].append(time.perf_counter() - t0)
+    width = max(len(k) for k in keys)
+    for k in keys:
+        rate = [n_texts / t for t in times[k]]
+        ratio = [b / t for b, t in zip(times["bf16"], times[k])]
+        print(f"  {k:{width}s} {statistics.median(rate):7.1f} texts/s [{min(rate):.1f}-{max(rate):.1f}]  "
+              f"vs bf16 {statistics.median(ratio):.3f}x [{min(ratio):.3f}-{max(ratio):.3f}]  "
+              f"least cosine vs fp32 {cosine[k]:.4f}")
 
 
 def bench_ops(rows: int, rounds: int, reps: int) -> None:
