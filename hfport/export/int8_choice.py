@@ -24,8 +24,8 @@ batches of short texts on some runs, and less than half as fast on one). Its fig
 choice.json beside the exports and logged; a later load with the same key reads that choice instead of exporting and
 timing again (a choice whose folder is gone is made again). One process at a time makes a key's choice (_choosing: a
 lock file beside choice.json); another loading the same folder meanwhile waits, then reads it. When every path is
-refused, the torch path's own answer serves: bf16, as dtype="auto-int8" on the model. Making a choice that exports graphs shows a progress bar (minutes for a real model;
-none at the quiet verbosity).
+refused, the torch path's own answer serves: bf16, as dtype="auto-int8" on the model. Making a choice that exports
+graphs shows a progress bar (minutes for a real model; none at the quiet verbosity).
 """
 
 from __future__ import annotations
