@@ -305,6 +305,11 @@ def fastembed_loader(folder: Path, batch_size: int) -> Encode:
         TextEmbedding.add_custom_model(model=name, pooling=PoolingType.MEAN, normalization=True,
                                        sources=ModelSource(hf=name), dim=dim, model_file="onnx/model.onnx")
     model = TextEmbedding(model_name=name, specific_model_path=str(beside(folder, ORT_DIR)))
+    # fastembed cuts texts at the lesser of tokenizer_config.json's model_max_length and max_length: 128 for MiniLM,
+    # where every other contestant takes the model's max_seq_length (256; some of the texts run to ~140 tokens). So it
+    # cuts where the others do: the same work, and the same embeddings.
+    seq = json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"]
+    model.model.tokenizer.enable_truncation(max_length=seq)
     return lambda texts: np.stack(list(model.embed(texts, batch_size=batch_size)))
 
 
