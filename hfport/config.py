@@ -84,22 +84,25 @@ class EncoderConfig:
 
     def set_labels(self, num_labels: int | None = None, id2label: dict[Any, str] | None = None,
                    label2id: dict[str, Any] | None = None, problem_type: str | None = None,
-                   strict: bool = True) -> None:
-        """Label metadata as transformers derives it: id2label wins, else num_labels makes LABEL_i names."""
+                   strict: bool = True, given_by: str | None = None) -> None:
+        """Label metadata as transformers derives it: id2label wins, else num_labels makes LABEL_i names. GIVEN_BY:
+        what the values came from when not config.json (a call's arguments), named in the errors instead of it."""
+        error = self.error if given_by is None else \
+            (lambda name, message: ConfigError(f"{given_by}: argument {name}: {message}"))
         if id2label is not None:
             try:
                 self.id2label = {int(k): str(v) for k, v in id2label.items()}
             except (TypeError, ValueError) as e:
-                raise self.error("id2label", f"keys must be integers: {e}") from e
+                raise error("id2label", f"keys must be integers: {e}") from e
             if sorted(self.id2label) != list(range(len(self.id2label))):
-                raise self.error("id2label", f"ids must be 0..{len(self.id2label) - 1}, got {sorted(self.id2label)}")
+                raise error("id2label", f"ids must be 0..{len(self.id2label) - 1}, got {sorted(self.id2label)}")
             if num_labels is not None and num_labels != len(self.id2label):
-                raise self.error("num_labels", f"{num_labels} disagrees with id2label ({len(self.id2label)} labels)")
+                raise error("num_labels", f"{num_labels} disagrees with id2label ({len(self.id2label)} labels)")
             self.num_labels = len(self.id2label)
         else:
             n = self.num_labels if num_labels is None else num_labels
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise self.error("num_labels", f"must be a positive integer, got {n!r}")
+                raise error("num_labels", f"must be a positive integer, got {n!r}")
             if n != len(self.id2label):  # a new label count gets transformers' LABEL_i names
                 self.id2label = {i: f"LABEL_{i}" for i in range(n)}
             self.num_labels = n
@@ -108,14 +111,14 @@ class EncoderConfig:
             try:
                 given = {str(k): int(v) for k, v in label2id.items()}
             except (TypeError, ValueError) as e:
-                raise self.error("label2id", f"values must be integers: {e}") from e
+                raise error("label2id", f"values must be integers: {e}") from e
             if given != derived:
-                raise self.error("label2id", f"{given} does not invert id2label {self.id2label}")
+                raise error("label2id", f"{given} does not invert id2label {self.id2label}")
         # transformers keeps an inconsistent label2id from old configs as is; hfport derives it from id2label
         self.label2id = derived
         if problem_type is not None:
             if problem_type not in PROBLEM_TYPES:
-                raise self.error("problem_type", f"{problem_type!r} is not one of {list(PROBLEM_TYPES)}")
+                raise error("problem_type", f"{problem_type!r} is not one of {list(PROBLEM_TYPES)}")
             self.problem_type = problem_type
 
     @property

@@ -297,7 +297,8 @@ def load_adapter(cls: type[PreTrainedEncoder], folder: str | os.PathLike[str], *
         _check_base(folder, base.config, own)
         labels = {"id2label": own.id2label, "problem_type": own.problem_type} if own.id2label else {}
         config.set_labels(**labels)
-    config.set_labels(num_labels=num_labels, id2label=id2label, label2id=label2id, problem_type=problem_type)
+    config.set_labels(num_labels=num_labels, id2label=id2label, label2id=label2id, problem_type=problem_type,
+                      given_by=f"from_pretrained({str(folder)!r})")
     with on_meta():
         model = cls(config, base.family)
     # the body: the base's tensors themselves (two adapters over one base hold one copy of its weights)

@@ -180,7 +180,7 @@ class PreTrainedEncoder(nn.Module):
         """A randomly initialised model (as transformers initialises it) from an EncoderConfig or a config dict."""
         if isinstance(config, dict):
             config = get_family(config.get("model_type")).config_from_hf(config, "config")
-        config.set_labels(**labels)
+        config.set_labels(**labels, given_by="from_config")
         model = cls(config)
         model.apply(lambda m: init_module(m, config.initializer_range))
         if model.family.after_init:
@@ -226,7 +226,8 @@ class PreTrainedEncoder(nn.Module):
         raw, source = hub.read_config(folder)
         family = get_family(raw.get("model_type"), source)
         config = family.config_from_hf(raw, source)
-        config.set_labels(num_labels=num_labels, id2label=id2label, label2id=label2id, problem_type=problem_type)
+        config.set_labels(num_labels=num_labels, id2label=id2label, label2id=label2id, problem_type=problem_type,
+                          given_by=f"from_pretrained({str(folder)!r})")
         torch_dtype = resolve_dtype(dtype, config, device)
         config.check_size(torch.finfo(torch_dtype).bits // 8)
         checkpoint = hub.Checkpoint.open(folder)  # headers validated before anything is allocated
