@@ -55,7 +55,7 @@ from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
 from .preflight import Preflight, as_config, preflight
 from .progress import Progress
 from .report import write_report
-from .runfiles import MetricsLog, lora_base, prepare_output_dir, save_model_folder
+from .runfiles import MetricsLog, lora_base, prepare_output_dir, resume_checkpoint, save_model_folder
 from .trackers import Trackers, accelerator_options
 
 __all__ = ["Trainer", "TrainState", "clip_grad_norm", "finetune", "float32_outputs", "mixed_precision"]
@@ -76,6 +76,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     # 1. data and model: every data error surfaces here, before the output folder is touched (the server runs the
     # same checks before it queues a job)
     set_seed(config.seed)
+    resume_checkpoint(run, config)  # a resume with nothing (or another run) to continue: before any load or write
     checked = preflight(config, world=accelerator.num_processes)
     if accelerator.is_main_process:
         prepare_output_dir(run, config)
@@ -260,11 +261,9 @@ class Trainer:
         metrics.jsonl (cut back to the checkpoint's step on resume), and restore the RNG states last: nothing may
         draw after this but training."""
         saved_rng = None
-        if self.config.resume:
-            ckpt = self.run.latest_checkpoint() if self.config.resume == "latest" else Path(self.config.resume)
-            if ckpt is None or not (ckpt / TRAINER_STATE).is_file():
-                raise ConfigError(f"resume: no checkpoint found ({self.config.resume!r} in {self.run.checkpoints})")
-            self.check_resume(ckpt)  # before loading: a changed structure would fail there less clearly
+        ckpt = resume_checkpoint(self.run, self.config)  # refused ones were refused before anything loaded
+        if ckpt is not None:
+            self.warn_resume_length(ckpt)
             saved = load_checkpoint(ckpt, self.unwrapped, self.optimizer, self.scheduler, self.scaler)
             if self.companion is not None:
                 weights = load_file(str(ckpt / SAFE_WEIGHTS))
@@ -285,19 +284,13 @@ class Trainer:
             restore_rng(*saved_rng)
         self.batches = self.plan.batches(self.state.epoch)
 
-    def check_resume(self, ckpt: Path) -> None:
-        """Refuse a resume whose settings would make the checkpoint mean another run (config.resume_changes); say
-        what a longer or shorter run changes. A checkpoint written before its config was kept is not checked."""
+    def warn_resume_length(self, ckpt: Path) -> None:
+        """Say what a longer or shorter run changes (resume_checkpoint refused every other change already)."""
         state = json.loads((ckpt / TRAINER_STATE).read_text())
         saved = state.get("run_config")
         if saved is None:
             return
-        refused, length = resume_changes(saved, self.config)
-        if refused:
-            raise ConfigError(
-                f"resume: {ckpt} was written by a run with other settings; --resume continues that run, so these "
-                f"must match it: {'; '.join(refused)}. Set them back, or start a new run from a saved model folder "
-                "(the run's best/ or final/) with --model")
+        length = resume_changes(saved, self.config)[1]
         if length:
             log.warning("resume: %s; the schedule now runs over %d steps, and the %d steps taken followed the "
                         "old length's", "; ".join(length), self.total_steps, state["step"])

@@ -12,9 +12,9 @@ from typing import Any
 
 from .. import lora
 from ..errors import ConfigError
-from ..rundir import RunDir
+from ..rundir import TRAINER_STATE, RunDir
 from ..tokenizer import copy_tokenizer_files
-from .config import FinetuneConfig
+from .config import FinetuneConfig, resume_changes
 from .data import EncodedData
 from .monitor import read_metrics
 
@@ -30,6 +30,37 @@ def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:
                               "replace it or --resume to continue it")
         run.clear()
     run.root.mkdir(parents=True, exist_ok=True)
+
+
+def resume_checkpoint(run: RunDir, config: FinetuneConfig) -> Path | None:
+    """The checkpoint `config.resume` continues (None without --resume). Every process calls it before anything is
+    loaded or written: no checkpoint to continue, or one written by a run with other settings
+    (config.resume_changes), is a ConfigError that leaves no output folder and loads no model. A checkpoint written
+    before its config was kept is not compared."""
+    if not config.resume:
+        return None
+    if config.resume == "latest":
+        ckpt = run.latest_checkpoint()
+        if ckpt is None:
+            raise ConfigError(f"resume: {run.checkpoints} holds no complete checkpoint to continue; run without "
+                              "--resume to start this run")
+    else:
+        ckpt = Path(config.resume)
+        if not (ckpt / TRAINER_STATE).is_file():
+            raise ConfigError(f"resume: {ckpt} is not a complete checkpoint (no {TRAINER_STATE}); name a step-N "
+                              f"folder of a run's checkpoints/, or pass --resume alone for {run.checkpoints}'s "
+                              "latest")
+    try:
+        saved = json.loads((ckpt / TRAINER_STATE).read_text()).get("run_config")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"resume: {ckpt / TRAINER_STATE}: cannot be read ({e})") from e
+    refused = resume_changes(saved, config)[0] if saved is not None else []
+    if refused:
+        raise ConfigError(
+            f"resume: {ckpt} was written by a run with other settings; --resume continues that run, so these "
+            f"must match it: {'; '.join(refused)}. Set them back, or start a new run from a saved model folder "
+            "(the run's best/ or final/) with --model")
+    return ckpt
 
 
 class MetricsLog:
