@@ -53,8 +53,21 @@ def test_a_bad_value_names_the_key_as_given():
         resolve_config({**BASE, "learning_rate": "fast"}, {})
     with pytest.raises(ConfigError, match=r"scheduler \(given as lr_scheduler_type\): Input should be 'linear'"):
         resolve_config({**BASE, "lr_scheduler_type": "polynomial"}, {})
-    with pytest.raises(ConfigError, match=r"lr: Input should be a valid number"):  # the flag's value is the bad one
+    with pytest.raises(ConfigError, match=r"lr \(from the flags\): Input should be a valid number"):
         resolve_config({**BASE, "learning_rate": 1e-3}, {"lr": "fast"})
+
+
+def test_a_bad_value_names_the_file_or_the_flags_that_gave_it():
+    """With a config file and flags both given, a value the config refuses names where it came from."""
+    flags = {"model": "m"}
+    with pytest.raises(ConfigError, match=r"invalid fine-tune config: scheduler \(from run.yaml\): Input should be "):
+        resolve_config({**BASE, "scheduler": "cosin"}, flags, "run.yaml")
+    with pytest.raises(ConfigError, match=r"lr \(given as learning_rate, from run.yaml\): Input should be a valid"):
+        resolve_config({**BASE, "learning_rate": "fast"}, flags, "run.yaml")
+    with pytest.raises(ConfigError, match=r"epochs \(from the flags\): Input should be a valid number"):
+        resolve_config(BASE, {**flags, "epochs": "many"}, "run.yaml")
+    with pytest.raises(ConfigError, match=r"lora.rr \(from run.yaml and the flags\): Extra inputs"):
+        resolve_config({**BASE, "lora": {"rr": 8}}, {**flags, "lora": {"r": 4}}, "run.yaml")
 
 
 def test_an_unknown_key_lists_only_the_closest_names():

@@ -467,12 +467,22 @@ def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], fi
     merged = {**implied, **file_values, **{k: v for k, v in flags.items() if v is not None}}
     if isinstance(flags.get("lora"), dict) and isinstance(file_values.get("lora"), dict):
         merged["lora"] = {**file_values["lora"], **flags["lora"]}  # --lora-r refines the file's lora section
+    given = {k for k, v in flags.items() if v is not None}
+
+    def where(loc: tuple[Any, ...]) -> str:
+        """A bad field's name, the alias it was given as, and (file and flags both given) which one gave it."""
+        notes = [f"given as {renamed[loc[0]]}"] if loc and loc[0] in renamed else []
+        if loc and file_values and given and loc[0] in {*file_values, *given}:
+            # a section both give (lora: {...} and --lora-r) was merged: either may hold the bad key
+            origins = [file_name] if loc[0] in file_values and (
+                loc[0] not in given or isinstance(flags[loc[0]], dict)) else []
+            notes.append("from " + " and ".join(origins + (["the flags"] if loc[0] in given else [])))
+        return ".".join(map(str, loc)) + (f" ({', '.join(notes)})" if notes else "") if loc else "config"
+
     try:
         config = FinetuneConfig(**merged)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}"
-                             + (f" (given as {renamed[err['loc'][0]]})" if err["loc"] and err["loc"][0] in renamed
-                                else "") + f": {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{where(tuple(err['loc']))}: {err['msg']}" for err in e.errors())
         raise ConfigError(f"invalid fine-tune config: {problems}") from e
     sources = {name: "flag" if flags.get(name) is not None else file_name if name in file_values
                else "transformers' default" if name in implied else "default"
