@@ -568,6 +568,23 @@ def test_resume_with_nothing_to_continue_writes_nothing(workdir, tmp_path, monke
     assert not out.exists()
 
 
+def test_a_run_refused_while_setting_up_writes_nothing(workdir, tmp_path):
+    """A setting refused once the model is built (a freeze prefix that matches nothing, class weights for another
+    number of labels) leaves no output folder; with --overwrite the earlier run stays as it was."""
+    out = tmp_path / "run"
+    with pytest.raises(hfport.ConfigError, match=r"freeze: prefix\(es\) \['nowhere'\] match no parameter"):
+        finetune(base_config(workdir, out, freeze=["nowhere"]), progress=False)
+    assert not out.exists()
+    with pytest.raises(hfport.ConfigError, match=r"class_weights has 3 values for 2 labels"):
+        finetune(base_config(workdir, out, class_weights=[1.0, 2.0, 3.0]), progress=False)
+    assert not out.exists()
+    finetune(base_config(workdir, out, max_steps=1, eval_strategy="no"), progress=False)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(hfport.ConfigError, match=r"freeze: prefix"):
+        finetune(base_config(workdir, out, freeze=["nowhere"], overwrite=True), progress=False)
+    assert sorted(p.name for p in out.iterdir()) == before and (out / "final" / "config.json").is_file()
+
+
 @pytest.mark.parametrize("option, value, task, rows, refused", [
     # a float label: regression, trained with MSE
     ("label_smoothing", 0.1, "text-classification", [{"text": "a b", "label": 0.5}, {"text": "c", "label": 1.5}],

@@ -55,7 +55,8 @@ from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
 from .preflight import Preflight, as_config, preflight
 from .progress import Progress
 from .report import write_report
-from .runfiles import MetricsLog, lora_base, prepare_output_dir, resume_checkpoint, save_model_folder
+from .runfiles import (MetricsLog, check_output_dir, lora_base, prepare_output_dir, resume_checkpoint,
+                       save_model_folder)
 from .trackers import Trackers, accelerator_options
 
 __all__ = ["Trainer", "TrainState", "clip_grad_norm", "finetune", "float32_outputs", "mixed_precision"]
@@ -74,13 +75,11 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     accelerator = build_accelerator(config)
 
     # 1. data and model: every data error surfaces here, before the output folder is touched (the server runs the
-    # same checks before it queues a job)
+    # same checks before it queues a job); the folder is made once the trainer is built
     set_seed(config.seed)
-    resume_checkpoint(run, config)  # a resume with nothing (or another run) to continue: before any load or write
+    check_output_dir(run, config)  # an earlier run in the way, or a resume with nothing (or another run) to
+    resume_checkpoint(run, config)  # continue: before any load
     checked = preflight(config, world=accelerator.num_processes)
-    if accelerator.is_main_process:
-        prepare_output_dir(run, config)
-    accelerator.wait_for_everyone()
     checked.task.before_training(checked.data, accelerator.device)  # a teacher's outputs (distillation), once
     model, frozen = build_model(config, checked)
 
@@ -104,6 +103,9 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                       EarlyStopping(metric_name, metric_mode, patience=config.early_stopping_patience or 2**31,
                                     threshold=config.early_stopping_threshold),
                       emit=on_event if (on_event and accelerator.is_main_process) else None)
+    if accelerator.is_main_process:  # every setup check passed: only now is the output folder made
+        prepare_output_dir(run, config)
+    accelerator.wait_for_everyone()
     trainer.start()
     with Trackers(accelerator, config, trainer):  # report_to: the config, and every metrics.jsonl line as it comes
         trainer.train(progress=progress)

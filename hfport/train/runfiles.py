@@ -21,13 +21,20 @@ from .monitor import read_metrics
 log = logging.getLogger("hfport.train")
 
 
-def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:
-    """Refuse to overwrite an earlier run unless asked to (--overwrite) or continuing it (--resume)."""
+def check_output_dir(run: RunDir, config: FinetuneConfig) -> None:
+    """Refuse to overwrite an earlier run unless asked to (--overwrite) or continuing it (--resume). Reads only:
+    every process calls it before anything loads."""
     existing = run.existing()
-    if existing and not config.resume:
-        if not config.overwrite:
-            raise ConfigError(f"{run.root}: already holds a run ({', '.join(existing)}); pass --overwrite to "
-                              "replace it or --resume to continue it")
+    if existing and not config.resume and not config.overwrite:
+        raise ConfigError(f"{run.root}: already holds a run ({', '.join(existing)}); pass --overwrite to "
+                          "replace it or --resume to continue it")
+
+
+def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:
+    """The output folder, made (an earlier run's files cleared with --overwrite) only once the whole setup (data,
+    model, LoRA, freezing, optimizer, schedule) has passed: a run refused on the way leaves no folder behind."""
+    check_output_dir(run, config)
+    if run.existing() and not config.resume:
         run.clear()
     run.root.mkdir(parents=True, exist_ok=True)
 
