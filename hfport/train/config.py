@@ -363,6 +363,10 @@ class FinetuneConfig(BaseModel):
         if self.scheduler in PLATEAU_DEFAULTS and self.eval_strategy == "no":
             raise ValueError(f"scheduler {self.scheduler!r} cuts the lr when the evaluated metric stalls; it needs an "
                              "eval_strategy other than 'no'")
+        stops = [name for name in ("early_stopping_patience", "converged_window") if getattr(self, name) is not None]
+        if stops and self.eval_strategy == "no":  # transformers' EarlyStoppingCallback refuses it too
+            raise ValueError(f"{' and '.join(stops)}: stops the run by the evaluated metric, but eval_strategy 'no' "
+                             "never evaluates; set eval_strategy to epoch or steps, or drop it")
         if self.metric_mode is not None and self.metric is None and self.scheduler != "reduce_lr_on_plateau":
             # transformers ignores greater_is_better without a metric (nothing picks a best model); applied to the
             # task's default metric it could keep the worst model (accuracy minimised)
