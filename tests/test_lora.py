@@ -207,6 +207,25 @@ def test_export_merge_verify_and_pipeline(lora_run, tmp_path):
     assert adapter_export.report.passed and (tmp_path / "adapter" / "adapter_config.json").is_file()
 
 
+def test_a_lora_run_trains_on_from_its_adapter_folder(lora_run, workdir, tmp_path):
+    """--model RUN/final of a LoRA run (the docs' way to train on from a run's weights) trains that adapter's LoRA
+    layers and head on, as peft's is_trainable=True: the base stays frozen, best/ and final/ are adapters over the
+    same base with the same layers, moved, and verify proves them (it said 'every parameter is frozen')."""
+    start = lora_run / "final"
+    out = tmp_path / "again"
+    finetune(base_config(workdir, out, max_steps=2, lr=1e-2, model=str(start), eval_strategy="no"), progress=False)
+    config = json.loads((out / "final" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == json.loads((start / "adapter_config.json").read_text())[
+        "base_model_name_or_path"]
+    before, after = (load_file(str(f / "adapter_model.safetensors")) for f in (start, out / "final"))
+    assert sorted(before) == sorted(after)
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert any("lora_B" in k for k in moved) and any("classifier" in k for k in moved), sorted(moved)
+    assert not (out / "final" / "model.safetensors").exists()
+    report = hfport.verify(out / "final")
+    assert report.passed, report.table()
+
+
 def test_export_merge_of_a_plain_model_is_refused(workdir, tmp_path):
     with pytest.raises(hfport.ExportError, match="merge applies to LoRA adapter"):
         hfport.export(workdir / "model", tmp_path / "x", merge=True)

@@ -141,6 +141,11 @@ def build_model(config: FinetuneConfig, checked: Preflight) -> tuple[torch.nn.Mo
                                                                  **label_kwargs)
     if config.student_layers is not None:  # a student of some of the model's layers (distillation)
         model = keep_layers(model, config.student_layers)
+    if lora.has_lora(model) and config.lora is None:
+        # an adapter folder (a LoRA run's best/ or final/) loads frozen for inference: train its LoRA layers and head
+        # on, as peft's PeftModel.from_pretrained(..., is_trainable=True); best/ and final/ hold the adapter
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("head.") or ".lora_A." in name or ".lora_B." in name)
     frozen = freeze(model, config.freeze)
     if config.lora is not None:  # base frozen, LoRA layers and the head trained; best/ and final/ hold the adapter
         lora.apply_lora(model, config.lora.r, config.lora.alpha, config.lora.dropout, config.lora.target_modules,
