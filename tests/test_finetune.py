@@ -558,7 +558,7 @@ def test_resume_with_nothing_to_continue_writes_nothing(workdir, tmp_path, monke
     monkeypatch.setattr("hfport.train.loop.preflight", lambda *a, **k: pytest.fail("loaded before the refusal"))
     out = tmp_path / "never-ran"
     with pytest.raises(hfport.ConfigError, match=rf"resume: {re.escape(str(out / 'checkpoints'))} holds no complete "
-                                                 "checkpoint to continue; run without --resume"):
+                                                 "checkpoint to continue; start the run without --resume"):
         finetune(base_config(workdir, out, resume="latest"), progress=False)
     assert not out.exists()
     named = tmp_path / "elsewhere" / "step-3"
@@ -566,6 +566,12 @@ def test_resume_with_nothing_to_continue_writes_nothing(workdir, tmp_path, monke
                                                  r"\(no trainer_state.json\)"):
         finetune(base_config(workdir, out, resume=str(named)), progress=False)
     assert not out.exists()
+    monkeypatch.undo()
+    finetune(base_config(workdir, out, max_steps=1, eval_strategy="no", save_strategy="no"), progress=False)
+    with pytest.raises(hfport.ConfigError, match=r"holds no complete checkpoint to continue; start the run with "
+                                                 r"--overwrite instead of --resume \(the folder holds a run"):
+        finetune(base_config(workdir, out, max_steps=1, eval_strategy="no", save_strategy="no", resume="latest"),
+                 progress=False)
 
 
 def test_a_run_refused_while_setting_up_writes_nothing(workdir, tmp_path):

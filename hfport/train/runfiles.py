@@ -49,8 +49,10 @@ def resume_checkpoint(run: RunDir, config: FinetuneConfig) -> Path | None:
     if config.resume == "latest":
         ckpt = run.latest_checkpoint()
         if ckpt is None:
-            raise ConfigError(f"resume: {run.checkpoints} holds no complete checkpoint to continue; run without "
-                              "--resume to start this run")
+            again = "with --overwrite instead of --resume (the folder holds a run that saved none)" if \
+                run.existing() else "without --resume"
+            raise ConfigError(f"resume: {run.checkpoints} holds no complete checkpoint to continue; start the run "
+                              f"{again}")
     else:
         ckpt = Path(config.resume)
         if not (ckpt / TRAINER_STATE).is_file():
