@@ -37,6 +37,8 @@ def test_training_arguments_names_are_stored_under_hfports():
 @pytest.mark.parametrize("values, message", [
     ({"learning_rat": 1}, r"unknown option 'learning_rat'; did you mean lr \(transformers: learning_rate\)\?"),
     ({"warmup_step": 1}, r"unknown option .warmup_step.; did you mean warmup_steps, warmup_ratio, max_steps\?"),
+    # the field matched under its own name and an alias of it: offered once
+    ({"schedular": "cosine"}, r"unknown option .schedular.; did you mean scheduler\?"),
     ({"per_device_eval_batch_size": 8}, r"per_device_eval_batch_size: transformers' option has no hfport "
                                         r"equivalent \(hfport evaluates in batches of batch_size"),
     ({"load_best_model_at_end": False}, r"load_best_model_at_end=False: not possible, hfport always keeps the best"),
