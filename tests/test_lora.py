@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 
 import hfport
 from hfport import lora
+from hfport.formats.sentence_transformers import write_embedding_layout
+from hfport.tokenizer import copy_tokenizer_files
 from hfport.train.loop import finetune
 from tests.finetuning import base_config, check_resume_after_sigkill
 from tests.forked import run_cli
@@ -136,6 +138,26 @@ def test_merge_equals_unmerged_and_leaves_shared_base_alone(bases, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(plain(**b).logits, adapter(**b).logits, atol=1e-5, rtol=1e-4)
     assert torch.equal(base.body.encoder.layers[0].attn.q.weight, before)
+
+
+def test_merged_embedding_adapter_keeps_its_sentence_transformers_layout(tiny_bert, tmp_path):
+    """An embedding adapter (a LoRA sentence-embedding run's best/: cls pooling, normalized) merged: the merged
+    folder keeps modules.json, 1_Pooling and 2_Normalize, so SentenceTransformer encodes what hfport encodes with the
+    adapter (without them it pooled by mean, unnormalized: a different model)."""
+    from sentence_transformers import SentenceTransformer  # a dev dependency, imported where it is used
+
+    adapter = tmp_path / "adapter"
+    save_random_adapter(hfport.AutoModel.from_pretrained(tiny_bert), adapter, base=tiny_bert, seed=3, r=4, alpha=8,
+                        targets=["q", "v"])
+    write_embedding_layout(adapter, pooling="cls", normalize=True, hidden_size=32, max_seq_length=128)
+    copy_tokenizer_files(tiny_bert, adapter)
+    result = hfport.export(adapter, tmp_path / "merged", merge=True, verify=True)
+    assert result.report.passed, result.report.table()
+    assert {"modules.json", "1_Pooling", "2_Normalize"} <= set(result.files)
+    texts = ["What is the capital of Norway?", "Shops in Chile take the peso, the national currency."]
+    ours = torch.tensor(hfport.pipeline("sentence-embedding", model=adapter)(texts))
+    theirs = torch.from_numpy(SentenceTransformer(str(tmp_path / "merged"), device="cpu").encode(texts))
+    torch.testing.assert_close(theirs, ours.to(theirs.dtype), atol=1e-5, rtol=1e-4)
 
 
 # --- a LoRA fine-tune, end to end ---------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import torch
 from safetensors import safe_open
 
 from .. import hub, lora
+from ..formats.sentence_transformers import copy_layout
 from ..modeling import PreTrainedEncoder
 from ..tasks import TASKS, load_any
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
@@ -212,6 +213,9 @@ def write_merged(source: Source, out: Path, options: ExportOptions, *, verify: b
         config = export_config(plain, plain.family.architectures[plain.task], dtype)
         hub.write_json_atomic(staging / "config.json", config)
         copy_tokenizer_files(tok_folder, staging)
+        # an embedding or SPLADE adapter's sentence-transformers files (pooling, normalize, prompts): without them
+        # SentenceTransformer and hfport would pool the merged model by their defaults, not as it was trained
+        copy_layout(source.model, staging)
         result = ExportResult(out, source.model, model.family.model_type, model.task, DTYPE_NAMES[dtype], [],
                               files, tok_folder, format="merged")
         if verify:
