@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 import hfport
 from hfport import lora
-from hfport.formats.sentence_transformers import write_embedding_layout
+from hfport.export import FORMATS, detect_format
+from hfport.formats.sentence_transformers import mark_cross_encoder, write_embedding_layout
 from hfport.tokenizer import copy_tokenizer_files
 from hfport.train.loop import finetune
 from tests.finetuning import base_config, check_resume_after_sigkill
@@ -158,6 +159,21 @@ def test_merged_embedding_adapter_keeps_its_sentence_transformers_layout(tiny_be
     ours = torch.tensor(hfport.pipeline("sentence-embedding", model=adapter)(texts))
     theirs = torch.from_numpy(SentenceTransformer(str(tmp_path / "merged"), device="cpu").encode(texts))
     torch.testing.assert_close(theirs, ours.to(theirs.dtype), atol=1e-5, rtol=1e-4)
+
+
+def test_merged_reranker_adapter_stays_a_cross_encoder(tiny_bert, tmp_path):
+    """A reranker adapter (a LoRA text-ranking run's best/, CrossEncoder's marker in its config.json) merged is a
+    CrossEncoder folder again, as the reranker's own folders are (the marker was dropped: a plain HF folder)."""
+    adapter = tmp_path / "adapter"
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=1)
+    save_random_adapter(model, adapter, base=tiny_bert, seed=3, r=4, alpha=8, targets=["q", "v"])
+    mark_cross_encoder(adapter)
+    copy_tokenizer_files(tiny_bert, adapter)
+    result = hfport.export(adapter, tmp_path / "merged", merge=True, verify=True)
+    assert result.report.passed, result.report.table()
+    assert detect_format(tmp_path / "merged") is FORMATS["cross-encoder"]
+    report = hfport.verify(tmp_path / "merged")  # proven as one: CrossEncoder.predict against hfport
+    assert report.passed and "predict" in {r.output for r in report.rows}, report.table()
 
 
 # --- a LoRA fine-tune, end to end ---------------------------------------------------------------------------------
