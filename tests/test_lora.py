@@ -17,6 +17,7 @@ import hfport
 from hfport import lora
 from hfport.export import FORMATS, detect_format
 from hfport.formats.sentence_transformers import mark_cross_encoder, write_embedding_layout
+from hfport.rundir import RunDir
 from hfport.tokenizer import copy_tokenizer_files
 from hfport.train.loop import finetune
 from tests.finetuning import base_config, check_resume_after_sigkill
@@ -267,6 +268,18 @@ def test_a_lora_run_trains_on_from_its_adapter_folder(lora_run, workdir, tmp_pat
 def test_export_merge_of_a_plain_model_is_refused(workdir, tmp_path):
     with pytest.raises(hfport.ExportError, match="merge applies to LoRA adapter"):
         hfport.export(workdir / "model", tmp_path / "x", merge=True)
+
+
+def test_a_lora_checkpoint_is_refused_naming_the_adapter_folders(lora_run, tmp_path):
+    """A LoRA run's checkpoint holds the base's weights beside the LoRA layers, which a plain load does not build:
+    export, evaluate and predict refuse it saying to use best/ or final/ (not 'key(s) not in the bert key map')."""
+    checkpoint = RunDir(lora_run).latest_checkpoint()
+    message = r"LoRA layers \(.*lora_A.*\): a checkpoint of a LoRA fine-tune.* the run's best/ or final/"
+    with pytest.raises(hfport.HfportError, match=message):
+        hfport.export(checkpoint, tmp_path / "out")
+    with pytest.raises(hfport.HfportError, match=message):
+        hfport.AutoModelForSequenceClassification.from_pretrained(checkpoint)
+    assert not (tmp_path / "out").exists()
 
 
 def test_lora_resume_after_sigkill_is_bit_identical(workdir, tmp_path):
