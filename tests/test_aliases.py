@@ -7,7 +7,7 @@ import pytest
 
 from hfport.errors import ConfigError
 from hfport.train.aliases import ALIASES
-from hfport.train.config import FinetuneConfig, resolve_config
+from hfport.train.config import FinetuneConfig, read_config_file, resolve_config
 from server.routes.jobs import config_error
 from server.schemas import FinetuneJobRequest
 
@@ -97,3 +97,16 @@ def test_http_job_body_takes_the_aliases():
     error = config_error([{"type": "extra_forbidden", "loc": ("learning_rat",), "msg": "Extra inputs"}])
     assert error.message == "config: unknown option(s) ['learning_rat']; learning_rat: did you mean lr " \
         "(transformers: learning_rate)?"
+
+
+def test_a_config_file_that_does_not_parse_says_how_it_was_read(tmp_path):
+    """A YAML file named run.cfg (or a TOML file) is read as JSON: the error says so, and why."""
+    for name, text in (("run.cfg", "lr: 0.001\n"), ("run.toml", "lr = 1e-3\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=rf"{name}: not valid JSON \(a config file is read as YAML when its "
+                                              rf"name ends in \.yaml or \.yml, else as JSON; this one ends in "
+                                              rf"\{name[3:]}\): Expecting value"):
+            read_config_file(tmp_path / name)
+    (tmp_path / "run.json").write_text("{")
+    with pytest.raises(ConfigError, match=r"run.json: not valid JSON: Expecting"):
+        read_config_file(tmp_path / "run.json")

@@ -448,7 +448,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         else:
             data = json.loads(text)
     except Exception as e:  # yaml.YAMLError / JSONDecodeError carry the line
-        raise ConfigError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {e}") from e
+        yaml_file = path.suffix in (".yaml", ".yml")
+        how = "" if yaml_file or path.suffix == ".json" else \
+            f" (a config file is read as YAML when its name ends in .yaml or .yml, else as JSON; this one ends in " \
+            f"{path.suffix or 'no suffix'})"
+        raise ConfigError(f"{path}: not valid {'YAML' if yaml_file else 'JSON'}{how}: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of option names to values")
     return data
