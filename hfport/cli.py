@@ -456,7 +456,9 @@ def export(
 def verify(
     folder: Annotated[str, typer.Argument(metavar="DIR", help="A folder in an export format (an HF folder, a "
                                                                "LoRA adapter, a sentence-transformers embedding "
-                                                               "or reranker folder, an ONNX or OpenVINO folder).")],
+                                                               "or reranker folder, an ONNX or OpenVINO folder; a "
+                                                               "fine-tune output folder: its best/, or final/ "
+                                                               "with --final).")],
     source: Annotated[Optional[str], typer.Option("--source", help="What DIR was exported from (a fine-tune output "
                                                                    "folder, a checkpoint or a model folder). "
                                                                    "Without it DIR is checked against hfport's own "
@@ -473,7 +475,7 @@ def verify(
     rtol: Annotated[Optional[float], typer.Option(help="Relative tolerance (default by DIR's dtype: fp32 1e-4, "
                                                        "fp16 1e-2, bf16 5e-2; ONNX 1e-4; OpenVINO 1e-5).")]
     = None,
-    final: Annotated[bool, typer.Option("--final", help="SOURCE is a run: compare with its final/, not best/.")]
+    final: Annotated[bool, typer.Option("--final", help="DIR or SOURCE is a run: its final/, not best/.")]
     = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report here as JSON.")] = None,
     min_agreement: Annotated[Optional[float], typer.Option(help="ONNX/OpenVINO folder: the least int8 "

@@ -268,6 +268,11 @@ class PreTrainedEncoder(nn.Module):
                 unused.append(key)
             else:
                 unknown.append(key)
+        if unknown and all(".lora_A." in k or ".lora_B." in k for k in unknown):
+            raise CheckpointError(
+                f"{checkpoint.folder}: LoRA layers ({', '.join(unknown[:2])}, ...): a checkpoint of a LoRA fine-tune, "
+                "which holds the base's weights with its adapter's; load, export or evaluate the run's best/ or "
+                "final/ (the adapter in PEFT's format), or --resume the run from it")
         if unknown:
             outer = [p for p in inside if not any(p != q and p.startswith(q) for q in inside)]
             raise CheckpointError(

@@ -7,7 +7,7 @@ import pytest
 
 from hfport.errors import ConfigError
 from hfport.train.aliases import ALIASES
-from hfport.train.config import FinetuneConfig, resolve_config
+from hfport.train.config import FinetuneConfig, read_config_file, resolve_config
 from server.routes.jobs import config_error
 from server.schemas import FinetuneJobRequest
 
@@ -37,6 +37,8 @@ def test_training_arguments_names_are_stored_under_hfports():
 @pytest.mark.parametrize("values, message", [
     ({"learning_rat": 1}, r"unknown option 'learning_rat'; did you mean lr \(transformers: learning_rate\)\?"),
     ({"warmup_step": 1}, r"unknown option .warmup_step.; did you mean warmup_steps, warmup_ratio, max_steps\?"),
+    # the field matched under its own name and an alias of it: offered once
+    ({"schedular": "cosine"}, r"unknown option .schedular.; did you mean scheduler\?"),
     ({"per_device_eval_batch_size": 8}, r"per_device_eval_batch_size: transformers' option has no hfport "
                                         r"equivalent \(hfport evaluates in batches of batch_size"),
     ({"load_best_model_at_end": False}, r"load_best_model_at_end=False: not possible, hfport always keeps the best"),
@@ -53,8 +55,21 @@ def test_a_bad_value_names_the_key_as_given():
         resolve_config({**BASE, "learning_rate": "fast"}, {})
     with pytest.raises(ConfigError, match=r"scheduler \(given as lr_scheduler_type\): Input should be 'linear'"):
         resolve_config({**BASE, "lr_scheduler_type": "polynomial"}, {})
-    with pytest.raises(ConfigError, match=r"lr: Input should be a valid number"):  # the flag's value is the bad one
+    with pytest.raises(ConfigError, match=r"lr \(from the flags\): Input should be a valid number"):
         resolve_config({**BASE, "learning_rate": 1e-3}, {"lr": "fast"})
+
+
+def test_a_bad_value_names_the_file_or_the_flags_that_gave_it():
+    """With a config file and flags both given, a value the config refuses names where it came from."""
+    flags = {"model": "m"}
+    with pytest.raises(ConfigError, match=r"invalid fine-tune config: scheduler \(from run.yaml\): Input should be "):
+        resolve_config({**BASE, "scheduler": "cosin"}, flags, "run.yaml")
+    with pytest.raises(ConfigError, match=r"lr \(given as learning_rate, from run.yaml\): Input should be a valid"):
+        resolve_config({**BASE, "learning_rate": "fast"}, flags, "run.yaml")
+    with pytest.raises(ConfigError, match=r"epochs \(from the flags\): Input should be a valid number"):
+        resolve_config(BASE, {**flags, "epochs": "many"}, "run.yaml")
+    with pytest.raises(ConfigError, match=r"lora.rr \(from run.yaml and the flags\): Extra inputs"):
+        resolve_config({**BASE, "lora": {"rr": 8}}, {**flags, "lora": {"r": 4}}, "run.yaml")
 
 
 def test_an_unknown_key_lists_only_the_closest_names():
@@ -82,3 +97,16 @@ def test_http_job_body_takes_the_aliases():
     error = config_error([{"type": "extra_forbidden", "loc": ("learning_rat",), "msg": "Extra inputs"}])
     assert error.message == "config: unknown option(s) ['learning_rat']; learning_rat: did you mean lr " \
         "(transformers: learning_rate)?"
+
+
+def test_a_config_file_that_does_not_parse_says_how_it_was_read(tmp_path):
+    """A YAML file named run.cfg (or a TOML file) is read as JSON: the error says so, and why."""
+    for name, text in (("run.cfg", "lr: 0.001\n"), ("run.toml", "lr = 1e-3\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=rf"{name}: not valid JSON \(a config file is read as YAML when its "
+                                              rf"name ends in \.yaml or \.yml, else as JSON; this one ends in "
+                                              rf"\{name[3:]}\): Expecting value"):
+            read_config_file(tmp_path / name)
+    (tmp_path / "run.json").write_text("{")
+    with pytest.raises(ConfigError, match=r"run.json: not valid JSON: Expecting"):
+        read_config_file(tmp_path / "run.json")

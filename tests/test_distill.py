@@ -27,7 +27,7 @@ from hfport.train.monitor import is_perf
 from hfport.train.preflight import preflight
 from hfport.train.tasks.embedding import SentenceEmbedding
 from tests.tiny import batch as tiny_batch
-from tests.tiny import TOKENIZER_FILES, build_hf, save_with_tokenizer
+from tests.tiny import TOKENIZER_FILES, build_hf, save_random_adapter, save_with_tokenizer
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 SENTIMENT = {0: "negative", 1: "positive"}
@@ -321,6 +321,18 @@ def test_options_and_flags(root, tmp_path):
         resolve_config(None, {"model": "m", "train": "t", "distill_temperature": 4.0})
     with pytest.raises(ConfigError, match="has 2 layers"):
         preflight(_config(root, tmp_path / "run", student_layers=[0, 2]))
+
+
+def test_a_student_of_an_adapter_is_refused_naming_the_merge(root, tmp_path):
+    """--student-layers on a LoRA adapter folder (a LoRA run's best/) is refused before anything loads, saying to
+    merge it first (it failed in keep_layers naming the base's config.json and the LoRA tensors the layers lack)."""
+    adapter = tmp_path / "adapter"
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(root / "student")
+    save_random_adapter(model, adapter, base=root / "student", seed=3, r=4, alpha=8, targets=["q", "v"])
+    for name in TOKENIZER_FILES:  # as a run's best/ has them
+        shutil.copy(root / "student" / name, adapter / name)
+    with pytest.raises(ConfigError, match=r"student_layers: .*adapter is a LoRA adapter; .* merge it first"):
+        preflight(_config(root, tmp_path / "run", model=str(adapter), student_layers="every_other"))
 
 
 def test_the_finetune_command_takes_the_distillation_flags():

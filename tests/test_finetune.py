@@ -527,7 +527,7 @@ def test_a_step_the_loss_scaler_skips_holds_the_schedule_and_is_counted(workdir,
     assert state["skipped_steps"] == 1 and state["step"] == steps  # a resumed run goes on counting
 
 
-def test_resume_refuses_settings_that_make_it_another_run(workdir, tmp_path, caplog):
+def test_resume_refuses_settings_that_make_it_another_run(workdir, tmp_path, caplog, monkeypatch):
     """--resume continues the checkpoint's run: a changed batch size, seed or learning rate (the checkpoint's place
     in the data, its optimizer state) is refused naming each field, before any weight is loaded; a longer run is
     taken with a warning that the schedule now spans the new length; where it logs and saves may change freely."""
@@ -538,8 +538,11 @@ def test_resume_refuses_settings_that_make_it_another_run(workdir, tmp_path, cap
         return base_config(workdir, tmp_path / "run", **{**values, **kw})
 
     finetune(config(), progress=False)
-    with pytest.raises(hfport.ConfigError, match=r"batch_size: 8 -> 4; lr: 0\.003 -> 0\.01; seed: 7 -> 8\. Set them back"):
-        finetune(config(batch_size=4, lr=1e-2, seed=8, max_steps=6, resume="latest"), progress=False)
+    with monkeypatch.context() as patched:  # refused before the data and model load
+        patched.setattr("hfport.train.loop.preflight", lambda *a, **k: pytest.fail("loaded before the refusal"))
+        with pytest.raises(hfport.ConfigError,
+                           match=r"batch_size: 8 -> 4; lr: 0\.003 -> 0\.01; seed: 7 -> 8\. Set them back"):
+            finetune(config(batch_size=4, lr=1e-2, seed=8, max_steps=6, resume="latest"), progress=False)
     with caplog.at_level(logging.WARNING, logger="hfport.train"):
         finetune(config(max_steps=6, logging_steps=2, save_total_limit=1, resume="latest"), progress=False)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume:")]
@@ -547,6 +550,45 @@ def test_resume_refuses_settings_that_make_it_another_run(workdir, tmp_path, cap
                     "the old length's"], said
     steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 6
+
+
+def test_resume_with_nothing_to_continue_writes_nothing(workdir, tmp_path, monkeypatch):
+    """--resume on a folder without a checkpoint, or naming a folder that is not one, is refused naming the folder
+    before the data or model is loaded, and leaves no output folder behind."""
+    monkeypatch.setattr("hfport.train.loop.preflight", lambda *a, **k: pytest.fail("loaded before the refusal"))
+    out = tmp_path / "never-ran"
+    with pytest.raises(hfport.ConfigError, match=rf"resume: {re.escape(str(out / 'checkpoints'))} holds no complete "
+                                                 "checkpoint to continue; start the run without --resume"):
+        finetune(base_config(workdir, out, resume="latest"), progress=False)
+    assert not out.exists()
+    named = tmp_path / "elsewhere" / "step-3"
+    with pytest.raises(hfport.ConfigError, match=rf"resume: {re.escape(str(named))} is not a complete checkpoint "
+                                                 r"\(no trainer_state.json\)"):
+        finetune(base_config(workdir, out, resume=str(named)), progress=False)
+    assert not out.exists()
+    monkeypatch.undo()
+    finetune(base_config(workdir, out, max_steps=1, eval_strategy="no", save_strategy="no"), progress=False)
+    with pytest.raises(hfport.ConfigError, match=r"holds no complete checkpoint to continue; start the run with "
+                                                 r"--overwrite instead of --resume \(the folder holds a run"):
+        finetune(base_config(workdir, out, max_steps=1, eval_strategy="no", save_strategy="no", resume="latest"),
+                 progress=False)
+
+
+def test_a_run_refused_while_setting_up_writes_nothing(workdir, tmp_path):
+    """A setting refused once the model is built (a freeze prefix that matches nothing, class weights for another
+    number of labels) leaves no output folder; with --overwrite the earlier run stays as it was."""
+    out = tmp_path / "run"
+    with pytest.raises(hfport.ConfigError, match=r"freeze: prefix\(es\) \['nowhere'\] match no parameter"):
+        finetune(base_config(workdir, out, freeze=["nowhere"]), progress=False)
+    assert not out.exists()
+    with pytest.raises(hfport.ConfigError, match=r"class_weights has 3 values for 2 labels"):
+        finetune(base_config(workdir, out, class_weights=[1.0, 2.0, 3.0]), progress=False)
+    assert not out.exists()
+    finetune(base_config(workdir, out, max_steps=1, eval_strategy="no"), progress=False)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(hfport.ConfigError, match=r"freeze: prefix"):
+        finetune(base_config(workdir, out, freeze=["nowhere"], overwrite=True), progress=False)
+    assert sorted(p.name for p in out.iterdir()) == before and (out / "final" / "config.json").is_file()
 
 
 @pytest.mark.parametrize("option, value, task, rows, refused", [

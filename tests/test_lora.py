@@ -15,6 +15,10 @@ from safetensors.torch import load_file
 
 import hfport
 from hfport import lora
+from hfport.export import FORMATS, detect_format
+from hfport.formats.sentence_transformers import mark_cross_encoder, write_embedding_layout
+from hfport.rundir import RunDir
+from hfport.tokenizer import copy_tokenizer_files
 from hfport.train.loop import finetune
 from tests.finetuning import base_config, check_resume_after_sigkill
 from tests.forked import run_cli
@@ -138,6 +142,41 @@ def test_merge_equals_unmerged_and_leaves_shared_base_alone(bases, tmp_path):
     assert torch.equal(base.body.encoder.layers[0].attn.q.weight, before)
 
 
+def test_merged_embedding_adapter_keeps_its_sentence_transformers_layout(tiny_bert, tmp_path):
+    """An embedding adapter (a LoRA sentence-embedding run's best/: cls pooling, normalized) merged: the merged
+    folder keeps modules.json, 1_Pooling and 2_Normalize, so SentenceTransformer encodes what hfport encodes with the
+    adapter (without them it pooled by mean, unnormalized: a different model)."""
+    from sentence_transformers import SentenceTransformer  # a dev dependency, imported where it is used
+
+    adapter = tmp_path / "adapter"
+    save_random_adapter(hfport.AutoModel.from_pretrained(tiny_bert), adapter, base=tiny_bert, seed=3, r=4, alpha=8,
+                        targets=["q", "v"])
+    write_embedding_layout(adapter, pooling="cls", normalize=True, hidden_size=32, max_seq_length=128)
+    copy_tokenizer_files(tiny_bert, adapter)
+    result = hfport.export(adapter, tmp_path / "merged", merge=True, verify=True)
+    assert result.report.passed, result.report.table()
+    assert {"modules.json", "1_Pooling", "2_Normalize"} <= set(result.files)
+    texts = ["What is the capital of Norway?", "Shops in Chile take the peso, the national currency."]
+    ours = torch.tensor(hfport.pipeline("sentence-embedding", model=adapter)(texts))
+    theirs = torch.from_numpy(SentenceTransformer(str(tmp_path / "merged"), device="cpu").encode(texts))
+    torch.testing.assert_close(theirs, ours.to(theirs.dtype), atol=1e-5, rtol=1e-4)
+
+
+def test_merged_reranker_adapter_stays_a_cross_encoder(tiny_bert, tmp_path):
+    """A reranker adapter (a LoRA text-ranking run's best/, CrossEncoder's marker in its config.json) merged is a
+    CrossEncoder folder again, as the reranker's own folders are (the marker was dropped: a plain HF folder)."""
+    adapter = tmp_path / "adapter"
+    model = hfport.AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=1)
+    save_random_adapter(model, adapter, base=tiny_bert, seed=3, r=4, alpha=8, targets=["q", "v"])
+    mark_cross_encoder(adapter)
+    copy_tokenizer_files(tiny_bert, adapter)
+    result = hfport.export(adapter, tmp_path / "merged", merge=True, verify=True)
+    assert result.report.passed, result.report.table()
+    assert detect_format(tmp_path / "merged") is FORMATS["cross-encoder"]
+    report = hfport.verify(tmp_path / "merged")  # proven as one: CrossEncoder.predict against hfport
+    assert report.passed and "predict" in {r.output for r in report.rows}, report.table()
+
+
 # --- a LoRA fine-tune, end to end ---------------------------------------------------------------------------------
 
 
@@ -207,9 +246,40 @@ def test_export_merge_verify_and_pipeline(lora_run, tmp_path):
     assert adapter_export.report.passed and (tmp_path / "adapter" / "adapter_config.json").is_file()
 
 
+def test_a_lora_run_trains_on_from_its_adapter_folder(lora_run, workdir, tmp_path):
+    """--model RUN/final of a LoRA run (the docs' way to train on from a run's weights) trains that adapter's LoRA
+    layers and head on, as peft's is_trainable=True: the base stays frozen, best/ and final/ are adapters over the
+    same base with the same layers, moved, and verify proves them (it said 'every parameter is frozen')."""
+    start = lora_run / "final"
+    out = tmp_path / "again"
+    finetune(base_config(workdir, out, max_steps=2, lr=1e-2, model=str(start), eval_strategy="no"), progress=False)
+    config = json.loads((out / "final" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == json.loads((start / "adapter_config.json").read_text())[
+        "base_model_name_or_path"]
+    before, after = (load_file(str(f / "adapter_model.safetensors")) for f in (start, out / "final"))
+    assert sorted(before) == sorted(after)
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert any("lora_B" in k for k in moved) and any("classifier" in k for k in moved), sorted(moved)
+    assert not (out / "final" / "model.safetensors").exists()
+    report = hfport.verify(out / "final")
+    assert report.passed, report.table()
+
+
 def test_export_merge_of_a_plain_model_is_refused(workdir, tmp_path):
     with pytest.raises(hfport.ExportError, match="merge applies to LoRA adapter"):
         hfport.export(workdir / "model", tmp_path / "x", merge=True)
+
+
+def test_a_lora_checkpoint_is_refused_naming_the_adapter_folders(lora_run, tmp_path):
+    """A LoRA run's checkpoint holds the base's weights beside the LoRA layers, which a plain load does not build:
+    export, evaluate and predict refuse it saying to use best/ or final/ (not 'key(s) not in the bert key map')."""
+    checkpoint = RunDir(lora_run).latest_checkpoint()
+    message = r"LoRA layers \(.*lora_A.*\): a checkpoint of a LoRA fine-tune.* the run's best/ or final/"
+    with pytest.raises(hfport.HfportError, match=message):
+        hfport.export(checkpoint, tmp_path / "out")
+    with pytest.raises(hfport.HfportError, match=message):
+        hfport.AutoModelForSequenceClassification.from_pretrained(checkpoint)
+    assert not (tmp_path / "out").exists()
 
 
 def test_lora_resume_after_sigkill_is_bit_identical(workdir, tmp_path):

@@ -33,8 +33,9 @@ from hfport.export.onnx_fusion import OPTIMIZED_FILE, split_outliers  # noqa: E4
 from hfport.pipelines.onnx_backend import (ONNX_FILE, QUANTIZED_FILE, OnnxModel, OnnxModelError,  # noqa: E402
                                            graph_inputs, is_onnx_model, open_session, read_folder_config)
 from hfport.tasks import canonical  # noqa: E402
+from hfport.tokenizer import copy_tokenizer_files  # noqa: E402
 from tests.parity import GRAPH_PIPELINE_CASES, TEXTS, assert_same  # noqa: E402
-from tests.tiny import HEADS, decisive_qa, save_hf  # noqa: E402
+from tests.tiny import HEADS, decisive_qa, make_adapter, save_hf  # noqa: E402
 from tests.tiny_tokenizers import add_tokenizer, build_camembert_tokenizer, build_mpnet_tokenizer, vocab  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on shared cores: threads only add overhead
@@ -240,6 +241,24 @@ def test_changed_initializer_fails_verify(exported, source, tmp_path):
     # and the CLI exits 1
     run = CliRunner().invoke(app, ["verify", str(folder)])
     assert run.exit_code == 1 and "FAIL" in run.output
+
+
+def test_lora_adapter_exports_against_peft_over_transformers(source, tmp_path):
+    """A LoRA adapter folder (a LoRA run's best/) exports to ONNX, its graph proven against hfport's load of the
+    adapter and against peft's adapter over transformers' model of its base (transformers alone cannot load an
+    adapter folder: that reference failed the export), then again by `verify` from the recorded source."""
+    pytest.importorskip("peft")
+    base = source("bert", "text-classification")
+    adapter = make_adapter(base, tmp_path / "adapter", "text-classification", r=4, targets=["query", "value"], seed=5)
+    copy_tokenizer_files(base, adapter)  # as a LoRA run's best/ has them
+    result = export_onnx(adapter, tmp_path / "out")
+    assert result.report.passed, result.report.table()
+    against = rows(result.report, "fp32 vs transformers")
+    assert against and all(r.passed for r in against) and {r.output for r in against} >= {"texts/logits"}
+    assert {r.output for r in rows(result.report, "load")} == {"missing adapter keys", "unexpected adapter keys",
+                                                               "LoRA layers"}
+    again = verify_onnx(tmp_path / "out")
+    assert again.passed, again.table()
 
 
 def test_clean_folder_verifies_without_source(exported):

@@ -175,6 +175,16 @@ def test_plateau_without_evaluations_is_refused(tmp_path):
         hfport_config({"lr_scheduler_type": "reduce_lr_on_plateau", "eval_strategy": "no"})
 
 
+def test_early_stopping_without_evaluations_is_refused():
+    """Patience (or hfport's convergence window) with eval_strategy 'no' would never stop the run: refused, as
+    transformers' EarlyStoppingCallback refuses it, instead of training on silently."""
+    for option in ({"early_stopping_patience": 2}, {"converged_window": 3}):
+        with pytest.raises(ConfigError, match=rf"{next(iter(option))}: stops the run by the evaluated metric, but "
+                                              "eval_strategy 'no' never evaluates"):
+            hfport_config({**option, "eval_strategy": "no"})
+        hfport_config({**option, "eval_strategy": "steps"})
+
+
 def test_derived_steps_are_transformers(tmp_path):
     """max_steps -1 (TrainingArguments' default) leaves the epochs in charge; max_grad_norm 0 turns clipping off;
     eval_strategy steps without eval_steps evaluates every logging_steps; save_strategy steps without save_steps

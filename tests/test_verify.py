@@ -143,6 +143,24 @@ def test_a_folder_no_format_knows_fails_closed(tmp_path):
         verify(tmp_path / "empty", format="tarball")
 
 
+def test_a_fine_tune_output_folder_stands_for_its_best_or_final(folders, tmp_path):
+    """`hfport verify run` right after `hfport finetune --output-dir run` proves run/best (--final: run/final), as
+    export, evaluate and mine take a run folder; a run without that model is a FAIL row naming what it has."""
+    run = tmp_path / "run"
+    shutil.copytree(folders["hf"], run / "best")
+    shutil.copytree(folders["peft"], run / "final")
+    report = verify(run)
+    assert report.passed and report.dir == str(run / "best"), report.table()
+    assert {"config", "load", "tokenizer", "outputs"} <= checks(report)
+    final = CliRunner().invoke(app, ["verify", str(run), "--final"])
+    assert final.exit_code == 0 and f"{run / 'final'} matches" in final.output, final.output
+    shutil.rmtree(run / "best")
+    report = verify(run)
+    assert not report.passed and [r.check for r in report.rows] == ["format"], report.table()
+    assert "a fine-tune output folder without a best/ model" in report.rows[0].detail and "final/" in \
+        report.rows[0].detail
+
+
 def test_verify_options_belong_to_their_format(folders):
     with pytest.raises(ExportError, match="min_agreement: not an option of the hf verify"):
         verify(folders["hf"], min_agreement=0.9)

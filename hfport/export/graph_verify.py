@@ -32,15 +32,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import lora
 from ..formats.graph_folder import GraphFolder
 from ..formats.sentence_transformers import has_embedding_layout, read_layout
 from ..pipelines.graph import GraphModel, read_folder_config
 from ..tasks import TASKS, load_any
 from ..tokenizer import AutoTokenizer
 from .checks import quiet_transformers
-from .common import TRANSFORMERS_AUTO, ExportError, resolve_source
+from .common import TRANSFORMERS_AUTO, ExportError, Source, resolve_source
 from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, GateContext, check_thresholds, gate_for, items, passes
 from .onnx_agreement import verdict as judge
+from .peft import load_peft
 from .probes import (CALIBRATION_PAIRS, CALIBRATION_TEXTS, PROBE_MAX_LENGTH, GateData, encode, gate_batches,
                      read_gate_data)
 from .report import VerifyReport, check_row, compare, reporting
@@ -193,7 +195,7 @@ def references(fmt: GraphVerify, folder: Path, source_arg: Any, manifest: dict[s
         if ours.task != task:
             raise ExportError(f"{src.model} holds a {ours.task} model; {folder} holds a {task} graph")
         report.source = str(src.model)
-        loaders = {"hfport": lambda: ours, "transformers": lambda: _load_transformers(src.model, task)}
+        loaders = {"hfport": lambda: ours, "transformers": lambda: _load_transformers(src, task, ours, report)}
     return loaders
 
 
@@ -297,14 +299,25 @@ def int8_rows(report: VerifyReport, int8: GraphModel, fp32: GraphModel, ctx: Gat
                               ("" if ok else f" fails {tolerance}: the int8 graph changes the model's answers"))
 
 
-def _load_transformers(folder: Path, task: str) -> Any:
-    """transformers' model from the source folder; without transformers installed, an ExportError (a FAIL row: the
+def _load_transformers(src: Source, task: str, ours: Any, report: VerifyReport) -> Any:
+    """transformers' model from the source folder (a LoRA adapter's: peft's adapter over transformers' model of its
+    base, as the peft format's verify loads it); without transformers installed, an ExportError (a FAIL row: the
     graph would be compared with hfport only) saying what to install."""
+    folder = src.model
     try:
         import transformers  # noqa: F401 - only: is it installed?
     except ImportError as e:
         raise ExportError(f"transformers is not installed ({e}): the graph cannot be compared with transformers' "
                           "model; pip install transformers (or 'hfport[dev]') and verify again") from e
+    if src.adapter:
+        base = src.base_model or lora.read_adapter_config(folder).get("base_model_name_or_path")
+        labels = {"id2label": ours.config.id2label} if ours.head is not None and TASKS[task].labels else {}
+        with quiet_transformers() as transformers:
+            model = load_peft(report, transformers, folder, str(base) if base else None, task, labels)
+        if model is None:
+            raise ExportError(f"peft did not load the adapter {folder} over {base} (the load rows say why): no "
+                              "reference")
+        return model
     with quiet_transformers() as transformers:
         auto = getattr(transformers, TRANSFORMERS_AUTO[task])
         model, info = auto.from_pretrained(str(folder), output_loading_info=True, dtype=torch.float32,

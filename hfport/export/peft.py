@@ -26,6 +26,7 @@ import torch
 from safetensors import safe_open
 
 from .. import hub, lora
+from ..formats.sentence_transformers import CROSS_ENCODER_KEY, copy_layout
 from ..modeling import PreTrainedEncoder
 from ..tasks import TASKS, load_any
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
@@ -210,8 +211,15 @@ def write_merged(source: Source, out: Path, options: ExportOptions, *, verify: b
         plain = lora.merged(model).to(dtype)
         files = hub.save_weights(plain.hf_state_dict(), staging, hub.parse_size(options.max_shard_size))
         config = export_config(plain, plain.family.architectures[plain.task], dtype)
+        marker = hub.read_config(source.model)[0].get(CROSS_ENCODER_KEY) if (source.model / "config.json").is_file() \
+            else None  # peft's own adapter folders have no config.json
+        if marker is not None:  # a reranker adapter's CrossEncoder marker (its activation) stays a reranker's
+            config[CROSS_ENCODER_KEY] = marker
         hub.write_json_atomic(staging / "config.json", config)
         copy_tokenizer_files(tok_folder, staging)
+        # an embedding or SPLADE adapter's sentence-transformers files (pooling, normalize, prompts): without them
+        # SentenceTransformer and hfport would pool the merged model by their defaults, not as it was trained
+        copy_layout(source.model, staging)
         result = ExportResult(out, source.model, model.family.model_type, model.task, DTYPE_NAMES[dtype], [],
                               files, tok_folder, format="merged")
         if verify:

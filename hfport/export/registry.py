@@ -23,6 +23,7 @@ from typing import Any
 from .. import hub, lora
 from ..errors import HfportError
 from ..pipelines.onnx_backend import QUANTIZED_FILE, is_onnx_model
+from ..rundir import RunDir
 from .card import PLAIN, CardStyle
 from .common import ExportError, ExportResult, FormatOptions, check_out, resolve_source
 from .folder import ExportOptions, SentenceTransformersOptions, verify_folder, write_folder
@@ -180,8 +181,18 @@ def verify(dir: str | os.PathLike[str], source: str | os.PathLike[str] | None = 
     hfport's own load of what DIR names (an adapter's base, an ONNX folder's recorded source, the folder itself).
     FORMAT: the format's name, else the one DIR says it is. CHECKS: the verify's options (atol, rtol; an ONNX
     folder's min_agreement, min_cosine, gate_data). Never raises for a failed check: a folder no format recognises
-    is a FAIL row. json_path: also write the report there."""
+    is a FAIL row. json_path: also write the report there. DIR may be a fine-tune output folder: its best/ (or
+    WHICH) is proven."""
     folder = Path(dir).expanduser()
+    if RunDir.is_run(folder):  # a fine-tune output folder stands for its best/ (final/), as export takes it
+        try:
+            folder = resolve_source(folder, which).model
+        except HfportError as e:  # a run without that model: a FAIL row, like any check that cannot run
+            report = VerifyReport(label or str(folder), str(source if source is not None else folder))
+            report.add("format", str(folder), False, detail=str(e))
+            if json_path is not None:
+                report.write_json(json_path)
+            return report
     fmt = get_format(format) if format is not None else detect_format(folder)
     given = {k: v for k, v in checks.items() if v is not None}
     if fmt is not None and format is None and fmt.adapter_verify is not None and source is not None:

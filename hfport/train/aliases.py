@@ -198,5 +198,10 @@ def did_you_mean(key: str, valid: Iterable[str]) -> str:
     names = {name: name for name in valid}
     names.update({a: f"{ALIASES[a].field} (transformers: {a})" for a in ALIASES if ALIASES[a].field})
     close = difflib.get_close_matches(key, list(names), n=3, cutoff=0.6)
-    return f"did you mean {', '.join(dict.fromkeys(names[c] for c in close))}?" if close else \
+    offered: dict[str, str] = {}  # one suggestion a field: its own name when that matched, else its alias
+    for c in close:
+        field = c if c in valid else ALIASES[c].field
+        if field not in offered or c == field:
+            offered[field] = names[c]
+    return f"did you mean {', '.join(offered.values())}?" if close else \
         "the options are FinetuneConfig's fields (`hfport finetune ... --print-config` lists them)"

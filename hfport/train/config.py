@@ -363,6 +363,10 @@ class FinetuneConfig(BaseModel):
         if self.scheduler in PLATEAU_DEFAULTS and self.eval_strategy == "no":
             raise ValueError(f"scheduler {self.scheduler!r} cuts the lr when the evaluated metric stalls; it needs an "
                              "eval_strategy other than 'no'")
+        stops = [name for name in ("early_stopping_patience", "converged_window") if getattr(self, name) is not None]
+        if stops and self.eval_strategy == "no":  # transformers' EarlyStoppingCallback refuses it too
+            raise ValueError(f"{' and '.join(stops)}: stops the run by the evaluated metric, but eval_strategy 'no' "
+                             "never evaluates; set eval_strategy to epoch or steps, or drop it")
         if self.metric_mode is not None and self.metric is None and self.scheduler != "reduce_lr_on_plateau":
             # transformers ignores greater_is_better without a metric (nothing picks a best model); applied to the
             # task's default metric it could keep the worst model (accuracy minimised)
@@ -444,7 +448,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         else:
             data = json.loads(text)
     except Exception as e:  # yaml.YAMLError / JSONDecodeError carry the line
-        raise ConfigError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {e}") from e
+        yaml_file = path.suffix in (".yaml", ".yml")
+        how = "" if yaml_file or path.suffix == ".json" else \
+            f" (a config file is read as YAML when its name ends in .yaml or .yml, else as JSON; this one ends in " \
+            f"{path.suffix or 'no suffix'})"
+        raise ConfigError(f"{path}: not valid {'YAML' if yaml_file else 'JSON'}{how}: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of option names to values")
     return data
@@ -467,12 +475,22 @@ def resolve_config(file_values: dict[str, Any] | None, flags: dict[str, Any], fi
     merged = {**implied, **file_values, **{k: v for k, v in flags.items() if v is not None}}
     if isinstance(flags.get("lora"), dict) and isinstance(file_values.get("lora"), dict):
         merged["lora"] = {**file_values["lora"], **flags["lora"]}  # --lora-r refines the file's lora section
+    given = {k for k, v in flags.items() if v is not None}
+
+    def where(loc: tuple[Any, ...]) -> str:
+        """A bad field's name, the alias it was given as, and (file and flags both given) which one gave it."""
+        notes = [f"given as {renamed[loc[0]]}"] if loc and loc[0] in renamed else []
+        if loc and file_values and given and loc[0] in {*file_values, *given}:
+            # a section both give (lora: {...} and --lora-r) was merged: either may hold the bad key
+            origins = [file_name] if loc[0] in file_values and (
+                loc[0] not in given or isinstance(flags[loc[0]], dict)) else []
+            notes.append("from " + " and ".join(origins + (["the flags"] if loc[0] in given else [])))
+        return ".".join(map(str, loc)) + (f" ({', '.join(notes)})" if notes else "") if loc else "config"
+
     try:
         config = FinetuneConfig(**merged)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}"
-                             + (f" (given as {renamed[err['loc'][0]]})" if err["loc"] and err["loc"][0] in renamed
-                                else "") + f": {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{where(tuple(err['loc']))}: {err['msg']}" for err in e.errors())
         raise ConfigError(f"invalid fine-tune config: {problems}") from e
     sources = {name: "flag" if flags.get(name) is not None else file_name if name in file_values
                else "transformers' default" if name in implied else "default"

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import hub, tasks
+from .. import hub, lora, tasks
 from ..config import EncoderConfig
 from ..errors import ConfigError
 from ..formats.encoded import Store, StoreBusy, evict, open_or_write, write_store
@@ -165,6 +165,9 @@ def keep_layers(model: PreTrainedEncoder, spec: list[int] | str) -> PreTrainedEn
 def check_student_layers(config: Any, source: Path) -> None:
     """student_layers against the model's layer count, before anything is written (keep_layers checks the rest)."""
     if config.student_layers is not None:
+        if lora.is_adapter_folder(source):  # its LoRA layers sit on every layer of the base
+            raise ConfigError(f"student_layers: {source} is a LoRA adapter; a student keeps layers of a whole model: "
+                              "merge it first (hfport export RUN --merge --out FOLDER) and pass that folder as --model")
         raw, name = hub.read_config(source)
         count = get_family(raw.get("model_type"), name).config_from_hf(raw, name).num_hidden_layers
         kept_layers(config.student_layers, count, source)

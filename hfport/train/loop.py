@@ -55,7 +55,8 @@ from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
 from .preflight import Preflight, as_config, preflight
 from .progress import Progress
 from .report import write_report
-from .runfiles import MetricsLog, lora_base, prepare_output_dir, save_model_folder
+from .runfiles import (MetricsLog, check_output_dir, lora_base, prepare_output_dir, resume_checkpoint,
+                       save_model_folder)
 from .trackers import Trackers, accelerator_options
 
 __all__ = ["Trainer", "TrainState", "clip_grad_norm", "finetune", "float32_outputs", "mixed_precision"]
@@ -74,12 +75,11 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     accelerator = build_accelerator(config)
 
     # 1. data and model: every data error surfaces here, before the output folder is touched (the server runs the
-    # same checks before it queues a job)
+    # same checks before it queues a job); the folder is made once the trainer is built
     set_seed(config.seed)
+    check_output_dir(run, config)  # an earlier run in the way, or a resume with nothing (or another run) to
+    resume_checkpoint(run, config)  # continue: before any load
     checked = preflight(config, world=accelerator.num_processes)
-    if accelerator.is_main_process:
-        prepare_output_dir(run, config)
-    accelerator.wait_for_everyone()
     checked.task.before_training(checked.data, accelerator.device)  # a teacher's outputs (distillation), once
     model, frozen = build_model(config, checked)
 
@@ -103,6 +103,9 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
                       EarlyStopping(metric_name, metric_mode, patience=config.early_stopping_patience or 2**31,
                                     threshold=config.early_stopping_threshold),
                       emit=on_event if (on_event and accelerator.is_main_process) else None)
+    if accelerator.is_main_process:  # every setup check passed: only now is the output folder made
+        prepare_output_dir(run, config)
+    accelerator.wait_for_everyone()
     trainer.start()
     with Trackers(accelerator, config, trainer):  # report_to: the config, and every metrics.jsonl line as it comes
         trainer.train(progress=progress)
@@ -138,6 +141,11 @@ def build_model(config: FinetuneConfig, checked: Preflight) -> tuple[torch.nn.Mo
                                                                  **label_kwargs)
     if config.student_layers is not None:  # a student of some of the model's layers (distillation)
         model = keep_layers(model, config.student_layers)
+    if lora.has_lora(model) and config.lora is None:
+        # an adapter folder (a LoRA run's best/ or final/) loads frozen for inference: train its LoRA layers and head
+        # on, as peft's PeftModel.from_pretrained(..., is_trainable=True); best/ and final/ hold the adapter
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("head.") or ".lora_A." in name or ".lora_B." in name)
     frozen = freeze(model, config.freeze)
     if config.lora is not None:  # base frozen, LoRA layers and the head trained; best/ and final/ hold the adapter
         lora.apply_lora(model, config.lora.r, config.lora.alpha, config.lora.dropout, config.lora.target_modules,
@@ -260,11 +268,9 @@ class Trainer:
         metrics.jsonl (cut back to the checkpoint's step on resume), and restore the RNG states last: nothing may
         draw after this but training."""
         saved_rng = None
-        if self.config.resume:
-            ckpt = self.run.latest_checkpoint() if self.config.resume == "latest" else Path(self.config.resume)
-            if ckpt is None or not (ckpt / TRAINER_STATE).is_file():
-                raise ConfigError(f"resume: no checkpoint found ({self.config.resume!r} in {self.run.checkpoints})")
-            self.check_resume(ckpt)  # before loading: a changed structure would fail there less clearly
+        ckpt = resume_checkpoint(self.run, self.config)  # refused ones were refused before anything loaded
+        if ckpt is not None:
+            self.warn_resume_length(ckpt)
             saved = load_checkpoint(ckpt, self.unwrapped, self.optimizer, self.scheduler, self.scaler)
             if self.companion is not None:
                 weights = load_file(str(ckpt / SAFE_WEIGHTS))
@@ -285,19 +291,13 @@ class Trainer:
             restore_rng(*saved_rng)
         self.batches = self.plan.batches(self.state.epoch)
 
-    def check_resume(self, ckpt: Path) -> None:
-        """Refuse a resume whose settings would make the checkpoint mean another run (config.resume_changes); say
-        what a longer or shorter run changes. A checkpoint written before its config was kept is not checked."""
+    def warn_resume_length(self, ckpt: Path) -> None:
+        """Say what a longer or shorter run changes (resume_checkpoint refused every other change already)."""
         state = json.loads((ckpt / TRAINER_STATE).read_text())
         saved = state.get("run_config")
         if saved is None:
             return
-        refused, length = resume_changes(saved, self.config)
-        if refused:
-            raise ConfigError(
-                f"resume: {ckpt} was written by a run with other settings; --resume continues that run, so these "
-                f"must match it: {'; '.join(refused)}. Set them back, or start a new run from a saved model folder "
-                "(the run's best/ or final/) with --model")
+        length = resume_changes(saved, self.config)[1]
         if length:
             log.warning("resume: %s; the schedule now runs over %d steps, and the %d steps taken followed the "
                         "old length's", "; ".join(length), self.total_steps, state["step"])

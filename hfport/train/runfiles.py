@@ -12,24 +12,64 @@ from typing import Any
 
 from .. import lora
 from ..errors import ConfigError
-from ..rundir import RunDir
+from ..rundir import TRAINER_STATE, RunDir
 from ..tokenizer import copy_tokenizer_files
-from .config import FinetuneConfig
+from .config import FinetuneConfig, resume_changes
 from .data import EncodedData
 from .monitor import read_metrics
 
 log = logging.getLogger("hfport.train")
 
 
-def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:
-    """Refuse to overwrite an earlier run unless asked to (--overwrite) or continuing it (--resume)."""
+def check_output_dir(run: RunDir, config: FinetuneConfig) -> None:
+    """Refuse to overwrite an earlier run unless asked to (--overwrite) or continuing it (--resume). Reads only:
+    every process calls it before anything loads."""
     existing = run.existing()
-    if existing and not config.resume:
-        if not config.overwrite:
-            raise ConfigError(f"{run.root}: already holds a run ({', '.join(existing)}); pass --overwrite to "
-                              "replace it or --resume to continue it")
+    if existing and not config.resume and not config.overwrite:
+        raise ConfigError(f"{run.root}: already holds a run ({', '.join(existing)}); pass --overwrite to "
+                          "replace it or --resume to continue it")
+
+
+def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:
+    """The output folder, made (an earlier run's files cleared with --overwrite) only once the whole setup (data,
+    model, LoRA, freezing, optimizer, schedule) has passed: a run refused on the way leaves no folder behind."""
+    check_output_dir(run, config)
+    if run.existing() and not config.resume:
         run.clear()
     run.root.mkdir(parents=True, exist_ok=True)
+
+
+def resume_checkpoint(run: RunDir, config: FinetuneConfig) -> Path | None:
+    """The checkpoint `config.resume` continues (None without --resume). Every process calls it before anything is
+    loaded or written: no checkpoint to continue, or one written by a run with other settings
+    (config.resume_changes), is a ConfigError that leaves no output folder and loads no model. A checkpoint written
+    before its config was kept is not compared."""
+    if not config.resume:
+        return None
+    if config.resume == "latest":
+        ckpt = run.latest_checkpoint()
+        if ckpt is None:
+            again = "with --overwrite instead of --resume (the folder holds a run that saved none)" if \
+                run.existing() else "without --resume"
+            raise ConfigError(f"resume: {run.checkpoints} holds no complete checkpoint to continue; start the run "
+                              f"{again}")
+    else:
+        ckpt = Path(config.resume)
+        if not (ckpt / TRAINER_STATE).is_file():
+            raise ConfigError(f"resume: {ckpt} is not a complete checkpoint (no {TRAINER_STATE}); name a step-N "
+                              f"folder of a run's checkpoints/, or pass --resume alone for {run.checkpoints}'s "
+                              "latest")
+    try:
+        saved = json.loads((ckpt / TRAINER_STATE).read_text()).get("run_config")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"resume: {ckpt / TRAINER_STATE}: cannot be read ({e})") from e
+    refused = resume_changes(saved, config)[0] if saved is not None else []
+    if refused:
+        raise ConfigError(
+            f"resume: {ckpt} was written by a run with other settings; --resume continues that run, so these "
+            f"must match it: {'; '.join(refused)}. Set them back, or start a new run from a saved model folder "
+            "(the run's best/ or final/) with --model")
+    return ckpt
 
 
 class MetricsLog:
