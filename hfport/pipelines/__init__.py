@@ -131,13 +131,15 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     in place, also to a model given loaded). row_shards: "auto", "off" or a count: a batch's rows split over worker
     threads (pipelines/shards.py; "auto" shards fp32 models only, where it was measured to pay).
     A folder whose weights lack the task's head is refused (UntrainedHeadError: its answers would come from random
-    weights); allow_untrained_head=True loads it anyway, for a server's base that adapters bringing their own heads
-    join (`add_adapter`), never to answer with it."""
+    weights), unless `adapters` are given or allow_untrained_head=True (a server's base that adapters bringing their
+    own heads join, `add_adapter`): then the pipeline loads, answers through its adapters, and refuses every call that
+    would answer with the base's own head."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
     auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
     device = resolve_device(device) if device is not None else None
     graph = graph_backend(model, backend) if isinstance(model, (str, os.PathLike)) else None
+    untrained: UntrainedHeadError | None = None  # a folder's missing task head: the pipeline never answers with it
     if backend is not None and backend not in BACKENDS:  # a loaded model with an unknown backend name
         raise ValueError(f"backend {backend!r}: use one of {list(BACKENDS)}")
     if graph is not None:
@@ -176,8 +178,9 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         if loaded is None:
             loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model,
                                                         gate_data=gate_data)
-        if not allow_untrained_head:
-            refuse_untrained_head(loaded, model, name)
+        untrained = untrained_head_error(loaded, model, name)
+        if untrained is not None and not (allow_untrained_head or adapters):
+            raise untrained
         if tokenizer is None:  # an adapter folder without tokenizer files (as PEFT writes them): the base's
             adapter = loaded.adapter
             tokenizer = model if adapter is None or has_tokenizer_files(model) or not isinstance(
@@ -191,6 +194,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
                packed_linear=packed_linear, row_shards=row_shards, **options)
+    pipe.untrained_head = untrained
     if adapters:
         if isinstance(model, GraphModel):
             raise ValueError(f"adapters: the {model.runtime} backend runs a fixed graph; serve adapters on the torch "
@@ -201,17 +205,25 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
 
 
 def refuse_untrained_head(loaded: Any, model: str | os.PathLike[str], name: str) -> None:
+    """Raise untrained_head_error's error, if any."""
+    error = untrained_head_error(loaded, model, name)
+    if error is not None:
+        raise error
+
+
+def untrained_head_error(loaded: Any, model: str | os.PathLike[str], name: str) -> UntrainedHeadError | None:
     """An UntrainedHeadError where LOADED's task head was initialised fresh (absent from MODEL's weights: a base
     model asked for a task it was never trained for), as the exporters refuse it: a pipeline would answer with random
     weights, and transformers' pipelines only warn. An adapter's load is left alone (its head may come with it)."""
     report = loaded.load_report
     fresh = [n for n in (report.initialized if report is not None else []) if n.startswith("head.")]
-    if fresh and getattr(loaded, "adapter", None) is None:
-        raise UntrainedHeadError(
-            f"{model}: its weights hold no {loaded.task} head ({', '.join(fresh[:4])} missing), so a {name} pipeline "
-            f"would answer with randomly initialised weights. Fine-tune it for {loaded.task} first (hfport "
-            "finetune), give a folder that holds that head, or ask for a task that needs none (feature-extraction, "
-            "sentence-embedding)")
+    if not fresh or getattr(loaded, "adapter", None) is not None:
+        return None
+    return UntrainedHeadError(
+        f"{model}: its weights hold no {loaded.task} head ({', '.join(fresh[:4])} missing), so a {name} pipeline "
+        f"would answer with randomly initialised weights. Fine-tune it for {loaded.task} first (hfport "
+        "finetune), give a folder that holds that head, or ask for a task that needs none (feature-extraction, "
+        "sentence-embedding)")
 
 
 def _weighs_graphs(record: tasks.Task, model: str | os.PathLike[str], device: torch.device | None,
