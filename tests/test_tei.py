@@ -133,6 +133,10 @@ def test_bad_input_in_tei_shape(client):
                  "Backend")
     assert_error(client.post("/rerank", json={"query": "q", "texts": []}, headers={"x-model": "rr"}), 400, "Empty")
     assert_error(client.post("/embed", json={"inputs": "x"}, headers={"x-model": "cls"}), 424, "Backend")
+    # an empty text inside a pair is an empty text (400 Empty), naming which half, as an empty text alone is
+    for inputs, where in [(["a", " "], "inputs[0].text_pair"), ([["a", "b"], ["", "b"]], "inputs[1].text")]:
+        body = assert_error(client.post("/predict", json={"inputs": inputs}, headers={"x-model": "cls"}), 400, "Empty")
+        assert body["error"] == f"{where} is empty", body
 
 
 def test_predict_both_shapes(client, pipes):

@@ -47,7 +47,7 @@ TEI_ANSWERS = Answers(
     too_many=Answer(413, "Validation", "batch size {count} > maximum allowed batch size {limit}"),
     too_long=Answer(413, "Validation", "{field}[{index}]: {chars} characters, the limit is {limit} "
                                        "(HFPORT_PREDICT_MAX_CHARS)"),
-    blank=Answer(400, "Empty", "{field}[{index}] is empty"),
+    blank=Answer(400, "Empty", "{field}[{index}]{part} is empty"),
     overloaded=Answer(429, "Overloaded", "{pending} requests are waiting; retry shortly"),
     timeout=Answer(504, "Timeout", "took longer than {seconds} s; send fewer or shorter inputs"),
     backend=Answer(424, "Backend", "model {model!r}: {error}"),
