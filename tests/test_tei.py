@@ -162,6 +162,17 @@ def test_predict_both_shapes(client, pipes):
     for g, w in zip(mixed.json(), want):
         assert [p["label"] for p in g] == [p["label"] for p in w]
         close([p["score"] for p in g], [p["score"] for p in w])
+    # an input longer than a classifier or reranker takes, with truncate false: the refusal names the TEI body's
+    # `truncate` (not transformers' truncation=, which this body refuses), and doing as it says answers
+    long = " ".join(["word"] * 400)
+    limit = pipes["cls"].max_positions
+    for route, body, name, where in [("/predict", {"inputs": long}, "cls", "inputs[0]"),
+                                     ("/rerank", {"query": "q", "texts": ["a", long]}, "rr", "texts[1]")]:
+        refused = assert_error(client.post(route, json={**body, "truncate": False}, headers={"x-model": name}), 413,
+                               "Validation")
+        assert refused["error"] == (f"{where}: longer than the {limit} tokens the model takes; send truncate: true to "
+                                    "cut it"), refused
+        assert client.post(route, json={**body, "truncate": True}, headers={"x-model": name}).status_code == 200
     # hfport's native shape on the same path, unchanged
     native = client.post("/predict", json={"model": "cls", "inputs": TEXTS[0]}).json()
     assert set(native) == {"model", "task", "outputs"} and native["task"] == "text-classification"

@@ -46,10 +46,6 @@ class Answers:
     backend: Answer  # the model failed (an HfportError)
     options: Answer  # the pipeline refused an option (a ValueError or TypeError: dimensions, prompt_name, ...)
     blank: Answer | None = None  # a whitespace-only text, alone or in an input's fields; None: the pipeline gets it
-    # a failed item (ItemError) fails the whole request, by its error_type -> (status, error_type); None: failed
-    # items come back in place for the protocol to render
-    failed_item: dict[str, tuple[int, str]] | None = None
-    failed_item_default: tuple[int, str] = (422, "Validation")
     no_model: Answer = NO_MODEL  # the request names no model and the server has no default
     unknown_model: Answer = UNKNOWN_MODEL  # no model registered under the name
     unservable: Answer = UNSERVABLE  # the model cannot load, or cannot serve the route (its kind)
