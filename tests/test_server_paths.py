@@ -89,6 +89,18 @@ def test_an_output_dir_under_uploads_is_refused(tmp_path, root):
         assert client.get("/jobs").json()["jobs"] == []
 
 
+def test_an_export_jobs_gate_thresholds_are_checked_when_it_is_submitted(tmp_path, root):
+    """min_agreement / min_cosine outside (0, 1] are a 422 naming the option, not a queued job that fails later."""
+    with make_app(tmp_path, root) as client:
+        for option, value in (("min_agreement", 1.5), ("min_cosine", 0)):
+            body = {"model": str(root / "models" / "cls"), "format": "onnx-int8", "options": {option: value}}
+            message = error(client.post("/jobs/export", json=body), 422, "ValidationError")
+            assert f"{option} {float(value)!r}: expected a fraction in (0, 1]" in message, message
+        assert client.get("/jobs").json()["jobs"] == []
+        ok = {"model": str(root / "models" / "cls"), "format": "onnx-int8", "options": {"min_agreement": 0.97}}
+        assert client.post("/jobs/export", json=ok).status_code == 202
+
+
 # --- 10: export of a registered adapter ---------------------------------------------------------------------------
 
 def test_export_of_a_registered_adapter_loads_its_registered_base(tmp_path, root):
