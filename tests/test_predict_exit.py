@@ -38,3 +38,15 @@ def test_some_inputs_failed_exits_zero_and_counts_them(tiny_bert):
     assert quiet.exit_code == 0 and quiet.stderr == ""
     ok = predict(tiny_bert, "fine")
     assert ok.exit_code == 0 and ok.stderr == ""
+
+
+def test_a_fine_tune_run_folder_predicts_with_its_best_model(tiny_bert, tmp_path):
+    """`hfport predict RUN` takes a run folder as export, evaluate and finetune do: its best/ model."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_bert, run / "best")
+    (run / "summary.json").write_text("{}")
+    got, want = predict(run, "fine", "great"), predict(run / "best", "fine", "great")
+    assert got.exit_code == 0, got.output
+    assert got.stdout == want.stdout
