@@ -262,6 +262,23 @@ def test_serve_refuses_a_bad_model(tmp_path):
     assert "not a folder" in result.output
 
 
+def test_serve_refuses_two_models_of_one_name(tmp_path, folders):
+    """Two --model specs of one name, given or taken from their folders' names: the later would replace the earlier
+    unseen, so the service refuses to start (`hfport serve` prints the ApiError's message and exits 1, as
+    test_serve_refuses_a_bad_model checks), naming both."""
+    from server.app import create_app
+    from server.errors import ApiError
+    from server.settings import Settings
+
+    a, b = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    shutil.copytree(folders["cls"], a)
+    shutil.copytree(folders["rr"], b)
+    for first, second, name in [(f"x={a}", f"x={b}", "x"), (str(a), str(b), "model")]:
+        with pytest.raises(ApiError) as refused:
+            create_app(Settings(data_dir=tmp_path / "data", models=[first, second]), run_worker=False)
+        assert f"--model '{second}': the name '{name}' is also --model '{first}''s" in refused.value.message
+
+
 def test_models_setting_parses_env(monkeypatch):
     from server.settings import Settings
 
