@@ -143,6 +143,24 @@ def test_an_adapter_whose_base_lies_outside_is_refused(tmp_path, root):
         assert client.get("/jobs").json()["jobs"] == []
 
 
+def test_an_adapter_over_a_graph_folder_is_refused_at_registration(tmp_path, root):
+    """An ONNX folder as an adapter's base (registered, or a folder) runs a fixed graph with no LoRA layers: POST
+    /models refuses it (it was registered, and every request for the adapter then failed: 500 on the TEI routes)."""
+    from hfport.export.onnx import export_onnx
+
+    graph = export_onnx(root / "models" / "cls", root / "graphs" / "cls-onnx").out
+    folder = adapter(root / "models" / "base", root / "adapters" / "over-a-graph")
+    with make_app(tmp_path, root) as client:
+        assert client.post("/models", json={"name": "g", "path": str(graph)}).status_code == 201
+        for base in ("g", str(graph)):
+            message = error(client.post("/models", json={"name": "ad", "path": str(folder), "base": base}), 400,
+                            "InvalidModel")
+            assert message == (f"base: {base!r} is an onnx folder, which runs a fixed graph; register the adapter over "
+                               "the model folder it was trained on"), message
+        assert client.post("/models", json={"name": "ad", "path": str(folder),
+                                            "base": str(root / "models" / "base")}).status_code == 201
+
+
 def test_the_library_export_takes_the_base(tmp_path, root):
     base = tmp_path / "base"
     shutil.copytree(root / "models" / "base", base)

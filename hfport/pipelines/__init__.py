@@ -301,6 +301,7 @@ __all__ = [
     "check_device",
     "check_dtype",
     "device_name",
+    "graph_backend",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",
