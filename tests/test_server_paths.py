@@ -159,6 +159,13 @@ def test_an_adapter_over_a_graph_folder_is_refused_at_registration(tmp_path, roo
                                "the model folder it was trained on"), message
         assert client.post("/models", json={"name": "ad", "path": str(folder),
                                             "base": str(root / "models" / "base")}).status_code == 201
+        # one registered before this check (straight into the store): its requests are refused by name, no 500
+        client.app.state.store.register_model("old-ad", str(folder), "text-classification", kind="adapter",
+                                              base=str(graph))
+        tei = error(client.post("/predict", json={"inputs": "a"}, headers={"x-model": "old-ad"}), 424, "Backend")
+        native = error(client.post("/predict", json={"model": "old-ad", "inputs": ["a"]}), 400, "LoraError")
+        for message in (tei, native):
+            assert "adapter 'old-ad': the OnnxModel backend runs a fixed graph" in message, message
 
 
 def test_the_library_export_takes_the_base(tmp_path, root):

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from ..errors import HfportError, ItemError
 from ..inference import for_inference
-from ..lora import AdapterSet
+from ..lora import AdapterSet, LoraError
 from ..modeling import PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, TokenizerError, has_tokenizer_files
 from . import shards
@@ -257,8 +257,9 @@ class Pipeline:
         if not isinstance(name, str) or not name:
             raise ValueError(f"an adapter's name must be a non-empty string, got {name!r}")
         if not isinstance(self.model, PreTrainedEncoder):  # an ONNX graph is fixed: no LoRA layers to route through
-            raise ValueError(f"adapter {name!r}: the {type(self.model).__name__} backend runs a fixed graph; serve "
-                             "adapters on the torch backend")
+            # a LoraError (a ValueError): the server answers it as a model that cannot load, not as a crash
+            raise LoraError(f"adapter {name!r}: the {type(self.model).__name__} backend runs a fixed graph; serve "
+                            "adapters on the torch backend")
         adapters = getattr(self.model, "adapter_set", None) or AdapterSet(self.model)
         model = adapters.load(name, folder, type(self.model))
         if tokenizer is None:
