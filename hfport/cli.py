@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 from pathlib import Path
@@ -281,6 +282,7 @@ def _read_inputs(texts: list[str], input_file: Optional[str]) -> list[object]:
             raw = sys.stdin.buffer.read() if input_file == "-" else Path(input_file).read_bytes()
         except OSError as e:
             fail(f"--input {input_file}: {e.strerror or e}")
+        raw = raw.removeprefix(codecs.BOM_UTF8)  # a byte-order mark (Windows editors) is no content, as in --train
         for number, line in enumerate(raw.splitlines(), start=1):
             if not line.strip():
                 continue
