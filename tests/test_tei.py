@@ -132,7 +132,8 @@ def test_bad_input_in_tei_shape(client):
     assert_error(client.post("/rerank", json={"query": "q", "texts": ["a"]}, headers={"x-model": "cls"}), 424,
                  "Backend")
     assert_error(client.post("/rerank", json={"query": "q", "texts": []}, headers={"x-model": "rr"}), 400, "Empty")
-    assert_error(client.post("/embed", json={"inputs": "x"}, headers={"x-model": "cls"}), 424, "Backend")
+    body = assert_error(client.post("/embed", json={"inputs": "x"}, headers={"x-model": "cls"}), 424, "Backend")
+    assert body["error"] == "model 'cls' is not an embedding model (it is: classifier); /embed needs one", body
     # an empty text inside a pair is an empty text (400 Empty), naming which half, as an empty text alone is
     for inputs, where in [(["a", " "], "inputs[0].text_pair"), ([["a", "b"], ["", "b"]], "inputs[1].text")]:
         body = assert_error(client.post("/predict", json={"inputs": inputs}, headers={"x-model": "cls"}), 400, "Empty")
