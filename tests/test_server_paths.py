@@ -168,6 +168,20 @@ def test_an_adapter_over_a_graph_folder_is_refused_at_registration(tmp_path, roo
             assert "adapter 'old-ad': the OnnxModel backend runs a fixed graph" in message, message
 
 
+def test_a_model_registered_for_another_heads_task_is_refused(tmp_path, root):
+    """A token-classification folder registered as text-classification: its `classifier` weights would load as a
+    sequence classifier's (same names and shape) and answer misread; /predict refuses it as an untrained head."""
+    ner = make_folder(root / "models", "bert", "token-classification")
+    with make_app(tmp_path, root) as client:
+        r = client.post("/models", json={"name": "ner-as-cls", "path": str(ner), "task": "text-classification"})
+        assert r.status_code == 201, r.text
+        message = error(client.post("/predict", json={"model": "ner-as-cls", "inputs": ["a b"]}), 400,
+                        "UntrainedHeadError")
+        assert "architectures name a token-classification model" in message, message
+        assert client.post("/predict", json={"model": "ner-as-cls", "task": "token-classification",
+                                             "inputs": ["a b"]}).status_code == 200
+
+
 def test_the_library_export_takes_the_base(tmp_path, root):
     base = tmp_path / "base"
     shutil.copytree(root / "models" / "base", base)

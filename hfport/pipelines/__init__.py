@@ -55,7 +55,7 @@ from ..errors import ItemError, UntrainedHeadError
 from ..formats.adapter import is_adapter_folder
 from ..formats.sentence_transformers import has_sparse_layout
 from ..hardware import device_name, resolve_device
-from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
+from ..modeling import BASE_TASK, INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
 from .backends import BACKENDS, graph_backend
@@ -214,16 +214,27 @@ def refuse_untrained_head(loaded: Any, model: str | os.PathLike[str], name: str)
 def untrained_head_error(loaded: Any, model: str | os.PathLike[str], name: str) -> UntrainedHeadError | None:
     """An UntrainedHeadError where LOADED's task head was initialised fresh (absent from MODEL's weights: a base
     model asked for a task it was never trained for), as the exporters refuse it: a pipeline would answer with random
-    weights, and transformers' pipelines only warn. An adapter's load is left alone (its head may come with it)."""
+    weights, and transformers' pipelines only warn; or where MODEL's config.json names another task's head whose
+    weights loaded as this one's. An adapter's load is left alone (its head may come with it)."""
     report = loaded.load_report
-    fresh = [n for n in (report.initialized if report is not None else []) if n.startswith("head.")]
-    if not fresh or getattr(loaded, "adapter", None) is not None:
+    if getattr(loaded, "adapter", None) is not None:
         return None
-    return UntrainedHeadError(
-        f"{model}: its weights hold no {loaded.task} head ({', '.join(fresh[:4])} missing), so a {name} pipeline "
-        f"would answer with randomly initialised weights. Fine-tune it for {loaded.task} first (hfport "
-        "finetune), give a folder that holds that head, or ask for a task that needs none (feature-extraction, "
-        "sentence-embedding)")
+    fresh = [n for n in (report.initialized if report is not None else []) if n.startswith("head.")]
+    if fresh:
+        return UntrainedHeadError(
+            f"{model}: its weights hold no {loaded.task} head ({', '.join(fresh[:4])} missing), so a {name} pipeline "
+            f"would answer with randomly initialised weights. Fine-tune it for {loaded.task} first (hfport "
+            "finetune), give a folder that holds that head, or ask for a task that needs none (feature-extraction, "
+            "sentence-embedding)")
+    # another task's head whose weights carry the same names and shapes (a token classifier's `classifier` read as a
+    # sequence classifier's) loads without a gap, as in transformers: its answers would be that head's, misread
+    trained = tasks.get(model_task(model)).checkpoint_task
+    if loaded.task != BASE_TASK and trained not in (BASE_TASK, loaded.task):
+        return UntrainedHeadError(
+            f"{model}: config.json's architectures name a {trained} model, so its head weights were trained for "
+            f"{trained}, not {loaded.task}; a {name} pipeline would answer with them misread. Ask for {trained}, or "
+            f"fine-tune it for {loaded.task} first (hfport finetune)")
+    return None
 
 
 def _weighs_graphs(record: tasks.Task, model: str | os.PathLike[str], device: torch.device | None,
