@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from .inference import for_inference, inference_steps
 from .pipelines import InvalidInput, pipeline, shards
 from .retrieval import OUTPUT_FORMATS, SAMPLING_STRATEGIES
 from .retrieval import mine as run_mine
+from .rundir import RunDir
 from .tasks import load_any
 from .train.columns import column_fields
 from .train.config import FinetuneConfig, read_config_file, resolve_config
@@ -280,6 +282,7 @@ def _read_inputs(texts: list[str], input_file: Optional[str]) -> list[object]:
             raw = sys.stdin.buffer.read() if input_file == "-" else Path(input_file).read_bytes()
         except OSError as e:
             fail(f"--input {input_file}: {e.strerror or e}")
+        raw = raw.removeprefix(codecs.BOM_UTF8)  # a byte-order mark (Windows editors) is no content, as in --train
         for number, line in enumerate(raw.splitlines(), start=1):
             if not line.strip():
                 continue
@@ -294,7 +297,8 @@ def _read_inputs(texts: list[str], input_file: Optional[str]) -> list[object]:
 
 @app.command()
 def predict(
-    model: Annotated[str, typer.Argument(help="A model folder or a repo id in the local HF cache.")],
+    model: Annotated[str, typer.Argument(help="A model folder, a repo id in the local HF cache, or a fine-tune "
+                                              "run folder (its best/).")],
     texts: Annotated[Optional[list[str]], typer.Argument(
         help="Inputs; a JSON object is one structured input, e.g. a question and its context.")] = None,
     task: Annotated[str, typer.Option("--task", "-t", help=tasks.names_help() + ".")] = ...,
@@ -326,8 +330,8 @@ def predict(
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
     parsed = dict(_option(o) for o in options or [])
     try:
-        pipe = pipeline(task, model=model, device=device, dtype=dtype, batch_size=batch_size, gate_data=gate_data,
-                        file=file)
+        pipe = pipeline(task, model=RunDir.model_folder(model), device=device, dtype=dtype, batch_size=batch_size,
+                        gate_data=gate_data, file=file)
         results = pipe.predict(items, **parsed)
     except (HfportError, ValueError, TypeError) as e:
         fail(str(e))

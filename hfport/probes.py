@@ -214,7 +214,9 @@ def read_gate_data(path: str | os.PathLike[str]) -> GateData:
     with fewer than MIN_JUDGED texts or pairs of one kind is refused (the module docstring says why)."""
     p = Path(path).expanduser()
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        # utf-8-sig: a byte-order mark (Windows editors) is no content; kept, it hid a JSONL file's first "{" and
+        # its JSON lines were judged as plain texts
+        lines = p.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise ExportError(f"gate data {p}: cannot read it ({e})") from e
     data = GateData(origin=f"{p}")

@@ -65,10 +65,17 @@ def parse_spec(spec: str) -> tuple[str, Path]:
 
 
 def register(specs: list[str], store: Store) -> Startup:
-    """Register every spec (replacing a same-named entry: the command line wins over an earlier registration)."""
+    """Register every spec (replacing a same-named entry: the command line wins over an earlier registration). Two
+    specs of one name (given, or both taken from their folders' names) are refused: the later would replace the
+    earlier unseen."""
     startup = Startup()
+    given: dict[str, str] = {}  # name -> the spec that named it
     for spec in specs:
         name, folder = parse_spec(spec)
+        if name in given:
+            raise ApiError(400, f"--model {spec!r}: the name {name!r} is also --model {given[name]!r}'s; name each "
+                                "model once (NAME=PATH)", "InvalidModel")
+        given[name] = spec
         task = model_task(folder)
         if task is None:
             raise ApiError(400, f"--model {spec!r}: {folder}/config.json does not name a supported model",

@@ -240,6 +240,9 @@ def test_gate_data_files(tmp_path):
     jsonl = tmp_path / "pairs.jsonl"
     jsonl.write_text("\n".join(json.dumps({"text": f"q{i}", "text_pair": f"passage {i}"}) for i in range(64)))
     assert len(read_gate_data(jsonl).pairs) == 64
+    marked = tmp_path / "marked.jsonl"  # a Windows editor's UTF-8 with a byte-order mark: still JSONL, not 64 texts
+    marked.write_bytes(b"\xef\xbb\xbf" + jsonl.read_bytes())
+    assert read_gate_data(marked).pairs == read_gate_data(jsonl).pairs and not read_gate_data(marked).texts
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "a"}) + "\n" + "{not json\n")
     with pytest.raises(ExportError, match=rf"{bad}, line 2: not JSON"):

@@ -121,6 +121,30 @@ def test_unknown_target_module_names_the_adapter_and_the_module(tiny, tmp_path):
         pipe.add_adapter("bad", folder)
 
 
+def test_adapters_over_a_base_without_the_tasks_head(tmp_path):
+    """Predict's documented way (`pipeline(task, model=base, adapters=...)`) over a base encoder that has no
+    text-classification head of its own, each adapter bringing its head: it loads and answers through its adapters,
+    and every call that would answer with the base's own (random) head is refused, naming the adapters; so is a
+    base loaded with allow_untrained_head=True (never to answer with it)."""
+    from hfport.errors import UntrainedHeadError
+
+    base = make_folder(tmp_path, "bert", "feature-extraction")
+    folder = make_adapter(base, tmp_path / "a", "text-classification", 2, ["q", "v"], 1, id2label={0: "x", 1: "y"})
+    pipe = hfport.pipeline("text-classification", model=base, adapters={"a": folder})
+    alone = hfport.pipeline("text-classification", model=folder)
+    assert pipe(TEXTS, adapter="a", top_k=None) == alone(TEXTS, top_k=None)
+    refusal = r"hold no text-classification head.*name one with adapter= \(adapters: \['a'\]\)"
+    for call in (lambda: pipe(TEXTS), lambda: pipe(TEXTS, adapter=["a", None, "a", "a", "a", "a"]),
+                 lambda: pipe.predict(TEXTS), lambda: pipe.prepare(TEXTS)):
+        with pytest.raises(UntrainedHeadError, match=refusal):
+            call()
+    server_base = hfport.pipeline("text-classification", model=base, allow_untrained_head=True)
+    with pytest.raises(UntrainedHeadError, match="adapters: \\[\\]"):
+        server_base(TEXTS[0])
+    server_base.add_adapter("a", folder)
+    assert server_base(TEXTS[0], adapter="a") == alone(TEXTS[0])
+
+
 @pytest.mark.parametrize("padding_free", [True, False])
 @pytest.mark.parametrize("family", list(ALL_FAMILIES))
 def test_every_family_and_layout_routes_rows_to_their_adapters(family, padding_free, tmp_path):

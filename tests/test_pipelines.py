@@ -326,3 +326,19 @@ def test_a_folder_without_the_tasks_head_is_refused(root):
     assert len(hfport.pipeline("feature-extraction", model=base)(TEXTS[:1])) == 1
     result = CliRunner().invoke(app, ["predict", str(base), "--task", "text-classification", TEXTS[0]])
     assert result.exit_code != 0 and "hold no text-classification head" in result.output
+
+
+def test_another_tasks_head_of_the_same_shape_is_refused(root):
+    """A token-classification folder asked for text-classification: BERT's token classifier and sequence classifier
+    are both `classifier.*` of one shape, so the head loads without a gap (transformers' does, silently) and would
+    score the pooled text with a token head. Refused as an untrained head, naming what config.json says it is; its
+    own task, and tasks that need no head, serve."""
+    from hfport.errors import UntrainedHeadError
+
+    ner = make_folder(root, "bert", "token-classification")
+    with pytest.raises(UntrainedHeadError, match=r"architectures name a token-classification model, so its head "
+                                                 r"weights were trained for token-classification, not "
+                                                 r"text-classification"):
+        hfport.pipeline("text-classification", model=ner)
+    for task in ("token-classification", "feature-extraction", "sentence-embedding"):
+        assert len(hfport.pipeline(task, model=ner)(TEXTS[:2])) == 2

@@ -38,3 +38,26 @@ def test_some_inputs_failed_exits_zero_and_counts_them(tiny_bert):
     assert quiet.exit_code == 0 and quiet.stderr == ""
     ok = predict(tiny_bert, "fine")
     assert ok.exit_code == 0 and ok.stderr == ""
+
+
+def test_a_fine_tune_run_folder_predicts_with_its_best_model(tiny_bert, tmp_path):
+    """`hfport predict RUN` takes a run folder as export, evaluate and finetune do: its best/ model."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_bert, run / "best")
+    (run / "summary.json").write_text("{}")
+    got, want = predict(run, "fine", "great"), predict(run / "best", "fine", "great")
+    assert got.exit_code == 0, got.output
+    assert got.stdout == want.stdout
+
+
+def test_an_input_file_with_a_byte_order_mark_reads_as_without(tiny_bert, tmp_path):
+    """A JSONL file saved by a Windows editor (UTF-8 BOM, CRLF lines), which --train reads: its first line is an
+    input, not 'not JSON'."""
+    plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
+    plain.write_bytes(b'"fine"\n"great"\n')
+    marked.write_bytes(b'\xef\xbb\xbf"fine"\r\n"great"\r\n')
+    got, want = predict(tiny_bert, "--input", str(marked)), predict(tiny_bert, "--input", str(plain))
+    assert got.exit_code == 0 and got.stderr == "", got.output
+    assert got.stdout == want.stdout

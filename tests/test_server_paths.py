@@ -89,6 +89,18 @@ def test_an_output_dir_under_uploads_is_refused(tmp_path, root):
         assert client.get("/jobs").json()["jobs"] == []
 
 
+def test_an_export_jobs_gate_thresholds_are_checked_when_it_is_submitted(tmp_path, root):
+    """min_agreement / min_cosine outside (0, 1] are a 422 naming the option, not a queued job that fails later."""
+    with make_app(tmp_path, root) as client:
+        for option, value in (("min_agreement", 1.5), ("min_cosine", 0)):
+            body = {"model": str(root / "models" / "cls"), "format": "onnx-int8", "options": {option: value}}
+            message = error(client.post("/jobs/export", json=body), 422, "ValidationError")
+            assert f"{option} {float(value)!r}: expected a fraction in (0, 1]" in message, message
+        assert client.get("/jobs").json()["jobs"] == []
+        ok = {"model": str(root / "models" / "cls"), "format": "onnx-int8", "options": {"min_agreement": 0.97}}
+        assert client.post("/jobs/export", json=ok).status_code == 202
+
+
 # --- 10: export of a registered adapter ---------------------------------------------------------------------------
 
 def test_export_of_a_registered_adapter_loads_its_registered_base(tmp_path, root):
@@ -129,6 +141,45 @@ def test_an_adapter_whose_base_lies_outside_is_refused(tmp_path, root):
             message = error(client.post(route, json=body), 403, "PathNotAllowed")
             assert "base_model_name_or_path" in message, message
         assert client.get("/jobs").json()["jobs"] == []
+
+
+def test_an_adapter_over_a_graph_folder_is_refused_at_registration(tmp_path, root):
+    """An ONNX folder as an adapter's base (registered, or a folder) runs a fixed graph with no LoRA layers: POST
+    /models refuses it (it was registered, and every request for the adapter then failed: 500 on the TEI routes)."""
+    from hfport.export.onnx import export_onnx
+
+    graph = export_onnx(root / "models" / "cls", root / "graphs" / "cls-onnx").out
+    folder = adapter(root / "models" / "base", root / "adapters" / "over-a-graph")
+    with make_app(tmp_path, root) as client:
+        assert client.post("/models", json={"name": "g", "path": str(graph)}).status_code == 201
+        for base in ("g", str(graph)):
+            message = error(client.post("/models", json={"name": "ad", "path": str(folder), "base": base}), 400,
+                            "InvalidModel")
+            assert message == (f"base: {base!r} is an onnx folder, which runs a fixed graph; register the adapter over "
+                               "the model folder it was trained on"), message
+        assert client.post("/models", json={"name": "ad", "path": str(folder),
+                                            "base": str(root / "models" / "base")}).status_code == 201
+        # one registered before this check (straight into the store): its requests are refused by name, no 500
+        client.app.state.store.register_model("old-ad", str(folder), "text-classification", kind="adapter",
+                                              base=str(graph))
+        tei = error(client.post("/predict", json={"inputs": "a"}, headers={"x-model": "old-ad"}), 424, "Backend")
+        native = error(client.post("/predict", json={"model": "old-ad", "inputs": ["a"]}), 400, "LoraError")
+        for message in (tei, native):
+            assert "adapter 'old-ad': the OnnxModel backend runs a fixed graph" in message, message
+
+
+def test_a_model_registered_for_another_heads_task_is_refused(tmp_path, root):
+    """A token-classification folder registered as text-classification: its `classifier` weights would load as a
+    sequence classifier's (same names and shape) and answer misread; /predict refuses it as an untrained head."""
+    ner = make_folder(root / "models", "bert", "token-classification")
+    with make_app(tmp_path, root) as client:
+        r = client.post("/models", json={"name": "ner-as-cls", "path": str(ner), "task": "text-classification"})
+        assert r.status_code == 201, r.text
+        message = error(client.post("/predict", json={"model": "ner-as-cls", "inputs": ["a b"]}), 400,
+                        "UntrainedHeadError")
+        assert "architectures name a token-classification model" in message, message
+        assert client.post("/predict", json={"model": "ner-as-cls", "task": "token-classification",
+                                             "inputs": ["a b"]}).status_code == 200
 
 
 def test_the_library_export_takes_the_base(tmp_path, root):

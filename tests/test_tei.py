@@ -132,7 +132,12 @@ def test_bad_input_in_tei_shape(client):
     assert_error(client.post("/rerank", json={"query": "q", "texts": ["a"]}, headers={"x-model": "cls"}), 424,
                  "Backend")
     assert_error(client.post("/rerank", json={"query": "q", "texts": []}, headers={"x-model": "rr"}), 400, "Empty")
-    assert_error(client.post("/embed", json={"inputs": "x"}, headers={"x-model": "cls"}), 424, "Backend")
+    body = assert_error(client.post("/embed", json={"inputs": "x"}, headers={"x-model": "cls"}), 424, "Backend")
+    assert body["error"] == "model 'cls' is not an embedding model (it is: classifier); /embed needs one", body
+    # an empty text inside a pair is an empty text (400 Empty), naming which half, as an empty text alone is
+    for inputs, where in [(["a", " "], "inputs[0].text_pair"), ([["a", "b"], ["", "b"]], "inputs[1].text")]:
+        body = assert_error(client.post("/predict", json={"inputs": inputs}, headers={"x-model": "cls"}), 400, "Empty")
+        assert body["error"] == f"{where} is empty", body
 
 
 def test_predict_both_shapes(client, pipes):
@@ -158,6 +163,17 @@ def test_predict_both_shapes(client, pipes):
     for g, w in zip(mixed.json(), want):
         assert [p["label"] for p in g] == [p["label"] for p in w]
         close([p["score"] for p in g], [p["score"] for p in w])
+    # an input longer than a classifier or reranker takes, with truncate false: the refusal names the TEI body's
+    # `truncate` (not transformers' truncation=, which this body refuses), and doing as it says answers
+    long = " ".join(["word"] * 400)
+    limit = pipes["cls"].max_positions
+    for route, body, name, where in [("/predict", {"inputs": long}, "cls", "inputs[0]"),
+                                     ("/rerank", {"query": "q", "texts": ["a", long]}, "rr", "texts[1]")]:
+        refused = assert_error(client.post(route, json={**body, "truncate": False}, headers={"x-model": name}), 413,
+                               "Validation")
+        assert refused["error"] == (f"{where}: longer than the {limit} tokens the model takes; send truncate: true to "
+                                    "cut it"), refused
+        assert client.post(route, json={**body, "truncate": True}, headers={"x-model": name}).status_code == 200
     # hfport's native shape on the same path, unchanged
     native = client.post("/predict", json={"model": "cls", "inputs": TEXTS[0]}).json()
     assert set(native) == {"model", "task", "outputs"} and native["task"] == "text-classification"
@@ -245,6 +261,23 @@ def test_serve_refuses_a_bad_model(tmp_path):
     result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path), "--model", str(tmp_path / "nope")])
     assert result.exit_code == 1
     assert "not a folder" in result.output
+
+
+def test_serve_refuses_two_models_of_one_name(tmp_path, folders):
+    """Two --model specs of one name, given or taken from their folders' names: the later would replace the earlier
+    unseen, so the service refuses to start (`hfport serve` prints the ApiError's message and exits 1, as
+    test_serve_refuses_a_bad_model checks), naming both."""
+    from server.app import create_app
+    from server.errors import ApiError
+    from server.settings import Settings
+
+    a, b = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    shutil.copytree(folders["cls"], a)
+    shutil.copytree(folders["rr"], b)
+    for first, second, name in [(f"x={a}", f"x={b}", "x"), (str(a), str(b), "model")]:
+        with pytest.raises(ApiError) as refused:
+            create_app(Settings(data_dir=tmp_path / "data", models=[first, second]), run_worker=False)
+        assert f"--model '{second}': the name '{name}' is also --model '{first}''s" in refused.value.message
 
 
 def test_models_setting_parses_env(monkeypatch):

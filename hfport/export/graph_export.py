@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from .. import hub
 from ..formats.sentence_transformers import copy_layout
@@ -47,6 +47,14 @@ class GateOptions(FormatOptions):
     gate_data: str | None = Field(None, description="int8: the texts the gate judges, a file with one text a line "
                                                     "or JSONL with text / text_pair (at least 64; default: the "
                                                     "built-in judged set)")
+
+    @field_validator("min_agreement", "min_cosine")
+    @classmethod
+    def _fraction(cls, value: float, info: ValidationInfo) -> float:
+        # here, not only at export time: an HTTP export job's options are checked when it is submitted
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"{info.field_name} {value!r}: expected a fraction in (0, 1], e.g. 0.99")
+        return value
 
 
 @dataclass

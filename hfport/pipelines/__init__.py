@@ -55,7 +55,7 @@ from ..errors import ItemError, UntrainedHeadError
 from ..formats.adapter import is_adapter_folder
 from ..formats.sentence_transformers import has_sparse_layout
 from ..hardware import device_name, resolve_device
-from ..modeling import INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
+from ..modeling import BASE_TASK, INT8_DTYPES, PreTrainedEncoder, resolve_dtype, task_of
 from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
 from .backends import BACKENDS, graph_backend
@@ -131,13 +131,15 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     in place, also to a model given loaded). row_shards: "auto", "off" or a count: a batch's rows split over worker
     threads (pipelines/shards.py; "auto" shards fp32 models only, where it was measured to pay).
     A folder whose weights lack the task's head is refused (UntrainedHeadError: its answers would come from random
-    weights); allow_untrained_head=True loads it anyway, for a server's base that adapters bringing their own heads
-    join (`add_adapter`), never to answer with it."""
+    weights), unless `adapters` are given or allow_untrained_head=True (a server's base that adapters bringing their
+    own heads join, `add_adapter`): then the pipeline loads, answers through its adapters, and refuses every call that
+    would answer with the base's own head."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
     auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
     device = resolve_device(device) if device is not None else None
     graph = graph_backend(model, backend) if isinstance(model, (str, os.PathLike)) else None
+    untrained: UntrainedHeadError | None = None  # a folder's missing task head: the pipeline never answers with it
     if backend is not None and backend not in BACKENDS:  # a loaded model with an unknown backend name
         raise ValueError(f"backend {backend!r}: use one of {list(BACKENDS)}")
     if graph is not None:
@@ -176,8 +178,9 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         if loaded is None:
             loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model,
                                                         gate_data=gate_data)
-        if not allow_untrained_head:
-            refuse_untrained_head(loaded, model, name)
+        untrained = untrained_head_error(loaded, model, name)
+        if untrained is not None and not (allow_untrained_head or adapters):
+            raise untrained
         if tokenizer is None:  # an adapter folder without tokenizer files (as PEFT writes them): the base's
             adapter = loaded.adapter
             tokenizer = model if adapter is None or has_tokenizer_files(model) or not isinstance(
@@ -191,6 +194,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     pipe = cls(model, tokenizer, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
                packed_linear=packed_linear, row_shards=row_shards, **options)
+    pipe.untrained_head = untrained
     if adapters:
         if isinstance(model, GraphModel):
             raise ValueError(f"adapters: the {model.runtime} backend runs a fixed graph; serve adapters on the torch "
@@ -201,17 +205,36 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
 
 
 def refuse_untrained_head(loaded: Any, model: str | os.PathLike[str], name: str) -> None:
+    """Raise untrained_head_error's error, if any."""
+    error = untrained_head_error(loaded, model, name)
+    if error is not None:
+        raise error
+
+
+def untrained_head_error(loaded: Any, model: str | os.PathLike[str], name: str) -> UntrainedHeadError | None:
     """An UntrainedHeadError where LOADED's task head was initialised fresh (absent from MODEL's weights: a base
     model asked for a task it was never trained for), as the exporters refuse it: a pipeline would answer with random
-    weights, and transformers' pipelines only warn. An adapter's load is left alone (its head may come with it)."""
+    weights, and transformers' pipelines only warn; or where MODEL's config.json names another task's head whose
+    weights loaded as this one's. An adapter's load is left alone (its head may come with it)."""
     report = loaded.load_report
+    if getattr(loaded, "adapter", None) is not None:
+        return None
     fresh = [n for n in (report.initialized if report is not None else []) if n.startswith("head.")]
-    if fresh and getattr(loaded, "adapter", None) is None:
-        raise UntrainedHeadError(
+    if fresh:
+        return UntrainedHeadError(
             f"{model}: its weights hold no {loaded.task} head ({', '.join(fresh[:4])} missing), so a {name} pipeline "
             f"would answer with randomly initialised weights. Fine-tune it for {loaded.task} first (hfport "
             "finetune), give a folder that holds that head, or ask for a task that needs none (feature-extraction, "
             "sentence-embedding)")
+    # another task's head whose weights carry the same names and shapes (a token classifier's `classifier` read as a
+    # sequence classifier's) loads without a gap, as in transformers: its answers would be that head's, misread
+    trained = tasks.get(model_task(model)).checkpoint_task
+    if loaded.task != BASE_TASK and trained not in (BASE_TASK, loaded.task):
+        return UntrainedHeadError(
+            f"{model}: config.json's architectures name a {trained} model, so its head weights were trained for "
+            f"{trained}, not {loaded.task}; a {name} pipeline would answer with them misread. Ask for {trained}, or "
+            f"fine-tune it for {loaded.task} first (hfport finetune)")
+    return None
 
 
 def _weighs_graphs(record: tasks.Task, model: str | os.PathLike[str], device: torch.device | None,
@@ -289,6 +312,7 @@ __all__ = [
     "check_device",
     "check_dtype",
     "device_name",
+    "graph_backend",
     "Feature",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",

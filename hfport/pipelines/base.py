@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from ..errors import HfportError, ItemError
 from ..inference import for_inference
-from ..lora import AdapterSet
+from ..lora import AdapterSet, LoraError
 from ..modeling import PreTrainedEncoder
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, TokenizerError, has_tokenizer_files
 from . import shards
@@ -119,6 +119,9 @@ class Pipeline:
             cls.model_task = cls.task
     defaults: ClassVar[dict[str, Any]]  # call options and their defaults, as transformers names them
     token_outputs: ClassVar[tuple[str, ...]] = ()  # forward outputs with a token axis, cut to each row's length
+    # pipeline() sets it where the folder lacks the task's head (loaded for its adapters, which bring theirs): every
+    # call that would answer with this pipeline's own head raises it
+    untrained_head: Exception | None = None
 
     def __init__(self, model: PreTrainedEncoder, tokenizer: PreTrainedTokenizer, *, batch_size: int | None = None,
                  max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, packed_linear: bool = True,
@@ -254,8 +257,9 @@ class Pipeline:
         if not isinstance(name, str) or not name:
             raise ValueError(f"an adapter's name must be a non-empty string, got {name!r}")
         if not isinstance(self.model, PreTrainedEncoder):  # an ONNX graph is fixed: no LoRA layers to route through
-            raise ValueError(f"adapter {name!r}: the {type(self.model).__name__} backend runs a fixed graph; serve "
-                             "adapters on the torch backend")
+            # a LoraError (a ValueError): the server answers it as a model that cannot load, not as a crash
+            raise LoraError(f"adapter {name!r}: the {type(self.model).__name__} backend runs a fixed graph; serve "
+                            "adapters on the torch backend")
         adapters = getattr(self.model, "adapter_set", None) or AdapterSet(self.model)
         model = adapters.load(name, folder, type(self.model))
         if tokenizer is None:
@@ -277,9 +281,12 @@ class Pipeline:
     def members(self, adapter: Any, count: int, options: dict[str, Any]) -> list[tuple[Pipeline, dict]] | None:
         """Each item's pipeline and resolved options under `adapter=` (one name, or a list with a name or None per
         item; None: this pipeline's own model). None when no adapter is named."""
-        if adapter is None:
+        names = None if adapter is None else list(adapter) if isinstance(adapter, (list, tuple)) else [adapter] * count
+        if self.untrained_head is not None and (names is None or None in names):
+            raise type(self.untrained_head)(f"{self.untrained_head} Its adapters bring their own heads: name one with "
+                                            f"adapter= (adapters: {sorted(self.adapters)})")
+        if names is None:
             return None
-        names = list(adapter) if isinstance(adapter, (list, tuple)) else [adapter] * count
         if len(names) != count:
             raise ValueError(f"adapter: {len(names)} names for {count} inputs; give one name, or one per input")
         adapters, chosen = self.adapters, {}

@@ -7,6 +7,7 @@ from pathlib import Path
 from fastapi import APIRouter, status
 
 from hfport.lora import check_adapter_base, is_adapter_folder, read_adapter_config
+from hfport.pipelines import graph_backend
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError
@@ -62,6 +63,10 @@ def adapter_base(store, settings, folder, given: str | None) -> str:
         raise ApiError(400, f"base: {name!r} is an adapter; give its base model", "InvalidModel")
     base = Path(entry["path"]) if entry is not None else confine(name, settings, "base")
     confine_model_files(store, settings, base, "base")
+    graph = graph_backend(base, None)
+    if graph is not None:  # its layers are a fixed graph: no LoRA layers to route an adapter's rows through
+        raise ApiError(400, f"base: {name!r} is an {graph.name} folder, which runs a fixed graph; register the adapter "
+                            "over the model folder it was trained on", "InvalidModel")
     try:
         check_adapter_base(folder, base)
     except HfportError as e:

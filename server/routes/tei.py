@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 import hfport
 from hfport import ItemError, token_listing
-from hfport.pipelines import device_name
+from hfport.pipelines import InputTooLongError, device_name
 
 from ..deps import ModelServiceDep, StoreDep
 from ..errors import ApiError, ShapedErrorRoute, error_response, validation_message
@@ -47,14 +47,15 @@ TEI_ANSWERS = Answers(
     too_many=Answer(413, "Validation", "batch size {count} > maximum allowed batch size {limit}"),
     too_long=Answer(413, "Validation", "{field}[{index}]: {chars} characters, the limit is {limit} "
                                        "(HFPORT_PREDICT_MAX_CHARS)"),
-    blank=Answer(400, "Empty", "{field}[{index}] is empty"),
+    blank=Answer(400, "Empty", "{field}[{index}]{part} is empty"),
     overloaded=Answer(429, "Overloaded", "{pending} requests are waiting; retry shortly"),
     timeout=Answer(504, "Timeout", "took longer than {seconds} s; send fewer or shorter inputs"),
     backend=Answer(424, "Backend", "model {model!r}: {error}"),
-    options=Answer(422, "Validation", "{error}"),
-    # a per-input failure of the pipeline, by its error type -> TEI's status and error_type
-    failed_item={"PipelineInputError": (413, "Validation"), "InputTooLongError": (413, "Validation"),
-                 "TokenizerError": (422, "Tokenizer")})
+    options=Answer(422, "Validation", "{error}"))
+# a per-input failure of the pipeline, by its error type -> TEI's status and error_type (others: 422 Validation)
+FAILED_ITEM = {"PipelineInputError": (413, "Validation"), InputTooLongError.__name__: (413, "Validation"),
+               "TokenizerError": (422, "Tokenizer")}
+CUT_BY_TRUNCATION = ("classifier", "reranker")  # the kinds whose pipelines name their cut transformers' truncation=
 # hfport's own words, for the native body of POST /predict
 NATIVE_ANSWERS = Answers(
     empty=Answer(422, "ValidationError", "{field}: empty list"),
@@ -204,9 +205,21 @@ class Info(BaseModel):
 # --- steps the routes share ---------------------------------------------------------------------------------------
 
 async def tei_infer(model: Served, service: ModelService, items: list[Any], params: dict[str, Any],
-                    field: str = "inputs") -> tuple[list[Any], Timing]:
-    """The serving core's infer in TEI's words: any failed item fails the request, as in TEI."""
-    return await infer(service, model.record, items, params, TEI_ANSWERS, field)
+                    field: str = "inputs", tei_body: bool = True) -> tuple[list[Any], Timing]:
+    """The serving core's infer in TEI's words: the first failed item fails the request, as in TEI. An input longer
+    than a classifier or reranker takes is refused naming the TEI body's `truncate` (the pipeline's own words name
+    transformers' truncation=, which that body refuses); `tei_body` False: the request's options are the pipeline's
+    own (the Inference API's parameters), so are its words."""
+    results, timing = await infer(service, model.record, items, params, TEI_ANSWERS, field)
+    for i, r in enumerate(results):
+        if isinstance(r, ItemError):
+            status, kind = FAILED_ITEM.get(r.error_type, (422, "Validation"))
+            message = r.message
+            if r.error_type == InputTooLongError.__name__ and tei_body and model.kind in CUT_BY_TRUNCATION:
+                message = (f"longer than the {model.pipe.max_positions} tokens the model takes; send truncate: true "
+                           "to cut it")
+            raise ApiError(status, f"{field}[{i}]: {message}", kind)
+    return results, timing
 
 
 EMBEDDING_KINDS = ("embedding", "sparse-embedding")  # the kinds whose pipelines take truncate + a direction
@@ -484,7 +497,7 @@ async def _inference_api(model: Served, body: dict[str, Any], parameters: dict[s
         params.setdefault("top_k", None)  # the Inference API lists every label unless top_k says otherwise
     single = not isinstance(body["inputs"], list)
     items = [body["inputs"]] if single else list(body["inputs"])
-    results, timing = await tei_infer(model, service, items, params)
+    results, timing = await tei_infer(model, service, items, params, tei_body=False)
     set_timing(response, started, timing, model)
     if model.kind in ("classifier", "reranker"):
         return results  # a list a input, single or not: what InferenceClient.text_classification reads

@@ -15,8 +15,8 @@ from ..settings import Settings
 @dataclass(frozen=True)
 class Answer:
     """One refusal as a protocol answers it. `error_type` and `message` are str.format templates over the facts
-    the core passes: field, index, count, chars, limit, pending, seconds, model, known, reason, dimensions, allowed,
-    error, error_kind."""
+    the core passes: field, index, part (blank: "" or an input's field, ".text_pair"), count, chars, limit, pending,
+    seconds, model, known, reason, dimensions, allowed, error, error_kind."""
 
     status: int
     error_type: str
@@ -45,11 +45,7 @@ class Answers:
     timeout: Answer  # no answer within predict_timeout_s
     backend: Answer  # the model failed (an HfportError)
     options: Answer  # the pipeline refused an option (a ValueError or TypeError: dimensions, prompt_name, ...)
-    blank: Answer | None = None  # a whitespace-only text; None: the pipeline gets it
-    # a failed item (ItemError) fails the whole request, by its error_type -> (status, error_type); None: failed
-    # items come back in place for the protocol to render
-    failed_item: dict[str, tuple[int, str]] | None = None
-    failed_item_default: tuple[int, str] = (422, "Validation")
+    blank: Answer | None = None  # a whitespace-only text, alone or in an input's fields; None: the pipeline gets it
     no_model: Answer = NO_MODEL  # the request names no model and the server has no default
     unknown_model: Answer = UNKNOWN_MODEL  # no model registered under the name
     unservable: Answer = UNSERVABLE  # the model cannot load, or cannot serve the route (its kind)
@@ -77,5 +73,15 @@ def check_inputs(items: list[Any], settings: Settings, answers: Answers, field: 
         chars = characters(item)
         if chars > settings.predict_max_chars:
             raise answers.too_long.error(field=field, index=i, chars=chars, limit=settings.predict_max_chars)
-        if answers.blank is not None and isinstance(item, str) and not item.strip():
-            raise answers.blank.error(field=field, index=i)
+        if answers.blank is not None and (part := blank_part(item)) is not None:
+            raise answers.blank.error(field=field, index=i, part=part)
+
+
+def blank_part(item: Any) -> str | None:
+    """Which text of an input is empty or whitespace: "" (the text itself), ".text_pair" (a field of a {text,
+    text_pair} or {question, context} object); None: none is."""
+    if isinstance(item, str):
+        return None if item.strip() else ""
+    if isinstance(item, dict):
+        return next((f".{key}" for key, value in item.items() if isinstance(value, str) and not value.strip()), None)
+    return None

@@ -36,7 +36,9 @@ class Served:
 
     def need(self, *kinds: str, route: str) -> None:
         if self.kind not in kinds:
-            raise self.answers.unservable.error(model=self.name, reason=f"is not a {' or '.join(kinds)} model (it "
+            wanted = " or ".join(kinds)
+            article = "an" if wanted[0] in "aeiou" else "a"
+            raise self.answers.unservable.error(model=self.name, reason=f"is not {article} {wanted} model (it "
                                                                         f"is: {self.kind}); {route} needs one")
 
     def check_dimensions(self, dimensions: int | None, strict: bool) -> None:

@@ -10,10 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from hfport import ItemError, set_num_threads_here
+from hfport import set_num_threads_here
 from hfport.errors import HfportError
 
-from ..errors import ApiError
 from ..settings import Settings
 from .admission import Answers, check_inputs
 from .batching import Batcher, Timing
@@ -77,8 +76,8 @@ class ModelService:
 async def infer(service: ModelService, record: ModelRecord, items: list[Any], params: dict[str, Any],
                 answers: Answers, field: str = "inputs") -> tuple[list[Any], Timing]:
     """Run items through the record's pipeline, as every protocol does: admission (count, size, waiting requests),
-    the deadline, the model's errors worded by `answers`. Failed items come back as ItemError, unless the protocol
-    fails the whole request on the first (answers.failed_item)."""
+    the deadline, the model's errors worded by `answers`. Failed items come back as ItemError, for the protocol to
+    render in place or to fail the request with, in its own words."""
     settings = service.settings
     check_inputs(items, settings, answers, field)
     if service.pending >= settings.predict_max_pending:
@@ -95,9 +94,4 @@ async def infer(service: ModelService, record: ModelRecord, items: list[Any], pa
         raise answers.options.error(error=e) from e
     finally:
         service.pending -= 1
-    if answers.failed_item is not None:
-        for i, r in enumerate(results):
-            if isinstance(r, ItemError):  # the whole request fails with the first failed input's error
-                status, kind = answers.failed_item.get(r.error_type, answers.failed_item_default)
-                raise ApiError(status, f"{field}[{i}]: {r.message}", kind)
     return results, timing
