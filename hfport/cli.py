@@ -22,7 +22,7 @@ from .export import export as export_to
 from .export import verify as verify_folder
 from .hardware import cpu_capabilities, describe, device_name
 from .inference import for_inference, inference_steps
-from .pipelines import InvalidInput, pipeline, shards
+from .pipelines import InvalidInput, graph_backend, pipeline, shards
 from .retrieval import OUTPUT_FORMATS, SAMPLING_STRATEGIES
 from .retrieval import mine as run_mine
 from .rundir import RunDir
@@ -61,7 +61,9 @@ def fail(message: str, code: int = 1) -> None:
 
 
 @app.command()
-def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or a repo id in the local HF cache.")] = None,
+def info(model: Annotated[Optional[str], typer.Argument(help="A model folder, a repo id in the local HF cache, a "
+                                                            "fine-tune run folder (its best/), or an ONNX or OpenVINO "
+                                                            "folder.")] = None,
          hardware: Annotated[bool, typer.Option("--hardware", help="This machine's measured matmul peaks per dtype "
                                                 "and what they decide (bf16 native or not).")] = False,
          remeasure: Annotated[bool, typer.Option("--remeasure", help="With --hardware: measure again instead of "
@@ -72,7 +74,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
                                                      "or auto (default: the checkpoint's as stored, float32).")] = None,
          verbose: Verbose = 0, quiet: Quiet = False) -> None:
     """Family, head, parameter count, device, dtype, the inference steps a pipeline applies to it and the load report
-    of MODEL; --hardware: what this CPU computes fast."""
+    of MODEL (of an ONNX or OpenVINO folder: the graph it serves and what it computes in); --hardware: what this CPU
+    computes fast."""
     setup_logging(verbose, quiet)
     if model is None and not hardware:
         fail("give a MODEL, or --hardware for this machine's measured capabilities")
@@ -81,27 +84,38 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
         typer.echo(json.dumps(caps.to_dict(), indent=2) if as_json else describe(caps))
         if model is None:
             return
+    folder = RunDir.model_folder(model)
     try:
-        m = load_any(model, device=device, dtype=dtype)
+        graph = graph_backend(folder, None) if Path(folder).exists() else None
+        if graph is not None and device not in (None, "auto", "cpu"):
+            raise ValueError(f"{folder}: a {graph.name} folder runs on the CPU; --device {device} does not apply")
+        m = graph.load(folder, file=None, dtype=dtype) if graph is not None else \
+            load_any(folder, device=device, dtype=dtype)
     except (HfportError, ValueError) as e:
         fail(str(e))
         return
     report = m.load_report
-    steps = inference_steps(for_inference(m))  # what a pipeline over this model runs (hfport/inference.py)
     facts = {
         "path": str(model), "family": m.family.model_type, "head": m.task,
-        "architecture": m.family.architectures[m.task], "parameters": m.num_parameters(),
-        "device": device_name(m.device), "dtype": str(m.dtype).removeprefix("torch."),
-        "hidden_size": m.config.hidden_size, "layers": m.config.num_hidden_layers,
-        "heads": m.config.num_attention_heads, "vocab_size": m.config.vocab_size,
-        "labels": m.config.id2label if tasks.get(m.task).labels else None,
-        "inference": {**{step: f"{n} layers" for step, n in steps.items()},
-                      "row_shards": shards.describe("auto", m.dtype)},
-        "load_report": {"loaded": len(report.loaded), "initialized": report.initialized,
-                        "unexpected": report.unexpected,
-                        "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite,
-                        "notes": report.notes},
+        "architecture": m.family.architectures[m.task], "hidden_size": m.config.hidden_size,
+        "layers": m.config.num_hidden_layers, "heads": m.config.num_attention_heads,
+        "vocab_size": m.config.vocab_size, "labels": m.config.id2label if tasks.get(m.task).labels else None,
     }
+    if graph is not None:  # a compiled graph: no parameters, steps or load report of hfport's own model
+        facts |= {"format": graph.name, "graph": "; ".join(report.notes),  # its file and precision
+                  "files_mb": round(sum(f.stat().st_size for f in m.files) / 2**20, 1)}
+    else:
+        steps = inference_steps(for_inference(m))  # what a pipeline over this model runs (hfport/inference.py)
+        facts |= {
+            "parameters": m.num_parameters(), "device": device_name(m.device),
+            "dtype": str(m.dtype).removeprefix("torch."),
+            "inference": {**{step: f"{n} layers" for step, n in steps.items()},
+                          "row_shards": shards.describe("auto", m.dtype)},
+            "load_report": {"loaded": len(report.loaded), "initialized": report.initialized,
+                            "unexpected": report.unexpected,
+                            "mismatched": [list(x) for x in report.mismatched], "nonfinite": report.nonfinite,
+                            "notes": report.notes},
+        }
     if as_json:
         typer.echo(json.dumps(facts, indent=2))
         return
@@ -115,7 +129,8 @@ def info(model: Annotated[Optional[str], typer.Argument(help="A model folder or 
             value = "; ".join(f"{step} {what}" for step, what in value.items())
         if value is not None:
             typer.echo(f"{key:<{width}}  {value}")
-    typer.echo(f"{'load':<{width}}  " + report.summary().replace("\n", "\n" + " " * (width + 2)))
+    if graph is None:
+        typer.echo(f"{'load':<{width}}  " + report.summary().replace("\n", "\n" + " " * (width + 2)))
 
 
 def _column(field: str) -> typer.models.OptionInfo:

@@ -645,3 +645,21 @@ def test_label_agreement_leaves_out_fp32_near_ties():
     fp32_multi = torch.tensor([[4.0, 0.01], [-4.0, 3.0]])  # text 0: label 1 is a near tie (sigmoid 0.5025)
     int8_multi = torch.tensor([[4.0, -0.01], [-4.0, -3.0]])  # flips that tie, and text 1's decided label 1
     assert judge("labels", {"logits": int8_multi}, {"logits": fp32_multi}, multi) == (0.5, 2, 0)
+
+
+def test_info_describes_an_onnx_folder_and_a_run_folder(exported, source, tmp_path):
+    """`hfport info` on an export describes the graph it serves (it used to fail on the missing model.safetensors),
+    and on a fine-tune run folder its best/ model, as export and predict take it."""
+    out, _ = exported("bert", "text-classification")
+    facts = json.loads(CliRunner().invoke(app, ["info", str(out), "--json"]).output)
+    assert facts["format"] == "onnx" and QUANTIZED_FILE in facts["graph"] and facts["head"] == \
+        "text-classification"
+    assert facts["labels"] and facts["files_mb"] > 0 and "load_report" not in facts
+    text = CliRunner().invoke(app, ["info", str(out)])
+    assert text.exit_code == 0 and "onnx" in text.output and "load " not in text.output
+    bad = CliRunner().invoke(app, ["info", str(out), "--device", "cuda"])
+    assert bad.exit_code != 0 and "runs on the CPU" in bad.output
+    run = tmp_path / "run"
+    shutil.copytree(source("bert", "text-classification"), run / "best")
+    facts = json.loads(CliRunner().invoke(app, ["info", str(run), "--json"]).output)
+    assert facts["head"] == "text-classification" and facts["parameters"] > 0 and facts["load_report"]["loaded"]

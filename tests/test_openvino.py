@@ -567,3 +567,13 @@ def test_core_imports_without_the_extra():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).parent.parent)
     assert run.returncode == 0, run.stderr
+
+
+def test_info_describes_an_openvino_folder(exported):
+    """`hfport info` on an OpenVINO folder: the IR it serves and the precision it computes in."""
+    out, _ = exported("text-classification")
+    facts = json.loads(CliRunner().invoke(app, ["info", str(out), "--json"]).output)
+    assert facts["format"] == "openvino" and QUANTIZED_IR_FILE in facts["graph"]
+    assert facts["head"] == "text-classification" and "load_report" not in facts
+    f32 = json.loads(CliRunner().invoke(app, ["info", str(out), "--json", "--dtype", "float32"]).output)
+    assert "(f32)" in f32["graph"]
