@@ -11,8 +11,8 @@ SparseEncoder's layout is a sparse-embedding model (/embed_sparse only).
 
 Errors are TEI's {"error", "error_type"} with TEI's codes: 400 Empty (no inputs), 413 Validation (too many inputs,
 an input longer than the model takes without truncate), 422 Validation (a malformed body or option), 422 Tokenizer,
-424 Backend (a model that cannot do what the route asks: rerank on a non-reranker, embed on a classifier,
-embed_sparse on a dense embedding model and embed on a sparse one),
+424 Backend (a model that cannot load, or cannot do what the route asks: rerank on a non-reranker, embed on a
+classifier, embed_sparse on a dense embedding model and embed on a sparse one),
 429 Overloaded, 503 Unhealthy. A missing model is 404 ModelNotFound (TEI serves one model, so it has no such code).
 Every inference response carries TEI's timing headers in milliseconds: x-compute-time, x-tokenization-time,
 x-queue-time, x-inference-time (serving.set_timing)."""

@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hfport import PreTrainedEncoder, packed_bytes, pipeline, tasks, tune_batch_tokens
+from hfport.errors import HfportError
 from hfport.lora import AdapterSet
 from hfport.pipelines import refuse_untrained_head
 
+from ..errors import ApiError
 from ..security import confine_files
 from ..settings import Settings
 from .records import ModelRecord
@@ -48,6 +50,17 @@ def total_weight_bytes(pipes: Iterable[Any]) -> int:
 def _group(record: ModelRecord) -> tuple[str, str]:
     """The leader a record is served by: (model folder, task); an adapter's is its base's."""
     return record.base or record.path, record.task
+
+
+class ModelLoadError(Exception):
+    """A registered model that failed to load for a reason outside hfport's own checks (an I/O error reading its
+    files, a runtime's RuntimeError such as out of memory at warm-up): the protocol answers it as a model it cannot
+    serve (424), naming the model and the cause; nothing of the failed load stays cached and the other models serve
+    on. The original is `cause` (and __cause__)."""
+
+    def __init__(self, record: ModelRecord, cause: Exception):
+        super().__init__(f"{type(cause).__name__}: {cause} (loading {record.path})")
+        self.record, self.cause = record, cause
 
 
 class ModelCache:
@@ -85,22 +98,33 @@ class ModelCache:
             with self._lock:
                 if record in self._pipes:
                     return self._pipes[record]
-            key = _group(record)
-            leader = self._leader(*key)
-            if record.base:
-                self._check_files(record.path)
-            if not record.base:  # a base's leader may lack the task's head (its adapters bring theirs): not to answer
-                refuse_untrained_head(leader.model, record.path, leader.task)
-            # an adapter joins its base's leader (a name loaded again replaces its weights): nothing reloaded
-            pipe = leader.add_adapter(record.name, record.path) if record.base else leader
-            self.tuning[record] = self._leader_tuning[key]
-            if self.metrics is not None:
-                self.metrics.batch_tokens.labels(record.name).set(leader.max_batch_tokens)
+            try:
+                pipe = self._load(record)
+            except (ApiError, HfportError):  # refusals worded already: a file outside the allowed dirs, a bad model
+                raise
+            except Exception as e:  # noqa: BLE001 - any other failure (I/O, a runtime's error) is this model's alone
+                log.exception("loading model %s from %s failed", record.name, record.path)
+                raise ModelLoadError(record, e) from e
             with self._lock:
                 self._pipes[record] = pipe
                 self._evict_over_budget()
                 self._loading.pop(record, None)
             return pipe
+
+    def _load(self, record: ModelRecord) -> Any:
+        """Load `record`'s pipeline: its leader (loaded once), then for an adapter its weights added to it."""
+        key = _group(record)
+        leader = self._leader(*key)
+        if record.base:
+            self._check_files(record.path)
+        if not record.base:  # a base's leader may lack the task's head (its adapters bring theirs): not to answer
+            refuse_untrained_head(leader.model, record.path, leader.task)
+        # an adapter joins its base's leader (a name loaded again replaces its weights): nothing reloaded
+        pipe = leader.add_adapter(record.name, record.path) if record.base else leader
+        self.tuning[record] = self._leader_tuning[key]
+        if self.metrics is not None:
+            self.metrics.batch_tokens.labels(record.name).set(leader.max_batch_tokens)
+        return pipe
 
     def _evict_over_budget(self) -> None:  # holding the lock
         """Evict least recently used models until the rest fit model_cache_mb. The unit is a leader with the adapters
@@ -145,12 +169,16 @@ class ModelCache:
                 leader = pipeline(task, model=folder, dtype=self.settings.predict_dtype, device=self.settings.device,
                                   int8_paths=("torch",), allow_untrained_head=True)
                 if isinstance(leader.model, PreTrainedEncoder):  # an ONNX graph has no body to share
-                    self._sets[folder] = AdapterSet(leader.model)
+                    shared = AdapterSet(leader.model)
             else:  # its own head, the shared body (the copy of the body just read is dropped)
                 model = tasks.get(task).model_class.from_pretrained(folder, dtype=shared.base.dtype,
                                                                      device=shared.base.device)
                 leader = pipeline(task, model=shared.adopt(model, 0), tokenizer=folder)
-            self._leader_tuning[key] = self._warm_up(folder, task, leader)
+            tuning = self._warm_up(folder, task, leader)
+            # kept once warmed up: a load that fails on the way leaves nothing behind (the next try starts over)
+            if shared is not None:
+                self._sets.setdefault(folder, shared)
+            self._leader_tuning[key] = tuning
             self._leaders[key] = leader
             return leader
 

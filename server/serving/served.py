@@ -17,6 +17,7 @@ from hfport.errors import HfportError
 from ..store import BaseStore
 from .admission import Answers
 from .batching import Timing
+from .cache import ModelLoadError
 from .records import PROTOCOL_TASK, ModelRecord, lookup
 from .service import ModelService
 
@@ -70,7 +71,7 @@ async def served(request: Request, store: BaseStore, service: ModelService, answ
     record = ModelRecord.of(entry, task)
     try:
         pipe = await service.get(record)
-    except HfportError as e:
+    except (HfportError, ModelLoadError) as e:
         raise answers.unservable.error(model=name, reason=f"failed to load: {e}") from e
     return Served(record, pipe, answers)
 

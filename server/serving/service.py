@@ -1,6 +1,6 @@
 """The model service every protocol runs through: the model cache, a micro-batcher per leader pipeline, the
 thread pool that runs forward passes, and `infer` (admission, the pending count, the deadline, the model's errors
-worded by the calling protocol)."""
+worded by the calling protocol; a model that fails to load is its protocol's 424)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hfport.errors import HfportError
 from ..settings import Settings
 from .admission import Answers, check_inputs
 from .batching import Batcher, Timing
-from .cache import ModelCache
+from .cache import ModelCache, ModelLoadError
 from .records import ModelRecord
 
 
@@ -88,6 +88,8 @@ async def infer(service: ModelService, record: ModelRecord, items: list[Any], pa
                                                  settings.predict_timeout_s)
     except (asyncio.TimeoutError, TimeoutError) as e:
         raise answers.timeout.error(seconds=settings.predict_timeout_s) from e
+    except ModelLoadError as e:  # the native route loads here (TEI's and OpenAI's loaded in `served`)
+        raise answers.unservable.error(model=record.name, reason=f"failed to load: {e}") from e
     except HfportError as e:
         raise answers.backend.error(model=record.name, error=e, error_kind=type(e).__name__) from e
     except (ValueError, TypeError) as e:  # options the pipeline refuses
