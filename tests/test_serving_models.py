@@ -1,19 +1,25 @@
 """The model a request names, on every route that serves one, in process (TestClient over create_app without the
 worker): a registered model that fails to load for any reason is its protocol's clear 4xx naming the model and the
-cause, and the other models keep serving."""
+cause, and the other models keep serving; a name that is not registered (a request's model, a job's, an adapter's
+base) is refused naming the registered ones, at most 20."""
 
 from __future__ import annotations
 
 import errno
+import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+import hfport
+
 from server.app import create_app
 from server.serving import cache
 from server.settings import Settings
+from tests.tiny import save_random_adapter
 from tests.tiny_tokenizers import make_folder
 
 
@@ -27,12 +33,20 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture
-def client(tmp_path, root):
+@contextmanager
+def serve(tmp_path: Path, root: Path, *models: str):
+    """The app started with `serve --model` for each of `models` (the first: the default), once the default is
+    loaded."""
     app = create_app(Settings(data_dir=tmp_path / "data", allowed_dirs=[root], predict_dtype="float32",
-                              batch_token_budgets=[], models=[f"base={root / 'models' / 'base'}"]), run_worker=False)
+                              batch_token_budgets=[], models=list(models)), run_worker=False)
     with TestClient(app, raise_server_exceptions=False) as c:  # as a client sees it: a 500, not a raise
         assert app.state.startup.ready.wait(120) and app.state.startup.error is None
+        yield c
+
+
+@pytest.fixture
+def client(tmp_path, root):
+    with serve(tmp_path, root, f"base={root / 'models' / 'base'}") as c:
         yield c
 
 
@@ -100,3 +114,76 @@ def test_a_model_that_fails_to_load_is_a_424_naming_it_and_the_cause_and_the_res
     for route, (method, path, body, headers) in requests_for("broken").items():
         r = send(client, method, path, body, headers)
         assert r.status_code == 200, (route, r.status_code, r.text)
+
+
+@pytest.fixture
+def adapter_folder(tmp_path, root) -> Path:
+    """A LoRA adapter (feature extraction) over models/base, inside the allowed dir."""
+    out = root / "adapters" / tmp_path.name
+    model = hfport.tasks.get("feature-extraction").model_class.from_pretrained(root / "models" / "base")
+    save_random_adapter(model, out, base=root / "models" / "base", seed=1, r=4, alpha=8, targets=["q", "v"])
+    return out
+
+
+def test_a_job_or_an_adapters_base_naming_no_registered_model_lists_the_registered_ones(tmp_path, root,
+                                                                                         adapter_folder):
+    """It said "model: 'nope' does not exist" (a job's model) and "base: 'nope' does not exist" (an adapter's base):
+    a name that is not registered, worded as a path. Only base models are listed where a base is asked for."""
+    with serve(tmp_path, root, f"base={root / 'models' / 'base'}") as client:
+        assert client.post("/models", json={"name": "ad", "path": str(adapter_folder), "base": "base"}).status_code \
+            == 201
+        both, bases = "registered: 'ad', 'base'", "registered: 'base'"
+        for route, body in (("/jobs/export", {"model": "nope", "format": "merged"}),
+                            ("/jobs/evaluate", {"model": "nope", "task": "sentence-embedding", "data": "x.jsonl"})):
+            assert error(client.post(route, json=body), 400, "InvalidModel") == \
+                f"model: 'nope' is no registered model and no folder; {both}"
+        # an adapter's base, given or read from its adapter_config.json
+        message = error(client.post("/models", json={"name": "ad2", "path": str(adapter_folder), "base": "nope"}),
+                        400, "InvalidModel")
+        assert message == f"base: 'nope' is no registered model and no folder; {bases}"
+        hub_base = tmp_path.name + "-hub-base"
+        shutil.copytree(adapter_folder, root / "adapters" / hub_base)
+        config = json.loads((adapter_folder / "adapter_config.json").read_text())
+        (root / "adapters" / hub_base / "adapter_config.json").write_text(
+            json.dumps({**config, "base_model_name_or_path": "org/missing"}))
+        message = error(client.post("/models", json={"name": "ad3", "path": str(root / "adapters" / hub_base)}),
+                        400, "InvalidModel")
+        assert message == ("base: the adapter's base_model_name_or_path: 'org/missing' is no registered model and no "
+                           f"folder; {bases}")
+        message = error(client.post("/jobs/export", json={"model": str(root / "adapters" / hub_base),
+                                                          "format": "merged"}), 400, "InvalidModel")
+        assert message == ("model: the adapter's base_model_name_or_path: 'org/missing' is no registered model and no "
+                           f"folder; {bases}")
+    with serve(tmp_path / "none", root) as client:  # nothing registered
+        message = error(client.post("/models", json={"name": "ad", "path": str(adapter_folder), "base": "nope"}),
+                        400, "InvalidModel")
+        assert message == "base: 'nope' is no registered model and no folder; no base model is registered (POST " \
+                          "/models registers one)"
+
+
+def test_a_request_for_an_unknown_model_lists_at_most_20_registered_or_says_there_are_none(tmp_path, root):
+    """It listed every registered name as a Python list, "[]" when there were none."""
+    with serve(tmp_path, root, f"base={root / 'models' / 'base'}") as client:
+        for i in range(25):
+            client.app.state.store.register_model(f"m{i:02d}", str(root / "models" / "base"), "feature-extraction")
+        listed = "registered: " + ", ".join(map(repr, ["base"] + [f"m{i:02d}" for i in range(19)])) + \
+                 " and 6 more (GET /models lists them all)"
+        assert error(client.post("/predict", json={"model": "nope", "inputs": "x"}), 404, "ModelNotFound") == \
+            f"no model named 'nope'; {listed}"
+        assert error(client.post("/embed", json={"inputs": "x"}, headers={"x-model": "nope"}), 404,
+                     "ModelNotFound") == f"no model named 'nope'; {listed}"
+        assert error(client.get("/models/nope"), 404, "ModelNotFound") == f"no model named 'nope'; {listed}"
+        r = client.post("/v1/embeddings", json={"input": "x", "model": "nope"})
+        assert r.status_code == 404 and r.json()["error"]["message"] == f"the model 'nope' does not exist; {listed}"
+    with serve(tmp_path / "none", root) as client:
+        none = "no model is registered (POST /models registers one)"
+        assert error(client.post("/predict", json={"model": "nope", "inputs": "x"}), 404, "ModelNotFound") == \
+            f"no model named 'nope'; {none}"
+        r = client.post("/v1/embeddings", json={"input": "x", "model": "nope"})
+        assert r.json()["error"]["message"] == f"the model 'nope' does not exist; {none}", r.text
+
+
+def error(r, status: int, error_type: str) -> str:
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.json()["error_type"] == error_type, r.text
+    return r.json()["error"]

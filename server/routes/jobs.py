@@ -31,6 +31,7 @@ from ..preload import confine_model_files
 from ..schemas import (ERRORS, EvaluateJobRequest, ExportJobRequest, FinetuneJobConfig, FinetuneJobRequest, JobInfo,
                        JobList, JobStatus)
 from ..security import confine
+from ..serving import named_folder, registered
 from ..settings import Settings, SettingsDep
 from ..store import TERMINAL, BaseStore as Store
 from ..worker import job_process_count
@@ -48,12 +49,13 @@ def _model_path(value: str, store: Store, settings: Settings, what: str = "model
     if entry is not None:
         confine_model_files(store, settings, entry["path"], what)
         return entry["path"]
-    folder = confine(value, settings, what)
+    folder = named_folder(store, settings, value, what)
     confine_model_files(store, settings, folder, what)
     if run_ok and "best" in RunDir(folder).models():  # export takes a run's best/
         return str(folder)
     if not (folder / "config.json").is_file():
-        raise ApiError(400, f"{what}: {value!r} is neither a registered model nor a model folder", "InvalidModel")
+        raise ApiError(400, f"{what}: {value!r} is neither a registered model nor a model folder (no config.json); "
+                            f"{registered(store)}", "InvalidModel")
     return str(folder)
 
 
@@ -76,7 +78,7 @@ def _adapter_base(folder: Path, store: Store, settings: Settings, what: str,
         entry = store.get_model(named)
         known = {m["path"] for m in store.list_models() if m.get("kind") != "adapter"}
         base = entry["path"] if entry is not None else named if named in known else str(
-            confine(named, settings, f"{what}: the adapter's base_model_name_or_path"))
+            named_folder(store, settings, named, f"{what}: the adapter's base_model_name_or_path", "model"))
     confine_model_files(store, settings, base, f"{what}: the adapter's base")
     return base
 

@@ -15,7 +15,7 @@ from ..jobrun import model_task
 from ..preload import confine_model_files
 from ..schemas import ERRORS, Deleted, ModelInfo, ModelList, ModelRegistration
 from ..security import confine
-from ..serving import lookup
+from ..serving import lookup, named_folder
 from ..settings import SettingsDep
 
 router = APIRouter(prefix="/models", tags=["models"], responses=ERRORS)
@@ -61,7 +61,8 @@ def adapter_base(store, settings, folder, given: str | None) -> str:
     entry = store.get_model(name)
     if entry is not None and entry.get("kind") == "adapter":
         raise ApiError(400, f"base: {name!r} is an adapter; give its base model", "InvalidModel")
-    base = Path(entry["path"]) if entry is not None else confine(name, settings, "base")
+    what = "base" if given else "base: the adapter's base_model_name_or_path"
+    base = Path(entry["path"]) if entry is not None else named_folder(store, settings, name, what, "model")
     confine_model_files(store, settings, base, "base")
     graph = graph_backend(base, None)
     if graph is not None:  # its layers are a fixed graph: no LoRA layers to route an adapter's rows through

@@ -7,10 +7,10 @@ protocol's Answers (how it words a refusal) and shape the results."""
 from .admission import Answer, Answers, characters, check_inputs
 from .batching import Batcher, Timing
 from .cache import ModelCache, ModelLoadError, total_weight_bytes, weight_bytes
-from .records import PROTOCOL_TASK, ModelRecord, lookup
+from .records import PROTOCOL_TASK, ModelRecord, lookup, named_folder, registered
 from .served import Served, served, set_timing
 from .service import ModelService, infer
 
 __all__ = ["Answer", "Answers", "Batcher", "ModelCache", "ModelLoadError", "ModelRecord", "ModelService",
-           "PROTOCOL_TASK", "Served", "Timing", "characters", "check_inputs", "infer", "lookup", "served", "set_timing",
-           "total_weight_bytes", "weight_bytes"]
+           "PROTOCOL_TASK", "Served", "Timing", "characters", "check_inputs", "infer", "lookup", "named_folder",
+           "registered", "served", "set_timing", "total_weight_bytes", "weight_bytes"]

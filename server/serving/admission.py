@@ -16,7 +16,7 @@ from ..settings import Settings
 class Answer:
     """One refusal as a protocol answers it. `error_type` and `message` are str.format templates over the facts
     the core passes: field, index, part (blank: "" or an input's field, ".text_pair"), count, chars, limit, pending,
-    seconds, model, known, reason, dimensions, allowed, error, error_kind."""
+    seconds, model, known (the registered models, worded), reason, dimensions, allowed, error, error_kind."""
 
     status: int
     error_type: str
@@ -28,7 +28,7 @@ class Answer:
 
 # the refusals about the model a request names, in hfport's words (which TEI's routes share)
 NO_MODEL = Answer(400, "Validation", "no model: name one with the x-model header, or start the server with --model")
-UNKNOWN_MODEL = Answer(404, "ModelNotFound", "no model named {model!r}; registered: {known}")
+UNKNOWN_MODEL = Answer(404, "ModelNotFound", "no model named {model!r}; {known}")
 UNSERVABLE = Answer(424, "Backend", "model {model!r} {reason}")
 UNTRAINED_DIMENSIONS = Answer(422, "Validation", "dimensions={dimensions}: model {model!r} was trained for dimensions "
                                                  "{allowed} (the server refuses others: HFPORT_STRICT_DIMENSIONS)")
