@@ -42,6 +42,14 @@ class Startup:
     ready: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
 
+    def gone(self, store: Store) -> str | None:
+        """Why the default cannot serve once it was unregistered (DELETE /models/<name>), else None: requests that
+        name no model then have none, and /health says so (503) until a model is registered under its name again."""
+        if self.default is None or store.get_model(self.default) is not None:
+            return None
+        return (f"model {self.default!r}, the default (the first --model), is no longer registered: requests that "
+                f"name no model have none; register a model as {self.default!r} again, or restart with --model")
+
 
 def parse_spec(spec: str) -> tuple[str, Path]:
     """`name=path` or `path` -> (name, folder). A repo id resolves through the local HF cache."""

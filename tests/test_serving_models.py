@@ -187,3 +187,29 @@ def error(r, status: int, error_type: str) -> str:
     assert r.status_code == status, (r.status_code, r.text)
     assert r.json()["error_type"] == error_type, r.text
     return r.json()["error"]
+
+
+def test_once_the_default_is_deleted_health_is_503_and_requests_naming_no_model_are_told_why(client, root):
+    """/health said "ok" while every TEI/OpenAI request that named no model got "no model named 'base'" (404, a name
+    the client never sent). Now /health is 503 Unhealthy, as while the default loads or when it failed to; those
+    requests (/info too) are the protocol's 400 naming the deleted default and the registered models; named ones
+    serve; registering a model under the default's name again makes it the default once more."""
+    assert client.post("/models", json={"name": "other", "path": str(root / "models" / "base")}).status_code == 201
+    assert client.delete("/models/base").status_code == 200
+    gone = error(client.get("/health"), 503, "Unhealthy")
+    assert gone.startswith("model 'base', the default (the first --model), is no longer registered"), gone
+    for method, path, body in (("post", "/embed", {"inputs": "x"}), ("get", "/info", None),
+                               ("post", "/", {"inputs": "x"}), ("post", "/tokenize", {"inputs": "x"})):
+        assert error(send(client, method, path, body, {}), 400, "Validation") == (
+            "no model: the default model 'base' (the first --model) is no longer registered; name one with the "
+            "x-model header, or register a model as 'base' again; registered: 'other'"), path
+        assert send(client, method, path, body, {"x-model": "other"}).status_code == 200, path
+    r = client.post("/v1/embeddings", json={"input": "x"})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": "no model: the default model 'base' (the first --model) is no longer registered; name one in "
+                   "`model`; registered: 'other'", "type": "invalid_request_error", "param": "model",
+        "code": "invalid_value"}, r.text
+    assert client.post("/v1/embeddings", json={"input": "x", "model": "other"}).status_code == 200
+    assert client.post("/models", json={"name": "base", "path": str(root / "models" / "base")}).status_code == 201
+    assert client.get("/health").status_code == 200
+    assert client.get("/info").json()["model_id"] == "base"

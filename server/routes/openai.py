@@ -74,6 +74,8 @@ OPENAI_ANSWERS = Answers(
     # failed_item None: a failed input comes back in its place and the route words it (_refusal)
     no_model=OpenAIAnswer(400, INVALID, "no model: name one in `model`, or start the server with --model",
                           "invalid_value", "model"),
+    default_gone=OpenAIAnswer(400, INVALID, "no model: the default model {model!r} (the first --model) is no longer "
+                                            "registered; name one in `model`; {known}", "invalid_value", "model"),
     unknown_model=OpenAIAnswer(404, INVALID, "the model {model!r} does not exist; {known}",
                                "model_not_found", "model"),
     unservable=OpenAIAnswer(424, INVALID, "model {model!r} {reason}", "model_not_supported", "model"),

@@ -29,6 +29,9 @@ class Answer:
 # the refusals about the model a request names, in hfport's words (which TEI's routes share)
 NO_MODEL = Answer(400, "Validation", "no model: name one with the x-model header, or start the server with --model")
 UNKNOWN_MODEL = Answer(404, "ModelNotFound", "no model named {model!r}; {known}")
+DEFAULT_GONE = Answer(400, "Validation", "no model: the default model {model!r} (the first --model) is no longer "
+                                         "registered; name one with the x-model header, or register a model as "
+                                         "{model!r} again; {known}")
 UNSERVABLE = Answer(424, "Backend", "model {model!r} {reason}")
 UNTRAINED_DIMENSIONS = Answer(422, "Validation", "dimensions={dimensions}: model {model!r} was trained for dimensions "
                                                  "{allowed} (the server refuses others: HFPORT_STRICT_DIMENSIONS)")
@@ -47,6 +50,7 @@ class Answers:
     options: Answer  # the pipeline refused an option (a ValueError or TypeError: dimensions, prompt_name, ...)
     blank: Answer | None = None  # a whitespace-only text, alone or in an input's fields; None: the pipeline gets it
     no_model: Answer = NO_MODEL  # the request names no model and the server has no default
+    default_gone: Answer = DEFAULT_GONE  # the request names no model and the default was unregistered since
     unknown_model: Answer = UNKNOWN_MODEL  # no model registered under the name
     unservable: Answer = UNSERVABLE  # the model cannot load, or cannot serve the route (its kind)
     dimensions: Answer = UNTRAINED_DIMENSIONS  # HFPORT_STRICT_DIMENSIONS: not one the model was trained for

@@ -55,16 +55,17 @@ class Served:
 
 async def served(request: Request, store: BaseStore, service: ModelService, answers: Answers,
                  name: str | None = None) -> Served:
-    """The request's model, loaded; else the protocol's refusal (no model named, none registered under the name,
-    one that cannot load)."""
+    """The request's model, loaded; else the protocol's refusal (no model named and no default, none registered
+    under the name, a default deleted since (DELETE /models/<default>), one that cannot load)."""
     name = name or request.headers.get("x-model")
-    startup = getattr(request.app.state, "startup", None)
+    refusal = answers.unknown_model
     if not name:
-        name = startup.default if startup is not None else None
+        startup = getattr(request.app.state, "startup", None)
+        name, refusal = (startup.default if startup is not None else None), answers.default_gone
     if not name:
         raise answers.no_model.error()
     request.state.model_name = name
-    entry = await asyncio.to_thread(lookup, store, name, answers.unknown_model)
+    entry = await asyncio.to_thread(lookup, store, name, refusal)
     task = PROTOCOL_TASK.get(entry["task"], entry["task"])
     if task is None:
         raise answers.unservable.error(model=name, reason="has no task the server can serve")
