@@ -627,6 +627,15 @@ def test_dashboard_in_headless_chromium(client, server, registered, root):
             page.click("#predict")
             page.wait_for_function("document.querySelector('#output').textContent.includes('score')")
             assert len(json.loads(page.inner_text("#output"))) == 2
+            # /health answers 503 while the default model loads, after it failed or was deleted: the page still
+            # lists the jobs and models, and says why the server is unhealthy
+            page.route("**/health", lambda route: route.fulfill(
+                status=503, content_type="application/json",
+                body=json.dumps({"error": "model 'base' was deleted", "error_type": "Unhealthy"})))
+            page.evaluate("refresh()")
+            page.wait_for_function("document.querySelector('#error').textContent.includes('was deleted')")
+            assert "cls" in page.inner_text("#models") and page.locator("tr.job").count() >= 1
+            assert page.inner_text("#server-res") == "server unhealthy"
             assert not errors, errors
         finally:
             browser.close()
