@@ -242,11 +242,13 @@ def finetune(
     if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on
         flags["lora"] = {k: v for k, v in given.items() if v is not None}
     try:
+        given = []
         for item in set_ or []:
             key, sep, value = item.partition("=")
             if not sep:
                 raise HfportError(f"--set {item!r}: expected KEY=VALUE")
-            flags[key.strip()] = _parse_value(value)
+            given.append((key.strip(), _parse_value(value)))
+        flags.update(_unique(given, "--set"))
         file_values = read_config_file(config_file) if config_file else None
         config, sources = resolve_config(file_values, flags, str(config_file or "config file"))
         if print_config:
@@ -280,6 +282,17 @@ def _option(pair: str) -> tuple[str, object]:
     if not sep or not key.strip():
         raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE, e.g. top_k=3")
     return key.strip().replace("-", "_"), _parse_value(value)
+
+
+def _unique(pairs: list[tuple[str, object]], flag: str) -> dict[str, object]:
+    """KEY=VALUE options as a dict; a key given twice is an error naming it (no silent last-one-wins)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            fail(f"{flag} {key} is given twice ({key}={json.dumps(out[key])}, then {key}={json.dumps(value)}); "
+                 "give each option once")
+        out[key] = value
+    return out
 
 
 def _read_inputs(texts: list[str], input_file: Optional[str]) -> list[object]:
@@ -343,7 +356,7 @@ def predict(
     items = _read_inputs(texts or [], input_file)
     if not items:
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
-    parsed = dict(_option(o) for o in options or [])
+    parsed = _unique([_option(o) for o in options or []], "--set/-o")
     try:
         pipe = pipeline(task, model=RunDir.model_folder(model), device=device, dtype=dtype, batch_size=batch_size,
                         gate_data=gate_data, file=file)
@@ -546,10 +559,11 @@ def convert(
 
 def _options(pairs: Optional[list[str]]) -> dict[str, object]:
     try:
-        return dict(_option(o) for o in pairs or [])
+        parsed = [_option(o) for o in pairs or []]
     except typer.BadParameter as e:
         fail(str(e))
         raise
+    return _unique(parsed, "--set")
 
 
 @app.command()

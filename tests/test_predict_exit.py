@@ -61,3 +61,15 @@ def test_an_input_file_with_a_byte_order_mark_reads_as_without(tiny_bert, tmp_pa
     got, want = predict(tiny_bert, "--input", str(marked)), predict(tiny_bert, "--input", str(plain))
     assert got.exit_code == 0 and got.stderr == "", got.output
     assert got.stdout == want.stdout
+
+
+def test_an_option_given_twice_is_refused_naming_it(tiny_bert):
+    """-o normalize=true -o normalize=false (or --set lr=... twice in finetune) is refused, not settled by the last
+    one silently."""
+    run = predict(tiny_bert, "fine", "-o", "normalize=true", "-o", "normalize=false")
+    assert run.exit_code == 1 and run.stdout == ""
+    assert "error: --set/-o normalize is given twice (normalize=true, then normalize=false); give each option once" \
+        in run.stderr
+    run = CliRunner().invoke(app, ["finetune", "--model", "m", "--train", "t.jsonl", "--set", "lr=0.1",
+                                   "--set", "lr=0.2", "--print-config"])
+    assert run.exit_code == 1 and "error: --set lr is given twice (lr=0.1, then lr=0.2)" in run.stderr
