@@ -301,7 +301,7 @@ def test_cli_predict_prints_one_json_line_per_input(root, tmp_path):
     assert len(lines) == 4  # the blank line is not an input
     assert_close_results(lines[0], case["output"])
     assert "line 2: not UTF-8" in lines[1]["error"] and lines[1]["index"] == 1
-    assert lines[2]["error"] == "input 2: context is empty or only whitespace"
+    assert lines[2]["error"] == f"{qa_file} line 4: context is empty or only whitespace"  # its line, not its index
     assert "line 5: not JSON" in lines[3]["error"]
 
     result = runner.invoke(app, ["predict", str(folder), "--task", "ner", "-o", "top_n=1", "x"])
