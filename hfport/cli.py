@@ -242,11 +242,13 @@ def finetune(
     if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on
         flags["lora"] = {k: v for k, v in given.items() if v is not None}
     try:
+        given = []
         for item in set_ or []:
             key, sep, value = item.partition("=")
             if not sep:
                 raise HfportError(f"--set {item!r}: expected KEY=VALUE")
-            flags[key.strip()] = _parse_value(value)
+            given.append((key.strip(), _parse_value(value)))
+        flags.update(_unique(given, "--set"))
         file_values = read_config_file(config_file) if config_file else None
         config, sources = resolve_config(file_values, flags, str(config_file or "config file"))
         if print_config:
@@ -282,9 +284,22 @@ def _option(pair: str) -> tuple[str, object]:
     return key.strip().replace("-", "_"), _parse_value(value)
 
 
-def _read_inputs(texts: list[str], input_file: Optional[str]) -> list[object]:
-    """TEXT arguments, then the lines of --input (JSON per line). A TEXT that is a JSON object is used as one
-    ({"text", "text_pair"} or {"question", "context"}); a line that cannot be read stays an error in its place."""
+def _unique(pairs: list[tuple[str, object]], flag: str) -> dict[str, object]:
+    """KEY=VALUE options as a dict; a key given twice is an error naming it (no silent last-one-wins)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            fail(f"{flag} {key} is given twice ({key}={json.dumps(out[key])}, then {key}={json.dumps(value)}); "
+                 "give each option once")
+        out[key] = value
+    return out
+
+
+def _read_inputs(texts: list[str], input_file: Optional[str]) -> tuple[list[object], list[str | None]]:
+    """TEXT arguments, then the lines of --input (JSON per line), and where each came from: None for a TEXT (its
+    error says "input N", its position), "FILE line N" for a line, so an error names the file's own line even where
+    blank lines were skipped. A TEXT that is a JSON object is used as one ({"text", "text_pair"} or {"question",
+    "context"}); a line that cannot be read stays an error in its place."""
     items: list[object] = []
     for text in texts:
         try:
@@ -292,22 +307,25 @@ def _read_inputs(texts: list[str], input_file: Optional[str]) -> list[object]:
         except json.JSONDecodeError:
             value = text
         items.append(value)
+    places: list[str | None] = [None] * len(items)
     if input_file is not None:
         try:
             raw = sys.stdin.buffer.read() if input_file == "-" else Path(input_file).read_bytes()
         except OSError as e:
             fail(f"--input {input_file}: {e.strerror or e}")
         raw = raw.removeprefix(codecs.BOM_UTF8)  # a byte-order mark (Windows editors) is no content, as in --train
+        name = "stdin" if input_file == "-" else input_file
         for number, line in enumerate(raw.splitlines(), start=1):
             if not line.strip():
                 continue
+            places.append(f"{name} line {number}")
             try:
                 items.append(json.loads(line.decode("utf-8")))
             except UnicodeDecodeError as e:
-                items.append(InvalidInput(f"{input_file} line {number}: not UTF-8 ({e.reason} at byte {e.start})"))
+                items.append(InvalidInput(f"not UTF-8 ({e.reason} at byte {e.start})"))
             except json.JSONDecodeError as e:
-                items.append(InvalidInput(f"{input_file} line {number}: not JSON ({e.msg})"))
-    return items
+                items.append(InvalidInput(f"not JSON ({e.msg})"))
+    return items, places
 
 
 @app.command()
@@ -340,10 +358,10 @@ def predict(
     """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input). Exit 1 when
     every input failed; when only some did, exit 0 and count them on stderr."""
     quiet = setup_logging(verbose, quiet) == "quiet"
-    items = _read_inputs(texts or [], input_file)
+    items, places = _read_inputs(texts or [], input_file)
     if not items:
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
-    parsed = dict(_option(o) for o in options or [])
+    parsed = _unique([_option(o) for o in options or []], "--set/-o")
     try:
         pipe = pipeline(task, model=RunDir.model_folder(model), device=device, dtype=dtype, batch_size=batch_size,
                         gate_data=gate_data, file=file)
@@ -351,15 +369,15 @@ def predict(
     except (HfportError, ValueError, TypeError) as e:
         fail(str(e))
         return
-    for result in ItemError.render(results):  # a failed input: {"error", "error_type", "index"}
+    for result in ItemError.render(results, places):  # a failed input: {"error", "error_type", "index"}
         typer.echo(json.dumps(result, ensure_ascii=False))
     failed = [(i, r) for i, r in enumerate(results) if isinstance(r, ItemError)]
     if failed and len(failed) == len(results):  # nothing answered: a script must not take this for success
         fail(f"every input failed ({len(failed)} of {len(results)}); the first: "
-             f"{failed[0][1].to_dict(failed[0][0])['error']}")
+             f"{failed[0][1].to_dict(failed[0][0], places[failed[0][0]])['error']}")
     if failed and not quiet:
-        shown = ", ".join(str(i) for i, _ in failed[:10]) + (", ..." if len(failed) > 10 else "")
-        typer.secho(f"warning: {len(failed)} of {len(results)} inputs failed (input {shown}); their error objects "
+        shown = ", ".join(places[i] or f"input {i}" for i, _ in failed[:10]) + (", ..." if len(failed) > 10 else "")
+        typer.secho(f"warning: {len(failed)} of {len(results)} inputs failed ({shown}); their error objects "
                     "are on their lines", fg=typer.colors.YELLOW, err=True)
 
 
@@ -546,10 +564,11 @@ def convert(
 
 def _options(pairs: Optional[list[str]]) -> dict[str, object]:
     try:
-        return dict(_option(o) for o in pairs or [])
+        parsed = [_option(o) for o in pairs or []]
     except typer.BadParameter as e:
         fail(str(e))
         raise
+    return _unique(parsed, "--set")
 
 
 @app.command()

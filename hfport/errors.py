@@ -45,11 +45,13 @@ class ItemError:
     message: str  # what is wrong with the input, e.g. "text is empty or only whitespace"
     error_type: str  # the exception class that failed it, e.g. "PipelineInputError"
 
-    def to_dict(self, index: int) -> dict[str, Any]:
-        """The rendering the CLI's JSON lines and the HTTP API use: {"error", "error_type", "index"}."""
-        return {"error": f"input {index}: {self.message}", "error_type": self.error_type, "index": index}
+    def to_dict(self, index: int, where: str | None = None) -> dict[str, Any]:
+        """The rendering the CLI's JSON lines and the HTTP API use: {"error", "error_type", "index"}. The error is
+        prefixed by `where` the input came from when the caller knows it (a file's line), else by its index."""
+        return {"error": f"{where or f'input {index}'}: {self.message}", "error_type": self.error_type, "index": index}
 
     @classmethod
-    def render(cls, results: list[Any]) -> list[Any]:
-        """`results` with every ItemError rendered at its position in the list."""
-        return [r.to_dict(i) if isinstance(r, cls) else r for i, r in enumerate(results)]
+    def render(cls, results: list[Any], places: list[str | None] | None = None) -> list[Any]:
+        """`results` with every ItemError rendered at its position in the list (and, given `places`, named by the
+        place of the input at that position)."""
+        return [r.to_dict(i, places[i] if places else None) if isinstance(r, cls) else r for i, r in enumerate(results)]

@@ -4,7 +4,9 @@ the HTTP job body; refused by name where hfport has no such option; an unknown k
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
+from hfport.cli import app
 from hfport.errors import ConfigError
 from hfport.train.aliases import ALIASES
 from hfport.train.config import FinetuneConfig, read_config_file, resolve_config
@@ -110,3 +112,20 @@ def test_a_config_file_that_does_not_parse_says_how_it_was_read(tmp_path):
     (tmp_path / "run.json").write_text("{")
     with pytest.raises(ConfigError, match=r"run.json: not valid JSON: Expecting"):
         read_config_file(tmp_path / "run.json")
+
+
+def test_every_list_field_takes_a_comma_list_from_set():
+    """`--set KEY=a,b` is a list for every list or tuple field, whatever its item type (ints, floats, names), as
+    `freeze` and `report_to` always took it; a value the field takes whole (class_weights' "balanced") stays whole."""
+    run = CliRunner().invoke(app, ["finetune", "--model", "m", "--train", "t.jsonl", "--task", "sentence-embedding",
+                                   "--set", "matryoshka_dims=32,16", "--set", "matryoshka_weights=1,0.5",
+                                   "--set", "adam_betas=0.8,0.99", "--set", "freeze=embeddings.,pooler.",
+                                   "--print-config"])
+    assert run.exit_code == 0, run.output
+    shown = {line.split()[0]: " ".join(line.split()[1:-1]) for line in run.stdout.splitlines()}
+    assert (shown["matryoshka_dims"], shown["matryoshka_weights"], shown["adam_betas"], shown["freeze"]) == \
+        ("[32, 16]", "[1.0, 0.5]", "[0.8, 0.99]", '["embeddings.", "pooler."]')
+    for value, expected in (("1,2", [1.0, 2.0]), ("balanced", "balanced")):
+        assert resolve_config(BASE, {"class_weights": value})[0].class_weights == expected
+    with pytest.raises(ConfigError, match=r"matryoshka_dims.1 \(from the flags\): Input should be a valid integer"):
+        resolve_config(BASE, {"matryoshka_dims": "32,x", "task": "sentence-embedding"})

@@ -616,3 +616,36 @@ def test_a_loss_option_the_loss_ignores_is_refused(workdir, tmp_path, option, va
     with pytest.raises(hfport.ConfigError, match=re.escape(refused)):
         preflight(config)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_metric_is_refused_before_the_model_loads(workdir, tmp_path, monkeypatch):
+    """--set metric=bogus failed at the first evaluation, after training steps and with metrics.jsonl written: the
+    preflight now refuses it, naming the field and the metrics evaluation computes on this data, before the model
+    loads and before anything is written."""
+    import hfport.train.loop as loop
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded for a run with a bad metric")
+
+    monkeypatch.setattr(loop, "build_model", no_model)
+    out = tmp_path / "run"
+    with pytest.raises(hfport.ConfigError) as e:
+        finetune(base_config(workdir, out, metric="bogus"), progress=False)
+    assert str(e.value) == (
+        "metric 'bogus' (the config field metric; transformers: metric_for_best_model): evaluation of "
+        "text-classification with problem_type single_label_classification on this data computes loss, accuracy, "
+        "f1/negative, f1/positive, f1_macro, f1_micro, precision_macro, precision_micro, recall_macro, recall_micro")
+    assert not out.exists()
+
+
+def test_the_metrics_a_config_may_name_are_what_evaluation_reports(workdir, tmp_path):
+    """metric_names runs the task's own metrics: a one-step run's eval line holds exactly those names (and loss), so
+    every metric it reports may pick best/, f1/<label> included."""
+    from hfport.train.preflight import preflight
+
+    config = base_config(workdir, tmp_path / "run", max_steps=1, metric="f1/positive", save_strategy="no")
+    checked = preflight(config)
+    summary = finetune(config, progress=False)
+    assert sorted(summary["final_eval"]) == sorted(f"eval_{n}" for n in ["loss", *checked.task.metric_names(
+        checked.data)])
+    assert summary["best_metric"].keys() == {"f1/positive"}

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hfport import AutoTokenizer
+from hfport import AutoTokenizer, tasks
 from hfport.train.config import FinetuneConfig
-from hfport.train.data import DataError
+from hfport.train.data import DataError, EncodedData, LabelSpace
 from hfport.train.loop import finetune
 from hfport.train.tasks import get_task
 from hfport.train.tasks.mlm import mask_tokens
@@ -72,6 +72,62 @@ def test_token_classification_learns(model_dir, tmp_path):
     assert mean(losses[-5:]) < 0.3 * mean(losses[:5]), losses
     assert summary["labels"] == {0: "B-LOC", 1: "B-PER", 2: "I-LOC", 3: "I-PER", 4: "O"}
     assert evals[-1]["eval_f1"] >= 0.8 and evals[-1]["eval_f1"] > first_eval["f1"] + 0.5, (first_eval, evals[-1])
+
+
+@pytest.mark.parametrize("task", ["token-classification", "question-answering", "masked-lm"])
+def test_metric_names_are_what_evaluation_reports(model_dir, tmp_path, task):
+    """The names a config's metric may take are the task's evaluation's own (a one-step run reports them; every tag's
+    entity type may report its f1, this eval's rows name only some); another is refused by the preflight."""
+    from hfport import ConfigError
+    from hfport.train.preflight import preflight
+
+    if task == "masked-lm":
+        (tmp_path / "train.txt").write_text(mlm_lines(32, 0))
+        train, evaluation = tmp_path / "train.txt", None
+    else:
+        rows = ner_rows if task == "token-classification" else qa_rows
+        train, evaluation = write_jsonl(tmp_path / "train.jsonl", rows(32, 0)), write_jsonl(tmp_path / "e.jsonl",
+                                                                                             rows(8, 1))
+    cfg = config(model_dir, tmp_path, task, train, evaluation, max_steps=1, max_length=32, doc_stride=8,
+                 save_strategy="no")
+    checked = preflight(cfg)
+    names = {"loss", *checked.task.metric_names(checked.data)}
+    reported = {k.removeprefix("eval_") for k in _first_eval(cfg)}
+    assert reported <= names and {n for n in names if "/" not in n} == {n for n in reported if "/" not in n}
+    with pytest.raises(ConfigError, match=r"metric 'bogus' \(the config field metric; transformers: "
+                                          r"metric_for_best_model\): evaluation of " + task.replace("masked-lm",
+                                                                                              "fill-mask")):
+        preflight(cfg.model_copy(update={"metric": "bogus"}))
+
+
+@pytest.mark.parametrize("task, problem, extra, names", [
+    ("text-ranking", None, {}, ["mrr@10", "ndcg@10", "recall@1", "recall@10"]),
+    ("sparse-embedding", "pairs", {}, ["corpus_active_dims", "mrr@10", "ndcg@10", "query_active_dims", "recall@1",
+                                      "recall@10"]),
+    ("multiple-choice", None, {}, ["accuracy"]),
+    ("sentence-embedding", "scored-pairs", {"matryoshka_dims": [4, 2]},
+     ["dim_2_pearson", "dim_2_spearman", "dim_4_pearson", "dim_4_spearman", "pearson", "spearman"]),
+])
+def test_metric_names_of_the_other_tasks(task, problem, extra, names):
+    """Each task's metric_names runs its own metrics (sample rows of its eval_rows' shape) for its kind of data."""
+    assert get_task(task).metric_names(EncodedData([], [], None, 0, extra, problem_type=problem)) == names
+
+
+@pytest.mark.parametrize("task, space, problem", [
+    ("text-classification", LabelSpace("single_label_classification", {0: "a", 1: "b"}), None),
+    ("text-classification", LabelSpace("multi_label_classification", {0: "a", 1: "b"}), None),
+    ("text-classification", LabelSpace("regression", {0: "LABEL_0"}), None),
+    ("token-classification", LabelSpace(None, {0: "O", 1: "B-X", 2: "I-X"}), None),
+    ("question-answering", None, None), ("fill-mask", None, None), ("multiple-choice", None, None),
+    ("text-ranking", None, None), ("sentence-embedding", None, "pairs"), ("sentence-embedding", None, "scored-pairs"),
+    ("sparse-embedding", None, "triplets"),
+])
+def test_every_default_metric_is_one_evaluation_computes(task, space, problem):
+    """The preflight checks the default metric too (the task record's, by problem type): a record naming a metric its
+    evaluation never computes would refuse every run of that kind."""
+    data = EncodedData([], [], space, 0, {}, problem_type=problem)
+    metric, _ = tasks.get(task).default_metric(space.problem_type if space else problem)
+    assert metric in get_task(task).metric_names(data)
 
 
 def _first_eval(cfg: FinetuneConfig) -> dict:

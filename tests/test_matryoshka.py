@@ -18,6 +18,7 @@ import hfport
 from hfport.errors import ConfigError
 from hfport.formats.sentence_transformers import read_layout
 from hfport.train.loop import finetune
+from hfport.train.preflight import preflight
 from hfport.train.tasks.embedding import matryoshka_loss, mnrl_loss
 from tests.data import DATA
 from tests.finetuning import embedding_config as cfg
@@ -47,11 +48,16 @@ def test_matryoshka_loss_is_sentence_transformers_matryoshka_loss(tiny_bert):
 
 
 def test_matryoshka_training_reports_each_dimension_and_records_them(tiny_bert, tmp_path):
-    finetune(cfg(tiny_bert, tmp_path, max_steps=6, matryoshka_dims=[32, 16, 8], matryoshka_weights=[1, 1, 1]),
-             progress=False)
+    config = cfg(tiny_bert, tmp_path, max_steps=6, matryoshka_dims=[32, 16, 8], matryoshka_weights=[1, 1, 1],
+                 metric="dim_8_ndcg@10")  # a dimension's metric may pick best/
+    checked = preflight(config)
+    finetune(config, progress=False)
     evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if json.loads(x)["type"] == "eval"]
     assert {"eval_ndcg@10", "eval_dim_32_ndcg@10", "eval_dim_16_ndcg@10", "eval_dim_8_ndcg@10"} <= set(evals[-1])
+    # what a config's metric may name (the preflight's check) is what evaluation reports
+    assert set(evals[-1]) - {"type", "step", "epoch"} == {f"eval_{n}" for n in ["loss", *checked.task.metric_names(
+        checked.data)]}
     assert evals[-1]["eval_dim_32_ndcg@10"] == pytest.approx(evals[-1]["eval_ndcg@10"])  # 32 is the full size
     for which in ("best", "final"):
         assert read_layout(tmp_path / "run" / which).matryoshka_dims == (32, 16, 8)

@@ -218,6 +218,25 @@ def test_options_are_checked(root):
         hfport.pipeline("summarization", model=folder)
 
 
+@pytest.mark.parametrize("value", ["yes", "no", "false", 1, 0, None])
+def test_a_switch_takes_only_a_bool(root, value):
+    """packed_linear / allow_untrained_head "no" (truthy) would turn them on: anything but True or False is refused
+    before the model loads, naming the option; a call switch (return_tensors, normalize) takes a bool or None (its
+    default) and nothing else."""
+    folder = make_folder(root, "bert", "feature-extraction")
+    for option in ("packed_linear", "allow_untrained_head"):
+        with pytest.raises(ValueError, match=rf"{option}={value!r}: expected True or False$"):
+            hfport.pipeline("feature-extraction", model=folder, **{option: value})
+    pipe = hfport.pipeline("feature-extraction", model=folder, packed_linear=False)
+    if value is None:  # a call switch's None is its default
+        assert isinstance(pipe("a", return_tensors=value), list)
+        return
+    with pytest.raises(ValueError, match=rf"feature-extraction: return_tensors={value!r}: expected True or False"):
+        pipe("a", return_tensors=value)
+    with pytest.raises(ValueError, match=rf"sentence-embedding: normalize={value!r}: expected True or False"):
+        hfport.pipeline("sentence-embedding", model=folder)("a", normalize=value)
+
+
 # --- question-answering: transformers 4.57's semantics, from the stored reference --------------------------------
 
 QA_REFERENCE = json.loads((FIXTURES / "qa_reference.json").read_text(encoding="utf-8"))
@@ -301,7 +320,7 @@ def test_cli_predict_prints_one_json_line_per_input(root, tmp_path):
     assert len(lines) == 4  # the blank line is not an input
     assert_close_results(lines[0], case["output"])
     assert "line 2: not UTF-8" in lines[1]["error"] and lines[1]["index"] == 1
-    assert lines[2]["error"] == "input 2: context is empty or only whitespace"
+    assert lines[2]["error"] == f"{qa_file} line 4: context is empty or only whitespace"  # its line, not its index
     assert "line 5: not JSON" in lines[3]["error"]
 
     result = runner.invoke(app, ["predict", str(folder), "--task", "ner", "-o", "top_n=1", "x"])

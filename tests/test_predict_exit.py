@@ -61,3 +61,28 @@ def test_an_input_file_with_a_byte_order_mark_reads_as_without(tiny_bert, tmp_pa
     got, want = predict(tiny_bert, "--input", str(marked)), predict(tiny_bert, "--input", str(plain))
     assert got.exit_code == 0 and got.stderr == "", got.output
     assert got.stdout == want.stdout
+
+
+def test_an_option_given_twice_is_refused_naming_it(tiny_bert):
+    """-o normalize=true -o normalize=false (or --set lr=... twice in finetune) is refused, not settled by the last
+    one silently."""
+    run = predict(tiny_bert, "fine", "-o", "normalize=true", "-o", "normalize=false")
+    assert run.exit_code == 1 and run.stdout == ""
+    assert "error: --set/-o normalize is given twice (normalize=true, then normalize=false); give each option once" \
+        in run.stderr
+    run = CliRunner().invoke(app, ["finetune", "--model", "m", "--train", "t.jsonl", "--set", "lr=0.1",
+                                   "--set", "lr=0.2", "--print-config"])
+    assert run.exit_code == 1 and "error: --set lr is given twice (lr=0.1, then lr=0.2)" in run.stderr
+
+
+def test_an_error_about_a_line_of_input_names_the_file_and_its_line(tiny_bert, tmp_path):
+    """Blank lines of --input are skipped, so an input's index is not its line: its error names FILE line N."""
+    data = tmp_path / "in.jsonl"
+    data.write_text('"fine"\n\n\n"   "\n{"text": \n"great"\n')  # line 4: whitespace only; line 5: not JSON
+    run = predict(tiny_bert, "first", "--input", str(data))
+    assert run.exit_code == 0, run.output
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [line["error"] for line in lines if isinstance(line, dict)] == [
+        f"{data} line 4: text is empty or only whitespace", f"{data} line 5: not JSON (Expecting value)"]
+    assert [line["index"] for line in lines if isinstance(line, dict)] == [2, 3]  # the output's own positions
+    assert f"warning: 2 of 5 inputs failed ({data} line 4, {data} line 5)" in run.stderr

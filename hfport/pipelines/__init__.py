@@ -60,7 +60,7 @@ from ..registry import get_family
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, has_tokenizer_files
 from .backends import BACKENDS, graph_backend
 from .base import (DEFAULT_MAX_BATCH_TOKENS, Feature, InputTooLongError, InvalidInput, Pipeline, PipelineInputError,
-                   Prepared, pack_rows)
+                   Prepared, check_bool, pack_rows)
 from .classification import TextClassificationPipeline
 from .features import FeatureExtractionPipeline
 from .fill_mask import FillMaskPipeline
@@ -136,6 +136,8 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     would answer with the base's own head."""
     record = tasks.get(task)
     name, cls = record.name, PIPELINES[record.name]
+    check_bool("packed_linear", packed_linear)  # before the model loads: "no" is truthy and would turn it on
+    check_bool("allow_untrained_head", allow_untrained_head)
     auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
     device = resolve_device(device) if device is not None else None
     graph = graph_backend(model, backend) if isinstance(model, (str, os.PathLike)) else None

@@ -131,8 +131,9 @@ class Pipeline:
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) or max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be a positive integer, got {max_batch_tokens!r}")
+        check_bool("packed_linear", packed_linear)
         # the model serves inference from here on: eval mode and the inference step (hfport/inference.py)
-        self.packed_linear = bool(packed_linear)
+        self.packed_linear = packed_linear
         self.model = for_inference(model, packed_linear=self.packed_linear) if isinstance(model, nn.Module) \
             else model.eval()
         self.tokenizer = tokenizer
@@ -157,6 +158,9 @@ class Pipeline:
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             raise ValueError(f"{self.task}: unknown option(s) {unknown}; valid: {sorted(self.defaults)}")
+        for name, value in options.items():
+            if isinstance(self.defaults[name], bool):  # a switch (return_tensors, normalize...); None: its default
+                check_bool(f"{self.task}: {name}", value, allow_none=True)
         return options
 
     def spelled(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -602,6 +606,12 @@ def softmax_np(x: Any) -> Any:
 
 def sigmoid_np(x: Any) -> Any:
     return 1.0 / (1.0 + np.exp(-x))
+
+
+def check_bool(name: str, value: Any, allow_none: bool = False) -> None:
+    """A switch must be a bool: a string such as "no" or "false" is truthy, and would turn it on."""
+    if not (isinstance(value, bool) or (value is None and allow_none)):
+        raise ValueError(f"{name}={value!r}: expected True or False{' (or None: the default)' if allow_none else ''}")
 
 
 def positive_int(name: str, value: Any, allow_none: bool = False) -> None:

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from ..formats.sentence_transformers import ST_POOLINGS, SentenceLayout, read_layout
 from ..heads import pool
-from .base import Feature, InputTooLongError, Pipeline, PipelineInputError, attempt, check_text, positive_int
+from .base import (Feature, InputTooLongError, Pipeline, PipelineInputError, attempt, check_bool, check_text,
+                   positive_int)
 
 POOLINGS = tuple(ST_POOLINGS.values())
 DIRECTIONS = ("right", "left")
@@ -173,6 +174,7 @@ class SentenceEmbeddingPipeline(TextEmbeddingPipeline):
             opts["pooling"] = self.sentence.pooling
         if opts["pooling"] not in POOLINGS:
             raise ValueError(f"pooling={opts['pooling']!r}: use one of {list(POOLINGS)}")
+        check_bool(f"{self.task}: normalize", opts["normalize"], allow_none=True)  # None: as the folder's layout
         if opts["normalize"] is None:
             opts["normalize"] = self.sentence.normalize
         positive_int("dimensions", opts["dimensions"], allow_none=True)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from .. import tasks
 from ..errors import ConfigError
@@ -28,6 +30,20 @@ PLATEAU_DEFAULTS = {"plateau": (0.5, 1), "reduce_lr_on_plateau": (0.1, 10)}
 NO_WARMUP = ("constant", "reduce_lr_on_plateau")  # transformers' schedules that never warm up
 
 
+def comma_list(annotation: Any, value: Any) -> Any:
+    """A string given for a list or tuple field (a flag, --set, an HTTP job body) as the list of its comma-separated
+    parts, each field's type then checking and converting them: `--set matryoshka_dims=32,16` as `freeze=a,b`. A
+    string the field also takes whole (a Literal beside the list: class_weights' "balanced") stays as it is."""
+    if not isinstance(value, str):
+        return value
+    kinds = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    if not any(get_origin(k) in (list, tuple) for k in kinds):
+        return value
+    if any(value in get_args(k) for k in kinds if get_origin(k) is Literal):
+        return value
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
 class LoraSettings(BaseModel):
     """LoRA: train low-rank updates of the target layers and the task head in full; the rest stays frozen. best/
     and final/ then hold the adapter in PEFT's format (hfport/lora.py)."""
@@ -42,10 +58,10 @@ class LoraSettings(BaseModel):
         "or a full path); default the attention's query and value projections"))
     use_rslora: bool = Field(False, description="scale by alpha / sqrt(r) (rank-stabilised LoRA)")
 
-    @field_validator("target_modules", mode="before")
+    @field_validator("*", mode="before")
     @classmethod
-    def _split(cls, v: Any) -> Any:
-        return [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
+    def _split(cls, v: Any, info: ValidationInfo) -> Any:
+        return comma_list(cls.model_fields[info.field_name].annotation, v)
 
 
 class FinetuneConfig(BaseModel):
@@ -331,16 +347,6 @@ class FinetuneConfig(BaseModel):
             raise ValueError(f"{v!r}: a run name names TensorBoard's folder for the run; no path separators")
         return v
 
-    @field_validator("student_layers", mode="before")
-    @classmethod
-    def _layers(cls, v: Any) -> Any:
-        if isinstance(v, str) and v != "every_other":  # "0,2,4" from a flag
-            try:
-                return [int(p) for p in v.split(",") if p.strip()]
-            except ValueError:
-                raise ValueError(f"{v!r}: layer indices separated by commas (0,2,4) or 'every_other'") from None
-        return v
-
     @field_validator("student_layers")
     @classmethod
     def _increasing(cls, v: Any) -> Any:
@@ -348,10 +354,11 @@ class FinetuneConfig(BaseModel):
             raise ValueError(f"{v}: distinct layer indices from 0, in increasing order (the order they run in)")
         return v
 
-    @field_validator("freeze", mode="before")
+    @field_validator("*", mode="before")
     @classmethod
-    def _split(cls, v: Any) -> Any:
-        return [p for p in v.split(",") if p] if isinstance(v, str) else v
+    def _split(cls, v: Any, info: ValidationInfo) -> Any:
+        # every list field takes a comma list ("0,2,4", "32,16", "embeddings.,pooler."), as transformers' flags do
+        return comma_list(cls.model_fields[info.field_name].annotation, v)
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneConfig:

@@ -421,3 +421,6 @@ class Distillation(TrainTask):
 
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
         return self.base.metrics(rows, data, id2label)
+
+    def metric_names(self, data: EncodedData) -> list[str]:
+        return self.base.metric_names(data)

@@ -46,6 +46,7 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
     labels = model_labels(source)
     data = task.read(config, tokenizer, labels)
     check_loss_options(config, task, data)
+    check_metric(config, task, data)
     if len(data.train) < config.batch_size * world:
         raise DataError(f"{config.train}: {len(data.train)} training examples, fewer than one batch "
                         f"(batch_size {config.batch_size} x {world} process(es)); lower batch_size (--batch-size)")
@@ -61,6 +62,18 @@ def check_loss_options(config: FinetuneConfig, task: TrainTask, data: EncodedDat
         what = f"{config.task}" + (f" with problem_type {problem}" if problem else "")
         raise ConfigError(f"{', '.join(f'{n}={getattr(config, n)!r}' for n in ignored)}: the loss of {what} does not "
                           "use it (label_smoothing and class_weights apply to cross-entropy over labels); remove it")
+
+
+def check_metric(config: FinetuneConfig, task: TrainTask, data: EncodedData) -> None:
+    """The metric that picks best/ (and early stopping) must be one evaluation computes on this data: a misspelt one
+    is refused here, before the model loads, not at the first evaluation after the training work."""
+    problem = data.space.problem_type if data.space is not None else data.problem_type
+    metric, _ = config.default_metric(problem)
+    names = ["loss", *task.metric_names(data)]  # the loop adds the eval loss to the task's metrics
+    if metric not in names:
+        what = f"{config.task}" + (f" with problem_type {problem}" if problem else "")
+        raise ConfigError(f"metric {metric!r} (the config field metric; transformers: metric_for_best_model): "
+                          f"evaluation of {what} on this data computes {', '.join(names)}")
 
 
 def as_config(config: FinetuneConfig | dict[str, Any]) -> FinetuneConfig:

@@ -74,6 +74,17 @@ class TrainTask:
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
         raise NotImplementedError
 
+    def metric_names(self, data: EncodedData) -> list[str]:
+        """The names `metrics` reports on DATA (the loop adds loss), found by running `metrics` itself on
+        sample_rows: what evaluation will compute, never a list kept beside it. The preflight checks the config's
+        metric against them before the model loads."""
+        id2label = data.space.id2label if data.space is not None else {}
+        return sorted(self.metrics(self.sample_rows(data), data, id2label))
+
+    def sample_rows(self, data: EncodedData) -> list[Any]:
+        """A few rows shaped as eval_rows makes them for DATA (their values arbitrary), for metric_names."""
+        raise NotImplementedError
+
     # --- what the loop runs besides the steps (distillation's wrapper, hfport/train/distill.py, fills these) ---
 
     # trainable modules the loss uses beside the model (distillation's projection): optimised, clipped, synchronised

@@ -160,6 +160,14 @@ class SequenceClassification(TrainTask):
         labels = batch["labels"].cpu().numpy()
         return [(logits[k], labels[k]) for k in range(len(items))]
 
+    def sample_rows(self, data: EncodedData) -> list[Any]:
+        n = len(data.space.id2label)
+        if data.space.problem_type == "regression":
+            return [(np.array([float(k)]), float(k)) for k in range(2)]  # (1,) logits, a value
+        if data.space.problem_type == "multi_label_classification":
+            return [(np.eye(n)[k], np.eye(n)[k]) for k in range(n)]  # (n,) logits, multi-hot labels
+        return [(np.eye(n)[k], k) for k in range(n)]  # (n,) logits, a label id
+
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
         predictions, labels = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
         if data.space.problem_type == "regression":

@@ -462,6 +462,11 @@ class SentenceEmbedding(TrainTask):
         return [(x.meta["ids"], embeddings[index[b, :len(x.meta["ids"])]], x.target, x.source)
                 for b, x in enumerate(items)]
 
+    def sample_rows(self, data: EncodedData) -> list[Any]:
+        width = max([2, *(data.extra.get("matryoshka_dims") or ())])  # every matryoshka dimension can be cut off
+        near, far = np.eye(2, width)[[0, 0]], np.eye(2, width)  # (2, C): an anchor and its positive
+        return [((0, 2), near, 1.0, ("sample", 1)), ((1, 3), far, 0.0, ("sample", 2))]
+
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
         """The full embeddings' metrics, and with matryoshka_dims each dimension's as dim_<n>_<metric>."""
         out = self.metrics_at(rows, data, None)

@@ -222,6 +222,9 @@ class Reranking(TrainTask):
         return [(logits[groups == b], np.asarray(x.target), f"{x.source[0]}:{x.source[1]}")
                 for b, x in enumerate(items)]
 
+    def sample_rows(self, data: EncodedData) -> list[Any]:
+        return [(np.array([1.0, 0.0]), np.array([1.0, 0.0]), "sample:1")]  # a query's (N,) scores, (N,) gains
+
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
         return metrics.ranking_metrics([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
 

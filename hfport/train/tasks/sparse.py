@@ -135,6 +135,10 @@ class SparseEmbedding(SentenceEmbedding):
             out.append((x.meta["ids"], texts, x.target, x.source))
         return out
 
+    def sample_rows(self, data: EncodedData) -> list[Any]:
+        one = (np.array([0]), np.array([1.0]), 2)  # a text's nonzeros (indices, values) and the vector's width
+        return [((0, 1), [one, one], 0.0, ("sample", 1))]
+
     def metrics(self, rows: list[Any], data: EncodedData, id2label: dict[int, str]) -> dict[str, float]:
         """Retrieval by dot product over the eval file (embedding.retrieval_sets), and the average nonzeros."""
         query_parts, corpus_parts, relevant, names = retrieval_sets(rows)
