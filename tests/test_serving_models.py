@@ -213,3 +213,16 @@ def test_once_the_default_is_deleted_health_is_503_and_requests_naming_no_model_
     assert client.post("/models", json={"name": "base", "path": str(root / "models" / "base")}).status_code == 201
     assert client.get("/health").status_code == 200
     assert client.get("/info").json()["model_id"] == "base"
+
+
+def test_a_model_folder_whose_tokenizer_does_not_load_is_refused_at_registration(client, root):
+    """It was registered (201), and every request for it then answered 424: a served model needs its tokenizer. An
+    adapter without tokenizer files still registers (it serves with its base's)."""
+    folder = root / "models" / "no-tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(root / "models" / "base" / name, folder / name)
+    r = client.post("/models", json={"name": "mute", "path": str(folder)})
+    assert r.status_code == 400 and r.json()["error_type"] == "InvalidModel", r.text
+    assert "its tokenizer does not load" in r.json()["error"] and "no tokenizer.json" in r.json()["error"], r.text
+    assert client.get("/models/mute").status_code == 404

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from fastapi import APIRouter, status
 
+from hfport import AutoTokenizer
+from hfport.errors import HfportError
 from hfport.lora import check_adapter_base, is_adapter_folder, read_adapter_config
 from hfport.pipelines import graph_backend
 
@@ -37,6 +39,12 @@ def register(body: ModelRegistration, store: StoreDep, settings: SettingsDep) ->
         raise ApiError(400, f"path: {body.path!r} is not a model folder (no config.json)", "InvalidModel")
     if body.base is not None and not adapter:
         raise ApiError(400, "base: only an adapter folder runs over a base model", "InvalidModel")
+    if not adapter:  # an adapter without tokenizer files serves with its base's
+        try:
+            AutoTokenizer.from_pretrained(folder)  # refused here, not as a 424 on every request that follows
+        except (HfportError, OSError) as e:
+            raise ApiError(400, f"path: {body.path!r}: its tokenizer does not load, and a served model needs it ({e})",
+                           "InvalidModel") from e
     task = body.task or model_task(folder)
     if task is None:
         raise ApiError(400, f"path: {body.path!r}: config.json does not name a supported model", "InvalidModel")
