@@ -148,7 +148,7 @@ def test_pipelines_take_both_spellings(pipes):
     assert emb(LONG, truncate=True, truncation=True) == emb(LONG, truncate=True)  # the same value twice is fine
     with pytest.raises(ValueError, match="spelled two ways"):
         cls("a b", truncate=True, truncation=False)
-    with pytest.raises(ValueError, match="truncate='only_first': use true or false"):
+    with pytest.raises(ValueError, match="truncate='only_first': expected True or False"):
         emb("a b", truncation="only_first")
     with pytest.raises(hfport.pipelines.InputTooLongError, match="pass truncation=True"):
         cls(LONG)
