@@ -655,7 +655,8 @@ def evaluate(
     model: Annotated[str, typer.Argument(help="A model folder, a repo id in the local HF cache, or a fine-tune run "
                                               "folder (its best/).")],
     data: Annotated[str, typer.Option("--data", help="Labelled data in the format fine-tuning reads for the task "
-                                                    "(sentence-embedding: (query, positive) rows).")],
+                                                    "(sentence-embedding: (query, positive) rows: the anchor and "
+                                                    "positive columns, else the file's first two).")],
     task: Annotated[str, typer.Option("--task", "-t", help=tasks.names_help(trainable_only=True) + ".")],
     corpus: Annotated[Optional[str], typer.Option("--corpus", help="sentence-embedding: distractors added to the "
                                                                    "corpus (.txt, one text a line, or a file with a "

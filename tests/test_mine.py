@@ -5,6 +5,7 @@ blocked and faiss searches against a full top-k; the embedding cache; the rows `
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from hfport.errors import HfportError
 from hfport.formats.tables import DataError
 from hfport.retrieval import Encoder, mine_hard_negatives, top_k
 from hfport.retrieval.encode import ROLE_PROMPTS
+from hfport.retrieval.mine import read_pairs
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [json.loads(line) for line in (REPO / "examples" / "data" / "embed_train.jsonl").read_text().splitlines()]
@@ -308,3 +310,21 @@ def test_bad_input_is_named(minilm_path, encoder, tmp_path):
             mine_hard_negatives(ANCHORS, POSITIVES, encoder, progress=False, **options)
     with pytest.raises((DataError, HfportError), match=r"hfport writes \.jsonl"):
         mine_hard_negatives(ANCHORS[:3], POSITIVES[:3], encoder, progress=False).write(tmp_path / "out.csv")
+
+
+def test_pairs_read_by_position_are_said(tmp_path, caplog):
+    """A file without anchor/positive columns is read by position, as sentence-transformers reads it; the columns
+    taken are logged, since a wrong file (text, label) would otherwise rank texts against labels without a word."""
+    data = tmp_path / "topics.csv"
+    data.write_text("text,label\na goal in the last minute,sports\nrain tomorrow,weather\n")
+    with caplog.at_level(logging.WARNING, logger="hfport.retrieval"):
+        anchors, positives, a, p = read_pairs(data)
+    assert (a, p, positives) == ("text", "label", ["sports", "weather"])
+    assert "no 'anchor' or 'positive' column: read (anchor, positive) from its columns 'text', 'label'" in caplog.text
+    caplog.clear()
+    named = tmp_path / "pairs.csv"
+    named.write_text("anchor,positive\nq,a\n")
+    with caplog.at_level(logging.WARNING, logger="hfport.retrieval"):
+        read_pairs(named)
+        read_pairs(data, "text", "label")
+    assert not caplog.text  # named columns, or the usual ones: nothing to say

@@ -411,8 +411,14 @@ def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
             if len(names) < 2:
                 raise DataError(f"{where(source, record.line)}: (anchor, positive) rows need two columns; the row has "
                                 f"{names}")
+            guessed = [role for role, given in (("anchor", anchor_column), ("positive", positive_column))
+                       if given is None and role not in names]
             anchor_column = anchor_column or ("anchor" if "anchor" in names else names[0])
             positive_column = positive_column or ("positive" if "positive" in names else names[1])
+            if guessed:  # by position, as sentence-transformers reads them: said, since a wrong file still "works"
+                log.warning("%s has no %s column: read (anchor, positive) from its columns %r, %r (anchor_column= / "
+                            "positive_column= name others)", data, " or ".join(repr(r) for r in guessed),
+                            anchor_column, positive_column)
         for column, out in ((anchor_column, anchors), (positive_column, positives)):
             value = record.values.get(column)
             if column not in record.values:
