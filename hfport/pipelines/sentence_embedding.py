@@ -60,10 +60,8 @@ class TextEmbeddingPipeline(Pipeline):
     def validate_inputs(self, opts: dict[str, Any]) -> dict[str, Any]:
         """truncate, truncation_direction and prompt_name, checked; opts["_prompt"] and ["_skip"] set for
         preprocess."""
-        if opts["truncate"] is None:
+        if opts["truncate"] is None:  # a non-bool ("only_first", a tokenizer strategy) was refused by check_options
             opts["truncate"] = False
-        if not isinstance(opts["truncate"], bool):  # a tokenizer strategy ("only_first") means nothing here
-            raise ValueError(f"truncate={opts['truncate']!r}: use true or false (truncation= is the same option)")
         direction = str(opts["truncation_direction"]).lower()
         if direction not in DIRECTIONS:
             raise ValueError(f"truncation_direction={opts['truncation_direction']!r}: use 'right' or 'left'")
