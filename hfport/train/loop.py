@@ -78,7 +78,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     # same checks before it queues a job); the folder is made once the trainer is built
     set_seed(config.seed)
     check_output_dir(run, config)  # an earlier run in the way, or a resume with nothing (or another run) to
-    resume_checkpoint(run, config)  # continue: before any load
+    resume = resume_checkpoint(run, config)  # continue: before any load
     checked = preflight(config, world=accelerator.num_processes)
     checked.task.before_training(checked.data, accelerator.device)  # a teacher's outputs (distillation), once
     model, frozen = build_model(config, checked)
@@ -106,7 +106,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     if accelerator.is_main_process:  # every setup check passed: only now is the output folder made
         prepare_output_dir(run, config)
     accelerator.wait_for_everyone()
-    trainer.start()
+    trainer.start(resume)
     with Trackers(accelerator, config, trainer):  # report_to: the config, and every metrics.jsonl line as it comes
         trainer.train(progress=progress)
         summary = trainer.finish(frozen=len(frozen)) if accelerator.is_main_process else {}
@@ -263,12 +263,12 @@ class Trainer:
 
     # --- 3. state, fresh or resumed ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Load `config.resume`'s checkpoint if asked (model, optimizer, scheduler, scaler, tracker, state), open
-        metrics.jsonl (cut back to the checkpoint's step on resume), and restore the RNG states last: nothing may
-        draw after this but training."""
+    def start(self, ckpt: Path | None) -> None:
+        """Load CKPT, the checkpoint `config.resume` continues (resume_checkpoint's, found and checked before
+        anything loaded; None: a fresh run): model, optimizer, scheduler, scaler, tracker, state. Open metrics.jsonl
+        (cut back to the checkpoint's step on resume), and restore the RNG states last: nothing may draw after this
+        but training."""
         saved_rng = None
-        ckpt = resume_checkpoint(self.run, self.config)  # refused ones were refused before anything loaded
         if ckpt is not None:
             self.warn_resume_length(ckpt)
             saved = load_checkpoint(ckpt, self.unwrapped, self.optimizer, self.scheduler, self.scaler)
