@@ -237,8 +237,16 @@ def passes(gate: Gate, verdict: Verdict, min_agreement: float, min_cosine: float
     return ok, tolerance
 
 
+def threshold_problem(name: str, value: Any) -> str | None:
+    """What is wrong with threshold NAME's VALUE (it must be a fraction in (0, 1]), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+        return f"{name} {value!r}: expected a fraction in (0, 1], e.g. 0.99"
+    return None
+
+
 def check_thresholds(min_agreement: float, min_cosine: float) -> None:
     """Both thresholds are fractions in (0, 1]; an ExportError names a bad one."""
     for name, value in (("min_agreement", min_agreement), ("min_cosine", min_cosine)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-            raise ExportError(f"{name} {value!r}: expected a fraction in (0, 1], e.g. 0.99")
+        problem = threshold_problem(name, value)
+        if problem is not None:
+            raise ExportError(problem)

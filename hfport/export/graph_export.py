@@ -34,7 +34,7 @@ from .common import (ExportError, ExportResult, FormatOptions, Source, check_out
                      resolve_source, staged, tokenizer_folder)
 from .folder import load_exportable, raise_unless_passed
 from .graph_verify import GATE_CHECK, GraphVerify, sha256, verify_graphs
-from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, check_thresholds
+from .onnx_agreement import MIN_AGREEMENT, MIN_COSINE, check_thresholds, threshold_problem
 from .probes import GateData, read_gate_data
 
 
@@ -52,8 +52,9 @@ class GateOptions(FormatOptions):
     @classmethod
     def _fraction(cls, value: float, info: ValidationInfo) -> float:
         # here, not only at export time: an HTTP export job's options are checked when it is submitted
-        if not 0.0 < value <= 1.0:
-            raise ValueError(f"{info.field_name} {value!r}: expected a fraction in (0, 1], e.g. 0.99")
+        problem = threshold_problem(info.field_name, value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 
