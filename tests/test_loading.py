@@ -858,3 +858,55 @@ def test_json_written_by_many_writers_at_once_is_always_whole(tmp_path):
         t.join()
     assert not errors, errors[0]
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def _temp_name_writers(tmp_path: Path) -> dict[str, tuple[Path, object]]:
+    """The writers that publish one file by writing it beside itself and renaming it: {name: (the file, write(n))}."""
+    from hfport import hardware
+    from hfport.formats.tables import write_rows
+
+    hfport.settings.use(cache_dir=tmp_path / "cache")  # conftest resets the settings after the test
+    cpu = {"cpu": "cpu", "cores": 1, "torch": "2", "threads": 1, "measured_at": "now"}
+    return {
+        "hub.write_json_atomic": (tmp_path / "state.json",
+                                  lambda n: hub.write_json_atomic(tmp_path / "state.json", {"n": n})),
+        "hardware._write_cache": (tmp_path / "cache" / hardware.CACHE_FILE,
+                                  lambda n: hardware._write_cache(hardware.Capabilities(**cpu, peaks={"n": n}))),
+        "tables.write_rows": (tmp_path / "rows.jsonl",
+                              lambda n: write_rows(tmp_path / "rows.jsonl", ["n"], [{"n": n}])),
+    }
+
+
+@pytest.mark.parametrize("writer", ["hub.write_json_atomic", "hardware._write_cache", "tables.write_rows"])
+def test_a_second_writer_between_a_write_and_its_rename_breaks_neither(writer, tmp_path, monkeypatch, caplog):
+    """A second writer of the same file (another thread: two models measuring the CPU at once, two mine calls onto
+    one file) that writes and renames whole between this one's write and its rename: both land whole, neither fails
+    nor warns, and no temporary file is left (a temporary name of the process's pid let the second take the first's
+    file, whose rename then found it gone). A rename that fails leaves no temporary file either."""
+    target, write = _temp_name_writers(tmp_path)[writer]
+    real_replace, seen = os.replace, []
+
+    def second_writer_first(src, dst, *args, **kwargs):
+        if not seen:
+            seen.append(src)
+            write(202)
+        real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", second_writer_first)
+    with caplog.at_level("WARNING"):
+        write(101)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+    assert "101" in target.read_text() and "202" not in target.read_text()  # the last rename's, whole
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+    def disk_full(src, dst, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    try:
+        write(303)
+    except OSError:
+        pass  # raised by the writers whose caller decides; the CPU cache only logs it (measured again next time)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert [p.name for p in target.parent.iterdir()] == [target.name] and "303" not in target.read_text()

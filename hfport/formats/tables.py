@@ -24,6 +24,7 @@ import glob
 import hashlib
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
@@ -236,7 +237,7 @@ def write_rows(path: str | os.PathLike[str], columns: list[str], rows: list[dict
         writable = ", ".join(s for k in FILE_KINDS if k.write is not None for s in k.suffixes)
         raise DataError(f"{path}: hfport writes {writable}, not {kind.name}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")  # its own: threads of a process write
     try:
         kind.write(staging, columns, rows)
         os.replace(staging, path)
