@@ -455,7 +455,49 @@ def test_head_shape_mismatch(ckpts):
         SEQ.from_pretrained(ckpts["seq"], num_labels=5)
     msg = str(e.value)
     assert str(ckpts["seq"]) in msg and "classifier.weight: checkpoint [3, 32] vs model [5, 32]" in msg
-    assert "classifier.bias" in msg and "ignore_mismatched_sizes=True" in msg
+    assert "classifier.bias" in msg
+    assert "num_labels=5 asks for a head of 5 labels, the checkpoint's has 3 labels: pass " \
+           "ignore_mismatched_sizes=True to start that head fresh (to fine-tune it), or leave the labels out" in msg
+
+
+def test_a_config_that_disagrees_with_its_head_says_what_to_do_on_every_path(minilm_path, tmp_path):
+    """A folder whose config.json names 5 labels over a 3-label head (an edited config, another model's): no caller
+    asked for other labels, so the error says to correct config.json, and that a head of another size is trained:
+    `hfport finetune` starts one fresh (proved below), as from_pretrained does with ignore_mismatched_sizes=True. It
+    tells no path to pass that keyword to itself: predict, evaluate, info, export and serve take no such option (a
+    fresh head would answer at random), nor does pipeline(); the old hint told every one of them to."""
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+    from tests.data import DATA
+
+    folder = tmp_path / "model"
+    tiny.save_with_tokenizer("bert", "sequence-classification", folder, minilm_path, vocab_size=30522)  # 3 labels
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"], config["label2id"] = {str(i): f"T{i}" for i in range(5)}, {f"T{i}": i for i in range(5)}
+    (folder / "config.json").write_text(json.dumps(config))
+    remedy = ("config.json names 5 labels, the checkpoint's head has 3 labels: to load the trained head, correct "
+              "config.json's id2label and label2id to its labels; a head of another size is trained, not loaded: "
+              "`hfport finetune` and hfport.finetune() start one fresh from this folder, as from_pretrained does "
+              "with ignore_mismatched_sizes=True for a training loop of your own")
+    for load in (lambda: hfport.AutoModelForSequenceClassification.from_pretrained(folder),
+                 lambda: hfport.pipeline("text-classification", model=folder)):
+        with pytest.raises(hfport.CheckpointError) as e:
+            load()
+        assert remedy in str(e.value) and "classifier.weight: checkpoint [3, 32] vs model [5, 32]" in str(e.value)
+        assert "pass ignore_mismatched_sizes" not in str(e.value)
+    for command in (["predict", str(folder), "--task", "text-classification", "fine"],
+                    ["evaluate", str(folder), "--task", "text-classification", "--data", str(DATA / "topics_eval.csv")],
+                    ["info", str(folder)], ["export", str(folder), "--out", str(tmp_path / "out")]):
+        run = CliRunner().invoke(app, command)
+        assert run.exit_code == 1 and remedy in " ".join(run.stderr.split()), (command[0], run.output)
+        assert "pass ignore_mismatched_sizes" not in run.output, command[0]
+    run = CliRunner().invoke(app, ["finetune", "--model", str(folder), "--train", str(DATA / "topics_train.csv"),
+                                   "--output-dir", str(tmp_path / "run"), "--max-steps", "1", "--batch-size", "4",
+                                   "--save-strategy", "no", "--set", "eval_fraction=0.1", "-q"])
+    assert run.exit_code == 0, run.output  # what the message promises: a head for the data's labels, fresh
+    trained = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
+    assert len(trained["id2label"]) not in (3, 5)
 
 
 def test_head_shape_mismatch_ignored(ckpts):
