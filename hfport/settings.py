@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 from annotated_types import Ge, Gt, Le, Lt, MinLen
 from pydantic import Field, TypeAdapter, ValidationError, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .errors import SettingsError
 
@@ -36,6 +36,18 @@ GROUPS = ("common", "advanced")
 COMMON = {"group": "common"}
 ADVANCED = {"group": "advanced"}
 VERBOSITY = ("quiet", "normal", "verbose", "debug", "trace")  # hfport/verbosity.py maps them to logging levels
+
+
+class _EnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source, except that a list setting's value that is not JSON
+    (HFPORT_ALLOWED_DIRS=/data) goes on to validation as its text, which refuses it naming the variable, the value and
+    what it accepts, instead of failing here with a message that names none of them."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            return value
 
 
 class EnvSettings(BaseSettings):
@@ -55,6 +67,14 @@ class EnvSettings(BaseSettings):
             super().__init__(**values)
         except ValidationError as e:
             raise SettingsError(explain(type(self), e, values)) from None
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _EnvSource(settings_cls), dotenv_settings, file_secret_settings
 
     @classmethod
     def env_name(cls, name: str) -> str:

@@ -132,6 +132,11 @@ def test_a_bad_library_variable_is_one_error_naming_it(monkeypatch, variable, va
     ("HFPORT_ROLE", "boss", r"HFPORT_ROLE='boss': input should be 'api', 'worker' or 'all' \(accepted: api \| "
                             r"worker \| all\)"),
     ("HFPORT_BATCH_TOKEN_BUDGETS", "[0]", r"HFPORT_BATCH_TOKEN_BUDGETS='\[0\]': input should be greater than 0"),
+    # a list setting's value that is not JSON: refused naming the variable, not in pydantic-settings' own words
+    ("HFPORT_ALLOWED_DIRS", "/data/models", r"HFPORT_ALLOWED_DIRS='/data/models': input should be a valid list "
+                                            r"\(accepted: JSON list of Path\)"),
+    ("HFPORT_BATCH_TOKEN_BUDGETS", "1024,2048", r"HFPORT_BATCH_TOKEN_BUDGETS='1024,2048': input should be a valid "
+                                                r"list \(accepted: JSON list of int\)"),
     ("HFPORT_LEASE_S", "10", r"HFPORT_LEASE_S is no longer a setting: HFPORT_JOB_LEASE_S \(one name for the lease\)"),
     ("HFPORT_JOB_HEARTBEAT_S", "1", r"HFPORT_JOB_HEARTBEAT_S is no longer a setting: derived: HFPORT_JOB_LEASE_S / 15"),
     ("HFPORT_MODEL_CACHE_SIZE", "4", r"HFPORT_MODEL_CACHE_SIZE is no longer a setting: HFPORT_MODEL_CACHE_MB"),
