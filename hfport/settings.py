@@ -55,7 +55,10 @@ class EnvSettings(BaseSettings):
     a group (json_schema_extra=COMMON or ADVANCED), errors as one SettingsError, and `retired`: variables that are
     no longer settings, each with what replaced it (set, they are an error rather than silently ignored)."""
 
-    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", env_ignore_empty=True)
+    # allow_inf_nan: a float setting is finite. inf (or 1e400) passed `gt=0` and broke what reads it away from the
+    # settings: HFPORT_JOB_LEASE_S=inf made every job process refuse its own lease margin (inf is not < inf), and
+    # HFPORT_BATCH_MAX_WAIT_MS=inf left a partial batch waiting until its requests timed out
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", env_ignore_empty=True, allow_inf_nan=False)
     retired: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **values: Any) -> None:

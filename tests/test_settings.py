@@ -137,6 +137,9 @@ def test_a_bad_library_variable_is_one_error_naming_it(monkeypatch, variable, va
                                             r"\(accepted: JSON list of Path\)"),
     ("HFPORT_BATCH_TOKEN_BUDGETS", "1024,2048", r"HFPORT_BATCH_TOKEN_BUDGETS='1024,2048': input should be a valid "
                                                 r"list \(accepted: JSON list of int\)"),
+    # a float setting is finite: inf passed `gt=0`, then every job process refused its lease margin (inf < inf)
+    ("HFPORT_JOB_LEASE_S", "inf", r"HFPORT_JOB_LEASE_S='inf': input should be a finite number \(accepted: float > 0\)"),
+    ("HFPORT_BATCH_MAX_WAIT_MS", "1e400", r"HFPORT_BATCH_MAX_WAIT_MS='1e400': input should be a finite number"),
     ("HFPORT_LEASE_S", "10", r"HFPORT_LEASE_S is no longer a setting: HFPORT_JOB_LEASE_S \(one name for the lease\)"),
     ("HFPORT_JOB_HEARTBEAT_S", "1", r"HFPORT_JOB_HEARTBEAT_S is no longer a setting: derived: HFPORT_JOB_LEASE_S / 15"),
     ("HFPORT_MODEL_CACHE_SIZE", "4", r"HFPORT_MODEL_CACHE_SIZE is no longer a setting: HFPORT_MODEL_CACHE_MB"),
