@@ -99,7 +99,14 @@ class EnvSettings(BaseSettings):
             return TypeAdapter(kind).validate_python(raw)
         except ValidationError as e:
             reason = e.errors()[0]["msg"].removeprefix("Value error, ")
-            raise SettingsError(f"{env}={raw!r}: {reason} (accepted: {type_text(field)})") from None
+            raise SettingsError(f"{shown(field, env, raw)}: {reason} (accepted: {type_text(field)})") from None
+
+
+def shown(field: FieldInfo, name: str, value: Any) -> str:
+    """NAME=VALUE as an error names a setting's value; a secret's (json_schema_extra "secret": the token, a database
+    URL with its password) stays out of errors and logs."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return f"{name} (its value not shown)" if extra.get("secret") else f"{name}={value!r}"
 
 
 def explain(cls: type[EnvSettings], error: ValidationError, given: dict[str, Any]) -> str:
@@ -119,7 +126,8 @@ def explain(cls: type[EnvSettings], error: ValidationError, given: dict[str, Any
             problems.append(f"{name}: " + (f"no longer a setting: {instead}" if instead else
                                            f"not a setting; the settings: {', '.join(cls.model_fields)}"))
             continue
-        where = f"{name}={given[name]!r}" if name in given else f"{env}={os.environ.get(env, e.get('input'))!r}"
+        where = shown(field, name, given[name]) if name in given else shown(field, env,
+                                                                             os.environ.get(env, e.get("input")))
         reason = reason[:1].lower() + reason[1:] if reason.startswith("Input ") else reason  # pydantic's own words
         problems.append(f"{where}: {reason} (accepted: {type_text(field)})")
     return "; ".join(problems)

@@ -150,6 +150,24 @@ def test_a_bad_server_variable_is_one_error_naming_it(tmp_path, monkeypatch, var
         ServerSettings(data_dir=tmp_path)
 
 
+def test_a_database_url_is_a_postgresql_url_and_its_value_stays_out_of_the_error(tmp_path, monkeypatch):
+    """Anything but postgresql:// (or postgres://) was opened as a SQLite file of that name in the working directory;
+    the refusal names the variable but not the value, which may hold the database's password."""
+    monkeypatch.setenv("HFPORT_DATABASE_URL", "jobs:s3cret@db.example.com:5432/jobs")  # the scheme forgotten
+    with pytest.raises(SettingsError, match=r"HFPORT_DATABASE_URL \(its value not shown\): not a PostgreSQL URL \(no "
+                                            r"scheme\): use postgresql://user:password@host:port/dbname") as e:
+        ServerSettings(data_dir=tmp_path)
+    assert "s3cret" not in str(e.value)
+    monkeypatch.delenv("HFPORT_DATABASE_URL")
+    with pytest.raises(SettingsError, match=r"database_url \(its value not shown\): not a PostgreSQL URL \(the "
+                                            r"scheme 'mysql'\)") as e:
+        ServerSettings(data_dir=tmp_path, database_url="mysql://jobs:s3cret@db/jobs")
+    assert "s3cret" not in str(e.value)
+    url = "postgres://jobs@db.example.com/jobs"
+    assert ServerSettings(data_dir=tmp_path, database_url=url).store_target == url
+    assert ServerSettings(data_dir=tmp_path).store_target == str(tmp_path / "hfport.db")
+
+
 def test_a_retired_argument_names_its_replacement(tmp_path):
     with pytest.raises(SettingsError, match=r"job_lease_margin_s: no longer a setting: derived: "
                                             r"HFPORT_JOB_LEASE_S / 5"):
