@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from annotated_types import Ge, Gt, Le, Lt, MinLen
-from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -70,6 +70,15 @@ class EnvSettings(BaseSettings):
             super().__init__(**values)
         except ValidationError as e:
             raise SettingsError(explain(type(self), e, values)) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strip(cls, values: Any) -> Any:
+        """Surrounding whitespace is no part of a value (pydantic already ignored it around a number, not around a
+        word, a path, a bool or a token read from a file with its newline, which then matched no request)."""
+        if isinstance(values, dict):
+            return {k: v.strip() if isinstance(v, str) else v for k, v in values.items()}
+        return values
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

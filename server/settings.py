@@ -169,6 +169,15 @@ class Settings(EnvSettings):
     def _device(cls, v: str) -> str:
         return check_device(v)  # a ValueError names the choices and the CUDA devices this process sees
 
+    @field_validator("api_token", "worker_id")
+    @classmethod
+    def _not_blank(cls, v: str | None) -> str | None:
+        """Set (whitespace is stripped) means a value: a blank token would lock every client out, a blank worker id
+        names no worker."""
+        if v is not None and not v:
+            raise ValueError("blank: set a value, or unset the variable")
+        return v
+
     @field_validator("database_url")
     @classmethod
     def _postgres(cls, v: str | None) -> str | None:

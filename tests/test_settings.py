@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 import hfport.settings
@@ -20,6 +21,7 @@ from hfport.errors import SettingsError
 from hfport.hardware import cache_root
 from hfport.settings import GROUPS
 from hfport.settings import Settings as LibrarySettings
+from server.app import create_app
 from server.settings import Settings as ServerSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -176,6 +178,27 @@ def test_a_retired_argument_names_its_replacement(tmp_path):
         ServerSettings(data_dir=tmp_path, lease_s=5)
     with pytest.raises(SettingsError, match=r"lease_seconds: not a setting; the settings: host, port, "):
         ServerSettings(data_dir=tmp_path, lease_seconds=5)
+
+
+def test_whitespace_around_a_value_is_no_part_of_it(tmp_path, monkeypatch):
+    """A token passed on with its file's newline (a mounted secret, an env file): it was taken whole, and since a
+    Bearer header's value is stripped every request was refused. The same goes for a word setting, a bool and a path;
+    nothing but whitespace is refused where a value must be."""
+    monkeypatch.setenv("HFPORT_API_TOKEN", "s3cret\n")
+    monkeypatch.setenv("HFPORT_ROLE", " api ")
+    monkeypatch.setenv("HFPORT_AUTO_TRUNCATE", "false ")
+    monkeypatch.setenv("HFPORT_HOST", " 127.0.0.1")
+    monkeypatch.setenv("HFPORT_DATA_DIR", f"{tmp_path / 'd'} ")
+    s = ServerSettings()
+    assert (s.api_token, s.role, s.auto_truncate, s.host, s.data_dir) == ("s3cret", "api", False, "127.0.0.1",
+                                                                          tmp_path / "d")
+    with TestClient(create_app(s, run_worker=False)) as client:
+        assert client.get("/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.get("/models", headers={"Authorization": "Bearer wrong"}).status_code == 403
+    monkeypatch.setenv("HFPORT_API_TOKEN", " ")
+    with pytest.raises(SettingsError, match=r"HFPORT_API_TOKEN \(its value not shown\): blank: set a value, or unset "
+                                            r"the variable"):
+        ServerSettings()
 
 
 def test_the_derived_settings_follow_their_source(tmp_path):
