@@ -191,7 +191,14 @@ class Settings(EnvSettings):
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, v: Path) -> Path:
-        return v.expanduser().resolve()
+        """Absolute, and a folder or one that can be made: a file there (or above it) is refused here, not met by the
+        mkdir at start as a traceback."""
+        v = v.expanduser().resolve()
+        nearest = next(p for p in (v, *v.parents) if p.exists())
+        if not nearest.is_dir():
+            below = "" if nearest == v else f" (so {v} cannot be one)"
+            raise ValueError(f"{nearest} is a file, not a folder{below}")
+        return v
 
     @field_validator("allowed_dirs")
     @classmethod

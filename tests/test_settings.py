@@ -213,3 +213,16 @@ def test_serve_refuses_a_bad_variable_in_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert "error: invalid settings: HFPORT_PORT='http': input should be a valid integer" in result.output, \
         result.output
+
+
+def test_serve_refuses_a_data_dir_that_is_a_file_in_one_line(tmp_path, monkeypatch):
+    """It was met by the mkdir at start, a FileExistsError (NotADirectoryError below a file) traceback."""
+    (tmp_path / "notes.txt").write_text("x")
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path / "notes.txt"))
+    result = CliRunner().invoke(app, ["serve"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert (f"error: invalid settings: HFPORT_DATA_DIR='{tmp_path / 'notes.txt'}': {tmp_path / 'notes.txt'} is a "
+            "file, not a folder") in result.output, result.output
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path / "notes.txt" / "data")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"is a file, not a folder (so {tmp_path / 'notes.txt' / 'data'} cannot be one)" in result.output
