@@ -45,8 +45,11 @@ def _root() -> None:
 
 
 def setup_logging(verbose: int = 0, quiet: bool = False, default: str = "normal") -> str:
-    """-q / -v flags, else HFPORT_VERBOSITY, else `default` (hfport/verbosity.py); returns the level's name."""
+    """-q / -v flags, else HFPORT_VERBOSITY, else `default` (hfport/verbosity.py); returns the level's name. The
+    library settings are read first, flags or not: a bad HFPORT_* variable stops the command here, in one line,
+    instead of as a traceback wherever the command first reads them."""
     try:
+        library_settings.settings()
         level = verbosity.resolve(verbose, quiet, default)
     except ValueError as e:
         fail(str(e))

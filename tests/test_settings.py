@@ -126,6 +126,16 @@ def test_a_bad_library_variable_is_one_error_naming_it(monkeypatch, variable, va
         hfport.settings.settings()
 
 
+@pytest.mark.parametrize("flag", ["-q", "-v"])
+def test_a_bad_library_variable_stops_a_command_in_one_line_with_a_verbosity_flag_too(monkeypatch, flag):
+    """A flag decides the verbosity without HFPORT_VERBOSITY, so the settings were first read later, wherever the
+    command needed them: the error escaped as a traceback (and `serve -v` started with them unread)."""
+    monkeypatch.setenv("HFPORT_STORE_MAX_BYTES", "20G")
+    result = CliRunner().invoke(app, ["info", "--hardware", flag])
+    assert result.exit_code == 1 and not isinstance(result.exception, SettingsError), result.exception
+    assert "error: HFPORT_STORE_MAX_BYTES='20G': input should be a valid integer" in result.output, result.output
+
+
 # --- the server's ---------------------------------------------------------------------------------------------------
 
 
