@@ -732,7 +732,7 @@ def serve(
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
-    setup_logging(verbose, quiet, default="verbose")
+    level = setup_logging(verbose, quiet, default="verbose")
     # the service is an application over the library, like this CLI: the library never imports it, so it is
     # imported here, when the command runs (`python -m server` is the same entry point)
     try:
@@ -745,7 +745,7 @@ def serve(
 
     try:
         run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, models=model or None,
-            quiet=quiet)
+            log_level=verbosity.LEVELS[level])
     except SettingsError as e:  # a bad setting, from a flag or an HFPORT_* variable: named with its value
         fail(f"invalid settings: {e}")
     except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback

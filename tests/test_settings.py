@@ -7,6 +7,7 @@ use()/reset() change and forget what it read; every HFPORT_* name the code and t
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from hfport.errors import SettingsError
 from hfport.hardware import cache_root
 from hfport.settings import GROUPS
 from hfport.settings import Settings as LibrarySettings
+import server.app
 from server.app import create_app
 from server.settings import Settings as ServerSettings
 
@@ -134,6 +136,18 @@ def test_a_bad_library_variable_stops_a_command_in_one_line_with_a_verbosity_fla
     result = CliRunner().invoke(app, ["info", "--hardware", flag])
     assert result.exit_code == 1 and not isinstance(result.exception, SettingsError), result.exception
     assert "error: HFPORT_STORE_MAX_BYTES='20G': input should be a valid integer" in result.output, result.output
+
+
+def test_serve_logs_at_the_verbosity_the_variable_or_a_flag_names(tmp_path, monkeypatch):
+    """uvicorn's level followed -q alone: HFPORT_VERBOSITY=quiet left its info lines on, and -vv (debug) too."""
+    levels = []
+    monkeypatch.setattr(server.app, "serve", lambda settings, log_level: levels.append(log_level))
+    for variable, flags in (("quiet", []), ("", ["-q"]), ("quiet", ["-v"]), ("", []), ("debug", []), ("", ["-vv"])):
+        monkeypatch.setenv("HFPORT_VERBOSITY", variable)
+        hfport.settings.reset()
+        result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path), *flags])
+        assert result.exit_code == 0, result.output
+    assert levels == [logging.ERROR, logging.ERROR, logging.INFO, logging.INFO, logging.DEBUG, logging.DEBUG]
 
 
 # --- the server's ---------------------------------------------------------------------------------------------------
