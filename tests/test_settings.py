@@ -88,6 +88,16 @@ def test_every_hfport_variable_mentioned_is_a_setting():
     assert not stray, "\n".join(sorted(stray))
 
 
+def test_nothing_reads_an_hfport_variable_but_the_settings_classes():
+    """CONTRIBUTING: a setting is a field, never an os.environ read elsewhere (where it would skip the validation, the
+    docs and `serve --help`). Writing one into a child's environment is fine."""
+    read = re.compile(r"""(environ\.get|getenv)\(\s*["']HFPORT_|environ\[\s*["']HFPORT_[A-Z_]*["']\s*\](?!\s*=[^=])""")
+    files = [*REPO.glob("hfport/**/*.py"), *REPO.glob("server/**/*.py"), *REPO.glob("scripts/*.py")]
+    readers = [f"{path.relative_to(REPO)}:{n}: {line.strip()}" for path in files
+               for n, line in enumerate(path.read_text().splitlines(), 1) if read.search(line)]
+    assert not readers, "\n".join(readers)
+
+
 # --- the library: read once, changed and forgotten cleanly --------------------------------------------------------
 
 
