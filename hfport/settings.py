@@ -100,7 +100,7 @@ class EnvSettings(BaseSettings):
         store). A value the field does not accept is a SettingsError naming the variable."""
         field = cls.model_fields[name]
         env = cls.env_name(name)
-        raw = os.environ.get(env) or None
+        raw = (os.environ.get(env) or "").strip() or None  # as the class reads it: no surrounding whitespace
         if raw is None:
             return field.get_default(call_default_factory=True)
         try:

@@ -226,6 +226,7 @@ def test_whitespace_around_a_value_is_no_part_of_it(tmp_path, monkeypatch):
     s = ServerSettings()
     assert (s.api_token, s.role, s.auto_truncate, s.host, s.data_dir) == ("s3cret", "api", False, "127.0.0.1",
                                                                           tmp_path / "d")
+    assert ServerSettings.env_value("api_token") == "s3cret"  # one setting alone (a job process's store) alike
     with TestClient(create_app(s, run_worker=False)) as client:
         assert client.get("/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert client.get("/models", headers={"Authorization": "Bearer wrong"}).status_code == 403
