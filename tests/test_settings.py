@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,10 @@ from hfport.hardware import cache_root
 from hfport.settings import GROUPS
 from hfport.settings import Settings as LibrarySettings
 import server.app
+import server.worker
 from server.app import create_app
 from server.settings import Settings as ServerSettings
+from server.store import open_store
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = (LibrarySettings, ServerSettings)
@@ -234,6 +237,23 @@ def test_whitespace_around_a_value_is_no_part_of_it(tmp_path, monkeypatch):
     with pytest.raises(SettingsError, match=r"HFPORT_API_TOKEN \(its value not shown\): blank: set a value, or unset "
                                             r"the variable"):
         ServerSettings()
+
+
+def test_a_job_process_gets_the_cache_dir_its_server_uses(tmp_path, monkeypatch):
+    """A relative HFPORT_CACHE_DIR named another folder from a job process's working directory (the data dir): the
+    jobs' int8 verdicts and hardware.json were not the server's."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HFPORT_CACHE_DIR", "cache")
+    hfport.settings.reset()
+    started = []
+    monkeypatch.setattr(server.worker.subprocess, "Popen",
+                        lambda cmd, **kw: started.append(kw) or types.SimpleNamespace(pid=2**22))
+    settings = ServerSettings(data_dir=tmp_path / "data")
+    settings.data_dir.mkdir()
+    server.worker.Worker(settings, open_store(settings.store_target))._spawn({"id": "j1", "kind": "finetune",
+                                                                             "attempts": 1})
+    assert started[0]["cwd"] == str(tmp_path / "data")
+    assert started[0]["env"]["HFPORT_CACHE_DIR"] == str(tmp_path / "cache")
 
 
 def test_the_derived_settings_follow_their_source(tmp_path):
