@@ -239,6 +239,14 @@ def test_whitespace_around_a_value_is_no_part_of_it(tmp_path, monkeypatch):
         ServerSettings()
 
 
+def test_serve_names_hfport_models_when_a_model_it_names_is_refused(tmp_path, monkeypatch):
+    """The refusal named only --model, which a server started with HFPORT_MODELS was not given."""
+    monkeypatch.setenv("HFPORT_MODELS", str(tmp_path / "nope"))
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"error: --model / HFPORT_MODELS '{tmp_path / 'nope'}': not a folder" in result.output, result.output
+
+
 def test_a_job_process_gets_the_cache_dir_its_server_uses(tmp_path, monkeypatch):
     """A relative HFPORT_CACHE_DIR named another folder from a job process's working directory (the data dir): the
     jobs' int8 verdicts and hardware.json were not the server's."""
