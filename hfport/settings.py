@@ -245,12 +245,15 @@ class Settings(EnvSettings):
         default_factory=_default_cache_dir, json_schema_extra={**COMMON, "shown_default":
                                                                 "$XDG_CACHE_HOME/hfport, else ~/.cache/hfport"},
         description="hfport's cache: hardware.json (the measured CPU capabilities), int8/ (the int8 gate's "
-                    "verdicts, reused by a later dtype=\"int8\" load of the same model), embeddings/ (hfport mine, "
-                    "evaluate), encoded/ (large training sources, encoded) and spill/ (a ranking source's groups)")
+                    "verdicts, reused by a later dtype=\"int8\" load of the same model), int8-paths/ (dtype="
+                    "\"auto-int8\"'s graph exports and its choice among them), embeddings/ (hfport mine, evaluate), "
+                    "encoded/ (large training sources, encoded), teacher/ (a distillation teacher's outputs) and "
+                    "spill/ (a ranking source's groups)")
     store_max_bytes: int = Field(
         20 * 2**30, ge=0, json_schema_extra=ADVANCED, description=(
-            "the cap of the encoded-examples stores under cache_dir/encoded/: after a store is written, the least "
-            "recently used others are evicted while they hold more (never one a process has open); 0: no cap"))
+            "the cap, each, of the stores under cache_dir/encoded/ (encoded examples) and of those under "
+            "cache_dir/teacher/ (a teacher's outputs): after a store is written, the least recently used others "
+            "there are evicted while they hold more (never one a process has open); 0: no cap"))
 
     retired: ClassVar[dict[str, str]] = {
         "HFPORT_STREAM_BYTES": "fixed: a source of 256 MiB or more is encoded to disk (hfport/train/stored.py "

@@ -19,10 +19,14 @@ from typer.testing import CliRunner
 import hfport.settings
 from hfport import verbosity
 from hfport.cli import app
+from hfport import int8_verdicts
 from hfport.errors import SettingsError
-from hfport.hardware import cache_root
+from hfport.export import int8_choice
+from hfport.hardware import CACHE_FILE, cache_root
 from hfport.settings import GROUPS
 from hfport.settings import Settings as LibrarySettings
+from hfport.train.distill import TEACHER_DIR
+from hfport.train.grouped import SPILL_DIR
 import server.app
 import server.worker
 from server.app import create_app
@@ -99,6 +103,17 @@ def test_nothing_reads_an_hfport_variable_but_the_settings_classes():
     readers = [f"{path.relative_to(REPO)}:{n}: {line.strip()}" for path in files
                for n, line in enumerate(path.read_text().splitlines(), 1) if read.search(line)]
     assert not readers, "\n".join(readers)
+
+
+def test_the_cache_settings_name_every_folder_the_library_keeps_in_the_cache():
+    """teacher/ (a distillation's teacher outputs, capped by store_max_bytes like encoded/) and int8-paths/ were kept
+    there unsaid."""
+    cache = LibrarySettings.model_fields["cache_dir"].description
+    kept = [CACHE_FILE, f"{int8_verdicts.FOLDER}/", f"{int8_choice.FOLDER}/", "embeddings/", "encoded/",
+            f"{TEACHER_DIR}/", f"{SPILL_DIR}/"]
+    assert [name for name in kept if name not in cache] == [], cache
+    capped = LibrarySettings.model_fields["store_max_bytes"].description
+    assert "cache_dir/encoded/" in capped and f"cache_dir/{TEACHER_DIR}/" in capped, capped
 
 
 # --- the library: read once, changed and forgotten cleanly --------------------------------------------------------
