@@ -16,6 +16,7 @@ defaults). docs/settings.md lists them all, generated from these classes (`pytho
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import threading
@@ -116,6 +117,18 @@ def shown(field: FieldInfo, name: str, value: Any) -> str:
     URL with its password) stays out of errors and logs."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     return f"{name} (its value not shown)" if extra.get("secret") else f"{name}={value!r}"
+
+
+def unknown_variables(*classes: type[EnvSettings]) -> list[str]:
+    """The HFPORT_* variables of this environment that none of CLASSES reads or retires, each with the closest
+    setting's variable: a misspelt name is otherwise ignored unseen, its setting left at its default. Only a process
+    that knows every class can tell (the server's start: a library-only process does not know the server's)."""
+    known = sorted({c.env_name(n) for c in classes for n in c.model_fields} | {r for c in classes for r in c.retired})
+    problems = []
+    for name in sorted(k for k in os.environ if k.startswith(PREFIX) and k not in known):
+        close = difflib.get_close_matches(name, known, n=1)
+        problems.append(f"{name} is not a setting" + (f" (did you mean {close[0]}?)" if close else ""))
+    return problems
 
 
 def explain(cls: type[EnvSettings], error: ValidationError, given: dict[str, Any]) -> str:

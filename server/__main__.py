@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import hfport.settings as library_settings
 from hfport import verbosity
+
+log = logging.getLogger("hfport.server")
 
 
 def serve(*, log_level: int = logging.INFO, **overrides: Any) -> None:
@@ -16,6 +19,8 @@ def serve(*, log_level: int = logging.INFO, **overrides: Any) -> None:
     from .settings import Settings
 
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    for problem in library_settings.unknown_variables(Settings, library_settings.Settings):
+        log.warning("%s: ignored (docs/settings.md lists the settings)", problem)
     run_service(settings, log_level=log_level)
 
 

@@ -254,6 +254,18 @@ def test_whitespace_around_a_value_is_no_part_of_it(tmp_path, monkeypatch):
         ServerSettings()
 
 
+def test_serve_warns_of_a_variable_that_is_no_setting(tmp_path, monkeypatch):
+    """A misspelt variable was ignored unseen, its setting left at the default."""
+    monkeypatch.setattr(server.app, "serve", lambda settings, log_level: None)
+    monkeypatch.setenv("HFPORT_MAX_CONCURENT_JOBS", "4")
+    monkeypatch.setenv("HFPORT_STORE_MAX_BYTE", "0")  # the library's, misspelt: the server knows those too
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert ("HFPORT_MAX_CONCURENT_JOBS is not a setting (did you mean HFPORT_MAX_CONCURRENT_JOBS?): ignored "
+            "(docs/settings.md lists the settings)") in result.output, result.output
+    assert "HFPORT_STORE_MAX_BYTE is not a setting (did you mean HFPORT_STORE_MAX_BYTES?)" in result.output
+
+
 def test_serve_names_hfport_models_when_a_model_it_names_is_refused(tmp_path, monkeypatch):
     """The refusal named only --model, which a server started with HFPORT_MODELS was not given."""
     monkeypatch.setenv("HFPORT_MODELS", str(tmp_path / "nope"))
