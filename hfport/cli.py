@@ -45,8 +45,11 @@ def _root() -> None:
 
 
 def setup_logging(verbose: int = 0, quiet: bool = False, default: str = "normal") -> str:
-    """-q / -v flags, else HFPORT_VERBOSITY, else `default` (hfport/verbosity.py); returns the level's name."""
+    """-q / -v flags, else HFPORT_VERBOSITY, else `default` (hfport/verbosity.py); returns the level's name. The
+    library settings are read first, flags or not: a bad HFPORT_* variable stops the command here, in one line,
+    instead of as a traceback wherever the command first reads them."""
     try:
+        library_settings.settings()
         level = verbosity.resolve(verbose, quiet, default)
     except ValueError as e:
         fail(str(e))
@@ -721,7 +724,7 @@ def serve(
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
-    setup_logging(verbose, quiet, default="verbose")
+    level = setup_logging(verbose, quiet, default="verbose")
     # the service is an application over the library, like this CLI: the library never imports it, so it is
     # imported here, when the command runs (`python -m server` is the same entry point)
     try:
@@ -734,7 +737,7 @@ def serve(
 
     try:
         run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, models=model or None,
-            quiet=quiet)
+            log_level=verbosity.LEVELS[level])
     except SettingsError as e:  # a bad setting, from a flag or an HFPORT_* variable: named with its value
         fail(f"invalid settings: {e}")
     except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback
