@@ -350,12 +350,20 @@ class PreTrainedEncoder(nn.Module):
             log.warning("%s: initialised fresh, train before use: %s", checkpoint.folder, ", ".join(missing))
         return report
 
+    def tied_weights(self) -> dict[str, Tensor | None]:
+        """hfport names the checkpoint may carry (transformers holds them as tensors of their own) that this model
+        shares with another weight instead, with that weight: a tied MLM decoder's (fill-mask's head, the pre-training
+        heads' `mlm`) are the word embeddings and the head's bias (older files repeat it under the decoder's name)."""
+        tied: dict[str, Tensor | None] = {}
+        for name, module in self.named_modules():
+            if isinstance(module, MaskedLMHead) and module.decoder is None:
+                tied[f"{name}.decoder.weight"] = self.body.word_embeddings.weight
+                tied[f"{name}.decoder.bias"] = module.bias
+        return tied
+
     def tied_names(self) -> set[str]:
         """hfport names the checkpoint may carry that this model shares with another weight instead."""
-        head = self.head
-        if isinstance(head, MaskedLMHead) and head.decoder is None:
-            return {"head.decoder.weight", "head.decoder.bias"}  # older files repeat the bias under this name
-        return set()
+        return set(self.tied_weights())
 
     # --- saving -------------------------------------------------------------------------------------------
 
