@@ -484,7 +484,7 @@ def task_of(family: Family, architectures: list[str]) -> str:
     for arch in architectures:
         if arch in by_class:
             return by_class[arch]
-    for arch in architectures:  # e.g. BertForPreTraining: the body is what hfport can use
+    for arch in architectures:  # e.g. RobertaForCausalLM: the body is what hfport can use
         if not isinstance(arch, str):
             raise ConfigError(f"architectures entry {arch!r} is not a string")
     return BASE_TASK
