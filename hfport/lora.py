@@ -47,7 +47,6 @@ from . import hub, modeling
 from .formats.adapter import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, IN_MEMORY_NAMES, PEFT_PREFIX, SUPPORTED_VALUES,
                               in_memory_lora, is_adapter_folder, select_in_memory, selects, suffix_match,
                               weights_path)
-from .heads import MaskedLMHead
 from .modeling import BASE_TASK, LoadReport, PreTrainedEncoder, on_meta
 from .nn.lora import (AdapterInfo, AdapterTable, LoraError, LoraLinear, LoraWeights, MixingError, Route, has_lora,
                       install_mixed, lora_modules, merged, wrap)
@@ -173,9 +172,7 @@ def apply_lora(model: PreTrainedEncoder, r: int = 8, alpha: float = 16.0, dropou
 
 def _tied_values(model: PreTrainedEncoder) -> dict[str, Tensor]:
     """hfport names transformers keeps as separate (tied) tensors, with the tensors they are tied to."""
-    if isinstance(model.head, MaskedLMHead) and model.head.decoder is None:
-        return {"head.decoder.weight": model.body.word_embeddings.weight, "head.decoder.bias": model.head.bias}
-    return {}
+    return model.tied_weights()  # type: ignore[return-value]
 
 
 def adapter_state_dict(model: PreTrainedEncoder) -> dict[str, Tensor]:

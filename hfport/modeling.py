@@ -377,12 +377,20 @@ class PreTrainedEncoder(nn.Module):
                "`hfport finetune` and hfport.finetune() start one fresh from this folder, as from_pretrained " \
                "does with ignore_mismatched_sizes=True for a training loop of your own"
 
+    def tied_weights(self) -> dict[str, Tensor | None]:
+        """hfport names the checkpoint may carry (transformers holds them as tensors of their own) that this model
+        shares with another weight instead, with that weight: a tied MLM decoder's (fill-mask's head, the pre-training
+        heads' `mlm`) are the word embeddings and the head's bias (older files repeat it under the decoder's name)."""
+        tied: dict[str, Tensor | None] = {}
+        for name, module in self.named_modules():
+            if isinstance(module, MaskedLMHead) and module.decoder is None:
+                tied[f"{name}.decoder.weight"] = self.body.word_embeddings.weight
+                tied[f"{name}.decoder.bias"] = module.bias
+        return tied
+
     def tied_names(self) -> set[str]:
         """hfport names the checkpoint may carry that this model shares with another weight instead."""
-        head = self.head
-        if isinstance(head, MaskedLMHead) and head.decoder is None:
-            return {"head.decoder.weight", "head.decoder.bias"}  # older files repeat the bias under this name
-        return set()
+        return set(self.tied_weights())
 
     # --- saving -------------------------------------------------------------------------------------------
 
@@ -503,7 +511,7 @@ def task_of(family: Family, architectures: list[str]) -> str:
     for arch in architectures:
         if arch in by_class:
             return by_class[arch]
-    for arch in architectures:  # e.g. BertForPreTraining: the body is what hfport can use
+    for arch in architectures:  # e.g. RobertaForCausalLM: the body is what hfport can use
         if not isinstance(arch, str):
             raise ConfigError(f"architectures entry {arch!r} is not a string")
     return BASE_TASK
