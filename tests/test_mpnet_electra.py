@@ -185,6 +185,11 @@ def test_electra_sequence_summary(overrides, tmp_path):
     ("electra", {"summary_activation": "swishy"}, "field 'summary_activation': 'swishy' is not supported"),
     ("electra", {"is_decoder": True}, "field 'is_decoder': true is not supported"),
     ("electra", {"add_cross_attention": True}, "field 'add_cross_attention': true is not supported"),
+    # a *ForCausalLM / BertLMHeadModel checkpoint: refused by every family on BERT's config, not run bidirectionally
+    ("bert", {"is_decoder": True}, "field 'is_decoder': true is not supported"),
+    ("roberta", {"is_decoder": True, "architectures": ["RobertaForCausalLM"]}, "field 'is_decoder'"),
+    ("xlm-roberta", {"add_cross_attention": True}, "field 'add_cross_attention': true is not supported"),
+    ("camembert", {"is_decoder": True}, "field 'is_decoder': true is not supported"),
     ("mpnet", {"relative_attention_num_buckets": "32"}, "field 'relative_attention_num_buckets'"),
 ])
 def test_refused_options_are_named(family, changes, fragment, tmp_path):

@@ -26,6 +26,11 @@ def bert_config(original: dict[str, Any], source: str, *, defaults: dict[str, An
                 **family_fields: Any) -> EncoderConfig:
     """BertConfig's fields and defaults; a family may change defaults and add fields (ALBERT's groups)."""
     raw = {**(defaults or {}), **original}
+    for key in ("is_decoder", "add_cross_attention"):  # a *ForCausalLM / BertLMHeadModel checkpoint's config
+        if raw.get(key):
+            raise ConfigError(f"{source}: field '{key}': true is not supported; hfport runs {raw.get('model_type')} "
+                              "as an encoder (bidirectional attention, no cross-attention): a decoder's checkpoint "
+                              "loaded as one would compute another model")
     position_type = raw.get("position_embedding_type", "absolute")
     if position_type not in ("absolute", None):
         raise ConfigError(f"{source}: field 'position_embedding_type': {position_type!r} is not supported; only "

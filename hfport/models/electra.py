@@ -52,10 +52,6 @@ def _summary(raw: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def electra_config(raw: dict[str, Any], source: str) -> EncoderConfig:
-    for key in ("is_decoder", "add_cross_attention"):
-        if raw.get(key):
-            raise ConfigError(f"{source}: field '{key}': true is not supported; hfport runs ELECTRA as an encoder "
-                              "(bidirectional attention, no cross-attention)")
     config = bert.bert_config(raw, source, defaults=DEFAULTS,
                               embedding_size=require(raw, "embedding_size", source) if "embedding_size" in raw
                               else 128, extra=_summary(raw, source))
