@@ -18,7 +18,7 @@ from hfport.errors import HfportError
 from hfport.formats.tables import DataError
 from hfport.retrieval import Encoder, mine_hard_negatives, top_k
 from hfport.retrieval.encode import ROLE_PROMPTS
-from hfport.retrieval.mine import read_pairs
+from hfport.retrieval.mine import read_corpus, read_pairs
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [json.loads(line) for line in (REPO / "examples" / "data" / "embed_train.jsonl").read_text().splitlines()]
@@ -328,3 +328,21 @@ def test_pairs_read_by_position_are_said(tmp_path, caplog):
         read_pairs(named)
         read_pairs(data, "text", "label")
     assert not caplog.text  # named columns, or the usual ones: nothing to say
+
+
+def test_a_txt_corpus_is_read_past_its_byte_order_mark(tiny_bert, tmp_path):
+    """A .txt corpus saved with a UTF-8 byte-order mark (Notepad, Excel's "Unicode text") is read as every other text
+    file is: the mark is no part of its first text. Left on it, a positive on the first line was a text of its own,
+    which mining took as a negative of the very query it answers. Bad bytes and UTF-16 are named by line."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\ufeff" + "\n".join([POSITIVES[0], *CORPUS[:20]]) + "\n", encoding="utf-8")
+    assert read_corpus(corpus) == [POSITIVES[0], *CORPUS[:20]]
+    mined = hfport.mine(tiny_bert, list(zip(ANCHORS[:5], POSITIVES[:5])), corpus=corpus, num_negatives=25,
+                        cache=False, progress=False)  # every candidate a negative: the marked copy among them
+    assert mined.rows and not [r for r in mined.rows if r["negative"].lstrip("\ufeff") == r["positive"]]
+    corpus.write_bytes(b"one\ntwo\nth\xffree\n")
+    with pytest.raises(DataError, match=r"corpus.txt, line 3: not UTF-8"):
+        read_corpus(corpus)
+    corpus.write_text("one\ntwo\n", encoding="utf-16")
+    with pytest.raises(DataError, match=r"corpus.txt, line 1: UTF-16"):
+        read_corpus(corpus)

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import ItemError
-from ..formats.tables import DataError, Source, where, write_rows
+from ..formats.tables import DataError, Source, decoded_lines, where, write_rows
 from ..pipelines import Pipeline, pipeline
 from ..rundir import RunDir
 from .encode import Encoder
@@ -432,27 +432,26 @@ def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
 
 
 def read_corpus(path: str | os.PathLike[str], column: str = "text") -> list[str]:
-    """A corpus file's texts: a .txt file's non-empty lines, or a data file's `column` (CSV/TSV, JSONL, Parquet,
-    Arrow, a datasets folder)."""
+    """A corpus file's texts: a .txt file's non-empty lines (UTF-8, a byte-order mark read past as for every text
+    file: left on the first text, it would make a positive there a distinct text, free to be mined as a negative), or
+    a data file's `column` (CSV/TSV, JSONL, Parquet, Arrow, a datasets folder)."""
     path = Path(path)
     if path.suffix.lower() == ".txt":
         try:
-            with open(path, encoding="utf-8") as f:
-                return [line.rstrip("\r\n") for line in f if line.strip()]
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from e
+            texts = [line.rstrip("\r\n") for _, line in decoded_lines(path) if line.strip()]
         except OSError as e:
             raise DataError(f"{path}: {e.strerror or e}") from e
-    source = Source(path)
-    texts = []
-    for record in source.records():
-        value = record.values.get(column)
-        if column not in record.values:
-            raise DataError(f"{where(source, record.line, column)}: missing; the row has {sorted(record.values)} (a "
-                            "corpus file is one text a line (.txt) or has a text column)")
-        if not isinstance(value, str) or not value.strip():
-            raise DataError(f"{where(source, record.line, column)}: expected non-empty text, got {value!r}")
-        texts.append(value)
+    else:
+        source = Source(path)
+        texts = []
+        for record in source.records():
+            value = record.values.get(column)
+            if column not in record.values:
+                raise DataError(f"{where(source, record.line, column)}: missing; the row has {sorted(record.values)} "
+                                "(a corpus file is one text a line (.txt) or has a text column)")
+            if not isinstance(value, str) or not value.strip():
+                raise DataError(f"{where(source, record.line, column)}: expected non-empty text, got {value!r}")
+            texts.append(value)
     return texts
 
 
