@@ -346,3 +346,16 @@ def test_a_txt_corpus_is_read_past_its_byte_order_mark(tiny_bert, tmp_path):
     corpus.write_text("one\ntwo\n", encoding="utf-16")
     with pytest.raises(DataError, match=r"corpus.txt, line 1: UTF-16"):
         read_corpus(corpus)
+
+
+@pytest.mark.parametrize("name, content", [("empty.txt", ""), ("blank.txt", "\n  \n\n"), ("empty.jsonl", ""),
+                                           ("header.csv", "text\n")])
+def test_an_empty_corpus_file_is_refused(name, content, tiny_bert, tmp_path):
+    """--corpus naming a file without a text stops, naming it, before anything is embedded: mining (and evaluate)
+    went on with the positives alone, as if no corpus had been given, which a wrong or unfinished file is not."""
+    corpus = tmp_path / name
+    corpus.write_text(content)
+    with pytest.raises(DataError, match=rf"{name}: the corpus file has no texts"):
+        read_corpus(corpus)
+    with pytest.raises(DataError, match=rf"{name}: the corpus file has no texts"):
+        hfport.mine(tiny_bert, list(zip(ANCHORS[:3], POSITIVES[:3])), corpus=corpus, cache=False, progress=False)

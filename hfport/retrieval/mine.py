@@ -434,7 +434,8 @@ def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
 def read_corpus(path: str | os.PathLike[str], column: str = "text") -> list[str]:
     """A corpus file's texts: a .txt file's non-empty lines (UTF-8, a byte-order mark read past as for every text
     file: left on the first text, it would make a positive there a distinct text, free to be mined as a negative), or
-    a data file's `column` (CSV/TSV, JSONL, Parquet, Arrow, a datasets folder)."""
+    a data file's `column` (CSV/TSV, JSONL, Parquet, Arrow, a datasets folder). A file without a text is an error: a
+    corpus named but empty is a mistake (a wrong or unfinished file), not "no distractors" to go on without."""
     path = Path(path)
     if path.suffix.lower() == ".txt":
         try:
@@ -452,6 +453,9 @@ def read_corpus(path: str | os.PathLike[str], column: str = "text") -> list[str]
             if not isinstance(value, str) or not value.strip():
                 raise DataError(f"{where(source, record.line, column)}: expected non-empty text, got {value!r}")
             texts.append(value)
+    if not texts:
+        raise DataError(f"{path}: the corpus file has no texts (a .txt file: one text a line; a data file: a "
+                        f"{column!r} column)")
     return texts
 
 
