@@ -361,6 +361,26 @@ def test_bad_requests_are_named(tiny_bert, tmp_path):
                         progress=False)
 
 
+def test_output_paths_that_cannot_be_written_fail_before_the_evaluation(tiny_bert, tmp_path):
+    """--json or --report naming a folder, or a path under a file, stops first, naming it (here before a model that
+    does not exist is looked for): it failed once the evaluation was done, as a traceback (IsADirectoryError)."""
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    (tmp_path / "file").write_text("x")
+    for key, path, message in (("json_path", tmp_path, r"a folder; name a file to write the figures to"),
+                               ("report_path", tmp_path / "file" / "r.html",
+                                r"r.html: .*file is a file, not a folder to write the report in")):
+        with pytest.raises(HfportError, match=message):
+            hfport.evaluate(tmp_path / "no-such-model", DATA / "embed_eval.jsonl", task="sentence-embedding",
+                            **{key: path})
+    result = CliRunner().invoke(app, ["evaluate", str(tiny_bert), "--data", str(DATA / "embed_eval.jsonl"), "--task",
+                                      "sentence-embedding", "--report", str(tmp_path), "--no-cache", "-q"])
+    assert result.exit_code == 1 and isinstance(result.exception, (SystemExit, type(None))), result.exception
+    assert "a folder; name a file to write the report to" in result.output
+
+
 def test_a_similarity_function_sentence_transformers_does_not_have_is_named(tiny_bert, tmp_path):
     from hfport.formats.sentence_transformers import ST_MODEL_CONFIG, SentenceTransformersError, read_layout
 

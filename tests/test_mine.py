@@ -359,3 +359,27 @@ def test_an_empty_corpus_file_is_refused(name, content, tiny_bert, tmp_path):
         read_corpus(corpus)
     with pytest.raises(DataError, match=rf"{name}: the corpus file has no texts"):
         hfport.mine(tiny_bert, list(zip(ANCHORS[:3], POSITIVES[:3])), corpus=corpus, cache=False, progress=False)
+
+
+def test_an_output_path_that_cannot_be_written_fails_before_the_mining(tiny_bert, tmp_path):
+    """--out naming a folder, a path under a file, or a suffix hfport does not write stops first, naming it (here
+    before a model that does not exist is even looked for): it failed once the mining was done, a folder as a
+    traceback (IsADirectoryError from the final rename) through `hfport mine`."""
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    pairs = list(zip(ANCHORS[:3], POSITIVES[:3]))
+    (tmp_path / "taken.jsonl").mkdir()
+    (tmp_path / "file").write_text("x")
+    for out, message in ((tmp_path / "taken.jsonl", r"taken.jsonl: a folder; name a file to write the mined rows"),
+                         (tmp_path / "file" / "mined.jsonl", r"mined.jsonl: .*file is a file, not a folder"),
+                         (tmp_path / "mined.csv", r"mined.csv: hfport writes \.jsonl")):
+        with pytest.raises(HfportError, match=message):
+            hfport.mine(tmp_path / "no-such-model", pairs, out=out)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in pairs))
+    result = CliRunner().invoke(app, ["mine", "--model", str(tiny_bert), "--data", str(data), "--out",
+                                      str(tmp_path / "taken.jsonl"), "--no-cache", "-q"])
+    assert result.exit_code == 1 and isinstance(result.exception, (SystemExit, type(None))), result.exception
+    assert "taken.jsonl: a folder" in result.output

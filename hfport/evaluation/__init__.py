@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import tasks
+from .. import hub, tasks
 from ..errors import ConfigError
 from ..rundir import RunDir
 from .report import render_report, write_report
@@ -84,6 +84,9 @@ def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, tas
     record = tasks.get(task)
     run = evaluator(record.name).run
     check_options(record.name, options)
+    for path, what in ((json_path, "the figures"), (report_path, "the report")):
+        if path is not None:  # a path that cannot be written fails now, not after the evaluation
+            hub.check_output_file(path, what)
     kwargs: dict[str, Any] = {"corpus": str(corpus) if corpus is not None else None, "dtype": dtype, "device": device,
                               "batch_size": batch_size, "cache": cache, "progress": progress, **options}
     models = [model] if compare is None else [model, compare]

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import ItemError
-from ..formats.tables import DataError, Source, decoded_lines, where, write_rows
+from ..formats.tables import DataError, Source, decoded_lines, where, writable_kind, write_rows
 from ..pipelines import Pipeline, pipeline
 from ..rundir import RunDir
 from .encode import Encoder
@@ -466,6 +466,8 @@ def mine(model: Any, data: str | os.PathLike[str] | Iterable[tuple[str, str]], *
     """`hfport mine`: hard negatives for the (anchor, positive) rows of DATA (a data file, or (anchor, positive)
     tuples) from the positives and an optional CORPUS (a .txt file of one text a line, a data file with a `text`
     column, or a list of texts); written to OUT (.jsonl or .parquet) when given. OPTIONS: mine_hard_negatives'."""
+    if out is not None:
+        writable_kind(out, "the mined rows")  # a path that cannot be written fails now, not after the mining
     if isinstance(data, (str, os.PathLike)):
         anchors, positives, anchor_column, positive_column = read_pairs(data, anchor_column, positive_column)
     else:
