@@ -251,16 +251,22 @@ def check_output_file(path: str | os.PathLike[str], what: str) -> Path:
     return path
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """DATA as JSON at PATH, whole or not at all: written under a temporary name of this writer's own (two processes
+def write_text_atomic(path: Path, text: str) -> None:
+    """TEXT at PATH (UTF-8), whole or not at all: written under a temporary name of this writer's own (two processes
     or threads writing one file each rename a file of theirs; a shared temporary name let one rename the other's,
-    or find it gone) and renamed into place."""
+    or find it gone) and renamed into place, so an interrupted write (Ctrl-C, a full disk) leaves the old file as it
+    was and no half of the new one."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # only where the write or the rename failed
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """DATA as JSON at PATH, whole or not at all (write_text_atomic)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def save_weights(state: dict[str, torch.Tensor], folder: Path, max_shard_size: int | str = "5GB") -> list[str]:

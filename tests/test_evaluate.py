@@ -301,6 +301,25 @@ def test_compare_difference_is_model_minus_baseline():
     assert '<td class="up">+0.1000</td>' in render_report(evaluation)
 
 
+def test_report_and_json_replace_the_old_file_whole(tmp_path):
+    """report.html (and the JSON) is written beside its target and renamed into place, never rewritten in place: a
+    write stopped midway (Ctrl-C, a full disk) leaves the old file whole, not half a page. A hard link to the old file
+    shows it: rewritten in place, the link would read the new page."""
+    import os
+
+    from hfport.evaluation import EvalResult, Evaluation, write_report
+
+    evaluation = Evaluation("sentence-embedding", "eval.jsonl",
+                            [EvalResult("m", "sentence-embedding", 3, {"cosine_ndcg@10": 0.9})])
+    for name, write in (("r.html", lambda p: write_report(evaluation, p)), ("e.json", evaluation.write_json)):
+        path = tmp_path / name
+        path.write_text("old")
+        os.link(path, tmp_path / f"link-{name}")
+        write(path)
+        assert (tmp_path / f"link-{name}").read_text() == "old" and "cosine_ndcg@10" in path.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json", "link-e.json", "link-r.html", "r.html"]
+
+
 def test_json_written_by_many_writers_at_once(tmp_path):
     """Evaluation.write_json from several threads into one file (two evaluations of a model finishing together):
     each writes under a temporary name of its own, so every write succeeds and the file is one whole JSON. With one
