@@ -383,3 +383,23 @@ def test_an_output_path_that_cannot_be_written_fails_before_the_mining(tiny_bert
                                       str(tmp_path / "taken.jsonl"), "--no-cache", "-q"])
     assert result.exit_code == 1 and isinstance(result.exception, (SystemExit, type(None))), result.exception
     assert "taken.jsonl: a folder" in result.output
+
+
+def test_mining_nothing_writes_nothing(tiny_bert, tmp_path):
+    """A mining that finds no row (a corpus smaller than num_negatives for n-tuples, filters that drop every
+    candidate) is an error saying why, and --out is left alone: an empty file, which the fine-tune reading it would
+    only refuse later, was written with exit code 0. The API without `out` returns the empty result, as
+    sentence-transformers returns an empty dataset."""
+    pairs = list(zip(ANCHORS[:4], POSITIVES[:4]))
+    out = tmp_path / "mined.jsonl"
+    out.write_text("kept\n")
+    with pytest.raises(ValueError, match=r"mined.jsonl: nothing written, no row was mined: 4 queries among 6 "
+                                         r"candidate texts .*num_negatives 10.*n-tuple: a row only where all"):
+        hfport.mine(tiny_bert, pairs, corpus=CORPUS[:2], out=out, num_negatives=10, output_format="n-tuple",
+                    cache=False, progress=False)
+    with pytest.raises(ValueError, match=r"no row was mined: .*the filters dropped .* by max_score -2"):
+        hfport.mine(tiny_bert, pairs, corpus=CORPUS[:2], out=out, max_score=-2.0, cache=False, progress=False)
+    assert out.read_text() == "kept\n"
+    empty = hfport.mine(tiny_bert, pairs, corpus=CORPUS[:2], num_negatives=10, output_format="n-tuple", cache=False,
+                        progress=False)
+    assert empty.rows == [] and empty.stats["missing"] == 4

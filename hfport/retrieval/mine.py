@@ -478,5 +478,23 @@ def mine(model: Any, data: str | os.PathLike[str] | Iterable[tuple[str, str]], *
     result = mine_hard_negatives(anchors, positives, model, corpus=texts, anchor_column=anchor_column,
                                  positive_column=positive_column, **options)
     if out is not None:
+        if not result.rows:  # an empty file would only fail later, in the fine-tune that reads it
+            raise ValueError(nothing_mined(result, out))
         result.write(out)
     return result
+
+
+def nothing_mined(result: MineResult, out: str | os.PathLike[str]) -> str:
+    """Why a mining found no row, for the error that writes nothing to OUT."""
+    s = result.stats
+    options = s["options"]
+    why = (f"{s['queries']} queries among {s['corpus']} candidate texts (the corpus and the positives), "
+           f"num_negatives {options['num_negatives']}, range_min {options['range_min']}, range_max "
+           f"{options['range_max']}")
+    if options["output_format"] == "n-tuple":
+        why += " (n-tuple: a row only where all num_negatives are found)"
+    if s["skipped"]:
+        why += "; the filters dropped " + ", ".join(f"{c['skipped']:,} by {name} {options[name]}"
+                                                   for name, c in s["skipped"].items())
+    return (f"{out}: nothing written, no row was mined: {why}. Lower num_negatives or range_min, loosen the "
+            "filters or give a larger corpus")
