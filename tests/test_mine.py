@@ -305,7 +305,9 @@ def test_bad_input_is_named(minilm_path, encoder, tmp_path):
                              ({"range_min": 5, "range_max": 5}, "range_min must be smaller than range_max"),
                              ({"num_negatives": 4, "range_max": 3}, "cannot mine 4 negatives per query"),
                              ({"sampling_strategy": "best"}, r"sampling_strategy 'best': use one of \['top', "),
-                             ({"output_format": "pairs"}, r"output_format 'pairs': use one of \['triplet'")):
+                             ({"output_format": "pairs"}, r"output_format 'pairs': use one of \['triplet'"),
+                             ({"min_score": 0.9, "max_score": 0.1}, "min_score 0.9 is above max_score 0.1: every "
+                                                                    "candidate would be dropped")):
         with pytest.raises(ValueError, match=message):
             mine_hard_negatives(ANCHORS, POSITIVES, encoder, progress=False, **options)
     with pytest.raises((DataError, HfportError), match=r"hfport writes \.jsonl"):

@@ -293,6 +293,8 @@ def mine_hard_negatives(anchors: Sequence[str], positives: Sequence[str], model:
         log.warning('include_positives: output_format is set to "n-tuple" so that the ranking order is kept')
         output_format = "n-tuple"
     bounds = (absolute_margin, relative_margin, max_score, min_score)
+    if min_score is not None and max_score is not None and min_score > max_score:
+        raise ValueError(f"min_score {min_score} is above max_score {max_score}: every candidate would be dropped")
     if reranker is not None and all(v is None for v in bounds):
         raise ValueError("a reranker rescores the candidates for the score filters (max_score, min_score, "
                          "absolute_margin, relative_margin); give one of them (sentence-transformers would ignore the "
