@@ -405,3 +405,25 @@ def test_mining_nothing_writes_nothing(tiny_bert, tmp_path):
     empty = hfport.mine(tiny_bert, pairs, corpus=CORPUS[:2], num_negatives=10, output_format="n-tuple", cache=False,
                         progress=False)
     assert empty.rows == [] and empty.stats["missing"] == 4
+
+
+def test_pairs_labelled_not_relevant_are_refused(tiny_bert, tmp_path):
+    """Rows with a `label` saying the pair is not relevant (`hfport mine --output-format labeled-pair`'s negatives,
+    a qrels judgement of 0), read as (anchor, positive) pairs by mine or evaluate: each such text became a positive (a
+    relevant document, with no word), so the file, line and field are named. Relevant rows and labels that are no
+    number (a class name) pass."""
+    labeled = tmp_path / "labeled.jsonl"
+    hfport.mine(tiny_bert, list(zip(ANCHORS[:4], POSITIVES[:4])), corpus=CORPUS[:20], out=labeled,
+                output_format="labeled-pair", num_negatives=1, cache=False, progress=False)
+    message = r"labeled.jsonl, line 2, field 'label': 0 marks a pair that is not relevant"
+    with pytest.raises(DataError, match=message):
+        read_pairs(labeled)
+    with pytest.raises(DataError, match=message):
+        hfport.evaluate(tiny_bert, labeled, task="sentence-embedding", cache=False, progress=False)
+    qrels = tmp_path / "qrels.csv"
+    qrels.write_text("anchor,positive,label\nq,a,1\nq,b,0\n")
+    with pytest.raises(DataError, match=r"qrels.csv, line 3, field 'label': '0' marks a pair that is not relevant"):
+        read_pairs(qrels)
+    fine = tmp_path / "fine.csv"
+    fine.write_text("anchor,positive,label\nq,a,1\nr,b,sports\n")
+    assert read_pairs(fine)[:2] == (["q", "r"], ["a", "b"])

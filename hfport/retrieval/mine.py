@@ -398,6 +398,24 @@ def _format(output_format: str, output_scores: bool, anchor_column: str, positiv
 
 # --- reading pairs and corpora from files -------------------------------------------------------------------------
 
+LABEL_COLUMN = "label"  # labeled-pair's: 1 beside a query's positive, 0 beside each mined negative
+
+
+def check_relevant(source: Source | Path | str, record: Any) -> None:
+    """A row read as an (anchor, positive) pair whose `label` says the pair is not relevant (a number <= 0: a mined
+    negative of a labeled-pair file, a qrels judgement of 0) is an error: read as a pair, its text would count as a
+    positive (a relevant document in evaluate, a positive in mining and in an embedding fine-tune)."""
+    value = record.values.get(LABEL_COLUMN)
+    try:
+        irrelevant = value is not None and float(value) <= 0  # CSV's "0" too
+    except (TypeError, ValueError):  # a label that is no number (a class name) says nothing about relevance
+        return
+    if irrelevant:
+        raise DataError(f"{where(source, record.line, LABEL_COLUMN)}: {value!r} marks a pair that is not relevant "
+                        "(as `hfport mine --output-format labeled-pair` labels its negatives), but every row is read "
+                        "as an (anchor, positive) pair, its text a positive; keep only the relevant rows, or read the "
+                        "file as text-ranking data (query_column=anchor, text_column=positive)")
+
 
 def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
                positive_column: str | None = None) -> tuple[list[str], list[str], str, str]:
@@ -428,6 +446,7 @@ def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
             if not isinstance(value, str) or not value.strip():
                 raise DataError(f"{where(source, record.line, column)}: expected non-empty text, got {value!r}")
             out.append(value)
+        check_relevant(source, record)
     if not anchors:
         raise DataError(f"{source}: the file has no (anchor, positive) rows")
     return anchors, positives, anchor_column, positive_column  # type: ignore[return-value]
