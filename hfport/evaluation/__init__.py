@@ -7,8 +7,8 @@ functions fine-tuning's evaluation uses (hfport/train/metrics/), so the numbers 
     question-answering    SQuAD's exact_match and f1
     text-ranking          each query's candidates reranked: InformationRetrievalEvaluator's accuracy@k, precision@k,
                           recall@k (k = 1, 3, 5, 10), ndcg@10, mrr@10, map@100; recall@k curves
-    sentence-embedding    (query, positive) rows as an InformationRetrievalEvaluator benchmark: every positive joins
-                          the corpus, `corpus=` adds distractors; cosine_ndcg@10, ... as sentence-transformers names
+    sentence-embedding    (query, positive) rows as an InformationRetrievalEvaluator benchmark: every positive (and
+                          a triplet file's negatives) joins the corpus, `corpus=` adds distractors; cosine_ndcg@10, ... as sentence-transformers names
                           and computes them (hfport/evaluation/retrieval.py); recall@k curves
     any other task hfport fine-tunes (fill-mask, multiple-choice, sparse-embedding): its fine-tuning evaluation
 (the supervised ones through supervised.py: the task's own reader, batches and evaluation rows, and a `loss`).

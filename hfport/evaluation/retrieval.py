@@ -1,8 +1,9 @@
 """sentence-embedding evaluation as sentence-transformers' InformationRetrievalEvaluator computes it.
 
 The data's (query, positive) rows make the benchmark: the distinct queries are the queries, every distinct positive
-joins the corpus (with a corpus file's texts as distractors), and each query's relevant documents are its positives
-over all its rows. Queries and corpus are embedded as the evaluator embeds them (encode_query / encode_document's
+joins the corpus, and so do the rows' hard negatives (a triplet or n-tuple file's, as fine-tuning reads them, so the
+figures agree with a fine-tune's evaluation of the same file) and a corpus file's texts, as distractors; each query's
+relevant documents are its positives over all its rows. Queries and corpus are embedded as the evaluator embeds them (encode_query / encode_document's
 prompts: hfport/retrieval/encode.py; cached on disk by model and text), each query's top 100 found by exact search
 (hfport/retrieval/search.py) under the model's similarity function (cosine or dot), ties ranked by corpus order, and
 the metrics computed with fine-tuning's ranked_metrics at the evaluator's cutoffs, named as it names them:
@@ -20,13 +21,13 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError
-from ..retrieval import Encoder, read_corpus, read_pairs, top_k
+from ..retrieval import Encoder, read_corpus, read_negatives, read_pairs, top_k
 from ..train.metrics import IR_CUTOFFS, ranked_metrics
 from .result import EvalResult
 from .supervised import CURVE_KS, curves
 
 SIMILARITIES = ("cosine", "dot")
-OPTIONS = ("anchor_column", "positive_column", "corpus_column", "query_prompt_name", "query_prompt",
+OPTIONS = ("anchor_column", "positive_column", "negative_column", "corpus_column", "query_prompt_name", "query_prompt",
            "corpus_prompt_name", "corpus_prompt", "use_faiss")
 
 
@@ -74,8 +75,11 @@ def evaluate_retrieval(model: str | os.PathLike[str] | Encoder, data: str, task:
     if unknown:
         raise ConfigError(f"sentence-embedding evaluation: unknown option(s) {unknown}; valid: {list(OPTIONS)}")
     queries, positives, _, _ = read_pairs(data, options.get("anchor_column"), options.get("positive_column"))
+    # a triplet file's negatives are documents of the corpus, relevant to no query they are not a positive of, as in
+    # the fine-tune's evaluation of the same file
+    negatives = read_negatives(data, options.get("negative_column", "negative"))
     distractors = read_corpus(corpus, options.get("corpus_column", "text")) if corpus is not None else []
-    queries, corpus_texts, relevant = retrieval_benchmark(queries, positives, distractors)
+    queries, corpus_texts, relevant = retrieval_benchmark(queries, positives, [*negatives, *distractors])
     encoder = model if isinstance(model, Encoder) else Encoder(model, device=device, dtype=dtype,
                                                               batch_size=batch_size, cache=cache, progress=progress)
     model = encoder.folder if isinstance(model, Encoder) else model

@@ -31,6 +31,7 @@ relative_margin) is an error here; sentence-transformers accepts it and never us
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -450,6 +451,42 @@ def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
     if not anchors:
         raise DataError(f"{source}: the file has no (anchor, positive) rows")
     return anchors, positives, anchor_column, positive_column  # type: ignore[return-value]
+
+
+def numbered_columns(names: Iterable[str], column: str = "negative") -> list[str]:
+    """COLUMN_1, COLUMN_2, ... of a row with NAMES, up to the first missing number: the negatives of an n-tuple row
+    (`output_format="n-tuple"`), as fine-tuning and evaluate read them back."""
+    names = set(names)
+    return list(itertools.takewhile(names.__contains__, (f"{column}_{i}" for i in itertools.count(1))))
+
+
+def read_negatives(data: str | os.PathLike[str], negative_column: str = "negative") -> list[str]:
+    """The hard negatives of DATA's rows, read as a sentence-embedding fine-tune reads them: a NEGATIVE_COLUMN (a text
+    or a list of texts) or numbered ones (negative_1, ...); the first row says which, and every row then has them.
+    [] for a file of pairs."""
+    source = Source(data)
+    columns: list[str] | None = None
+    negatives: list[str] = []
+    for record in source.records():
+        if columns is None:
+            columns = ([negative_column] if negative_column in record.values
+                       else numbered_columns(record.values, negative_column))
+            if not columns:
+                return []
+        for column in columns:
+            if column not in record.values:
+                raise DataError(f"{where(source, record.line, column)}: missing; the row has {sorted(record.values)} "
+                                "(the first row has it: every row needs its negatives)")
+            value = record.values[column]
+            texts = value if isinstance(value, list) else [value]
+            if not texts:
+                raise DataError(f"{where(source, record.line, column)}: an empty list of negatives")
+            for text in texts:
+                if not isinstance(text, str) or not text.strip():
+                    raise DataError(f"{where(source, record.line, column)}: expected non-empty text (or a list of "
+                                    f"them), got {text!r}")
+            negatives.extend(texts)
+    return negatives
 
 
 def read_corpus(path: str | os.PathLike[str], column: str = "text") -> list[str]:
