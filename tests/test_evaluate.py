@@ -422,6 +422,22 @@ def test_output_paths_that_cannot_be_written_fail_before_the_evaluation(tiny_ber
     assert "a folder; name a file to write the report to" in result.output
 
 
+def test_a_missing_compare_model_fails_before_any_evaluation(tiny_bert, tmp_path, monkeypatch):
+    """`evaluate MODEL --compare BASE` with a BASE that is not there stops before MODEL is evaluated: it failed only
+    once the first evaluation (the whole corpus embedded) was done."""
+    from hfport import evaluation
+    from hfport.errors import ModelNotFoundError
+
+    ran: list[str] = []
+    record = evaluation.EVALUATORS["sentence-embedding"]
+    monkeypatch.setitem(evaluation.EVALUATORS, "sentence-embedding", evaluation.Evaluator(
+        lambda model, *args, **kwargs: ran.append(model), record.options))
+    with pytest.raises(ModelNotFoundError, match="no-such-base"):
+        hfport.evaluate(tiny_bert, DATA / "embed_eval.jsonl", task="sentence-embedding",
+                        compare=tmp_path / "no-such-base")
+    assert ran == []
+
+
 def test_a_similarity_function_sentence_transformers_does_not_have_is_named(tiny_bert, tmp_path):
     from hfport.formats.sentence_transformers import ST_MODEL_CONFIG, SentenceTransformersError, read_layout
 

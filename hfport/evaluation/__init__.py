@@ -89,8 +89,10 @@ def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, tas
             hub.check_output_file(path, what)
     kwargs: dict[str, Any] = {"corpus": str(corpus) if corpus is not None else None, "dtype": dtype, "device": device,
                               "batch_size": batch_size, "cache": cache, "progress": progress, **options}
-    models = [model] if compare is None else [model, compare]
-    results = [run(model_folder(m), str(data), record.name, **kwargs) for m in models]
+    folders = [model_folder(m) for m in ([model] if compare is None else [model, compare])]
+    for folder in folders:  # a --compare model that is not there fails now, not after the first model's evaluation
+        hub.resolve(folder)
+    results = [run(folder, str(data), record.name, **kwargs) for folder in folders]
     evaluation = Evaluation(record.name, str(data), results, str(corpus) if corpus is not None else None)
     if json_path is not None:
         evaluation.write_json(json_path)
