@@ -98,6 +98,24 @@ def test_a_triplet_files_negatives_join_the_corpus(tiny_bert, tmp_path):
         hfport.evaluate(tiny_bert, bad, task="sentence-embedding", cache=False, progress=False)
 
 
+def test_scored_pairs_are_evaluated_by_correlation(tiny_bert, tmp_path):
+    """(sentence1, sentence2, score) rows, what a fine-tune trains with CoSENT: `hfport evaluate` gives the fine-tune's
+    own figures on them (spearman, pearson, the loss). They were read by position as (query, positive) rows, a pair
+    scored 0 (not alike at all) counted relevant, and ranking metrics came out. Options only for (query, positive)
+    rows, and the score columns for a file of pairs, are refused rather than ignored."""
+    rows = [{"sentence1": r["anchor"], "sentence2": text, "score": score} for r in EMBED[:12]
+            for text, score in ((r["positive"], 0.9), (r["negative"], 0.1))]
+    data = write_jsonl(tmp_path / "scored.jsonl", rows)
+    run = evaluate_supervised(tiny_bert, str(data), "sentence-embedding", batch_size=8, progress=False).metrics
+    ours = hfport.evaluate(tiny_bert, data, task="sentence-embedding", batch_size=8, progress=False).metrics
+    assert set(ours) == {"loss", "spearman", "pearson"} and ours == pytest.approx(run, abs=1e-6)
+    with pytest.raises(HfportError, match=r"scored.jsonl: scored pairs .*\['query_prompt'\] is for \(query, "):
+        hfport.evaluate(tiny_bert, data, task="sentence-embedding", query_prompt="q: ", progress=False)
+    with pytest.raises(HfportError, match=r"\['score_column'\]: for scored pairs"):
+        hfport.evaluate(tiny_bert, DATA / "embed_eval.jsonl", task="sentence-embedding", score_column="s",
+                        progress=False)
+
+
 def test_reranking_equals_information_retrieval_evaluator_on_cross_encoder_scores(tiny_bert, minilm_path,
                                                                                     tmp_path):
     """text-ranking: each query's candidates reranked by the model; the figures equal the evaluator's metrics on

@@ -8,8 +8,9 @@ functions fine-tuning's evaluation uses (hfport/train/metrics/), so the numbers 
     text-ranking          each query's candidates reranked: InformationRetrievalEvaluator's accuracy@k, precision@k,
                           recall@k (k = 1, 3, 5, 10), ndcg@10, mrr@10, map@100; recall@k curves
     sentence-embedding    (query, positive) rows as an InformationRetrievalEvaluator benchmark: every positive (and
-                          a triplet file's negatives) joins the corpus, `corpus=` adds distractors; cosine_ndcg@10, ... as sentence-transformers names
-                          and computes them (hfport/evaluation/retrieval.py); recall@k curves
+                          a triplet file's negatives) joins the corpus, `corpus=` adds distractors; cosine_ndcg@10,
+                          ... as sentence-transformers names and computes them (hfport/evaluation/retrieval.py);
+                          recall@k curves. Scored pairs (sentence1, sentence2, score): fine-tuning's spearman, pearson
     any other task hfport fine-tunes (fill-mask, multiple-choice, sparse-embedding): its fine-tuning evaluation
 (the supervised ones through supervised.py: the task's own reader, batches and evaluation rows, and a `loss`).
 `compare=` evaluates a second model on the same data, side by side (before and after a fine-tune); `json_path=`
