@@ -330,6 +330,12 @@ def test_pairs_read_by_position_are_said(tmp_path, caplog):
         read_pairs(named)
         read_pairs(data, "text", "label")
     assert not caplog.text  # named columns, or the usual ones: nothing to say
+    scored = tmp_path / "sts.csv"  # scored pairs: by position, the pair scored 0 would be mined as (anchor, positive)
+    scored.write_text("sentence1,sentence2,score\na cat sits,a cat is sitting,0.9\na dog runs,stock prices fell,0\n")
+    with pytest.raises(DataError, match=r"sts.csv, line 2: the row has a 'score' column \(\['sentence1', 'sentence2', "
+                                        r"'score'\]\): scored pairs"):
+        read_pairs(scored)
+    assert read_pairs(scored, "sentence1", "sentence2")[1] == ["a cat is sitting", "stock prices fell"]  # as named
 
 
 def test_a_txt_corpus_is_read_past_its_byte_order_mark(tiny_bert, tmp_path):

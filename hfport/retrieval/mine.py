@@ -400,6 +400,7 @@ def _format(output_format: str, output_scores: bool, anchor_column: str, positiv
 # --- reading pairs and corpora from files -------------------------------------------------------------------------
 
 LABEL_COLUMN = "label"  # labeled-pair's: 1 beside a query's positive, 0 beside each mined negative
+SCORE_COLUMN = "score"  # scored pairs' (sentence1, sentence2, score: CoSENT's data), as fine-tuning names it
 
 
 def check_relevant(source: Source | Path | str, record: Any) -> None:
@@ -434,6 +435,11 @@ def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
                                 f"{names}")
             guessed = [role for role, given in (("anchor", anchor_column), ("positive", positive_column))
                        if given is None and role not in names]
+            if guessed and SCORE_COLUMN in names:  # by position, a low-scored pair would be taken as a positive
+                raise DataError(f"{where(source, record.line)}: the row has a {SCORE_COLUMN!r} column ({names}): scored "
+                                "pairs, whose score says how alike the two texts are, not (anchor, positive) pairs; "
+                                "name the columns (anchor_column= / positive_column=) to read them as pairs all the "
+                                "same")
             anchor_column = anchor_column or ("anchor" if "anchor" in names else names[0])
             positive_column = positive_column or ("positive" if "positive" in names else names[1])
             if guessed:  # by position, as sentence-transformers reads them: said, since a wrong file still "works"
