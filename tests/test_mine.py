@@ -297,6 +297,12 @@ def test_bad_input_is_named(minilm_path, encoder, tmp_path):
         hfport.mine(encoder, bad)
     with pytest.raises(DataError, match=r"line 1, field 'query': missing"):
         hfport.mine(encoder, bad, anchor_column="query")
+    broken = tmp_path / "broken.jsonl"  # a line cut short in the middle of the file (a raw newline in a string)
+    broken.write_text(json.dumps({"anchor": "a", "positive": "b"}) + "\n" + '{"anchor": "c", "positive": "d\n'
+                      + json.dumps({"anchor": "e", "positive": "f"}) + "\n")
+    with pytest.raises(DataError, match=r"^\S*broken.jsonl, line 2: not valid JSON \(Invalid control character at "
+                                        r"column 31\)$"):
+        hfport.mine(encoder, broken)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"body": "x"}) + "\n")
     with pytest.raises(DataError, match=r"corpus.jsonl, line 1, field 'text': missing"):

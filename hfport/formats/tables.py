@@ -78,7 +78,9 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}, line {number}: not valid JSON ({e.msg} at column {e.colno})") from e
+            # json's "Invalid control character at" / "Unterminated string starting at" end where the place goes
+            raise DataError(f"{path}, line {number}: not valid JSON ({e.msg.removesuffix(' at')} at column "
+                            f"{e.colno})") from e
         if not isinstance(obj, dict):
             raise DataError(f"{path}, line {number}: expected a JSON object, got {type(obj).__name__}")
         yield number, obj
