@@ -305,7 +305,8 @@ def test_bad_input_is_named(minilm_path, encoder, tmp_path):
         hfport.mine(encoder, broken)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"body": "x"}) + "\n")
-    with pytest.raises(DataError, match=r"corpus.jsonl, line 1, field 'text': missing"):
+    with pytest.raises(DataError, match=r"corpus.jsonl, line 1, field 'text': missing; the row has \['body'\] .*"
+                                        r"`mine --corpus-column`"):
         hfport.mine(encoder, [("a", "b")], corpus=corpus)
     for options, message in (({"num_negatives": 0}, "num_negatives must be at least 1"),
                              ({"range_min": 5, "range_max": 5}, "range_min must be smaller than range_max"),
@@ -439,3 +440,21 @@ def test_pairs_labelled_not_relevant_are_refused(tiny_bert, tmp_path):
     fine = tmp_path / "fine.csv"
     fine.write_text("anchor,positive,label\nq,a,1\nr,b,sports\n")
     assert read_pairs(fine)[:2] == (["q", "r"], ["a", "b"])
+
+
+def test_the_cli_names_the_corpus_text_column(tiny_bert, tmp_path):
+    """`hfport mine --corpus-column body` reads a corpus data file whose texts are in another column than `text` (the
+    library's corpus_column=, evaluate's --set corpus_column=); the command had no way to name it."""
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    pairs, corpus, out = tmp_path / "pairs.jsonl", tmp_path / "corpus.jsonl", tmp_path / "mined.jsonl"
+    pairs.write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in zip(ANCHORS[:5], POSITIVES)))
+    corpus.write_text("".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in enumerate(CORPUS[:20])))
+    result = CliRunner().invoke(app, ["mine", "--model", str(tiny_bert), "--data", str(pairs), "--corpus", str(corpus),
+                                      "--corpus-column", "body", "--out", str(out), "--no-cache", "-q"])
+    assert result.exit_code == 0, result.output
+    expected = hfport.mine(tiny_bert, list(zip(ANCHORS[:5], POSITIVES)), corpus=CORPUS[:20], cache=False,
+                           progress=False).rows
+    assert [json.loads(line) for line in out.read_text().splitlines()] == expected

@@ -513,7 +513,8 @@ def read_corpus(path: str | os.PathLike[str], column: str = "text") -> list[str]
             value = record.values.get(column)
             if column not in record.values:
                 raise DataError(f"{where(source, record.line, column)}: missing; the row has {sorted(record.values)} "
-                                "(a corpus file is one text a line (.txt) or has a text column)")
+                                "(a corpus file is one text a line (.txt) or has a text column: corpus_column, "
+                                "`mine --corpus-column`, `evaluate --set corpus_column=...`, names another)")
             if not isinstance(value, str) or not value.strip():
                 raise DataError(f"{where(source, record.line, column)}: expected non-empty text, got {value!r}")
             texts.append(value)
