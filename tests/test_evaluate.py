@@ -116,6 +116,28 @@ def test_scored_pairs_are_evaluated_by_correlation(tiny_bert, tmp_path):
                         progress=False)
 
 
+def test_a_datasetdict_folder_is_evaluated_on_its_eval_split(tiny_bert, tmp_path):
+    """A DatasetDict folder (save_to_disk) is evaluated on its eval_split ("validation" unless --set eval_split=...
+    names another), as every other task's evaluation and a fine-tune's --eval read it; sentence-embedding read its
+    "train" split, with no way to name another: figures on the training data, without a word."""
+    from datasets import Dataset, DatasetDict
+
+    pairs = [{"anchor": r["anchor"], "positive": r["positive"]} for r in EMBED]
+    folder = tmp_path / "dd"
+    DatasetDict({"train": Dataset.from_list(pairs[:10]), "validation": Dataset.from_list(pairs[10:30]),
+                 "test": Dataset.from_list(pairs[30:])}).save_to_disk(str(folder))
+    kw = {"task": "sentence-embedding", "cache": False, "progress": False}
+    validation = hfport.evaluate(tiny_bert, folder, **kw).results[0]
+    assert validation.examples == 20
+    assert validation.metrics == hfport.evaluate(tiny_bert, write_jsonl(tmp_path / "v.jsonl", pairs[10:30]),
+                                                 **kw).metrics
+    assert hfport.evaluate(tiny_bert, folder, eval_split="test", **kw).results[0].examples == len(pairs) - 30
+    DatasetDict({"train": Dataset.from_list(pairs[:10])}).save_to_disk(str(tmp_path / "train-only"))
+    with pytest.raises(DataError, match=r"no split 'validation'; its splits are \['train'\] \(choose one with "
+                                        r"eval_split \(evaluate --set eval_split=...\)\)"):
+        hfport.evaluate(tiny_bert, tmp_path / "train-only", **kw)
+
+
 def test_reranking_equals_information_retrieval_evaluator_on_cross_encoder_scores(tiny_bert, minilm_path,
                                                                                     tmp_path):
     """text-ranking: each query's candidates reranked by the model; the figures equal the evaluator's metrics on

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from ..errors import ConfigError
 from ..formats.tables import Source
 from ..retrieval import Encoder, read_corpus, read_negatives, read_pairs, top_k
+from ..train.config import FinetuneConfig
 from ..train.metrics import IR_CUTOFFS, ranked_metrics
 from .result import EvalResult
 from .supervised import CURVE_KS, curves, evaluate_supervised
@@ -35,7 +36,14 @@ from .supervised import OPTIONS as SUPERVISED_OPTIONS
 SIMILARITIES = ("cosine", "dot")
 SCORED_OPTIONS = ("sentence1_column", "sentence2_column", "score_column", "score_range")  # scored_pairs'
 OPTIONS = ("anchor_column", "positive_column", "negative_column", "corpus_column", "query_prompt_name", "query_prompt",
-           "corpus_prompt_name", "corpus_prompt", "use_faiss", *SCORED_OPTIONS)
+           "corpus_prompt_name", "corpus_prompt", "use_faiss", "eval_split", *SCORED_OPTIONS)
+EVAL_SPLIT = FinetuneConfig.model_fields["eval_split"].default  # a DatasetDict's split, as every evaluation reads it
+
+
+def eval_source(data: str, options: dict[str, Any]) -> Source:
+    """DATA as evaluate reads it: a DatasetDict folder's eval_split (default "validation", as fine-tuning's --eval and
+    every other task's evaluation read it), never its training split."""
+    return Source(data, options.get("eval_split", EVAL_SPLIT), "eval_split (evaluate --set eval_split=...)")
 
 
 def scored_pairs(data: str, options: dict[str, Any]) -> bool:
@@ -45,7 +53,7 @@ def scored_pairs(data: str, options: dict[str, Any]) -> bool:
     alike at all) would count as relevant."""
     if options.get("anchor_column") is not None:
         return False
-    records = Source(data).records()
+    records = eval_source(data, options).records()
     first = next(records, None)
     records.close()
     return first is not None and "anchor" not in first.values and all(
@@ -107,10 +115,11 @@ def evaluate_retrieval(model: str | os.PathLike[str] | Encoder, data: str, task:
     if scored_only:
         raise ConfigError(f"{scored_only}: for scored pairs (sentence1, sentence2, score); {data} is read as "
                           "(query, positive) rows")
-    queries, positives, _, _ = read_pairs(data, options.get("anchor_column"), options.get("positive_column"))
+    source = eval_source(data, options)
+    queries, positives, _, _ = read_pairs(source, options.get("anchor_column"), options.get("positive_column"))
     # a triplet file's negatives are documents of the corpus, relevant to no query they are not a positive of, as in
     # the fine-tune's evaluation of the same file
-    negatives = read_negatives(data, options.get("negative_column", "negative"))
+    negatives = read_negatives(source, options.get("negative_column", "negative"))
     distractors = read_corpus(corpus, options.get("corpus_column", "text")) if corpus is not None else []
     queries, corpus_texts, relevant = retrieval_benchmark(queries, positives, [*negatives, *distractors])
     encoder = model if isinstance(model, Encoder) else Encoder(model, device=device, dtype=dtype,

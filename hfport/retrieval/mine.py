@@ -419,12 +419,12 @@ def check_relevant(source: Source | Path | str, record: Any) -> None:
                         "file as text-ranking data (query_column=anchor, text_column=positive)")
 
 
-def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
+def read_pairs(data: str | os.PathLike[str] | Source, anchor_column: str | None = None,
                positive_column: str | None = None) -> tuple[list[str], list[str], str, str]:
     """(anchors, positives, the anchor column, the positive column) of a data file (CSV/TSV, JSONL, Parquet, Arrow, a
-    datasets folder). Columns as sentence-transformers picks them: the named ones, else "anchor"/"positive" when the
-    file has them, else its first and second columns."""
-    source = Source(data)
+    datasets folder: its "train" split, or the Source's). Columns as sentence-transformers picks them: the named ones,
+    else "anchor"/"positive" when the file has them, else its first and second columns."""
+    source = data if isinstance(data, Source) else Source(data)
     anchors: list[str] = []
     positives: list[str] = []
     for record in source.records():
@@ -466,11 +466,11 @@ def numbered_columns(names: Iterable[str], column: str = "negative") -> list[str
     return list(itertools.takewhile(names.__contains__, (f"{column}_{i}" for i in itertools.count(1))))
 
 
-def read_negatives(data: str | os.PathLike[str], negative_column: str = "negative") -> list[str]:
+def read_negatives(data: str | os.PathLike[str] | Source, negative_column: str = "negative") -> list[str]:
     """The hard negatives of DATA's rows, read as a sentence-embedding fine-tune reads them: a NEGATIVE_COLUMN (a text
     or a list of texts) or numbered ones (negative_1, ...); the first row says which, and every row then has them.
     [] for a file of pairs."""
-    source = Source(data)
+    source = data if isinstance(data, Source) else Source(data)
     columns: list[str] | None = None
     negatives: list[str] = []
     for record in source.records():
