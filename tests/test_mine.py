@@ -458,3 +458,26 @@ def test_the_cli_names_the_corpus_text_column(tiny_bert, tmp_path):
     expected = hfport.mine(tiny_bert, list(zip(ANCHORS[:5], POSITIVES)), corpus=CORPUS[:20], cache=False,
                            progress=False).rows
     assert [json.loads(line) for line in out.read_text().splitlines()] == expected
+
+
+def test_a_datasetdict_folder_mines_the_split_named(tiny_bert, tmp_path):
+    """`hfport mine --data FOLDER --split NAME` mines a DatasetDict folder's split (default "train"); the split could
+    not be named, so any other split of a folder was out of reach."""
+    from datasets import Dataset, DatasetDict
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    folder = tmp_path / "dd"
+    DatasetDict({"train": Dataset.from_dict({"anchor": ANCHORS[:3], "positive": POSITIVES[:3]}),
+                 "test": Dataset.from_dict({"anchor": ANCHORS[3:8], "positive": POSITIVES[3:8]})}).save_to_disk(folder)
+    out = tmp_path / "mined.jsonl"
+    result = CliRunner().invoke(app, ["mine", "--model", str(tiny_bert), "--data", str(folder), "--split", "test",
+                                      "--num-negatives", "1", "--out", str(out), "--no-cache", "-q"])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["anchor"] for line in out.read_text().splitlines()] == ANCHORS[3:8]
+    assert {r["anchor"] for r in hfport.mine(tiny_bert, folder, num_negatives=1, cache=False, progress=False).rows} \
+        == set(ANCHORS[:3])
+    with pytest.raises(DataError, match=r"no split 'dev'; its splits are \['train', 'test'\] \(choose one with split "
+                                        r"\(mine --split\)\)"):
+        hfport.mine(tiny_bert, folder, split="dev")

@@ -527,14 +527,16 @@ def read_corpus(path: str | os.PathLike[str], column: str = "text") -> list[str]
 def mine(model: Any, data: str | os.PathLike[str] | Iterable[tuple[str, str]], *,
          corpus: str | os.PathLike[str] | Sequence[str] | None = None, out: str | os.PathLike[str] | None = None,
          anchor_column: str | None = None, positive_column: str | None = None, corpus_column: str = "text",
-         **options: Any) -> MineResult:
-    """`hfport mine`: hard negatives for the (anchor, positive) rows of DATA (a data file, or (anchor, positive)
-    tuples) from the positives and an optional CORPUS (a .txt file of one text a line, a data file with a `text`
-    column, or a list of texts); written to OUT (.jsonl or .parquet) when given. OPTIONS: mine_hard_negatives'."""
+         split: str = "train", **options: Any) -> MineResult:
+    """`hfport mine`: hard negatives for the (anchor, positive) rows of DATA (a data file, a datasets folder (a
+    DatasetDict's SPLIT), or (anchor, positive) tuples) from the positives and an optional CORPUS (a .txt file of one
+    text a line, a data file with a `text` column, or a list of texts); written to OUT (.jsonl or .parquet) when
+    given. OPTIONS: mine_hard_negatives'."""
     if out is not None:
         writable_kind(out, "the mined rows")  # a path that cannot be written fails now, not after the mining
     if isinstance(data, (str, os.PathLike)):
-        anchors, positives, anchor_column, positive_column = read_pairs(data, anchor_column, positive_column)
+        anchors, positives, anchor_column, positive_column = read_pairs(Source(data, split, "split (mine --split)"),
+                                                                         anchor_column, positive_column)
     else:
         pairs = list(data)
         anchors, positives = [a for a, _ in pairs], [p for _, p in pairs]
