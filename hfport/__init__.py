@@ -27,19 +27,23 @@ from .pipelines.shards import set_num_threads_here
 from .registry import supported
 from .retrieval import MineResult, mine, mine_hard_negatives
 from .rundir import RunDir, RunSummary
-from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForMultipleChoice, AutoModelForQuestionAnswering,
-                    AutoModelForSequenceClassification, AutoModelForTokenClassification, EncoderForMaskedLM,
-                    EncoderForMultipleChoice, EncoderForQuestionAnswering, EncoderForSequenceClassification,
-                    EncoderForTokenClassification, EncoderModel, load_any)
+from .tasks import (AutoModel, AutoModelForMaskedLM, AutoModelForMultipleChoice, AutoModelForNextSentencePrediction,
+                    AutoModelForPreTraining, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
+                    AutoModelForTokenClassification, EncoderForMaskedLM, EncoderForMultipleChoice,
+                    EncoderForNextSentencePrediction, EncoderForPreTraining, EncoderForQuestionAnswering,
+                    EncoderForSequenceClassification, EncoderForTokenClassification, EncoderModel, load_any)
 from .tokenizer import AutoTokenizer, BatchEncoding, PreTrainedTokenizer, TokenizerError
 from .train.config import FinetuneConfig
 from .train.loop import finetune
 from .train.monitor import PERF
 from .version import __version__
 
-__all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice", "AutoModelForQuestionAnswering",
+__all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice", "AutoModelForNextSentencePrediction",
+           "AutoModelForPreTraining", "AutoModelForQuestionAnswering",
            "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "CheckpointError", "ConfigError",
-           "EncoderConfig", "EncoderForMaskedLM", "EncoderForMultipleChoice", "EncoderForQuestionAnswering", "EncoderForSequenceClassification", "EncoderForTokenClassification",
+           "EncoderConfig", "EncoderForMaskedLM", "EncoderForMultipleChoice", "EncoderForNextSentencePrediction",
+           "EncoderForPreTraining", "EncoderForQuestionAnswering", "EncoderForSequenceClassification",
+           "EncoderForTokenClassification",
            "EncoderModel", "HfportError", "LoadReport", "ModelNotFoundError", "PreTrainedEncoder", "load_any",
            "supported", "__version__", "resolve_model",
            # the task records (names, aliases, model classes, pipelines): tasks.TASKS, tasks.get, tasks.canonical

@@ -45,14 +45,20 @@ def _root() -> None:
 
 
 def setup_logging(verbose: int = 0, quiet: bool = False, default: str = "normal") -> str:
-    """-q / -v flags, else HFPORT_VERBOSITY, else `default` (hfport/verbosity.py); returns the level's name."""
+    """-q / -v flags, else HFPORT_VERBOSITY, else `default` (hfport/verbosity.py); returns the level's name. The
+    library settings are read first, flags or not: a bad HFPORT_* variable stops the command here, in one line,
+    instead of as a traceback wherever the command first reads them."""
     try:
+        library_settings.settings()
         level = verbosity.resolve(verbose, quiet, default)
     except ValueError as e:
         fail(str(e))
         raise
     verbosity.configure(level)
     return level
+
+
+USAGE_ERROR = 2  # click's and typer's exit status for a command line they cannot read; 1: the work failed
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -241,14 +247,8 @@ def finetune(
     given = {"r": lora_r, "alpha": lora_alpha, "dropout": lora_dropout, "target_modules": lora_targets}
     if any(v is not None for v in given.values()):  # any --lora-* flag turns LoRA on
         flags["lora"] = {k: v for k, v in given.items() if v is not None}
+    flags.update(_options(set_, "--set", "scheduler=cosine"))
     try:
-        given = []
-        for item in set_ or []:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise HfportError(f"--set {item!r}: expected KEY=VALUE")
-            given.append((key.strip(), _parse_value(value)))
-        flags.update(_unique(given, "--set"))
         file_values = read_config_file(config_file) if config_file else None
         config, sources = resolve_config(file_values, flags, str(config_file or "config file"))
         if print_config:
@@ -275,22 +275,25 @@ def _parse_value(text: str) -> object:
         return text
 
 
-def _option(pair: str) -> tuple[str, object]:
+def _option(pair: str, flag: str = "--set", example: str = "top_k=3") -> tuple[str, object]:
     """KEY=VALUE with VALUE read as JSON when it parses (3, true, null, ["a","b"]) or as Python's True, False or
-    None, else as a string."""
+    None, else as a string; a pair that is not KEY=VALUE is a usage error naming FLAG."""
     key, sep, value = pair.partition("=")
     if not sep or not key.strip():
-        raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE, e.g. top_k=3")
+        fail(f"{flag} {pair!r}: expected KEY=VALUE, e.g. {flag.split('/')[-1]} {example}", USAGE_ERROR)
     return key.strip().replace("-", "_"), _parse_value(value)
 
 
-def _unique(pairs: list[tuple[str, object]], flag: str) -> dict[str, object]:
-    """KEY=VALUE options as a dict; a key given twice is an error naming it (no silent last-one-wins)."""
+def _options(pairs: Optional[list[str]], flag: str, example: str) -> dict[str, object]:
+    """The KEY=VALUE pairs given to FLAG as a dict. Reading them is reading the command line, so a pair that is not
+    KEY=VALUE, or a key given twice (no silent last-one-wins), is a usage error: exit 2 as click's own, before any
+    work starts. What the keys name is the library's to judge (an unknown option, a refused value: exit 1, as a
+    refused --task or --dtype)."""
     out: dict[str, object] = {}
-    for key, value in pairs:
+    for key, value in (_option(pair, flag, example) for pair in pairs or []):
         if key in out:
             fail(f"{flag} {key} is given twice ({key}={json.dumps(out[key])}, then {key}={json.dumps(value)}); "
-                 "give each option once")
+                 "give each option once", USAGE_ERROR)
         out[key] = value
     return out
 
@@ -358,10 +361,10 @@ def predict(
     """Run TASK on each input; print one JSON line per input, in order (an error object for a bad input). Exit 1 when
     every input failed; when only some did, exit 0 and count them on stderr."""
     quiet = setup_logging(verbose, quiet) == "quiet"
+    parsed = _options(options, "--set/-o", "top_k=3")  # the command line first, before stdin is read
     items, places = _read_inputs(texts or [], input_file)
     if not items:
         fail("no inputs: give TEXT arguments or --input FILE.jsonl")
-    parsed = _unique([_option(o) for o in options or []], "--set/-o")
     try:
         pipe = pipeline(task, model=RunDir.model_folder(model), device=device, dtype=dtype, batch_size=batch_size,
                         gate_data=gate_data, file=file)
@@ -562,15 +565,6 @@ def convert(
     typer.echo(result.summary())
 
 
-def _options(pairs: Optional[list[str]]) -> dict[str, object]:
-    try:
-        parsed = [_option(o) for o in pairs or []]
-    except typer.BadParameter as e:
-        fail(str(e))
-        raise
-    return _unique(parsed, "--set")
-
-
 @app.command()
 def mine(
     model: Annotated[str, typer.Option("--model", help="A sentence-embedding model: a folder, a repo id in the "
@@ -685,10 +679,11 @@ def evaluate(
     """TASK's metrics of MODEL on DATA, computed as fine-tuning's evaluation (and sentence-transformers'
     InformationRetrievalEvaluator, for sentence-embedding) computes them; a table, --json and --report."""
     quiet = setup_logging(verbose, quiet) == "quiet"
+    parsed = _options(options, "--set", "max_length=128")
     try:
         evaluation = run_evaluate(model, data, task=task, corpus=corpus, compare=compare, json_path=json_path,
                                   report_path=report, dtype=dtype, device=device, batch_size=batch_size, cache=cache,
-                                  progress=not quiet, **_options(options))
+                                  progress=not quiet, **parsed)
     except (HfportError, ValueError, ImportError) as e:
         fail(str(e))
         return
@@ -732,7 +727,7 @@ def serve(
     verbose: Verbose = 0, quiet: Quiet = False,
 ) -> None:
     """Run the HTTP service (server/): predict, fine-tune and export jobs, the dashboard at /."""
-    setup_logging(verbose, quiet, default="verbose")
+    level = setup_logging(verbose, quiet, default="verbose")
     # the service is an application over the library, like this CLI: the library never imports it, so it is
     # imported here, when the command runs (`python -m server` is the same entry point)
     try:
@@ -745,7 +740,7 @@ def serve(
 
     try:
         run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, models=model or None,
-            quiet=quiet)
+            log_level=verbosity.LEVELS[level])
     except SettingsError as e:  # a bad setting, from a flag or an HFPORT_* variable: named with its value
         fail(f"invalid settings: {e}")
     except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback

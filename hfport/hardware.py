@@ -24,6 +24,7 @@ import os
 import platform
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,9 +234,14 @@ def _write_cache(caps: Capabilities) -> None:
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({k: v for k, v in asdict(caps).items() if k != "source"}, indent=1) + "\n")
-        os.replace(tmp, path)
+        # a name of this write's own (threads of one process measure at once), removed if the write fails; hub's
+        # write_text_atomic is a floor above this module
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            tmp.write_text(json.dumps({k: v for k, v in asdict(caps).items() if k != "source"}, indent=1) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     except OSError as e:
         log.warning("could not write %s (%s); the probe will run again in the next process", path, e)
 

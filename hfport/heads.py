@@ -1,4 +1,4 @@
-"""The four task heads and their losses, as transformers defines them."""
+"""The task heads and their losses, as transformers defines them."""
 
 from __future__ import annotations
 
@@ -172,6 +172,56 @@ class MaskedLMHead(nn.Module):
         return self.decoder.weight, self.decoder.bias if self.decoder.bias is not None else self.bias
 
 
+class PreTrainingHeads(nn.Module):
+    """transformers' BertPreTrainingHeads and AlbertForPreTraining's two heads: the masked-LM head on every token and
+    a classifier of the sentence pair on the pooler output, BERT's next-sentence prediction (a linear layer) or
+    ALBERT's sentence-order prediction (dropout -> linear). `pair_output` and `pair_label` are the names transformers
+    gives that classifier's logits and labels (seq_relationship_logits / next_sentence_label, sop_logits /
+    sentence_order_label)."""
+
+    def __init__(self, mlm: MaskedLMHead, pair: SequenceClassificationHead, pair_output: str, pair_label: str):
+        super().__init__()
+        self.mlm = mlm
+        self.pair = pair
+        self.pair_output = pair_output
+        self.pair_label: str | None = pair_label
+
+    def forward(self, hidden: Tensor, pooled: Tensor, word_embeddings: Tensor) -> dict[str, Tensor]:
+        """(B, T, C), (B, C) -> {"prediction_logits": (B, T, V), pair_output: (B, 2)}"""
+        return {"prediction_logits": self.mlm(hidden, word_embeddings), self.pair_output: self.pair(pooled)}
+
+    def loss(self, logits: dict[str, Tensor], labels: Tensor | None, pair_label: Tensor | None,
+             attention_mask: Tensor | None) -> Tensor | None:
+        """transformers' sum of the masked-LM loss and the pair's cross-entropy, computed only when both labels are
+        given (one alone gives no loss there either)."""
+        if labels is None or pair_label is None:
+            return None
+        pair = logits[self.pair_output]  # (B, 2)
+        return masked_lm_loss(logits["prediction_logits"], labels) + F.cross_entropy(pair.view(-1, 2),
+                                                                                     pair_label.view(-1))
+
+
+class ReplacedTokenHead(nn.Module):
+    """ELECTRA's discriminator (transformers' ElectraDiscriminatorPredictions): dense -> act -> one logit a token,
+    positive where the token was replaced by the generator's."""
+
+    pair_label: str | None = None  # no sentence-pair objective
+
+    def __init__(self, hidden_size: int, act: str):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.act = Activation(act)
+        self.out = nn.Linear(hidden_size, 1)
+
+    def forward(self, hidden: Tensor, pooled: Tensor | None, word_embeddings: Tensor) -> dict[str, Tensor]:
+        """(B, T, C) -> {"logits": (B, T)}"""
+        return {"logits": self.out(self.act(self.dense(hidden))).squeeze(-1)}
+
+    def loss(self, logits: dict[str, Tensor], labels: Tensor | None, pair_label: Tensor | None,
+             attention_mask: Tensor | None) -> Tensor | None:
+        return replaced_token_loss(logits["logits"], labels, attention_mask) if labels is not None else None
+
+
 # --- losses -------------------------------------------------------------------------------------------------
 
 
@@ -216,3 +266,12 @@ def question_answering_loss(start_logits: Tensor, end_logits: Tensor, start_posi
     start_loss = F.cross_entropy(start_logits, start_positions, ignore_index=ignored)
     end_loss = F.cross_entropy(end_logits, end_positions, ignore_index=ignored)
     return (start_loss + end_loss) / 2
+
+
+def replaced_token_loss(logits: Tensor, labels: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """ElectraForPreTraining's: binary cross-entropy over the real tokens (every token without a mask); labels 1
+    where a token was replaced."""
+    if attention_mask is None:
+        return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+    real = attention_mask.view(-1, logits.shape[1]) == 1  # (B, T)
+    return F.binary_cross_entropy_with_logits(logits[real], labels[real].to(logits.dtype))  # over (N,) real tokens

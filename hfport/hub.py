@@ -252,10 +252,9 @@ def check_output_file(path: str | os.PathLike[str], what: str) -> Path:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """TEXT at PATH (UTF-8), whole or not at all: written under a temporary name of this writer's own (two processes
+    """TEXT at PATH, whole or not at all: written beside it under a temporary name of this writer's own (two processes
     or threads writing one file each rename a file of theirs; a shared temporary name let one rename the other's,
-    or find it gone) and renamed into place, so an interrupted write (Ctrl-C, a full disk) leaves the old file as it
-    was and no half of the new one."""
+    or find it gone) and renamed into place; the temporary file is removed when the write or the rename fails."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

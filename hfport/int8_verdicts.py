@@ -34,8 +34,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import agreement, hardware, probes
+from . import agreement, hardware, hub, probes
 from .nn import int8 as int8_nn
 from .nn.int8 import LayerPlan
 from .settings import settings
@@ -252,9 +250,7 @@ def write(key: dict[str, Any], kept: KeptVerdict) -> KeptVerdict:
                "plan": {name: dataclasses.asdict(layer) for name, layer in kept.plan.items()}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "verdict": verdict}, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        hub.write_text_atomic(path, json.dumps({"key": key, "verdict": verdict}, indent=1) + "\n")
     except OSError as e:
         log.warning("int8 gate: could not keep its verdict in %s (%s); the next load judges again", path, e)
         return kept

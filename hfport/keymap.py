@@ -70,3 +70,9 @@ def tables(*parts: dict[str, str | None]) -> dict[str, str | None]:
     for part in parts:
         out.update(part)
     return out
+
+
+def under(table: dict[str, str | None], prefix: str) -> dict[str, str | None]:
+    """TABLE with its hfport names moved under PREFIX: a head made of other heads (the pre-training heads' `mlm.`,
+    whose names are fill-mask's table's)."""
+    return {hf: None if ours is None else prefix + ours for hf, ours in table.items()}

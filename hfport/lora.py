@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,6 @@ from . import hub, modeling
 from .formats.adapter import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, IN_MEMORY_NAMES, PEFT_PREFIX, SUPPORTED_VALUES,
                               in_memory_lora, is_adapter_folder, select_in_memory, selects, suffix_match,
                               weights_path)
-from .heads import MaskedLMHead
 from .modeling import BASE_TASK, LoadReport, PreTrainedEncoder, on_meta
 from .nn.lora import (AdapterInfo, AdapterTable, LoraError, LoraLinear, LoraWeights, MixingError, Route, has_lora,
                       install_mixed, lora_modules, merged, wrap)
@@ -172,9 +172,7 @@ def apply_lora(model: PreTrainedEncoder, r: int = 8, alpha: float = 16.0, dropou
 
 def _tied_values(model: PreTrainedEncoder) -> dict[str, Tensor]:
     """hfport names transformers keeps as separate (tied) tensors, with the tensors they are tied to."""
-    if isinstance(model.head, MaskedLMHead) and model.head.decoder is None:
-        return {"head.decoder.weight": model.body.word_embeddings.weight, "head.decoder.bias": model.head.bias}
-    return {}
+    return model.tied_weights()  # type: ignore[return-value]
 
 
 def adapter_state_dict(model: PreTrainedEncoder) -> dict[str, Tensor]:
@@ -433,20 +431,28 @@ class AdapterSet:
         model.adapter_set, model.adapter_slot = self, slot
         return model
 
-    def load(self, name: str, folder: str | os.PathLike[str], cls: type[PreTrainedEncoder]) -> PreTrainedEncoder:
+    def load(self, name: str, folder: str | os.PathLike[str], cls: type[PreTrainedEncoder],
+             build: Callable[[PreTrainedEncoder], Any] | None = None) -> Any:
         """The `cls` model of the adapter folder, named `name`: the shared body, the folder's head, its LoRA weights
-        in the table under its own slot (a name loaded again replaces its weights)."""
+        in the table under its own slot (a name loaded again replaces its weights). `build(model)`, when given, makes
+        the caller's object of the model (its pipeline), returned instead of it.
+
+        All or nothing: the set changes only once reading, checking and `build` all worked, so a failed load leaves
+        its slots, its table and the shared body's layers as they were, and nothing of the adapter referenced."""
         model = load_adapter(cls, folder, base_model=self.base)
         check_targets(name, folder, model)
         weights = {path: LoraWeights(layer.lora_A.weight, layer.lora_B.weight, layer.scaling)
                    for path, layer in lora_modules(model.body).items()}
-        with self._lock:
-            install_mixed(self.body, list(weights))
+        with self._lock:  # held while `build` runs: two loads never take one slot
             slot = self.slots.get(name) or self._next
+            table = self.table.with_adapter(slot, weights)
+            model = self.adopt(model, slot)  # the new model only: its body becomes the shared one
+            built = build(model) if build is not None else model
+            install_mixed(self.body, list(weights))  # all layers or none
             self._next = max(self._next, slot + 1)
-            self.table = self.table.with_adapter(slot, weights)
+            self.table = table
             self.slots[name] = slot
-        return self.adopt(model, slot)
+        return built
 
     def remove(self, name: str) -> None:
         """Forget the adapter `name` (a new table without it); the base and the other adapters are untouched."""

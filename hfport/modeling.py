@@ -235,7 +235,9 @@ class PreTrainedEncoder(nn.Module):
         with on_meta():
             model = cls(config, family)
         model = model.to(torch_dtype).to_empty(device=device or "cpu")
-        model.load_report = model._load(checkpoint, ignore_mismatched_sizes)
+        asked = " and ".join(f"num_labels={num_labels!r}" if k == "num_labels" else f"id2label ({len(v)} labels)"
+                             for k, v in {"num_labels": num_labels, "id2label": id2label}.items() if v is not None)
+        model.load_report = model._load(checkpoint, ignore_mismatched_sizes, asked or None)
         return model.eval()
 
     def _plan(self, checkpoint: hub.Checkpoint) -> tuple[dict[str, str], list[str]]:
@@ -296,7 +298,10 @@ class PreTrainedEncoder(nn.Module):
         return tuple(sorted(roots))
 
     @torch.no_grad()
-    def _load(self, checkpoint: hub.Checkpoint, ignore_mismatched_sizes: bool) -> LoadReport:
+    def _load(self, checkpoint: hub.Checkpoint, ignore_mismatched_sizes: bool, asked: str | None = None
+              ) -> LoadReport:
+        """The checkpoint's tensors into this model. ASKED: the labels the caller gave from_pretrained (num_labels=5),
+        which a head of another size in the checkpoint then contradicts; None: the config's own."""
         report = LoadReport(str(checkpoint.folder))
         plan, report.unexpected = self._plan(checkpoint)
         params = dict(self.named_parameters())
@@ -308,7 +313,7 @@ class PreTrainedEncoder(nn.Module):
                     report.unexpected.append(key)
                 continue
             chosen.setdefault(name, key)
-        bad = []
+        bad: list[tuple[str, str, tuple[int, ...], tuple[int, ...]]] = []  # (key, name, checkpoint's, model's)
         for name, key in list(chosen.items()):
             theirs, ours = checkpoint.shape(key), tuple(params[name].shape)
             if theirs != ours:
@@ -316,11 +321,12 @@ class PreTrainedEncoder(nn.Module):
                     report.mismatched.append((key, theirs, ours))
                     del chosen[name]
                 else:
-                    bad.append(f"{key}: checkpoint {list(theirs)} vs model {list(ours)} ({name})")
+                    bad.append((key, name, theirs, ours))
         if bad:
-            hint = (" (a different num_labels? pass ignore_mismatched_sizes=True to start that head fresh)"
-                    if any("head." in b for b in bad) else "")
-            raise CheckpointError(f"{checkpoint.folder}: shape mismatch{hint}: " + "; ".join(bad))
+            raise CheckpointError(f"{checkpoint.folder}: shape mismatch: "
+                                  + "; ".join(f"{key}: checkpoint {list(theirs)} vs model {list(ours)} ({name})"
+                                              for key, name, theirs, ours in bad)
+                                  + f". {self._mismatch_remedy(bad, asked)}")
         missing = [n for n in params if n not in chosen]
         required = [n for n in missing if not n.startswith(FRESH_OK_PREFIXES)]
         if required:  # named as the checkpoint would name them, with hfport's name alongside
@@ -350,12 +356,41 @@ class PreTrainedEncoder(nn.Module):
             log.warning("%s: initialised fresh, train before use: %s", checkpoint.folder, ", ".join(missing))
         return report
 
+    def _mismatch_remedy(self, bad: list[tuple[str, str, tuple[int, ...], tuple[int, ...]]], asked: str | None
+                         ) -> str:
+        """What to do about weights of other shapes than the model's, true wherever the load came from: only
+        from_pretrained takes labels and ignore_mismatched_sizes, while a pipeline, `hfport predict`, evaluate,
+        info, export and serve load a folder as its config.json describes it and never start a head fresh (its
+        answers would be random); fine-tuning always starts a head of another size fresh."""
+        if any(not name.startswith(FRESH_OK_PREFIXES) for _, name, _, _ in bad):
+            return "config.json does not describe these weights (the body's sizes come from it alone): correct it " \
+                   "to the checkpoint's sizes"
+        n = self.config.num_labels
+        counts = {theirs[0] for _, _, theirs, ours in bad if ours and ours[0] == n and theirs and theirs[0] != n}
+        m = f"{counts.pop()} labels" if len(counts) == 1 else "another size"
+        if asked is not None:  # from_pretrained's own arguments asked for the other head
+            return f"{asked} asks for a head of {n} labels, the checkpoint's has {m}: pass " \
+                   "ignore_mismatched_sizes=True to start that head fresh (to fine-tune it), or leave the labels " \
+                   "out to load the trained one"
+        return f"config.json names {n} labels, the checkpoint's head has {m}: to load the trained head, correct " \
+               "config.json's id2label and label2id to its labels; a head of another size is trained, not loaded: " \
+               "`hfport finetune` and hfport.finetune() start one fresh from this folder, as from_pretrained " \
+               "does with ignore_mismatched_sizes=True for a training loop of your own"
+
+    def tied_weights(self) -> dict[str, Tensor | None]:
+        """hfport names the checkpoint may carry (transformers holds them as tensors of their own) that this model
+        shares with another weight instead, with that weight: a tied MLM decoder's (fill-mask's head, the pre-training
+        heads' `mlm`) are the word embeddings and the head's bias (older files repeat it under the decoder's name)."""
+        tied: dict[str, Tensor | None] = {}
+        for name, module in self.named_modules():
+            if isinstance(module, MaskedLMHead) and module.decoder is None:
+                tied[f"{name}.decoder.weight"] = self.body.word_embeddings.weight
+                tied[f"{name}.decoder.bias"] = module.bias
+        return tied
+
     def tied_names(self) -> set[str]:
         """hfport names the checkpoint may carry that this model shares with another weight instead."""
-        head = self.head
-        if isinstance(head, MaskedLMHead) and head.decoder is None:
-            return {"head.decoder.weight", "head.decoder.bias"}  # older files repeat the bias under this name
-        return set()
+        return set(self.tied_weights())
 
     # --- saving -------------------------------------------------------------------------------------------
 
@@ -476,7 +511,7 @@ def task_of(family: Family, architectures: list[str]) -> str:
     for arch in architectures:
         if arch in by_class:
             return by_class[arch]
-    for arch in architectures:  # e.g. BertForPreTraining: the body is what hfport can use
+    for arch in architectures:  # e.g. RobertaForCausalLM: the body is what hfport can use
         if not isinstance(arch, str):
             raise ConfigError(f"architectures entry {arch!r} is not a string")
     return BASE_TASK

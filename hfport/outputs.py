@@ -50,3 +50,23 @@ class MaskedLMOutput(_Output):
 class MultipleChoiceModelOutput(_Output):
     logits: Tensor  # (B, C): one score per choice
     loss: Tensor | None = None
+
+
+@dataclass
+class PreTrainingOutput(_Output):
+    """transformers' *ForPreTraining outputs, one record for the three: a family's fields are set, the others None
+    (`keys()` lists the set ones, as transformers' output lists its own). BertForPreTrainingOutput: prediction_logits,
+    seq_relationship_logits; AlbertForPreTrainingOutput: prediction_logits, sop_logits; ElectraForPreTrainingOutput:
+    logits."""
+
+    prediction_logits: Tensor | None = None  # (B, T, V): the masked-LM head's
+    seq_relationship_logits: Tensor | None = None  # (B, 2): next-sentence prediction (BERT)
+    sop_logits: Tensor | None = None  # (B, 2): sentence-order prediction (ALBERT)
+    logits: Tensor | None = None  # (B, T): one replaced-token logit a token (ELECTRA's discriminator)
+    loss: Tensor | None = None
+
+
+@dataclass
+class NextSentencePredictorOutput(_Output):
+    logits: Tensor  # (B, 2): 0 the second sentence follows the first, 1 it is a random one
+    loss: Tensor | None = None

@@ -213,10 +213,9 @@ class RunDir:
     # --- writing ------------------------------------------------------------------------------------------
 
     def set_latest(self, checkpoint: Path) -> None:
-        """Point `latest` at a checkpoint, atomically (written beside, then renamed)."""
-        tmp = self.checkpoints / ".latest.tmp"
-        tmp.write_text(checkpoint.name + "\n")
-        os.replace(tmp, self.latest_pointer)
+        """Point `latest` at a checkpoint, atomically: written beside it under a name of this write's own, then
+        renamed (a fixed name let two writers rename each other's file, or find it gone)."""
+        hub.write_text_atomic(self.latest_pointer, checkpoint.name + "\n")
 
     def clear(self) -> None:
         """Delete an earlier run's files (and only those) before a fresh run writes here."""

@@ -16,6 +16,7 @@ defaults). docs/settings.md lists them all, generated from these classes (`pytho
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import threading
@@ -25,9 +26,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from annotated_types import Ge, Gt, Le, Lt, MinLen
-from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .errors import SettingsError
 
@@ -38,12 +39,27 @@ ADVANCED = {"group": "advanced"}
 VERBOSITY = ("quiet", "normal", "verbose", "debug", "trace")  # hfport/verbosity.py maps them to logging levels
 
 
+class _EnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source, except that a list setting's value that is not JSON
+    (HFPORT_ALLOWED_DIRS=/data) goes on to validation as its text, which refuses it naming the variable, the value and
+    what it accepts, instead of failing here with a message that names none of them."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            return value
+
+
 class EnvSettings(BaseSettings):
     """A settings class of hfport: fields read from HFPORT_<NAME> (an empty variable counts as unset), every field in
     a group (json_schema_extra=COMMON or ADVANCED), errors as one SettingsError, and `retired`: variables that are
     no longer settings, each with what replaced it (set, they are an error rather than silently ignored)."""
 
-    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", env_ignore_empty=True)
+    # allow_inf_nan: a float setting is finite. inf (or 1e400) passed `gt=0` and broke what reads it away from the
+    # settings: HFPORT_JOB_LEASE_S=inf made every job process refuse its own lease margin (inf is not < inf), and
+    # HFPORT_BATCH_MAX_WAIT_MS=inf left a partial batch waiting until its requests timed out
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", env_ignore_empty=True, allow_inf_nan=False)
     retired: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **values: Any) -> None:
@@ -55,6 +71,23 @@ class EnvSettings(BaseSettings):
             super().__init__(**values)
         except ValidationError as e:
             raise SettingsError(explain(type(self), e, values)) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strip(cls, values: Any) -> Any:
+        """Surrounding whitespace is no part of a value (pydantic already ignored it around a number, not around a
+        word, a path, a bool or a token read from a file with its newline, which then matched no request)."""
+        if isinstance(values, dict):
+            return {k: v.strip() if isinstance(v, str) else v for k, v in values.items()}
+        return values
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _EnvSource(settings_cls), dotenv_settings, file_secret_settings
 
     @classmethod
     def env_name(cls, name: str) -> str:
@@ -68,7 +101,7 @@ class EnvSettings(BaseSettings):
         store). A value the field does not accept is a SettingsError naming the variable."""
         field = cls.model_fields[name]
         env = cls.env_name(name)
-        raw = os.environ.get(env) or None
+        raw = (os.environ.get(env) or "").strip() or None  # as the class reads it: no surrounding whitespace
         if raw is None:
             return field.get_default(call_default_factory=True)
         try:
@@ -76,7 +109,26 @@ class EnvSettings(BaseSettings):
             return TypeAdapter(kind).validate_python(raw)
         except ValidationError as e:
             reason = e.errors()[0]["msg"].removeprefix("Value error, ")
-            raise SettingsError(f"{env}={raw!r}: {reason} (accepted: {type_text(field)})") from None
+            raise SettingsError(f"{shown(field, env, raw)}: {reason} (accepted: {type_text(field)})") from None
+
+
+def shown(field: FieldInfo, name: str, value: Any) -> str:
+    """NAME=VALUE as an error names a setting's value; a secret's (json_schema_extra "secret": the token, a database
+    URL with its password) stays out of errors and logs."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return f"{name} (its value not shown)" if extra.get("secret") else f"{name}={value!r}"
+
+
+def unknown_variables(*classes: type[EnvSettings]) -> list[str]:
+    """The HFPORT_* variables of this environment that none of CLASSES reads or retires, each with the closest
+    setting's variable: a misspelt name is otherwise ignored unseen, its setting left at its default. Only a process
+    that knows every class can tell (the server's start: a library-only process does not know the server's)."""
+    known = sorted({c.env_name(n) for c in classes for n in c.model_fields} | {r for c in classes for r in c.retired})
+    problems = []
+    for name in sorted(k for k in os.environ if k.startswith(PREFIX) and k not in known):
+        close = difflib.get_close_matches(name, known, n=1)
+        problems.append(f"{name} is not a setting" + (f" (did you mean {close[0]}?)" if close else ""))
+    return problems
 
 
 def explain(cls: type[EnvSettings], error: ValidationError, given: dict[str, Any]) -> str:
@@ -96,7 +148,8 @@ def explain(cls: type[EnvSettings], error: ValidationError, given: dict[str, Any
             problems.append(f"{name}: " + (f"no longer a setting: {instead}" if instead else
                                            f"not a setting; the settings: {', '.join(cls.model_fields)}"))
             continue
-        where = f"{name}={given[name]!r}" if name in given else f"{env}={os.environ.get(env, e.get('input'))!r}"
+        where = shown(field, name, given[name]) if name in given else shown(field, env,
+                                                                             os.environ.get(env, e.get("input")))
         reason = reason[:1].lower() + reason[1:] if reason.startswith("Input ") else reason  # pydantic's own words
         problems.append(f"{where}: {reason} (accepted: {type_text(field)})")
     return "; ".join(problems)
@@ -205,12 +258,15 @@ class Settings(EnvSettings):
         default_factory=_default_cache_dir, json_schema_extra={**COMMON, "shown_default":
                                                                 "$XDG_CACHE_HOME/hfport, else ~/.cache/hfport"},
         description="hfport's cache: hardware.json (the measured CPU capabilities), int8/ (the int8 gate's "
-                    "verdicts, reused by a later dtype=\"int8\" load of the same model), embeddings/ (hfport mine, "
-                    "evaluate), encoded/ (large training sources, encoded) and spill/ (a ranking source's groups)")
+                    "verdicts, reused by a later dtype=\"int8\" load of the same model), int8-paths/ (dtype="
+                    "\"auto-int8\"'s graph exports and its choice among them), embeddings/ (hfport mine, evaluate), "
+                    "encoded/ (large training sources, encoded), teacher/ (a distillation teacher's outputs) and "
+                    "spill/ (a ranking source's groups)")
     store_max_bytes: int = Field(
         20 * 2**30, ge=0, json_schema_extra=ADVANCED, description=(
-            "the cap of the encoded-examples stores under cache_dir/encoded/: after a store is written, the least "
-            "recently used others are evicted while they hold more (never one a process has open); 0: no cap"))
+            "the cap, each, of the stores under cache_dir/encoded/ (encoded examples) and of those under "
+            "cache_dir/teacher/ (a teacher's outputs): after a store is written, the least recently used others "
+            "there are evicted while they hold more (never one a process has open); 0: no cap"))
 
     retired: ClassVar[dict[str, str]] = {
         "HFPORT_STREAM_BYTES": "fixed: a source of 256 MiB or more is encoded to disk (hfport/train/stored.py "

@@ -30,8 +30,10 @@ INTRO = f"""# Settings
 Every setting is an environment variable: `HFPORT_` and the setting's name in capitals (`port`: `HFPORT_PORT=9000`;
 a list as JSON: `HFPORT_ALLOWED_DIRS='["/data/models"]'`). An empty variable counts as unset. A value a setting does
 not accept, or a variable that is no longer a setting, stops the process with an error naming the variable, its value
-and what is accepted (or what replaced it). **Common** settings are the ones most deployments set; **advanced** ones
-are limits and tuning with working defaults.
+(not a secret's: `api_token`, `database_url`) and what is accepted (or what replaced it). An `HFPORT_` variable that
+is no setting at all (a misspelt name) is ignored with a warning, naming the closest setting, when `hfport serve`
+starts. **Common** settings are the ones most deployments set; **advanced** ones are limits and tuning with working
+defaults.
 """
 
 LIBRARY = ("Read by every hfport process (the CLI, fine-tuning, `hfport serve`, its job processes and every rank of "

@@ -56,6 +56,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: server/
 from server.launch import ServerProcess  # noqa: E402
+from server.settings import Settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -362,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1, help="texts per request")
     p.add_argument("--url", help="target a running server on loopback instead of starting one")
     p.add_argument("--model", default="minilm", help="registered model name to use (with --url)")
-    p.add_argument("--token", default=os.environ.get("HFPORT_API_TOKEN"), help="bearer token, if the server has one")
+    p.add_argument("--token", default=Settings.env_value("api_token"),
+                   help="bearer token, if the server has one (default: the server's HFPORT_API_TOKEN)")
     p.add_argument("--queue-limit", type=int, default=2, help="HFPORT_PREDICT_MAX_PENDING of the overload server")
     p.add_argument("--burst", type=int, default=64, help="requests sent at once in the overload phase")
     p.add_argument("--skip-steady", action="store_true", help="only the overload phase")

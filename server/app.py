@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
     return app
 
 
-def serve(settings: Settings, log_level: str = "info") -> None:
+def serve(settings: Settings, log_level: int | str = "info") -> None:
     """`hfport serve`: HTTP (+ the worker) under uvicorn, or for role `worker` the worker loop alone (no port).
     Raises StoreError (unreachable database, newer schema, duplicate worker id) before anything starts."""
     if settings.role == "worker":

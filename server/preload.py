@@ -20,6 +20,7 @@ from .store import BaseStore as Store
 
 log = logging.getLogger("hfport.server")
 SOURCE = "serve --model"  # the registry's source of a start-up model: the operator's choice, read as a whole
+GIVEN = f"--model / {Settings.env_name('models')}"  # where a refused start-up model was given, as errors name it
 
 
 def operator_chose(store: Store, folder: str) -> bool:
@@ -63,11 +64,11 @@ def parse_spec(spec: str) -> tuple[str, Path]:
         try:
             folder = Path(resolve_model(where))
         except Exception as e:  # noqa: BLE001 - any failure means the same to the operator
-            raise ApiError(400, f"--model {spec!r}: not a folder, and not a repo id in the local HF cache ({e})",
+            raise ApiError(400, f"{GIVEN} {spec!r}: not a folder, and not a repo id in the local HF cache ({e})",
                            "InvalidModel") from e
     name = name or re.sub(r"[^A-Za-z0-9._-]", "-", folder.resolve().name if where in (".", "") else Path(where).name)
     if not re.match(NAME_PATTERN, name):
-        raise ApiError(400, f"--model {spec!r}: {name!r} is not a valid model name (letters, digits, . _ -)",
+        raise ApiError(400, f"{GIVEN} {spec!r}: {name!r} is not a valid model name (letters, digits, . _ -)",
                        "InvalidModel")
     return name, folder.resolve()
 
@@ -81,12 +82,12 @@ def register(specs: list[str], store: Store) -> Startup:
     for spec in specs:
         name, folder = parse_spec(spec)
         if name in given:
-            raise ApiError(400, f"--model {spec!r}: the name {name!r} is also --model {given[name]!r}'s; name each "
+            raise ApiError(400, f"{GIVEN} {spec!r}: the name {name!r} is also --model {given[name]!r}'s; name each "
                                 "model once (NAME=PATH)", "InvalidModel")
         given[name] = spec
         task = model_task(folder)
         if task is None:
-            raise ApiError(400, f"--model {spec!r}: {folder}/config.json does not name a supported model",
+            raise ApiError(400, f"{GIVEN} {spec!r}: {folder}/config.json does not name a supported model",
                            "InvalidModel")
         store.register_model(name, str(folder), task, source=SOURCE, replace=True)
         startup.names.append(name)

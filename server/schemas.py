@@ -10,9 +10,10 @@ from hfport import FinetuneConfig, tasks
 from hfport.export import DEFAULT_FORMAT, FORMATS, ExportError
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-# transformers' pipeline tags; an alias (sentiment-analysis, ner, hfport's old sequence-classification...) is
-# accepted and stored as the canonical name; an unknown name is an error listing them all
-PipelineTask = Annotated[Literal[tuple(tasks.TASKS)], BeforeValidator(  # type: ignore[valid-type]
+# transformers' pipeline tags (the tasks a pipeline serves: not the model-only pretraining heads); an alias
+# (sentiment-analysis, ner, hfport's old sequence-classification...) is accepted and stored as the canonical name; an
+# unknown name is an error listing them all
+PipelineTask = Annotated[Literal[tuple(tasks.PIPELINE_TASKS)], BeforeValidator(  # type: ignore[valid-type]
     lambda v: tasks.canonical(v) if isinstance(v, str) else v)]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 

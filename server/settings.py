@@ -22,6 +22,8 @@ from pydantic_settings import NoDecode
 from hfport.pipelines import check_device, check_dtype
 from hfport.settings import ADVANCED, COMMON, EnvSettings
 
+from .store import SCHEMES
+
 # fractions of job_lease_s
 HEARTBEAT_PER_LEASE = 1 / 15  # job processes renew, workers heartbeat: 2 s of a 30 s lease, ~15 tries before it ends
 MARGIN_PER_LEASE = 1 / 5  # self-fencing margin: covers clock-rate drift and the kill's latency (server/fence.py)
@@ -41,7 +43,7 @@ class Settings(EnvSettings):
                            description="job store, registry, uploads and job runs")
     allowed_dirs: list[Path] = Field(default_factory=list, json_schema_extra=COMMON, description=(
         "folders server-side paths may point into (a JSON list); data_dir always is one"))
-    api_token: str | None = Field(None, json_schema_extra=COMMON, description=(
+    api_token: str | None = Field(None, json_schema_extra={**COMMON, "secret": True}, description=(
         "when set, every route but GET /health needs it as a Bearer token"))
     models: Annotated[list[str], NoDecode] = Field(
         default_factory=list, json_schema_extra=COMMON, description=(
@@ -64,9 +66,10 @@ class Settings(EnvSettings):
     # scale-out: a shared job store, and which parts of the service this process runs
     role: Literal["api", "worker", "all"] = Field("all", json_schema_extra=COMMON, description=(
         "api: HTTP only (jobs are enqueued); worker: runs jobs, no HTTP; all: both (one box)"))
-    database_url: str | None = Field(None, json_schema_extra=COMMON, description=(
-        "postgresql://user:password@host:port/db selects a shared PostgreSQL job store; unset: SQLite under "
-        "data_dir. Start-up retries an unreachable database for one job_lease_s"))
+    database_url: str | None = Field(None, json_schema_extra={**COMMON, "secret": True}, description=(
+        "postgresql://user:password@host:port/db (or postgres://) selects a shared PostgreSQL job store; unset: "
+        "SQLite under data_dir; anything else is refused. Start-up retries an unreachable database for one "
+        "job_lease_s"))
 
     # --- advanced: request limits and batching ----------------------------------------------------------------
     max_request_bytes: int = Field(8 * 2**20, ge=1, json_schema_extra=ADVANCED,
@@ -166,10 +169,36 @@ class Settings(EnvSettings):
     def _device(cls, v: str) -> str:
         return check_device(v)  # a ValueError names the choices and the CUDA devices this process sees
 
+    @field_validator("api_token", "worker_id")
+    @classmethod
+    def _not_blank(cls, v: str | None) -> str | None:
+        """Set (whitespace is stripped) means a value: a blank token would lock every client out, a blank worker id
+        names no worker."""
+        if v is not None and not v:
+            raise ValueError("blank: set a value, or unset the variable")
+        return v
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres(cls, v: str | None) -> str | None:
+        """A PostgreSQL URL: anything else would be opened as a SQLite file of that name in the working directory."""
+        if v is not None and not v.startswith(SCHEMES):
+            scheme = f"the scheme {v.split('://')[0]!r}" if "://" in v else "no scheme"
+            raise ValueError(f"not a PostgreSQL URL ({scheme}): use postgresql://user:password@host:port/dbname, or "
+                             "leave it unset for SQLite under data_dir")
+        return v
+
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, v: Path) -> Path:
-        return v.expanduser().resolve()
+        """Absolute, and a folder or one that can be made: a file there (or above it) is refused here, not met by the
+        mkdir at start as a traceback."""
+        v = v.expanduser().resolve()
+        nearest = next(p for p in (v, *v.parents) if p.exists())
+        if not nearest.is_dir():
+            below = "" if nearest == v else f" (so {v} cannot be one)"
+            raise ValueError(f"{nearest} is a file, not a folder{below}")
+        return v
 
     @field_validator("allowed_dirs")
     @classmethod

@@ -37,6 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hfport.settings import Settings as LibrarySettings
+from hfport.settings import settings as library_settings
+
 from . import uploads
 from .fence import FENCED, LAUNCHER, STALLED
 from .launch import free_port
@@ -241,7 +244,10 @@ class Worker:
         log_dir.mkdir(parents=True, exist_ok=True)
         cmd = self._command(job)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                                           os.environ.get("PYTHONPATH")]))}
+                                                                           os.environ.get("PYTHONPATH")])),
+               # the cache this process uses: a relative HFPORT_CACHE_DIR would name another folder from the job's
+               # working directory (the data dir), and the job's int8 verdicts and hardware.json would not be shared
+               LibrarySettings.env_name("cache_dir"): str(library_settings().cache_dir.absolute())}
         if self.settings.database_url:  # in the environment, not argv: a password stays out of `ps`
             env["HFPORT_DATABASE_URL"] = self.settings.database_url
         with open(log_dir / "job.log", "ab") as logfile:

@@ -26,13 +26,15 @@ from typing import Any
 import torch
 
 import hfport
+from hfport import tasks
 from tests import grid
-from tests.tiny import HEADS, NUM_LABELS, OTHER_HEADS, batch, reference_qa_loss, save_hf
+from tests.tiny import HEADS, NUM_LABELS, OTHER_HEADS, PRETRAINING_HEADS, batch, reference_qa_loss, save_hf
 
 ATOL, RTOL = 1e-5, 1.3e-6
 SCORE_TOL = 1e-4  # pipeline scores: probabilities from float32 logits, batched (padded) vs one at a time
 MINILM_MIN_COSINE = 0.99  # the real MiniLM's int8 (or sharded int8) embeddings against its fp32 ones
-AUTO_CLASSES = {**HEADS, **OTHER_HEADS}  # task -> the Auto* class name, the same in hfport and transformers
+# task -> the Auto* class name, the same in hfport and transformers
+AUTO_CLASSES = {**HEADS, **OTHER_HEADS, **PRETRAINING_HEADS}
 # DeBERTa's comparison (tests/test_deberta_parity.py; test_cuda.py on a GPU) differs from the grid's in three ways:
 # rtol 1e-5; the base model's loss is a mean of squares (a mean, like the task losses: a sum puts gradients near 20,
 # where fp32 noise is ~1e-5); and every parameter must get a gradient (each relative-position term reaches the loss).
@@ -66,13 +68,9 @@ def labels_for(task: str, inputs: dict[str, torch.Tensor], seed: int = 2,
 
 
 def outputs_of(task: str, out) -> dict[str, torch.Tensor]:
-    if task == "base":
-        keys = ["last_hidden_state", "pooler_output"]
-    elif task == "question-answering":
-        keys = ["start_logits", "end_logits"]
-    else:
-        keys = ["logits"]
-    return {k: getattr(out, k) for k in keys if getattr(out, k, None) is not None}
+    """The outputs the task's record names (hfport/tasks/) that `out` returns: a family's own (DistilBERT has no
+    pooler_output; BertForPreTraining seq_relationship_logits, AlbertForPreTraining sop_logits)."""
+    return {k: getattr(out, k) for k in tasks.get(task).outputs if getattr(out, k, None) is not None}
 
 
 def real(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -57,6 +58,42 @@ def test_rundir_latest_checkpoint_and_resume_point(tmp_path):
     assert point is not None and point.checkpoint == four and point.step == 4
     assert RunDir.is_run(run.root) and run.existing() == ["checkpoints"]
     assert RunDir.containing(four) == run and RunDir.containing(tmp_path) is None
+
+
+def test_set_latest_takes_a_temporary_name_of_its_own(tmp_path, monkeypatch):
+    """`latest` is written beside itself under a name of this write's own, then renamed: a killed run's leftover
+    .latest.tmp is neither in the way nor published, a second writer (a second process on the run folder) that
+    writes and renames between this one's write and rename neither takes nor removes this one's file (a fixed
+    .latest.tmp made this rename fail with FileNotFoundError), and a failed rename leaves the pointer as it was and
+    no temporary file behind (the fixed name stayed)."""
+    run = RunDir(tmp_path / "out")
+    two, four = _checkpoint(run, 2), _checkpoint(run, 4)
+    (run.checkpoints / ".latest.tmp").write_text("step-")  # killed mid-write by an earlier run
+    real_replace, seen = os.replace, []
+
+    def second_writer_first(src, dst, *args, **kwargs):  # another process's whole set_latest, then this rename
+        if not seen:
+            seen.append(src)
+            run.set_latest(four)
+        real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", second_writer_first)
+    run.set_latest(two)
+    assert run.latest_pointer.read_text() == "step-2\n"  # whole: the last rename's, this writer's
+    assert run.latest_checkpoint() == two
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == [".latest.tmp", "latest", "step-2", "step-4"]
+
+    def disk_full(src, dst, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        run.set_latest(four)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert run.latest_pointer.read_text() == "step-2\n"
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == [".latest.tmp", "latest", "step-2", "step-4"]
+    assert (run.checkpoints / ".latest.tmp").read_text() == "step-"  # the leftover is not this run's to publish
 
 
 def test_rundir_models_clear_and_which(tmp_path):

@@ -356,11 +356,11 @@ def test_tokenizer_disagreement_fails(good, runs, tmp_path):
 def test_unknown_head_class_fails_closed(good, runs, tmp_path):
     folder = tampered(good, tmp_path)
     config = json.loads((folder / "config.json").read_text())
-    config["architectures"] = ["BertForNextSentencePrediction"]
+    config["architectures"] = ["BertLMHeadModel"]  # BERT as a decoder: a transformers class hfport has not
     (folder / "config.json").write_text(json.dumps(config))
     report = verify(folder, runs("bert"))
     assert not report.passed and ("config", "config.json") in failed(report)
-    assert "BertForNextSentencePrediction" in failed(report)[("config", "config.json")]
+    assert "BertLMHeadModel" in failed(report)[("config", "config.json")]
 
 
 def test_missing_dir_and_wrong_source_fail_closed(good, runs, tmp_path):

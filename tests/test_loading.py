@@ -455,7 +455,49 @@ def test_head_shape_mismatch(ckpts):
         SEQ.from_pretrained(ckpts["seq"], num_labels=5)
     msg = str(e.value)
     assert str(ckpts["seq"]) in msg and "classifier.weight: checkpoint [3, 32] vs model [5, 32]" in msg
-    assert "classifier.bias" in msg and "ignore_mismatched_sizes=True" in msg
+    assert "classifier.bias" in msg
+    assert "num_labels=5 asks for a head of 5 labels, the checkpoint's has 3 labels: pass " \
+           "ignore_mismatched_sizes=True to start that head fresh (to fine-tune it), or leave the labels out" in msg
+
+
+def test_a_config_that_disagrees_with_its_head_says_what_to_do_on_every_path(minilm_path, tmp_path):
+    """A folder whose config.json names 5 labels over a 3-label head (an edited config, another model's): no caller
+    asked for other labels, so the error says to correct config.json, and that a head of another size is trained:
+    `hfport finetune` starts one fresh (proved below), as from_pretrained does with ignore_mismatched_sizes=True. It
+    tells no path to pass that keyword to itself: predict, evaluate, info, export and serve take no such option (a
+    fresh head would answer at random), nor does pipeline(); the old hint told every one of them to."""
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+    from tests.data import DATA
+
+    folder = tmp_path / "model"
+    tiny.save_with_tokenizer("bert", "sequence-classification", folder, minilm_path, vocab_size=30522)  # 3 labels
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"], config["label2id"] = {str(i): f"T{i}" for i in range(5)}, {f"T{i}": i for i in range(5)}
+    (folder / "config.json").write_text(json.dumps(config))
+    remedy = ("config.json names 5 labels, the checkpoint's head has 3 labels: to load the trained head, correct "
+              "config.json's id2label and label2id to its labels; a head of another size is trained, not loaded: "
+              "`hfport finetune` and hfport.finetune() start one fresh from this folder, as from_pretrained does "
+              "with ignore_mismatched_sizes=True for a training loop of your own")
+    for load in (lambda: hfport.AutoModelForSequenceClassification.from_pretrained(folder),
+                 lambda: hfport.pipeline("text-classification", model=folder)):
+        with pytest.raises(hfport.CheckpointError) as e:
+            load()
+        assert remedy in str(e.value) and "classifier.weight: checkpoint [3, 32] vs model [5, 32]" in str(e.value)
+        assert "pass ignore_mismatched_sizes" not in str(e.value)
+    for command in (["predict", str(folder), "--task", "text-classification", "fine"],
+                    ["evaluate", str(folder), "--task", "text-classification", "--data", str(DATA / "topics_eval.csv")],
+                    ["info", str(folder)], ["export", str(folder), "--out", str(tmp_path / "out")]):
+        run = CliRunner().invoke(app, command)
+        assert run.exit_code == 1 and remedy in " ".join(run.stderr.split()), (command[0], run.output)
+        assert "pass ignore_mismatched_sizes" not in run.output, command[0]
+    run = CliRunner().invoke(app, ["finetune", "--model", str(folder), "--train", str(DATA / "topics_train.csv"),
+                                   "--output-dir", str(tmp_path / "run"), "--max-steps", "1", "--batch-size", "4",
+                                   "--save-strategy", "no", "--set", "eval_fraction=0.1", "-q"])
+    assert run.exit_code == 0, run.output  # what the message promises: a head for the data's labels, fresh
+    trained = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
+    assert len(trained["id2label"]) not in (3, 5)
 
 
 def test_head_shape_mismatch_ignored(ckpts):
@@ -858,3 +900,55 @@ def test_json_written_by_many_writers_at_once_is_always_whole(tmp_path):
         t.join()
     assert not errors, errors[0]
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def _temp_name_writers(tmp_path: Path) -> dict[str, tuple[Path, object]]:
+    """The writers that publish one file by writing it beside itself and renaming it: {name: (the file, write(n))}."""
+    from hfport import hardware
+    from hfport.formats.tables import write_rows
+
+    hfport.settings.use(cache_dir=tmp_path / "cache")  # conftest resets the settings after the test
+    cpu = {"cpu": "cpu", "cores": 1, "torch": "2", "threads": 1, "measured_at": "now"}
+    return {
+        "hub.write_json_atomic": (tmp_path / "state.json",
+                                  lambda n: hub.write_json_atomic(tmp_path / "state.json", {"n": n})),
+        "hardware._write_cache": (tmp_path / "cache" / hardware.CACHE_FILE,
+                                  lambda n: hardware._write_cache(hardware.Capabilities(**cpu, peaks={"n": n}))),
+        "tables.write_rows": (tmp_path / "rows.jsonl",
+                              lambda n: write_rows(tmp_path / "rows.jsonl", ["n"], [{"n": n}])),
+    }
+
+
+@pytest.mark.parametrize("writer", ["hub.write_json_atomic", "hardware._write_cache", "tables.write_rows"])
+def test_a_second_writer_between_a_write_and_its_rename_breaks_neither(writer, tmp_path, monkeypatch, caplog):
+    """A second writer of the same file (another thread: two models measuring the CPU at once, two mine calls onto
+    one file) that writes and renames whole between this one's write and its rename: both land whole, neither fails
+    nor warns, and no temporary file is left (a temporary name of the process's pid let the second take the first's
+    file, whose rename then found it gone). A rename that fails leaves no temporary file either."""
+    target, write = _temp_name_writers(tmp_path)[writer]
+    real_replace, seen = os.replace, []
+
+    def second_writer_first(src, dst, *args, **kwargs):
+        if not seen:
+            seen.append(src)
+            write(202)
+        real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", second_writer_first)
+    with caplog.at_level("WARNING"):
+        write(101)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+    assert "101" in target.read_text() and "202" not in target.read_text()  # the last rename's, whole
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+    def disk_full(src, dst, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    try:
+        write(303)
+    except OSError:
+        pass  # raised by the writers whose caller decides; the CPU cache only logs it (measured again next time)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert [p.name for p in target.parent.iterdir()] == [target.name] and "303" not in target.read_text()

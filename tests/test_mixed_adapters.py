@@ -121,6 +121,108 @@ def test_unknown_target_module_names_the_adapter_and_the_module(tiny, tmp_path):
         pipe.add_adapter("bad", folder)
 
 
+def _break_adapter(good: Path, out: Path, how: str) -> Path:
+    """A copy of the adapter folder GOOD broken in one way a folder on disk can be."""
+    folder = Path(shutil.copytree(good, out))
+    config_file = folder / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    if how == "no adapter_config.json":
+        config_file.unlink()
+    elif how == "adapter_config.json not JSON":
+        config_file.write_text('{"r": 4, "target_modules": ')
+    elif how == "unknown target module":
+        config_file.write_text(json.dumps({**config, "target_modules": [*config["target_modules"], "qkv_proj"]}))
+    elif how == "rank mismatch":
+        config_file.write_text(json.dumps({**config, "r": 2 * config["r"]}))
+    elif how == "another base":  # its own config.json: trained over a base of other sizes
+        own = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**own, "intermediate_size": own["intermediate_size"] * 2}))
+    elif how == "tokenizer.json not JSON":  # read after the LoRA weights loaded
+        (folder / "tokenizer.json").write_text("{")
+    return folder
+
+
+BROKEN_ADAPTERS = ["no adapter_config.json", "adapter_config.json not JSON", "unknown target module", "rank mismatch",
+                   "another base", "tokenizer.json not JSON"]
+
+
+def _mixed_layers(body: torch.nn.Module) -> list[str]:
+    return sorted(name for name, m in body.named_modules() if isinstance(m, nn_lora.MixedLinear))
+
+
+@pytest.mark.parametrize("how", BROKEN_ADAPTERS)
+def test_a_failed_adapter_load_leaves_the_base_and_its_adapters_as_they_were(tiny, tmp_path, monkeypatch, how):
+    """add_adapter with a broken folder raises and changes nothing: over a base without adapters, the base gets no
+    AdapterSet; over one with an adapter, the set's slots and table, the shared body's layers, the adapters' pipelines
+    and every output stay as they were, also when the failing load reuses a loaded adapter's name; and nothing of
+    the failed adapter stays referenced (its model is collected). The tokenizer case failed after the LoRA weights
+    were installed: they stayed in the table (and a reused name served them under the old head)."""
+    import gc
+    import weakref
+
+    made: list[weakref.ref] = []  # every model load_adapter made (weakly: the test holds none of them)
+    failed: list[weakref.ref] = []  # those of loads that failed
+    load_adapter = lora.load_adapter
+    monkeypatch.setattr(lora, "load_adapter", lambda *a, **k: made.append(weakref.ref(m := load_adapter(*a, **k)))
+                        or m)
+
+    def fails(pipe: hfport.pipelines.Pipeline, name: str) -> None:
+        start = len(made)
+        with pytest.raises((hfport.HfportError, ValueError)):
+            pipe.add_adapter(name, bad)
+        failed.extend(made[start:])
+
+    bad = _break_adapter(tiny["b"], tmp_path / "bad", how)
+    plain = hfport.pipeline("text-classification", model=tiny["base"])
+    want = plain(TEXTS, top_k=None)
+    fails(plain, "b")
+    assert plain.model.adapter_set is None and plain.adapters == {} and _mixed_layers(plain.model.body) == []
+    assert plain(TEXTS, top_k=None) == want
+
+    pipe = hfport.pipeline("text-classification", model=tiny["base"], adapters={"a": tiny["a"]})
+    shared = pipe.model.adapter_set
+    before = (dict(shared.slots), shared.table, _mixed_layers(pipe.model.body), dict(pipe.adapters))
+    want = [pipe(TEXTS, top_k=None), pipe(TEXTS, adapter="a", top_k=None)]
+    for name in ("b", "a"):  # a new name, and a loaded adapter's name (a load of it replaces it only when it works)
+        fails(pipe, name)
+        assert pipe.model.adapter_set is shared
+        assert (dict(shared.slots), shared.table, _mixed_layers(pipe.model.body), dict(pipe.adapters)) == before
+        assert [pipe(TEXTS, top_k=None), pipe(TEXTS, adapter="a", top_k=None)] == want
+    gc.collect()
+    assert all(ref() is None for ref in failed), "a failed adapter's model is still referenced"
+
+
+def test_an_adapter_whose_pipeline_fails_is_not_installed(tmp_path, monkeypatch):
+    """The adapter's own pipeline can fail after its weights loaded (a sentence-embedding adapter folder whose
+    modules.json names a module hfport does not compute): its LoRA weights stayed in the shared body's table under a
+    slot of their own, with no pipeline to serve them. Now the set installs an adapter only once its pipeline is
+    built: slots, table and layers stay as they were, the base and its adapter answer as before, and the failed
+    adapter's model is collected."""
+    import gc
+    import weakref
+
+    base = make_folder(tmp_path, "bert", "feature-extraction")
+    good = make_adapter(base, tmp_path / "good", "feature-extraction", 2, ["q", "v"], 1)
+    bad = make_adapter(base, tmp_path / "bad", "feature-extraction", 4, ["k", "ffn.up"], 2)
+    (bad / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "", "type": "my.CustomModule"}]))
+    pipe = hfport.pipeline("sentence-embedding", model=base, adapters={"good": good})
+    shared = pipe.model.adapter_set
+    before = (dict(shared.slots), shared.table, _mixed_layers(pipe.model.body), dict(pipe.adapters))
+    want = [pipe(TEXTS), pipe(TEXTS, adapter="good")]
+    made: list[weakref.ref] = []
+    load_adapter = lora.load_adapter
+    monkeypatch.setattr(lora, "load_adapter", lambda *a, **k: made.append(weakref.ref(m := load_adapter(*a, **k)))
+                        or m)
+    for name in ("bad", "good"):
+        with pytest.raises(hfport.HfportError, match="my.CustomModule"):
+            pipe.add_adapter(name, bad)
+    assert len(made) == 2  # both got as far as a loaded model
+    assert (dict(shared.slots), shared.table, _mixed_layers(pipe.model.body), dict(pipe.adapters)) == before
+    assert [pipe(TEXTS), pipe(TEXTS, adapter="good")] == want
+    gc.collect()
+    assert all(ref() is None for ref in made), "a failed adapter's model is still referenced"
+
+
 def test_adapters_over_a_base_without_the_tasks_head(tmp_path):
     """Predict's documented way (`pipeline(task, model=base, adapters=...)`) over a base encoder that has no
     text-classification head of its own, each adapter bringing its head: it loads and answers through its adapters,

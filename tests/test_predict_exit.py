@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from hfport.cli import app
@@ -67,12 +68,42 @@ def test_an_option_given_twice_is_refused_naming_it(tiny_bert):
     """-o normalize=true -o normalize=false (or --set lr=... twice in finetune) is refused, not settled by the last
     one silently."""
     run = predict(tiny_bert, "fine", "-o", "normalize=true", "-o", "normalize=false")
-    assert run.exit_code == 1 and run.stdout == ""
+    assert run.exit_code == 2 and run.stdout == ""  # a usage error, as test_a_malformed_key_value_... checks
     assert "error: --set/-o normalize is given twice (normalize=true, then normalize=false); give each option once" \
         in run.stderr
     run = CliRunner().invoke(app, ["finetune", "--model", "m", "--train", "t.jsonl", "--set", "lr=0.1",
                                    "--set", "lr=0.2", "--print-config"])
-    assert run.exit_code == 1 and "error: --set lr is given twice (lr=0.1, then lr=0.2)" in run.stderr
+    assert run.exit_code == 2 and "error: --set lr is given twice (lr=0.1, then lr=0.2)" in run.stderr
+
+
+# every command that takes KEY=VALUE pairs: (its arguments up to the pairs, its flag, the flag's example)
+KEY_VALUE_COMMANDS = {
+    "predict": (["predict", "MODEL", "--task", "feature-extraction", "fine"], "--set/-o", "-o top_k=3"),
+    "evaluate": (["evaluate", "MODEL", "--data", "rows.csv", "--task", "text-classification"], "--set",
+                 "--set max_length=128"),
+    "finetune": (["finetune", "--model", "MODEL", "--train", "rows.csv", "--output-dir", "RUN"], "--set",
+                 "--set scheduler=cosine"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(KEY_VALUE_COMMANDS))
+def test_a_malformed_key_value_option_is_a_usage_error_on_every_command(command, tmp_path):
+    """A pair that is not KEY=VALUE, or a key given twice, is a command line hfport cannot read: exit 2 on every
+    command that takes such pairs, as click's own refusals (an unknown flag, a non-integer --batch-size), before any
+    work starts (MODEL does not exist: reading it would fail with 1); the message names the flag and its form. Until
+    this, predict exited 2 (click's BadParameter) but evaluate and finetune 1, and a key given twice 1 everywhere."""
+    args, flag, example = KEY_VALUE_COMMANDS[command]
+    args = [str(tmp_path / "nope") if a == "MODEL" else str(tmp_path / "run") if a == "RUN" else a for a in args]
+    opt = flag.split("/")[-1]
+    for pairs, message in ((["max_length"], f"error: {flag} 'max_length': expected KEY=VALUE, e.g. {example}"),
+                           (["=3"], f"error: {flag} '=3': expected KEY=VALUE"),
+                           (["seed=1", "seed=2"], f"error: {flag} seed is given twice (seed=1, then seed=2)")):
+        run = CliRunner().invoke(app, [*args, *[x for p in pairs for x in (opt, p)]])
+        assert run.exit_code == 2, (pairs, run.output)
+        assert message in run.stderr, (pairs, run.stderr)
+        assert "Traceback" not in run.output
+    failed = CliRunner().invoke(app, [*args, opt, "seed=1"])  # read: the work itself fails (no MODEL): 1
+    assert failed.exit_code == 1, failed.output
 
 
 def test_an_error_about_a_line_of_input_names_the_file_and_its_line(tiny_bert, tmp_path):

@@ -125,6 +125,60 @@ def adapter_folder(tmp_path, root) -> Path:
     return out
 
 
+@pytest.mark.parametrize("how", ["unknown target module", "rank mismatch", "no adapter_config.json"])
+def test_a_failed_adapter_load_keeps_nothing_of_its_base_in_memory(tmp_path, root, adapter_folder, monkeypatch, how):
+    """An adapter registered over a base that is not loaded, whose folder broke after registration: its request loads
+    the base for it, then the adapter fails. The base's pipeline stayed in the cache's tables with no cached record
+    using it: its weights held, in no memory gauge, never evicted. Now nothing of the failed load stays (the models
+    the cache loaded are collected; the gauges say nothing is loaded), and the base and the repaired adapter serve."""
+    import gc
+    import weakref
+
+    loaded: list[weakref.ref] = []  # the model of every pipeline the cache loads
+    load = cache.pipeline
+    monkeypatch.setattr(cache, "pipeline", lambda task, model, **kw: loaded.append(
+        weakref.ref((pipe := load(task, model=model, **kw)).model)) or pipe)
+    with serve(tmp_path, root) as client:
+        assert client.post("/models", json={"name": "base", "path": str(root / "models" / "base")}).status_code == 201
+        r = client.post("/models", json={"name": "ad", "path": str(adapter_folder), "base": "base"})
+        assert r.status_code == 201, r.text
+        saved = (adapter_folder / "adapter_config.json").read_text()
+
+        def break_adapter() -> None:
+            config = json.loads(saved)
+            if how == "no adapter_config.json":
+                (adapter_folder / "adapter_config.json").unlink()
+                return
+            config = {**config, "target_modules": [*config["target_modules"], "qkv_proj"]} \
+                if how == "unknown target module" else {**config, "r": 2 * config["r"]}
+            (adapter_folder / "adapter_config.json").write_text(json.dumps(config))
+
+        break_adapter()
+        r = client.post("/predict", json={"model": "ad", "inputs": "a text"})
+        assert r.status_code == 400 and r.json()["error_type"] == "LoraError", r.text
+        assert len(loaded) == 1  # the base, loaded for the adapter
+        assert "hfport_models_loaded 0.0" in client.get("/metrics").text
+        gc.collect()
+        assert loaded[0]() is None, "the base loaded for the failed adapter is still in memory"
+        (adapter_folder / "adapter_config.json").write_text(saved)
+        for name in ("ad", "base"):
+            r = client.post("/predict", json={"model": name, "inputs": "a text"})
+            assert r.status_code == 200, (name, r.text)
+        assert "hfport_models_loaded 2.0" in client.get("/metrics").text
+        # over a base that serves: the failure takes nothing of it (neither reloaded nor dropped)
+        assert client.delete("/models/ad").status_code == 200
+        break_adapter()
+        r = client.post("/models", json={"name": "ad", "path": str(adapter_folder), "base": "base"})
+        if how == "no adapter_config.json":  # refused at registration: nothing to load
+            assert r.status_code == 400 and "only an adapter folder runs over a base model" in message(r), r.text
+        else:
+            assert r.status_code == 201, r.text
+            r = client.post("/predict", json={"model": "ad", "inputs": "a text"})
+            assert r.status_code == 400 and r.json()["error_type"] == "LoraError", r.text
+        assert client.post("/predict", json={"model": "base", "inputs": "a text"}).status_code == 200
+        assert len(loaded) == 2 and loaded[1]() is not None  # the base's second load, still serving
+
+
 def test_a_job_or_an_adapters_base_naming_no_registered_model_lists_the_registered_ones(tmp_path, root,
                                                                                          adapter_folder):
     """It said "model: 'nope' does not exist" (a job's model) and "base: 'nope' does not exist" (an adapter's base):

@@ -7,20 +7,31 @@ use()/reset() change and forget what it read; every HFPORT_* name the code and t
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
+import types
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 import hfport.settings
 from hfport import verbosity
 from hfport.cli import app
+from hfport import int8_verdicts
 from hfport.errors import SettingsError
-from hfport.hardware import cache_root
+from hfport.export import int8_choice
+from hfport.hardware import CACHE_FILE, cache_root
 from hfport.settings import GROUPS
 from hfport.settings import Settings as LibrarySettings
+from hfport.train.distill import TEACHER_DIR
+from hfport.train.grouped import SPILL_DIR
+import server.app
+import server.worker
+from server.app import create_app
 from server.settings import Settings as ServerSettings
+from server.store import open_store
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = (LibrarySettings, ServerSettings)
@@ -84,6 +95,27 @@ def test_every_hfport_variable_mentioned_is_a_setting():
     assert not stray, "\n".join(sorted(stray))
 
 
+def test_nothing_reads_an_hfport_variable_but_the_settings_classes():
+    """CONTRIBUTING: a setting is a field, never an os.environ read elsewhere (where it would skip the validation, the
+    docs and `serve --help`). Writing one into a child's environment is fine."""
+    read = re.compile(r"""(environ\.get|getenv)\(\s*["']HFPORT_|environ\[\s*["']HFPORT_[A-Z_]*["']\s*\](?!\s*=[^=])""")
+    files = [*REPO.glob("hfport/**/*.py"), *REPO.glob("server/**/*.py"), *REPO.glob("scripts/*.py")]
+    readers = [f"{path.relative_to(REPO)}:{n}: {line.strip()}" for path in files
+               for n, line in enumerate(path.read_text().splitlines(), 1) if read.search(line)]
+    assert not readers, "\n".join(readers)
+
+
+def test_the_cache_settings_name_every_folder_the_library_keeps_in_the_cache():
+    """teacher/ (a distillation's teacher outputs, capped by store_max_bytes like encoded/) and int8-paths/ were kept
+    there unsaid."""
+    cache = LibrarySettings.model_fields["cache_dir"].description
+    kept = [CACHE_FILE, f"{int8_verdicts.FOLDER}/", f"{int8_choice.FOLDER}/", "embeddings/", "encoded/",
+            f"{TEACHER_DIR}/", f"{SPILL_DIR}/"]
+    assert [name for name in kept if name not in cache] == [], cache
+    capped = LibrarySettings.model_fields["store_max_bytes"].description
+    assert "cache_dir/encoded/" in capped and f"cache_dir/{TEACHER_DIR}/" in capped, capped
+
+
 # --- the library: read once, changed and forgotten cleanly --------------------------------------------------------
 
 
@@ -124,6 +156,28 @@ def test_a_bad_library_variable_is_one_error_naming_it(monkeypatch, variable, va
         hfport.settings.settings()
 
 
+@pytest.mark.parametrize("flag", ["-q", "-v"])
+def test_a_bad_library_variable_stops_a_command_in_one_line_with_a_verbosity_flag_too(monkeypatch, flag):
+    """A flag decides the verbosity without HFPORT_VERBOSITY, so the settings were first read later, wherever the
+    command needed them: the error escaped as a traceback (and `serve -v` started with them unread)."""
+    monkeypatch.setenv("HFPORT_STORE_MAX_BYTES", "20G")
+    result = CliRunner().invoke(app, ["info", "--hardware", flag])
+    assert result.exit_code == 1 and not isinstance(result.exception, SettingsError), result.exception
+    assert "error: HFPORT_STORE_MAX_BYTES='20G': input should be a valid integer" in result.output, result.output
+
+
+def test_serve_logs_at_the_verbosity_the_variable_or_a_flag_names(tmp_path, monkeypatch):
+    """uvicorn's level followed -q alone: HFPORT_VERBOSITY=quiet left its info lines on, and -vv (debug) too."""
+    levels = []
+    monkeypatch.setattr(server.app, "serve", lambda settings, log_level: levels.append(log_level))
+    for variable, flags in (("quiet", []), ("", ["-q"]), ("quiet", ["-v"]), ("", []), ("debug", []), ("", ["-vv"])):
+        monkeypatch.setenv("HFPORT_VERBOSITY", variable)
+        hfport.settings.reset()
+        result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path), *flags])
+        assert result.exit_code == 0, result.output
+    assert levels == [logging.ERROR, logging.ERROR, logging.INFO, logging.INFO, logging.DEBUG, logging.DEBUG]
+
+
 # --- the server's ---------------------------------------------------------------------------------------------------
 
 
@@ -132,6 +186,14 @@ def test_a_bad_library_variable_is_one_error_naming_it(monkeypatch, variable, va
     ("HFPORT_ROLE", "boss", r"HFPORT_ROLE='boss': input should be 'api', 'worker' or 'all' \(accepted: api \| "
                             r"worker \| all\)"),
     ("HFPORT_BATCH_TOKEN_BUDGETS", "[0]", r"HFPORT_BATCH_TOKEN_BUDGETS='\[0\]': input should be greater than 0"),
+    # a list setting's value that is not JSON: refused naming the variable, not in pydantic-settings' own words
+    ("HFPORT_ALLOWED_DIRS", "/data/models", r"HFPORT_ALLOWED_DIRS='/data/models': input should be a valid list "
+                                            r"\(accepted: JSON list of Path\)"),
+    ("HFPORT_BATCH_TOKEN_BUDGETS", "1024,2048", r"HFPORT_BATCH_TOKEN_BUDGETS='1024,2048': input should be a valid "
+                                                r"list \(accepted: JSON list of int\)"),
+    # a float setting is finite: inf passed `gt=0`, then every job process refused its lease margin (inf < inf)
+    ("HFPORT_JOB_LEASE_S", "inf", r"HFPORT_JOB_LEASE_S='inf': input should be a finite number \(accepted: float > 0\)"),
+    ("HFPORT_BATCH_MAX_WAIT_MS", "1e400", r"HFPORT_BATCH_MAX_WAIT_MS='1e400': input should be a finite number"),
     ("HFPORT_LEASE_S", "10", r"HFPORT_LEASE_S is no longer a setting: HFPORT_JOB_LEASE_S \(one name for the lease\)"),
     ("HFPORT_JOB_HEARTBEAT_S", "1", r"HFPORT_JOB_HEARTBEAT_S is no longer a setting: derived: HFPORT_JOB_LEASE_S / 15"),
     ("HFPORT_MODEL_CACHE_SIZE", "4", r"HFPORT_MODEL_CACHE_SIZE is no longer a setting: HFPORT_MODEL_CACHE_MB"),
@@ -142,6 +204,24 @@ def test_a_bad_server_variable_is_one_error_naming_it(tmp_path, monkeypatch, var
         ServerSettings(data_dir=tmp_path)
 
 
+def test_a_database_url_is_a_postgresql_url_and_its_value_stays_out_of_the_error(tmp_path, monkeypatch):
+    """Anything but postgresql:// (or postgres://) was opened as a SQLite file of that name in the working directory;
+    the refusal names the variable but not the value, which may hold the database's password."""
+    monkeypatch.setenv("HFPORT_DATABASE_URL", "jobs:s3cret@db.example.com:5432/jobs")  # the scheme forgotten
+    with pytest.raises(SettingsError, match=r"HFPORT_DATABASE_URL \(its value not shown\): not a PostgreSQL URL \(no "
+                                            r"scheme\): use postgresql://user:password@host:port/dbname") as e:
+        ServerSettings(data_dir=tmp_path)
+    assert "s3cret" not in str(e.value)
+    monkeypatch.delenv("HFPORT_DATABASE_URL")
+    with pytest.raises(SettingsError, match=r"database_url \(its value not shown\): not a PostgreSQL URL \(the "
+                                            r"scheme 'mysql'\)") as e:
+        ServerSettings(data_dir=tmp_path, database_url="mysql://jobs:s3cret@db/jobs")
+    assert "s3cret" not in str(e.value)
+    url = "postgres://jobs@db.example.com/jobs"
+    assert ServerSettings(data_dir=tmp_path, database_url=url).store_target == url
+    assert ServerSettings(data_dir=tmp_path).store_target == str(tmp_path / "hfport.db")
+
+
 def test_a_retired_argument_names_its_replacement(tmp_path):
     with pytest.raises(SettingsError, match=r"job_lease_margin_s: no longer a setting: derived: "
                                             r"HFPORT_JOB_LEASE_S / 5"):
@@ -150,6 +230,65 @@ def test_a_retired_argument_names_its_replacement(tmp_path):
         ServerSettings(data_dir=tmp_path, lease_s=5)
     with pytest.raises(SettingsError, match=r"lease_seconds: not a setting; the settings: host, port, "):
         ServerSettings(data_dir=tmp_path, lease_seconds=5)
+
+
+def test_whitespace_around_a_value_is_no_part_of_it(tmp_path, monkeypatch):
+    """A token passed on with its file's newline (a mounted secret, an env file): it was taken whole, and since a
+    Bearer header's value is stripped every request was refused. The same goes for a word setting, a bool and a path;
+    nothing but whitespace is refused where a value must be."""
+    monkeypatch.setenv("HFPORT_API_TOKEN", "s3cret\n")
+    monkeypatch.setenv("HFPORT_ROLE", " api ")
+    monkeypatch.setenv("HFPORT_AUTO_TRUNCATE", "false ")
+    monkeypatch.setenv("HFPORT_HOST", " 127.0.0.1")
+    monkeypatch.setenv("HFPORT_DATA_DIR", f"{tmp_path / 'd'} ")
+    s = ServerSettings()
+    assert (s.api_token, s.role, s.auto_truncate, s.host, s.data_dir) == ("s3cret", "api", False, "127.0.0.1",
+                                                                          tmp_path / "d")
+    assert ServerSettings.env_value("api_token") == "s3cret"  # one setting alone (a job process's store) alike
+    with TestClient(create_app(s, run_worker=False)) as client:
+        assert client.get("/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.get("/models", headers={"Authorization": "Bearer wrong"}).status_code == 403
+    monkeypatch.setenv("HFPORT_API_TOKEN", " ")
+    with pytest.raises(SettingsError, match=r"HFPORT_API_TOKEN \(its value not shown\): blank: set a value, or unset "
+                                            r"the variable"):
+        ServerSettings()
+
+
+def test_serve_warns_of_a_variable_that_is_no_setting(tmp_path, monkeypatch):
+    """A misspelt variable was ignored unseen, its setting left at the default."""
+    monkeypatch.setattr(server.app, "serve", lambda settings, log_level: None)
+    monkeypatch.setenv("HFPORT_MAX_CONCURENT_JOBS", "4")
+    monkeypatch.setenv("HFPORT_STORE_MAX_BYTE", "0")  # the library's, misspelt: the server knows those too
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert ("HFPORT_MAX_CONCURENT_JOBS is not a setting (did you mean HFPORT_MAX_CONCURRENT_JOBS?): ignored "
+            "(docs/settings.md lists the settings)") in result.output, result.output
+    assert "HFPORT_STORE_MAX_BYTE is not a setting (did you mean HFPORT_STORE_MAX_BYTES?)" in result.output
+
+
+def test_serve_names_hfport_models_when_a_model_it_names_is_refused(tmp_path, monkeypatch):
+    """The refusal named only --model, which a server started with HFPORT_MODELS was not given."""
+    monkeypatch.setenv("HFPORT_MODELS", str(tmp_path / "nope"))
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"error: --model / HFPORT_MODELS '{tmp_path / 'nope'}': not a folder" in result.output, result.output
+
+
+def test_a_job_process_gets_the_cache_dir_its_server_uses(tmp_path, monkeypatch):
+    """A relative HFPORT_CACHE_DIR named another folder from a job process's working directory (the data dir): the
+    jobs' int8 verdicts and hardware.json were not the server's."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HFPORT_CACHE_DIR", "cache")
+    hfport.settings.reset()
+    started = []
+    monkeypatch.setattr(server.worker.subprocess, "Popen",
+                        lambda cmd, **kw: started.append(kw) or types.SimpleNamespace(pid=2**22))
+    settings = ServerSettings(data_dir=tmp_path / "data")
+    settings.data_dir.mkdir()
+    server.worker.Worker(settings, open_store(settings.store_target))._spawn({"id": "j1", "kind": "finetune",
+                                                                             "attempts": 1})
+    assert started[0]["cwd"] == str(tmp_path / "data")
+    assert started[0]["env"]["HFPORT_CACHE_DIR"] == str(tmp_path / "cache")
 
 
 def test_the_derived_settings_follow_their_source(tmp_path):
@@ -164,3 +303,16 @@ def test_serve_refuses_a_bad_variable_in_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert "error: invalid settings: HFPORT_PORT='http': input should be a valid integer" in result.output, \
         result.output
+
+
+def test_serve_refuses_a_data_dir_that_is_a_file_in_one_line(tmp_path, monkeypatch):
+    """It was met by the mkdir at start, a FileExistsError (NotADirectoryError below a file) traceback."""
+    (tmp_path / "notes.txt").write_text("x")
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path / "notes.txt"))
+    result = CliRunner().invoke(app, ["serve"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert (f"error: invalid settings: HFPORT_DATA_DIR='{tmp_path / 'notes.txt'}': {tmp_path / 'notes.txt'} is a "
+            "file, not a folder") in result.output, result.output
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path / "notes.txt" / "data")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"is a file, not a folder (so {tmp_path / 'notes.txt' / 'data'} cannot be one)" in result.output

@@ -22,11 +22,14 @@ from hfport.train.loop import finetune
 from tests.tiny import ALL_FAMILIES, batch, build_hf, save_hf
 
 MODEL_TASKS = ["feature-extraction", "text-classification", "token-classification", "question-answering", "fill-mask",
-               "multiple-choice"]
+               "multiple-choice", "pretraining", "next-sentence-prediction"]
+# model tasks only some families have (their records' every_family=False), and those families
+SOME_FAMILIES = {"pretraining": {"bert", "albert", "electra"}, "next-sentence-prediction": {"bert"}}
 # tasks that train one of the model tasks' models (their records' model_task)
 TRAINING_ONLY = {"sentence-embedding": "feature-extraction", "text-ranking": "text-classification",
                  "sparse-embedding": "fill-mask"}
 CANONICAL = [*MODEL_TASKS, *TRAINING_ONLY]
+PIPELINE_TASKS = [name for name in CANONICAL if name not in SOME_FAMILIES]  # the pre-training heads have none
 OLD_NAMES = {"base": "feature-extraction", "sequence-classification": "text-classification",
              "masked-lm": "fill-mask", "sentiment-analysis": "text-classification", "ner": "token-classification"}
 
@@ -51,17 +54,22 @@ def test_records_agree_with_model_classes_pipelines_and_families():
 
     from hfport.pipelines import PIPELINES
 
-    assert list(PIPELINES) == CANONICAL and list(tasks.MODEL_TASKS) == MODEL_TASKS
+    assert list(PIPELINES) == PIPELINE_TASKS == list(tasks.PIPELINE_TASKS) and list(tasks.MODEL_TASKS) == MODEL_TASKS
     for name, record in tasks.TASKS.items():
         model_task = TRAINING_ONLY.get(name, name)
         assert record.checkpoint_task == model_task
         # a pipeline runs the model of its checkpoint task (sentence-embedding pools feature-extraction's)
-        assert record.model_class.task == model_task and PIPELINES[name].model_task == model_task
+        assert record.model_class.task == model_task
+        assert name in SOME_FAMILIES or PIPELINES[name].model_task == model_task
         assert hasattr(transformers, record.auto_class)
         assert set(record.per_sequence) <= set(record.outputs)
+        assert record.every_family == (name not in SOME_FAMILIES)
     for family in FAMILIES.values():  # every family keys its tables by canonical task names only
-        # every model task, or the ones transformers has classes for in the family (Family.tasks: GTE has no QA)
-        assert set(family.architectures) == set(family.tasks or tasks.MODEL_TASKS) <= set(tasks.MODEL_TASKS)
+        # every model task every family has, or the ones transformers has classes for in the family (Family.tasks:
+        # GTE has no QA); a head only some families have where the family maps its keys
+        names = family.tasks or [n for n in tasks.MODEL_TASKS
+                                 if n not in SOME_FAMILIES or family.model_type in SOME_FAMILIES[n]]
+        assert set(family.architectures) == set(names) <= set(tasks.MODEL_TASKS)
         assert set(family.head_keys) | set(family.head_options) <= set(tasks.MODEL_TASKS) - {"feature-extraction"}
 
 
@@ -70,7 +78,7 @@ def test_the_families_read_task_facts_from_the_records():
     the record's `pooler`, unless the family's record says otherwise (RoBERTa's classifier); a training-only task
     reaches its model task's facts through `model_record`."""
     for family in FAMILIES.values():
-        names = family.tasks or tasks.MODEL_TASKS
+        names = [name for name in tasks.MODEL_TASKS if family.has_task(name)]
         assert family.architectures == {name: family.class_prefix + tasks.TASKS[name].architecture_suffix
                                         for name in names}
         for name in names:
@@ -93,6 +101,8 @@ def test_every_family_builds_every_head_from_the_records(family):
     raw = hf.config.to_dict()
     for name in tasks.MODEL_TASKS:
         record = tasks.TASKS[name]
+        if not FAMILIES[raw["model_type"]].has_task(name):  # the pre-training heads: tests/test_pretraining.py
+            continue
         model = record.model_class.from_config(raw)
         assert model.task == name
         assert (model.head is None) == (name == "feature-extraction")
@@ -141,6 +151,8 @@ def test_pipeline_and_server_schemas_accept_aliases(tmp_path, minilm_path):
     assert ModelRegistration(name="a", path="p", task="masked-lm").task == "fill-mask"
     with pytest.raises(ValueError, match="not supported.*fill-mask"):
         PredictRequest(model="a", inputs="x", task="summarization")
+    with pytest.raises(ValueError, match="Input should be 'feature-extraction'"):  # a model-only head: no pipeline
+        ModelRegistration(name="a", path="p", task="pretraining")
     save_hf("bert", "masked-lm", tmp_path, vocab_size=30522)
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(minilm_path / f, tmp_path / f)

@@ -277,7 +277,8 @@ def test_serve_refuses_two_models_of_one_name(tmp_path, folders):
     for first, second, name in [(f"x={a}", f"x={b}", "x"), (str(a), str(b), "model")]:
         with pytest.raises(ApiError) as refused:
             create_app(Settings(data_dir=tmp_path / "data", models=[first, second]), run_worker=False)
-        assert f"--model '{second}': the name '{name}' is also --model '{first}''s" in refused.value.message
+        assert (f"--model / HFPORT_MODELS '{second}': the name '{name}' is also --model '{first}''s"
+                in refused.value.message)
 
 
 def test_models_setting_parses_env(monkeypatch):

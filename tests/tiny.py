@@ -20,6 +20,9 @@ HEADS = {
 }
 # heads whose inputs differ from the grid's (B, T) batch, with tests of their own (multiple-choice: (B, C, T))
 OTHER_HEADS = {"multiple-choice": "AutoModelForMultipleChoice"}
+# heads only some families have, with labels of their own (tests/test_pretraining.py): BERT, ALBERT, ELECTRA
+PRETRAINING_HEADS = {"pretraining": "AutoModelForPreTraining",
+                     "next-sentence-prediction": "AutoModelForNextSentencePrediction"}
 # build_hf also takes the canonical task names (transformers' pipeline tags) of the heads above
 OLD_NAMES = {"feature-extraction": "base", "text-classification": "sequence-classification", "fill-mask": "masked-lm"}
 
@@ -116,7 +119,7 @@ def build_hf(family: str, task: str, seed: int = 0, **overrides: Any):
         config.label2id = {f"L{i}": i for i in range(NUM_LABELS)}
     torch.manual_seed(seed)
     head = OLD_NAMES.get(task, task)
-    model = getattr(transformers, HEADS.get(head) or OTHER_HEADS[head]).from_config(config)
+    model = getattr(transformers, {**HEADS, **OTHER_HEADS, **PRETRAINING_HEADS}[head]).from_config(config)
     # transformers zero-initialises some biases; random values make the parity check see every term
     with torch.no_grad():
         for name, p in model.named_parameters():

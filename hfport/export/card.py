@@ -145,12 +145,14 @@ def model_card(folder: Path, source: Source, result: ExportResult, style: CardSt
     facts = CardFacts(folder, result.out.name, result.task, config,
                       base_model(source, folder, summary), result.report)
     kind = sentence_kind(folder, config, style)
-    tag = kind.pipeline_tag if kind else PIPELINE_TAGS[result.task]
+    tag = kind.pipeline_tag if kind else PIPELINE_TAGS.get(result.task)
     architecture = (config.get("architectures") or ["?"])[0]
+    pipeline = (f"transformers pipeline `{PIPELINE_TAGS[result.task]}`" if result.task in PIPELINE_TAGS else
+                f"no pipeline: `{TRANSFORMERS_AUTO[result.task]}` loads it")
     lines = [front_matter(facts, summary, style, kind, result.family), "", f"# {facts.name}", "",
              (f"A `{architecture}` ({result.family}, {result.task}) exported by hfport {__version__} from "
               f"`{source.model}`; weights in {result.dtype}."), "",
-             "## Task", "", f"{result.task} (transformers pipeline `{PIPELINE_TAGS[result.task]}`)"
+             "## Task", "", f"{result.task} ({pipeline})"
              + (f"; a sentence-transformers {kind.cls} model (`{tag}`)" if kind else ""), ""]
     if TASKS[result.task].labels and config.get("id2label"):
         lines += ["## Labels", "", "| id | label |", "|---:|---|"]
@@ -173,13 +175,14 @@ def front_matter(facts: CardFacts, summary: RunSummary | None, style: CardStyle,
     """The YAML block the Hub reads: library, pipeline tag, tags, base_model (+ its relation) and datasets (Hub repo
     ids only: a local path means nothing there), model-index with the last evaluation's metrics."""
     train_config = summary.config if summary is not None else {}
-    tag = kind.pipeline_tag if kind else PIPELINE_TAGS[facts.task]
+    tag = kind.pipeline_tag if kind else PIPELINE_TAGS.get(facts.task)  # None: a model-only head, no tag
     library = style.library or ("sentence-transformers" if kind else "transformers")
     base = repo_id(facts.base)
     tags = [*(kind.tags if kind else ()), *style.tags, "hfport", family]
     if base and style.relation:
         tags.append(f"base_model:{style.relation}:{base}")
-    meta: dict[str, Any] = {"library_name": library, "pipeline_tag": tag, "tags": list(dict.fromkeys(tags))}
+    meta: dict[str, Any] = {"library_name": library, **({"pipeline_tag": tag} if tag else {}),
+                            "tags": list(dict.fromkeys(tags))}
     if base:
         meta["base_model"] = base
         if style.relation:

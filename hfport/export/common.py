@@ -33,8 +33,8 @@ WHICH = MODELS  # a run's model folders: best/, final/
 EXPORT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 # task -> transformers' pipeline tag, auto class, and the outputs verify compares, from the task records
-# (hfport/tasks/): a task's name is its pipeline tag
-PIPELINE_TAGS = {name: name for name in TASKS}
+# (hfport/tasks/): a task's name is its pipeline tag; a model-only head (pretraining) has none
+PIPELINE_TAGS = {name: name for name, t in TASKS.items() if t.pipeline is not None}
 TRANSFORMERS_AUTO = {name: t.auto_class for name, t in TASKS.items()}
 OUTPUTS = {name: t.outputs for name, t in TASKS.items()}
 

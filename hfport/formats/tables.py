@@ -24,6 +24,7 @@ import glob
 import hashlib
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
@@ -248,7 +249,7 @@ def write_rows(path: str | os.PathLike[str], columns: list[str], rows: list[dict
     path = Path(path)
     kind = writable_kind(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")  # its own: threads of a process write
     try:
         kind.write(staging, columns, rows)
         os.replace(staging, path)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import EncoderConfig, require
-from ..keymap import KeyMap, params, tables
+from ..keymap import KeyMap, params, tables, under
 from ..nn import EncoderBody, Embeddings, Pooler, SharedEncoder
 from . import bert
-from .family import Family
+from .family import Family, HeadOptions
 
 
 def albert_config(raw: dict[str, Any], source: str) -> EncoderConfig:
@@ -45,17 +45,26 @@ BODY_KEYS = KeyMap(tables(
     params(f"{LAYER[0]}.full_layer_layer_norm", f"{LAYER[1]}.ffn_norm"),
     params("pooler", "pooler.dense")))
 
+MLM_KEYS = {**params("predictions.dense", "dense"), **params("predictions.LayerNorm", "norm"),
+            "predictions.bias": "bias", "predictions.decoder.bias": "decoder.bias",
+            "predictions.decoder.weight": "decoder.weight"}
+
 HEAD_KEYS = {
     "text-classification": KeyMap(params("classifier", "out")),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
     "multiple-choice": KeyMap(params("classifier", "out")),
-    "fill-mask": KeyMap({**params("predictions.dense", "dense"), **params("predictions.LayerNorm", "norm"),
-                         "predictions.bias": "bias", "predictions.decoder.bias": "decoder.bias",
-                         "predictions.decoder.weight": "decoder.weight"}),
+    "fill-mask": KeyMap(MLM_KEYS),
+    # AlbertForPreTraining (albert-base-v2 and friends): the MLM head + sentence-order prediction
+    "pretraining": KeyMap({**under(MLM_KEYS, "mlm."), **params("sop_classifier.classifier", "pair.out")}),
+}
+
+HEAD_OPTIONS: HeadOptions = {
+    # AlbertSOPHead: dropout(classifier_dropout_prob) -> classifier to num_labels outputs, named as its loss names them
+    "pretraining": lambda c: {"pair_dropout": c.classifier_dropout, "pair_labels": c.num_labels,
+                              "pair_output": "sop_logits", "pair_label": "sentence_order_label"},
 }
 
 ALBERT = Family(
     model_type="albert", prefix="albert", class_prefix="Albert", config_from_hf=albert_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body,
-    ignored_keys=KeyMap(params("sop_classifier.classifier", "unused")))
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body, head_options=HEAD_OPTIONS)

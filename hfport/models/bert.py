@@ -8,7 +8,7 @@ from torch import nn
 
 from ..config import EncoderConfig, head_fields, require
 from ..errors import ConfigError
-from ..keymap import KeyMap, params, tables
+from ..keymap import KeyMap, params, tables, under
 from ..nn import Embeddings, Encoder, EncoderBody, EncoderLayer, FeedForward, Pooler, SelfAttention, layer_norm
 from .family import Family
 
@@ -93,25 +93,27 @@ EMBEDDING_KEYS = tables(
 BODY_KEYS = KeyMap(tables(EMBEDDING_KEYS, layer_keys("encoder.layer.{i}", "encoder.layers.{i}"),
                           params("pooler.dense", "pooler.dense")))
 
+MLM_KEYS = {
+    **params("cls.predictions.transform.dense", "dense"),
+    **params("cls.predictions.transform.LayerNorm", "norm"),
+    "cls.predictions.bias": "bias",
+    "cls.predictions.decoder.bias": "decoder.bias",  # tied: a copy of the bias older versions saved
+    "cls.predictions.decoder.weight": "decoder.weight",  # tied to the word embeddings unless untied
+}
+
 # One line per task hfport knows (hfport/tasks/); the heads themselves take the tasks' default options.
 HEAD_KEYS = {
     "text-classification": KeyMap(params("classifier", "out")),
     "token-classification": KeyMap(params("classifier", "out")),
     "question-answering": KeyMap(params("qa_outputs", "qa")),
     "multiple-choice": KeyMap(params("classifier", "out")),
-    "fill-mask": KeyMap({
-        **params("cls.predictions.transform.dense", "dense"),
-        **params("cls.predictions.transform.LayerNorm", "norm"),
-        "cls.predictions.bias": "bias",
-        "cls.predictions.decoder.bias": "decoder.bias",  # tied: a copy of the bias older versions saved
-        "cls.predictions.decoder.weight": "decoder.weight",  # tied to the word embeddings unless untied
-    }),
+    "fill-mask": KeyMap(MLM_KEYS),
+    # BertForPreTraining (bert-base-uncased and friends): the MLM head + next-sentence prediction
+    "pretraining": KeyMap({**under(MLM_KEYS, "mlm."), **params("cls.seq_relationship", "pair.out")}),
+    "next-sentence-prediction": KeyMap(params("cls.seq_relationship", "out")),
 }
-
-# BertForPreTraining checkpoints (bert-base-uncased and friends) carry the next-sentence head too.
-IGNORED_KEYS = KeyMap(params("cls.seq_relationship", "unused"))
 
 
 BERT = Family(
     model_type="bert", prefix="bert", class_prefix="Bert", config_from_hf=bert_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body, ignored_keys=IGNORED_KEYS)
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body)

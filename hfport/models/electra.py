@@ -94,6 +94,8 @@ HEAD_OPTIONS: HeadOptions = {
     # ElectraGeneratorPredictions (dense to embedding_size -> gelu -> LayerNorm) -> generator_lm_head, whose bias is
     # the head's `bias` (tied or not)
     "fill-mask": lambda c: {"act": "gelu", "decoder_bias": False},
+    # ElectraForPreTraining, the discriminator: replaced-token detection instead of BERT's MLM + next-sentence heads
+    "pretraining": lambda c: {"replaced_tokens": True},
 }
 
 BODY_KEYS = KeyMap(tables(bert.EMBEDDING_KEYS, params("embeddings_project", "embeddings.project"),
@@ -110,14 +112,11 @@ HEAD_KEYS = {
         "generator_lm_head.bias": "bias",
         "generator_lm_head.weight": "decoder.weight",  # tied to the word embeddings unless untied
     }),
+    # ElectraForPreTraining (the discriminators users fine-tune or run as is): the replaced-token-detection head
+    "pretraining": KeyMap({**params("discriminator_predictions.dense", "dense"),
+                           **params("discriminator_predictions.dense_prediction", "out")}),
 }
-
-# ElectraForPreTraining (the discriminators users fine-tune) carries the replaced-token-detection head: hfport has
-# no task for it, so its keys are known and unused
-IGNORED_KEYS = KeyMap(tables(params("discriminator_predictions.dense", "unused.dense"),
-                             params("discriminator_predictions.dense_prediction", "unused.prediction")))
 
 ELECTRA = Family(
     model_type="electra", prefix="electra", class_prefix="Electra", config_from_hf=electra_config,
-    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body, head_options=HEAD_OPTIONS,
-    ignored_keys=IGNORED_KEYS)
+    body_keys=BODY_KEYS, head_keys=HEAD_KEYS, body_builder=build_body, head_options=HEAD_OPTIONS)

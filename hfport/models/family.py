@@ -21,6 +21,7 @@ class TaskFacts(Protocol):
     name: str
     architecture_suffix: str | None  # transformers' class name is the family's class prefix + this
     pooler: bool  # the head reads the pooler's output, unless a family says otherwise
+    every_family: bool  # every family has this head; False: those whose head_keys map it (the pre-training heads)
 
 
 # The model tasks' records by canonical name, each registered by its record as hfport.tasks loads
@@ -55,18 +56,27 @@ class Family:
     after_init: Callable[[nn.Module, EncoderConfig], None] | None = None  # a family's own fresh-init values
     # a family whose head names depend on the config (DeBERTa's two MLM layouts) picks the head's table here
     select_head_keys: Callable[[EncoderConfig, str], KeyMap | None] | None = None
-    # the model tasks transformers has a class for in this family (None: every one); another task is refused
+    # the model tasks transformers has a class for in this family (None: every task every family has, and those of
+    # the others whose head this family's head_keys map); another task is refused
     tasks: tuple[str, ...] | None = None
+
+    def has_task(self, task: str) -> bool:
+        """Whether transformers has a class for this model task in this family: the ones `tasks` lists, else every
+        task whose record says every family has it (the general heads) and the others (BertForPreTraining,
+        BertForNextSentencePrediction, ...) where this family's head_keys map the head."""
+        if self.tasks is not None:
+            return task in self.tasks
+        return MODEL_TASK_RECORDS[task].every_family or task in self.head_keys
 
     @property
     def architectures(self) -> dict[str, str]:
         """task -> transformers class name written to config.json, for every model task this family builds."""
         return {name: self.class_prefix + record.architecture_suffix for name, record in MODEL_TASK_RECORDS.items()
-                if record.architecture_suffix is not None and (self.tasks is None or name in self.tasks)}
+                if record.architecture_suffix is not None and self.has_task(name)}
 
     def build_body(self, config: EncoderConfig, task: str) -> nn.Module:
         """The encoder for `task`'s model: with the pooler where that task's head reads it in this family."""
-        if self.tasks is not None and task not in self.tasks:
+        if not self.has_task(task):
             raise ConfigError(f"{config.source}: model_type {self.model_type!r} has no {task} model in transformers "
                               f"(its classes: {', '.join(self.architectures.values())}); hfport builds those only")
         return self.body_builder(config, self.pooler.get(task, MODEL_TASK_RECORDS[task].pooler))

@@ -268,6 +268,7 @@ class MixedLinear(nn.Linear):
         self.weight, self.bias = base.weight, base.bias  # the same Parameters: nothing copied
         self.path = path
         self.prepacked = isinstance(base, PackedLinear)  # the base product as the layer it replaces computed it
+        self.train(base.training)  # a body serving in eval mode stays in it (packed products run only there)
 
     def forward(self, x: Tensor, adapters: Route | None = None) -> Tensor:  # (.., in) -> (.., out)
         out = linear(self, x) if self.prepacked else F.linear(x, self.weight, self.bias)
@@ -443,7 +444,8 @@ class Route:
 
 def install_mixed(body: nn.Module, paths: list[str]) -> None:
     """Make the named linear layers of `body` MixedLinear (in place; the same Parameters, so the base computes as
-    before)."""
+    before). All or none: every layer is checked before the first is replaced."""
+    todo = []
     for path in paths:
         parent, _, child = path.rpartition(".")
         owner = body.get_submodule(parent)
@@ -452,4 +454,6 @@ def install_mixed(body: nn.Module, paths: list[str]) -> None:
             continue
         if type(layer) not in (nn.Linear, PackedLinear):
             raise LoraError(f"mixed adapters: {path} is a {type(layer).__name__}, not a plain linear layer")
+        todo.append((owner, child, layer, path))
+    for owner, child, layer, path in todo:
         setattr(owner, child, MixedLinear(layer, path))

@@ -81,16 +81,19 @@ MEASURE_BATCH = 32  # rows per batch of the pipelines auto-int8 times
 
 class _Pipelines(Mapping[str, type[Pipeline]]):
     """Task name -> its pipeline class, read off the task records when asked (a record names its pipeline as
-    "module:Class", imported on first use, so building this at import would import every pipeline module from here)."""
+    "module:Class", imported on first use, so building this at import would import every pipeline module from here).
+    The model-only heads (pretraining, next-sentence-prediction) have none."""
 
     def __getitem__(self, name: str) -> type[Pipeline]:
+        if name not in tasks.PIPELINE_TASKS:
+            raise KeyError(name)
         return tasks.TASKS[name].pipeline_class
 
     def __iter__(self) -> Iterator[str]:
-        return iter(tasks.TASKS)
+        return iter(tasks.PIPELINE_TASKS)
 
     def __len__(self) -> int:
-        return len(tasks.TASKS)
+        return len(tasks.PIPELINE_TASKS)
 
 
 PIPELINES: Mapping[str, type[Pipeline]] = _Pipelines()
@@ -135,7 +138,7 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     own heads join, `add_adapter`): then the pipeline loads, answers through its adapters, and refuses every call that
     would answer with the base's own head."""
     record = tasks.get(task)
-    name, cls = record.name, PIPELINES[record.name]
+    name, cls = record.name, record.pipeline_class  # a model-only head's record says what loads it instead
     check_bool("packed_linear", packed_linear)  # before the model loads: "no" is truthy and would turn it on
     check_bool("allow_untrained_head", allow_untrained_head)
     auto = isinstance(device, str) and device.strip().lower() == "auto"  # an ONNX graph then runs on the CPU
@@ -297,16 +300,19 @@ def check_device(device: str) -> str:
 
 def model_task(model: str | os.PathLike[str]) -> str:
     """The pipeline task of a model folder's head (or of a repo id in the local HF cache), read from config.json's
-    `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model: feature-extraction;
-    a masked-LM folder in sentence-transformers' SparseEncoder layout: sparse-embedding, what its files say it is).
+    `architectures`: the task `pipeline(task, model=...)` serves it with by default (a base model, or a model-only
+    head such as BertForPreTraining: feature-extraction; a masked-LM folder in sentence-transformers' SparseEncoder
+    layout: sparse-embedding, what its files say it is).
     """
     folder = hub.resolve(model)
     if is_adapter_folder(folder):
-        return tasks.adapter_task(folder)
-    if has_sparse_layout(folder):
+        task = tasks.adapter_task(folder)
+    elif has_sparse_layout(folder):
         return tasks.get("sparse-embedding").name
-    raw, source = hub.read_config(folder)
-    return task_of(get_family(raw.get("model_type"), source), raw.get("architectures") or [])  # canonical = the tag
+    else:
+        raw, source = hub.read_config(folder)
+        task = task_of(get_family(raw.get("model_type"), source), raw.get("architectures") or [])  # canonical = tag
+    return task if task in tasks.PIPELINE_TASKS else BASE_TASK  # a model-only head: its body serves
 
 
 __all__ = [

@@ -264,14 +264,25 @@ class Pipeline:
             # a LoraError (a ValueError): the server answers it as a model that cannot load, not as a crash
             raise LoraError(f"adapter {name!r}: the {type(self.model).__name__} backend runs a fixed graph; serve "
                             "adapters on the torch backend")
-        adapters = getattr(self.model, "adapter_set", None) or AdapterSet(self.model)
-        model = adapters.load(name, folder, type(self.model))
         if tokenizer is None:
             tokenizer = folder if has_tokenizer_files(folder) else self.tokenizer
-        if not isinstance(tokenizer, PreTrainedTokenizer):
+        if not isinstance(tokenizer, PreTrainedTokenizer):  # read first: a broken file leaves nothing installed
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        member = type(self)(model, tokenizer, batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens,
-                            packed_linear=self.packed_linear, row_shards=self.row_shards, **self.options)
+        adapters = self.model.adapter_set
+        created = adapters is None
+        if created:
+            adapters = AdapterSet(self.model)
+
+        def build(model: PreTrainedEncoder) -> Pipeline:  # before the set installs the adapter (AdapterSet.load)
+            return type(self)(model, tokenizer, batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens,
+                              packed_linear=self.packed_linear, row_shards=self.row_shards, **self.options)
+
+        try:
+            member = adapters.load(name, folder, type(self.model), build)
+        except BaseException:
+            if created:  # the base as it was: no set of adapters
+                self.model.adapter_set = None
+            raise
         member.leader, member.adapter_name = self, name
         self.adapters = {**self.adapters, name: member}  # replaced, not edited: a call in flight keeps its view
         return member

@@ -5,7 +5,8 @@ default metric per problem type. Everything that asks "which task?" reads TASKS.
 Adding a task: a file here with its model class and Task record, a line in TASKS below, and in each family
 (hfport/models/) a line in HEAD_KEYS (+ head options where that family's head differs from the default). A task that
 trains another task's model (sentence-embedding trains the bare encoder, text-ranking a one-label classifier) names
-it in `model_task` and needs no family lines.
+it in `model_task` and needs no family lines. A head only some families have (`every_family=False`: the
+pre-training heads) gets HEAD_KEYS lines in those families only.
 
 Adapter folders (PEFT's layout, hfport/formats/adapter.py) get their task here too: `adapter_task` reads config.json's
 architectures, else maps PEFT's task_type through the records' `peft_task_type`.
@@ -23,11 +24,14 @@ from ..formats import adapter
 from ..modeling import BASE_TASK, PreTrainedEncoder, task_of
 from ..nn.lora import LoraError
 from ..registry import get_family
-from . import (feature_extraction, fill_mask, multiple_choice, question_answering, sentence_embedding,
-               sparse_embedding, text_classification, text_ranking, token_classification)
+from . import (feature_extraction, fill_mask, multiple_choice, next_sentence_prediction, pretraining,
+               question_answering, sentence_embedding, sparse_embedding, text_classification, text_ranking,
+               token_classification)
 from .feature_extraction import EncoderModel
 from .fill_mask import EncoderForMaskedLM
 from .multiple_choice import EncoderForMultipleChoice
+from .next_sentence_prediction import EncoderForNextSentencePrediction
+from .pretraining import EncoderForPreTraining
 from .question_answering import EncoderForQuestionAnswering
 from .task import Columns, Task
 from .text_classification import EncoderForSequenceClassification
@@ -37,12 +41,16 @@ log = logging.getLogger("hfport")
 
 TASKS: dict[str, Task] = {t.name: t for t in (
     feature_extraction.TASK, text_classification.TASK, token_classification.TASK, question_answering.TASK,
-    fill_mask.TASK, multiple_choice.TASK, sentence_embedding.TASK, text_ranking.TASK, sparse_embedding.TASK)}
+    fill_mask.TASK, multiple_choice.TASK, pretraining.TASK, next_sentence_prediction.TASK, sentence_embedding.TASK,
+    text_ranking.TASK, sparse_embedding.TASK)}
 ALIASES: dict[str, str] = {alias: t.name for t in TASKS.values() for alias in t.aliases}
 TASK_CLASSES: dict[str, type[PreTrainedEncoder]] = {name: t.model_class for name, t in TASKS.items()}
 # the tasks whose models the families build (their heads, architectures): a training-only task such as
 # sentence-embedding trains one of these (its record's model_task)
 MODEL_TASKS: tuple[str, ...] = tuple(name for name, t in TASKS.items() if t.model_task is None)
+# the tasks a pipeline serves (predict, the server): all but the model-only heads (pretraining,
+# next-sentence-prediction)
+PIPELINE_TASKS: tuple[str, ...] = tuple(name for name, t in TASKS.items() if t.pipeline is not None)
 
 # transformers' names for the same classes
 AutoModel = EncoderModel
@@ -51,6 +59,8 @@ AutoModelForTokenClassification = EncoderForTokenClassification
 AutoModelForQuestionAnswering = EncoderForQuestionAnswering
 AutoModelForMaskedLM = EncoderForMaskedLM
 AutoModelForMultipleChoice = EncoderForMultipleChoice
+AutoModelForPreTraining = EncoderForPreTraining
+AutoModelForNextSentencePrediction = EncoderForNextSentencePrediction
 
 # PEFT's task_type of each task whose model the families build, read off the records (the one truth); PEFT has none
 # for some (fill-mask: a plain PeftModel, task_type null)
@@ -62,9 +72,11 @@ class UnknownTaskError(ValueError):
     pass
 
 
-def names_help(trainable_only: bool = False) -> str:
-    """'a | b | c (aliases: x = a, ...)': for --help texts and errors."""
-    tasks = [t for t in TASKS.values() if t.train or not trainable_only]
+def names_help(trainable_only: bool = False, pipelines_only: bool = True) -> str:
+    """'a | b | c (aliases: x = a, ...)': for --help texts and errors. The tasks a pipeline serves (what predict and
+    the server take), the trainable ones, or with pipelines_only=False every task (the model-only heads too)."""
+    tasks = [t for t in TASKS.values()
+             if (t.train if trainable_only else t.pipeline or not pipelines_only)]
     aliases = [f"{alias} = {t.name}" for t in tasks for alias in t.aliases]
     return " | ".join(t.name for t in tasks) + (f" (aliases: {', '.join(aliases)})" if aliases else "")
 
@@ -75,7 +87,8 @@ def get(name: Any) -> Task:
     task = TASKS.get(ALIASES.get(name, name)) if isinstance(name, str) else None
     if task is None:
         hint = did_you_mean(name) if isinstance(name, str) else ""
-        raise UnknownTaskError(f"task {name!r} is not supported; {hint}valid tasks: {names_help()}")
+        raise UnknownTaskError(f"task {name!r} is not supported; {hint}valid tasks: "
+                               f"{names_help(pipelines_only=False)}")
     return task
 
 
@@ -96,7 +109,7 @@ def canonical(name: Any) -> str:
 def load_any(path_or_repo_id: str | os.PathLike[str], **kwargs: Any) -> PreTrainedEncoder:
     """Load with the head the checkpoint's config.json names in `architectures` (the base model if none).
 
-    A class name hfport does not know (a custom `MyBertForEverything`, `BertForPreTraining`) never blocks
+    A class name hfport does not know (a custom `MyBertForEverything`, `RobertaForCausalLM`) never blocks
     loading: the base model is loaded, and a warning and `load_report.notes` say so."""
     folder = hub.resolve(path_or_repo_id, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
     if adapter.is_adapter_folder(folder):  # a LoRA adapter (PEFT's format): its task from its config, base from it
@@ -141,10 +154,12 @@ def adapter_task(folder: str | os.PathLike[str]) -> str:
     return TASKS_OF_PEFT[facts.task_type]
 
 
-__all__ = ["ALIASES", "Columns", "MODEL_TASKS", "AutoModel", "AutoModelForMaskedLM", "AutoModelForMultipleChoice",
+__all__ = ["ALIASES", "Columns", "MODEL_TASKS", "PIPELINE_TASKS", "AutoModel", "AutoModelForMaskedLM",
+           "AutoModelForMultipleChoice", "AutoModelForNextSentencePrediction", "AutoModelForPreTraining",
            "AutoModelForQuestionAnswering",
            "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "TASKS", "TASK_CLASSES",
-           "EncoderForMaskedLM", "EncoderForMultipleChoice", "EncoderForQuestionAnswering",
+           "EncoderForMaskedLM", "EncoderForMultipleChoice", "EncoderForNextSentencePrediction",
+           "EncoderForPreTraining", "EncoderForQuestionAnswering",
            "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderModel", "PEFT_TASK_TYPES",
            "TASKS_OF_PEFT", "Task", "UnknownTaskError", "adapter_task", "canonical", "get", "load_any", "names_help",
            "read_adapter_config"]

@@ -47,13 +47,13 @@ def _load(reference: str) -> Any:
 
 @dataclass(frozen=True, eq=False)
 class Task:
-    name: str  # canonical: transformers' pipeline tag
+    name: str  # canonical: transformers' pipeline tag (a head without a pipeline: its Auto class's, "pretraining")
     aliases: tuple[str, ...]  # other names accepted on input (hfport's old names, transformers' pipeline aliases)
     model_class: type[PreTrainedEncoder]  # its `head_factory` builds the head from a family's options
     outputs: tuple[str, ...]  # the model output fields transformers returns too (export/verify compare them)
     per_sequence: frozenset[str]  # outputs shaped (B, ...); every other output is per token, (B, T, ...)
     auto_class: str  # transformers' Auto class that loads this head
-    pipeline: str  # "module:Class" of the pipeline
+    pipeline: str | None  # "module:Class" of the pipeline; None: a model-only head (pretraining), loaded, not served
     train: str | None  # "module:Class" of the training task (reader, collation, loss, metrics); None: not trainable
     # the rows the training task reads from a table (CSV/TSV, JSONL, Parquet, Arrow, datasets folder), one Columns a
     # shape it accepts: the README's table, the CLI's column flags and the missing-column error read these
@@ -79,6 +79,9 @@ class Task:
     graph_outputs: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     agreement: str | None = None  # how the int8/verify gate judges this head: labels | tags | spans | top_k | cosine
     pooler: bool = False  # transformers builds this head's body with the pooler (BERT; a family may say otherwise)
+    # transformers has this head in every encoder family; False (the pre-training heads): only the families whose
+    # HEAD_KEYS map it build it (hfport/models/family.py: Family.has_task)
+    every_family: bool = True
 
     def __post_init__(self) -> None:
         if self.model_class.task != (self.model_task or self.name):
@@ -118,6 +121,8 @@ class Task:
 
     @cached_property
     def pipeline_class(self) -> type:
+        if self.pipeline is None:
+            raise ValueError(f"{self.name} has no pipeline: load the model with hfport.{self.auto_class} and call it")
         return _load(self.pipeline)
 
     @cached_property

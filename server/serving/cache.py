@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -77,6 +77,7 @@ class ModelCache:
         self._leader_tuning: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
         self._loading: dict[Any, threading.Lock] = {}  # a record (or a base folder) -> the gate of its one load
+        self._in_flight: Counter[tuple[str, str]] = Counter()  # leader -> loads of its records under way
 
     def __len__(self) -> int:
         return len(self._pipes)
@@ -98,14 +99,20 @@ class ModelCache:
             with self._lock:
                 if record in self._pipes:
                     return self._pipes[record]
+                self._in_flight[_group(record)] += 1
             try:
                 pipe = self._load(record)
-            except (ApiError, HfportError):  # refusals worded already: a file outside the allowed dirs, a bad model
-                raise
-            except Exception as e:  # noqa: BLE001 - any other failure (I/O, a runtime's error) is this model's alone
+            except BaseException as e:
+                with self._lock:  # what this load brought in (an adapter's base) and no cached record uses goes
+                    self._landed(record)
+                    self._forget(record)
+                if not isinstance(e, Exception) or isinstance(e, (ApiError, HfportError)):
+                    raise  # refusals worded already: a file outside the allowed dirs, a bad model or adapter
+                # any other failure (I/O, a runtime's error) is this model's alone
                 log.exception("loading model %s from %s failed", record.name, record.path)
                 raise ModelLoadError(record, e) from e
             with self._lock:
+                self._landed(record)
                 self._pipes[record] = pipe
                 self._evict_over_budget()
                 self._loading.pop(record, None)
@@ -140,11 +147,18 @@ class ModelCache:
                 log.info("model cache: evicted %s (%s)", old.name, old.task)
                 self._forget(old)
 
-    def _forget(self, record: ModelRecord) -> None:  # holding the lock
-        """Drop `record`'s leader once no cached record uses it (an adapter's weights stay with its leader until
-        then: a request already waiting in the leader's batcher still finds them)."""
+    def _landed(self, record: ModelRecord) -> None:  # holding the lock
+        """A load of `record` ended (cached or failed)."""
         key = _group(record)
-        if any(_group(r) == key for r in self._pipes):
+        self._in_flight[key] -= 1
+        if not self._in_flight[key]:
+            del self._in_flight[key]
+
+    def _forget(self, record: ModelRecord) -> None:  # holding the lock
+        """Drop `record`'s leader once no cached record uses it and no load of one is under way (an adapter's weights
+        stay with its leader until then: a request already waiting in the leader's batcher still finds them)."""
+        key = _group(record)
+        if self._in_flight[key] or any(_group(r) == key for r in self._pipes):
             return
         leader = self._leaders.pop(key, None)
         self._leader_tuning.pop(key, None)
