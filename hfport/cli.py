@@ -608,6 +608,8 @@ def mine(
                                                               "first).")] = None,
     positive_column: Annotated[Optional[str], typer.Option(help="The positive column (default: positive, else the "
                                                                 "second).")] = None,
+    corpus_column: Annotated[str, typer.Option(help="The --corpus data file's text column.")] = "text",
+    split: Annotated[str, typer.Option(help="The split of a --data DatasetDict folder (save_to_disk).")] = "train",
     batch_size: Annotated[Optional[int], typer.Option(help="Rows per forward pass.")] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1, mps ...")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="As `hfport predict --dtype`: float32, float16, bfloat16, "
@@ -626,7 +628,8 @@ def mine(
     quiet = setup_logging(verbose, quiet) == "quiet"
     try:
         result = run_mine(model, data, corpus=corpus, out=out, anchor_column=anchor_column,
-                          positive_column=positive_column, reranker=reranker, range_min=range_min,
+                          positive_column=positive_column, corpus_column=corpus_column, split=split,
+                          reranker=reranker, range_min=range_min,
                           range_max=range_max, max_score=max_score, min_score=min_score,
                           absolute_margin=absolute_margin, relative_margin=relative_margin,
                           num_negatives=num_negatives, sampling_strategy=sampling_strategy,

@@ -236,6 +236,21 @@ def parse_size(size: int | str) -> int:
     return int(s)
 
 
+def check_output_file(path: str | os.PathLike[str], what: str) -> Path:
+    """PATH as a file to write WHAT to, checked before the work that makes it: not a folder, and no part of its
+    folder an existing file (either would fail only once the work is done, as an OSError). Missing folders are made
+    when it is written."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder; name a file to write {what} to")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{path}: {parent} is a file, not a folder to write {what} in")
+            break
+    return path
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """TEXT at PATH, whole or not at all: written beside it under a temporary name of this writer's own (two processes
     or threads writing one file each rename a file of theirs; a shared temporary name let one rename the other's,

@@ -234,6 +234,9 @@ def test_pooling_defaults_come_from_the_base_models_sentence_transformers_config
     ([{"anchor": "a", "positive": "b"}, {"anchor": "c", "positive": "d"}], {"loss": "listwise"},
      "loss 'listwise' does not fit"),
     ([{"text": "a", "label": 1}], {}, "no columns 'anchor', 'positive'; the row has ['label', 'text']"),
+    # `hfport mine --output-format labeled-pair` rows: the mined negative (label 0) would train as a positive
+    ([{"anchor": "a", "positive": "b", "label": 1}, {"anchor": "a", "positive": "c", "label": 0}], {},
+     "line 2, field 'label': 0 marks a pair that is not relevant"),
 ])
 def test_bad_embedding_data_is_named(tiny_bert, tmp_path, rows, options, fragment):
     train = write_jsonl(tmp_path / "bad.jsonl", rows)

@@ -18,7 +18,7 @@ from hfport.errors import HfportError
 from hfport.formats.tables import DataError
 from hfport.retrieval import Encoder, mine_hard_negatives, top_k
 from hfport.retrieval.encode import ROLE_PROMPTS
-from hfport.retrieval.mine import read_pairs
+from hfport.retrieval.mine import read_corpus, read_pairs
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [json.loads(line) for line in (REPO / "examples" / "data" / "embed_train.jsonl").read_text().splitlines()]
@@ -297,15 +297,24 @@ def test_bad_input_is_named(minilm_path, encoder, tmp_path):
         hfport.mine(encoder, bad)
     with pytest.raises(DataError, match=r"line 1, field 'query': missing"):
         hfport.mine(encoder, bad, anchor_column="query")
+    broken = tmp_path / "broken.jsonl"  # a line cut short in the middle of the file (a raw newline in a string)
+    broken.write_text(json.dumps({"anchor": "a", "positive": "b"}) + "\n" + '{"anchor": "c", "positive": "d\n'
+                      + json.dumps({"anchor": "e", "positive": "f"}) + "\n")
+    with pytest.raises(DataError, match=r"^\S*broken.jsonl, line 2: not valid JSON \(Invalid control character at "
+                                        r"column 31\)$"):
+        hfport.mine(encoder, broken)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"body": "x"}) + "\n")
-    with pytest.raises(DataError, match=r"corpus.jsonl, line 1, field 'text': missing"):
+    with pytest.raises(DataError, match=r"corpus.jsonl, line 1, field 'text': missing; the row has \['body'\] .*"
+                                        r"`mine --corpus-column`"):
         hfport.mine(encoder, [("a", "b")], corpus=corpus)
     for options, message in (({"num_negatives": 0}, "num_negatives must be at least 1"),
                              ({"range_min": 5, "range_max": 5}, "range_min must be smaller than range_max"),
                              ({"num_negatives": 4, "range_max": 3}, "cannot mine 4 negatives per query"),
                              ({"sampling_strategy": "best"}, r"sampling_strategy 'best': use one of \['top', "),
-                             ({"output_format": "pairs"}, r"output_format 'pairs': use one of \['triplet'")):
+                             ({"output_format": "pairs"}, r"output_format 'pairs': use one of \['triplet'"),
+                             ({"min_score": 0.9, "max_score": 0.1}, "min_score 0.9 is above max_score 0.1: every "
+                                                                    "candidate would be dropped")):
         with pytest.raises(ValueError, match=message):
             mine_hard_negatives(ANCHORS, POSITIVES, encoder, progress=False, **options)
     with pytest.raises((DataError, HfportError), match=r"hfport writes \.jsonl"):
@@ -328,3 +337,147 @@ def test_pairs_read_by_position_are_said(tmp_path, caplog):
         read_pairs(named)
         read_pairs(data, "text", "label")
     assert not caplog.text  # named columns, or the usual ones: nothing to say
+    scored = tmp_path / "sts.csv"  # scored pairs: by position, the pair scored 0 would be mined as (anchor, positive)
+    scored.write_text("sentence1,sentence2,score\na cat sits,a cat is sitting,0.9\na dog runs,stock prices fell,0\n")
+    with pytest.raises(DataError, match=r"sts.csv, line 2: the row has a 'score' column \(\['sentence1', 'sentence2', "
+                                        r"'score'\]\): scored pairs"):
+        read_pairs(scored)
+    assert read_pairs(scored, "sentence1", "sentence2")[1] == ["a cat is sitting", "stock prices fell"]  # as named
+
+
+def test_a_txt_corpus_is_read_past_its_byte_order_mark(tiny_bert, tmp_path):
+    """A .txt corpus saved with a UTF-8 byte-order mark (Notepad, Excel's "Unicode text") is read as every other text
+    file is: the mark is no part of its first text. Left on it, a positive on the first line was a text of its own,
+    which mining took as a negative of the very query it answers. Bad bytes and UTF-16 are named by line."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\ufeff" + "\n".join([POSITIVES[0], *CORPUS[:20]]) + "\n", encoding="utf-8")
+    assert read_corpus(corpus) == [POSITIVES[0], *CORPUS[:20]]
+    mined = hfport.mine(tiny_bert, list(zip(ANCHORS[:5], POSITIVES[:5])), corpus=corpus, num_negatives=25,
+                        cache=False, progress=False)  # every candidate a negative: the marked copy among them
+    assert mined.rows and not [r for r in mined.rows if r["negative"].lstrip("\ufeff") == r["positive"]]
+    corpus.write_bytes(b"one\ntwo\nth\xffree\n")
+    with pytest.raises(DataError, match=r"corpus.txt, line 3: not UTF-8"):
+        read_corpus(corpus)
+    corpus.write_text("one\ntwo\n", encoding="utf-16")
+    with pytest.raises(DataError, match=r"corpus.txt, line 1: UTF-16"):
+        read_corpus(corpus)
+
+
+@pytest.mark.parametrize("name, content", [("empty.txt", ""), ("blank.txt", "\n  \n\n"), ("empty.jsonl", ""),
+                                           ("header.csv", "text\n")])
+def test_an_empty_corpus_file_is_refused(name, content, tiny_bert, tmp_path):
+    """--corpus naming a file without a text stops, naming it, before anything is embedded: mining (and evaluate)
+    went on with the positives alone, as if no corpus had been given, which a wrong or unfinished file is not."""
+    corpus = tmp_path / name
+    corpus.write_text(content)
+    with pytest.raises(DataError, match=rf"{name}: the corpus file has no texts"):
+        read_corpus(corpus)
+    with pytest.raises(DataError, match=rf"{name}: the corpus file has no texts"):
+        hfport.mine(tiny_bert, list(zip(ANCHORS[:3], POSITIVES[:3])), corpus=corpus, cache=False, progress=False)
+
+
+def test_an_output_path_that_cannot_be_written_fails_before_the_mining(tiny_bert, tmp_path):
+    """--out naming a folder, a path under a file, or a suffix hfport does not write stops first, naming it (here
+    before a model that does not exist is even looked for): it failed once the mining was done, a folder as a
+    traceback (IsADirectoryError from the final rename) through `hfport mine`."""
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    pairs = list(zip(ANCHORS[:3], POSITIVES[:3]))
+    (tmp_path / "taken.jsonl").mkdir()
+    (tmp_path / "file").write_text("x")
+    for out, message in ((tmp_path / "taken.jsonl", r"taken.jsonl: a folder; name a file to write the mined rows"),
+                         (tmp_path / "file" / "mined.jsonl", r"mined.jsonl: .*file is a file, not a folder"),
+                         (tmp_path / "mined.csv", r"mined.csv: hfport writes \.jsonl")):
+        with pytest.raises(HfportError, match=message):
+            hfport.mine(tmp_path / "no-such-model", pairs, out=out)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in pairs))
+    result = CliRunner().invoke(app, ["mine", "--model", str(tiny_bert), "--data", str(data), "--out",
+                                      str(tmp_path / "taken.jsonl"), "--no-cache", "-q"])
+    assert result.exit_code == 1 and isinstance(result.exception, (SystemExit, type(None))), result.exception
+    assert "taken.jsonl: a folder" in result.output
+
+
+def test_mining_nothing_writes_nothing(tiny_bert, tmp_path):
+    """A mining that finds no row (a corpus smaller than num_negatives for n-tuples, filters that drop every
+    candidate) is an error saying why, and --out is left alone: an empty file, which the fine-tune reading it would
+    only refuse later, was written with exit code 0. The API without `out` returns the empty result, as
+    sentence-transformers returns an empty dataset."""
+    pairs = list(zip(ANCHORS[:4], POSITIVES[:4]))
+    out = tmp_path / "mined.jsonl"
+    out.write_text("kept\n")
+    with pytest.raises(ValueError, match=r"mined.jsonl: nothing written, no row was mined: 4 queries among 6 "
+                                         r"candidate texts .*num_negatives 10.*n-tuple: a row only where all"):
+        hfport.mine(tiny_bert, pairs, corpus=CORPUS[:2], out=out, num_negatives=10, output_format="n-tuple",
+                    cache=False, progress=False)
+    with pytest.raises(ValueError, match=r"no row was mined: .*the filters dropped .* by max_score -2"):
+        hfport.mine(tiny_bert, pairs, corpus=CORPUS[:2], out=out, max_score=-2.0, cache=False, progress=False)
+    assert out.read_text() == "kept\n"
+    empty = hfport.mine(tiny_bert, pairs, corpus=CORPUS[:2], num_negatives=10, output_format="n-tuple", cache=False,
+                        progress=False)
+    assert empty.rows == [] and empty.stats["missing"] == 4
+
+
+def test_pairs_labelled_not_relevant_are_refused(tiny_bert, tmp_path):
+    """Rows with a `label` saying the pair is not relevant (`hfport mine --output-format labeled-pair`'s negatives,
+    a qrels judgement of 0), read as (anchor, positive) pairs by mine or evaluate: each such text became a positive (a
+    relevant document, with no word), so the file, line and field are named. Relevant rows and labels that are no
+    number (a class name) pass."""
+    labeled = tmp_path / "labeled.jsonl"
+    hfport.mine(tiny_bert, list(zip(ANCHORS[:4], POSITIVES[:4])), corpus=CORPUS[:20], out=labeled,
+                output_format="labeled-pair", num_negatives=1, cache=False, progress=False)
+    message = r"labeled.jsonl, line 2, field 'label': 0 marks a pair that is not relevant"
+    with pytest.raises(DataError, match=message):
+        read_pairs(labeled)
+    with pytest.raises(DataError, match=message):
+        hfport.evaluate(tiny_bert, labeled, task="sentence-embedding", cache=False, progress=False)
+    qrels = tmp_path / "qrels.csv"
+    qrels.write_text("anchor,positive,label\nq,a,1\nq,b,0\n")
+    with pytest.raises(DataError, match=r"qrels.csv, line 3, field 'label': '0' marks a pair that is not relevant"):
+        read_pairs(qrels)
+    fine = tmp_path / "fine.csv"
+    fine.write_text("anchor,positive,label\nq,a,1\nr,b,sports\n")
+    assert read_pairs(fine)[:2] == (["q", "r"], ["a", "b"])
+
+
+def test_the_cli_names_the_corpus_text_column(tiny_bert, tmp_path):
+    """`hfport mine --corpus-column body` reads a corpus data file whose texts are in another column than `text` (the
+    library's corpus_column=, evaluate's --set corpus_column=); the command had no way to name it."""
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    pairs, corpus, out = tmp_path / "pairs.jsonl", tmp_path / "corpus.jsonl", tmp_path / "mined.jsonl"
+    pairs.write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in zip(ANCHORS[:5], POSITIVES)))
+    corpus.write_text("".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in enumerate(CORPUS[:20])))
+    result = CliRunner().invoke(app, ["mine", "--model", str(tiny_bert), "--data", str(pairs), "--corpus", str(corpus),
+                                      "--corpus-column", "body", "--out", str(out), "--no-cache", "-q"])
+    assert result.exit_code == 0, result.output
+    expected = hfport.mine(tiny_bert, list(zip(ANCHORS[:5], POSITIVES)), corpus=CORPUS[:20], cache=False,
+                           progress=False).rows
+    assert [json.loads(line) for line in out.read_text().splitlines()] == expected
+
+
+def test_a_datasetdict_folder_mines_the_split_named(tiny_bert, tmp_path):
+    """`hfport mine --data FOLDER --split NAME` mines a DatasetDict folder's split (default "train"); the split could
+    not be named, so any other split of a folder was out of reach."""
+    from datasets import Dataset, DatasetDict
+    from typer.testing import CliRunner
+
+    from hfport.cli import app
+
+    folder = tmp_path / "dd"
+    DatasetDict({"train": Dataset.from_dict({"anchor": ANCHORS[:3], "positive": POSITIVES[:3]}),
+                 "test": Dataset.from_dict({"anchor": ANCHORS[3:8], "positive": POSITIVES[3:8]})}).save_to_disk(folder)
+    out = tmp_path / "mined.jsonl"
+    result = CliRunner().invoke(app, ["mine", "--model", str(tiny_bert), "--data", str(folder), "--split", "test",
+                                      "--num-negatives", "1", "--out", str(out), "--no-cache", "-q"])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["anchor"] for line in out.read_text().splitlines()] == ANCHORS[3:8]
+    assert {r["anchor"] for r in hfport.mine(tiny_bert, folder, num_negatives=1, cache=False, progress=False).rows} \
+        == set(ANCHORS[:3])
+    with pytest.raises(DataError, match=r"no split 'dev'; its splits are \['train', 'test'\] \(choose one with split "
+                                        r"\(mine --split\)\)"):
+        hfport.mine(tiny_bert, folder, split="dev")

@@ -7,6 +7,7 @@ pipeline's engine), the workers' thread counts leaving the process's as they wer
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -197,6 +198,32 @@ def test_concurrent_callers_share_the_pool(folders):
 
 
 # --- thread counts -----------------------------------------------------------------------------------------------
+
+
+def test_an_interrupted_caller_leaves_no_shard_running(monkeypatch):
+    """Ctrl-C while the caller waits on its shards (KeyboardInterrupt in its wait): run() raises it only once no job
+    runs any more. A daemon worker still inside a torch op when the interpreter exits aborts the process (`hfport mine`
+    interrupted while embedding: SIGABRT, "terminate called without an active exception", instead of exit code 130)."""
+    started, finished = [threading.Event(), threading.Event()], []
+
+    def job(i: int) -> None:
+        started[i].set()
+        time.sleep(0.3)  # a forward pass under way when the interrupt comes
+        finished.append(i)
+
+    real_wait, calls = shards.wait, []
+
+    def interrupted(futures, *args, **kwargs):
+        calls.append(len(futures))
+        if len(calls) == 1:
+            assert all(e.wait(timeout=60) for e in started)  # both shards running: then the interrupt
+            raise KeyboardInterrupt
+        return real_wait(futures, *args, **kwargs)
+
+    monkeypatch.setattr(shards, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        shards.run([lambda i=i: job(i) for i in range(2)])
+    assert sorted(finished) == [0, 1]
 
 
 def _fresh_count() -> int:

@@ -7,9 +7,10 @@ functions fine-tuning's evaluation uses (hfport/train/metrics/), so the numbers 
     question-answering    SQuAD's exact_match and f1
     text-ranking          each query's candidates reranked: InformationRetrievalEvaluator's accuracy@k, precision@k,
                           recall@k (k = 1, 3, 5, 10), ndcg@10, mrr@10, map@100; recall@k curves
-    sentence-embedding    (query, positive) rows as an InformationRetrievalEvaluator benchmark: every positive joins
-                          the corpus, `corpus=` adds distractors; cosine_ndcg@10, ... as sentence-transformers names
-                          and computes them (hfport/evaluation/retrieval.py); recall@k curves
+    sentence-embedding    (query, positive) rows as an InformationRetrievalEvaluator benchmark: every positive (and
+                          a triplet file's negatives) joins the corpus, `corpus=` adds distractors; cosine_ndcg@10,
+                          ... as sentence-transformers names and computes them (hfport/evaluation/retrieval.py);
+                          recall@k curves. Scored pairs (sentence1, sentence2, score): fine-tuning's spearman, pearson
     any other task hfport fine-tunes (fill-mask, multiple-choice, sparse-embedding): its fine-tuning evaluation
 (the supervised ones through supervised.py: the task's own reader, batches and evaluation rows, and a `loss`).
 `compare=` evaluates a second model on the same data, side by side (before and after a fine-tune); `json_path=`
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import tasks
+from .. import hub, tasks
 from ..errors import ConfigError
 from ..rundir import RunDir
 from .report import render_report, write_report
@@ -84,10 +85,15 @@ def evaluate(model: str | os.PathLike[str], data: str | os.PathLike[str], *, tas
     record = tasks.get(task)
     run = evaluator(record.name).run
     check_options(record.name, options)
+    for path, what in ((json_path, "the figures"), (report_path, "the report")):
+        if path is not None:  # a path that cannot be written fails now, not after the evaluation
+            hub.check_output_file(path, what)
     kwargs: dict[str, Any] = {"corpus": str(corpus) if corpus is not None else None, "dtype": dtype, "device": device,
                               "batch_size": batch_size, "cache": cache, "progress": progress, **options}
-    models = [model] if compare is None else [model, compare]
-    results = [run(model_folder(m), str(data), record.name, **kwargs) for m in models]
+    folders = [model_folder(m) for m in ([model] if compare is None else [model, compare])]
+    for folder in folders:  # a --compare model that is not there fails now, not after the first model's evaluation
+        hub.resolve(folder)
+    results = [run(folder, str(data), record.name, **kwargs) for folder in folders]
     evaluation = Evaluation(record.name, str(data), results, str(corpus) if corpus is not None else None)
     if json_path is not None:
         evaluation.write_json(json_path)

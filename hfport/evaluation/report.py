@@ -14,6 +14,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from .. import hub
 from .result import Evaluation, EvalResult, short_names
 
 COLORS = ("#1f6feb", "#d1242f", "#1a7f37", "#8250df", "#bc4c00", "#0a7a8a")  # charts.js's first colours
@@ -227,5 +228,5 @@ td:first-child,th:first-child{{text-align:left}}
 def write_report(evaluation: Evaluation, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(evaluation), encoding="utf-8")
+    hub.write_text_atomic(path, render_report(evaluation))  # whole or not at all
     return path

@@ -1,12 +1,17 @@
 """sentence-embedding evaluation as sentence-transformers' InformationRetrievalEvaluator computes it.
 
 The data's (query, positive) rows make the benchmark: the distinct queries are the queries, every distinct positive
-joins the corpus (with a corpus file's texts as distractors), and each query's relevant documents are its positives
-over all its rows. Queries and corpus are embedded as the evaluator embeds them (encode_query / encode_document's
-prompts: hfport/retrieval/encode.py; cached on disk by model and text), each query's top 100 found by exact search
-(hfport/retrieval/search.py) under the model's similarity function (cosine or dot), ties ranked by corpus order, and
-the metrics computed with fine-tuning's ranked_metrics at the evaluator's cutoffs, named as it names them:
-<similarity>_accuracy@k, _precision@k, _recall@k (k = 1, 3, 5, 10), _ndcg@10, _mrr@10, _map@100.
+joins the corpus, and so do the rows' hard negatives (a triplet or n-tuple file's, as fine-tuning reads them, so the
+figures agree with a fine-tune's evaluation of the same file) and a corpus file's texts, as distractors; each query's
+relevant documents are its positives over all its rows. Queries and corpus are embedded as the evaluator embeds them
+(encode_query / encode_document's prompts: hfport/retrieval/encode.py; cached on disk by model and text), each
+query's top 100 found by exact search (hfport/retrieval/search.py) under the model's similarity function (cosine or
+dot), ties ranked by corpus order, and the metrics computed with fine-tuning's ranked_metrics at the evaluator's
+cutoffs, named as it names them: <similarity>_accuracy@k, _precision@k, _recall@k (k = 1, 3, 5, 10), _ndcg@10,
+_mrr@10, _map@100.
+
+Scored pairs (sentence1, sentence2, score: what a fine-tune trains with CoSENT) are no benchmark of queries: they are
+evaluated as the fine-tune evaluates them (spearman and pearson of the cosines against the scores; supervised.py).
 """
 
 from __future__ import annotations
@@ -20,14 +25,39 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError
-from ..retrieval import Encoder, read_corpus, read_pairs, top_k
+from ..formats.tables import Source
+from ..retrieval import Encoder, read_corpus, read_negatives, read_pairs, top_k
+from ..train.config import FinetuneConfig
 from ..train.metrics import IR_CUTOFFS, ranked_metrics
 from .result import EvalResult
-from .supervised import CURVE_KS, curves
+from .supervised import CURVE_KS, curves, evaluate_supervised
+from .supervised import OPTIONS as SUPERVISED_OPTIONS
 
 SIMILARITIES = ("cosine", "dot")
-OPTIONS = ("anchor_column", "positive_column", "corpus_column", "query_prompt_name", "query_prompt",
-           "corpus_prompt_name", "corpus_prompt", "use_faiss")
+SCORED_OPTIONS = ("sentence1_column", "sentence2_column", "score_column", "score_range")  # scored_pairs'
+OPTIONS = ("anchor_column", "positive_column", "negative_column", "corpus_column", "query_prompt_name", "query_prompt",
+           "corpus_prompt_name", "corpus_prompt", "use_faiss", "eval_split", *SCORED_OPTIONS)
+EVAL_SPLIT = FinetuneConfig.model_fields["eval_split"].default  # a DatasetDict's split, as every evaluation reads it
+
+
+def eval_source(data: str, options: dict[str, Any]) -> Source:
+    """DATA as evaluate reads it: a DatasetDict folder's eval_split (default "validation", as fine-tuning's --eval and
+    every other task's evaluation read it), never its training split."""
+    return Source(data, options.get("eval_split", EVAL_SPLIT), "eval_split (evaluate --set eval_split=...)")
+
+
+def scored_pairs(data: str, options: dict[str, Any]) -> bool:
+    """Whether DATA holds scored pairs as a sentence-embedding fine-tune reads them: its first row has the sentence1
+    and score columns and no anchor column, and no anchor_column is named. Such a file is evaluated as the fine-tune
+    evaluates it (spearman, pearson), not read by position as (query, positive) rows, where a pair scored 0 (not
+    alike at all) would count as relevant."""
+    if options.get("anchor_column") is not None:
+        return False
+    records = eval_source(data, options).records()
+    first = next(records, None)
+    records.close()
+    return first is not None and "anchor" not in first.values and all(
+        options.get(f"{name}_column", name) in first.values for name in ("sentence1", "score"))
 
 
 def retrieval_benchmark(queries: Sequence[str], positives: Sequence[str],
@@ -73,9 +103,25 @@ def evaluate_retrieval(model: str | os.PathLike[str] | Encoder, data: str, task:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ConfigError(f"sentence-embedding evaluation: unknown option(s) {unknown}; valid: {list(OPTIONS)}")
-    queries, positives, _, _ = read_pairs(data, options.get("anchor_column"), options.get("positive_column"))
+    if scored_pairs(data, options):
+        unused = sorted(set(options) - set(SUPERVISED_OPTIONS))
+        if corpus is not None or unused:
+            raise ConfigError(f"{data}: scored pairs (sentence1, sentence2, score), evaluated by the correlation of "
+                              f"their cosines with the scores; {'corpus' if corpus is not None else unused} is for "
+                              "(query, positive) rows")
+        return evaluate_supervised(model.folder if isinstance(model, Encoder) else model, data, task, dtype=dtype,
+                                   device=device, batch_size=batch_size, progress=progress, **options)
+    scored_only = sorted(set(options) & set(SCORED_OPTIONS))
+    if scored_only:
+        raise ConfigError(f"{scored_only}: for scored pairs (sentence1, sentence2, score); {data} is read as "
+                          "(query, positive) rows")
+    source = eval_source(data, options)
+    queries, positives, _, _ = read_pairs(source, options.get("anchor_column"), options.get("positive_column"))
+    # a triplet file's negatives are documents of the corpus, relevant to no query they are not a positive of, as in
+    # the fine-tune's evaluation of the same file
+    negatives = read_negatives(source, options.get("negative_column", "negative"))
     distractors = read_corpus(corpus, options.get("corpus_column", "text")) if corpus is not None else []
-    queries, corpus_texts, relevant = retrieval_benchmark(queries, positives, distractors)
+    queries, corpus_texts, relevant = retrieval_benchmark(queries, positives, [*negatives, *distractors])
     encoder = model if isinstance(model, Encoder) else Encoder(model, device=device, dtype=dtype,
                                                               batch_size=batch_size, cache=cache, progress=progress)
     model = encoder.folder if isinstance(model, Encoder) else model

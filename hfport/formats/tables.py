@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
 from ..errors import HfportError
+from ..hub import check_output_file
 
 MAX_LINE_BYTES = 1_000_000  # a line longer than this is a broken export, not an example
 BATCH_ROWS = 1024  # rows decoded from Arrow at a time: the text held at once while reading a Parquet/Arrow file
@@ -78,7 +79,9 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}, line {number}: not valid JSON ({e.msg} at column {e.colno})") from e
+            # json's "Invalid control character at" / "Unterminated string starting at" end where the place goes
+            raise DataError(f"{path}, line {number}: not valid JSON ({e.msg.removesuffix(' at')} at column "
+                            f"{e.colno})") from e
         if not isinstance(obj, dict):
             raise DataError(f"{path}, line {number}: expected a JSON object, got {type(obj).__name__}")
         yield number, obj
@@ -228,14 +231,23 @@ FILE_KINDS: tuple[FileKind, ...] = (
 )
 
 
-def write_rows(path: str | os.PathLike[str], columns: list[str], rows: list[dict[str, Any]]) -> Path:
-    """Write ROWS (each a dict with every one of COLUMNS) to PATH in the kind its suffix names, beside it first and
-    renamed into place when complete, so a failure never leaves a half-written file. Returns the path."""
+def writable_kind(path: str | os.PathLike[str], what: str = "the rows") -> FileKind:
+    """The kind write_rows writes PATH in, checked before the work that makes the rows (a caller's first step): a
+    suffix hfport writes, and a path that can become a file."""
     path = Path(path)
     kind = file_kind(path)
     if kind.write is None:
         writable = ", ".join(s for k in FILE_KINDS if k.write is not None for s in k.suffixes)
         raise DataError(f"{path}: hfport writes {writable}, not {kind.name}")
+    check_output_file(path, what)
+    return kind
+
+
+def write_rows(path: str | os.PathLike[str], columns: list[str], rows: list[dict[str, Any]]) -> Path:
+    """Write ROWS (each a dict with every one of COLUMNS) to PATH in the kind its suffix names, beside it first and
+    renamed into place when complete, so a failure never leaves a half-written file. Returns the path."""
+    path = Path(path)
+    kind = writable_kind(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")  # its own: threads of a process write
     try:

@@ -224,5 +224,13 @@ def run(jobs: Sequence[Callable[[], Any]]) -> list[Any]:
     workers = pool()
     workers.ensure(len(jobs))
     futures = [workers.submit(lambda job=job: in_modes(job)) for job in jobs]
-    wait(futures)
+    try:
+        wait(futures)
+    except BaseException:  # Ctrl-C in the caller: the jobs not started are dropped and the running ones waited for
+        # (a shard is one forward pass), since a daemon worker still inside a torch op when the interpreter exits
+        # aborts the process ("terminate called without an active exception") instead of exiting with 130
+        for f in futures:
+            f.cancel()
+        wait(futures)
+        raise
     return [f.result() for f in futures]

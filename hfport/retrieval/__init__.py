@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from .cache import EmbeddingCache, model_key
 from .encode import Encoder
-from .mine import OUTPUT_FORMATS, SAMPLING_STRATEGIES, MineResult, mine, mine_hard_negatives, read_corpus, read_pairs
+from .mine import (OUTPUT_FORMATS, SAMPLING_STRATEGIES, MineResult, check_relevant, mine, mine_hard_negatives,
+                   numbered_columns, read_corpus, read_negatives, read_pairs)
 from .search import faiss_available, top_k
 
-__all__ = ["EmbeddingCache", "Encoder", "MineResult", "OUTPUT_FORMATS", "SAMPLING_STRATEGIES", "faiss_available",
-           "mine", "mine_hard_negatives", "model_key", "read_corpus", "read_pairs", "top_k"]
+__all__ = ["EmbeddingCache", "Encoder", "MineResult", "OUTPUT_FORMATS", "SAMPLING_STRATEGIES", "check_relevant",
+           "faiss_available", "mine", "mine_hard_negatives", "model_key", "numbered_columns", "read_corpus",
+           "read_negatives", "read_pairs", "top_k"]

@@ -31,6 +31,7 @@ relative_margin) is an error here; sentence-transformers accepts it and never us
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -45,7 +46,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import ItemError
-from ..formats.tables import DataError, Source, where, write_rows
+from ..formats.tables import DataError, Source, decoded_lines, where, writable_kind, write_rows
 from ..pipelines import Pipeline, pipeline
 from ..rundir import RunDir
 from .encode import Encoder
@@ -293,6 +294,8 @@ def mine_hard_negatives(anchors: Sequence[str], positives: Sequence[str], model:
         log.warning('include_positives: output_format is set to "n-tuple" so that the ranking order is kept')
         output_format = "n-tuple"
     bounds = (absolute_margin, relative_margin, max_score, min_score)
+    if min_score is not None and max_score is not None and min_score > max_score:
+        raise ValueError(f"min_score {min_score} is above max_score {max_score}: every candidate would be dropped")
     if reranker is not None and all(v is None for v in bounds):
         raise ValueError("a reranker rescores the candidates for the score filters (max_score, min_score, "
                          "absolute_margin, relative_margin); give one of them (sentence-transformers would ignore the "
@@ -396,13 +399,32 @@ def _format(output_format: str, output_scores: bool, anchor_column: str, positiv
 
 # --- reading pairs and corpora from files -------------------------------------------------------------------------
 
+LABEL_COLUMN = "label"  # labeled-pair's: 1 beside a query's positive, 0 beside each mined negative
+SCORE_COLUMN = "score"  # scored pairs' (sentence1, sentence2, score: CoSENT's data), as fine-tuning names it
 
-def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
+
+def check_relevant(source: Source | Path | str, record: Any) -> None:
+    """A row read as an (anchor, positive) pair whose `label` says the pair is not relevant (a number <= 0: a mined
+    negative of a labeled-pair file, a qrels judgement of 0) is an error: read as a pair, its text would count as a
+    positive (a relevant document in evaluate, a positive in mining and in an embedding fine-tune)."""
+    value = record.values.get(LABEL_COLUMN)
+    try:
+        irrelevant = value is not None and float(value) <= 0  # CSV's "0" too
+    except (TypeError, ValueError):  # a label that is no number (a class name) says nothing about relevance
+        return
+    if irrelevant:
+        raise DataError(f"{where(source, record.line, LABEL_COLUMN)}: {value!r} marks a pair that is not relevant "
+                        "(as `hfport mine --output-format labeled-pair` labels its negatives), but every row is read "
+                        "as an (anchor, positive) pair, its text a positive; keep only the relevant rows, or read the "
+                        "file as text-ranking data (query_column=anchor, text_column=positive)")
+
+
+def read_pairs(data: str | os.PathLike[str] | Source, anchor_column: str | None = None,
                positive_column: str | None = None) -> tuple[list[str], list[str], str, str]:
     """(anchors, positives, the anchor column, the positive column) of a data file (CSV/TSV, JSONL, Parquet, Arrow, a
-    datasets folder). Columns as sentence-transformers picks them: the named ones, else "anchor"/"positive" when the
-    file has them, else its first and second columns."""
-    source = Source(data)
+    datasets folder: its "train" split, or the Source's). Columns as sentence-transformers picks them: the named ones,
+    else "anchor"/"positive" when the file has them, else its first and second columns."""
+    source = data if isinstance(data, Source) else Source(data)
     anchors: list[str] = []
     positives: list[str] = []
     for record in source.records():
@@ -413,6 +435,11 @@ def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
                                 f"{names}")
             guessed = [role for role, given in (("anchor", anchor_column), ("positive", positive_column))
                        if given is None and role not in names]
+            if guessed and SCORE_COLUMN in names:  # by position, a low-scored pair would be taken as a positive
+                raise DataError(f"{where(source, record.line)}: the row has a {SCORE_COLUMN!r} column ({names}): scored "
+                                "pairs, whose score says how alike the two texts are, not (anchor, positive) pairs; "
+                                "name the columns (anchor_column= / positive_column=) to read them as pairs all the "
+                                "same")
             anchor_column = anchor_column or ("anchor" if "anchor" in names else names[0])
             positive_column = positive_column or ("positive" if "positive" in names else names[1])
             if guessed:  # by position, as sentence-transformers reads them: said, since a wrong file still "works"
@@ -426,45 +453,90 @@ def read_pairs(data: str | os.PathLike[str], anchor_column: str | None = None,
             if not isinstance(value, str) or not value.strip():
                 raise DataError(f"{where(source, record.line, column)}: expected non-empty text, got {value!r}")
             out.append(value)
+        check_relevant(source, record)
     if not anchors:
         raise DataError(f"{source}: the file has no (anchor, positive) rows")
     return anchors, positives, anchor_column, positive_column  # type: ignore[return-value]
 
 
+def numbered_columns(names: Iterable[str], column: str = "negative") -> list[str]:
+    """COLUMN_1, COLUMN_2, ... of a row with NAMES, up to the first missing number: the negatives of an n-tuple row
+    (`output_format="n-tuple"`), as fine-tuning and evaluate read them back."""
+    names = set(names)
+    return list(itertools.takewhile(names.__contains__, (f"{column}_{i}" for i in itertools.count(1))))
+
+
+def read_negatives(data: str | os.PathLike[str] | Source, negative_column: str = "negative") -> list[str]:
+    """The hard negatives of DATA's rows, read as a sentence-embedding fine-tune reads them: a NEGATIVE_COLUMN (a text
+    or a list of texts) or numbered ones (negative_1, ...); the first row says which, and every row then has them.
+    [] for a file of pairs."""
+    source = data if isinstance(data, Source) else Source(data)
+    columns: list[str] | None = None
+    negatives: list[str] = []
+    for record in source.records():
+        if columns is None:
+            columns = ([negative_column] if negative_column in record.values
+                       else numbered_columns(record.values, negative_column))
+            if not columns:
+                return []
+        for column in columns:
+            if column not in record.values:
+                raise DataError(f"{where(source, record.line, column)}: missing; the row has {sorted(record.values)} "
+                                "(the first row has it: every row needs its negatives)")
+            value = record.values[column]
+            texts = value if isinstance(value, list) else [value]
+            if not texts:
+                raise DataError(f"{where(source, record.line, column)}: an empty list of negatives")
+            for text in texts:
+                if not isinstance(text, str) or not text.strip():
+                    raise DataError(f"{where(source, record.line, column)}: expected non-empty text (or a list of "
+                                    f"them), got {text!r}")
+            negatives.extend(texts)
+    return negatives
+
+
 def read_corpus(path: str | os.PathLike[str], column: str = "text") -> list[str]:
-    """A corpus file's texts: a .txt file's non-empty lines, or a data file's `column` (CSV/TSV, JSONL, Parquet,
-    Arrow, a datasets folder)."""
+    """A corpus file's texts: a .txt file's non-empty lines (UTF-8, a byte-order mark read past as for every text
+    file: left on the first text, it would make a positive there a distinct text, free to be mined as a negative), or
+    a data file's `column` (CSV/TSV, JSONL, Parquet, Arrow, a datasets folder). A file without a text is an error: a
+    corpus named but empty is a mistake (a wrong or unfinished file), not "no distractors" to go on without."""
     path = Path(path)
     if path.suffix.lower() == ".txt":
         try:
-            with open(path, encoding="utf-8") as f:
-                return [line.rstrip("\r\n") for line in f if line.strip()]
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from e
+            texts = [line.rstrip("\r\n") for _, line in decoded_lines(path) if line.strip()]
         except OSError as e:
             raise DataError(f"{path}: {e.strerror or e}") from e
-    source = Source(path)
-    texts = []
-    for record in source.records():
-        value = record.values.get(column)
-        if column not in record.values:
-            raise DataError(f"{where(source, record.line, column)}: missing; the row has {sorted(record.values)} (a "
-                            "corpus file is one text a line (.txt) or has a text column)")
-        if not isinstance(value, str) or not value.strip():
-            raise DataError(f"{where(source, record.line, column)}: expected non-empty text, got {value!r}")
-        texts.append(value)
+    else:
+        source = Source(path)
+        texts = []
+        for record in source.records():
+            value = record.values.get(column)
+            if column not in record.values:
+                raise DataError(f"{where(source, record.line, column)}: missing; the row has {sorted(record.values)} "
+                                "(a corpus file is one text a line (.txt) or has a text column: corpus_column, "
+                                "`mine --corpus-column`, `evaluate --set corpus_column=...`, names another)")
+            if not isinstance(value, str) or not value.strip():
+                raise DataError(f"{where(source, record.line, column)}: expected non-empty text, got {value!r}")
+            texts.append(value)
+    if not texts:
+        raise DataError(f"{path}: the corpus file has no texts (a .txt file: one text a line; a data file: a "
+                        f"{column!r} column)")
     return texts
 
 
 def mine(model: Any, data: str | os.PathLike[str] | Iterable[tuple[str, str]], *,
          corpus: str | os.PathLike[str] | Sequence[str] | None = None, out: str | os.PathLike[str] | None = None,
          anchor_column: str | None = None, positive_column: str | None = None, corpus_column: str = "text",
-         **options: Any) -> MineResult:
-    """`hfport mine`: hard negatives for the (anchor, positive) rows of DATA (a data file, or (anchor, positive)
-    tuples) from the positives and an optional CORPUS (a .txt file of one text a line, a data file with a `text`
-    column, or a list of texts); written to OUT (.jsonl or .parquet) when given. OPTIONS: mine_hard_negatives'."""
+         split: str = "train", **options: Any) -> MineResult:
+    """`hfport mine`: hard negatives for the (anchor, positive) rows of DATA (a data file, a datasets folder (a
+    DatasetDict's SPLIT), or (anchor, positive) tuples) from the positives and an optional CORPUS (a .txt file of one
+    text a line, a data file with a `text` column, or a list of texts); written to OUT (.jsonl or .parquet) when
+    given. OPTIONS: mine_hard_negatives'."""
+    if out is not None:
+        writable_kind(out, "the mined rows")  # a path that cannot be written fails now, not after the mining
     if isinstance(data, (str, os.PathLike)):
-        anchors, positives, anchor_column, positive_column = read_pairs(data, anchor_column, positive_column)
+        anchors, positives, anchor_column, positive_column = read_pairs(Source(data, split, "split (mine --split)"),
+                                                                         anchor_column, positive_column)
     else:
         pairs = list(data)
         anchors, positives = [a for a, _ in pairs], [p for _, p in pairs]
@@ -473,5 +545,23 @@ def mine(model: Any, data: str | os.PathLike[str] | Iterable[tuple[str, str]], *
     result = mine_hard_negatives(anchors, positives, model, corpus=texts, anchor_column=anchor_column,
                                  positive_column=positive_column, **options)
     if out is not None:
+        if not result.rows:  # an empty file would only fail later, in the fine-tune that reads it
+            raise ValueError(nothing_mined(result, out))
         result.write(out)
     return result
+
+
+def nothing_mined(result: MineResult, out: str | os.PathLike[str]) -> str:
+    """Why a mining found no row, for the error that writes nothing to OUT."""
+    s = result.stats
+    options = s["options"]
+    why = (f"{s['queries']} queries among {s['corpus']} candidate texts (the corpus and the positives), "
+           f"num_negatives {options['num_negatives']}, range_min {options['range_min']}, range_max "
+           f"{options['range_max']}")
+    if options["output_format"] == "n-tuple":
+        why += " (n-tuple: a row only where all num_negatives are found)"
+    if s["skipped"]:
+        why += "; the filters dropped " + ", ".join(f"{c['skipped']:,} by {name} {options[name]}"
+                                                   for name, c in s["skipped"].items())
+    return (f"{out}: nothing written, no row was mined: {why}. Lower num_negatives or range_min, loosen the "
+            "filters or give a larger corpus")

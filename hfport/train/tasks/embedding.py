@@ -40,6 +40,7 @@ from ... import hub
 from ...errors import ConfigError
 from ...formats.sentence_transformers import has_embedding_layout, read_st_pooling, write_embedding_layout
 from ...heads import pool
+from ...retrieval import check_relevant, numbered_columns
 from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, field_of, in_chunks,
                     iter_records, number_in_range, pad_ids, split_off, text_id, where)
 from ..distill import margin_mse, squared_error
@@ -225,8 +226,7 @@ def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
                         f"pairs and triplets) nor a sentence1 column ({config.sentence1_column!r}, for scored pairs); "
                         f"the row has {sorted(first)}")
     # n-tuples: negative_1, negative_2, ... (the columns with that name and the following numbers)
-    numbered = [] if config.negative_column in first else list(itertools.takewhile(
-        first.__contains__, (f"{config.negative_column}_{i}" for i in itertools.count(1))))
+    numbered = [] if config.negative_column in first else numbered_columns(first, config.negative_column)
     triplets = not scored and (config.negative_column in first or bool(numbered))
 
     def rows() -> Iterator[Row]:
@@ -236,6 +236,7 @@ def read_examples(path: Path, config: Any) -> tuple[str, bool, Iterator[Row]]:
                 yield texts, number_in_range(r, config.score_column, path, config.score_range, "score"), r.line
                 continue
             texts = [_text(r, config.anchor_column, path), _text(r, config.positive_column, path)]
+            check_relevant(path, r)  # a labeled-pair file's negatives would train as positives
             if triplets:  # a triplet file: every row has its negative (field_of names a missing one)
                 texts += ([_text(r, column, path) for column in numbered] if numbered
                           else _negatives(r, config.negative_column, path))
