@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from . import hub
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError
-from .formats.adapter import is_adapter_folder
+from .formats.adapter import is_adapter_folder, read_adapter_config
 from .hardware import auto_dtype, resolve_device
 from .heads import MaskedLMHead
 from .keymap import KeyMap
@@ -515,3 +515,31 @@ def task_of(family: Family, architectures: list[str]) -> str:
         if not isinstance(arch, str):
             raise ConfigError(f"architectures entry {arch!r} is not a string")
     return BASE_TASK
+
+
+def max_positions(body: nn.Module) -> int | None:
+    """How many tokens BODY's absolute position table holds (None: no table, as rotary families)."""
+    embeddings = getattr(body, "embeddings", None)
+    table = getattr(embeddings, "position", None)
+    if table is None or not hasattr(table, "num_embeddings"):
+        return None
+    offset = 0
+    if getattr(embeddings, "positions_offset_by_padding", False):  # RoBERTa: positions start at pad_token_id + 1
+        offset = (getattr(embeddings, "pad_token_id", 0) or 0) + 1
+    return table.num_embeddings - offset
+
+
+def folder_max_positions(folder: str | os.PathLike[str]) -> int | None:
+    """max_positions of the model in FOLDER (an HF folder), read from its config.json alone: the body built on the
+    meta device (no weights read, no memory), so the answer is the one the loaded model's table gives."""
+    folder = Path(folder)
+    if is_adapter_folder(folder) and not (folder / "config.json").is_file():  # a PEFT adapter: its base's body
+        base = read_adapter_config(folder).get("base_model_name_or_path")
+        if not base:
+            return None  # no base recorded: loading it needs base_model=, which says so
+        folder = hub.resolve(base)
+    raw, source = hub.read_config(folder)
+    family = get_family(raw.get("model_type"), source)
+    with on_meta():
+        body = family.build_body(family.config_from_hf(raw, source), BASE_TASK)
+    return max_positions(body)

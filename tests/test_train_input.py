@@ -23,7 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import hfport
 import hfport.settings
+from hfport.errors import ConfigError
 from hfport.formats.tables import DIGEST_BLOCK, DIGEST_BLOCKS, Source, content_digest
 from hfport.train.config import read_config_file
 from hfport.train.data import DataError
@@ -339,3 +341,29 @@ def test_the_content_digest_samples_a_large_file_and_reads_parquets_footer(tmp_p
     raw[len(raw) - footer + 1] ^= 0x01  # a byte of the footer's metadata
     parquet.write_bytes(raw)
     assert content_digest(parquet, kind.trailer) != plain
+
+
+# --- max_length against the model's position table ------------------------------------------------------------
+
+
+def test_the_default_max_length_is_lowered_to_the_models_positions(tiny_bert, tmp_path):
+    """tiny_bert holds 128 positions; the default max_length is 256. A 300-word text was cut at 256 tokens and the
+    first batch holding it failed inside the embeddings (IndexError); it is cut at 128 now, as transformers' scripts
+    cut max_seq_length at the model's length."""
+    long_text = " ".join(["word"] * 300)
+    path = write_jsonl(tmp_path / "train.jsonl", [{"text": t, "label": i % 2}
+                                                  for i, t in enumerate([long_text, *TEXTS[:7]])])
+    opts = {k: v for k, v in options(tiny_bert, path).items() if k != "max_length"}  # the default
+    checked = preflight(opts)
+    assert checked.config.max_length == 128
+    assert max(len(e.input_ids) for e in checked.data.train) == 128
+    summary = hfport.finetune({**opts, "output_dir": str(tmp_path / "run"), "max_steps": 2, "eval_strategy": "no",
+                               "save_strategy": "no"}, progress=False)
+    assert summary["steps"] == 2
+
+
+def test_a_max_length_above_the_models_positions_is_refused(tiny_bert, tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [{"text": t, "label": i % 2} for i, t in enumerate(TEXTS[:8])])
+    with pytest.raises(ConfigError, match=r"max_length 300: the model .* holds 128 positions .*max_length=128"):
+        preflight(options(tiny_bert, path, max_length=300))
+    assert not (tmp_path / "run").exists()

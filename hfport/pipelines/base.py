@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from ..errors import HfportError, ItemError
 from ..inference import for_inference
 from ..lora import AdapterSet, LoraError
-from ..modeling import PreTrainedEncoder
+from ..modeling import PreTrainedEncoder, max_positions
 from ..tokenizer import AutoTokenizer, PreTrainedTokenizer, TokenizerError, has_tokenizer_files
 from . import shards
 from .shards import check_row_shards
@@ -599,14 +599,7 @@ class _Failed:
 
 def model_max_positions(model: PreTrainedEncoder) -> int | None:
     """How many tokens the model's absolute position table holds (None: no such limit)."""
-    embeddings = getattr(model.body, "embeddings", None)
-    table = getattr(embeddings, "position", None)
-    if table is None or not hasattr(table, "num_embeddings"):
-        return None
-    offset = 0
-    if getattr(embeddings, "positions_offset_by_padding", False):  # RoBERTa: positions start at pad_token_id + 1
-        offset = (getattr(embeddings, "pad_token_id", 0) or 0) + 1
-    return table.num_embeddings - offset
+    return max_positions(model.body)
 
 
 def softmax_np(x: Any) -> Any:

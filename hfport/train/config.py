@@ -92,7 +92,8 @@ class FinetuneConfig(BaseModel):
         "the column of the label (a name, a number, or a list of names for multi-label)"))
     problem_type: Literal["single_label_classification", "multi_label_classification", "regression"] | None = Field(
         None, description="default: read off the labels (one name, a list of names, or numbers)")
-    max_length: int = Field(256, ge=8, description="tokens per example; longer ones are cut")
+    max_length: int = Field(256, ge=8, description="tokens per example; longer ones are cut (unset: 256, or the "
+                            "model's positions where it holds fewer)")
     # token classification
     tokens_column: str = Field("tokens", description="token classification: the column of the words")
     tags_column: str = Field("tags", description="token classification: the column of the words' tags")

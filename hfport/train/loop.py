@@ -52,7 +52,7 @@ from .distill import keep_layers
 from .metrics import EarlyStopping, MetricHistory
 from .monitor import PERF, Pace, ResourceSampler, evals_left, read_metrics
 from .optim import PlateauWithWarmup, build_optimizer, build_scheduler, freeze
-from .preflight import Preflight, as_config, preflight
+from .preflight import Preflight, as_config, fit_max_length, preflight
 from .progress import Progress
 from .report import write_report
 from .runfiles import (MetricsLog, check_output_dir, lora_base, prepare_output_dir, resume_checkpoint,
@@ -68,7 +68,7 @@ COMPANION = "companion."  # a checkpoint's weights of the modules trained beside
 def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
              on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train, evaluate and save. Returns the run summary as a dict (RunSummary.to_dict(); also summary.json)."""
-    config = as_config(config)
+    config = fit_max_length(as_config(config))  # before a resume compares it with the checkpoint's
     if verbosity.apply_env() == "quiet":  # HFPORT_VERBOSITY, for a finetune called from Python or a job process
         progress = False
     run = RunDir(Path(config.output_dir))

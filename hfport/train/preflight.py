@@ -7,18 +7,24 @@ field, before any output is written or any job is queued.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from .. import hub
 from ..errors import ConfigError
+from ..modeling import folder_max_positions
 from ..tokenizer import AutoTokenizer
 from .columns import check_columns
 from .config import FinetuneConfig, resolve_config
 from .data import DataError, EncodedData
 from .distill import check_student_layers, distilled
 from .tasks import TrainTask, get_task
+
+log = logging.getLogger("hfport.train")
 
 
 @dataclass
@@ -37,7 +43,7 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
     """Check a fine-tune before it runs. `world`: processes that will train (each takes a share of a batch).
 
     Raises ConfigError (bad options), ModelNotFoundError, TokenizerError, DataError (file, line, field)."""
-    config = as_config(config)
+    config = fit_max_length(as_config(config))
     check_columns(config)  # the first row of each file: a file with other column names fails here, saying which flag
     source = hub.resolve(config.model)
     tokenizer = AutoTokenizer.from_pretrained(source)
@@ -51,6 +57,29 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
         raise DataError(f"{config.train}: {len(data.train)} training examples, fewer than one batch "
                         f"(batch_size {config.batch_size} x {world} process(es)); lower batch_size (--batch-size)")
     return Preflight(config, source, tokenizer, task, data, labels)
+
+
+def fit_max_length(config: FinetuneConfig) -> FinetuneConfig:
+    """CONFIG with max_length within the model's position table (examples are cut at max_length tokens; a longer
+    one fails inside the embeddings). The default lowered to the table's size, as transformers' example scripts cut
+    max_seq_length at the tokenizer's model_max_length; a max_length the user gave above it is refused. Reads
+    config.json alone (no weights), so a run calls it before comparing a resume's config with the checkpoint's."""
+    limit = folder_max_positions(hub.resolve(config.model))
+    if limit is None or config.max_length <= limit:
+        return config
+    if "max_length" in config.model_fields_set:
+        raise ConfigError(f"max_length {config.max_length}: the model {config.model} holds {limit} positions (its "
+                          f"config.json's max_position_embeddings); set max_length to {limit} or less (hfport "
+                          f"finetune --set max_length={limit})")
+    log.info("max_length: %d, the positions of %s (the default, %d, is more than it holds)", limit, config.model,
+             config.max_length)
+    lowered = config.model_copy(update={"max_length": limit})
+    try:  # the rules between fields (question answering's doc_stride < max_length) on the lowered value
+        FinetuneConfig.model_validate(lowered.model_dump())
+    except ValidationError as e:
+        raise ConfigError(f"max_length lowered to {limit}, the positions of {config.model}: "
+                          + "; ".join(err["msg"] for err in e.errors())) from e
+    return lowered
 
 
 def check_loss_options(config: FinetuneConfig, task: TrainTask, data: EncodedData) -> None:
