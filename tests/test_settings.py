@@ -27,6 +27,7 @@ from hfport.settings import GROUPS
 from hfport.settings import Settings as LibrarySettings
 from hfport.train.distill import TEACHER_DIR
 from hfport.train.grouped import SPILL_DIR
+import server.__main__
 import server.app
 import server.worker
 from server.app import create_app
@@ -316,3 +317,30 @@ def test_serve_refuses_a_data_dir_that_is_a_file_in_one_line(tmp_path, monkeypat
     result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path / "notes.txt" / "data")])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert f"is a file, not a folder (so {tmp_path / 'notes.txt' / 'data'} cannot be one)" in result.output
+
+
+@pytest.mark.parametrize(("variable", "value", "line"), [
+    ("HFPORT_PORT", "abc", "error: invalid settings: HFPORT_PORT='abc': input should be a valid integer, unable to "
+                           "parse string as an integer (accepted: int >= 0, <= 65535)"),
+    ("HFPORT_JOB_LEASE_S", "-1", "error: invalid settings: HFPORT_JOB_LEASE_S='-1': input should be greater than 0 "
+                                 "(accepted: float > 0)"),
+    ("HFPORT_VERBOSITY", "loud", "error: HFPORT_VERBOSITY='loud': input should be 'quiet', 'normal', 'verbose', "
+                                 "'debug' or 'trace' (accepted: quiet | normal | verbose | debug | trace | unset)"),
+    ("HFPORT_MODELS", "nope", "error: --model / HFPORT_MODELS 'nope': not a folder"),
+])
+def test_python_m_server_refuses_a_bad_setting_as_hfport_serve_does(tmp_path, monkeypatch, capsys, variable, value,
+                                                                    line):
+    """`python -m server` (the server's own entry point) let the SettingsError out as a traceback."""
+    monkeypatch.chdir(tmp_path)  # HFPORT_MODELS' 'nope' is looked for here
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv(variable, value)
+    hfport.settings.reset()
+    result = CliRunner().invoke(app, ["serve"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    refused = [text for text in result.output.splitlines() if text.startswith("error:")]
+    assert len(refused) == 1 and refused[0].startswith(line), result.output
+    hfport.settings.reset()
+    with pytest.raises(SystemExit) as exited:
+        server.__main__.main()
+    assert exited.value.code == result.exit_code
+    assert refused == [text for text in capsys.readouterr().err.splitlines() if text.startswith("error:")]
