@@ -12,6 +12,7 @@ import ipaddress
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -19,6 +20,7 @@ from fastapi import Depends, Request
 from pydantic import Field, PositiveInt, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from hfport.errors import SettingsError
 from hfport.pipelines import check_device, check_dtype
 from hfport.settings import ADVANCED, COMMON, EnvSettings
 
@@ -40,7 +42,8 @@ class Settings(EnvSettings):
                       "other address needs api_token)")
     port: int = Field(8000, ge=0, le=65535, json_schema_extra=COMMON, description="the HTTP port")
     data_dir: Path = Field(Path("./hfport-data"), json_schema_extra={**COMMON, "shown_default": "./hfport-data"},
-                           description="job store, registry, uploads and job runs")
+                           description="job store, registry, uploads and job runs; made at start, which stops "
+                                       "when this process cannot make it or write in it")
     allowed_dirs: list[Path] = Field(default_factory=list, json_schema_extra=COMMON, description=(
         "folders server-side paths may point into (a JSON list); data_dir always is one"))
     api_token: str | None = Field(None, json_schema_extra={**COMMON, "secret": True}, description=(
@@ -260,6 +263,23 @@ class Settings(EnvSettings):
     @property
     def runs_dir(self) -> Path:
         return self.data_dir / "runs"
+
+
+def make_data_dir(path: Path) -> Path:
+    """PATH (the data_dir setting) made when missing, parents too, and written in once: where this process cannot (a
+    read-only parent or volume, a folder of another user) a SettingsError names the setting and the OS's reason, at
+    start, instead of a traceback from the first mkdir or the store's open."""
+    where = f"data_dir (HFPORT_DATA_DIR / --data-dir) {str(path)!r}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # the folder that could not be made may be a parent of PATH: the OS names it
+        raise SettingsError(f"{where}: cannot create it: {e.strerror or e}: {e.filename or path}") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise SettingsError(f"{where}: cannot write in it: {e.strerror or e}") from None
+    return path
 
 
 def is_loopback(host: str) -> bool:

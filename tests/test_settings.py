@@ -6,9 +6,12 @@ use()/reset() change and forget what it read; every HFPORT_* name the code and t
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import logging
+import os
 import re
+import tempfile
 import types
 from pathlib import Path
 
@@ -344,3 +347,59 @@ def test_python_m_server_refuses_a_bad_setting_as_hfport_serve_does(tmp_path, mo
         server.__main__.main()
     assert exited.value.code == result.exit_code
     assert refused == [text for text in capsys.readouterr().err.splitlines() if text.startswith("error:")]
+
+
+@pytest.fixture(params=["chmod", "simulated"])
+def read_only(request, tmp_path, monkeypatch) -> Path:
+    """A folder this process may not write in: chmod 0o500 (root ignores it: skipped there), or the OS's refusal
+    simulated for it (mkdir and the write probe get EACCES), so that the refusal is tested as root (CI) too."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if request.param == "chmod":
+        if os.geteuid() == 0:
+            pytest.skip("root ignores folder permissions (the 'simulated' case covers the refusal as root)")
+        folder.chmod(0o500)
+        request.addfinalizer(lambda: folder.chmod(0o700))
+        return folder
+    denied = lambda path: OSError(errno.EACCES, os.strerror(errno.EACCES), str(path))  # noqa: E731
+    mkdir, temporary = Path.mkdir, tempfile.TemporaryFile
+
+    def refused_mkdir(self, *args, **kwargs):
+        if self.parent == folder and not self.exists():
+            raise denied(self)
+        return mkdir(self, *args, **kwargs)
+
+    def refused_file(*args, dir=None, **kwargs):  # noqa: A002 - tempfile's name
+        if dir is not None and Path(dir) == folder:
+            raise denied(Path(dir) / "tmpXXXX")
+        return temporary(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refused_mkdir)
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused_file)
+    return folder
+
+
+@pytest.mark.parametrize("role", ["all", "worker"])
+def test_serve_refuses_a_data_dir_it_cannot_make_or_write_in_one_line(read_only, role):
+    """A data dir under a read-only parent was met by the mkdir at start (the store's open for a worker) as a
+    PermissionError traceback; one that exists but is read-only, by the store's open or the first upload."""
+    result = CliRunner().invoke(app, ["serve", "--role", role, "--data-dir", str(read_only / "data")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert (f"error: invalid settings: data_dir (HFPORT_DATA_DIR / --data-dir) '{read_only / 'data'}': cannot "
+            f"create it: Permission denied: {read_only / 'data'}") in result.output, result.output
+    result = CliRunner().invoke(app, ["serve", "--role", role, "--data-dir", str(read_only)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert (f"error: invalid settings: data_dir (HFPORT_DATA_DIR / --data-dir) '{read_only}': cannot write in it: "
+            "Permission denied") in result.output, result.output
+
+
+def test_the_docker_entrypoint_refuses_a_volume_it_cannot_write_in_one_line(read_only, monkeypatch, capsys):
+    from server import entrypoint
+
+    monkeypatch.setenv("HFPORT_API_TOKEN", "")  # none given: the entry point makes one in the data dir
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(read_only / "data"))
+    with pytest.raises(SystemExit) as exited:
+        entrypoint.main()
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.startswith(f"error: invalid settings: data_dir (HFPORT_DATA_DIR / --data-dir) "
+                                              f"'{read_only / 'data'}': cannot create it: Permission denied")
