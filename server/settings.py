@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from fastapi import Depends, Request
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from hfport.errors import SettingsError
@@ -45,7 +45,8 @@ class Settings(EnvSettings):
                            description="job store, registry, uploads and job runs; made at start, which stops "
                                        "when this process cannot make it or write in it")
     allowed_dirs: list[Path] = Field(default_factory=list, json_schema_extra=COMMON, description=(
-        "folders server-side paths may point into (a JSON list); data_dir always is one"))
+        "folders server-side paths may point into (a JSON list); data_dir always is one. Each must exist at start: "
+        "one that does not (a typo, a volume not mounted) stops the server, naming it"))
     api_token: str | None = Field(None, json_schema_extra={**COMMON, "secret": True}, description=(
         "when set, every route but GET /health needs it as a Bearer token"))
     models: Annotated[list[str], NoDecode] = Field(
@@ -205,8 +206,18 @@ class Settings(EnvSettings):
 
     @field_validator("allowed_dirs")
     @classmethod
-    def _absolute_all(cls, v: list[Path]) -> list[Path]:
-        return [p.expanduser().resolve() for p in v]
+    def _existing_folders(cls, v: list[Path], info: ValidationInfo) -> list[Path]:
+        """Absolute, and each an existing folder: a mount path with a typo (or a volume not mounted) was accepted
+        silently, and every request into the folder meant was then a 403. One inside data_dir may be missing (data_dir
+        is made at start, and allows all it holds anyway)."""
+        v = [p.expanduser().resolve() for p in v]
+        data_dir = info.data.get("data_dir")
+        inside = lambda p: data_dir is not None and (p == data_dir or p.is_relative_to(data_dir))  # noqa: E731
+        wrong = [f"{p} ({'a file' if p.exists() else 'does not exist'})" for p in v if not p.is_dir() and not inside(p)]
+        if wrong:
+            raise ValueError(f"not a folder: {', '.join(wrong)}; each entry must be an existing folder (create it, "
+                             "mount it or correct the path)")
+        return v
 
     @model_validator(mode="after")
     def _no_open_bind_without_a_token(self) -> Settings:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -403,3 +404,28 @@ def test_the_docker_entrypoint_refuses_a_volume_it_cannot_write_in_one_line(read
     assert exited.value.code == 1
     assert capsys.readouterr().err.startswith(f"error: invalid settings: data_dir (HFPORT_DATA_DIR / --data-dir) "
                                               f"'{read_only / 'data'}': cannot create it: Permission denied")
+
+
+def test_an_allowed_dir_that_is_no_folder_stops_the_server_naming_it(tmp_path, monkeypatch):
+    """A mount path with a typo was accepted silently; every request into the folder meant was then a 403 listing the
+    allowed dirs. docs/serving.md calls them folders that paths may point into: each must exist at start."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (tmp_path / "notes.txt").write_text("x")
+    given = json.dumps([str(models), str(tmp_path / "modles"), str(tmp_path / "notes.txt")])
+    monkeypatch.setenv("HFPORT_ALLOWED_DIRS", given)
+    monkeypatch.setattr(server.app, "serve", lambda *args, **kwargs: None)  # accepted, it would have started
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert (f"error: invalid settings: HFPORT_ALLOWED_DIRS={given!r}: not a folder: {tmp_path / 'modles'} (does not "
+            f"exist), {tmp_path / 'notes.txt'} (a file); each entry must be an existing folder (create it, mount it or "
+            "correct the path)") in result.output, result.output
+    assert not (tmp_path / "data").exists()  # refused before anything was made
+    monkeypatch.delenv("HFPORT_ALLOWED_DIRS")
+    # one inside the data dir may be missing: the data dir is made at start, and allows everything in it anyway
+    inside = tmp_path / "data" / "sets"
+    assert ServerSettings(data_dir=tmp_path / "data", allowed_dirs=[models, inside]).roots == [tmp_path / "data",
+                                                                                               models, inside]
+    with pytest.raises(SettingsError, match=rf"allowed_dirs=.*: not a folder: {tmp_path / 'modles'} \(does not "
+                                            r"exist\)"):
+        ServerSettings(data_dir=tmp_path / "data", allowed_dirs=[tmp_path / "modles"])
