@@ -22,7 +22,7 @@ from pydantic_settings import NoDecode
 
 from hfport.errors import SettingsError
 from hfport.pipelines import check_device, check_dtype
-from hfport.settings import ADVANCED, COMMON, EnvSettings
+from hfport.settings import ADVANCED, COMMON, NAMES, EnvSettings
 
 from .store import SCHEMES
 
@@ -53,13 +53,14 @@ class Settings(EnvSettings):
         default_factory=list, json_schema_extra=COMMON, description=(
             "models registered and loaded at start (`serve --model`): folders or cached repo ids, `name=path` to name "
             "one; the first is the default of the TEI/OpenAI routes. A JSON list or comma-separated"))
-    device: str = Field("auto", json_schema_extra=COMMON, description=(
+    device: str = Field("auto", json_schema_extra={**COMMON, **NAMES}, description=(
         "where served models run, adapters included: auto (the first CUDA device when there is one, else the CPU), "
         "cpu, cuda or cuda:N; predict_dtype auto serves an fp32 checkpoint in bf16 on a CUDA GPU with bf16"))
-    predict_dtype: str = Field("auto", json_schema_extra=COMMON, description=(
+    predict_dtype: str = Field("auto", json_schema_extra={**COMMON, **NAMES}, description=(
         "dtype models are served in: auto (the checkpoint's, but bf16 for an fp32 checkpoint on a CPU with native "
-        "bf16), float32, bfloat16, float16, int8 (the encoder's Linear layers in int8, refused where the int8 gate "
-        "fails) or auto-int8 (int8, else bf16 where the gate fails)"))
+        "bf16), float32 (or fp32), bfloat16 (or bf16), float16 (or fp16, half), float64, int8 (the encoder's Linear "
+        "layers in int8, refused where the int8 gate fails) or auto-int8 (int8, else bf16 where the gate fails); an "
+        "alias is kept as its full name"))
     auto_truncate: bool = Field(True, json_schema_extra=COMMON, description=(
         "as TEI's --auto-truncate (on by default since TEI 1.9): inputs longer than the model takes are cut to its "
         "maximum length on /embed, /embed_all, /embed_sparse, /similarity, /rerank, TEI's /predict and "
@@ -166,7 +167,7 @@ class Settings(EnvSettings):
     @field_validator("predict_dtype")
     @classmethod
     def _dtype(cls, v: str) -> str:
-        return check_dtype(v)  # a ValueError names the choices
+        return check_dtype(v)  # the canonical name (bf16: bfloat16); a ValueError names the choices
 
     @field_validator("device")
     @classmethod

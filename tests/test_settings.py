@@ -27,6 +27,7 @@ from hfport import int8_verdicts
 from hfport.errors import SettingsError
 from hfport.export import int8_choice
 from hfport.hardware import CACHE_FILE, cache_root
+from hfport.modeling import _DTYPES
 from hfport.settings import GROUPS
 from hfport.settings import Settings as LibrarySettings
 from hfport.train.distill import TEACHER_DIR
@@ -429,3 +430,34 @@ def test_an_allowed_dir_that_is_no_folder_stops_the_server_naming_it(tmp_path, m
     with pytest.raises(SettingsError, match=rf"allowed_dirs=.*: not a folder: {tmp_path / 'modles'} \(does not "
                                             r"exist\)"):
         ServerSettings(data_dir=tmp_path / "data", allowed_dirs=[tmp_path / "modles"])
+
+
+def test_a_setting_whose_values_are_names_takes_them_in_any_case(tmp_path, monkeypatch):
+    """verbosity took any case, role and predict_dtype did not (HFPORT_ROLE=API was refused). A name is kept in its
+    canonical spelling; a path, a token or a URL is taken as written; a name that is no choice is refused as given."""
+    for variable, value in (("HFPORT_ROLE", "API"), ("HFPORT_PREDICT_DTYPE", "BF16"), ("HFPORT_DEVICE", "CPU"),
+                            ("HFPORT_JOB_PROCESSES", "Auto"), ("HFPORT_VERBOSITY", "QUIET"),
+                            ("HFPORT_API_TOKEN", "AbC"), ("HFPORT_WORKER_ID", "Host-1"),
+                            ("HFPORT_DATABASE_URL", "postgresql://Jobs:PassWord@DB/Jobs")):
+        monkeypatch.setenv(variable, value)
+    s = ServerSettings(data_dir=tmp_path / "Data")
+    assert (s.role, s.predict_dtype, s.device, s.job_processes) == ("api", "bfloat16", "cpu", "auto")
+    assert (s.api_token, s.worker_id, s.database_url) == ("AbC", "Host-1", "postgresql://Jobs:PassWord@DB/Jobs")
+    assert s.data_dir == tmp_path / "Data" and LibrarySettings().verbosity == "quiet"
+    assert ServerSettings.env_value("role") == "api"  # one setting read alone, alike
+    assert ServerSettings(data_dir=tmp_path, role="Worker").role == "worker"  # a flag (`serve --role Worker`) too
+    monkeypatch.setenv("HFPORT_ROLE", "Boss")
+    with pytest.raises(SettingsError, match=r"HFPORT_ROLE='Boss': input should be 'api', 'worker' or 'all'"):
+        ServerSettings(data_dir=tmp_path)
+
+
+def test_predict_dtype_takes_the_aliases_the_pipelines_take_and_the_docs_list_them(tmp_path):
+    """fp32, bf16, fp16, half were accepted (case-sensitively) but docs/settings.md named none of them."""
+    described = ServerSettings.model_fields["predict_dtype"].description  # docs/settings.md's (its staleness test)
+    for alias, dtype in _DTYPES.items():
+        canonical = str(dtype).removeprefix("torch.")
+        assert re.search(rf"\b{alias}\b", described), (alias, described)
+        for given in (alias, alias.upper()):
+            assert ServerSettings(data_dir=tmp_path, predict_dtype=given).predict_dtype == canonical, given
+    assert ServerSettings(data_dir=tmp_path, predict_dtype="torch.bfloat16").predict_dtype == "bfloat16"
+    assert ServerSettings(data_dir=tmp_path, predict_dtype="Auto-INT8").predict_dtype == "auto-int8"
