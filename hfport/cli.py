@@ -735,7 +735,7 @@ def serve(
         return
     try:
         run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, models=model or None,
-            log_level=verbosity.LEVELS[level])
+            verbosity=level)
     except StartRefused as e:  # a bad setting, an unusable store, a refused --model: one line, as `python -m server`
         fail(str(e))
 

@@ -287,7 +287,7 @@ class Settings(EnvSettings):
             "how much hfport says: quiet (errors only, no progress bar), normal (warnings and the progress bar), "
             "verbose (what a run is doing), debug (every library's debug records), trace (also one record per "
             "optimizer step); unset: the command's default (normal; verbose for `serve` and its job processes). "
-            "A command's -q / -v flags win"))
+            "A command's -q / -v flags win (`serve`'s in the job processes it starts too)"))
     cache_dir: Path = Field(
         default_factory=_default_cache_dir, json_schema_extra={**COMMON, "shown_default":
                                                                 "$XDG_CACHE_HOME/hfport, else ~/.cache/hfport"},

@@ -20,10 +20,10 @@ class StartRefused(Exception):
     worker id) or a start-up model that is not a servable folder."""
 
 
-def serve(*, log_level: int = logging.INFO, **overrides: Any) -> None:
+def serve(*, verbosity: str = "verbose", **overrides: Any) -> None:
     """Run the service. overrides: Settings fields (host, port, data_dir, max_concurrent_jobs, role); None means
-    unset. log_level: uvicorn's, the verbosity's level (hfport.verbosity.LEVELS). Raises StartRefused when it cannot
-    start."""
+    unset. verbosity: the level the entry point resolved (a hfport.verbosity.LEVELS name, flags included), uvicorn's
+    and the job processes'. Raises StartRefused when it cannot start."""
     from .app import serve as run_service
     from .errors import ApiError
     from .settings import Settings
@@ -33,7 +33,7 @@ def serve(*, log_level: int = logging.INFO, **overrides: Any) -> None:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         for problem in library_settings.unknown_variables(Settings, library_settings.Settings):
             log.warning("%s: ignored (docs/settings.md lists the settings)", problem)
-        run_service(settings, log_level=log_level)
+        run_service(settings, verbosity=verbosity)
     except SettingsError as e:
         raise StartRefused(f"invalid settings: {e}") from None
     except StoreError as e:
@@ -48,7 +48,7 @@ def main() -> None:
     try:
         level = verbosity.from_env(default="verbose")
         verbosity.configure(level)
-        serve(log_level=verbosity.LEVELS[level])
+        serve(verbosity=level)
     except (SettingsError, StartRefused) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

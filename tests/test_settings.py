@@ -12,7 +12,9 @@ import json
 import logging
 import os
 import re
+import sys
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -38,6 +40,7 @@ import server.worker
 from server.app import create_app
 from server.settings import Settings as ServerSettings
 from server.store import open_store
+from server.worker import Worker
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = (LibrarySettings, ServerSettings)
@@ -173,15 +176,74 @@ def test_a_bad_library_variable_stops_a_command_in_one_line_with_a_verbosity_fla
 
 
 def test_serve_logs_at_the_verbosity_the_variable_or_a_flag_names(tmp_path, monkeypatch):
-    """uvicorn's level followed -q alone: HFPORT_VERBOSITY=quiet left its info lines on, and -vv (debug) too."""
-    levels = []
-    monkeypatch.setattr(server.app, "serve", lambda settings, log_level: levels.append(log_level))
-    for variable, flags in (("quiet", []), ("", ["-q"]), ("quiet", ["-v"]), ("", []), ("debug", []), ("", ["-vv"])):
+    """uvicorn's level followed -q alone: HFPORT_VERBOSITY=quiet left its info lines on, and -vv (debug) too. The
+    job worker gets the same level, for its job processes (role all, and role worker without uvicorn), from the
+    entry point: `python -m server` alike."""
+    levels, workers = [], []
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: levels.append(kw["log_level"]))
+    monkeypatch.setattr(server.app, "Worker", lambda *a, verbosity: workers.append(verbosity) or Worker(*a))
+    monkeypatch.setattr(server.app, "run_worker", lambda settings, store, verbosity: workers.append(verbosity))
+    for variable, flags in (("quiet", []), ("", ["-q"]), ("quiet", ["-v"]), ("", []), ("debug", []), ("", ["-vv"]),
+                            ("quiet", ["-vv", "--role", "worker"])):
         monkeypatch.setenv("HFPORT_VERBOSITY", variable)
         hfport.settings.reset()
         result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path), *flags])
         assert result.exit_code == 0, result.output
     assert levels == [logging.ERROR, logging.ERROR, logging.INFO, logging.INFO, logging.DEBUG, logging.DEBUG]
+    assert workers == ["quiet", "quiet", "verbose", "verbose", "debug", "debug", "debug"]
+    monkeypatch.setenv("HFPORT_VERBOSITY", "quiet")
+    hfport.settings.reset()
+    server.__main__.main()
+    assert levels[-1] == logging.ERROR and workers[-1] == "quiet"
+
+
+PROBE = """import logging, sys
+
+import hfport
+from server import fence
+
+
+def export(*args, **kwargs):
+    for level in ("debug", "info", "warning", "error"):
+        getattr(logging.getLogger("hfport.export"), level)("probe at %s", level)
+    raise RuntimeError("the probe ends the job here")
+
+
+hfport.export = export  # in this job process only: the job module server.fence runs finds this engine
+sys.exit(fence.main(sys.argv[sys.argv.index("server.jobrun"):]))
+"""
+
+
+def test_a_job_process_logs_at_the_level_serve_was_given(tmp_path, monkeypatch):
+    """`serve -q` and `-vv` did not reach the job processes the server starts: they followed HFPORT_VERBOSITY (here
+    normal: warnings, no debug), else verbose. Each server below is `hfport serve` as the CLI builds it, its worker
+    in this process; the job process is a real one (fence and jobrun) over an export engine that logs a record at
+    each level and fails."""
+    script, wrapper = tmp_path / "probe_jobrun.py", tmp_path / "python-probe"
+    script.write_text(PROBE)
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(server.worker.sys, "executable", str(wrapper))
+    monkeypatch.setenv("HFPORT_VERBOSITY", "normal")
+    apps = []
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: apps.append(app))
+    for flag in ("-q", "-vv"):
+        hfport.settings.reset()
+        result = CliRunner().invoke(app, ["serve", flag, "--data-dir", str(tmp_path / flag)])
+        assert result.exit_code == 0, result.output
+    logs = {}
+    with TestClient(apps[0]), TestClient(apps[1]):  # their lifespans start the workers
+        jobs = [a.state.store.create_job("export", {"model": str(tmp_path), "output_dir": str(tmp_path / "out")})
+                for a in apps]
+        deadline = time.time() + 120
+        for flag, a, job in zip(("-q", "-vv"), apps, jobs):
+            while a.state.store.get_job(job["id"])["status"] != "failed" and time.time() < deadline:
+                time.sleep(0.1)
+            logs[flag] = (tmp_path / flag / "runs" / job["id"] / "job.log").read_text(errors="replace")
+            assert "the probe ends the job here" in logs[flag], logs[flag][-3000:]
+    shown = {flag: [level for level in ("debug", "info", "warning", "error") if f"probe at {level}" in text]
+             for flag, text in logs.items()}
+    assert shown == {"-q": ["error"], "-vv": ["debug", "info", "warning", "error"]}, logs
 
 
 # --- the server's ---------------------------------------------------------------------------------------------------
@@ -262,7 +324,7 @@ def test_whitespace_around_a_value_is_no_part_of_it(tmp_path, monkeypatch):
 
 def test_serve_warns_of_a_variable_that_is_no_setting(tmp_path, monkeypatch):
     """A misspelt variable was ignored unseen, its setting left at the default."""
-    monkeypatch.setattr(server.app, "serve", lambda settings, log_level: None)
+    monkeypatch.setattr(server.app, "serve", lambda settings, verbosity: None)
     monkeypatch.setenv("HFPORT_MAX_CONCURENT_JOBS", "4")
     monkeypatch.setenv("HFPORT_STORE_MAX_BYTE", "0")  # the library's, misspelt: the server knows those too
     result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path)])
