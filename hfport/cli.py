@@ -14,7 +14,7 @@ from typer.core import TyperCommand
 from . import settings as library_settings
 from . import tasks, verbosity
 from .convert import convert as convert_folder
-from .errors import HfportError, ItemError, SettingsError
+from .errors import HfportError, ItemError
 from .evaluation import evaluate as run_evaluate
 from .export import DEFAULT_FORMAT, FORMATS, ExportError, ExportFormat, VerifyFailed, VerifyReport, formats_help, \
     get_format
@@ -731,22 +731,16 @@ def serve(
     # the service is an application over the library, like this CLI: the library never imports it, so it is
     # imported here, when the command runs (`python -m server` is the same entry point)
     try:
+        from server.__main__ import StartRefused
         from server.__main__ import serve as run
     except ImportError as e:
         fail(f"the service needs its dependencies ({e}); pip install hfport")
         return
-    from server.errors import ApiError
-    from server.store import StoreError
-
     try:
         run(host=host, port=port, data_dir=data_dir, max_concurrent_jobs=workers, role=role, models=model or None,
-            log_level=verbosity.LEVELS[level])
-    except SettingsError as e:  # a bad setting, from a flag or an HFPORT_* variable: named with its value
-        fail(f"invalid settings: {e}")
-    except StoreError as e:  # unreachable database, newer schema, duplicate worker id: one line, no traceback
+            verbosity=level)
+    except StartRefused as e:  # a bad setting, an unusable store, a refused --model: one line, as `python -m server`
         fail(str(e))
-    except ApiError as e:  # a --model that is not a servable folder
-        fail(e.message)
 
 
 def main() -> None:

@@ -76,9 +76,11 @@ class EnvSettings(BaseSettings):
     @classmethod
     def _strip(cls, values: Any) -> Any:
         """Surrounding whitespace is no part of a value (pydantic already ignored it around a number, not around a
-        word, a path, a bool or a token read from a file with its newline, which then matched no request)."""
+        word, a path, a bool or a token read from a file with its newline, which then matched no request), and a name
+        is taken in any case (canonical_name)."""
         if isinstance(values, dict):
-            return {k: v.strip() if isinstance(v, str) else v for k, v in values.items()}
+            return {k: canonical_name(cls.model_fields[k], v.strip()) if isinstance(v, str) and k in cls.model_fields
+                    else v.strip() if isinstance(v, str) else v for k, v in values.items()}
         return values
 
     @classmethod
@@ -104,12 +106,44 @@ class EnvSettings(BaseSettings):
         raw = (os.environ.get(env) or "").strip() or None  # as the class reads it: no surrounding whitespace
         if raw is None:
             return field.get_default(call_default_factory=True)
+        raw = canonical_name(field, raw)
         try:
             kind = typing.Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
             return TypeAdapter(kind).validate_python(raw)
         except ValidationError as e:
             reason = e.errors()[0]["msg"].removeprefix("Value error, ")
             raise SettingsError(f"{shown(field, env, raw)}: {reason} (accepted: {type_text(field)})") from None
+
+
+NAMES = {"names": True}  # json_schema_extra of a str setting whose values are names its own validator checks
+
+
+def _literal_choices(annotation: Any) -> tuple[str, ...]:
+    """The strings a Literal in ANNOTATION allows (inside a union, Optional or Annotated too)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return tuple(a for a in args if isinstance(a, str))
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        return tuple(c for a in args for c in _literal_choices(a))
+    return ()
+
+
+def takes_names(field: FieldInfo) -> bool:
+    """The setting's values are names (a Literal's choices, or a field marked NAMES: device, predict_dtype), which it
+    takes in any case; not paths, tokens or URLs, which are taken as written."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return bool(_literal_choices(field.annotation) or extra.get("names"))
+
+
+def canonical_name(field: FieldInfo, value: str) -> str:
+    """VALUE in the canonical spelling where the setting's values are names (HFPORT_ROLE=API is `api`,
+    HFPORT_VERBOSITY=Debug is `debug`: verbosity alone took any case, role and predict_dtype did not); a value that
+    names no choice, or any value of another setting, unchanged (its validation then names it as given)."""
+    for choice in _literal_choices(field.annotation):
+        if value.lower() == choice.lower():
+            return choice
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return value.lower() if extra.get("names") else value
 
 
 def shown(field: FieldInfo, name: str, value: Any) -> str:
@@ -253,7 +287,7 @@ class Settings(EnvSettings):
             "how much hfport says: quiet (errors only, no progress bar), normal (warnings and the progress bar), "
             "verbose (what a run is doing), debug (every library's debug records), trace (also one record per "
             "optimizer step); unset: the command's default (normal; verbose for `serve` and its job processes). "
-            "A command's -q / -v flags win"))
+            "A command's -q / -v flags win (`serve`'s in the job processes it starts too)"))
     cache_dir: Path = Field(
         default_factory=_default_cache_dir, json_schema_extra={**COMMON, "shown_default":
                                                                 "$XDG_CACHE_HOME/hfport, else ~/.cache/hfport"},
@@ -278,11 +312,6 @@ class Settings(EnvSettings):
         "HFPORT_ROW_BUCKETS": "removed: no gain on a default path (docs/benchmarks.md)",
         "HFPORT_INT8_MIN_ROWS": "the min_rows argument of hfport.int8.quantize_loaded",
     }
-
-    @field_validator("verbosity", mode="before")
-    @classmethod
-    def _level(cls, v: object) -> object:
-        return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("cache_dir")
     @classmethod

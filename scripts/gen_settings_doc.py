@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's hfport and server, not an installed copy
 
 from hfport.settings import Settings as LibrarySettings  # noqa: E402
-from hfport.settings import markdown  # noqa: E402
+from hfport.settings import markdown, takes_names  # noqa: E402
 from server.settings import Settings as ServerSettings  # noqa: E402
 
 PAGE = REPO / "docs" / "settings.md"
@@ -35,6 +35,11 @@ is no setting at all (a misspelt name) is ignored with a warning, naming the clo
 starts. **Common** settings are the ones most deployments set; **advanced** ones are limits and tuning with working
 defaults.
 """
+NAMED = ", ".join(f"`{name}`" for cls in (LibrarySettings, ServerSettings) for name, field in cls.model_fields.items()
+                  if takes_names(field))
+CASE = (f"The settings whose values are names ({NAMED}) take them in any case and keep their canonical spelling "
+        "(`HFPORT_ROLE=API` is `api`, `HFPORT_PREDICT_DTYPE=BF16` is `bfloat16`); a path, a token or a URL is taken "
+        "as written.\n")
 
 LIBRARY = ("Read by every hfport process (the CLI, fine-tuning, `hfport serve`, its job processes and every rank of "
            "a multi-process launch) once, on first use: `hfport.settings.settings()`. Code and tests change them "
@@ -46,7 +51,7 @@ SERVER = ("Read by `hfport serve` (and `python -m server`) at start; its flags (
 
 
 def render() -> str:
-    return "\n".join([INTRO, markdown(LibrarySettings, "Library (`hfport.settings`)", LIBRARY),
+    return "\n".join([INTRO, CASE, markdown(LibrarySettings, "Library (`hfport.settings`)", LIBRARY),
                       markdown(ServerSettings, "Server (`server/settings.py`)", SERVER)]).rstrip() + "\n"
 
 

@@ -12,26 +12,29 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import hfport
+from hfport.verbosity import LEVELS
 
 from . import errors, metrics, preload
 from .routes import dashboard, docs, health, jobs, models, openai, tei
 from .security import Authorized, BodyLimit
 from .serving import ModelService
-from .settings import Settings
+from .settings import Settings, make_data_dir
 from .store import open_store
 from .worker import Worker, run_worker
 
 log = logging.getLogger("hfport.server")
 
 
-def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> FastAPI:
+def create_app(settings: Settings | None = None, *, run_worker: bool = True, verbosity: str | None = None) -> FastAPI:
     """The service. `run_worker=False` builds it without the job worker (jobs then stay queued): for unit tests.
-    Role `api` (settings.role) builds it without the worker too: workers elsewhere run the jobs it enqueues."""
+    Role `api` (settings.role) builds it without the worker too: workers elsewhere run the jobs it enqueues.
+    verbosity: the level its job processes log at (`serve -q`, `-vv`); None: theirs (HFPORT_VERBOSITY, else
+    verbose)."""
     settings = settings or Settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    make_data_dir(settings.data_dir)
     run_worker = run_worker and settings.role == "all"
     store = open_store(settings.store_target, connect_timeout_s=settings.database_connect_timeout_s)
-    worker = Worker(settings, store)
+    worker = Worker(settings, store, verbosity=verbosity)
     if run_worker:
         worker.register()  # now, so a duplicate worker id fails before the port opens, with its message
 
@@ -75,14 +78,18 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = True) -> 
     return app
 
 
-def serve(settings: Settings, log_level: int | str = "info") -> None:
+def serve(settings: Settings, verbosity: str = "verbose") -> None:
     """`hfport serve`: HTTP (+ the worker) under uvicorn, or for role `worker` the worker loop alone (no port).
-    Raises StoreError (unreachable database, newer schema, duplicate worker id) before anything starts."""
+    verbosity (a hfport.verbosity.LEVELS name): uvicorn's level and its job processes'.
+    Raises StoreError (unreachable database, newer schema, duplicate worker id) or SettingsError (a data dir this
+    process cannot make or write in) before anything starts."""
     if settings.role == "worker":
+        make_data_dir(settings.data_dir)  # job runs and their logs go there (with PostgreSQL nothing else makes it)
         store = open_store(settings.store_target, connect_timeout_s=settings.database_connect_timeout_s)
         log.info("hfport worker %s on %s (data dir %s)", settings.worker_id, store.describe(), settings.data_dir)
-        run_worker(settings, store)
+        run_worker(settings, store, verbosity=verbosity)
         return
     import uvicorn
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)
+    uvicorn.run(create_app(settings, verbosity=verbosity), host=settings.host, port=settings.port,
+                log_level=LEVELS[verbosity])

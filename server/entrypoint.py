@@ -12,7 +12,9 @@ import secrets
 import sys
 from pathlib import Path
 
-from .settings import Settings
+from hfport.errors import SettingsError
+
+from .settings import Settings, make_data_dir
 
 TOKEN_FILE = "api_token"
 
@@ -25,7 +27,7 @@ def ensure_token(data_dir: Path, given: str | None) -> tuple[str, bool]:
     path = data_dir / TOKEN_FILE
     if path.is_file():
         return path.read_text().strip(), False
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_data_dir(data_dir)
     token = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, never overwritten
     with os.fdopen(fd, "w") as f:
@@ -35,8 +37,12 @@ def ensure_token(data_dir: Path, given: str | None) -> tuple[str, bool]:
 
 def main() -> None:
     # two settings read alone: the others may not pass their checks yet (a non-loopback host needs the token made here)
-    data_dir = Settings.env_value("data_dir")  # the image sets HFPORT_DATA_DIR=/data
-    token, new = ensure_token(data_dir, Settings.env_value("api_token"))
+    try:
+        data_dir = Settings.env_value("data_dir")  # the image sets HFPORT_DATA_DIR=/data
+        token, new = ensure_token(data_dir, Settings.env_value("api_token"))
+    except SettingsError as e:  # a bad value, a volume this process cannot write in: one line, as `hfport serve`
+        print(f"error: invalid settings: {e}", file=sys.stderr)
+        sys.exit(1)
     if new:
         print(f"hfport: no HFPORT_API_TOKEN was set; generated one (kept in {data_dir / TOKEN_FILE}):\n"
               f"  {token}\nSend it as 'Authorization: Bearer <token>'. Set HFPORT_API_TOKEN to choose your own.",

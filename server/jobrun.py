@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None, fence: Fence | None = None) -> int:
                         help="a fine-tune with no step progress this long is stopped and requeued")
     args = parser.parse_args(argv)
     fencing.die_with_parent(args.parent_pid)
-    # HFPORT_VERBOSITY reaches the job process (and each of its ranks) through the environment
+    # HFPORT_VERBOSITY reaches the job process (and each of its ranks) through the environment: the worker sets it to
+    # the server's level (`serve -q`, `-vv`) when it was given one
     hfport.verbosity.configure(hfport.verbosity.from_env(default="verbose"),
                                "%(asctime)s %(levelname)s %(name)s: %(message)s")
 

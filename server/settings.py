@@ -12,15 +12,17 @@ import ipaddress
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from fastapi import Depends, Request
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from hfport.errors import SettingsError
 from hfport.pipelines import check_device, check_dtype
-from hfport.settings import ADVANCED, COMMON, EnvSettings
+from hfport.settings import ADVANCED, COMMON, NAMES, EnvSettings
 
 from .store import SCHEMES
 
@@ -40,22 +42,25 @@ class Settings(EnvSettings):
                       "other address needs api_token)")
     port: int = Field(8000, ge=0, le=65535, json_schema_extra=COMMON, description="the HTTP port")
     data_dir: Path = Field(Path("./hfport-data"), json_schema_extra={**COMMON, "shown_default": "./hfport-data"},
-                           description="job store, registry, uploads and job runs")
+                           description="job store, registry, uploads and job runs; made at start, which stops "
+                                       "when this process cannot make it or write in it")
     allowed_dirs: list[Path] = Field(default_factory=list, json_schema_extra=COMMON, description=(
-        "folders server-side paths may point into (a JSON list); data_dir always is one"))
+        "folders server-side paths may point into (a JSON list); data_dir always is one. Each must exist at start: "
+        "one that does not (a typo, a volume not mounted) stops the server, naming it"))
     api_token: str | None = Field(None, json_schema_extra={**COMMON, "secret": True}, description=(
         "when set, every route but GET /health needs it as a Bearer token"))
     models: Annotated[list[str], NoDecode] = Field(
         default_factory=list, json_schema_extra=COMMON, description=(
             "models registered and loaded at start (`serve --model`): folders or cached repo ids, `name=path` to name "
             "one; the first is the default of the TEI/OpenAI routes. A JSON list or comma-separated"))
-    device: str = Field("auto", json_schema_extra=COMMON, description=(
+    device: str = Field("auto", json_schema_extra={**COMMON, **NAMES}, description=(
         "where served models run, adapters included: auto (the first CUDA device when there is one, else the CPU), "
         "cpu, cuda or cuda:N; predict_dtype auto serves an fp32 checkpoint in bf16 on a CUDA GPU with bf16"))
-    predict_dtype: str = Field("auto", json_schema_extra=COMMON, description=(
+    predict_dtype: str = Field("auto", json_schema_extra={**COMMON, **NAMES}, description=(
         "dtype models are served in: auto (the checkpoint's, but bf16 for an fp32 checkpoint on a CPU with native "
-        "bf16), float32, bfloat16, float16, int8 (the encoder's Linear layers in int8, refused where the int8 gate "
-        "fails) or auto-int8 (int8, else bf16 where the gate fails)"))
+        "bf16), float32 (or fp32), bfloat16 (or bf16), float16 (or fp16, half), float64, int8 (the encoder's Linear "
+        "layers in int8, refused where the int8 gate fails) or auto-int8 (int8, else bf16 where the gate fails); an "
+        "alias is kept as its full name"))
     auto_truncate: bool = Field(True, json_schema_extra=COMMON, description=(
         "as TEI's --auto-truncate (on by default since TEI 1.9): inputs longer than the model takes are cut to its "
         "maximum length on /embed, /embed_all, /embed_sparse, /similarity, /rerank, TEI's /predict and "
@@ -162,7 +167,7 @@ class Settings(EnvSettings):
     @field_validator("predict_dtype")
     @classmethod
     def _dtype(cls, v: str) -> str:
-        return check_dtype(v)  # a ValueError names the choices
+        return check_dtype(v)  # the canonical name (bf16: bfloat16); a ValueError names the choices
 
     @field_validator("device")
     @classmethod
@@ -202,8 +207,18 @@ class Settings(EnvSettings):
 
     @field_validator("allowed_dirs")
     @classmethod
-    def _absolute_all(cls, v: list[Path]) -> list[Path]:
-        return [p.expanduser().resolve() for p in v]
+    def _existing_folders(cls, v: list[Path], info: ValidationInfo) -> list[Path]:
+        """Absolute, and each an existing folder: a mount path with a typo (or a volume not mounted) was accepted
+        silently, and every request into the folder meant was then a 403. One inside data_dir may be missing (data_dir
+        is made at start, and allows all it holds anyway)."""
+        v = [p.expanduser().resolve() for p in v]
+        data_dir = info.data.get("data_dir")
+        inside = lambda p: data_dir is not None and (p == data_dir or p.is_relative_to(data_dir))  # noqa: E731
+        wrong = [f"{p} ({'a file' if p.exists() else 'does not exist'})" for p in v if not p.is_dir() and not inside(p)]
+        if wrong:
+            raise ValueError(f"not a folder: {', '.join(wrong)}; each entry must be an existing folder (create it, "
+                             "mount it or correct the path)")
+        return v
 
     @model_validator(mode="after")
     def _no_open_bind_without_a_token(self) -> Settings:
@@ -260,6 +275,23 @@ class Settings(EnvSettings):
     @property
     def runs_dir(self) -> Path:
         return self.data_dir / "runs"
+
+
+def make_data_dir(path: Path) -> Path:
+    """PATH (the data_dir setting) made when missing, parents too, and written in once: where this process cannot (a
+    read-only parent or volume, a folder of another user) a SettingsError names the setting and the OS's reason, at
+    start, instead of a traceback from the first mkdir or the store's open."""
+    where = f"data_dir (HFPORT_DATA_DIR / --data-dir) {str(path)!r}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # the folder that could not be made may be a parent of PATH: the OS names it
+        raise SettingsError(f"{where}: cannot create it: {e.strerror or e}: {e.filename or path}") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise SettingsError(f"{where}: cannot write in it: {e.strerror or e}") from None
+    return path
 
 
 def is_loopback(host: str) -> bool:

@@ -99,8 +99,10 @@ def pid_alive(pid: int) -> bool:
 
 
 class Worker:
-    def __init__(self, settings: Settings, store: BaseStore):
-        self.settings, self.store = settings, store
+    def __init__(self, settings: Settings, store: BaseStore, verbosity: str | None = None):
+        """verbosity: the level job processes log at, given to each in its environment (the server's resolved level:
+        `serve -q` or `-vv` over HFPORT_VERBOSITY); None: they read HFPORT_VERBOSITY as this process has it."""
+        self.settings, self.store, self.verbosity = settings, store, verbosity
         self.id, self.host, self.pid = settings.worker_id, socket.gethostname(), os.getpid()
         self.procs: dict[str, subprocess.Popen] = {}
         self.attempts: dict[str, int] = {}  # job id -> the attempt (fencing token) this worker runs
@@ -248,6 +250,8 @@ class Worker:
                # the cache this process uses: a relative HFPORT_CACHE_DIR would name another folder from the job's
                # working directory (the data dir), and the job's int8 verdicts and hardware.json would not be shared
                LibrarySettings.env_name("cache_dir"): str(library_settings().cache_dir.absolute())}
+        if self.verbosity is not None:  # the environment reaches every rank of an `accelerate launch` too
+            env[LibrarySettings.env_name("verbosity")] = self.verbosity
         if self.settings.database_url:  # in the environment, not argv: a password stays out of `ps`
             env["HFPORT_DATABASE_URL"] = self.settings.database_url
         with open(log_dir / "job.log", "ab") as logfile:
@@ -392,9 +396,9 @@ class Worker:
             pass
 
 
-def run_worker(settings: Settings, store: BaseStore) -> None:
+def run_worker(settings: Settings, store: BaseStore, verbosity: str | None = None) -> None:
     """Role `worker`: the worker loop alone, no HTTP, until SIGTERM or SIGINT (then running jobs are requeued)."""
-    worker = Worker(settings, store)
+    worker = Worker(settings, store, verbosity=verbosity)
     worker.start()
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

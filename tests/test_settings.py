@@ -6,9 +6,15 @@ use()/reset() change and forget what it read; every HFPORT_* name the code and t
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import json
 import logging
+import os
 import re
+import sys
+import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -23,15 +29,18 @@ from hfport import int8_verdicts
 from hfport.errors import SettingsError
 from hfport.export import int8_choice
 from hfport.hardware import CACHE_FILE, cache_root
+from hfport.modeling import _DTYPES
 from hfport.settings import GROUPS
 from hfport.settings import Settings as LibrarySettings
 from hfport.train.distill import TEACHER_DIR
 from hfport.train.grouped import SPILL_DIR
+import server.__main__
 import server.app
 import server.worker
 from server.app import create_app
 from server.settings import Settings as ServerSettings
 from server.store import open_store
+from server.worker import Worker
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = (LibrarySettings, ServerSettings)
@@ -167,15 +176,74 @@ def test_a_bad_library_variable_stops_a_command_in_one_line_with_a_verbosity_fla
 
 
 def test_serve_logs_at_the_verbosity_the_variable_or_a_flag_names(tmp_path, monkeypatch):
-    """uvicorn's level followed -q alone: HFPORT_VERBOSITY=quiet left its info lines on, and -vv (debug) too."""
-    levels = []
-    monkeypatch.setattr(server.app, "serve", lambda settings, log_level: levels.append(log_level))
-    for variable, flags in (("quiet", []), ("", ["-q"]), ("quiet", ["-v"]), ("", []), ("debug", []), ("", ["-vv"])):
+    """uvicorn's level followed -q alone: HFPORT_VERBOSITY=quiet left its info lines on, and -vv (debug) too. The
+    job worker gets the same level, for its job processes (role all, and role worker without uvicorn), from the
+    entry point: `python -m server` alike."""
+    levels, workers = [], []
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: levels.append(kw["log_level"]))
+    monkeypatch.setattr(server.app, "Worker", lambda *a, verbosity: workers.append(verbosity) or Worker(*a))
+    monkeypatch.setattr(server.app, "run_worker", lambda settings, store, verbosity: workers.append(verbosity))
+    for variable, flags in (("quiet", []), ("", ["-q"]), ("quiet", ["-v"]), ("", []), ("debug", []), ("", ["-vv"]),
+                            ("quiet", ["-vv", "--role", "worker"])):
         monkeypatch.setenv("HFPORT_VERBOSITY", variable)
         hfport.settings.reset()
         result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path), *flags])
         assert result.exit_code == 0, result.output
     assert levels == [logging.ERROR, logging.ERROR, logging.INFO, logging.INFO, logging.DEBUG, logging.DEBUG]
+    assert workers == ["quiet", "quiet", "verbose", "verbose", "debug", "debug", "debug"]
+    monkeypatch.setenv("HFPORT_VERBOSITY", "quiet")
+    hfport.settings.reset()
+    server.__main__.main()
+    assert levels[-1] == logging.ERROR and workers[-1] == "quiet"
+
+
+PROBE = """import logging, sys
+
+import hfport
+from server import fence
+
+
+def export(*args, **kwargs):
+    for level in ("debug", "info", "warning", "error"):
+        getattr(logging.getLogger("hfport.export"), level)("probe at %s", level)
+    raise RuntimeError("the probe ends the job here")
+
+
+hfport.export = export  # in this job process only: the job module server.fence runs finds this engine
+sys.exit(fence.main(sys.argv[sys.argv.index("server.jobrun"):]))
+"""
+
+
+def test_a_job_process_logs_at_the_level_serve_was_given(tmp_path, monkeypatch):
+    """`serve -q` and `-vv` did not reach the job processes the server starts: they followed HFPORT_VERBOSITY (here
+    normal: warnings, no debug), else verbose. Each server below is `hfport serve` as the CLI builds it, its worker
+    in this process; the job process is a real one (fence and jobrun) over an export engine that logs a record at
+    each level and fails."""
+    script, wrapper = tmp_path / "probe_jobrun.py", tmp_path / "python-probe"
+    script.write_text(PROBE)
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(server.worker.sys, "executable", str(wrapper))
+    monkeypatch.setenv("HFPORT_VERBOSITY", "normal")
+    apps = []
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: apps.append(app))
+    for flag in ("-q", "-vv"):
+        hfport.settings.reset()
+        result = CliRunner().invoke(app, ["serve", flag, "--data-dir", str(tmp_path / flag)])
+        assert result.exit_code == 0, result.output
+    logs = {}
+    with TestClient(apps[0]), TestClient(apps[1]):  # their lifespans start the workers
+        jobs = [a.state.store.create_job("export", {"model": str(tmp_path), "output_dir": str(tmp_path / "out")})
+                for a in apps]
+        deadline = time.time() + 120
+        for flag, a, job in zip(("-q", "-vv"), apps, jobs):
+            while a.state.store.get_job(job["id"])["status"] != "failed" and time.time() < deadline:
+                time.sleep(0.1)
+            logs[flag] = (tmp_path / flag / "runs" / job["id"] / "job.log").read_text(errors="replace")
+            assert "the probe ends the job here" in logs[flag], logs[flag][-3000:]
+    shown = {flag: [level for level in ("debug", "info", "warning", "error") if f"probe at {level}" in text]
+             for flag, text in logs.items()}
+    assert shown == {"-q": ["error"], "-vv": ["debug", "info", "warning", "error"]}, logs
 
 
 # --- the server's ---------------------------------------------------------------------------------------------------
@@ -256,7 +324,7 @@ def test_whitespace_around_a_value_is_no_part_of_it(tmp_path, monkeypatch):
 
 def test_serve_warns_of_a_variable_that_is_no_setting(tmp_path, monkeypatch):
     """A misspelt variable was ignored unseen, its setting left at the default."""
-    monkeypatch.setattr(server.app, "serve", lambda settings, log_level: None)
+    monkeypatch.setattr(server.app, "serve", lambda settings, verbosity: None)
     monkeypatch.setenv("HFPORT_MAX_CONCURENT_JOBS", "4")
     monkeypatch.setenv("HFPORT_STORE_MAX_BYTE", "0")  # the library's, misspelt: the server knows those too
     result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path)])
@@ -316,3 +384,142 @@ def test_serve_refuses_a_data_dir_that_is_a_file_in_one_line(tmp_path, monkeypat
     result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path / "notes.txt" / "data")])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert f"is a file, not a folder (so {tmp_path / 'notes.txt' / 'data'} cannot be one)" in result.output
+
+
+@pytest.mark.parametrize(("variable", "value", "line"), [
+    ("HFPORT_PORT", "abc", "error: invalid settings: HFPORT_PORT='abc': input should be a valid integer, unable to "
+                           "parse string as an integer (accepted: int >= 0, <= 65535)"),
+    ("HFPORT_JOB_LEASE_S", "-1", "error: invalid settings: HFPORT_JOB_LEASE_S='-1': input should be greater than 0 "
+                                 "(accepted: float > 0)"),
+    ("HFPORT_VERBOSITY", "loud", "error: HFPORT_VERBOSITY='loud': input should be 'quiet', 'normal', 'verbose', "
+                                 "'debug' or 'trace' (accepted: quiet | normal | verbose | debug | trace | unset)"),
+    ("HFPORT_MODELS", "nope", "error: --model / HFPORT_MODELS 'nope': not a folder"),
+])
+def test_python_m_server_refuses_a_bad_setting_as_hfport_serve_does(tmp_path, monkeypatch, capsys, variable, value,
+                                                                    line):
+    """`python -m server` (the server's own entry point) let the SettingsError out as a traceback."""
+    monkeypatch.chdir(tmp_path)  # HFPORT_MODELS' 'nope' is looked for here
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv(variable, value)
+    hfport.settings.reset()
+    result = CliRunner().invoke(app, ["serve"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    refused = [text for text in result.output.splitlines() if text.startswith("error:")]
+    assert len(refused) == 1 and refused[0].startswith(line), result.output
+    hfport.settings.reset()
+    with pytest.raises(SystemExit) as exited:
+        server.__main__.main()
+    assert exited.value.code == result.exit_code
+    assert refused == [text for text in capsys.readouterr().err.splitlines() if text.startswith("error:")]
+
+
+@pytest.fixture(params=["chmod", "simulated"])
+def read_only(request, tmp_path, monkeypatch) -> Path:
+    """A folder this process may not write in: chmod 0o500 (root ignores it: skipped there), or the OS's refusal
+    simulated for it (mkdir and the write probe get EACCES), so that the refusal is tested as root (CI) too."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if request.param == "chmod":
+        if os.geteuid() == 0:
+            pytest.skip("root ignores folder permissions (the 'simulated' case covers the refusal as root)")
+        folder.chmod(0o500)
+        request.addfinalizer(lambda: folder.chmod(0o700))
+        return folder
+    denied = lambda path: OSError(errno.EACCES, os.strerror(errno.EACCES), str(path))  # noqa: E731
+    mkdir, temporary = Path.mkdir, tempfile.TemporaryFile
+
+    def refused_mkdir(self, *args, **kwargs):
+        if self.parent == folder and not self.exists():
+            raise denied(self)
+        return mkdir(self, *args, **kwargs)
+
+    def refused_file(*args, dir=None, **kwargs):  # noqa: A002 - tempfile's name
+        if dir is not None and Path(dir) == folder:
+            raise denied(Path(dir) / "tmpXXXX")
+        return temporary(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refused_mkdir)
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused_file)
+    return folder
+
+
+@pytest.mark.parametrize("role", ["all", "worker"])
+def test_serve_refuses_a_data_dir_it_cannot_make_or_write_in_one_line(read_only, role):
+    """A data dir under a read-only parent was met by the mkdir at start (the store's open for a worker) as a
+    PermissionError traceback; one that exists but is read-only, by the store's open or the first upload."""
+    result = CliRunner().invoke(app, ["serve", "--role", role, "--data-dir", str(read_only / "data")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert (f"error: invalid settings: data_dir (HFPORT_DATA_DIR / --data-dir) '{read_only / 'data'}': cannot "
+            f"create it: Permission denied: {read_only / 'data'}") in result.output, result.output
+    result = CliRunner().invoke(app, ["serve", "--role", role, "--data-dir", str(read_only)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert (f"error: invalid settings: data_dir (HFPORT_DATA_DIR / --data-dir) '{read_only}': cannot write in it: "
+            "Permission denied") in result.output, result.output
+
+
+def test_the_docker_entrypoint_refuses_a_volume_it_cannot_write_in_one_line(read_only, monkeypatch, capsys):
+    from server import entrypoint
+
+    monkeypatch.setenv("HFPORT_API_TOKEN", "")  # none given: the entry point makes one in the data dir
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(read_only / "data"))
+    with pytest.raises(SystemExit) as exited:
+        entrypoint.main()
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.startswith(f"error: invalid settings: data_dir (HFPORT_DATA_DIR / --data-dir) "
+                                              f"'{read_only / 'data'}': cannot create it: Permission denied")
+
+
+def test_an_allowed_dir_that_is_no_folder_stops_the_server_naming_it(tmp_path, monkeypatch):
+    """A mount path with a typo was accepted silently; every request into the folder meant was then a 403 listing the
+    allowed dirs. docs/serving.md calls them folders that paths may point into: each must exist at start."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (tmp_path / "notes.txt").write_text("x")
+    given = json.dumps([str(models), str(tmp_path / "modles"), str(tmp_path / "notes.txt")])
+    monkeypatch.setenv("HFPORT_ALLOWED_DIRS", given)
+    monkeypatch.setattr(server.app, "serve", lambda *args, **kwargs: None)  # accepted, it would have started
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert (f"error: invalid settings: HFPORT_ALLOWED_DIRS={given!r}: not a folder: {tmp_path / 'modles'} (does not "
+            f"exist), {tmp_path / 'notes.txt'} (a file); each entry must be an existing folder (create it, mount it or "
+            "correct the path)") in result.output, result.output
+    assert not (tmp_path / "data").exists()  # refused before anything was made
+    monkeypatch.delenv("HFPORT_ALLOWED_DIRS")
+    # one inside the data dir may be missing: the data dir is made at start, and allows everything in it anyway
+    inside = tmp_path / "data" / "sets"
+    assert ServerSettings(data_dir=tmp_path / "data", allowed_dirs=[models, inside]).roots == [tmp_path / "data",
+                                                                                               models, inside]
+    with pytest.raises(SettingsError, match=rf"allowed_dirs=.*: not a folder: {tmp_path / 'modles'} \(does not "
+                                            r"exist\)"):
+        ServerSettings(data_dir=tmp_path / "data", allowed_dirs=[tmp_path / "modles"])
+
+
+def test_a_setting_whose_values_are_names_takes_them_in_any_case(tmp_path, monkeypatch):
+    """verbosity took any case, role and predict_dtype did not (HFPORT_ROLE=API was refused). A name is kept in its
+    canonical spelling; a path, a token or a URL is taken as written; a name that is no choice is refused as given."""
+    for variable, value in (("HFPORT_ROLE", "API"), ("HFPORT_PREDICT_DTYPE", "BF16"), ("HFPORT_DEVICE", "CPU"),
+                            ("HFPORT_JOB_PROCESSES", "Auto"), ("HFPORT_VERBOSITY", "QUIET"),
+                            ("HFPORT_API_TOKEN", "AbC"), ("HFPORT_WORKER_ID", "Host-1"),
+                            ("HFPORT_DATABASE_URL", "postgresql://Jobs:PassWord@DB/Jobs")):
+        monkeypatch.setenv(variable, value)
+    s = ServerSettings(data_dir=tmp_path / "Data")
+    assert (s.role, s.predict_dtype, s.device, s.job_processes) == ("api", "bfloat16", "cpu", "auto")
+    assert (s.api_token, s.worker_id, s.database_url) == ("AbC", "Host-1", "postgresql://Jobs:PassWord@DB/Jobs")
+    assert s.data_dir == tmp_path / "Data" and LibrarySettings().verbosity == "quiet"
+    assert ServerSettings.env_value("role") == "api"  # one setting read alone, alike
+    assert ServerSettings(data_dir=tmp_path, role="Worker").role == "worker"  # a flag (`serve --role Worker`) too
+    monkeypatch.setenv("HFPORT_ROLE", "Boss")
+    with pytest.raises(SettingsError, match=r"HFPORT_ROLE='Boss': input should be 'api', 'worker' or 'all'"):
+        ServerSettings(data_dir=tmp_path)
+
+
+def test_predict_dtype_takes_the_aliases_the_pipelines_take_and_the_docs_list_them(tmp_path):
+    """fp32, bf16, fp16, half were accepted (case-sensitively) but docs/settings.md named none of them."""
+    described = ServerSettings.model_fields["predict_dtype"].description  # docs/settings.md's (its staleness test)
+    for alias, dtype in _DTYPES.items():
+        canonical = str(dtype).removeprefix("torch.")
+        assert re.search(rf"\b{alias}\b", described), (alias, described)
+        for given in (alias, alias.upper()):
+            assert ServerSettings(data_dir=tmp_path, predict_dtype=given).predict_dtype == canonical, given
+    assert ServerSettings(data_dir=tmp_path, predict_dtype="torch.bfloat16").predict_dtype == "bfloat16"
+    assert ServerSettings(data_dir=tmp_path, predict_dtype="Auto-INT8").predict_dtype == "auto-int8"

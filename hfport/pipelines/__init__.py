@@ -284,11 +284,12 @@ def _auto_int8(record: tasks.Task, cls: type[Pipeline], model: str | os.PathLike
 
 
 def check_dtype(dtype: str) -> str:
-    """DTYPE when pipeline(model=<folder>, dtype=...) takes it (a torch dtype name, "auto", "int8", "auto-int8"),
-    else a ValueError naming the choices."""
-    if dtype not in ("auto", *INT8_DTYPES):
-        resolve_dtype(dtype)
-    return dtype
+    """DTYPE's canonical name when pipeline(model=<folder>, dtype=...) takes it: "auto", "int8", "auto-int8" or a
+    torch dtype's name, an alias as torch names the dtype ("bf16", "torch.bfloat16": "bfloat16"); else a ValueError
+    naming the choices."""
+    if dtype in ("auto", *INT8_DTYPES):
+        return dtype
+    return str(resolve_dtype(dtype)).removeprefix("torch.")
 
 
 def check_device(device: str) -> str:
