@@ -68,7 +68,7 @@ COMPANION = "companion."  # a checkpoint's weights of the modules trained beside
 def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
              on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train, evaluate and save. Returns the run summary as a dict (RunSummary.to_dict(); also summary.json)."""
-    config = fit_max_length(as_config(config))  # before a resume compares it with the checkpoint's
+    config = as_config(config)
     if verbosity.apply_env() == "quiet":  # HFPORT_VERBOSITY, for a finetune called from Python or a job process
         progress = False
     run = RunDir(Path(config.output_dir))
@@ -77,6 +77,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     # 1. data and model: every data error surfaces here, before the output folder is touched (the server runs the
     # same checks before it queues a job); the folder is made once the trainer is built
     set_seed(config.seed)
+    config = fit_max_length(config)  # reads config.json alone: before a resume compares configs
     check_output_dir(run, config)  # an earlier run in the way, or a resume with nothing (or another run) to
     resume = resume_checkpoint(run, config)  # continue: before any load
     checked = preflight(config, world=accelerator.num_processes)

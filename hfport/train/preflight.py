@@ -43,8 +43,9 @@ def preflight(config: FinetuneConfig | dict[str, Any], *, world: int = 1) -> Pre
     """Check a fine-tune before it runs. `world`: processes that will train (each takes a share of a batch).
 
     Raises ConfigError (bad options), ModelNotFoundError, TokenizerError, DataError (file, line, field)."""
-    config = fit_max_length(as_config(config))
+    config = as_config(config)
     check_columns(config)  # the first row of each file: a file with other column names fails here, saying which flag
+    config = fit_max_length(config)
     source = hub.resolve(config.model)
     tokenizer = AutoTokenizer.from_pretrained(source)
     check_student_layers(config, source)
