@@ -22,7 +22,7 @@ from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, Idempotenc
                           LeaseLost, MissingDriver, SchemaTooNew, Store, StoreError, StoreUnavailable, open_store)
 from server.worker import Worker
 from tests.forked import run_cli
-from tests.pgserver import fresh_db_name
+from tests.pgserver import Relay, fresh_db_name
 
 BACKENDS = ["sqlite", "postgresql"]
 CFG = {"model": "/nowhere", "options": {}, "verify": False, "output_dir": "/nowhere/out"}
@@ -459,6 +459,43 @@ def test_a_vanished_client_does_not_hold_a_lease_row_locked(pg_server):
     assert 0.5 < took < 10, took
     assert other.get_job(job["id"])["progress"] == {}  # the vanished client's write never landed
     stale.close(), other.close()
+
+
+def test_a_silent_link_fails_a_transaction_at_its_deadline(pg_server):
+    """PostgreSQL: statements sent over a link that went silent (a relay that stops passing bytes, its connections
+    left open, as in a partition) fail with StoreUnavailable at the transaction's deadline, on a pooled connection
+    and on a new one, instead of waiting for TCP to give up (about 15 minutes). When the link is back the store
+    works again, on a fresh connection."""
+    from server.store.postgres import PostgresStore
+
+    pg_server.create_database(name := fresh_db_name())
+    relay = Relay(pg_server.port)
+    store = PostgresStore(f"postgresql://{pg_server.user}@127.0.0.1:{relay.port}/{name}", transaction_timeout_s=1.0)
+    job = store.create_job("export", CFG)  # a connection in the pool
+    outcome: list[tuple[str, float]] = []
+
+    def read() -> None:
+        started = time.monotonic()
+        try:
+            store.get_job(job["id"])
+            outcome.append(("answered", time.monotonic() - started))
+        except StoreUnavailable as e:
+            outcome.append((str(e), time.monotonic() - started))
+
+    relay.freeze()
+    try:
+        for _ in range(2):  # the pooled connection, then a new one (its connect timeout: at least libpq's 1 s)
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            reader.join(15)
+    finally:
+        relay.thaw()  # without a deadline the reads above return only now
+    reader.join(15)
+    assert len(outcome) == 2 and all(took < 10 for _, took in outcome), outcome
+    assert "no answer within 1 s; the transaction was abandoned" in outcome[0][0], outcome
+    assert outcome[1][0] != "answered", outcome
+    assert store.get_job(job["id"])["id"] == job["id"]  # back: a fresh connection, the shut-down one dropped
+    store.close(), relay.close()
 
 
 # --- bad input at start ----------------------------------------------------------------------------------------
