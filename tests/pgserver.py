@@ -102,7 +102,8 @@ class Relay:
     """A TCP relay on 127.0.0.1 in front of a server's port, in this process, no root needed. `freeze()` makes it
     stop passing bytes either way while every connection stays open: to a client, a link that went silent (a
     partition, a hung server or proxy), its kernel still acknowledging what it sends, so only the client's own
-    deadline ends the wait. `thaw()` passes them on again."""
+    deadline ends the wait. `thaw()` passes them on again. `stop()` is a server that went down: every connection is
+    closed and new ones are closed at once, until `start()`."""
 
     def __init__(self, target_port: int):
         self.target_port = target_port
@@ -110,6 +111,7 @@ class Relay:
         self.port = self.listener.getsockname()[1]
         self._open = threading.Event()
         self._open.set()
+        self._down = False
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -119,10 +121,24 @@ class Relay:
     def thaw(self) -> None:
         self._open.set()
 
+    def stop(self) -> None:
+        self._down = True
+        for sock in self._sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def start(self) -> None:
+        self._down = False
+
     def _accept(self) -> None:
         while True:
             try:
                 client, _ = self.listener.accept()
+                if self._down:
+                    client.close()
+                    continue
                 upstream = socket.create_connection(("127.0.0.1", self.target_port))
             except OSError:
                 return

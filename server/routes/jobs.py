@@ -33,7 +33,7 @@ from ..schemas import (ERRORS, EvaluateJobRequest, ExportJobRequest, FinetuneJob
 from ..security import confine
 from ..serving import named_folder, registered
 from ..settings import Settings, SettingsDep
-from ..store import TERMINAL, BaseStore as Store
+from ..store import TERMINAL, BaseStore as Store, StoreUnavailable
 from ..worker import job_process_count
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=ERRORS)
@@ -420,6 +420,16 @@ def cancel_job(job_id: str, store: StoreDep) -> JobInfo:
     return JobInfo(**store.request_cancel(job_id))
 
 
+def _poll(store: Store, job_id: str, seq: int) -> tuple[list[tuple[int, dict[str, Any]]], dict[str, Any] | None] \
+        | None:
+    """A job's events after `seq` and the job; None while the database does not answer: an open stream waits an
+    outage out (keeping alive) and goes on from where it was, rather than dropping its client mid-way."""
+    try:
+        return store.events_after(job_id, seq), store.get_job(job_id)
+    except StoreUnavailable:
+        return None
+
+
 @router.get("/{job_id}/events", summary="Server-Sent Events: the job's history, then live events until it ends",
             response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}},
@@ -433,21 +443,23 @@ async def job_events(job_id: str, request: Request, store: StoreDep,
         seq = last_event_id or 0
         idle = 0.0
         while True:
-            events = await asyncio.to_thread(store.events_after, job_id, seq)
+            polled = await asyncio.to_thread(_poll, store, job_id, seq)
+            events = polled[0] if polled is not None else []
             for seq, event in events:
                 yield f"id: {seq}\nevent: {event.get('type', 'message')}\ndata: {json.dumps(event)}\n\n"
-            job = await asyncio.to_thread(store.get_job, job_id)
+            job = polled[1] if polled is not None else {"status": "unknown while the job store does not answer"}
             if job is None or (job["status"] in TERMINAL and not events):
                 final = {"status": job["status"] if job else "deleted", "error": job and job["error"]}
                 yield f"event: end\ndata: {json.dumps(final)}\n\n"
                 return
             if await request.is_disconnected():
                 return
-            idle = 0.0 if events else idle + 0.25
+            pause = 0.25 if polled is not None else 1.0
+            idle = 0.0 if events else idle + pause
             if idle >= 15:  # a comment line keeps proxies from closing a quiet stream
                 idle = 0.0
                 yield ": keep-alive\n\n"
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(pause)
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
