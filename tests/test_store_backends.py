@@ -19,7 +19,8 @@ import pytest
 
 from server.settings import Settings
 from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, IdempotencyKey, IdempotencyKeyUsed, Lease,
-                          LeaseLost, MissingDriver, SchemaTooNew, Store, StoreError, StoreUnavailable, open_store)
+                          LeaseLost, MissingDriver, ModelNameTaken, SchemaTooNew, Store, StoreError,
+                          StoreUnavailable, open_store)
 from server.worker import Worker
 from tests.forked import run_cli
 from tests.pgserver import Relay, fresh_db_name
@@ -412,6 +413,61 @@ def test_concurrent_submissions_with_one_key_create_one_job(target):
     assert stores[0].idempotent_job("finetune", "retry-1", 3600.0) is None
     again = stores[0].create_job("finetune", CFG, idempotency=key)
     assert again["id"] != won[0] and stores[0].idempotent_job("finetune", "retry-1", 3600.0)[0] == again["id"]
+    for s in stores:
+        s.close()
+
+
+def test_a_model_name_is_reserved_by_the_live_job_that_registers_it(store):
+    """register_as is reserved from the submission on, while the job is queued or running (requeued included): a
+    second job with the name is refused naming the first, and so is a plain registration of it (the job would
+    replace it when it succeeds). A job that ends without registering frees it; a registered model holds it."""
+    first = store.create_job("finetune", CFG, register_as="topics")
+    for _ in range(2):  # queued, then running
+        with pytest.raises(ModelNameTaken, match=f"job {first['id']} .queued or running") as info:
+            store.create_job("finetune", CFG, register_as="topics")
+        assert info.value.job_id == first["id"] and info.value.name == "topics"
+        with pytest.raises(ModelNameTaken, match=first["id"]):
+            store.register_model("topics", "/elsewhere", None)
+        store.claim_next("w1")
+    assert store.requeue(first["id"], "lease expired")
+    with pytest.raises(ModelNameTaken, match=first["id"]):
+        store.create_job("finetune", CFG, register_as="topics")
+    assert store.request_cancel(first["id"])["status"] == "cancelled"
+    second = store.create_job("finetune", CFG, register_as="topics")  # free again
+    assert [j["id"] for j in store.list_jobs()] == [second["id"], first["id"]]
+    store.register_model("held", "/m", None)
+    with pytest.raises(ModelNameTaken, match="a model named 'held' exists") as info:
+        store.create_job("finetune", CFG, register_as="held")
+    assert info.value.job_id is None
+    assert store.get_model("topics") is None and len(store.list_jobs()) == 2  # the refusals wrote nothing
+
+
+def test_concurrent_submissions_for_one_model_name_queue_one_job(target):
+    """8 threads (own connections) submit fine-tunes registering one name at once: one is queued, the others are
+    refused naming it (the unique index decides). With one Idempotency-Key as well, every one gets the winner's job
+    back, as a retry would, rather than a refusal."""
+    stores = [open_store(target) for _ in range(8)]
+    for key in (None, IdempotencyKey("finetune", "k", "hash-a", 3600.0)):
+        name = "keyed" if key else "plain"
+        won, refused, replayed, barrier = [], [], [], threading.Barrier(len(stores))
+
+        def submit(i: int) -> None:
+            barrier.wait()
+            try:
+                won.append(stores[i].create_job("finetune", CFG, idempotency=key, register_as=name)["id"])
+            except ModelNameTaken as e:
+                refused.append(e.job_id)
+            except IdempotencyKeyUsed as e:
+                replayed.append(e.job_id)
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(stores))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(won) == 1, (won, refused, replayed)
+        assert (replayed if key else refused) == won * 7 and not (refused if key else replayed)
+    assert len(stores[0].list_jobs()) == 2
     for s in stores:
         s.close()
 

@@ -33,7 +33,7 @@ from ..schemas import (ERRORS, EvaluateJobRequest, ExportJobRequest, FinetuneJob
 from ..security import confine
 from ..serving import named_folder, registered
 from ..settings import Settings, SettingsDep
-from ..store import TERMINAL, BaseStore as Store, StoreUnavailable
+from ..store import TERMINAL, BaseStore as Store, ModelNameTaken, StoreUnavailable
 from ..worker import job_process_count
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=ERRORS)
@@ -206,10 +206,11 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
     check_data(resolved, settings)
     stored = resolved.model_dump(mode="json", exclude={"resume", "overwrite"})
     if register_as:
-        if store.get_model(register_as) is not None:
-            raise ApiError(409, f"register_as: a model named {register_as!r} exists", "Conflict")
         stored["register_as"] = register_as
-    return JobInfo(**store.create_job("finetune", stored, job_id))
+    try:  # the name is reserved with the job, in one transaction: of two submissions racing for it, one wins
+        return JobInfo(**store.create_job("finetune", stored, job_id, register_as=register_as or None))
+    except ModelNameTaken as e:
+        raise ApiError(409, f"register_as: {e}", "Conflict") from e
 
 
 def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep,

@@ -25,12 +25,13 @@ import uuid
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
-from .errors import DuplicateWorker, IdempotencyKeyUsed, LeaseLost
+from .errors import DuplicateWorker, IdempotencyKeyUsed, LeaseLost, ModelNameTaken
 from .migrations import migrate
 
 KINDS = ("finetune", "export", "evaluate")
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
+LIVE = "status IN ('queued', 'running')"  # SQL: the jobs whose register_as is reserved (jobs_register_as_live)
 _JSON_COLUMNS = ("config", "progress", "metrics", "result")
 
 
@@ -102,16 +103,30 @@ class BaseStore:
         return uuid.uuid4().hex[:12]
 
     def create_job(self, kind: str, config: dict[str, Any], job_id: str | None = None,
-                   idempotency: IdempotencyKey | None = None) -> dict[str, Any]:
+                   idempotency: IdempotencyKey | None = None, register_as: str | None = None) -> dict[str, Any]:
         """Queue a job. With `idempotency`: the key is inserted in the same transaction, and when a live row for it
         exists already (a concurrent or earlier submission) the job is rolled back and IdempotencyKeyUsed names the
-        job the key holds: the unique key decides, not a check before the insert."""
+        job the key holds: the unique key decides, not a check before the insert. `register_as`: the model name a
+        fine-tune registers when it succeeds, reserved while it is queued or running; ModelNameTaken when a model
+        holds it or another live job reserves it (a unique index decides here too)."""
         if kind not in KINDS:
             raise ValueError(f"job kind {kind!r}; valid: {KINDS}")
         job_id = job_id or self.new_id()
         with self.connect() as db:
-            db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at) "
-                       f"VALUES (?, ?, 'queued', ?, {self.NOW})", (job_id, kind, json.dumps(config)))
+            if register_as is not None and db.execute("SELECT name FROM models WHERE name = ?",
+                                                      (register_as,)).fetchone() is not None:
+                raise ModelNameTaken(register_as, None)
+            row = db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at, register_as) "
+                             f"VALUES (?, ?, 'queued', ?, {self.NOW}, ?) ON CONFLICT DO NOTHING RETURNING id",
+                             (job_id, kind, json.dumps(config), register_as)).fetchone()
+            if row is None:  # another live job reserves the name (on PostgreSQL: after waiting for its commit)
+                if idempotency is not None:
+                    self._key_holder(db, idempotency)  # a concurrent submission with this key: its job, not a 409
+                holder = db.execute(f"SELECT id FROM jobs WHERE register_as = ? AND {LIVE}",
+                                    (register_as,)).fetchone()
+                if register_as is None or holder is None:
+                    raise ValueError(f"job id {job_id!r} exists")
+                raise ModelNameTaken(register_as, holder["id"])
             if idempotency is not None:
                 self._take_key(db, idempotency, job_id)
             self._append(db, job_id, {"type": "status", "status": "queued"})
@@ -123,8 +138,13 @@ class BaseStore:
                          f"VALUES (?, ?, ?, ?, {self.NOW}) ON CONFLICT (route, key) DO NOTHING RETURNING job_id",
                          (idem.route, idem.key, idem.body_hash, job_id)).fetchone()
         if row is None:  # raising rolls the job row back with it
-            held = db.execute("SELECT job_id, body_hash FROM idempotency_keys WHERE route = ? AND key = ?",
-                              (idem.route, idem.key)).fetchone()
+            self._key_holder(db, idem)
+
+    def _key_holder(self, db: Any, idem: IdempotencyKey) -> None:
+        """IdempotencyKeyUsed naming the job the key holds, if it holds one."""
+        held = db.execute(f"SELECT job_id, body_hash FROM idempotency_keys WHERE route = ? AND key = ? "
+                          f"AND created_at >= {self.NOW} - ?", (idem.route, idem.key, idem.ttl_s)).fetchone()
+        if held is not None:
             raise IdempotencyKeyUsed(idem.route, idem.key, held["job_id"], held["body_hash"])
 
     def idempotent_job(self, route: str, key: str, ttl_s: float) -> tuple[str, str] | None:
@@ -340,10 +360,14 @@ class BaseStore:
                        replace: bool = False, kind: str = "model", base: str | None = None, *,
                        lease: Lease | None = None) -> dict[str, Any]:
         """kind 'adapter': `path` is a LoRA adapter folder and `base` the base model's folder it runs over. With
-        `lease` (a job registering its result): LeaseLost unless that attempt still holds the job."""
+        `lease` (a job registering its result): LeaseLost unless that attempt still holds the job. Without it and
+        without `replace`: ModelNameTaken while a queued or running job reserves the name (create_job)."""
         with self.connect() as db:
             if lease is not None:
                 self._hold(db, lease)
+            elif not replace and (job := db.execute(f"SELECT id FROM jobs WHERE register_as = ? AND {LIVE}",
+                                                    (name,)).fetchone()) is not None:
+                raise ModelNameTaken(name, job["id"])  # that job would replace this registration when it succeeds
             upsert = (" ON CONFLICT (name) DO UPDATE SET path = excluded.path, task = excluded.task, "
                       "source = excluded.source, kind = excluded.kind, base = excluded.base, "
                       "created_at = excluded.created_at" if replace else "")
