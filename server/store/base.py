@@ -25,12 +25,17 @@ import uuid
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
+from hfport import PERF
+
 from .errors import DuplicateWorker, IdempotencyKeyUsed, LeaseLost, ModelNameTaken
 from .migrations import migrate
 
 KINDS = ("finetune", "export", "evaluate")
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
+# the events a training step writes, which a resumed attempt writes again from its checkpoint on: the losses, the
+# evaluations, and the monitor's speed and resources (hfport.PERF), which the dashboard plots per step too
+STEP_EVENTS = ("train", "eval", PERF)
 LIVE = "status IN ('queued', 'running')"  # SQL: the jobs whose register_as is reserved (jobs_register_as_live)
 _JSON_COLUMNS = ("config", "progress", "metrics", "result")
 
@@ -344,12 +349,13 @@ class BaseStore:
         return [(r["seq"], json.loads(r["data"])) for r in rows]
 
     def drop_events_past(self, job_id: str, step: int, *, lease: Lease | None = None) -> None:
-        """On resume: train/eval events after the checkpoint's step are redone, so the history drops them."""
+        """On resume: the per-step events after the checkpoint's step (STEP_EVENTS) are redone, so the history
+        drops them."""
         with self.connect() as db:
             if lease is not None:
                 self._hold(db, lease, job_id)
             rows = db.execute("SELECT seq, data FROM events WHERE job_id = ?", (job_id,)).fetchall()
-            stale = [r["seq"] for r in rows if (e := json.loads(r["data"])).get("type") in ("train", "eval")
+            stale = [r["seq"] for r in rows if (e := json.loads(r["data"])).get("type") in STEP_EVENTS
                      and e.get("step", 0) > step]
             for s in stale:
                 db.execute("DELETE FROM events WHERE job_id = ? AND seq = ?", (job_id, s))
