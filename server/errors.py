@@ -51,6 +51,11 @@ def store_unavailable(exc: StoreUnavailable) -> ApiError:
 def validation_message(exc: RequestValidationError | ValidationError) -> str:
     parts = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # its location is the character where parsing stopped, not a field
+            where = err.get("loc", ())[-1]
+            parts.append(f"body: not valid JSON at character {where} ({(err.get('ctx') or {}).get('error', '')})"
+                         .replace(" ()", ""))
+            continue
         loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
         parts.append(f"{loc}: {err.get('msg')}")
     return "; ".join(parts) or "invalid request"
