@@ -247,6 +247,26 @@ def test_stale_lease_rule(store, target, tmp_path):
         holder.wait()
 
 
+def test_a_job_cancelled_while_its_worker_died_is_not_run_again(store):
+    """A cancel sent (to any API process) while a job runs is carried out by the worker holding it. If that worker
+    died first, whoever moves the job off its expired lease ends it `cancelled` rather than queueing it to resume:
+    by hand it was requeued ("resumes from its last checkpoint"), claimed and started by another worker, and only
+    then stopped. A job without a cancel request is requeued as before."""
+    job, other = store.create_job("finetune", CFG), store.create_job("finetune", CFG)
+    store.claim_next("A"), store.claim_next("A")
+    assert store.request_cancel(job["id"])["cancel_requested"]
+    for stale in (job, other):
+        _age_heartbeat(store, stale["id"], 60)
+    assert store.requeue(job["id"], "lease expired", stale_after=5.0) == "cancelled"
+    assert store.requeue(other["id"], "lease expired", stale_after=5.0) == "queued"
+    ended = store.get_job(job["id"])
+    assert ended["status"] == "cancelled" and ended["finished_at"] is not None and ended["worker_id"] == "A"
+    assert store.claim_next("B")["id"] == other["id"] and store.claim_next("B") is None  # never claimed again
+    assert store.requeue(job["id"], "again") is None
+    statuses = [e["status"] for _, e in store.events_after(job["id"]) if e["type"] == "status"]
+    assert statuses == ["queued", "running", "cancelled"]
+
+
 def test_leases_use_the_database_clock(store, target, tmp_path, monkeypatch):
     """A worker whose clock jumps an hour ahead does not steal a fresh lease, and one whose clock lags does not
     keep a stale one alive: the comparison is made in SQL against the database's clock."""

@@ -268,11 +268,13 @@ class BaseStore:
             return bool(cur.rowcount)
 
     def requeue(self, job_id: str, reason: str, *, stale_after: float | None = None,
-                worker_id: str | None = None, attempt: int | None = None) -> bool:
-        """A running job whose process is gone goes back to the queue; its next run resumes from a checkpoint.
-        `stale_after`: only if its heartbeat is older than that many seconds by the database clock; `worker_id`:
-        only if that worker holds it; `attempt`: only if it is still that attempt. Conditional in SQL, so of two
-        workers noticing the same stale lease one requeues it. True if it moved."""
+                worker_id: str | None = None, attempt: int | None = None) -> str | None:
+        """A running job whose process is gone goes back to the queue; its next run resumes from a checkpoint. One
+        whose cancel was requested (from any API process, while the attempt that should have acted on it died)
+        ends `cancelled` instead: it is never run again. `stale_after`: only if its heartbeat is older than that
+        many seconds by the database clock; `worker_id`: only if that worker holds it; `attempt`: only if it is
+        still that attempt. Conditional in SQL, so of two workers noticing the same stale lease one moves it. The
+        status it moved to ('queued' or 'cancelled'), None if it did not move."""
         cond, args = "", []
         if attempt is not None:
             cond += " AND attempts = ?"
@@ -283,12 +285,18 @@ class BaseStore:
         if worker_id is not None:
             cond += " AND worker_id = ?"
             args.append(worker_id)
+        cancelled = "cancel_requested = 1"
         with self.connect() as db:
-            cur = db.execute(f"UPDATE jobs SET status = 'queued', pid = NULL, worker_id = NULL "
-                             f"WHERE id = ? AND status = 'running'{cond}", (job_id, *args))
-            if cur.rowcount:
-                self._append(db, job_id, {"type": "status", "status": "queued", "reason": reason})
-            return bool(cur.rowcount)
+            row = db.execute(f"UPDATE jobs SET status = CASE WHEN {cancelled} THEN 'cancelled' ELSE 'queued' END, "
+                             f"finished_at = CASE WHEN {cancelled} THEN {self.NOW} ELSE finished_at END, pid = NULL, "
+                             f"worker_id = CASE WHEN {cancelled} THEN worker_id ELSE NULL END "
+                             f"WHERE id = ? AND status = 'running'{cond} RETURNING status", (job_id, *args)).fetchone()
+            if row is None:
+                return None
+            event = {"type": "status", "status": "queued", "reason": reason} if row["status"] == "queued" else \
+                {"type": "status", "status": "cancelled"}
+            self._append(db, job_id, event)
+            return row["status"]
 
     def stale_running(self, lease_s: float) -> list[dict[str, Any]]:
         """Running jobs whose heartbeat is older than `lease_s` by the database clock."""
