@@ -2,8 +2,8 @@
 in tests/test_chaos.py (tests/cluster.py).
 
   1. throughput: N tiny fine-tune jobs with 1 worker, then with 2 workers (no kills): jobs/min, claim latency;
-  2. chaos: 40 jobs, 2 API processes and 3 workers: one worker and one API process killed with SIGKILL mid-run,
-     and (as root, with `ip`) one worker in its own network namespace whose link to PostgreSQL is cut mid-job and
+  2. chaos: 40 jobs, 2 API processes and 2 workers: one worker and one API process killed with SIGKILL mid-run,
+     and (as root, with `ip`) a third worker in its own network namespace whose link to PostgreSQL is cut mid-job and
      healed later (tests/test_partition.py): every job succeeds once; time for the lease rule to requeue the dead
      worker's job and until it resumes; from the cut to the cut-off job process's death and to the takeover; writes
      of the stale attempt after its death (must be 0); submissions retried with their Idempotency-Key.

@@ -14,8 +14,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hfport.errors import HfportError
 
+from .store import StoreUnavailable
+
 log = logging.getLogger("hfport.server")
 
+STORE_RETRY_AFTER_S = 5  # what a 503 for an unanswering database tells clients to wait before they retry
 STATUS_TYPES = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
                 409: "Conflict", 413: "PayloadTooLarge", 415: "UnsupportedMediaType", 422: "ValidationError",
                 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
@@ -35,9 +38,24 @@ def error_response(status: int, message: str, error_type: str, headers: dict[str
     return JSONResponse({"error": message, "error_type": error_type}, status_code=status, headers=headers)
 
 
+def store_unavailable(exc: StoreUnavailable) -> ApiError:
+    """A database that does not answer (stopped, cut off, past a transaction's deadline): 503 naming it (the store's
+    message never holds a password) with Retry-After, the same on every API process. Logged as one line: an outage
+    fails every request, and a traceback each would bury the log."""
+    cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    log.warning("the job store does not answer: %s", cause)
+    return ApiError(503, f"the job store does not answer ({cause}); retry in a few seconds", "StoreUnavailable",
+                    {"Retry-After": str(STORE_RETRY_AFTER_S)})
+
+
 def validation_message(exc: RequestValidationError | ValidationError) -> str:
     parts = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # its location is the character where parsing stopped, not a field
+            where = err.get("loc", ())[-1]
+            parts.append(f"body: not valid JSON at character {where} ({(err.get('ctx') or {}).get('error', '')})"
+                         .replace(" ()", ""))
+            continue
         loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
         parts.append(f"{loc}: {err.get('msg')}")
     return "; ".join(parts) or "invalid request"
@@ -82,6 +100,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HfportError)
     async def _hfport(request: Request, exc: HfportError) -> JSONResponse:
         return error_response(400, str(exc), type(exc).__name__)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        error = store_unavailable(exc)
+        return error_response(error.status, error.message, error.error_type, error.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

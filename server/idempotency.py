@@ -51,8 +51,9 @@ class _KeyedStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    def create_job(self, kind: str, config: dict[str, Any], job_id: str | None = None) -> dict[str, Any]:
-        return self._store.create_job(kind, config, job_id, idempotency=self._key)
+    def create_job(self, kind: str, config: dict[str, Any], job_id: str | None = None,
+                   register_as: str | None = None) -> dict[str, Any]:
+        return self._store.create_job(kind, config, job_id, idempotency=self._key, register_as=register_as)
 
 
 def _replay(store: BaseStore, key: str, digest: str, job_id: str, held: str) -> JobInfo:

@@ -382,9 +382,11 @@ class Worker:
                 continue
             if proc is not None or job_processes(job["id"]):
                 continue
-            if self.store.requeue(job["id"], "lease expired; the job resumes from its last checkpoint",
-                                  stale_after=self.settings.job_lease_s):
-                log.warning("job %s: lease of worker %s expired; requeued", job["id"], job["worker_id"])
+            moved = self.store.requeue(job["id"], "lease expired; the job resumes from its last checkpoint",
+                                       stale_after=self.settings.job_lease_s)
+            if moved:  # 'cancelled' when a cancel was requested while the dead worker held it
+                log.warning("job %s: lease of worker %s expired; %s", job["id"], job["worker_id"],
+                            "requeued" if moved == "queued" else moved)
 
     @staticmethod
     def _signal(proc: subprocess.Popen, sig: int) -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -94,6 +96,75 @@ class PgServer:
     def log(self) -> str:
         path = self.root / "server.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 in front of a server's port, in this process, no root needed. `freeze()` makes it
+    stop passing bytes either way while every connection stays open: to a client, a link that went silent (a
+    partition, a hung server or proxy), its kernel still acknowledging what it sends, so only the client's own
+    deadline ends the wait. `thaw()` passes them on again. `stop()` is a server that went down: every connection is
+    closed and new ones are closed at once, until `start()`."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._open = threading.Event()
+        self._open.set()
+        self._down = False
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def freeze(self) -> None:
+        self._open.clear()
+
+    def thaw(self) -> None:
+        self._open.set()
+
+    def stop(self) -> None:
+        self._down = True
+        for sock in self._sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def start(self) -> None:
+        self._down = False
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                if self._down:
+                    client.close()
+                    continue
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                return
+            self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self._open.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.thaw()
+        self.listener.close()
+        for sock in self._sockets:
+            sock.close()
 
 
 _counter = iter(range(1, 10**9))

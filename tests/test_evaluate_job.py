@@ -27,18 +27,27 @@ def target(request, tmp_path) -> str:
     return request.getfixturevalue("pg_server").create_database(fresh_db_name())
 
 
+def _v4_job(store, kind: str) -> dict:
+    """A job row as hfport at schema version 4 wrote it (today's create_job writes columns added since)."""
+    job_id = store.new_id()
+    with store.connect() as db:
+        db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at) VALUES (?, ?, 'queued', '{{}}', "
+                   f"{store.NOW})", (job_id, kind))
+    store.add_event(job_id, {"type": "status", "status": "queued"})
+    return {"id": job_id}
+
+
 def test_a_version_4_database_takes_evaluate_jobs_and_keeps_its_own(target, monkeypatch):
     with monkeypatch.context() as m:  # the schema as version 4 left it
         for dialect, steps in migrations.MIGRATIONS.items():
             m.setitem(migrations.MIGRATIONS, dialect, tuple(s for s in steps if s.version <= 4))
         old = open_store(target)
         assert old.schema_version() == 4
-        kept = old.create_job("finetune", {"model": "/m"})
+        kept, exported = (_v4_job(old, kind) for kind in ("finetune", "export"))
         old.add_event(kept["id"], {"type": "train", "step": 1})
-        exported = old.create_job("export", {"model": "/m"})
         old.close()
     store = open_store(target)
-    assert store.schema_version() == SCHEMA_VERSION == 5
+    assert store.schema_version() == SCHEMA_VERSION >= 5
     assert store.get_job(kept["id"])["kind"] == "finetune" and store.get_job(exported["id"])["kind"] == "export"
     assert [e["type"] for _, e in store.events_after(kept["id"])] == ["status", "train"]
     job = store.create_job("evaluate", {"model": "/m"})

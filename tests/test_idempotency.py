@@ -1,7 +1,8 @@
 """Idempotent submission (server/idempotency.py) through the HTTP routes, on the embedded store (the store-level
 race on both backends is tests/test_store_backends.py): a retry with the same key and body returns the same job,
 another body is a 409 naming the key, concurrent submissions with one key create one job, keys expire after
-idempotency.TTL_S (24 h), and a request without a key behaves as before."""
+idempotency.TTL_S (24 h), and a request without a key behaves as before. Fine-tunes racing for one `register_as`
+name queue one job: the others get a 409 naming it, or, sent with one key, that job."""
 
 from __future__ import annotations
 
@@ -85,3 +86,25 @@ def test_keys_expire_after_the_ttl(app):
     second = export(app, "old")
     assert second.status_code == 202 and second.json()["id"] != first
     assert export(app, "old").json()["id"] == second.json()["id"]
+
+
+def test_concurrent_finetunes_registering_one_name_queue_one_job(app):
+    """Two API processes (here threads) that each accept a fine-tune registering one name would let the job that
+    ends last silently take the other's model: the name is reserved at submission, so one job is queued and the
+    others are refused naming it; a plain registration of the name too, while that job is live."""
+    body = {"config": {**job_config(app.train, 4, 2), "model": str(app.model)}, "register_as": "topics"}
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: app.post("/jobs/finetune", json=body), range(4)))
+    queued = [r.json()["id"] for r in answers if r.status_code == 202]
+    assert len(queued) == 1, [r.text for r in answers]
+    for r in answers:
+        if r.status_code != 202:
+            assert r.status_code == 409 and r.json()["error_type"] == "Conflict", r.text
+            assert r.json()["error"].startswith(f"register_as: 'topics' is the name job {queued[0]} "), r.text
+    taken = app.post("/models", json={"name": "topics", "path": str(app.model)})
+    assert taken.status_code == 409 and queued[0] in taken.json()["error"], taken.text
+    with ThreadPoolExecutor(4) as pool:  # one key: a retry, every answer the one job
+        keyed = list(pool.map(lambda _: app.post("/jobs/finetune", json={**body, "register_as": "other"},
+                                                 headers={"Idempotency-Key": "ft-race"}), range(4)))
+    assert {r.status_code for r in keyed} == {202} and len({r.json()["id"] for r in keyed}) == 1
+    assert len(jobs(app)) == 2

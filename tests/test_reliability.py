@@ -9,6 +9,7 @@
 - a corpus of bad fine-tune data through `hfport finetune` and POST /jobs/finetune: an error naming file, line
   and field, no job and no checkpoint left behind;
 - overload: beyond the queue limit /predict answers 429 (scripts/loadtest.py's burst, with a tiny limit);
+- a database outage: the routes that read the store answer 503 naming the database, in their protocol's shape;
 - security: every route but /health (and the static page /) answers 401 without the token and 403 with a wrong
   one, found by walking the app's routes so a new one cannot be missed; the server binds loopback by default.
 
@@ -25,6 +26,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +37,9 @@ from safetensors.torch import load_file, save_file
 
 import hfport
 from hfport.export import ExportError, export
+from server.store import open_store
 from tests import forked
+from tests.pgserver import Relay, fresh_db_name
 from tests.serving import Server, assert_error, walk_routes
 from tests.tiny import TOKENIZER_FILES, save_hf
 
@@ -466,6 +470,75 @@ def assert_openai_error(r: httpx.Response, status: int, code: str | None = None)
     if code is not None:
         assert error["code"] == code, error
     return error
+
+
+def test_a_database_outage_answers_503_naming_the_database(pg_server, tmp_path):
+    """PostgreSQL goes down under an API process (a relay in front of it closes every connection and refuses new
+    ones): what reads the store answers 503 StoreUnavailable at once, naming the database (never its password),
+    with Retry-After, OpenAI's route in OpenAI's shape; the SSE stream of a job waits the outage out. Once the
+    database is back the same process answers again."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    pg_server.create_database(name := fresh_db_name())
+    relay = Relay(pg_server.port)
+    where = f"postgresql://{pg_server.user}:***@127.0.0.1:{relay.port}/{name}"
+    settings = Settings(data_dir=tmp_path / "data", role="api",
+                        database_url=f"postgresql://{pg_server.user}:s3cret-pw@127.0.0.1:{relay.port}/{name}")
+    direct = open_store(pg_server.url(name))  # what the outage does not reach: the test's own view
+    job = direct.create_job("export", {"model": "/m", "options": {}, "verify": False, "output_dir": "/out"})
+
+    def outage_then_cancel() -> None:
+        time.sleep(0.5)
+        relay.stop()
+        time.sleep(2.5)
+        relay.start()
+        direct.request_cancel(job["id"])
+
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/jobs").status_code == 200
+        outage = threading.Thread(target=outage_then_cancel)
+        outage.start()
+        frames = client.get(f"/jobs/{job['id']}/events").text  # the whole stream: it ends with the job
+        outage.join()
+        assert [line for line in frames.splitlines() if line.startswith("event: ")] == \
+            ["event: status", "event: status", "event: end"] and '"status": "cancelled"' in frames, frames
+        relay.stop()
+        for method, path, body in (("GET", "/jobs", None), ("GET", "/jobs/abc", None), ("GET", "/health", None),
+                                   ("GET", "/models", None), ("POST", "/jobs/export", {"model": "m"}),
+                                   ("POST", "/jobs/abc/cancel", None)):
+            started = time.monotonic()
+            r = client.request(method, path, json=body)
+            error = assert_error(r, 503, "StoreUnavailable")["error"]
+            assert where in error and "s3cret-pw" not in error and r.headers["retry-after"] == "5", (path, error)
+            assert time.monotonic() - started < 10  # refused connections: no wait for a deadline
+        r = client.post("/v1/embeddings", json={"input": "a text", "model": "m"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "StoreUnavailable", r.text
+        relay.start()
+        assert client.get("/jobs").status_code == 200
+    relay.close(), direct.close()
+
+
+def test_a_body_that_is_not_json_is_named_as_such(tmp_path):
+    """A truncated or malformed JSON body is refused saying so and where parsing stopped, on the job routes and in
+    each protocol's shape (FastAPI's own location is only the character offset: "11: JSON decode error")."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    with TestClient(create_app(Settings(data_dir=tmp_path / "data"), run_worker=False)) as client:
+        for path, body in (("/jobs/finetune", b'{"config": '), ("/jobs/export", b'{"model": "m",}'),
+                           ("/embed", b'{"inputs": ["a"'), ("/v1/embeddings", b"{input}")):
+            r = client.post(path, content=body, headers={"content-type": "application/json"})
+            error = r.json()["error"]
+            message = error["message"] if isinstance(error, dict) else error
+            assert r.status_code in (400, 422) and message.startswith("body: not valid JSON at character "), \
+                (path, r.status_code, r.text)
+        r = client.post("/jobs/finetune", content=b'{"config": ', headers={"content-type": "application/json"})
+        assert r.json()["error"] == "body: not valid JSON at character 11 (Expecting value)", r.text
 
 
 def test_every_route_needs_the_token(tmp_path):

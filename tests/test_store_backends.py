@@ -19,10 +19,11 @@ import pytest
 
 from server.settings import Settings
 from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, IdempotencyKey, IdempotencyKeyUsed, Lease,
-                          LeaseLost, MissingDriver, SchemaTooNew, Store, StoreError, StoreUnavailable, open_store)
+                          LeaseLost, MissingDriver, ModelNameTaken, SchemaTooNew, Store, StoreError,
+                          StoreUnavailable, open_store)
 from server.worker import Worker
 from tests.forked import run_cli
-from tests.pgserver import fresh_db_name
+from tests.pgserver import Relay, fresh_db_name
 
 BACKENDS = ["sqlite", "postgresql"]
 CFG = {"model": "/nowhere", "options": {}, "verify": False, "output_dir": "/nowhere/out"}
@@ -90,9 +91,11 @@ def test_event_numbers_survive_a_resume(store):
     job = store.create_job("finetune", CFG)
     for step in range(1, 6):
         store.add_event(job["id"], {"type": "train", "step": step})
+        store.add_event(job["id"], {"type": "perf", "step": step, "steps_per_s": 9.0})  # the monitor's, per step
     last = store.events_after(job["id"])[-1][0]
     store.drop_events_past(job["id"], 2)
-    assert [e["step"] for _, e in store.events_after(job["id"]) if e["type"] == "train"] == [1, 2]
+    for kind in ("train", "perf"):  # the resumed attempt writes steps 3.. again: each stays in the history once
+        assert [e["step"] for _, e in store.events_after(job["id"]) if e["type"] == kind] == [1, 2], kind
     seq = store.add_event(job["id"], {"type": "resumed", "step": 2})
     assert seq == last + 1
     assert [s for s, _ in store.events_after(job["id"], last)] == [seq]
@@ -242,6 +245,26 @@ def test_stale_lease_rule(store, target, tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_job_cancelled_while_its_worker_died_is_not_run_again(store):
+    """A cancel sent (to any API process) while a job runs is carried out by the worker holding it. If that worker
+    died first, whoever moves the job off its expired lease ends it `cancelled` rather than queueing it to resume:
+    by hand it was requeued ("resumes from its last checkpoint"), claimed and started by another worker, and only
+    then stopped. A job without a cancel request is requeued as before."""
+    job, other = store.create_job("finetune", CFG), store.create_job("finetune", CFG)
+    store.claim_next("A"), store.claim_next("A")
+    assert store.request_cancel(job["id"])["cancel_requested"]
+    for stale in (job, other):
+        _age_heartbeat(store, stale["id"], 60)
+    assert store.requeue(job["id"], "lease expired", stale_after=5.0) == "cancelled"
+    assert store.requeue(other["id"], "lease expired", stale_after=5.0) == "queued"
+    ended = store.get_job(job["id"])
+    assert ended["status"] == "cancelled" and ended["finished_at"] is not None and ended["worker_id"] == "A"
+    assert store.claim_next("B")["id"] == other["id"] and store.claim_next("B") is None  # never claimed again
+    assert store.requeue(job["id"], "again") is None
+    statuses = [e["status"] for _, e in store.events_after(job["id"]) if e["type"] == "status"]
+    assert statuses == ["queued", "running", "cancelled"]
 
 
 def test_leases_use_the_database_clock(store, target, tmp_path, monkeypatch):
@@ -416,6 +439,61 @@ def test_concurrent_submissions_with_one_key_create_one_job(target):
         s.close()
 
 
+def test_a_model_name_is_reserved_by_the_live_job_that_registers_it(store):
+    """register_as is reserved from the submission on, while the job is queued or running (requeued included): a
+    second job with the name is refused naming the first, and so is a plain registration of it (the job would
+    replace it when it succeeds). A job that ends without registering frees it; a registered model holds it."""
+    first = store.create_job("finetune", CFG, register_as="topics")
+    for _ in range(2):  # queued, then running
+        with pytest.raises(ModelNameTaken, match=f"job {first['id']} .queued or running") as info:
+            store.create_job("finetune", CFG, register_as="topics")
+        assert info.value.job_id == first["id"] and info.value.name == "topics"
+        with pytest.raises(ModelNameTaken, match=first["id"]):
+            store.register_model("topics", "/elsewhere", None)
+        store.claim_next("w1")
+    assert store.requeue(first["id"], "lease expired")
+    with pytest.raises(ModelNameTaken, match=first["id"]):
+        store.create_job("finetune", CFG, register_as="topics")
+    assert store.request_cancel(first["id"])["status"] == "cancelled"
+    second = store.create_job("finetune", CFG, register_as="topics")  # free again
+    assert [j["id"] for j in store.list_jobs()] == [second["id"], first["id"]]
+    store.register_model("held", "/m", None)
+    with pytest.raises(ModelNameTaken, match="a model named 'held' exists") as info:
+        store.create_job("finetune", CFG, register_as="held")
+    assert info.value.job_id is None
+    assert store.get_model("topics") is None and len(store.list_jobs()) == 2  # the refusals wrote nothing
+
+
+def test_concurrent_submissions_for_one_model_name_queue_one_job(target):
+    """8 threads (own connections) submit fine-tunes registering one name at once: one is queued, the others are
+    refused naming it (the unique index decides). With one Idempotency-Key as well, every one gets the winner's job
+    back, as a retry would, rather than a refusal."""
+    stores = [open_store(target) for _ in range(8)]
+    for key in (None, IdempotencyKey("finetune", "k", "hash-a", 3600.0)):
+        name = "keyed" if key else "plain"
+        won, refused, replayed, barrier = [], [], [], threading.Barrier(len(stores))
+
+        def submit(i: int) -> None:
+            barrier.wait()
+            try:
+                won.append(stores[i].create_job("finetune", CFG, idempotency=key, register_as=name)["id"])
+            except ModelNameTaken as e:
+                refused.append(e.job_id)
+            except IdempotencyKeyUsed as e:
+                replayed.append(e.job_id)
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(stores))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(won) == 1, (won, refused, replayed)
+        assert (replayed if key else refused) == won * 7 and not (refused if key else replayed)
+    assert len(stores[0].list_jobs()) == 2
+    for s in stores:
+        s.close()
+
+
 def test_a_fenced_job_process_is_requeued_not_failed(store, target, tmp_path):
     """A job process that stopped itself because it could not renew its lease (exit FENCED) goes back to the queue
     (while its attempt still holds the job); any other exit without a result fails the job as before."""
@@ -459,6 +537,43 @@ def test_a_vanished_client_does_not_hold_a_lease_row_locked(pg_server):
     assert 0.5 < took < 10, took
     assert other.get_job(job["id"])["progress"] == {}  # the vanished client's write never landed
     stale.close(), other.close()
+
+
+def test_a_silent_link_fails_a_transaction_at_its_deadline(pg_server):
+    """PostgreSQL: statements sent over a link that went silent (a relay that stops passing bytes, its connections
+    left open, as in a partition) fail with StoreUnavailable at the transaction's deadline, on a pooled connection
+    and on a new one, instead of waiting for TCP to give up (about 15 minutes). When the link is back the store
+    works again, on a fresh connection."""
+    from server.store.postgres import PostgresStore
+
+    pg_server.create_database(name := fresh_db_name())
+    relay = Relay(pg_server.port)
+    store = PostgresStore(f"postgresql://{pg_server.user}@127.0.0.1:{relay.port}/{name}", transaction_timeout_s=1.0)
+    job = store.create_job("export", CFG)  # a connection in the pool
+    outcome: list[tuple[str, float]] = []
+
+    def read() -> None:
+        started = time.monotonic()
+        try:
+            store.get_job(job["id"])
+            outcome.append(("answered", time.monotonic() - started))
+        except StoreUnavailable as e:
+            outcome.append((str(e), time.monotonic() - started))
+
+    relay.freeze()
+    try:
+        for _ in range(2):  # the pooled connection, then a new one (its connect timeout: at least libpq's 1 s)
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            reader.join(15)
+    finally:
+        relay.thaw()  # without a deadline the reads above return only now
+    reader.join(15)
+    assert len(outcome) == 2 and all(took < 10 for _, took in outcome), outcome
+    assert "no answer within 1 s; the transaction was abandoned" in outcome[0][0], outcome
+    assert outcome[1][0] != "answered", outcome
+    assert store.get_job(job["id"])["id"] == job["id"]  # back: a fresh connection, the shut-down one dropped
+    store.close(), relay.close()
 
 
 # --- bad input at start ----------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from ..schemas import (ERRORS, EvaluateJobRequest, ExportJobRequest, FinetuneJob
 from ..security import confine
 from ..serving import named_folder, registered
 from ..settings import Settings, SettingsDep
-from ..store import TERMINAL, BaseStore as Store
+from ..store import TERMINAL, BaseStore as Store, ModelNameTaken, StoreUnavailable
 from ..worker import job_process_count
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=ERRORS)
@@ -206,10 +206,11 @@ def _submit_finetune(config: FinetuneJobConfig, register_as: str | None, store: 
     check_data(resolved, settings)
     stored = resolved.model_dump(mode="json", exclude={"resume", "overwrite"})
     if register_as:
-        if store.get_model(register_as) is not None:
-            raise ApiError(409, f"register_as: a model named {register_as!r} exists", "Conflict")
         stored["register_as"] = register_as
-    return JobInfo(**store.create_job("finetune", stored, job_id))
+    try:  # the name is reserved with the job, in one transaction: of two submissions racing for it, one wins
+        return JobInfo(**store.create_job("finetune", stored, job_id, register_as=register_as or None))
+    except ModelNameTaken as e:
+        raise ApiError(409, f"register_as: {e}", "Conflict") from e
 
 
 def submit_finetune(body: FinetuneJobRequest, store: StoreDep, settings: SettingsDep,
@@ -420,6 +421,16 @@ def cancel_job(job_id: str, store: StoreDep) -> JobInfo:
     return JobInfo(**store.request_cancel(job_id))
 
 
+def _poll(store: Store, job_id: str, seq: int) -> tuple[list[tuple[int, dict[str, Any]]], dict[str, Any] | None] \
+        | None:
+    """A job's events after `seq` and the job; None while the database does not answer: an open stream waits an
+    outage out (keeping alive) and goes on from where it was, rather than dropping its client mid-way."""
+    try:
+        return store.events_after(job_id, seq), store.get_job(job_id)
+    except StoreUnavailable:
+        return None
+
+
 @router.get("/{job_id}/events", summary="Server-Sent Events: the job's history, then live events until it ends",
             response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}},
@@ -433,21 +444,23 @@ async def job_events(job_id: str, request: Request, store: StoreDep,
         seq = last_event_id or 0
         idle = 0.0
         while True:
-            events = await asyncio.to_thread(store.events_after, job_id, seq)
+            polled = await asyncio.to_thread(_poll, store, job_id, seq)
+            events = polled[0] if polled is not None else []
             for seq, event in events:
                 yield f"id: {seq}\nevent: {event.get('type', 'message')}\ndata: {json.dumps(event)}\n\n"
-            job = await asyncio.to_thread(store.get_job, job_id)
+            job = polled[1] if polled is not None else {"status": "unknown while the job store does not answer"}
             if job is None or (job["status"] in TERMINAL and not events):
                 final = {"status": job["status"] if job else "deleted", "error": job and job["error"]}
                 yield f"event: end\ndata: {json.dumps(final)}\n\n"
                 return
             if await request.is_disconnected():
                 return
-            idle = 0.0 if events else idle + 0.25
+            pause = 0.25 if polled is not None else 1.0
+            idle = 0.0 if events else idle + pause
             if idle >= 15:  # a comment line keeps proxies from closing a quiet stream
                 idle = 0.0
                 yield ": keep-alive\n\n"
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(pause)
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -19,6 +19,7 @@ from ..schemas import ERRORS, Deleted, ModelInfo, ModelList, ModelRegistration
 from ..security import confine
 from ..serving import lookup, named_folder
 from ..settings import SettingsDep
+from ..store import ModelNameTaken
 
 router = APIRouter(prefix="/models", tags=["models"], responses=ERRORS)
 
@@ -51,8 +52,11 @@ def register(body: ModelRegistration, store: StoreDep, settings: SettingsDep) ->
     if store.get_model(body.name) is not None:
         raise ApiError(409, f"a model named {body.name!r} exists; DELETE it first", "Conflict")
     base = adapter_base(store, settings, folder, body.base) if adapter else None
-    return ModelInfo(**store.register_model(body.name, str(folder), task, kind="adapter" if adapter else "model",
-                                            base=base))
+    try:
+        return ModelInfo(**store.register_model(body.name, str(folder), task, kind="adapter" if adapter else "model",
+                                                base=base))
+    except ModelNameTaken as e:  # a queued or running fine-tune will register this name
+        raise ApiError(409, str(e), "Conflict") from e
 
 
 def adapter_base(store, settings, folder, given: str | None) -> str:

@@ -22,9 +22,10 @@ from hfport import ItemError
 from hfport.pipelines import InputTooLongError
 
 from ..deps import ModelServiceDep, StoreDep
-from ..errors import ApiError, ShapedErrorRoute, validation_message
+from ..errors import ApiError, ShapedErrorRoute, store_unavailable, validation_message
 from ..serving import Answer, Answers, Served, infer, served, set_timing
 from ..settings import SettingsDep
+from ..store import StoreUnavailable
 
 INVALID = "invalid_request_error"  # OpenAI's type for every request it refuses as invalid
 
@@ -89,11 +90,14 @@ class OpenAIRoute(ShapedErrorRoute):
     a malformed body as OpenAI refuses one (400 invalid_request_error, the field as param); an error raised outside
     this protocol (the server's bearer-token check) keeps its status, its hfport error type as the code."""
 
-    shaped = (RequestValidationError, ApiError, StarletteHTTPException)  # the last: a body that is not JSON
+    shaped = (RequestValidationError, ApiError, StarletteHTTPException,  # the third: a body that is not JSON
+              StoreUnavailable)  # a model name is looked up in the registry, which the database holds
 
     def shape(self, exc: Exception) -> Response:
         if isinstance(exc, OpenAIError):
             return exc.response()
+        if isinstance(exc, StoreUnavailable):
+            exc = store_unavailable(exc)
         if isinstance(exc, ApiError):
             return OpenAIError(exc.status, exc.message, _type(exc.status), exc.error_type, None, exc.headers).response()
         if isinstance(exc, StarletteHTTPException):

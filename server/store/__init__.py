@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .base import KINDS, STATUSES, TERMINAL, BaseStore, IdempotencyKey, Lease, duplicate_worker_error
-from .errors import (DuplicateWorker, IdempotencyKeyUsed, LeaseLost, MissingDriver, SchemaTooNew, StoreError,
-                     StoreUnavailable)
+from .errors import (DuplicateWorker, IdempotencyKeyUsed, LeaseLost, MissingDriver, ModelNameTaken, SchemaTooNew,
+                     StoreError, StoreUnavailable)
 from .migrations import LATEST as SCHEMA_VERSION
 from .sqlite import SQLiteStore
 
@@ -16,7 +16,7 @@ Store = SQLiteStore  # the embedded default, by its historical name: Store(path)
 
 __all__ = ["KINDS", "STATUSES", "TERMINAL", "SCHEMA_VERSION", "BaseStore", "SQLiteStore", "Store", "open_store",
            "Lease", "IdempotencyKey", "StoreError", "StoreUnavailable", "SchemaTooNew", "DuplicateWorker",
-           "MissingDriver", "LeaseLost", "IdempotencyKeyUsed", "duplicate_worker_error"]
+           "MissingDriver", "LeaseLost", "IdempotencyKeyUsed", "ModelNameTaken", "duplicate_worker_error"]
 
 SCHEMES = ("postgresql://", "postgres://")
 

@@ -25,12 +25,18 @@ import uuid
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
-from .errors import DuplicateWorker, IdempotencyKeyUsed, LeaseLost
+from hfport import PERF
+
+from .errors import DuplicateWorker, IdempotencyKeyUsed, LeaseLost, ModelNameTaken
 from .migrations import migrate
 
 KINDS = ("finetune", "export", "evaluate")
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
+# the events a training step writes, which a resumed attempt writes again from its checkpoint on: the losses, the
+# evaluations, and the monitor's speed and resources (hfport.PERF), which the dashboard plots per step too
+STEP_EVENTS = ("train", "eval", PERF)
+LIVE = "status IN ('queued', 'running')"  # SQL: the jobs whose register_as is reserved (jobs_register_as_live)
 _JSON_COLUMNS = ("config", "progress", "metrics", "result")
 
 
@@ -102,16 +108,30 @@ class BaseStore:
         return uuid.uuid4().hex[:12]
 
     def create_job(self, kind: str, config: dict[str, Any], job_id: str | None = None,
-                   idempotency: IdempotencyKey | None = None) -> dict[str, Any]:
+                   idempotency: IdempotencyKey | None = None, register_as: str | None = None) -> dict[str, Any]:
         """Queue a job. With `idempotency`: the key is inserted in the same transaction, and when a live row for it
         exists already (a concurrent or earlier submission) the job is rolled back and IdempotencyKeyUsed names the
-        job the key holds: the unique key decides, not a check before the insert."""
+        job the key holds: the unique key decides, not a check before the insert. `register_as`: the model name a
+        fine-tune registers when it succeeds, reserved while it is queued or running; ModelNameTaken when a model
+        holds it or another live job reserves it (a unique index decides here too)."""
         if kind not in KINDS:
             raise ValueError(f"job kind {kind!r}; valid: {KINDS}")
         job_id = job_id or self.new_id()
         with self.connect() as db:
-            db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at) "
-                       f"VALUES (?, ?, 'queued', ?, {self.NOW})", (job_id, kind, json.dumps(config)))
+            if register_as is not None and db.execute("SELECT name FROM models WHERE name = ?",
+                                                      (register_as,)).fetchone() is not None:
+                raise ModelNameTaken(register_as, None)
+            row = db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at, register_as) "
+                             f"VALUES (?, ?, 'queued', ?, {self.NOW}, ?) ON CONFLICT DO NOTHING RETURNING id",
+                             (job_id, kind, json.dumps(config), register_as)).fetchone()
+            if row is None:  # another live job reserves the name (on PostgreSQL: after waiting for its commit)
+                if idempotency is not None:
+                    self._key_holder(db, idempotency)  # a concurrent submission with this key: its job, not a 409
+                holder = db.execute(f"SELECT id FROM jobs WHERE register_as = ? AND {LIVE}",
+                                    (register_as,)).fetchone()
+                if register_as is None or holder is None:
+                    raise ValueError(f"job id {job_id!r} exists")
+                raise ModelNameTaken(register_as, holder["id"])
             if idempotency is not None:
                 self._take_key(db, idempotency, job_id)
             self._append(db, job_id, {"type": "status", "status": "queued"})
@@ -123,8 +143,13 @@ class BaseStore:
                          f"VALUES (?, ?, ?, ?, {self.NOW}) ON CONFLICT (route, key) DO NOTHING RETURNING job_id",
                          (idem.route, idem.key, idem.body_hash, job_id)).fetchone()
         if row is None:  # raising rolls the job row back with it
-            held = db.execute("SELECT job_id, body_hash FROM idempotency_keys WHERE route = ? AND key = ?",
-                              (idem.route, idem.key)).fetchone()
+            self._key_holder(db, idem)
+
+    def _key_holder(self, db: Any, idem: IdempotencyKey) -> None:
+        """IdempotencyKeyUsed naming the job the key holds, if it holds one."""
+        held = db.execute(f"SELECT job_id, body_hash FROM idempotency_keys WHERE route = ? AND key = ? "
+                          f"AND created_at >= {self.NOW} - ?", (idem.route, idem.key, idem.ttl_s)).fetchone()
+        if held is not None:
             raise IdempotencyKeyUsed(idem.route, idem.key, held["job_id"], held["body_hash"])
 
     def idempotent_job(self, route: str, key: str, ttl_s: float) -> tuple[str, str] | None:
@@ -243,11 +268,13 @@ class BaseStore:
             return bool(cur.rowcount)
 
     def requeue(self, job_id: str, reason: str, *, stale_after: float | None = None,
-                worker_id: str | None = None, attempt: int | None = None) -> bool:
-        """A running job whose process is gone goes back to the queue; its next run resumes from a checkpoint.
-        `stale_after`: only if its heartbeat is older than that many seconds by the database clock; `worker_id`:
-        only if that worker holds it; `attempt`: only if it is still that attempt. Conditional in SQL, so of two
-        workers noticing the same stale lease one requeues it. True if it moved."""
+                worker_id: str | None = None, attempt: int | None = None) -> str | None:
+        """A running job whose process is gone goes back to the queue; its next run resumes from a checkpoint. One
+        whose cancel was requested (from any API process, while the attempt that should have acted on it died)
+        ends `cancelled` instead: it is never run again. `stale_after`: only if its heartbeat is older than that
+        many seconds by the database clock; `worker_id`: only if that worker holds it; `attempt`: only if it is
+        still that attempt. Conditional in SQL, so of two workers noticing the same stale lease one moves it. The
+        status it moved to ('queued' or 'cancelled'), None if it did not move."""
         cond, args = "", []
         if attempt is not None:
             cond += " AND attempts = ?"
@@ -258,12 +285,18 @@ class BaseStore:
         if worker_id is not None:
             cond += " AND worker_id = ?"
             args.append(worker_id)
+        cancelled = "cancel_requested = 1"
         with self.connect() as db:
-            cur = db.execute(f"UPDATE jobs SET status = 'queued', pid = NULL, worker_id = NULL "
-                             f"WHERE id = ? AND status = 'running'{cond}", (job_id, *args))
-            if cur.rowcount:
-                self._append(db, job_id, {"type": "status", "status": "queued", "reason": reason})
-            return bool(cur.rowcount)
+            row = db.execute(f"UPDATE jobs SET status = CASE WHEN {cancelled} THEN 'cancelled' ELSE 'queued' END, "
+                             f"finished_at = CASE WHEN {cancelled} THEN {self.NOW} ELSE finished_at END, pid = NULL, "
+                             f"worker_id = CASE WHEN {cancelled} THEN worker_id ELSE NULL END "
+                             f"WHERE id = ? AND status = 'running'{cond} RETURNING status", (job_id, *args)).fetchone()
+            if row is None:
+                return None
+            event = {"type": "status", "status": "queued", "reason": reason} if row["status"] == "queued" else \
+                {"type": "status", "status": "cancelled"}
+            self._append(db, job_id, event)
+            return row["status"]
 
     def stale_running(self, lease_s: float) -> list[dict[str, Any]]:
         """Running jobs whose heartbeat is older than `lease_s` by the database clock."""
@@ -324,12 +357,13 @@ class BaseStore:
         return [(r["seq"], json.loads(r["data"])) for r in rows]
 
     def drop_events_past(self, job_id: str, step: int, *, lease: Lease | None = None) -> None:
-        """On resume: train/eval events after the checkpoint's step are redone, so the history drops them."""
+        """On resume: the per-step events after the checkpoint's step (STEP_EVENTS) are redone, so the history
+        drops them."""
         with self.connect() as db:
             if lease is not None:
                 self._hold(db, lease, job_id)
             rows = db.execute("SELECT seq, data FROM events WHERE job_id = ?", (job_id,)).fetchall()
-            stale = [r["seq"] for r in rows if (e := json.loads(r["data"])).get("type") in ("train", "eval")
+            stale = [r["seq"] for r in rows if (e := json.loads(r["data"])).get("type") in STEP_EVENTS
                      and e.get("step", 0) > step]
             for s in stale:
                 db.execute("DELETE FROM events WHERE job_id = ? AND seq = ?", (job_id, s))
@@ -340,10 +374,14 @@ class BaseStore:
                        replace: bool = False, kind: str = "model", base: str | None = None, *,
                        lease: Lease | None = None) -> dict[str, Any]:
         """kind 'adapter': `path` is a LoRA adapter folder and `base` the base model's folder it runs over. With
-        `lease` (a job registering its result): LeaseLost unless that attempt still holds the job."""
+        `lease` (a job registering its result): LeaseLost unless that attempt still holds the job. Without it and
+        without `replace`: ModelNameTaken while a queued or running job reserves the name (create_job)."""
         with self.connect() as db:
             if lease is not None:
                 self._hold(db, lease)
+            elif not replace and (job := db.execute(f"SELECT id FROM jobs WHERE register_as = ? AND {LIVE}",
+                                                    (name,)).fetchone()) is not None:
+                raise ModelNameTaken(name, job["id"])  # that job would replace this registration when it succeeds
             upsert = (" ON CONFLICT (name) DO UPDATE SET path = excluded.path, task = excluded.task, "
                       "source = excluded.source, kind = excluded.kind, base = excluded.base, "
                       "created_at = excluded.created_at" if replace else "")

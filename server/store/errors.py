@@ -34,3 +34,17 @@ class IdempotencyKeyUsed(StoreError):
     def __init__(self, route: str, key: str, job_id: str, body_hash: str):
         super().__init__(f"Idempotency-Key {key!r} ({route}) already names job {job_id}")
         self.route, self.key, self.job_id, self.body_hash = route, key, job_id, body_hash
+
+
+class ModelNameTaken(StoreError):
+    """A model name that a registered model holds (`job_id` None), or that a queued or running fine-tune (`job_id`)
+    will register when it succeeds."""
+
+    def __init__(self, name: str, job_id: str | None):
+        if job_id is None:
+            message = f"a model named {name!r} exists; DELETE it first, or choose another name"
+        else:
+            message = (f"{name!r} is the name job {job_id} (queued or running) registers its model under when it "
+                       f"succeeds; choose another name, or cancel that job")
+        super().__init__(message)
+        self.name, self.job_id = name, job_id

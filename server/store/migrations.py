@@ -111,12 +111,22 @@ def _evaluate_jobs() -> tuple[str, ...]:
     )
 
 
+def _reserved_names() -> tuple[str, ...]:
+    """Version 6: jobs.register_as, the model name a fine-tune registers when it succeeds, reserved while the job is
+    queued or running: the partial unique index is what refuses a second live job with the name (two API processes
+    racing included), not a check before the insert. Jobs queued before this version are not backfilled (two of
+    them may share a name already, and the index would not build); they keep the old behaviour."""
+    return ("ALTER TABLE jobs ADD COLUMN register_as TEXT",
+            "CREATE UNIQUE INDEX jobs_register_as_live ON jobs (register_as) WHERE status IN ('queued', 'running')")
+
+
 def _migrations(real: str) -> tuple[Migration, ...]:
     return (Migration(1, "jobs, events, models", _base(real)),
             Migration(2, "workers, leases, event counter, model kind", _scale_out(real)),
             Migration(3, "adapter base model", _adapters()),
             Migration(4, "idempotency keys", _idempotency(real)),
-            Migration(5, "evaluate jobs", _evaluate_jobs()))
+            Migration(5, "evaluate jobs", _evaluate_jobs()),
+            Migration(6, "model names reserved by live jobs", _reserved_names()))
 
 
 MIGRATIONS: dict[str, tuple[Migration, ...]] = {

@@ -10,12 +10,21 @@ noticed it was gone (TCP keepalive: hours), blocking the worker that must requeu
 runs with idle_in_transaction_session_timeout: the store's transactions never wait between statements, so a session
 idle inside one for that long is a client that is gone; the server ends it and its locks are released (its writes
 rolled back, never committed).
+
+The client side needs a bound too: a statement sent over a link that went silent (a partition, a hung server or
+proxy) waits for its answer until TCP gives up (about 15 minutes of retransmissions on Linux; forever when a proxy
+in between still acknowledges). Every transaction therefore has a deadline (transaction_timeout_s, 10 s): past it,
+one watchdog thread shuts the connection's socket down, the blocked call returns, and the caller gets
+StoreUnavailable as for a refused connection; the connection is dropped. So an API request answers, and a worker's
+loop notices the outage, within the deadline whatever the network does.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,10 +33,13 @@ from typing import Any
 
 from .base import BaseStore
 from .errors import MissingDriver, StoreUnavailable
+from .migrations import migrate
 
 log = logging.getLogger("hfport.server.store")
 
 _MIGRATION_LOCK = 0x6866706F7274  # "hfport": the advisory lock key the migration holds
+TRANSACTION_TIMEOUT_S = 10.0  # the store's transactions are a few short statements: one this slow has lost its server
+MIGRATION_TIMEOUT_S = 300.0  # a migration may rewrite whole tables (and others starting together wait on its lock)
 
 
 def redact(url: str) -> str:
@@ -47,6 +59,58 @@ class _Conn:
         return self.conn.execute(sql.replace("?", "%s"), params)
 
 
+class _Deadlines:
+    """Transactions in flight, each with the moment it must have ended. One daemon thread for the process shuts down
+    the socket of any still running past it (a dup of its descriptor: the connection's own is never closed here, so
+    it cannot be reused under another connection), which makes the blocked libpq call fail at once."""
+
+    def __init__(self) -> None:
+        self._tokens = iter(range(1, 1 << 62))
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a forked child has no watchdog thread and owns no socket
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, int]] = {}  # token -> (monotonic deadline, socket descriptor)
+        self._thread: threading.Thread | None = None
+
+    def watch(self, fd: int, timeout_s: float) -> int:
+        with self._cond:
+            token = next(self._tokens)
+            self._due[token] = (time.monotonic() + timeout_s, fd)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hfport-store-deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return token
+
+    def release(self, token: int) -> bool:
+        """Stop watching; False when the deadline had passed and the socket was shut down."""
+        with self._cond:
+            return self._due.pop(token, None) is not None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for token, (deadline, fd) in list(self._due.items()):
+                    if deadline <= now:
+                        del self._due[token]  # under the lock: release() sees it fired; the fd is still open
+                        _shut_down(fd)
+                self._cond.wait(min((d for d, _ in self._due.values()), default=now + 60) - now)
+
+
+def _shut_down(fd: int) -> None:
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+_DEADLINES = _Deadlines()
+
+
 class PostgresStore(BaseStore):
     dialect = "postgresql"
     NOW = "extract(epoch from clock_timestamp())::double precision"
@@ -54,13 +118,14 @@ class PostgresStore(BaseStore):
     FOR_UPDATE = " FOR UPDATE"
 
     def __init__(self, url: str, *, connect_timeout_s: float = 30.0, pool_size: int = 4,
-                 idle_in_transaction_s: float = 5.0):
+                 idle_in_transaction_s: float = 5.0, transaction_timeout_s: float = TRANSACTION_TIMEOUT_S):
         try:
             import psycopg  # noqa: F401
         except ImportError as e:
             raise MissingDriver(f"HFPORT_DATABASE_URL is a PostgreSQL URL but psycopg is not installed ({e}); "
                                 f"pip install 'hfport[postgres]'") from e
         self.url, self.pool_size, self.idle_in_transaction_s = url, pool_size, idle_in_transaction_s
+        self.transaction_timeout_s = transaction_timeout_s
         self._idle: list[Any] = []
         self._lock = threading.Lock()
         self._open_with_retry(connect_timeout_s)
@@ -106,27 +171,37 @@ class PostgresStore(BaseStore):
                 delay = min(delay * 2, 5.0)
 
     @contextmanager
-    def connect(self) -> Iterator[_Conn]:
-        """A pooled connection in one transaction (committed on success, rolled back on error)."""
+    def connect(self, timeout_s: float | None = None) -> Iterator[_Conn]:
+        """A pooled connection in one transaction (committed on success, rolled back on error). StoreUnavailable
+        when the server cannot be reached or the transaction has no answer within `timeout_s` (default
+        transaction_timeout_s)."""
         import psycopg
 
+        timeout_s = self.transaction_timeout_s if timeout_s is None else timeout_s
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         try:
             if conn is None or conn.closed:
-                conn = self._new_connection()
+                conn = self._new_connection(min(10.0, timeout_s))
         except psycopg.OperationalError as e:
             raise StoreUnavailable(f"{self.describe()}: {str(e).strip() or type(e).__name__}") from e
-        healthy = False
+        healthy, fired, token = False, False, _DEADLINES.watch(conn.fileno(), timeout_s)
         try:
             with conn.transaction():
                 yield _Conn(conn)
             healthy = True
         except (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout) as e:  # the session is gone
-            raise StoreUnavailable(f"{self.describe()}: {str(e).strip() or type(e).__name__}") from e
+            fired, token = not _DEADLINES.release(token), None
+            cause = f"no answer within {timeout_s:g} s; the transaction was abandoned" if fired else \
+                str(e).strip() or type(e).__name__
+            raise StoreUnavailable(f"{self.describe()}: {cause}") from e
         finally:
+            # released before the connection can go back to the pool, so a deadline never fires on the next user's
+            # transaction; one that fired left the socket shut down: that connection is dropped
+            if token is not None:
+                fired = not _DEADLINES.release(token)
             # a connection that failed mid-transaction is dropped rather than reused
-            if healthy or (not conn.closed and conn.info.transaction_status == 0):  # 0: IDLE
+            if not fired and (healthy or (not conn.closed and conn.info.transaction_status == 0)):  # 0: IDLE
                 with self._lock:
                     if len(self._idle) < self.pool_size:
                         self._idle.append(conn)
@@ -139,6 +214,12 @@ class PostgresStore(BaseStore):
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+    def migrate(self) -> list[int]:
+        """As BaseStore.migrate, with a longer deadline (MIGRATION_TIMEOUT_S) than a request's transaction."""
+        with self.connect(timeout_s=MIGRATION_TIMEOUT_S) as db:
+            self._migration_lock(db)
+            return migrate(db, self.dialect, self.describe())
 
     def _migration_lock(self, db: _Conn) -> None:
         db.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
