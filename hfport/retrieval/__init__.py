@@ -10,9 +10,9 @@ from __future__ import annotations
 from .cache import EmbeddingCache, model_key
 from .encode import Encoder
 from .mine import (OUTPUT_FORMATS, SAMPLING_STRATEGIES, MineResult, check_relevant, mine, mine_hard_negatives,
-                   numbered_columns, read_corpus, read_negatives, read_pairs)
+                   negative_texts, numbered_columns, read_corpus, read_negatives, read_pairs)
 from .search import faiss_available, top_k
 
 __all__ = ["EmbeddingCache", "Encoder", "MineResult", "OUTPUT_FORMATS", "SAMPLING_STRATEGIES", "check_relevant",
-           "faiss_available", "mine", "mine_hard_negatives", "model_key", "numbered_columns", "read_corpus",
-           "read_negatives", "read_pairs", "top_k"]
+           "faiss_available", "mine", "mine_hard_negatives", "model_key", "negative_texts", "numbered_columns",
+           "read_corpus", "read_negatives", "read_pairs", "top_k"]

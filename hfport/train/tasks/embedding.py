@@ -40,7 +40,7 @@ from ... import hub
 from ...errors import ConfigError
 from ...formats.sentence_transformers import has_embedding_layout, read_st_pooling, write_embedding_layout
 from ...heads import pool
-from ...retrieval import check_relevant, numbered_columns
+from ...retrieval import check_relevant, negative_texts, numbered_columns
 from ..data import (DataError, EncodedData, Features, Record, Source, compact, data_sources, field_of, in_chunks,
                     iter_records, number_in_range, pad_ids, split_off, text_id, where)
 from ..distill import margin_mse, squared_error
@@ -198,15 +198,7 @@ def _text(record: Record, column: str, path: Path) -> str:
 
 
 def _negatives(record: Record, column: str, path: Path) -> list[str]:
-    value = field_of(record, column, path)
-    texts = value if isinstance(value, list) else [value]
-    if not texts:
-        raise DataError(f"{where(path, record.line, column)}: an empty list of negatives")
-    for t in texts:
-        if not isinstance(t, str) or not t.strip():
-            raise DataError(f"{where(path, record.line, column)}: expected non-empty text (or a list of them), "
-                            f"got {t!r}")
-    return texts
+    return negative_texts(field_of(record, column, path), path, record.line, column)
 
 
 Row = tuple[list[str], "float | None", int]  # (texts, score, line)
