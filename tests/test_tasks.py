@@ -28,7 +28,9 @@ SOME_FAMILIES = {"pretraining": {"bert", "albert", "electra"}, "next-sentence-pr
 # tasks that train one of the model tasks' models (their records' model_task)
 TRAINING_ONLY = {"sentence-embedding": "feature-extraction", "text-ranking": "text-classification",
                  "sparse-embedding": "fill-mask"}
-CANONICAL = [*MODEL_TASKS, *TRAINING_ONLY]
+# a pipeline over another task's model that trains nothing of its own (an NLI model is fine-tuned as text-classification)
+SERVING_ONLY = {"zero-shot-classification": "text-classification"}
+CANONICAL = [*MODEL_TASKS, *TRAINING_ONLY, *SERVING_ONLY]
 PIPELINE_TASKS = [name for name in CANONICAL if name not in SOME_FAMILIES]  # the pre-training heads have none
 OLD_NAMES = {"base": "feature-extraction", "sequence-classification": "text-classification",
              "masked-lm": "fill-mask", "sentiment-analysis": "text-classification", "ner": "token-classification"}
@@ -56,7 +58,8 @@ def test_records_agree_with_model_classes_pipelines_and_families():
 
     assert list(PIPELINES) == PIPELINE_TASKS == list(tasks.PIPELINE_TASKS) and list(tasks.MODEL_TASKS) == MODEL_TASKS
     for name, record in tasks.TASKS.items():
-        model_task = TRAINING_ONLY.get(name, name)
+        model_task = {**TRAINING_ONLY, **SERVING_ONLY}.get(name, name)
+        assert name not in SERVING_ONLY or record.train is None
         assert record.checkpoint_task == model_task
         # a pipeline runs the model of its checkpoint task (sentence-embedding pools feature-extraction's)
         assert record.model_class.task == model_task

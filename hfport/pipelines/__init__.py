@@ -177,9 +177,11 @@ def pipeline(task: str, model: str | os.PathLike[str] | PreTrainedEncoder, *,
     elif isinstance(model, (str, os.PathLike)):
         loaded = None
         if dtype == "auto-int8" and _weighs_graphs(record, model, device, base_model, adapters, int8_paths):
+            cls.check_sample_options(options)  # before any export: the paths are timed on this task's calls
             if not isinstance(tokenizer, PreTrainedTokenizer):  # read once: the timed pipelines and this one share it
                 tokenizer = AutoTokenizer.from_pretrained(model if tokenizer is None else tokenizer)
-            loaded = _auto_int8(record, cls, model, tokenizer, gate_data, int8_paths, packed_linear, row_shards)
+            loaded = _auto_int8(record, cls, model, tokenizer, gate_data, int8_paths, packed_linear, row_shards,
+                                options)
         if loaded is None:
             loaded = record.model_class.from_pretrained(model, dtype=dtype, device=device, base_model=base_model,
                                                         gate_data=gate_data)
@@ -258,9 +260,10 @@ def _weighs_graphs(record: tasks.Task, model: str | os.PathLike[str], device: to
 
 def _auto_int8(record: tasks.Task, cls: type[Pipeline], model: str | os.PathLike[str],
                tokenizer: PreTrainedTokenizer, gate_data: str | os.PathLike[str] | None, paths: Sequence[str] | None,
-               packed_linear: bool, row_shards: str | int) -> Any:
+               packed_linear: bool, row_shards: str | int, options: dict[str, Any]) -> Any:
     """The model dtype="auto-int8" serves after weighing every int8 path (INT8_CHOOSER); None: none passed its gate
-    (the caller's from_pretrained then answers with bf16)."""
+    (the caller's from_pretrained then answers with bf16). Each path is timed through a pipeline with the caller's
+    options (zero-shot's candidate_labels make its calls)."""
     if INT8_CHOOSER is None:
         raise RuntimeError("dtype='auto-int8' weighs the graph exports through hfport.export: import hfport")
 
@@ -274,7 +277,7 @@ def _auto_int8(record: tasks.Task, cls: type[Pipeline], model: str | os.PathLike
 
     def timed_pipeline(loaded: Any) -> Pipeline:
         return cls(loaded, tokenizer, batch_size=MEASURE_BATCH, packed_linear=packed_linear,
-                   row_shards=row_shards)
+                   row_shards=row_shards, **options)
 
     choice, loaded = INT8_CHOOSER(model, record.checkpoint_task, load_torch=load_torch, open_graph=open_graph,
                                   make_pipeline=timed_pipeline, gate_data=gate_data, paths=paths)

@@ -204,6 +204,11 @@ class Pipeline:
         halves (their passages); a task whose inputs are not plain texts makes its own."""
         return texts + [second for _, second in pairs]
 
+    @classmethod
+    def check_sample_options(cls, options: dict[str, Any]) -> None:
+        """Raise where sample_inputs could not make calls of this task under pipeline()'s OPTIONS (a task whose calls
+        need an option, such as zero-shot's candidate_labels): dtype="auto-int8" asks before it exports anything."""
+
     def preprocess(self, item: Any, opts: dict[str, Any]) -> list[Feature]:
         """One item's rows (task); a task that overrides preprocess_many answers with `alone`."""
         raise NotImplementedError

@@ -26,7 +26,7 @@ from ..nn.lora import LoraError
 from ..registry import get_family
 from . import (feature_extraction, fill_mask, multiple_choice, next_sentence_prediction, pretraining,
                question_answering, sentence_embedding, sparse_embedding, text_classification, text_ranking,
-               token_classification)
+               token_classification, zero_shot_classification)
 from .feature_extraction import EncoderModel
 from .fill_mask import EncoderForMaskedLM
 from .multiple_choice import EncoderForMultipleChoice
@@ -42,7 +42,7 @@ log = logging.getLogger("hfport")
 TASKS: dict[str, Task] = {t.name: t for t in (
     feature_extraction.TASK, text_classification.TASK, token_classification.TASK, question_answering.TASK,
     fill_mask.TASK, multiple_choice.TASK, pretraining.TASK, next_sentence_prediction.TASK, sentence_embedding.TASK,
-    text_ranking.TASK, sparse_embedding.TASK)}
+    text_ranking.TASK, sparse_embedding.TASK, zero_shot_classification.TASK)}
 ALIASES: dict[str, str] = {alias: t.name for t in TASKS.values() for alias in t.aliases}
 TASK_CLASSES: dict[str, type[PreTrainedEncoder]] = {name: t.model_class for name, t in TASKS.items()}
 # the tasks whose models the families build (their heads, architectures): a training-only task such as
