@@ -6,6 +6,8 @@ Tasks, with transformers' option names, defaults and output shapes:
   question-answering    top_k, doc_stride, max_answer_len, max_seq_len, max_question_len,
                         handle_impossible_answer, align_to_words       (transformers 4.57's QuestionAnsweringPipeline)
   fill-mask             top_k, targets                                 (FillMaskPipeline)
+  zero-shot-classification  candidate_labels, hypothesis_template, multi_label: an NLI text-classification model
+                        scores labels given at call time                (ZeroShotClassificationPipeline)
   multiple-choice       top_k; {"question" (or "context"), "choices"} inputs, the choices ranked  (hfport's own)
   feature-extraction    per-token hidden states on every folder, as transformers' pipeline returns them (a
                         sentence-transformers folder too); pooling="mean"|"cls"|"max"|..., normalize=True give
@@ -71,6 +73,7 @@ from .qa import QuestionAnsweringPipeline
 from .sentence_embedding import SentenceEmbeddingPipeline
 from .sparse_embedding import SparseEmbeddingPipeline
 from .tokens import TokenClassificationPipeline
+from .zero_shot import ZeroShotClassificationPipeline
 
 # How dtype="auto-int8" weighs the graph exports against hfport's engine (hfport/export/int8_choice.py's choose): the
 # exporters are a floor above the pipelines, so it is handed down, as modeling's INT8_LOADER is, and installed when
@@ -341,6 +344,7 @@ __all__ = [
     "QuestionAnsweringPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
+    "ZeroShotClassificationPipeline",
     "model_task",
     "pack_rows",
     "pipeline",
