@@ -5,6 +5,7 @@ inputs at start (unreachable database, missing driver, unknown scheme)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -492,6 +493,75 @@ def test_concurrent_submissions_for_one_model_name_queue_one_job(target):
     assert len(stores[0].list_jobs()) == 2
     for s in stores:
         s.close()
+
+
+def _until_done_or_waiting(store: BaseStore, thread: threading.Thread) -> None:
+    """Returns when THREAD (a transaction on STORE's database) is done or waits on a lock. PostgreSQL shows the wait;
+    SQLite does not, but there BEGIN IMMEDIATE makes every second writer wait until the first commits, so a writer
+    still busy after a moment is one that waits."""
+    if store.dialect == "sqlite":
+        thread.join(0.5)
+        return
+    while thread.is_alive():
+        with store.connect() as db:
+            if db.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                          "AND datname = current_database()").fetchone() is not None:
+                return
+        thread.join(0.02)
+
+
+class _PausedBeforeInsert:
+    """A store connection that, at its first INSERT INTO `table` (its check done), runs `race` in a thread and goes
+    on once that is done or waits on a lock: the interleaving in which two check-then-insert transactions both pass."""
+
+    def __init__(self, db, table: str, race, store: BaseStore):
+        self.db, self.table, self.race, self.store, self.racer = db, table, race, store, None
+
+    def execute(self, sql: str, params=None):
+        if sql.startswith(f"INSERT INTO {self.table}") and self.racer is None:
+            self.racer = threading.Thread(target=self.race)
+            self.racer.start()
+            _until_done_or_waiting(self.store, self.racer)
+        return self.db.execute(sql, params) if params is not None else self.db.execute(sql)
+
+
+@pytest.mark.parametrize("first", ["submission", "registration"])
+def test_a_registration_racing_a_submission_for_one_name_lets_one_in(store, target, first):
+    """POST /models and a fine-tune submitted with register_as, for one name, at once: each checked the other's table
+    and then inserted into its own, in two transactions that did not see each other, so in the interleaving below
+    (both checks before either insert) both passed, and the job would later replace the model just registered. Now
+    the second is refused naming the first, in either order."""
+    other = open_store(target)  # the racing request, on its own connection
+    submit = lambda s: s.create_job("finetune", CFG, register_as="topics")  # noqa: E731
+    register = lambda s: s.register_model("topics", "/m", None)  # noqa: E731
+    first_call, second_call = (submit, register) if first == "submission" else (register, submit)
+    outcome: list = []
+
+    def race() -> None:
+        try:
+            outcome.append(second_call(other))
+        except ModelNameTaken as e:
+            outcome.append(e)
+
+    connect, paused = store.connect, []
+
+    @contextlib.contextmanager
+    def paused_before_insert(*args, **kwargs):
+        with connect(*args, **kwargs) as db:
+            paused.append(_PausedBeforeInsert(db, "jobs" if first == "submission" else "models", race, other))
+            yield paused[-1]
+
+    store.connect = paused_before_insert
+    try:
+        won = first_call(store)
+    finally:
+        store.connect = connect
+    paused[0].racer.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], ModelNameTaken), outcome  # the second is refused
+    assert outcome[0].job_id == (won["id"] if first == "submission" else None)
+    assert len(store.list_jobs()) == (first == "submission")  # and wrote nothing
+    assert (store.get_model("topics") is None) == (first == "submission")
+    other.close()
 
 
 def test_a_fenced_job_process_is_requeued_not_failed(store, target, tmp_path):

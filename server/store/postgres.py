@@ -38,6 +38,7 @@ from .migrations import migrate
 log = logging.getLogger("hfport.server.store")
 
 _MIGRATION_LOCK = 0x6866706F7274  # "hfport": the advisory lock key the migration holds
+_NAME_LOCK = 0x6866  # "hf": the first key of a model name's advisory lock (two int4 keys: apart from the one above)
 TRANSACTION_TIMEOUT_S = 10.0  # the store's transactions are a few short statements: one this slow has lost its server
 MIGRATION_TIMEOUT_S = 300.0  # a migration may rewrite whole tables (and others starting together wait on its lock)
 
@@ -223,3 +224,7 @@ class PostgresStore(BaseStore):
 
     def _migration_lock(self, db: _Conn) -> None:
         db.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+
+    def _name_lock(self, db: _Conn, name: str) -> None:
+        # names whose hashes collide share a lock: they only wait on each other for a moment
+        db.execute("SELECT pg_advisory_xact_lock(?::int4, hashtext(?::text))", (_NAME_LOCK, name))
