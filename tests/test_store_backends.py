@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from server.settings import Settings
-from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, IdempotencyKey, IdempotencyKeyUsed, Lease,
-                          LeaseLost, MissingDriver, ModelNameTaken, SchemaTooNew, Store, StoreError,
-                          StoreUnavailable, open_store)
+from server.store import (SCHEMA_VERSION, BaseStore, DatabaseRefused, DuplicateWorker, IdempotencyKey,
+                          IdempotencyKeyUsed, Lease, LeaseLost, MissingDriver, ModelNameTaken, SchemaTooNew, Store,
+                          StoreError, StoreUnavailable, open_store)
 from server.worker import Worker
 from tests.forked import run_cli
 from tests.pgserver import Relay, fresh_db_name
@@ -669,6 +669,68 @@ def test_unreachable_database_retries_bounded_and_quietly(caplog):
     assert took < 15  # bounded by the budget (plus one connect timeout), not forever
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "s3cret-pw" not in warnings[0].getMessage(), warnings  # once, not per retry
+
+
+@pytest.fixture
+def password_role(pg_server):
+    """A role that logs in with a password (scram-sha-256 on 127.0.0.1, where the cluster otherwise trusts everyone):
+    its URL with a wrong password. pg_hba.conf is restored afterwards."""
+    import psycopg
+
+    hba = pg_server.data / "pg_hba.conf"
+    trusting = hba.read_text()
+    with psycopg.connect(pg_server.url(), autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS pw_user")
+        conn.execute("CREATE ROLE pw_user LOGIN PASSWORD 'right-pw'")
+        hba.write_text("host all pw_user 127.0.0.1/32 scram-sha-256\n" + trusting)  # the first matching line decides
+        conn.execute("SELECT pg_reload_conf()")
+    wrong = pg_server.url().replace("//hfport@", "//pw_user:wrong-pw@")
+    for _ in range(200):  # the postmaster reloads the file on its signal, a moment later
+        try:
+            psycopg.connect(wrong, connect_timeout=5).close()
+        except psycopg.OperationalError:
+            break
+        time.sleep(0.05)
+    yield wrong
+    hba.write_text(trusting)
+    with psycopg.connect(pg_server.url(), autocommit=True) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def test_a_refused_login_stops_at_once_naming_the_reason(pg_server, password_role, caplog):
+    """A wrong password, an unknown role or an unknown database were retried for the whole start-up budget (one lease)
+    as a database that 'does not answer', and only the last line named the cause: the server's answer does not change
+    however often it is asked. Now the first answer stops the start, naming the database (password hidden) and the
+    server's reason; a malformed URL too. An unreachable server is still retried
+    (test_unreachable_database_retries_bounded_and_quietly)."""
+    refused = {password_role: 'password authentication failed for user "pw_user"',
+               pg_server.url().replace("//hfport@", "//nobody@"): 'role "nobody" does not exist',
+               pg_server.url("nowhere"): 'database "nowhere" does not exist',
+               pg_server.url() + "?no_such_option=1": 'invalid URI query parameter: "no_such_option"'}
+    for url, reason in refused.items():
+        with caplog.at_level(logging.DEBUG, logger="hfport.server.store"):
+            with pytest.raises(DatabaseRefused) as info:
+                open_store(url, connect_timeout_s=3.0)
+        message = str(info.value)
+        assert f"PostgreSQL database {url.replace(':wrong-pw@', ':***@')}" in message, message
+        assert reason in message and "wrong-pw" not in message and "does not answer" not in message, message
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records  # no retry began
+    assert isinstance(info.value, StoreError)  # `hfport serve` says it in one line, as every store error
+
+
+def test_a_server_busy_starting_is_retried_a_refused_login_is_not():
+    from server.store.postgres import refusal
+
+    at = 'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  '
+    for passing in ("the database system is starting up", "the database system is shutting down",
+                    "the database system is in recovery mode", "the database system is not yet accepting connections",
+                    "sorry, too many clients already",
+                    "remaining connection slots are reserved for roles with the SUPERUSER attribute"):
+        assert refusal(at + passing) is None, passing
+    assert refusal('connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused\n'
+                   "\tIs the server running on that host and accepting TCP/IP connections?") is None
+    assert refusal(at + 'no pg_hba.conf entry for host "10.0.0.1", user "u", database "d", no encryption') == (
+        'no pg_hba.conf entry for host "10.0.0.1", user "u", database "d", no encryption')
 
 
 def test_unreachable_database_through_the_cli(tmp_path):
