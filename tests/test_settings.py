@@ -469,6 +469,47 @@ def test_the_docker_entrypoint_refuses_a_volume_it_cannot_write_in_one_line(read
                                               f"'{read_only / 'data'}': cannot create it: Permission denied")
 
 
+@pytest.mark.parametrize("case", ["a folder", "a dangling link", "unreadable", "empty"])
+def test_the_docker_entrypoint_refuses_a_token_file_it_cannot_use_in_one_line(case, tmp_path, monkeypatch, capsys):
+    """The data dir's api_token (the token the first start made) was met as a traceback when it could not be read: a
+    folder or a dangling link in its place (IsADirectory/FileExistsError from the O_EXCL create), no permission to
+    read it; an empty one was served as no token at all. Now one line names the variables, the path and the reason."""
+    from server import entrypoint
+
+    calls = []
+    monkeypatch.setattr(entrypoint.os, "execvpe", lambda *a: calls.append(a))
+    monkeypatch.setenv("HFPORT_API_TOKEN", "")  # none given: the entry point reads the data dir's
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path))
+    path = tmp_path / entrypoint.TOKEN_FILE
+    if case == "a folder":
+        path.mkdir()
+    elif case == "a dangling link":
+        path.symlink_to(tmp_path / "gone")
+    elif case == "empty":
+        path.write_text("\n")
+    else:
+        path.write_text("a-token\n")
+        if os.geteuid() == 0:  # root reads any file: the OS's refusal, as a reader without permission gets it
+            read_text = Path.read_text
+
+            def refused(self, *args, **kwargs):
+                if self == path:
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+                return read_text(self, *args, **kwargs)
+
+            monkeypatch.setattr(Path, "read_text", refused)
+        else:
+            path.chmod(0)
+    with pytest.raises(SystemExit) as exited:
+        entrypoint.main()
+    assert exited.value.code == 1 and not calls
+    reason = {"a folder": "cannot be read: Is a directory", "unreadable": "cannot be read: Permission denied",
+              "a dangling link": "cannot be read: No such file or directory",
+              "empty": "is empty: delete it to have a new one made, or set the variable"}[case]
+    assert capsys.readouterr().err == (f"error: invalid settings: HFPORT_API_TOKEN is not set and the token kept for "
+                                       f"it in data_dir (HFPORT_DATA_DIR) '{path}' {reason}\n")
+
+
 def test_an_allowed_dir_that_is_no_folder_stops_the_server_naming_it(tmp_path, monkeypatch):
     """A mount path with a typo was accepted silently; every request into the folder meant was then a 403 listing the
     allowed dirs. docs/serving.md calls them folders that paths may point into: each must exist at start."""
