@@ -457,6 +457,30 @@ def test_serve_refuses_a_data_dir_it_cannot_make_or_write_in_one_line(read_only,
             "Permission denied") in result.output, result.output
 
 
+@pytest.mark.parametrize("package", ["fastapi", "uvicorn"])
+def test_serve_without_a_service_package_says_what_to_install_in_one_line(package, tmp_path, monkeypatch, capsys):
+    """fastapi (imported with the app) or uvicorn (imported when HTTP is served), missing from an install made without
+    hfport's dependencies (pip --no-deps, a trimmed image), was met as a traceback by `hfport serve`, `python -m
+    server` and `hfport serve --help`. Now one line names the package and what installs it (hfport itself: the
+    service's packages are its dependencies, no extra brings them)."""
+    monkeypatch.setitem(sys.modules, package, None)  # `import fastapi` now raises ModuleNotFoundError
+    if package == "fastapi":  # server.app imported again when serve runs, as in a fresh process (and fails: the
+        monkeypatch.delitem(sys.modules, "server.app")  # package's attribute keeps the module other tests patch)
+    said = (f"error: the service needs {package}, which is not installed (import of {package} halted; None in "
+            "sys.modules); pip install hfport installs it with the service's other dependencies")
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path)], env={"COLUMNS": "400"})
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert said in result.output, result.output
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        server.__main__.main()  # python -m server
+    assert exited.value.code == 1 and capsys.readouterr().err == said + "\n"
+    if package == "fastapi":  # the settings listed in the help are read from the server's settings module
+        monkeypatch.delitem(sys.modules, "server.settings")
+        result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "400", "NO_COLOR": "1"})
+        assert result.exit_code == 0 and said.removeprefix("error: ") in " ".join(result.output.split()), result.output
+
+
 def test_the_docker_entrypoint_refuses_a_volume_it_cannot_write_in_one_line(read_only, monkeypatch, capsys):
     from server import entrypoint
 
