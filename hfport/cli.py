@@ -699,7 +699,14 @@ class ServeCommand(TyperCommand):
 
     @property
     def epilog(self) -> str:
-        from server.settings import Settings as ServerSettings
+        try:
+            from server.settings import Settings as ServerSettings
+        except ModuleNotFoundError as e:  # an install without the service's packages: the help says so, as serve does
+            from server.__main__ import StartRefused, missing_package
+
+            if not isinstance(refused := missing_package(e), StartRefused):
+                raise
+            return f"The settings cannot be listed: {refused}"
 
         paragraphs = ["Flags win over these environment variables; docs/settings.md says what each setting means.",
                       *library_settings.help_text(ServerSettings, "Server"),

@@ -21,15 +21,27 @@ TOKEN_FILE = "api_token"
 
 def ensure_token(data_dir: Path, given: str | None) -> tuple[str, bool]:
     """(the token to serve with: GIVEN (the api_token setting) when set, else the data dir's; whether it was generated
-    now)."""
+    now). A token file that cannot be read or made (a folder in its place, a dangling link, no permission) is a
+    SettingsError naming the settings, the path and the OS's reason, not a traceback."""
     if given:
         return given, False
     path = data_dir / TOKEN_FILE
-    if path.is_file():
-        return path.read_text().strip(), False
+    where = (f"{Settings.env_name('api_token')} is not set and the token kept for it in data_dir "
+             f"({Settings.env_name('data_dir')}) {str(path)!r}")
+    if os.path.lexists(path):  # anything there is the token the first start made: never replaced by a new one
+        try:
+            token = path.read_text().strip()
+        except OSError as e:
+            raise SettingsError(f"{where} cannot be read: {e.strerror or e}") from None
+        if not token:
+            raise SettingsError(f"{where} is empty: delete it to have a new one made, or set the variable")
+        return token, False
     make_data_dir(data_dir)
     token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, never overwritten
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, never overwritten
+    except OSError as e:
+        raise SettingsError(f"{where} cannot be made: {e.strerror or e}") from None
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token, True

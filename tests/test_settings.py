@@ -457,6 +457,30 @@ def test_serve_refuses_a_data_dir_it_cannot_make_or_write_in_one_line(read_only,
             "Permission denied") in result.output, result.output
 
 
+@pytest.mark.parametrize("package", ["fastapi", "uvicorn"])
+def test_serve_without_a_service_package_says_what_to_install_in_one_line(package, tmp_path, monkeypatch, capsys):
+    """fastapi (imported with the app) or uvicorn (imported when HTTP is served), missing from an install made without
+    hfport's dependencies (pip --no-deps, a trimmed image), was met as a traceback by `hfport serve`, `python -m
+    server` and `hfport serve --help`. Now one line names the package and what installs it (hfport itself: the
+    service's packages are its dependencies, no extra brings them)."""
+    monkeypatch.setitem(sys.modules, package, None)  # `import fastapi` now raises ModuleNotFoundError
+    if package == "fastapi":  # server.app imported again when serve runs, as in a fresh process (and fails: the
+        monkeypatch.delitem(sys.modules, "server.app")  # package's attribute keeps the module other tests patch)
+    said = (f"error: the service needs {package}, which is not installed (import of {package} halted; None in "
+            "sys.modules); pip install hfport installs it with the service's other dependencies")
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path)], env={"COLUMNS": "400"})
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert said in result.output, result.output
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        server.__main__.main()  # python -m server
+    assert exited.value.code == 1 and capsys.readouterr().err == said + "\n"
+    if package == "fastapi":  # the settings listed in the help are read from the server's settings module
+        monkeypatch.delitem(sys.modules, "server.settings")
+        result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "400", "NO_COLOR": "1"})
+        assert result.exit_code == 0 and said.removeprefix("error: ") in " ".join(result.output.split()), result.output
+
+
 def test_the_docker_entrypoint_refuses_a_volume_it_cannot_write_in_one_line(read_only, monkeypatch, capsys):
     from server import entrypoint
 
@@ -467,6 +491,47 @@ def test_the_docker_entrypoint_refuses_a_volume_it_cannot_write_in_one_line(read
     assert exited.value.code == 1
     assert capsys.readouterr().err.startswith(f"error: invalid settings: data_dir (HFPORT_DATA_DIR / --data-dir) "
                                               f"'{read_only / 'data'}': cannot create it: Permission denied")
+
+
+@pytest.mark.parametrize("case", ["a folder", "a dangling link", "unreadable", "empty"])
+def test_the_docker_entrypoint_refuses_a_token_file_it_cannot_use_in_one_line(case, tmp_path, monkeypatch, capsys):
+    """The data dir's api_token (the token the first start made) was met as a traceback when it could not be read: a
+    folder or a dangling link in its place (IsADirectory/FileExistsError from the O_EXCL create), no permission to
+    read it; an empty one was served as no token at all. Now one line names the variables, the path and the reason."""
+    from server import entrypoint
+
+    calls = []
+    monkeypatch.setattr(entrypoint.os, "execvpe", lambda *a: calls.append(a))
+    monkeypatch.setenv("HFPORT_API_TOKEN", "")  # none given: the entry point reads the data dir's
+    monkeypatch.setenv("HFPORT_DATA_DIR", str(tmp_path))
+    path = tmp_path / entrypoint.TOKEN_FILE
+    if case == "a folder":
+        path.mkdir()
+    elif case == "a dangling link":
+        path.symlink_to(tmp_path / "gone")
+    elif case == "empty":
+        path.write_text("\n")
+    else:
+        path.write_text("a-token\n")
+        if os.geteuid() == 0:  # root reads any file: the OS's refusal, as a reader without permission gets it
+            read_text = Path.read_text
+
+            def refused(self, *args, **kwargs):
+                if self == path:
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+                return read_text(self, *args, **kwargs)
+
+            monkeypatch.setattr(Path, "read_text", refused)
+        else:
+            path.chmod(0)
+    with pytest.raises(SystemExit) as exited:
+        entrypoint.main()
+    assert exited.value.code == 1 and not calls
+    reason = {"a folder": "cannot be read: Is a directory", "unreadable": "cannot be read: Permission denied",
+              "a dangling link": "cannot be read: No such file or directory",
+              "empty": "is empty: delete it to have a new one made, or set the variable"}[case]
+    assert capsys.readouterr().err == (f"error: invalid settings: HFPORT_API_TOKEN is not set and the token kept for "
+                                       f"it in data_dir (HFPORT_DATA_DIR) '{path}' {reason}\n")
 
 
 def test_an_allowed_dir_that_is_no_folder_stops_the_server_naming_it(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ inputs at start (unreachable database, missing driver, unknown scheme)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -18,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from server.settings import Settings
-from server.store import (SCHEMA_VERSION, BaseStore, DuplicateWorker, IdempotencyKey, IdempotencyKeyUsed, Lease,
-                          LeaseLost, MissingDriver, ModelNameTaken, SchemaTooNew, Store, StoreError,
-                          StoreUnavailable, open_store)
+from server.store import (SCHEMA_VERSION, BaseStore, DatabaseRefused, DuplicateWorker, IdempotencyKey,
+                          IdempotencyKeyUsed, Lease, LeaseLost, MissingDriver, ModelNameTaken, SchemaTooNew, Store,
+                          StoreError, StoreUnavailable, open_store)
 from server.worker import Worker
 from tests.forked import run_cli
 from tests.pgserver import Relay, fresh_db_name
@@ -494,6 +495,75 @@ def test_concurrent_submissions_for_one_model_name_queue_one_job(target):
         s.close()
 
 
+def _until_done_or_waiting(store: BaseStore, thread: threading.Thread) -> None:
+    """Returns when THREAD (a transaction on STORE's database) is done or waits on a lock. PostgreSQL shows the wait;
+    SQLite does not, but there BEGIN IMMEDIATE makes every second writer wait until the first commits, so a writer
+    still busy after a moment is one that waits."""
+    if store.dialect == "sqlite":
+        thread.join(0.5)
+        return
+    while thread.is_alive():
+        with store.connect() as db:
+            if db.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                          "AND datname = current_database()").fetchone() is not None:
+                return
+        thread.join(0.02)
+
+
+class _PausedBeforeInsert:
+    """A store connection that, at its first INSERT INTO `table` (its check done), runs `race` in a thread and goes
+    on once that is done or waits on a lock: the interleaving in which two check-then-insert transactions both pass."""
+
+    def __init__(self, db, table: str, race, store: BaseStore):
+        self.db, self.table, self.race, self.store, self.racer = db, table, race, store, None
+
+    def execute(self, sql: str, params=None):
+        if sql.startswith(f"INSERT INTO {self.table}") and self.racer is None:
+            self.racer = threading.Thread(target=self.race)
+            self.racer.start()
+            _until_done_or_waiting(self.store, self.racer)
+        return self.db.execute(sql, params) if params is not None else self.db.execute(sql)
+
+
+@pytest.mark.parametrize("first", ["submission", "registration"])
+def test_a_registration_racing_a_submission_for_one_name_lets_one_in(store, target, first):
+    """POST /models and a fine-tune submitted with register_as, for one name, at once: each checked the other's table
+    and then inserted into its own, in two transactions that did not see each other, so in the interleaving below
+    (both checks before either insert) both passed, and the job would later replace the model just registered. Now
+    the second is refused naming the first, in either order."""
+    other = open_store(target)  # the racing request, on its own connection
+    submit = lambda s: s.create_job("finetune", CFG, register_as="topics")  # noqa: E731
+    register = lambda s: s.register_model("topics", "/m", None)  # noqa: E731
+    first_call, second_call = (submit, register) if first == "submission" else (register, submit)
+    outcome: list = []
+
+    def race() -> None:
+        try:
+            outcome.append(second_call(other))
+        except ModelNameTaken as e:
+            outcome.append(e)
+
+    connect, paused = store.connect, []
+
+    @contextlib.contextmanager
+    def paused_before_insert(*args, **kwargs):
+        with connect(*args, **kwargs) as db:
+            paused.append(_PausedBeforeInsert(db, "jobs" if first == "submission" else "models", race, other))
+            yield paused[-1]
+
+    store.connect = paused_before_insert
+    try:
+        won = first_call(store)
+    finally:
+        store.connect = connect
+    paused[0].racer.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], ModelNameTaken), outcome  # the second is refused
+    assert outcome[0].job_id == (won["id"] if first == "submission" else None)
+    assert len(store.list_jobs()) == (first == "submission")  # and wrote nothing
+    assert (store.get_model("topics") is None) == (first == "submission")
+    other.close()
+
+
 def test_a_fenced_job_process_is_requeued_not_failed(store, target, tmp_path):
     """A job process that stopped itself because it could not renew its lease (exit FENCED) goes back to the queue
     (while its attempt still holds the job); any other exit without a result fails the job as before."""
@@ -599,6 +669,68 @@ def test_unreachable_database_retries_bounded_and_quietly(caplog):
     assert took < 15  # bounded by the budget (plus one connect timeout), not forever
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "s3cret-pw" not in warnings[0].getMessage(), warnings  # once, not per retry
+
+
+@pytest.fixture
+def password_role(pg_server):
+    """A role that logs in with a password (scram-sha-256 on 127.0.0.1, where the cluster otherwise trusts everyone):
+    its URL with a wrong password. pg_hba.conf is restored afterwards."""
+    import psycopg
+
+    hba = pg_server.data / "pg_hba.conf"
+    trusting = hba.read_text()
+    with psycopg.connect(pg_server.url(), autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS pw_user")
+        conn.execute("CREATE ROLE pw_user LOGIN PASSWORD 'right-pw'")
+        hba.write_text("host all pw_user 127.0.0.1/32 scram-sha-256\n" + trusting)  # the first matching line decides
+        conn.execute("SELECT pg_reload_conf()")
+    wrong = pg_server.url().replace("//hfport@", "//pw_user:wrong-pw@")
+    for _ in range(200):  # the postmaster reloads the file on its signal, a moment later
+        try:
+            psycopg.connect(wrong, connect_timeout=5).close()
+        except psycopg.OperationalError:
+            break
+        time.sleep(0.05)
+    yield wrong
+    hba.write_text(trusting)
+    with psycopg.connect(pg_server.url(), autocommit=True) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def test_a_refused_login_stops_at_once_naming_the_reason(pg_server, password_role, caplog):
+    """A wrong password, an unknown role or an unknown database were retried for the whole start-up budget (one lease)
+    as a database that 'does not answer', and only the last line named the cause: the server's answer does not change
+    however often it is asked. Now the first answer stops the start, naming the database (password hidden) and the
+    server's reason; a malformed URL too. An unreachable server is still retried
+    (test_unreachable_database_retries_bounded_and_quietly)."""
+    refused = {password_role: 'password authentication failed for user "pw_user"',
+               pg_server.url().replace("//hfport@", "//nobody@"): 'role "nobody" does not exist',
+               pg_server.url("nowhere"): 'database "nowhere" does not exist',
+               pg_server.url() + "?no_such_option=1": 'invalid URI query parameter: "no_such_option"'}
+    for url, reason in refused.items():
+        with caplog.at_level(logging.DEBUG, logger="hfport.server.store"):
+            with pytest.raises(DatabaseRefused) as info:
+                open_store(url, connect_timeout_s=3.0)
+        message = str(info.value)
+        assert f"PostgreSQL database {url.replace(':wrong-pw@', ':***@')}" in message, message
+        assert reason in message and "wrong-pw" not in message and "does not answer" not in message, message
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records  # no retry began
+    assert isinstance(info.value, StoreError)  # `hfport serve` says it in one line, as every store error
+
+
+def test_a_server_busy_starting_is_retried_a_refused_login_is_not():
+    from server.store.postgres import refusal
+
+    at = 'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  '
+    for passing in ("the database system is starting up", "the database system is shutting down",
+                    "the database system is in recovery mode", "the database system is not yet accepting connections",
+                    "sorry, too many clients already",
+                    "remaining connection slots are reserved for roles with the SUPERUSER attribute"):
+        assert refusal(at + passing) is None, passing
+    assert refusal('connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused\n'
+                   "\tIs the server running on that host and accepting TCP/IP connections?") is None
+    assert refusal(at + 'no pg_hba.conf entry for host "10.0.0.1", user "u", database "d", no encryption') == (
+        'no pg_hba.conf entry for host "10.0.0.1", user "u", database "d", no encryption')
 
 
 def test_unreachable_database_through_the_cli(tmp_path):

@@ -7,16 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from .base import KINDS, STATUSES, TERMINAL, BaseStore, IdempotencyKey, Lease, duplicate_worker_error
-from .errors import (DuplicateWorker, IdempotencyKeyUsed, LeaseLost, MissingDriver, ModelNameTaken, SchemaTooNew,
-                     StoreError, StoreUnavailable)
+from .errors import (DatabaseRefused, DuplicateWorker, IdempotencyKeyUsed, LeaseLost, MissingDriver, ModelNameTaken,
+                     SchemaTooNew, StoreError, StoreUnavailable)
 from .migrations import LATEST as SCHEMA_VERSION
 from .sqlite import SQLiteStore
 
 Store = SQLiteStore  # the embedded default, by its historical name: Store(path)
 
 __all__ = ["KINDS", "STATUSES", "TERMINAL", "SCHEMA_VERSION", "BaseStore", "SQLiteStore", "Store", "open_store",
-           "Lease", "IdempotencyKey", "StoreError", "StoreUnavailable", "SchemaTooNew", "DuplicateWorker",
-           "MissingDriver", "LeaseLost", "IdempotencyKeyUsed", "ModelNameTaken", "duplicate_worker_error"]
+           "Lease", "IdempotencyKey", "StoreError", "StoreUnavailable", "DatabaseRefused", "SchemaTooNew",
+           "DuplicateWorker", "MissingDriver", "LeaseLost", "IdempotencyKeyUsed", "ModelNameTaken", "duplicate_worker_error"]
 
 SCHEMES = ("postgresql://", "postgres://")
 

@@ -76,6 +76,12 @@ class BaseStore:
     def _migration_lock(self, db: Any) -> None:
         """Held for the migration's transaction, so processes starting together migrate once."""
 
+    def _name_lock(self, db: Any, name: str) -> None:
+        """Held for the transaction, per model name: create_job (register_as) checks `models` and inserts into `jobs`,
+        register_model checks `jobs` and inserts into `models`, so no unique index sees both; two of them for one name
+        must not interleave, or both checks pass before either insert. A no-op where every write transaction is
+        serialised already (SQLite's BEGIN IMMEDIATE)."""
+
     def migrate(self) -> list[int]:
         with self.connect() as db:
             self._migration_lock(db)
@@ -113,14 +119,16 @@ class BaseStore:
         exists already (a concurrent or earlier submission) the job is rolled back and IdempotencyKeyUsed names the
         job the key holds: the unique key decides, not a check before the insert. `register_as`: the model name a
         fine-tune registers when it succeeds, reserved while it is queued or running; ModelNameTaken when a model
-        holds it or another live job reserves it (a unique index decides here too)."""
+        holds it or another live job reserves it (a unique index decides between jobs, the name's lock (_name_lock)
+        between a job and a registration)."""
         if kind not in KINDS:
             raise ValueError(f"job kind {kind!r}; valid: {KINDS}")
         job_id = job_id or self.new_id()
         with self.connect() as db:
-            if register_as is not None and db.execute("SELECT name FROM models WHERE name = ?",
-                                                      (register_as,)).fetchone() is not None:
-                raise ModelNameTaken(register_as, None)
+            if register_as is not None:
+                self._name_lock(db, register_as)
+                if db.execute("SELECT name FROM models WHERE name = ?", (register_as,)).fetchone() is not None:
+                    raise ModelNameTaken(register_as, None)
             row = db.execute(f"INSERT INTO jobs (id, kind, status, config, created_at, register_as) "
                              f"VALUES (?, ?, 'queued', ?, {self.NOW}, ?) ON CONFLICT DO NOTHING RETURNING id",
                              (job_id, kind, json.dumps(config), register_as)).fetchone()
@@ -377,6 +385,7 @@ class BaseStore:
         `lease` (a job registering its result): LeaseLost unless that attempt still holds the job. Without it and
         without `replace`: ModelNameTaken while a queued or running job reserves the name (create_job)."""
         with self.connect() as db:
+            self._name_lock(db, name)  # first: create_job takes it before the job row, so no two wait on each other
             if lease is not None:
                 self._hold(db, lease)
             elif not replace and (job := db.execute(f"SELECT id FROM jobs WHERE register_as = ? AND {LIVE}",

@@ -11,6 +11,11 @@ class StoreUnavailable(StoreError):
     """The database does not answer (at start: after the bounded retries)."""
 
 
+class DatabaseRefused(StoreError):
+    """The database answered and refused the connection for a reason retrying cannot fix (a wrong password, an
+    unknown role or database, no pg_hba.conf entry), or its URL is malformed: raised at once, never retried."""
+
+
 class SchemaTooNew(StoreError):
     """The database was migrated by a newer hfport; this one refuses to write to it."""
 

@@ -3,7 +3,8 @@ any number of hosts. psycopg 3 (the `postgres` extra); a few pooled connections 
 
 Claims use `SELECT … FOR UPDATE SKIP LOCKED` (two workers never take the same job, and neither waits on the other's
 claim); timestamps and lease comparisons use the server's `clock_timestamp()`, so worker clocks do not matter.
-Opening a store retries an unreachable server with backoff, for a bounded time, logging once.
+Opening a store retries an unreachable server with backoff, for a bounded time, logging once; a server that answers
+with a refusal retrying cannot fix (a wrong password, an unknown role or database) stops it at once, naming the reason.
 
 A client cut off in the middle of a transaction (a network partition) would keep its row locks until the server
 noticed it was gone (TCP keepalive: hours), blocking the worker that must requeue its job. Every session therefore
@@ -32,19 +33,37 @@ from contextlib import contextmanager
 from typing import Any
 
 from .base import BaseStore
-from .errors import MissingDriver, StoreUnavailable
+from .errors import DatabaseRefused, MissingDriver, StoreUnavailable
 from .migrations import migrate
 
 log = logging.getLogger("hfport.server.store")
 
 _MIGRATION_LOCK = 0x6866706F7274  # "hfport": the advisory lock key the migration holds
+_NAME_LOCK = 0x6866  # "hf": the first key of a model name's advisory lock (two int4 keys: apart from the one above)
 TRANSACTION_TIMEOUT_S = 10.0  # the store's transactions are a few short statements: one this slow has lost its server
 MIGRATION_TIMEOUT_S = 300.0  # a migration may rewrite whole tables (and others starting together wait on its lock)
+# the FATAL answers at connection time that pass by themselves, retried as an unreachable server is: a server starting
+# up (docker compose starts the database and hfport together), shutting down or in recovery, or out of connection
+# slots. libpq reports a failed connection as text only (no SQLSTATE), so these are told apart by the server's words
+PASSING_REFUSALS = ("starting up", "shutting down", "in recovery", "accepting connections",
+                    "too many clients", "too many connections", "connection slots are reserved")
 
 
 def redact(url: str) -> str:
     """The URL without its password (for messages and logs)."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def refusal(error: str) -> str | None:
+    """The server's reason when ERROR (a failed connection's message) is a refusal that retrying cannot fix: a FATAL
+    answer other than PASSING_REFUSALS (a wrong password, an unknown role or database, no pg_hba.conf entry). None for
+    a connection-level failure (refused, timed out, reset, a host name that does not resolve), where no server
+    answered, and for a passing refusal."""
+    _, fatal, reason = error.partition("FATAL:")
+    reason = reason.strip().splitlines()[0] if reason.strip() else ""
+    if not fatal or any(words in reason for words in PASSING_REFUSALS):
+        return None
+    return reason
 
 
 class _Conn:
@@ -147,7 +166,9 @@ class PostgresStore(BaseStore):
 
     def _open_with_retry(self, budget_s: float) -> None:
         """Connect, retrying with exponential backoff (0.25 s doubling to 5 s) for at most `budget_s`. One warning
-        at the first failure, none per retry; StoreUnavailable naming the server and the last error at the end."""
+        at the first failure, none per retry; StoreUnavailable naming the server and the last error at the end.
+        DatabaseRefused at once when the server refuses for a reason retrying cannot fix (refusal) or the URL is
+        malformed."""
         import psycopg
 
         deadline, delay, attempts = time.monotonic() + budget_s, 0.25, 0
@@ -158,7 +179,12 @@ class PostgresStore(BaseStore):
                 if attempts > 1:
                     log.warning("%s answered after %d attempts", self.describe(), attempts)
                 return
+            except psycopg.ProgrammingError as e:  # a malformed URL (an unknown query parameter): no server was asked
+                raise DatabaseRefused(f"{self.describe()}: {str(e).strip() or type(e).__name__}") from None
             except psycopg.OperationalError as e:
+                if (reason := refusal(str(e))) is not None:
+                    raise DatabaseRefused(f"the {self.describe()} refused the connection: {reason} (retrying cannot "
+                                          "help: correct HFPORT_DATABASE_URL or the server's configuration)") from None
                 error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -223,3 +249,7 @@ class PostgresStore(BaseStore):
 
     def _migration_lock(self, db: _Conn) -> None:
         db.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+
+    def _name_lock(self, db: _Conn, name: str) -> None:
+        # names whose hashes collide share a lock: they only wait on each other for a moment
+        db.execute("SELECT pg_advisory_xact_lock(?::int4, hashtext(?::text))", (_NAME_LOCK, name))
