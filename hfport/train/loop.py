@@ -45,7 +45,7 @@ from ..rundir import TRAINER_STATE, RunDir, RunSummary
 from ..tasks import get as task_record
 from .amp import LossScale, clip_grad_norm, float32_outputs, mixed_precision
 from .checkpoint import (CheckpointWriter, capture_rng, load_checkpoint, prune, restore_rng, rewind, rng_tensors,
-                         snapshot, write_checkpoint)
+                         snapshot, sweep, write_checkpoint)
 from .config import FinetuneConfig, resume_changes, resume_record
 from .data import EncodedData, epoch_batches, eval_batches, example_lengths, planned_steps
 from .distill import keep_layers
@@ -284,6 +284,9 @@ class Trainer:
             if self.main and (dropped := rewind(self.run, ckpt)):
                 log.warning("resumed from step %d: the newer checkpoints %s are dropped (the run continues from "
                             "here)", self.state.step, ", ".join(f"step-{s}" for s in dropped))
+            if self.main and (stale := sweep(self.run)):  # the killed attempt's half-written files, before any save
+                log.info("resume: removed %s, left in %s by the interrupted run", ", ".join(stale),
+                         self.run.checkpoints)
         self.metrics_file = MetricsLog(self.run.metrics, keep_through_step=self.state.step if self.config.resume
                                        else None, enabled=self.main)
         if self.config.eval_before and self.state.step == 0 and self.data.eval:
