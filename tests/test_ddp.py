@@ -80,6 +80,8 @@ def test_a_two_process_run_killed_and_resumed_ends_as_the_unbroken_one(ddp_runs)
     assert killed.returncode != 0, "rank 1 was not killed"
     folder = ddp_runs / "runs" / "killed" / "resume"
     assert (folder / "checkpoints" / "step-2").is_dir() and not (folder / "final").exists()
+    state = json.loads((folder / "checkpoints" / "step-2" / "trainer_state.json").read_text())
+    assert state["num_processes"] == 2  # a resume by another number of processes is refused (test_finetune.py)
     again = launch(ddp_runs, "resume", "resume", processes=2)
     assert again.returncode == 0, again.stderr.decode()[-3000:]
     unbroken = ddp_runs / "runs" / "two" / "resume"

@@ -5,7 +5,8 @@ in the calling thread.
 Where they go (checkpoints/step-<N>/, checkpoints/latest) is RunDir's (hfport/rundir.py); this file owns what is
 inside one. checkpoints/step-<N>/ holds model.safetensors + config.json (an HF folder), optimizer.pt, scheduler.pt,
 scaler.pt (tensors and plain values only, read back with weights_only=True), and trainer_state.json (step,
-epoch, position in the epoch's batch order, metric history, early stopping, RNG states).
+epoch, position in the epoch's batch order, metric history, early stopping, RNG states, and the number of processes
+that trained: a resume with another number would be another run).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from safetensors.torch import load_file
 from .. import hub
 from ..rundir import STEP_DIR, TRAINER_STATE, RunDir
 
+NUM_PROCESSES = "num_processes"  # trainer_state.json's key: the processes of the run that wrote the checkpoint
 # the names a checkpoint is written under (write_checkpoint) and retired to (retire) in checkpoints/: a run killed
 # there leaves one, which sweep() removes
 WRITING, RETIRED = ".tmp-step-{step}-{pid}", ".old-{name}-{pid}"
