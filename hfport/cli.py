@@ -259,7 +259,7 @@ def finetune(
     except (HfportError, ValueError) as e:
         fail(str(e))
         return
-    if not quiet:
+    if not quiet and summary:  # the run's summary is the main process's: under a launch the other ranks get {}
         typer.echo(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
 
 

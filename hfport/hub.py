@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import uuid
@@ -251,10 +252,21 @@ def check_output_file(path: str | os.PathLike[str], what: str) -> Path:
     return path
 
 
+def atomic_temporaries(path: Path) -> list[Path]:
+    """The temporary files write_text_atomic left beside PATH: a writer killed between its write and its rename (no
+    `finally` runs under SIGKILL) leaves one. Only names of its pattern, `.<name>.<12 hex digits>.tmp`; the caller
+    knows no live writer of PATH is left."""
+    if not path.parent.is_dir():
+        return []
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{12}}\.tmp\Z")
+    return sorted(p for p in path.parent.iterdir() if pattern.match(p.name) and p.is_file())
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """TEXT at PATH, whole or not at all: written beside it under a temporary name of this writer's own (two processes
     or threads writing one file each rename a file of theirs; a shared temporary name let one rename the other's,
-    or find it gone) and renamed into place; the temporary file is removed when the write or the rename fails."""
+    or find it gone) and renamed into place; the temporary file is removed when the write or the rename fails (a
+    killed writer's is left: atomic_temporaries finds it)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

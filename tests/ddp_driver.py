@@ -42,8 +42,13 @@ COLORS = ["red", "green", "blue", "yellow", "purple", "orange"]
 
 
 # each case: its FinetuneConfig values, the model and data named relative to ROOT; "equal": False where the two runs
-# cannot be equal (sentence-embedding's in-batch negatives are each process's own)
+# cannot be equal (sentence-embedding's in-batch negatives are each process's own); "refused": a config every process
+# refuses (each writes runs/<mode>/<name>.refused.<rank>), first, so the cases after it show the launch went on
 CASES: list[dict[str, Any]] = [
+    # a max_length above the model's 128 positions, given (not the default, which is lowered): a ConfigError on every
+    # rank before anything collective (hfport/train/preflight.py fit_max_length), no rank left waiting for another
+    {"name": "max-length-above-positions", "model": "bert", "task": "text-classification", "train": "single.jsonl",
+     "max_length": 512, "refused": True},
     {"name": "text-classification", "model": "bert", "task": "text-classification", "train": "single.jsonl"},
     {"name": "text-classification-weighted", "model": "bert", "task": "text-classification", "train": "single.jsonl",
      "class_weights": [1.0, 3.0, 0.5]},
@@ -218,6 +223,7 @@ def _kill_rank_1() -> None:
 def run(root: Path, mode: str, names: list[str]) -> None:
     """mode one: 2 x PER_PROCESS examples per step; two: PER_PROCESS (under a 2-process launch); kill and resume:
     as two, into runs/killed/, rank 1 killed at step KILL_AT, then resumed from the latest checkpoint."""
+    from hfport.errors import ConfigError
     from hfport.train.config import FinetuneConfig
     from hfport.train.loop import finetune
 
@@ -226,7 +232,7 @@ def run(root: Path, mode: str, names: list[str]) -> None:
         _kill_rank_1()
     folder = "killed" if mode in ("kill", "resume") else mode
     for case in [c for c in CASES + SPARSE_CASES if c["name"] in names] if names else CASES:
-        values = {k: v for k, v in case.items() if k not in ("name", "equal")}
+        values = {k: v for k, v in case.items() if k not in ("name", "equal", "refused")}
         values.update(model=str(root / case["model"]), train=str(root / case["train"]))
         if "teacher" in case:
             values["teacher"] = str(root / case["teacher"])
@@ -234,7 +240,14 @@ def run(root: Path, mode: str, names: list[str]) -> None:
         output = root / "runs" / folder / case["name"]
         config = FinetuneConfig(**{**COMMON, **values, **again, "output_dir": str(output),
                                    "batch_size": PER_PROCESS * (2 if mode == "one" else 1)})
-        finetune(config, progress=False)
+        if not case.get("refused"):
+            finetune(config, progress=False)
+            continue
+        try:
+            finetune(config, progress=False)
+        except ConfigError as e:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.with_name(f"{output.name}.refused.{os.environ.get('RANK', '0')}").write_text(str(e))
 
 
 def launch(root: Path, *args: str, processes: int) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ hfport knows about this module.
     after-retire     re-save only: the old step-N folder renamed away, the new one not yet in place
     before-rename    the new folder is about to be renamed into place
     after-rename     step-N is in place, `latest` not yet moved
+    before-latest    `latest`'s new text written under its temporary name, not yet renamed over it
     after-latest     `latest` moved; on a re-save the old folder is not yet deleted
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 POINTS = ("after-weights", "after-optimizer", "after-state", "after-retire", "before-rename", "after-rename",
-          "after-latest")
+          "before-latest", "after-latest")
 ENV = "HFPORT_TESTS_FAULT"  # "POINT:STEP" or "POINT:STEP:stall=SECONDS", read by `python -m tests.faults`
 
 
@@ -70,6 +71,9 @@ def install(point: str, step: int, action: str = "kill") -> None:
     def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
         into_place = Path(src).name.startswith(tmp_prefix) and Path(dst).name == final_name
         if into_place and point == "before-rename":
+            _hit(action)
+        pointing = Path(dst).name == "latest" and Path(src).read_text().strip() == final_name
+        if point == "before-latest" and pointing:  # hub.write_text_atomic's rename of this step's pointer
             _hit(action)
         real_replace(src, dst, *args, **kwargs)
         if into_place and point == "after-rename":

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import hfport
 from hfport import tasks
 from hfport.cli import app
-from hfport.train.columns import check_columns, column_fields, columns_table, flag
+from hfport.train.columns import check_columns, column_fields, columns_table, fitting_tasks, flag
 from hfport.train.config import FinetuneConfig
 from hfport.train.data import DataError
 from tests.data import write_jsonl
@@ -119,18 +119,49 @@ def test_a_file_of_another_task_names_that_task(tmp_path):
     assert message.endswith("fit text-ranking (--task text-ranking)")  # the task using most of the row's columns
 
 
+def test_a_hint_weighs_the_values_not_only_the_names(tmp_path):
+    """A labeled list (what `hfport mine --output-format labeled-list` writes: an anchor, a list of texts under
+    `positive`, their labels) has an embedding pair's column names, but its positive is a list: no task reads that row,
+    so the text-ranking error names none (it had said "fit sentence-embedding"). The same for the e.g.: a column holding
+    a text is no example of a column of lists."""
+    listed = write_jsonl(tmp_path / "mined.jsonl", [{"anchor": "q", "positive": ["p", "n"], "labels": [1, 0]}])
+    message = refused(listed, task="text-ranking")
+    assert message.startswith(f"{listed}, line 1: no columns 'query', 'negatives'; the row has ['anchor', 'labels', "
+                              "'positive']")
+    assert "fit" not in message.split("; the row has")[1], message
+    group = write_jsonl(tmp_path / "group.jsonl", [{"query": "q", "positive": "p", "hard": "n"}])
+    message = refused(group, task="text-ranking")
+    assert "field 'negatives': missing" in message and "e.g." not in message, message
+    grouped = write_jsonl(tmp_path / "grouped.jsonl", [{"query": "q", "positive": "p", "hard": ["n"]}])
+    assert refused(grouped, task="text-ranking").endswith("e.g. --negatives-column hard")
+
+
+def test_each_shape_of_a_task_is_a_shape_its_hint_names():
+    """The kinds a task record declares (a text, a list) are those its reader takes: each shape's row, checked as
+    another task's file, is hinted at that task."""
+    names = {f: FinetuneConfig.model_fields[f].default for f in column_fields()}
+    for task, rows in SHAPES.items():
+        for row in rows:
+            assert task in fitting_tasks(row, names, other_than=""), (task, row)
+
+
+# a row of each shape of each fine-tuning task, as its reader takes it
+SHAPES = {"sentence-embedding": [{"anchor": "a", "positive": "b"}, {"anchor": "a", "positive": "b", "negative": "c"},
+                                 {"anchor": "a", "positive": "b", "negative": ["c", "d"]},
+                                 {"sentence1": "a", "sentence2": "b", "score": 0.5}],
+          "text-ranking": [{"query": "q", "text": "t", "label": 1},
+                           {"query": "q", "positive": "p", "negatives": ["n"]}],
+          "multiple-choice": [{"context": "c", "choices": ["a", "b"], "label": 0},
+                              {"question": "q", "choices": ["a", "b"], "label": 1},
+                              {"question": "q", "choices": '["a", "b"]', "label": "1"}],  # a CSV row's cells
+          "question-answering": [{"question": "q", "context": "c", "answers": []}],
+          "token-classification": [{"tokens": ["a"], "tags": ["O"]}],
+          "fill-mask": [{"text": "a"}],
+          "text-classification": [{"text": "a", "label": 0}, {"text": "a", "label": ["x", "y"]}]}
+
+
 def test_each_shape_of_a_task_fits_and_the_eval_file_is_checked(tmp_path):
-    shapes = {"sentence-embedding": [{"anchor": "a", "positive": "b"}, {"anchor": "a", "positive": "b", "negative": "c"},
-                                     {"sentence1": "a", "sentence2": "b", "score": 0.5}],
-              "text-ranking": [{"query": "q", "text": "t", "label": 1}, {"query": "q", "positive": "p",
-                                                                          "negatives": ["n"]}],
-              "multiple-choice": [{"context": "c", "choices": ["a", "b"], "label": 0},
-                                  {"question": "q", "choices": ["a", "b"], "label": 1}],
-              "question-answering": [{"question": "q", "context": "c", "answers": []}],
-              "token-classification": [{"tokens": ["a"], "tags": ["O"]}],
-              "fill-mask": [{"text": "a"}],
-              "text-classification": [{"text": "a", "label": 0}]}
-    for task, rows in shapes.items():
+    for task, rows in SHAPES.items():
         for i, row in enumerate(rows):
             check_columns(config(write_jsonl(tmp_path / f"{task}-{i}.jsonl", [row]), task=task))
     good = write_jsonl(tmp_path / "good.jsonl", [{"text": "a", "label": 0}])

@@ -40,7 +40,7 @@ from tests import ddp_driver
 from tests.ddp_driver import LOSS_RELATIVE, LOSS_ROUNDING, WEIGHT_TOLERANCE, launch
 
 
-EQUAL = {c["name"]: c for c in ddp_driver.CASES if c.get("equal", True)}
+EQUAL = {c["name"]: c for c in ddp_driver.CASES if c.get("equal", True) and not c.get("refused")}
 
 
 @pytest.mark.parametrize("name", EQUAL)
@@ -80,6 +80,8 @@ def test_a_two_process_run_killed_and_resumed_ends_as_the_unbroken_one(ddp_runs)
     assert killed.returncode != 0, "rank 1 was not killed"
     folder = ddp_runs / "runs" / "killed" / "resume"
     assert (folder / "checkpoints" / "step-2").is_dir() and not (folder / "final").exists()
+    state = json.loads((folder / "checkpoints" / "step-2" / "trainer_state.json").read_text())
+    assert state["num_processes"] == 2  # a resume by another number of processes is refused (test_finetune.py)
     again = launch(ddp_runs, "resume", "resume", processes=2)
     assert again.returncode == 0, again.stderr.decode()[-3000:]
     unbroken = ddp_runs / "runs" / "two" / "resume"
@@ -90,6 +92,18 @@ def test_a_two_process_run_killed_and_resumed_ends_as_the_unbroken_one(ddp_runs)
         return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["type"] != "perf"]
 
     assert lines(folder) == lines(unbroken) and len([e for e in lines(folder) if e["type"] == "train"]) == 5
+
+
+def test_a_config_refused_under_two_processes_is_refused_by_both(ddp_runs):
+    """max_length above the model's 128 positions (fit_max_length's refusal, before anything collective): each rank
+    raises the same ConfigError, writes nothing, and the launch goes on to the next cases (none hangs waiting for a
+    rank that left)."""
+    name = "max-length-above-positions"
+    runs = ddp_runs / "runs" / "two"
+    messages = [(runs / f"{name}.refused.{rank}").read_text() for rank in (0, 1)]
+    assert messages[0] == messages[1] and messages[0].startswith("max_length 512: the model "), messages
+    assert "holds 128 positions" in messages[0] and not (runs / name).exists()
+    assert all((runs / c["name"] / "final").is_dir() for c in ddp_driver.CASES if not c.get("refused"))
 
 
 def test_gather_across_devices_is_for_in_batch_negatives(ddp_root, tmp_path):

@@ -552,6 +552,25 @@ def test_resume_refuses_settings_that_make_it_another_run(workdir, tmp_path, cap
     assert max(steps) == 6
 
 
+def test_resume_refuses_another_number_of_processes(workdir, tmp_path, monkeypatch):
+    """A checkpoint records how many processes trained (batch_size is per process, so the global batches and the
+    checkpoint's place among them are that many processes'): resumed by another number, it was another run, silently
+    (a 2-process run resumed by one process went on at half the global batch, its epoch's position read in another
+    order); now refused naming the count and the launch, before anything loads. tests/test_ddp.py checks a 2-process
+    run records 2."""
+    out = tmp_path / "run"
+    finetune(base_config(workdir, out, max_steps=2, batch_size=8, save_steps=2, eval_strategy="no"), progress=False)
+    state_file = RunDir(out).checkpoint(2) / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["num_processes"] == 1
+    state_file.write_text(json.dumps({**state, "num_processes": 2}))  # as a run under accelerate launch wrote it
+    monkeypatch.setattr("hfport.train.loop.preflight", lambda *a, **k: pytest.fail("loaded before the refusal"))
+    with pytest.raises(hfport.ConfigError, match=r"must match it: num_processes: 2 -> 1 \(batch_size is per process; "
+                                                 r"launch 2 processes: accelerate launch --multi_gpu --num_processes 2\)"):
+        finetune(base_config(workdir, out, max_steps=4, batch_size=8, save_steps=2, eval_strategy="no",
+                             resume="latest"), progress=False)
+
+
 def test_resume_with_nothing_to_continue_writes_nothing(workdir, tmp_path, monkeypatch):
     """--resume on a folder without a checkpoint, or naming a folder that is not one, is refused naming the folder
     before the data or model is loaded, and leaves no output folder behind."""

@@ -37,13 +37,15 @@ def test_two_machines_follow_one_process(tmp_path, minilm_path):
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(minilm_path / f, model / f)
     write_sentiment(tmp_path / "train.jsonl", 64, seed=0, filler=10)
+    # no --max-length: the default (256) is lowered to the model's 128 positions on every process alike
     common = ["-m", "hfport", "finetune", "--model", str(model), "--train", str(tmp_path / "train.jsonl"),
               "--max-steps", str(STEPS), "--set", "eval_strategy=no", "--set", "logging_steps=1",
-              "--set", "scheduler=constant", "-q"]
+              "--set", "scheduler=constant"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
     # the one-process reference in its own process (tests/forked.py: the CLI as `python -m hfport` runs it)
-    one = run_cli(*common[2:], "--batch-size", "8", "--output-dir", str(tmp_path / "one"), env=env, timeout=300)
+    one = run_cli(*common[2:], "-q", "--batch-size", "8", "--output-dir", str(tmp_path / "one"), env=env,
+                  timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
 
     # two launchers, as two machines would run them: same command line but --machine_rank; the output folder is
@@ -65,6 +67,11 @@ def test_two_machines_follow_one_process(tmp_path, minilm_path):
                 node.kill()
     for rank, (node, text) in enumerate(zip(nodes, outputs)):
         assert node.returncode == 0, f"machine_rank {rank}:\n{text[-3000:]}"
+    # the summary is printed once, by the main process (the other rank printed "{}", its empty summary, before)
+    assert '"num_processes": 2' in outputs[0], outputs[0][-3000:]
+    assert "{}" not in outputs[1].splitlines() and "num_processes" not in outputs[1], outputs[1][-3000:]
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["config"]["max_length"] == 128, summary["config"]
 
     curve = [_losses(tmp_path / d) for d in ("one", "two")]
     assert len(curve[0]) == len(curve[1]) == STEPS

@@ -104,6 +104,20 @@ def test_every_hfport_variable_mentioned_is_a_setting():
     assert not stray, "\n".join(sorted(stray))
 
 
+def test_a_renamed_variable_in_the_benchmark_records_comes_with_its_current_name():
+    """docs/benchmarks.md keeps each run's record as it ran, but a paragraph naming a variable that was renamed (the
+    retired table's replacement is a setting: HFPORT_LEASE_S -> HFPORT_JOB_LEASE_S) names the current one too, so a
+    user copying the setting gets one that works (its chaos run read "HFPORT_LEASE_S=5" alone)."""
+    known = {cls.env_name(n) for cls in CLASSES for n in cls.model_fields}
+    renamed = {old: now.group(0) for cls in CLASSES for old, instead in cls.retired.items()
+               if (now := re.match(r"HFPORT_[A-Z0-9_]*[A-Z0-9]", instead)) and now.group(0) in known}
+    assert renamed["HFPORT_LEASE_S"] == "HFPORT_JOB_LEASE_S"
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    missing = [f"{old} without {now}: {paragraph[:80]!r}" for paragraph in re.split(r"\n\s*\n", text)
+               for old, now in renamed.items() if re.search(rf"\b{old}\b", paragraph) and now not in paragraph]
+    assert not missing, "\n".join(missing)
+
+
 def test_nothing_reads_an_hfport_variable_but_the_settings_classes():
     """CONTRIBUTING: a setting is a field, never an os.environ read elsewhere (where it would skip the validation, the
     docs and `serve --help`). Writing one into a child's environment is fine."""

@@ -36,7 +36,8 @@ class EncoderForMaskedLM(PreTrainedEncoder):
 TASK = Task(
     name="fill-mask", aliases=("masked-lm",), model_class=EncoderForMaskedLM, outputs=("logits",),
     per_sequence=frozenset(), auto_class="AutoModelForMaskedLM", pipeline="hfport.pipelines.fill_mask:FillMaskPipeline",
-    train="hfport.train.tasks.mlm:MaskedLM", columns=(Columns(("text_column",)),), files=".txt (a text a line)",
+    train="hfport.train.tasks.mlm:MaskedLM", columns=(Columns(("text_column",), texts=("text_column",)),),
+    files=".txt (a text a line)",
     default_metrics={None: ("perplexity", "min")}, masked_input=True,
     output_type=MaskedLMOutput, architecture_suffix="ForMaskedLM", graph_outputs={"logits": (3, "vocab_size")},
     agreement="top_k")

@@ -62,8 +62,9 @@ TASK = Task(
     auto_class="AutoModelForMultipleChoice",
     pipeline="hfport.pipelines.multiple_choice:MultipleChoicePipeline",
     train="hfport.train.tasks.multiple_choice:MultipleChoice",
-    columns=(Columns(("context_column", "choices_column", "label_column")),
-             Columns(("question_column", "choices_column", "label_column"))),
+    # the choices: a list, or in a CSV cell the list's JSON text
+    columns=(Columns(("context_column", "choices_column", "label_column"), texts=("context_column",)),
+             Columns(("question_column", "choices_column", "label_column"), texts=("question_column",))),
     default_metrics={None: ("accuracy", "max")},
     choice_axis=True,
     # PEFT has no multiple-choice task type: an adapter's task_type is null and config.json's architectures

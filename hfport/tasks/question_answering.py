@@ -44,7 +44,8 @@ TASK = Task(
     name="question-answering", aliases=(), model_class=EncoderForQuestionAnswering,
     outputs=("start_logits", "end_logits"), per_sequence=frozenset(), auto_class="AutoModelForQuestionAnswering",
     pipeline="hfport.pipelines.qa:QuestionAnsweringPipeline", train="hfport.train.tasks.qa:QuestionAnswering",
-    columns=(Columns(("question_column", "context_column", "answers_column")),), files="SQuAD JSON (.json)",
+    columns=(Columns(("question_column", "context_column", "answers_column"),
+                     texts=("question_column", "context_column")),), files="SQuAD JSON (.json)",
     default_metrics={None: ("f1", "max")},  # SQuAD token F1
     pair_input=True,
     output_type=QuestionAnsweringOutput, architecture_suffix="ForQuestionAnswering", peft_task_type="QUESTION_ANS",

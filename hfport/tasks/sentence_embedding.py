@@ -18,8 +18,10 @@ TASK = Task(
     outputs=("last_hidden_state", "pooler_output"), per_sequence=frozenset({"pooler_output"}),
     auto_class="AutoModel", pipeline="hfport.pipelines.sentence_embedding:SentenceEmbeddingPipeline",
     train="hfport.train.tasks.embedding:SentenceEmbedding",
-    columns=(Columns(("anchor_column", "positive_column"), optional=("negative_column",)),  # pairs, triplets
-             Columns(("sentence1_column", "sentence2_column", "score_column"))),  # scored pairs
+    columns=(Columns(("anchor_column", "positive_column"), optional=("negative_column",),  # pairs, triplets
+                     texts=("anchor_column", "positive_column")),  # a negative: a text or a list of them
+             Columns(("sentence1_column", "sentence2_column", "score_column"),  # scored pairs
+                     texts=("sentence1_column", "sentence2_column"))),
     # problem types of the data: pairs/triplets are scored as retrieval, scored pairs by rank correlation
     default_metrics={None: ("ndcg@10", "max"), "pairs": ("ndcg@10", "max"), "scored-pairs": ("spearman", "max")},
     model_task="feature-extraction")

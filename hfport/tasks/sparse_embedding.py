@@ -138,7 +138,8 @@ TASK = Task(
     outputs=("logits",), per_sequence=frozenset(), auto_class="AutoModelForMaskedLM",
     pipeline="hfport.pipelines.sparse_embedding:SparseEmbeddingPipeline",
     train="hfport.train.tasks.sparse:SparseEmbedding",
-    columns=(Columns(("anchor_column", "positive_column"), optional=("negative_column",)),),  # pairs, triplets
+    columns=(Columns(("anchor_column", "positive_column"), optional=("negative_column",),  # pairs, triplets
+                     texts=("anchor_column", "positive_column")),),
     # pairs/triplets are scored as retrieval by dot product of the sparse vectors
     default_metrics={None: ("ndcg@10", "max"), "pairs": ("ndcg@10", "max")},
     model_task="fill-mask")

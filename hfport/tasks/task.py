@@ -34,10 +34,15 @@ class Columns:
     """One shape of training row a task reads, by the fine-tune config fields that name its columns
     (hfport/train/config.py: text_column, label_column, ...; each is also the CLI flag --text-column, ...). A row has
     every `required` column (a field whose value is None, text_pair_column by default, is not read) and may have the
-    `optional` ones."""
+    `optional` ones. `texts` are the fields whose value is one text (a JSON string; every CSV cell is one) and `lists`
+    those whose value is a list (JSONL, Parquet, Arrow): a row whose columns hold other kinds of value has the names of
+    this shape but not the shape (a labeled list's `positive` is a list of texts, no pair's positive), so no hint
+    points a user at it. A field in neither takes more than one kind (a label: a number, a name or a list)."""
 
     required: tuple[str, ...]
     optional: tuple[str, ...] = ()
+    texts: tuple[str, ...] = ()
+    lists: tuple[str, ...] = ()
 
 
 def _load(reference: str) -> Any:

@@ -51,7 +51,7 @@ TASK = Task(
     auto_class="AutoModelForSequenceClassification",
     pipeline="hfport.pipelines.classification:TextClassificationPipeline",
     train="hfport.train.tasks.classification:SequenceClassification",
-    columns=(Columns(("text_column", "label_column", "text_pair_column")),),
+    columns=(Columns(("text_column", "label_column", "text_pair_column"), texts=("text_column", "text_pair_column")),),
     default_metrics={None: ("accuracy", "max"), "single_label_classification": ("accuracy", "max"),
                      # subset accuracy is harsh with many labels; micro F1 credits each label that is right
                      "multi_label_classification": ("f1_micro", "max"),

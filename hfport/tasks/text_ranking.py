@@ -17,7 +17,9 @@ TASK = Task(
     outputs=("logits",), per_sequence=frozenset({"logits"}), auto_class="AutoModelForSequenceClassification",
     pipeline="hfport.pipelines.classification:TextClassificationPipeline",
     train="hfport.train.tasks.ranking:Reranking",
-    columns=(Columns(("query_column", "text_column", "label_column")),  # a row a (query, text) pair
-             Columns(("query_column", "positive_column", "negatives_column"))),  # a row a query's group
+    columns=(Columns(("query_column", "text_column", "label_column"),  # a row a (query, text) pair
+                     texts=("query_column", "text_column")),
+             Columns(("query_column", "positive_column", "negatives_column"),  # a row a query's group
+                     texts=("query_column", "positive_column"), lists=("negatives_column",))),
     default_metrics={None: ("ndcg@10", "max")},
     labels=True, model_task="text-classification")

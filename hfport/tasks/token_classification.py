@@ -36,7 +36,8 @@ TASK = Task(
     per_sequence=frozenset(), auto_class="AutoModelForTokenClassification",
     pipeline="hfport.pipelines.tokens:TokenClassificationPipeline",
     train="hfport.train.tasks.tokens:TokenClassification",
-    columns=(Columns(("tokens_column", "tags_column")),), files="CoNLL (.conll, .txt: a word and its tag a line)",
+    columns=(Columns(("tokens_column", "tags_column"), lists=("tokens_column", "tags_column")),),
+    files="CoNLL (.conll, .txt: a word and its tag a line)",
     default_metrics={None: ("f1", "max")},  # entity-level micro F1
     labels=True,
     output_type=TokenClassifierOutput, architecture_suffix="ForTokenClassification", peft_task_type="TOKEN_CLS",

@@ -5,7 +5,8 @@ in the calling thread.
 Where they go (checkpoints/step-<N>/, checkpoints/latest) is RunDir's (hfport/rundir.py); this file owns what is
 inside one. checkpoints/step-<N>/ holds model.safetensors + config.json (an HF folder), optimizer.pt, scheduler.pt,
 scaler.pt (tensors and plain values only, read back with weights_only=True), and trainer_state.json (step,
-epoch, position in the epoch's batch order, metric history, early stopping, RNG states).
+epoch, position in the epoch's batch order, metric history, early stopping, RNG states, and the number of processes
+that trained: a resume with another number would be another run).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import threading
 import time
@@ -29,6 +31,11 @@ from safetensors.torch import load_file
 from .. import hub
 from ..rundir import STEP_DIR, TRAINER_STATE, RunDir
 
+NUM_PROCESSES = "num_processes"  # trainer_state.json's key: the processes of the run that wrote the checkpoint
+# the names a checkpoint is written under (write_checkpoint) and retired to (retire) in checkpoints/: a run killed
+# there leaves one, which sweep() removes
+WRITING, RETIRED = ".tmp-step-{step}-{pid}", ".old-{name}-{pid}"
+LEFTOVER = re.compile(r"\.(tmp|old)-step-\d+-\d+\Z")
 
 def capture_rng() -> dict[str, Any]:
     state: dict[str, Any] = {
@@ -115,7 +122,7 @@ def write_checkpoint(run: RunDir, snap: Snapshot) -> Path:
     leaves `latest` naming no folder, and RunDir.latest_checkpoint falls back to the newest complete one."""
     run.checkpoints.mkdir(parents=True, exist_ok=True)
     final = run.checkpoint(snap.step)
-    tmp = run.checkpoints / f".tmp-step-{snap.step}-{os.getpid()}"
+    tmp = run.checkpoints / WRITING.format(step=snap.step, pid=os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     hub.save_weights(snap.weights, tmp)
@@ -139,8 +146,8 @@ def write_checkpoint(run: RunDir, snap: Snapshot) -> Path:
 
 def retire(run: RunDir, checkpoint: Path) -> Path:
     """Rename a checkpoint out of the step-<N> namespace (one atomic step) before it is deleted: an rmtree in place,
-    killed half-way, would leave a folder that still looks like a checkpoint. prune() sweeps what a kill left."""
-    old = run.checkpoints / f".old-{checkpoint.name}-{os.getpid()}"
+    killed half-way, would leave a folder that still looks like a checkpoint. sweep() removes what a kill left."""
+    old = run.checkpoints / RETIRED.format(name=checkpoint.name, pid=os.getpid())
     shutil.rmtree(old, ignore_errors=True)
     os.replace(checkpoint, old)
     return old
@@ -219,9 +226,21 @@ def prune(run: RunDir, keep: int, protect: set[int]) -> None:
     for step in steps[:-keep] if keep else steps:
         if step not in protect:
             shutil.rmtree(retire(run, run.checkpoint(step)), ignore_errors=True)
-    # left by a run killed mid-write or mid-delete: never named by "latest", safe to drop
-    for stale in [*run.checkpoints.glob(".tmp-step-*"), *run.checkpoints.glob(".old-step-*")]:
-        shutil.rmtree(stale, ignore_errors=True)
+    sweep(run)
+
+
+def sweep(run: RunDir) -> list[str]:
+    """Remove what a run killed mid-save or mid-delete left in its checkpoints folder: a checkpoint being written or
+    retired (never named by `latest`) and `latest`'s own temporary file (hub.write_text_atomic's). Only those names,
+    only there; called where this process is the run's one writer (prune, and a resume before training). Returns the
+    names removed."""
+    if not run.checkpoints.is_dir():
+        return []
+    stale = [p for p in run.checkpoints.iterdir() if LEFTOVER.match(p.name)]
+    stale += hub.atomic_temporaries(run.latest_pointer)
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return sorted(p.name for p in stale)
 
 
 def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> dict[str, Any]:

@@ -3,8 +3,9 @@ shape of row the task reads, and `files`, its formats besides tables), named by 
 (text_column, label_column, ...), each of which is also a CLI flag (--text-column, ...).
 
 `check_columns(config)` runs first in preflight: the first row of each data source against the task's shapes. A row
-that fits none is an error naming the missing columns, the flags that rename them and, when the row's columns fit
-another task, that task. `columns_table()` is the README's table (a test keeps the two equal).
+that fits none is an error naming the missing columns, the flags that rename them and, when the row fits another task
+(its columns by name and their values by kind: a text, a list), that task. `columns_table()` is the README's table (a
+test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -47,22 +48,40 @@ def _used(shape: Columns, row: set[str], names: Mapping[str, Any]) -> int:
     return sum(names[f] in row for f in (*shape.required, *shape.optional) if names[f] is not None)
 
 
-def fitting_tasks(row: set[str], names: Mapping[str, Any], other_than: str) -> list[str]:
-    """The trainable tasks (other than OTHER_THAN) one of whose shapes ROW has, those using most of its columns."""
+def _kind_fits(shape: Columns, field: str, value: Any) -> bool:
+    """VALUE is of the kind SHAPE reads FIELD as: a text, a list, or (neither declared) any."""
+    return ((field not in shape.texts or isinstance(value, str))
+            and (field not in shape.lists or isinstance(value, list)))
+
+
+def _has_shape(shape: Columns, values: Mapping[str, Any], names: Mapping[str, Any]) -> bool:
+    """The row of VALUES has every column SHAPE requires, each of the columns it has holding the kind of value SHAPE
+    reads there: a (query, [texts], [labels]) row has an embedding pair's column names, not its shape."""
+    return not _missing(shape, set(values), names) and all(
+        _kind_fits(shape, f, values[names[f]]) for f in (*shape.required, *shape.optional)
+        if names[f] is not None and names[f] in values)
+
+
+def fitting_tasks(values: Mapping[str, Any], names: Mapping[str, Any], other_than: str) -> list[str]:
+    """The trainable tasks (other than OTHER_THAN) one of whose shapes the row of VALUES (column -> value) has, those
+    using most of its columns."""
+    row = set(values)
     fits: dict[str, int] = {}
     for record in tasks.TASKS.values():
         if record.train is None or record.name == other_than:
             continue
-        used = [_used(s, row, names) for s in record.columns if not _missing(s, row, names)]
+        used = [_used(s, row, names) for s in record.columns if _has_shape(s, values, names)]
         if used:
             fits[record.name] = max(used)
     best = max(fits.values(), default=0)
     return [name for name, used in fits.items() if used == best and best > 0]
 
 
-def missing_columns_message(source: Source | str, line: int, row: set[str], record: Task,
+def missing_columns_message(source: Source | str, line: int, values: Mapping[str, Any], record: Task,
                             names: Mapping[str, Any]) -> str | None:
-    """Why ROW (the columns of SOURCE's row at LINE) fits none of RECORD's shapes, or None when it fits one."""
+    """Why the row of VALUES (SOURCE's row at LINE, column -> value) fits none of RECORD's shapes by its columns' names,
+    or None when it fits one (its values are the reader's to check, naming the field)."""
+    row = set(values)
     gaps = [_missing(shape, row, names) for shape in record.columns]
     if not gaps or min(map(len, gaps)) == 0:
         return None
@@ -78,9 +97,9 @@ def missing_columns_message(source: Source | str, line: int, row: set[str], reco
             f"({', '.join(missing)} in a config file)")
     shape = record.columns[nearest]
     unused = sorted(row - {names[f] for f in (*shape.required, *shape.optional)})
-    if len(missing) == 1 and len(unused) == 1:
+    if len(missing) == 1 and len(unused) == 1 and _kind_fits(shape, missing[0], values[unused[0]]):
         text += f", e.g. {flag(missing[0])} {unused[0]}"
-    fits = fitting_tasks(row, names, record.name)
+    fits = fitting_tasks(values, names, record.name)
     if fits:
         text += f"; the row's columns fit {' or '.join(fits)} ({' or '.join(f'--task {t}' for t in fits)})"
     return text
@@ -101,7 +120,7 @@ def check_columns(config: FinetuneConfig) -> None:
             head = next(rows, None)
         if head is None:  # an empty source: the reader says so
             continue
-        message = missing_columns_message(source, head.line, set(head.values), record, names)
+        message = missing_columns_message(source, head.line, head.values, record, names)
         if message is not None:
             raise DataError(message)
 

@@ -44,8 +44,8 @@ from ..hub import SAFE_WEIGHTS
 from ..rundir import TRAINER_STATE, RunDir, RunSummary
 from ..tasks import get as task_record
 from .amp import LossScale, clip_grad_norm, float32_outputs, mixed_precision
-from .checkpoint import (CheckpointWriter, capture_rng, load_checkpoint, prune, restore_rng, rewind, rng_tensors,
-                         snapshot, write_checkpoint)
+from .checkpoint import (NUM_PROCESSES, CheckpointWriter, capture_rng, load_checkpoint, prune, restore_rng, rewind,
+                         rng_tensors, snapshot, sweep, write_checkpoint)
 from .config import FinetuneConfig, resume_changes, resume_record
 from .data import EncodedData, epoch_batches, eval_batches, example_lengths, planned_steps
 from .distill import keep_layers
@@ -79,7 +79,7 @@ def finetune(config: FinetuneConfig | dict[str, Any], *, progress: bool = True,
     set_seed(config.seed)
     config = fit_max_length(config)  # reads config.json alone: before a resume compares configs
     check_output_dir(run, config)  # an earlier run in the way, or a resume with nothing (or another run) to
-    resume = resume_checkpoint(run, config)  # continue: before any load
+    resume = resume_checkpoint(run, config, accelerator.num_processes)  # continue: before any load
     checked = preflight(config, world=accelerator.num_processes)
     checked.task.before_training(checked.data, accelerator.device)  # a teacher's outputs (distillation), once
     model, frozen = build_model(config, checked)
@@ -284,6 +284,9 @@ class Trainer:
             if self.main and (dropped := rewind(self.run, ckpt)):
                 log.warning("resumed from step %d: the newer checkpoints %s are dropped (the run continues from "
                             "here)", self.state.step, ", ".join(f"step-{s}" for s in dropped))
+            if self.main and (stale := sweep(self.run)):  # the killed attempt's half-written files, before any save
+                log.info("resume: removed %s, left in %s by the interrupted run", ", ".join(stale),
+                         self.run.checkpoints)
         self.metrics_file = MetricsLog(self.run.metrics, keep_through_step=self.state.step if self.config.resume
                                        else None, enabled=self.main)
         if self.config.eval_before and self.state.step == 0 and self.data.eval:
@@ -511,7 +514,8 @@ class Trainer:
         """Snapshot to the CPU now (the next step mutates the live tensors), write and prune on the writer."""
         if self.main:
             snap = snapshot(self.state.step, self.unwrapped, self.optimizer, self.scheduler, self.scaler,
-                            {**self.state.to_dict(), "run_config": resume_record(self.config)})
+                            {**self.state.to_dict(), "run_config": resume_record(self.config),
+                             NUM_PROCESSES: self.world})
             if self.companion is not None:  # in the checkpoint beside the model's weights, never in best/ or final/
                 snap.weights |= {COMPANION + k: v.detach().to("cpu", copy=True) for k, v in
                                  self.accelerator.unwrap_model(self.companion).state_dict().items()}

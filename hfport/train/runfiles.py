@@ -14,6 +14,7 @@ from .. import lora
 from ..errors import ConfigError
 from ..rundir import TRAINER_STATE, RunDir
 from ..tokenizer import copy_tokenizer_files
+from .checkpoint import NUM_PROCESSES
 from .config import FinetuneConfig, resume_changes
 from .data import EncodedData
 from .monitor import read_metrics
@@ -39,11 +40,11 @@ def prepare_output_dir(run: RunDir, config: FinetuneConfig) -> None:
     run.root.mkdir(parents=True, exist_ok=True)
 
 
-def resume_checkpoint(run: RunDir, config: FinetuneConfig) -> Path | None:
-    """The checkpoint `config.resume` continues (None without --resume). Every process calls it before anything is
-    loaded or written: no checkpoint to continue, or one written by a run with other settings
-    (config.resume_changes), is a ConfigError that leaves no output folder and loads no model. A checkpoint written
-    before its config was kept is not compared."""
+def resume_checkpoint(run: RunDir, config: FinetuneConfig, world: int = 1) -> Path | None:
+    """The checkpoint `config.resume` continues (None without --resume), for a launch of WORLD processes. Every process
+    calls it before anything is loaded or written: no checkpoint to continue, or one written by a run with other
+    settings (config.resume_changes) or another number of processes, is a ConfigError that leaves no output folder and
+    loads no model. A checkpoint written before its config (or its process count) was kept is not compared."""
     if not config.resume:
         return None
     if config.resume == "latest":
@@ -60,10 +61,18 @@ def resume_checkpoint(run: RunDir, config: FinetuneConfig) -> Path | None:
                               f"folder of a run's checkpoints/, or pass --resume alone for {run.checkpoints}'s "
                               "latest")
     try:
-        saved = json.loads((ckpt / TRAINER_STATE).read_text()).get("run_config")
+        state = json.loads((ckpt / TRAINER_STATE).read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"resume: {ckpt / TRAINER_STATE}: cannot be read ({e})") from e
+    saved = state.get("run_config")
     refused = resume_changes(saved, config)[0] if saved is not None else []
+    # batch_size is per process: with another process count the global batches, and the checkpoint's place in the
+    # epoch's order of them, are another run's
+    processes = state.get(NUM_PROCESSES)
+    if processes is not None and processes != world:
+        refused.append(f"{NUM_PROCESSES}: {processes} -> {world} (batch_size is per process; launch "
+                       + ("one process" if processes == 1 else
+                          f"{processes} processes: accelerate launch --multi_gpu --num_processes {processes}") + ")")
     if refused:
         raise ConfigError(
             f"resume: {ckpt} was written by a run with other settings; --resume continues that run, so these "
