@@ -80,11 +80,16 @@ def gpu_count() -> int:
         return 0
 
 
-def job_process_count(settings: Settings, kind: str) -> int:
-    """How many processes a job of this kind runs: HFPORT_JOB_PROCESSES for a fine-tune (auto: one per visible GPU,
-    else 1); an export is one process."""
+def job_process_count(settings: Settings, kind: str, job: dict[str, Any] | None = None) -> int:
+    """How many processes a job of this kind runs: a fine-tune JOB as many as its first attempt ran (its progress's
+    num_processes, which server.jobrun records), so a requeued job resumes as the same run on any worker (batch_size
+    is per process: with another count, the resume is refused); else HFPORT_JOB_PROCESSES (auto: one per visible
+    GPU, else 1). An export is one process."""
     if kind != "finetune":
         return 1
+    started = ((job or {}).get("progress") or {}).get("num_processes")
+    if started is not None:
+        return int(started)
     return max(1, gpu_count()) if settings.job_processes == "auto" else settings.job_processes
 
 
@@ -263,7 +268,7 @@ class Worker:
         self.attempts[job["id"]] = job["attempts"]
         self.store.set_pid(job["id"], proc.pid, attempt=job["attempts"])
         log.info("job %s (%s) attempt %d started as pid %d (%d process(es))", job["id"], job["kind"],
-                 job["attempts"], proc.pid, job_process_count(self.settings, job["kind"]))
+                 job["attempts"], proc.pid, job_process_count(self.settings, job["kind"], job))
 
     def _command(self, job: dict[str, Any]) -> list[str]:
         """The job's command line. server.fence renews the lease before the engine is imported, then runs
@@ -274,7 +279,7 @@ class Worker:
                 "--parent-pid", str(os.getpid()), "--heartbeat", str(self.settings.job_heartbeat_s),
                 "--attempt", str(job["attempts"]), "--lease-s", str(self.settings.job_lease_s),
                 "--lease-margin-s", str(self.settings.lease_margin_s), "--stall-s", str(self.settings.job_stall_s)]
-        n = job_process_count(self.settings, job["kind"])
+        n = job_process_count(self.settings, job["kind"], job)
         if n == 1:
             return [sys.executable, *args]
         # --multi_gpu is torch elastic's launcher on the CPU too: the engine's Accelerator(cpu=True) picks gloo

@@ -4,8 +4,9 @@ job under `accelerate launch` (two CPU processes over gloo stand in for two GPUs
 - a job with batch B per process succeeds and equals one process with batch 2B (fp32, SGD: the bounds and their
   reasons are tests/test_ddp.py's), and records num_processes in summary.json, its result and GET /jobs/{id};
 - kill -9 of the worker (a `hfport serve`, role all) mid-job: every process of the job (the launcher and both
-  ranks, found in /proc by the job id in their command lines) dies with it, none is orphaned; a new worker requeues
-  the job, resumes it from its checkpoint and completes it;
+  ranks, found in /proc by the job id in their command lines) dies with it, none is orphaned; a new worker (set to
+  one process) requeues the job, resumes it from its checkpoint with the two processes it started with, and
+  completes it;
 - HFPORT_JOB_PROCESSES refuses what is neither `auto` nor a whole number >= 1, naming the setting.
 
 CI budget: one tiny BERT, 3 steps for the comparison and a few dozen for the killed job; two server starts."""
@@ -104,8 +105,9 @@ def test_two_process_job_equals_one_process_and_survives_its_worker(root, tmp_pa
     print(f"2 x {PER_PROCESS} job against 1 x {2 * PER_PROCESS}: max |weight diff| {worst:.2e}, max |loss diff| "
           f"{max(abs(x - y) for x, y in zip(la, lb)):.2e}")
 
-    # 3. another worker takes the job back, resumes it from its checkpoint and completes it
-    srv = Server(data, root, workers=1, **env).start()
+    # 3. another worker takes the job back, resumes it from its checkpoint and completes it: set to run one process,
+    # it runs the two the job started with (a resume by another count would be another run, and is refused)
+    srv = Server(data, root, workers=1, **{**env, "HFPORT_JOB_PROCESSES": "1"}).start()
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as client:
             done = wait_job(client, killed, lambda j: j["status"] in TERMINAL, timeout=180)
