@@ -10,7 +10,6 @@ import json
 import math
 import os
 import re
-import shutil
 import struct
 import uuid
 from dataclasses import dataclass, field

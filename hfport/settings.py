@@ -108,7 +108,8 @@ class EnvSettings(BaseSettings):
             return field.get_default(call_default_factory=True)
         raw = canonical_name(field, raw)
         try:
-            kind = typing.Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+            # a tuple inside the brackets: a starred subscript (X[a, *b]) is Python 3.11 syntax, and hfport supports 3.10
+            kind = typing.Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
             return TypeAdapter(kind).validate_python(raw)
         except ValidationError as e:
             reason = e.errors()[0]["msg"].removeprefix("Value error, ")

@@ -222,6 +222,20 @@ def test_http_predict_gives_each_request_its_own_indices(tmp_path):
 # --- layering ---------------------------------------------------------------------------------------------------
 
 
+def test_the_code_parses_as_the_oldest_python_it_declares():
+    """pyproject's requires-python is the oldest Python hfport installs on, but the suite runs on the newer one here,
+    whose parser takes syntax the oldest rejects (X[a, *b] is 3.11's: import hfport failed on 3.10). ruff parses
+    every file as that version; library calls new in later versions are not checked here."""
+    import tomllib
+
+    oldest = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"].removeprefix(">=")
+    target = "py" + oldest.replace(".", "")
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", "--select", "E9",
+                           "--target-version", target, "--output-format", "concise", "hfport", "server", "scripts",
+                           "examples"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_the_library_never_imports_the_server():
     code = ("import sys, hfport, hfport.cli, hfport.train, hfport.export, hfport.rundir, hfport.pipelines; "
             "bad = sorted(m for m in sys.modules if m == 'server' or m.startswith('server.')); "
