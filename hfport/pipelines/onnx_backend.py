@@ -20,7 +20,6 @@ from ..config import EncoderConfig
 # the ONNX folder's names (formats/onnx.py); ONNX_FILE is named here for the backend's users
 from ..formats.onnx import ONNX_FILE, ONNX_FOLDER, QUANTIZED_FILE, OnnxModelError, is_onnx_model  # noqa: F401
 from ..registry import Family
-from ..tasks import TASKS
 # graph_inputs and read_folder_config are named here for the backend's users too
 from .graph import (GraphBackend, GraphModel, check_io, graph_dtype, graph_inputs,  # noqa: F401
                     read_folder_config)

@@ -324,12 +324,12 @@ class SentenceEmbedding(TrainTask):
         width = max(len(x.meta["ids"]) for x in items)
         index = torch.full((len(items), width), -1, dtype=torch.long)  # (B, K)
         for b, x in enumerate(items):
-            for k, text_id in enumerate(x.meta["ids"]):
-                if text_id not in rows:
-                    rows[text_id] = len(texts)
+            for k, number in enumerate(x.meta["ids"]):  # the text's number (data.text_id)
+                if number not in rows:
+                    rows[number] = len(texts)
                     types = x.meta["types"][k] if x.meta["types"] is not None else None
                     texts.append(Features(x.meta["tokens"][k], types, None))
-                index[b, k] = rows[text_id]
+                index[b, k] = rows[number]
         batch = pad_ids(texts, data.pad_token_id)
         batch["labels"] = index
         batch["text_ids"] = torch.tensor(list(rows), dtype=torch.long)  # (U,): the text of each row, by number
