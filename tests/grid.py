@@ -1,4 +1,5 @@
-"""Collects the parity matrix while tests run; conftest prints it at the end of the session."""
+"""Collects the parity matrix while tests run; conftest prints it at the end of the session (under xdist each worker
+collects its own, and the controller merges what the workers send back: conftest's pytest_testnodedown)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ RESULTS: dict[tuple[str, str], float] = {}
 
 def record(family: str, task: str, diff: float) -> None:
     RESULTS[(family, task)] = max(diff, RESULTS.get((family, task), 0.0))
+
+
+def rows() -> list[tuple[str, str, float]]:
+    """RESULTS as plain rows, as a worker sends them to the controller."""
+    return [(family, task, diff) for (family, task), diff in RESULTS.items()]
+
+
+def merge(rows: list[tuple[str, str, float]]) -> None:
+    for family, task, diff in rows:
+        record(family, task, diff)
 
 
 def render() -> str:
