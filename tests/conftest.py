@@ -13,6 +13,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests import parallel  # noqa: E402
+# the parity grid's hooks: collected in every worker, printed by the controller (tests/grid.py)
+from tests.grid import pytest_sessionfinish, pytest_terminal_summary, pytest_testnodedown  # noqa: E402, F401
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -151,24 +153,36 @@ def workdir(tmp_path_factory, minilm_path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ddp_runs(tmp_path_factory, minilm_path) -> Path:
+def ddp_root(tmp_path_factory, minilm_path) -> Path:
     """tests/ddp_driver.py's tiny no-dropout BERTs (MiniLM's tokenizer) and every task's data, sparse-embedding's
-    masked-LM included, with every case of tests/ddp_driver.py (CASES and SPARSE_CASES) run twice: in ONE plain
-    process with batch 2B (runs/one/) and in ONE `accelerate launch --num_processes 2` with B each (runs/two/), so
-    test_ddp and test_sparse_ddp together cost two process start-ups, once a run (tests/parallel.py's built_once:
-    under xdist the two files may run on two workers). Read the models, data and runs/one and runs/two; a test that
-    runs more (the kill-and-resume one) writes under runs/<its mode>/."""
+    masked-LM included, built once a run (tests/parallel.py's built_once: the same folder for every xdist worker).
+    Shared by the run: read it; runs go under its runs/ (ddp_runs) or elsewhere."""
     from tests import ddp_driver
 
     def build(root: Path) -> None:
         ddp_driver.prepare(root, minilm_path)
         ddp_driver.prepare_sparse(root, minilm_path)
-        names = [case["name"] for case in ddp_driver.CASES + ddp_driver.SPARSE_CASES]
-        for mode, processes in (("one", 1), ("two", 2)):
-            done = ddp_driver.launch(root, mode, *names, processes=processes)
-            assert done.returncode == 0, done.stderr.decode()[-3000:]
 
     return parallel.built_once(tmp_path_factory, "ddp", build)
+
+
+@pytest.fixture(scope="session")
+def ddp_runs(tmp_path_factory, ddp_root) -> Path:
+    """ddp_root with every case of tests/ddp_driver.py (CASES and SPARSE_CASES) run twice: in ONE plain process with
+    batch 2B (runs/one/) and in ONE `accelerate launch --num_processes 2` with B each (runs/two/), so test_ddp and
+    test_sparse_ddp together cost two process start-ups, once a run (tests/parallel.py's once: the two files may run
+    on two xdist workers). Read runs/one and runs/two; a test that runs more (the kill-and-resume one) writes under
+    runs/<its mode>/."""
+    from tests import ddp_driver
+
+    def run_every_case() -> None:
+        names = [case["name"] for case in ddp_driver.CASES + ddp_driver.SPARSE_CASES]
+        for mode, processes in (("one", 1), ("two", 2)):
+            done = ddp_driver.launch(ddp_root, mode, *names, processes=processes)
+            assert done.returncode == 0, done.stderr.decode()[-3000:]
+
+    parallel.once(tmp_path_factory, "ddp-runs", run_every_case)
+    return ddp_root
 
 
 @pytest.fixture(scope="session")
@@ -246,27 +260,3 @@ def _library_settings():
     hfport.settings.reset()
     yield
     hfport.settings.reset()
-
-
-def pytest_sessionfinish(session):
-    """A worker's parity grid goes to the xdist controller with what the worker sends back when it finishes."""
-    from tests import grid
-
-    if hasattr(session.config, "workeroutput"):  # only an xdist worker has it
-        session.config.workeroutput["parity_grid"] = grid.rows()
-
-
-@pytest.hookimpl(optionalhook=True)  # xdist's hook: called on the controller as each worker finishes
-def pytest_testnodedown(node, error):
-    from tests import grid
-
-    grid.merge(getattr(node, "workeroutput", {}).get("parity_grid", []))
-
-
-def pytest_terminal_summary(terminalreporter):
-    from tests import grid
-
-    text = grid.render()
-    if text:
-        terminalreporter.write_sep("-", "parity grid")
-        terminalreporter.write_line(text)

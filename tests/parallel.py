@@ -3,7 +3,8 @@ each worker is a process of its own, with its own session fixtures, that runs be
 
 workers()       how many workers this run has (1 without xdist, or with `-n 0`)
 core_share()    the cores one worker may keep busy: what a test that wants "every core" takes (conftest's all_cores)
-built_once(...) a folder built once per run, however many workers ask for it (conftest's ddp_runs)
+once(...)       an action run once per run, however many workers ask for it (conftest's ddp_runs)
+built_once(...) a folder built once per run (conftest's ddp_root)
 """
 
 from __future__ import annotations
@@ -26,23 +27,36 @@ def core_share() -> int:
     return max(1, (os.cpu_count() or 1) // workers())
 
 
+def once(tmp_path_factory: pytest.TempPathFactory, name: str, action: Callable[[], None]) -> None:
+    """`action()`, once per run. Without xdist, now. Under xdist the first worker to ask runs it under a file lock in
+    the run's folder (the parent of every worker's basetemp), a worker that asks meanwhile waits for the lock, and
+    every later one goes on at once (an action that raised leaves no `.done` mark: the next worker to ask runs it
+    again, and fails the same way)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        action()
+        return
+    from filelock import FileLock  # huggingface_hub's dependency
+
+    run = tmp_path_factory.getbasetemp().parent  # /tmp/pytest-of-<user>/pytest-<N>: this run's, every worker's
+    with FileLock(str(run / f"{name}.lock")):
+        if not (run / f"{name}.done").exists():
+            action()
+            (run / f"{name}.done").touch()
+
+
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
-    """A folder NAME that `build(folder)` fills, once per run. Without xdist, a fresh folder of this session's.
-    Under xdist, the run's folder (the parent of every worker's basetemp) holds it: the first worker to ask builds it
-    under a file lock, a worker that asks meanwhile waits for the lock, and every later one reads it as built (a build
-    that raised leaves no `.done` mark: the next worker to ask builds it again, and fails the same way)."""
+    """A folder that `build(folder)` fills, once per run (`once`): without xdist a fresh folder of this session's,
+    under xdist NAME in the run's folder, the same one for every worker."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         folder = tmp_path_factory.mktemp(name)
         build(folder)
         return folder
-    from filelock import FileLock  # huggingface_hub's dependency
+    folder = tmp_path_factory.getbasetemp().parent / name
 
-    run = tmp_path_factory.getbasetemp().parent  # /tmp/pytest-of-<user>/pytest-<N>: this run's, every worker's
-    folder, done = run / name, run / f"{name}.done"
-    with FileLock(str(run / f"{name}.lock")):
-        if not done.exists():
-            shutil.rmtree(folder, ignore_errors=True)  # what a build that raised left
-            folder.mkdir()
-            build(folder)
-            done.touch()
+    def make() -> None:
+        shutil.rmtree(folder, ignore_errors=True)  # what a build that raised left
+        folder.mkdir()
+        build(folder)
+
+    once(tmp_path_factory, name, make)
     return folder

@@ -48,8 +48,8 @@ def test_two_workers_build_once_and_the_grid_comes_back(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}  # not ours
     env |= {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
             "BUILDS": str(tmp_path / "builds"), "SEEN": str(tmp_path / "seen")}
-    # the repo's conftest as a plugin (its hooks and fixtures), in a run whose rootdir is the inner folder
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "2", "--dist", "loadfile",
+    # conftest's parity grid hooks (tests/grid.py's) as a plugin, in a run whose rootdir is the inner folder
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.grid", "-n", "2", "--dist", "loadfile",
                            "-p", "no:cacheprovider", "-q", "--basetemp", str(tmp_path / "base"), str(inner)],
                           cwd=inner, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
