@@ -26,6 +26,7 @@ test: setup
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; } || echo "chromium not installed: the dashboard test will skip"
 	@# the store and chaos tests start a throwaway PostgreSQL from Debian's binaries (/usr/lib/postgresql/*/bin, off PATH)
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq postgresql; } || echo "postgresql not installed: the PostgreSQL tests will skip (and fail under CI=true)"
+	@# on two pytest-xdist workers, a test file whole on one (pyproject's addopts: -n 2 --dist loadfile)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 bench: setup

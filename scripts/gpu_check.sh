@@ -47,7 +47,9 @@ mkdir -p "$out"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 PYTHONUNBUFFERED=1 \
   TOKENIZERS_PARALLELISM=false CUBLAS_WORKSPACE_CONFIG=:4096:8
 
-tests_cmd=("$python" -m pytest -m cuda tests/test_cuda.py -q -rs -p no:cacheprovider --junitxml="$out/cuda-tests.xml")
+# -n 0: one process (pyproject's addopts would start two xdist workers: one GPU, one file, so a second worker's
+# start-up would only eat into the stage's limit)
+tests_cmd=("$python" -m pytest -m cuda tests/test_cuda.py -n 0 -q -rs -p no:cacheprovider --junitxml="$out/cuda-tests.xml")
 # the benchmark with the tokenizers' own threads on (their default, and what users get): TOKENIZERS_PARALLELISM=false
 # above is for pytest's forks; the third GPU run measured sentence-transformers 1.9x faster with the threads on
 bench_cmd=(env -u TOKENIZERS_PARALLELISM "$python" scripts/bench_gpu.py --budget "$bench_s" --out "$out/bench.json")

@@ -72,10 +72,11 @@ def _parent(proc: Path) -> int:
         return -1
 
 
-def time_file(path: str, python: str, slowest: int, extra: list[str]) -> dict:
+def time_file(path: str, python: str, slowest: int, extra: list[str], workers: list[str]) -> dict:
     """One pytest process over `path` (several, space-separated: one process for them all): wall and CPU seconds,
-    pytest's summary line and its `slowest` durations."""
-    cmd = [python, "-m", "pytest", *path.split(), "-q", "-p", "no:cacheprovider", "--durations", str(slowest), *extra]
+    pytest's summary line and its `slowest` durations. `workers`: pytest-xdist's options (`-n 0`: none)."""
+    cmd = [python, "-m", "pytest", *path.split(), "-q", "-p", "no:cacheprovider", "--durations", str(slowest),
+           *workers, *extra]
     cpu0, wall0 = children_cpu(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -115,8 +116,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--slowest", type=int, default=10, help="pytest --durations per file (0: every test)")
     parser.add_argument("--together", action="store_true",
-                        help="one pytest process for all the files (the whole suite: `--together tests`), as CI runs "
-                             "them: session fixtures built once")
+                        help="one pytest run for all the files (the whole suite: `--together tests`), as CI runs "
+                             "them: on pyproject's xdist workers (addopts: -n 2), session fixtures built once a "
+                             "worker. Without it each file runs in one process (-n 0): its figures are its own, "
+                             "not an idle second worker's start-up too")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--pytest-arg", action="append", default=[], help="passed on to pytest (repeatable)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
@@ -132,7 +135,7 @@ def main() -> None:
         files = [" ".join(files)]
     results = []
     for path in files:
-        result = time_file(path, args.python, args.slowest, args.pytest_arg)
+        result = time_file(path, args.python, args.slowest, args.pytest_arg, [] if args.together else ["-n", "0"])
         results.append(result)
         print(f"{result['cpu_s']:8.1f} cpu s {result['wall_s']:8.1f} wall s  {path}: {result['summary']}", flush=True)
         if args.out:  # written after every file, so a long run that is stopped keeps what it measured

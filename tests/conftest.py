@@ -12,6 +12,10 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests import parallel  # noqa: E402
+# the parity grid's hooks: collected in every worker, printed by the controller (tests/grid.py)
+from tests.grid import pytest_sessionfinish, pytest_terminal_summary, pytest_testnodedown  # noqa: E402, F401
+
 REPO = Path(__file__).resolve().parent.parent
 
 # One intra-op thread for every test, however many files run: tiny models only pay a second thread's
@@ -49,13 +53,15 @@ def fresh_verdicts(tmp_path) -> Path:
 
 @pytest.fixture
 def all_cores():
-    """torch's intra-op threads (and so onnxruntime's, which follow them) on every core for this test, not the one
-    the suite runs on: for the few tests whose work is forward passes over hundreds of long rows (the real MiniLM
-    judged by the int8 gate, or exported; the gate's length tests with MiniLM's vocabulary), where a second thread
-    pays (MiniLM's int8 load on the quiet 2-core machine: 20.3 s on one thread, 11.7 s on two), and which run
-    nothing beside them (no server, no child)."""
+    """torch's intra-op threads (and so onnxruntime's, which follow them) on every core this process may keep busy
+    for this test, not the one the suite runs on: for the few tests whose work is forward passes over hundreds of
+    long rows (the real MiniLM judged by the int8 gate, or exported; the gate's length tests with MiniLM's
+    vocabulary), where a second thread pays (MiniLM's int8 load on the quiet 2-core machine: 20.3 s on one thread,
+    11.7 s on two), and which run nothing beside them (no server, no child). Under xdist the cores are split between
+    the workers (tests/parallel.py's core_share: one thread each for `-n 2` on 2 cores), since the other worker's
+    tests run beside this one."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(parallel.core_share())
     yield
     torch.set_num_threads(threads)
 
@@ -149,27 +155,33 @@ def workdir(tmp_path_factory, minilm_path) -> Path:
 @pytest.fixture(scope="session")
 def ddp_root(tmp_path_factory, minilm_path) -> Path:
     """tests/ddp_driver.py's tiny no-dropout BERTs (MiniLM's tokenizer) and every task's data, sparse-embedding's
-    masked-LM included. Shared by the session: read it; runs go under its runs/ (ddp_runs) or elsewhere."""
+    masked-LM included, built once a run (tests/parallel.py's built_once: the same folder for every xdist worker).
+    Shared by the run: read it; runs go under its runs/ (ddp_runs) or elsewhere."""
     from tests import ddp_driver
 
-    root = tmp_path_factory.mktemp("ddp")
-    ddp_driver.prepare(root, minilm_path)
-    ddp_driver.prepare_sparse(root, minilm_path)
-    return root
+    def build(root: Path) -> None:
+        ddp_driver.prepare(root, minilm_path)
+        ddp_driver.prepare_sparse(root, minilm_path)
+
+    return parallel.built_once(tmp_path_factory, "ddp", build)
 
 
 @pytest.fixture(scope="session")
-def ddp_runs(ddp_root) -> Path:
+def ddp_runs(tmp_path_factory, ddp_root) -> Path:
     """ddp_root with every case of tests/ddp_driver.py (CASES and SPARSE_CASES) run twice: in ONE plain process with
     batch 2B (runs/one/) and in ONE `accelerate launch --num_processes 2` with B each (runs/two/), so test_ddp and
-    test_sparse_ddp together cost two process start-ups. Read runs/one and runs/two; a test that runs more (the
-    kill-and-resume one) writes under runs/<its mode>/."""
+    test_sparse_ddp together cost two process start-ups, once a run (tests/parallel.py's once: the two files may run
+    on two xdist workers). Read runs/one and runs/two; a test that runs more (the kill-and-resume one) writes under
+    runs/<its mode>/."""
     from tests import ddp_driver
 
-    names = [case["name"] for case in ddp_driver.CASES + ddp_driver.SPARSE_CASES]
-    for mode, processes in (("one", 1), ("two", 2)):
-        done = ddp_driver.launch(ddp_root, mode, *names, processes=processes)
-        assert done.returncode == 0, done.stderr.decode()[-3000:]
+    def run_every_case() -> None:
+        names = [case["name"] for case in ddp_driver.CASES + ddp_driver.SPARSE_CASES]
+        for mode, processes in (("one", 1), ("two", 2)):
+            done = ddp_driver.launch(ddp_root, mode, *names, processes=processes)
+            assert done.returncode == 0, done.stderr.decode()[-3000:]
+
+    parallel.once(tmp_path_factory, "ddp-runs", run_every_case)
     return ddp_root
 
 
@@ -248,12 +260,3 @@ def _library_settings():
     hfport.settings.reset()
     yield
     hfport.settings.reset()
-
-
-def pytest_terminal_summary(terminalreporter):
-    from tests import grid
-
-    text = grid.render()
-    if text:
-        terminalreporter.write_sep("-", "parity grid")
-        terminalreporter.write_line(text)

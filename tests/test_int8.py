@@ -4,7 +4,6 @@ the real MiniLM's quality per task, and the dtype strings through pipeline, CLI 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import numpy as np
@@ -19,6 +18,7 @@ from hfport.nn import int8 as int8_nn
 from hfport.nn.int8 import ACTIVATIONS, InputPeaks, Int8Linear, body_linears, quantize_linears, reference_forward
 from hfport.probes import judged_texts
 from tests import tiny
+from tests.parallel import core_share
 from tests.parity import MINILM_MIN_COSINE
 
 # the least embedding cosine int8 may reach against fp32 on the real MiniLM (issue 30's quality bar; the gate's own
@@ -365,7 +365,7 @@ def minilm_int8(minilm_path, tmp_path_factory, hfport_cache):
     cache = tmp_path_factory.mktemp("minilm-verdict")
     hfport.settings.use(cache_dir=cache)
     threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)  # as conftest's all_cores (a module fixture cannot take it)
+    torch.set_num_threads(core_share())  # as conftest's all_cores (a module fixture cannot take it)
     try:
         model = hfport.AutoModel.from_pretrained(minilm_path, dtype="auto-int8")
     finally:
