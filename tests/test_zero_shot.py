@@ -151,3 +151,17 @@ def test_auto_int8_times_the_calls_asked_for(folders, monkeypatch):
                            int8_paths=["torch", "onnx"], candidate_labels=["sports", "phone"])
     result = pipe(TEXTS[0])
     assert sorted(result["labels"]) == ["phone", "sports"] and abs(sum(result["scores"]) - 1) < 1e-5
+
+
+def test_adapters_in_one_call_equal_each_alone(folders, tmp_path):
+    """A LoRA adapter (its own NLI head) over the RoBERTa base, in one call with the base: each text answers as its
+    adapter's (or the base's) pipeline alone does."""
+    from tests.tiny import make_adapter
+
+    adapter = make_adapter(folders["roberta"], tmp_path / "nli-lora", "text-classification", 4, ["q", "v"], seed=1,
+                           id2label=NLI, label2id={v: k for k, v in NLI.items()})
+    call = dict(candidate_labels=["sports", "phone", "food"])
+    mixed = hfport.pipeline("zero-shot-classification", model=folders["roberta"], adapters={"nli": adapter})(
+        TEXTS[:2], adapter=["nli", None], **call)
+    assert_same(mixed[0], hfport.pipeline("zero-shot-classification", model=adapter)(TEXTS[0], **call))
+    assert_same(mixed[1], hfport.pipeline("zero-shot-classification", model=folders["roberta"])(TEXTS[1], **call))
